@@ -1,0 +1,92 @@
+"""Values the engine hands to its callers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loglake.engine.config import TopicConfig
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    #: broker time stamped on the batches when the topic uses LogAppendTime, else -1
+    log_append_time: int
+    log_start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileRange:
+    """Bytes of a local file, for zero-copy sends (sendfile)."""
+
+    path: str
+    position: int
+    length: int
+
+
+Chunk = bytes | bytearray | memoryview | FileRange
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Whole record batches starting with the one that holds the requested offset."""
+
+    chunks: list[Chunk]
+    high_watermark: int
+    log_start_offset: int
+
+    @property
+    def size(self) -> int:
+        return sum(c.length if isinstance(c, FileRange) else len(c) for c in self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    next_offset: int
+    sealed_end: int
+    segments: int
+    sealed_bytes: int
+    unsealed_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    topic_id: str  # 32 hex digits
+    partitions: int
+    config: TopicConfig
+    created_ms: int
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What opening the data directory did."""
+
+    snapshot_seq: int | None = None
+    topics: int = 0
+    partitions: int = 0
+    wal_frames_read: int = 0
+    wal_frames_replayed: int = 0
+    wal_frames_skipped: int = 0  # already sealed, or of deleted topics
+    wal_bytes_read: int = 0
+    wal_bytes_truncated: int = 0
+    wal_files_truncated: list[str] = field(default_factory=list)
+    segments_adopted: int = 0  # published but not yet in the snapshot: taken into the chain
+    orphans_removed: list[str] = field(default_factory=list)
+    records_recovered: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"recovered {self.topics} topics / {self.partitions} partitions in {self.seconds:.3f}s: "
+            f"{self.wal_frames_replayed} WAL frames replayed ({self.wal_frames_skipped} already sealed), "
+            f"{self.wal_bytes_truncated} torn bytes truncated, {self.segments_adopted} segments adopted, "
+            f"{len(self.orphans_removed)} orphans removed"
+        )

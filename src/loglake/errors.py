@@ -1,0 +1,118 @@
+"""Typed errors of loglake.
+
+Every operating error (bad input, corrupt file, full disk, unknown topic) is one of these.
+Each carries the Kafka error code the broker answers with, so the protocol layer never has to
+guess; `assert` is kept for programmer errors only.
+"""
+
+from __future__ import annotations
+
+
+class LoglakeError(Exception):
+    """Base of every error loglake raises on purpose."""
+
+    #: Kafka protocol error code (UNKNOWN_SERVER_ERROR unless a subclass knows better).
+    kafka_code: int = -1
+    #: Whether retrying the same call later can succeed.
+    retriable: bool = False
+
+
+class ConfigError(LoglakeError):
+    """A configuration value is unknown, malformed, or contradicts another one."""
+
+    kafka_code = 40  # INVALID_CONFIG
+
+
+class InvalidTopicError(LoglakeError):
+    """The topic name breaks Kafka's naming rule."""
+
+    kafka_code = 17  # INVALID_TOPIC_EXCEPTION
+
+
+class TopicExistsError(LoglakeError):
+    kafka_code = 36  # TOPIC_ALREADY_EXISTS
+
+
+class UnknownTopicError(LoglakeError):
+    """The topic or partition does not exist."""
+
+    kafka_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+    retriable = True
+
+
+class InvalidPartitionsError(LoglakeError):
+    kafka_code = 37  # INVALID_PARTITIONS
+
+
+class CorruptRecordError(LoglakeError):
+    """A record batch failed validation (magic, length, CRC)."""
+
+    kafka_code = 2  # CORRUPT_MESSAGE
+    retriable = True
+
+
+class RecordTooLargeError(LoglakeError):
+    kafka_code = 10  # MESSAGE_TOO_LARGE
+
+
+class InvalidRecordError(LoglakeError):
+    kafka_code = 87  # INVALID_RECORD
+
+
+class OffsetOutOfRangeError(LoglakeError):
+    kafka_code = 1  # OFFSET_OUT_OF_RANGE
+
+    def __init__(self, message: str, *, log_start_offset: int = -1, high_watermark: int = -1) -> None:
+        super().__init__(message)
+        self.log_start_offset = log_start_offset
+        self.high_watermark = high_watermark
+
+
+class CorruptionError(LoglakeError):
+    """Stored data (WAL frame, segment, snapshot) failed a checksum or structural check.
+
+    Names the file (or object key) and the byte offset so an operator can look at it.
+    """
+
+    kafka_code = 2  # CORRUPT_MESSAGE
+
+    def __init__(self, path: str, offset: int, detail: str) -> None:
+        super().__init__(f"{path} @ byte {offset}: {detail}")
+        self.path = path
+        self.offset = offset
+        self.detail = detail
+
+
+class StorageError(LoglakeError):
+    """An I/O operation failed (disk full, permission, unreachable store)."""
+
+    kafka_code = 56  # KAFKA_STORAGE_ERROR
+
+    def __init__(self, op: str, path: str, cause: BaseException | str, *, retriable: bool = False) -> None:
+        super().__init__(f"{op} {path}: {cause}")
+        self.op = op
+        self.path = path
+        self.cause = cause
+        self.retriable = retriable
+
+
+class DataDirLockedError(LoglakeError):
+    """Another process holds the data directory."""
+
+
+class EngineClosedError(LoglakeError):
+    kafka_code = 6  # NOT_LEADER_OR_FOLLOWER: the client will refresh metadata and retry
+    retriable = True
+
+
+class EngineFailedError(LoglakeError):
+    """The engine stopped accepting writes after an unrecoverable storage failure."""
+
+    kafka_code = 56  # KAFKA_STORAGE_ERROR
+
+
+class BackPressureTimeoutError(LoglakeError):
+    """An append waited too long for room in the memory budget; retry later."""
+
+    kafka_code = 7  # REQUEST_TIMED_OUT
+    retriable = True

@@ -1,0 +1,152 @@
+"""The filesystem seam.
+
+Every filesystem call the engine makes goes through a `FileSystem`, so tests can run the engine
+on a fault-injecting implementation that keeps pending and durable bytes apart and can crash
+after any mutating call (see `loglake.fs.faulty`).
+
+Writes are positional (`pwrite`); callers track their own positions. Durability is explicit:
+data is durable after `File.datasync()`; a directory entry (create, rename, unlink) is durable
+after `FileSystem.fsync_dir()` of its parent directory.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class Buffer(Protocol):
+    def __len__(self) -> int: ...
+
+
+BytesLike = bytes | bytearray | memoryview
+
+
+class File(abc.ABC):
+    """An open file. Not thread-safe for concurrent writers; reads may run concurrently."""
+
+    path: str
+
+    @abc.abstractmethod
+    def pread(self, offset: int, length: int) -> bytes:
+        """Read up to `length` bytes at `offset` (fewer at end of file)."""
+
+    @abc.abstractmethod
+    def pwrite(self, offset: int, data: BytesLike) -> None:
+        """Write all of `data` at `offset`."""
+
+    def pwritev(self, offset: int, parts: Sequence[BytesLike]) -> None:
+        """Write `parts` back to back starting at `offset`."""
+        for part in parts:
+            self.pwrite(offset, part)
+            offset += len(part)
+
+    @abc.abstractmethod
+    def size(self) -> int: ...
+
+    @abc.abstractmethod
+    def truncate(self, size: int) -> None: ...
+
+    @abc.abstractmethod
+    def allocate(self, size: int) -> None:
+        """Make the file at least `size` bytes long, zero-filled, with its blocks reserved."""
+
+    @abc.abstractmethod
+    def datasync(self) -> None:
+        """Make written data (and the size needed to read it) durable."""
+
+    def sync(self) -> None:
+        self.datasync()
+
+    def fileno(self) -> int | None:
+        """The OS file descriptor, or None when the file is not an OS file (sendfile needs one)."""
+        return None
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> File:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FileLock(abc.ABC):
+    @abc.abstractmethod
+    def release(self) -> None: ...
+
+
+class FileSystem(abc.ABC):
+    @abc.abstractmethod
+    def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
+        """Open `path`. `create` makes it if missing; `exclusive` fails if it exists."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def is_dir(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names in a directory, sorted. Missing directory: FileNotFoundError."""
+
+    @abc.abstractmethod
+    def makedirs(self, path: str) -> None:
+        """Create a directory and its parents (no error if it exists); durable on return."""
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace `dst` with `src`; durable after fsync_dir of dst's directory."""
+
+    @abc.abstractmethod
+    def unlink(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def rmdir(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def fsync_dir(self, path: str) -> None: ...
+
+    @abc.abstractmethod
+    def lock(self, path: str) -> FileLock:
+        """Take an exclusive advisory lock on `path` (created if missing) without waiting.
+
+        Raises BlockingIOError when another holder has it.
+        """
+
+    # ---- conveniences built on the primitives -------------------------------------------------
+
+    def read_file(self, path: str) -> bytes:
+        with self.open(path) as f:
+            return f.pread(0, f.size())
+
+    def file_size(self, path: str) -> int:
+        with self.open(path) as f:
+            return f.size()
+
+    def write_file_atomic(self, path: str, parts: Sequence[BytesLike]) -> None:
+        """Publish `parts` at `path` crash-atomically: temp → datasync → rename → directory fsync."""
+        directory = os.path.dirname(path) or "."
+        tmp = f"{path}.tmp"
+        if self.exists(tmp):
+            self.unlink(tmp)
+        with self.open(tmp, write=True, create=True, exclusive=True) as f:
+            f.pwritev(0, parts)
+            f.sync()
+        self.rename(tmp, path)
+        self.fsync_dir(directory)
+
+    def rmtree(self, path: str) -> None:
+        if not self.exists(path):
+            return
+        for name in self.listdir(path):
+            child = os.path.join(path, name)
+            if self.is_dir(child):
+                self.rmtree(child)
+            else:
+                self.unlink(child)
+        self.rmdir(path)

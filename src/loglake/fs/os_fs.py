@@ -1,0 +1,163 @@
+"""The real filesystem, through os.* calls on file descriptors."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from collections.abc import Sequence
+
+from loglake.fs.base import BytesLike, File, FileLock, FileSystem
+
+#: os.writev accepts at most IOV_MAX buffers per call (1024 on Linux).
+IOV_MAX = 1024
+
+
+class OsFile(File):
+    __slots__ = ("_fd", "path")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def pread(self, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        data = os.pread(self._fd, length, offset)
+        if len(data) == length:
+            return data
+        # Short read: keep reading until EOF or `length` bytes.
+        chunks = [data]
+        got = len(data)
+        while got < length and data:
+            data = os.pread(self._fd, length - got, offset + got)
+            chunks.append(data)
+            got += len(data)
+        return b"".join(chunks)
+
+    def pwrite(self, offset: int, data: BytesLike) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            view = view[n:]
+            offset += n
+
+    def pwritev(self, offset: int, parts: Sequence[BytesLike]) -> None:
+        pending = [memoryview(p) for p in parts if len(p)]
+        while pending:
+            chunk = pending[:IOV_MAX]
+            n = os.pwritev(self._fd, chunk, offset)
+            offset += n
+            # Drop fully written buffers, trim a partially written one.
+            i = 0
+            while i < len(chunk) and n >= len(chunk[i]):
+                n -= len(chunk[i])
+                i += 1
+            pending = pending[i:]
+            if n:
+                pending[0] = pending[0][n:]
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def allocate(self, size: int) -> None:
+        current = self.size()
+        if size <= current:
+            return
+        try:
+            os.posix_fallocate(self._fd, current, size - current)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            os.ftruncate(self._fd, size)
+
+    def datasync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def fileno(self) -> int | None:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _OsLock(FileLock):
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = -1
+
+
+class OsFileSystem(FileSystem):
+    def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
+        flags = os.O_CLOEXEC
+        flags |= os.O_RDWR if write else os.O_RDONLY
+        if create:
+            flags |= os.O_CREAT
+        if exclusive:
+            flags |= os.O_EXCL
+        fd = os.open(path, flags, 0o644)
+        return OsFile(path, fd)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        path = os.path.abspath(path)
+        missing: list[str] = []
+        probe = path
+        while not os.path.isdir(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for d in reversed(missing):
+            try:
+                os.mkdir(d, 0o755)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+            self.fsync_dir(os.path.dirname(d))
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
+    def rmdir(self, path: str) -> None:
+        os.rmdir(path)
+
+    def fsync_dir(self, path: str) -> None:
+        fd = os.open(path or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def lock(self, path: str) -> FileLock:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise BlockingIOError(errno.EWOULDBLOCK, f"{path} is locked by another process") from None
+        return _OsLock(fd)

@@ -1,0 +1,327 @@
+"""The embedded API: `loglake.open(path)` gives a Python program the engine without a server.
+
+    with loglake.open("./data") as log:
+        log.create_topic("orders", partitions=3)
+        md = log.produce("orders", b"v", key=b"k")          # returns once durable
+        for rec in log.consume("orders", start="earliest"):
+            ...
+
+A `Log` is thread-safe: any number of threads may produce and consume at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from loglake.engine.config import EngineConfig
+from loglake.engine.engine import Engine
+from loglake.engine.types import AppendResult, FileRange, PartitionInfo, RecoveryReport, TopicInfo
+from loglake.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicError
+from loglake.fs.base import FileSystem
+from loglake.records.batch import TIMESTAMP_LOG_APPEND_TIME, decode_batches
+from loglake.records.compression import codec_from_name
+from loglake.records.partitioner import default_partition
+from loglake.store.base import ObjectStore
+
+Headers = Sequence[tuple[str, bytes | None]]
+StartSpec = str | int | datetime | Mapping[int, int]
+
+#: How much one consume() step reads from a partition before moving to the next.
+CONSUME_READ_BYTES = 1024 * 1024
+#: How long consume(follow=True) waits for new data before checking again.
+CONSUME_WAIT_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int  # 0 CreateTime, 1 LogAppendTime
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    topic_id: str
+    partitions: list[PartitionInfo]
+    config: dict[str, str]  # effective values
+    overrides: dict[str, str]  # what was set explicitly
+
+
+class Log:
+    def __init__(self, engine: Engine, *, auto_create_topics: bool = True, default_partitions: int = 1) -> None:
+        self.engine = engine
+        self.auto_create_topics = auto_create_topics
+        self.default_partitions = default_partitions
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._create_lock = threading.Lock()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def recovery_report(self) -> RecoveryReport | None:
+        return self.engine.recovery_report
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def flush(self) -> None:
+        """Make everything produced so far durable and seal it into segments."""
+        self.engine.flush()
+
+    # ---- topics -------------------------------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1, config: Mapping[str, str] | None = None) -> TopicInfo:
+        return self.engine.create_topic(name, partitions, dict(config or {}))
+
+    def delete_topic(self, name: str) -> None:
+        self.engine.delete_topic(name)
+
+    def list_topics(self) -> list[str]:
+        return [t.name for t in self.engine.topics()]
+
+    def describe_topic(self, name: str) -> TopicDescription:
+        info = self.engine.topic(name)
+        effective = info.config.effective(self.engine.config.topic_defaults)
+        return TopicDescription(
+            info.name,
+            info.topic_id,
+            [self.engine.partition_info(name, p) for p in range(info.partitions)],
+            {k: v for k, (v, _default) in effective.items()},
+            dict(info.config.overrides),
+        )
+
+    def _ensure_topic(self, topic: str) -> TopicInfo:
+        if self.engine.has_topic(topic):
+            return self.engine.topic(topic)
+        if not self.auto_create_topics:
+            raise UnknownTopicError(f"unknown topic {topic!r} (auto_create_topics is off)")
+        with self._create_lock:
+            if not self.engine.has_topic(topic):
+                self.engine.create_topic(topic, self.default_partitions)
+        return self.engine.topic(topic)
+
+    # ---- producing ----------------------------------------------------------------------------
+
+    def _pick_partition(self, info: TopicInfo, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            return partition
+        if key is not None:
+            return default_partition(key, info.partitions)
+        counter = self._round_robin.setdefault(info.name, itertools.count())
+        return next(counter) % info.partitions
+
+    def produce_async(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | datetime | None = None,
+    ) -> Future[RecordMetadata]:
+        """Append one record; the future resolves once it is durable per the topic's class."""
+        info = self._ensure_topic(topic)
+        p = self._pick_partition(info, key, partition)
+        ts = _timestamp_ms(timestamp)
+        if ts is None:
+            ts = int(time.time() * 1000)
+        inner = self.engine.append_records(topic, p, [(ts, key, value, list(headers or ()))])
+        return _chain(inner, lambda r: RecordMetadata(topic, p, r.base_offset, _record_ts(r, ts)))
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None = None,
+        headers: Headers | None = None,
+        *,
+        partition: int | None = None,
+        timestamp: int | datetime | None = None,
+    ) -> RecordMetadata:
+        return self.produce_async(topic, value, key, headers, partition=partition, timestamp=timestamp).result()
+
+    def produce_batch(
+        self,
+        topic: str,
+        records: Iterable[tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Headers]],
+        *,
+        partition: int | None = None,
+        compression: str | None = None,
+    ) -> list[RecordMetadata]:
+        """Append many (key, value[, headers]) records as one batch per partition; blocks until durable."""
+        info = self._ensure_topic(topic)
+        by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
+        for rec in records:
+            key, value = rec[0], rec[1]
+            headers: Headers = rec[2] if len(rec) > 2 else ()  # type: ignore[misc]
+            p = self._pick_partition(info, key, partition)
+            by_partition.setdefault(p, []).append((None, key, value, list(headers)))
+        codec = codec_from_name(compression) if compression else None
+        futures = [
+            (p, len(recs), self.engine.append_records(topic, p, recs, compression=codec))
+            for p, recs in by_partition.items()
+        ]
+        out: list[RecordMetadata] = []
+        for p, count, fut in futures:
+            r = fut.result()
+            out.extend(RecordMetadata(topic, p, r.base_offset + i, r.log_append_time) for i in range(count))
+        return out
+
+    def produce_raw(self, topic: str, partition: int, batches: bytes | bytearray) -> AppendResult:
+        """Append pre-built Kafka v2 RecordBatches (offsets are assigned here)."""
+        return self.engine.append_batch(topic, partition, batches).result()
+
+    # ---- consuming ----------------------------------------------------------------------------
+
+    def read(self, topic: str, partition: int, offset: int, max_bytes: int = 1 << 20) -> bytes:
+        """Whole record batches from the one holding `offset` (Kafka fetch semantics)."""
+        result = self.engine.read(topic, partition, offset, max_bytes)
+        return b"".join(bytes(c) for c in result.chunks if not isinstance(c, FileRange))
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp: int | datetime) -> int | None:
+        found = self.engine.offset_for_timestamp(topic, partition, _timestamp_ms(timestamp) or 0)
+        return None if found is None else found[0]
+
+    def consume(
+        self,
+        topic: str,
+        start: StartSpec = "earliest",
+        *,
+        follow: bool = False,
+        partitions: Sequence[int] | None = None,
+        idle_timeout: float | None = None,
+    ) -> Iterator[ConsumerRecord]:
+        """Records of `topic` from `start`: 'earliest', 'latest', an offset for every partition,
+        {partition: offset}, or a datetime. Without `follow` it stops at the high watermarks it
+        saw when it started; with `follow` it waits for new data (until `idle_timeout` seconds
+        pass with none, if given)."""
+        info = self.engine.topic(topic)
+        chosen = list(partitions) if partitions is not None else list(range(info.partitions))
+        positions = {p: self._start_offset(topic, p, start) for p in chosen}
+        stops = {p: self.engine.partition_info(topic, p).high_watermark for p in chosen}
+        while True:
+            progressed = False
+            for p in chosen:
+                if not follow and positions[p] >= stops[p]:
+                    continue
+                try:
+                    result = self.engine.read(topic, p, positions[p], CONSUME_READ_BYTES)
+                except OffsetOutOfRangeError as exc:
+                    if positions[p] < exc.log_start_offset:
+                        positions[p] = exc.log_start_offset  # retention moved the start: go on from there
+                        continue
+                    raise
+                for chunk in result.chunks:
+                    data = bytes(chunk) if not isinstance(chunk, FileRange) else b""
+                    for header, recs in decode_batches(data):
+                        if header.is_control:
+                            positions[p] = max(positions[p], header.last_offset + 1)
+                            continue
+                        ts_type = 1 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0
+                        for rec in recs:
+                            if rec.offset < positions[p]:
+                                continue
+                            if not follow and rec.offset >= stops[p]:
+                                break
+                            positions[p] = rec.offset + 1
+                            progressed = True
+                            yield ConsumerRecord(
+                                topic, p, rec.offset, rec.timestamp, ts_type, rec.key, rec.value, rec.headers
+                            )
+                        positions[p] = max(positions[p], min(header.last_offset + 1, result.high_watermark))
+            if not follow and all(positions[p] >= stops[p] for p in chosen):
+                return
+            if not progressed and follow:
+                waiters = [self.engine.wait_for_data(topic, p, positions[p]) for p in chosen]
+                done, _ = wait(waiters, timeout=idle_timeout if idle_timeout is not None else CONSUME_WAIT_S)
+                for w in waiters:
+                    w.cancel()
+                if not done and idle_timeout is not None:
+                    return
+
+    def _start_offset(self, topic: str, partition: int, start: StartSpec) -> int:
+        pinfo = self.engine.partition_info(topic, partition)
+        if start == "earliest":
+            return pinfo.log_start_offset
+        if start == "latest":
+            return pinfo.high_watermark
+        if isinstance(start, datetime):
+            found = self.engine.offset_for_timestamp(topic, partition, _timestamp_ms(start) or 0)
+            return pinfo.high_watermark if found is None else found[0]
+        if isinstance(start, int):
+            return max(pinfo.log_start_offset, min(start, pinfo.high_watermark))
+        if isinstance(start, Mapping):
+            if partition in start:
+                return max(pinfo.log_start_offset, min(int(start[partition]), pinfo.high_watermark))
+            return pinfo.log_start_offset
+        raise ConfigError(f"start must be 'earliest', 'latest', an offset, {{partition: offset}} or a datetime: {start!r}")
+
+
+def _timestamp_ms(value: int | datetime | None) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    return int(value.timestamp() * 1000)
+
+
+def _record_ts(result: AppendResult, ts: int | None) -> int:
+    if result.log_append_time >= 0:
+        return result.log_append_time
+    return ts if ts is not None else -1
+
+
+def _chain(inner: Future[AppendResult], convert: Callable[[AppendResult], RecordMetadata]) -> Future[RecordMetadata]:
+    outer: Future[RecordMetadata] = Future()
+
+    def done(f: Future[AppendResult]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(convert(f.result()))
+
+    inner.add_done_callback(done)
+    return outer
+
+
+def open(  # noqa: A001 - the public name the API promises: loglake.open(path)
+    path: str,
+    *,
+    fs: FileSystem | None = None,
+    store: ObjectStore | None = None,
+    auto_create_topics: bool = True,
+    default_partitions: int = 1,
+    **config: Any,
+) -> Log:
+    """Open (or create) a loglake data directory and recover it. Options are EngineConfig fields."""
+    engine_config = EngineConfig.from_kwargs(**config)
+    engine = Engine(path, engine_config, fs=fs, store=store)
+    engine.open()
+    return Log(engine, auto_create_topics=auto_create_topics, default_partitions=default_partitions)

@@ -1,0 +1,722 @@
+# Kafka v2 RecordBatch (magic 2), all integers big-endian:
+#
+#   offset  size  field
+#   0       8     base_offset              int64   first offset of the batch (broker assigns)
+#   8       4     batch_length             int32   bytes after this field: batch size = batch_length + 12
+#   12      4     partition_leader_epoch   int32   (broker assigns)
+#   16      1     magic                    int8    = 2
+#   17      4     crc                      uint32  CRC-32C (Castagnoli) of bytes 21 .. end of batch
+#   21      2     attributes               int16   bits 0-2 codec, 3 timestamp type, 4 transactional, 5 control
+#   23      4     last_offset_delta        int32
+#   27      8     first_timestamp          int64
+#   35      8     max_timestamp            int64
+#   43      8     producer_id              int64
+#   51      2     producer_epoch           int16
+#   53      4     base_sequence            int32
+#   57      4     record_count             int32
+#   61      ...   records                  (compressed as a whole when the codec bits are non-zero)
+#
+# What the CRC covers: attributes (byte 21) through the last byte of the batch. base_offset,
+# batch_length, partition_leader_epoch, magic and the crc itself are NOT covered, so a broker can
+# assign the base offset and leader epoch without recomputing it. (batch_length is protected
+# indirectly: changing it moves the covered range's end.)
+#
+# Record (inside the records section, back to back):
+#   length          varint   bytes of the record after this field
+#   attributes      int8     unused, 0
+#   timestamp_delta varlong  timestamp - first_timestamp
+#   offset_delta    varint   offset - base_offset
+#   key_length      varint   -1 = null key
+#   key             bytes
+#   value_length    varint   -1 = null value
+#   value           bytes
+#   header_count    varint
+#   headers         [header_key_length varint, header_key utf-8, header_value_length varint (-1 = null),
+#                    header_value bytes] * header_count
+"""Kafka v2 record batches: header peek, validation, in-place patching, building and decoding."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import crc32c
+
+from loglake.errors import ConfigError, CorruptRecordError, InvalidRecordError, RecordTooLargeError
+from loglake.records.compression import CODEC_NAMES, MAX_DECOMPRESSED_BATCH_BYTES, compress, decompress
+from loglake.records.varint import (
+    MAX_VARINT_BYTES,
+    MAX_VARLONG_BYTES,
+    decode_varint,
+    encode_varint_fast,
+)
+
+Buffer = bytes | bytearray | memoryview
+Header = tuple[str, bytes | None]
+
+HEADER: struct.Struct = struct.Struct(
+    ">"
+    "q"  # base_offset
+    "i"  # batch_length
+    "i"  # partition_leader_epoch
+    "B"  # magic
+    "I"  # crc
+    "h"  # attributes
+    "i"  # last_offset_delta
+    "q"  # first_timestamp
+    "q"  # max_timestamp
+    "q"  # producer_id
+    "h"  # producer_epoch
+    "i"  # base_sequence
+    "i"  # record_count
+)
+
+
+def _field_offset(index: int) -> int:
+    """Byte offset of header field ``index``: the size of all the fields before it."""
+    return struct.calcsize(HEADER.format[: 1 + index])
+
+
+BATCH_HEADER_SIZE = HEADER.size  # 61
+BASE_OFFSET_OFFSET = _field_offset(0)  # 0
+BATCH_LENGTH_OFFSET = _field_offset(1)  # 8
+LENGTH_FIELD_END = _field_offset(2)  # 12: batch size = batch_length + LENGTH_FIELD_END
+PARTITION_LEADER_EPOCH_OFFSET = _field_offset(2)  # 12
+MAGIC_OFFSET = _field_offset(3)  # 16
+CRC_OFFSET = _field_offset(4)  # 17
+CRC_COVERED_START = _field_offset(5)  # 21: attributes onwards
+ATTRIBUTES_OFFSET = CRC_COVERED_START
+LAST_OFFSET_DELTA_OFFSET = _field_offset(6)  # 23
+FIRST_TIMESTAMP_OFFSET = _field_offset(7)  # 27
+MAX_TIMESTAMP_OFFSET = _field_offset(8)  # 35
+PRODUCER_ID_OFFSET = _field_offset(9)  # 43
+RECORD_COUNT_OFFSET = _field_offset(12)  # 57
+#: Smallest legal batch_length: a header with zero records.
+MIN_BATCH_LENGTH = BATCH_HEADER_SIZE - LENGTH_FIELD_END  # 49
+
+MAGIC_V2 = 2
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TIMESTAMP_TYPE = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+TIMESTAMP_CREATE_TIME = 0
+TIMESTAMP_LOG_APPEND_TIME = 1
+
+NO_PRODUCER_ID = -1
+NO_SEQUENCE = -1
+NO_TIMESTAMP = -1
+
+#: A record's encoded body (after its length varint) is at least 6 bytes: attributes, timestamp
+#: delta, offset delta, key length, value length, header count.
+MIN_RECORD_BODY = 6
+#: Offset deltas are int32 on the wire, so one batch holds at most this many records.
+MAX_RECORDS_PER_BATCH = (1 << 31) - 1
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_BASE_OFFSET = struct.Struct(">q")
+_CRC = struct.Struct(">I")
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMP = struct.Struct(">q")
+
+
+class BatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch, header included."""
+        return self.batch_length + LENGTH_FIELD_END
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & ATTR_COMPRESSION_MASK
+
+    @property
+    def timestamp_type(self) -> int:
+        return TIMESTAMP_LOG_APPEND_TIME if self.attributes & ATTR_TIMESTAMP_TYPE else TIMESTAMP_CREATE_TIME
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+# --------------------------------------------------------------------------- header / validation
+
+
+def peek_header(buf: Buffer, pos: int = 0) -> BatchHeader:
+    """Parse the 61-byte header at ``buf[pos]`` without checking the CRC or decoding records.
+
+    Raises CorruptRecordError if fewer than 61 bytes remain, magic != 2, batch_length < 49 or
+    record_count < 0. Bytes after the batch are ignored.
+    """
+    if pos < 0:
+        raise CorruptRecordError(f"negative batch position {pos}")
+    avail = len(buf) - pos
+    if avail > MAGIC_OFFSET and buf[pos + MAGIC_OFFSET] != MAGIC_V2:
+        raise CorruptRecordError(
+            f"unsupported magic {buf[pos + MAGIC_OFFSET]} at byte {pos + MAGIC_OFFSET} (only v2 batches)"
+        )
+    if avail < BATCH_HEADER_SIZE:
+        raise CorruptRecordError(
+            f"truncated batch header at byte {pos}: need {BATCH_HEADER_SIZE} bytes, {max(avail, 0)} left"
+        )
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    if h.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"batch_length {h.batch_length} at byte {pos + BATCH_LENGTH_OFFSET} is below the minimum "
+            f"{MIN_BATCH_LENGTH}"
+        )
+    if h.record_count < 0:
+        raise CorruptRecordError(f"negative record_count {h.record_count} at byte {pos + RECORD_COUNT_OFFSET}")
+    return h
+
+
+def _check_fits(buf: Buffer, pos: int, h: BatchHeader) -> None:
+    left = len(buf) - pos
+    if h.size > left:
+        raise CorruptRecordError(f"batch at byte {pos} declares {h.size} bytes but only {left} are present")
+
+
+def _compute_crc(buf: Buffer, pos: int, size: int) -> int:
+    with memoryview(buf) as view:
+        return int(crc32c.crc32c(view[pos + CRC_COVERED_START : pos + size]))
+
+
+def _check_crc(buf: Buffer, pos: int, h: BatchHeader) -> None:
+    actual = _compute_crc(buf, pos, h.size)
+    if actual != h.crc:
+        raise CorruptRecordError(
+            f"CRC mismatch in batch at byte {pos} (base offset {h.base_offset}): stored {h.crc:#010x}, "
+            f"computed {actual:#010x} over bytes {pos + CRC_COVERED_START}..{pos + h.size}"
+        )
+
+
+def validate_batch(buf: Buffer, pos: int = 0) -> BatchHeader:
+    """:func:`peek_header`, plus: the whole batch is present and its CRC-32C matches."""
+    h = peek_header(buf, pos)
+    _check_fits(buf, pos, h)
+    _check_crc(buf, pos, h)
+    return h
+
+
+def split_batches(buf: Buffer, max_batch_bytes: int | None = None) -> list[tuple[int, BatchHeader]]:
+    """Validate every batch of a payload holding batches back to back; return ``(pos, header)`` pairs.
+
+    Any trailing partial batch makes the whole payload corrupt (as Kafka rejects the whole set). A
+    batch bigger than ``max_batch_bytes`` raises RecordTooLargeError. An empty payload gives ``[]``.
+    """
+    out: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        h = peek_header(buf, pos)
+        _check_fits(buf, pos, h)
+        if max_batch_bytes is not None and h.size > max_batch_bytes:
+            raise RecordTooLargeError(
+                f"batch at byte {pos} is {h.size} bytes, larger than the limit of {max_batch_bytes}"
+            )
+        _check_crc(buf, pos, h)
+        out.append((pos, h))
+        pos += h.size
+    return out
+
+
+# --------------------------------------------------------------------------- in-place patching
+
+
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Overwrite the base offset of the batch at ``buf[pos]``. The CRC does not cover it."""
+    if pos < 0 or len(buf) - pos < BATCH_HEADER_SIZE:
+        raise CorruptRecordError(f"no batch header at byte {pos} (buffer has {len(buf)} bytes)")
+    if not _INT64_MIN <= base_offset <= _INT64_MAX:
+        raise ValueError(f"base offset out of int64 range: {base_offset}")
+    _BASE_OFFSET.pack_into(buf, pos + BASE_OFFSET_OFFSET, base_offset)
+
+
+def set_log_append_time(buf: bytearray | memoryview, pos: int, timestamp_ms: int) -> None:
+    """Stamp the batch at ``buf[pos]`` with the broker's time (message.timestamp.type=LogAppendTime).
+
+    Sets the timestamp-type attribute bit, sets max_timestamp and first_timestamp to ``timestamp_ms``
+    and recomputes the CRC in place. The batch is validated (CRC included) first, so corruption is
+    never hidden behind a fresh CRC.
+    """
+    h = validate_batch(buf, pos)
+    if not _INT64_MIN <= timestamp_ms <= _INT64_MAX:
+        raise ValueError(f"timestamp out of int64 range: {timestamp_ms}")
+    _ATTRIBUTES.pack_into(buf, pos + ATTRIBUTES_OFFSET, h.attributes | ATTR_TIMESTAMP_TYPE)
+    _TIMESTAMP.pack_into(buf, pos + FIRST_TIMESTAMP_OFFSET, timestamp_ms)
+    _TIMESTAMP.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, timestamp_ms)
+    _CRC.pack_into(buf, pos + CRC_OFFSET, _compute_crc(buf, pos, h.size))
+
+
+# --------------------------------------------------------------------------- building
+
+
+class BatchBuilder:
+    """Accumulates records and serializes them as one v2 batch.
+
+    Record bytes are kept as a list of parts and joined once in :meth:`build`.
+    """
+
+    __slots__ = (
+        "_attributes",
+        "_base_offset",
+        "_base_sequence",
+        "_codec",
+        "_count",
+        "_first_timestamp",
+        "_max_timestamp",
+        "_partition_leader_epoch",
+        "_parts",
+        "_producer_epoch",
+        "_producer_id",
+        "_size",
+    )
+
+    def __init__(
+        self,
+        *,
+        compression: int = 0,
+        base_offset: int = 0,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = -1,
+        base_sequence: int = NO_SEQUENCE,
+        is_transactional: bool = False,
+        is_control: bool = False,
+        timestamp_type: int = TIMESTAMP_CREATE_TIME,
+        partition_leader_epoch: int = -1,
+    ) -> None:
+        if compression not in CODEC_NAMES.values():
+            raise ConfigError(f"unknown compression codec {compression}")
+        if timestamp_type not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
+            raise ConfigError(f"timestamp_type must be 0 (CreateTime) or 1 (LogAppendTime), not {timestamp_type}")
+        self._codec = compression
+        self._attributes = (
+            compression
+            | (ATTR_TIMESTAMP_TYPE if timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0)
+            | (ATTR_TRANSACTIONAL if is_transactional else 0)
+            | (ATTR_CONTROL if is_control else 0)
+        )
+        self._base_offset = base_offset
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        self._partition_leader_epoch = partition_leader_epoch
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._size = 0
+        self._first_timestamp = NO_TIMESTAMP
+        self._max_timestamp = NO_TIMESTAMP
+
+    def __len__(self) -> int:
+        return self._count
+
+    def estimated_size(self) -> int:
+        """Uncompressed size of the batch built so far, header included."""
+        return BATCH_HEADER_SIZE + self._size
+
+    def append(
+        self,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> int:
+        """Add a record; return its offset delta."""
+        delta = self._count
+        if delta >= MAX_RECORDS_PER_BATCH:
+            raise InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
+        if type(timestamp) is not int:
+            raise TypeError(f"timestamp must be int, not {type(timestamp).__name__}")
+        if delta == 0:
+            self._first_timestamp = timestamp
+            self._max_timestamp = timestamp
+        elif timestamp > self._max_timestamp:
+            self._max_timestamp = timestamp
+        ts_delta = timestamp - self._first_timestamp
+        if not _INT64_MIN <= ts_delta <= _INT64_MAX:
+            raise InvalidRecordError(f"timestamp {timestamp} too far from the batch's first timestamp")
+        enc = encode_varint_fast
+        parts: list[bytes] = [b"\x00" + enc(ts_delta) + enc(delta)]
+        if key is None:
+            parts.append(b"\x01")  # zigzag(-1)
+        else:
+            key = bytes(key)
+            parts.append(enc(len(key)))
+            parts.append(key)
+        if value is None:
+            parts.append(b"\x01")
+        else:
+            value = bytes(value)
+            parts.append(enc(len(value)))
+            parts.append(value)
+        parts.append(enc(len(headers)))
+        for h_key, h_value in headers:
+            if type(h_key) is not str:
+                raise TypeError(f"header key must be str, not {type(h_key).__name__}")
+            raw_key = h_key.encode("utf-8")
+            parts.append(enc(len(raw_key)))
+            parts.append(raw_key)
+            if h_value is None:
+                parts.append(b"\x01")
+            else:
+                h_value = bytes(h_value)
+                parts.append(enc(len(h_value)))
+                parts.append(h_value)
+        body_len = 0
+        for part in parts:
+            body_len += len(part)
+        length_prefix = enc(body_len)
+        self._parts.append(length_prefix)
+        self._parts.extend(parts)
+        self._size += len(length_prefix) + body_len
+        self._count = delta + 1
+        return delta
+
+    def build(self) -> bytes:
+        """Serialize the batch (compressing the record section if configured) with its CRC."""
+        count = self._count
+        if count == 0:
+            raise InvalidRecordError("cannot build a batch without records")
+        records = b"".join(self._parts)
+        if self._codec:
+            records = compress(self._codec, records)
+        fields: list[Any] = [
+            self._base_offset,
+            BATCH_HEADER_SIZE + len(records) - LENGTH_FIELD_END,
+            self._partition_leader_epoch,
+            MAGIC_V2,
+            0,
+            self._attributes,
+            count - 1,
+            self._first_timestamp,
+            self._max_timestamp,
+            self._producer_id,
+            self._producer_epoch,
+            self._base_sequence,
+            count,
+        ]
+        try:
+            header = HEADER.pack(*fields)
+            crc = crc32c.crc32c(records, crc32c.crc32c(header[CRC_COVERED_START:]))
+            fields[4] = crc
+            header = HEADER.pack(*fields)
+        except struct.error as e:
+            raise InvalidRecordError(f"batch header field out of range: {e}") from None
+        return header + records
+
+
+def build_batch(
+    records: Iterable[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    **builder_kwargs: Any,
+) -> bytes:
+    """Build one batch from ``(timestamp, key, value, headers)`` tuples."""
+    builder = BatchBuilder(**builder_kwargs)
+    append = builder.append
+    for timestamp, key, value, headers in records:
+        append(timestamp, key, value, headers)
+    return builder.build()
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _decode_headers(data: bytes, p: int, end: int, where: str) -> tuple[list[Header], int]:
+    """Decode a record's header count and headers at ``data[p]`` (inside a record ending at ``end``)."""
+    dv = decode_varint
+    hcount, p = dv(data, p, end, MAX_VARINT_BYTES)
+    # each header takes at least 2 bytes (two length varints)
+    if hcount < 0 or hcount > (end - p) // 2:
+        raise CorruptRecordError(f"{where}: header count {hcount} before byte {p} is impossible")
+    headers: list[Header] = []
+    append = headers.append
+    for _ in range(hcount):
+        b = data[p]
+        if b < 0x80:
+            hklen = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            hklen, p = dv(data, p, end, MAX_VARINT_BYTES)
+        q = p + hklen
+        if hklen < 0 or q > end:
+            raise CorruptRecordError(f"{where}: header key length {hklen} at byte {p} is invalid")
+        try:
+            hkey = data[p:q].decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptRecordError(f"{where}: header key at byte {p} is not UTF-8") from None
+        p = q
+        b = data[p]
+        if b < 0x80:
+            hvlen = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            hvlen, p = dv(data, p, end, MAX_VARINT_BYTES)
+        if hvlen < 0:
+            append((hkey, None))
+        else:
+            q = p + hvlen
+            if q > end:
+                raise CorruptRecordError(f"{where}: header value length {hvlen} at byte {p} overruns its record")
+            append((hkey, data[p:q]))
+            p = q
+    return headers, p
+
+
+def _decode_records(data: bytes, h: BatchHeader, where: str) -> list[Record]:
+    """Decode ``h.record_count`` records filling ``data`` exactly.
+
+    Hot path: one-byte varints are decoded inline; longer ones go to :func:`decode_varint`. Any
+    IndexError (a varint or field running off the end of ``data``) is turned into CorruptRecordError.
+    """
+    n = len(data)
+    count = h.record_count
+    # Every record takes at least 1 + MIN_RECORD_BODY bytes; checked before looping so a garbled
+    # count cannot make us spin.
+    if count > n // (1 + MIN_RECORD_BODY):
+        raise CorruptRecordError(f"{where}: record_count {count} cannot fit in {n} bytes of records")
+    base_offset = h.base_offset
+    first_ts = h.first_timestamp
+    log_append = h.attributes & ATTR_TIMESTAMP_TYPE
+    max_ts = h.max_timestamp
+    dv = decode_varint
+    new = tuple.__new__
+    rec_cls = Record
+    out: list[Record] = []
+    append = out.append
+    p = 0
+    rec_start = 0
+    try:
+        for _ in range(count):
+            rec_start = p
+            # length (varint)
+            b = data[p]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    length = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    length, p = dv(data, p, n, MAX_VARINT_BYTES)
+            end = p + length
+            if length < MIN_RECORD_BODY or end > n:
+                raise CorruptRecordError(
+                    f"{where}: record at byte {rec_start} of the records section has length {length}, "
+                    f"{n - p} bytes left"
+                )
+            p += 1  # attributes (int8, unused)
+            # timestamp delta (varlong)
+            b = data[p]
+            if b < 0x80:
+                ts_delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    ts_delta = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    ts_delta, p = dv(data, p, end, MAX_VARLONG_BYTES)
+            # offset delta (varint)
+            b = data[p]
+            if b < 0x80:
+                off_delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    off_delta = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    off_delta, p = dv(data, p, end, MAX_VARINT_BYTES)
+            # key
+            b = data[p]
+            if b < 0x80:
+                klen = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    klen = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    klen, p = dv(data, p, end, MAX_VARINT_BYTES)
+            if klen < 0:
+                key = None
+            else:
+                q = p + klen
+                if q > end:
+                    raise CorruptRecordError(
+                        f"{where}: key length {klen} at byte {p} overruns its record (ends at {end})"
+                    )
+                key = data[p:q]
+                p = q
+            # value
+            b = data[p]
+            if b < 0x80:
+                vlen = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                c = data[p + 1]
+                if c < 0x80:
+                    z = (b & 0x7F) | (c << 7)
+                    vlen = (z >> 1) ^ -(z & 1)
+                    p += 2
+                else:
+                    vlen, p = dv(data, p, end, MAX_VARINT_BYTES)
+            if vlen < 0:
+                value = None
+            else:
+                q = p + vlen
+                if q > end:
+                    raise CorruptRecordError(
+                        f"{where}: value length {vlen} at byte {p} overruns its record (ends at {end})"
+                    )
+                value = data[p:q]
+                p = q
+            # headers
+            b = data[p]
+            if b == 0:
+                headers: list[Header] = []
+                p += 1
+            else:
+                headers, p = _decode_headers(data, p, end, where)
+            if p != end:
+                raise CorruptRecordError(
+                    f"{where}: record at byte {rec_start} of the records section declares length {length} "
+                    f"but its fields take {p - (end - length)}"
+                )
+            append(
+                new(
+                    rec_cls,
+                    (base_offset + off_delta, max_ts if log_append else first_ts + ts_delta, key, value, headers),
+                )
+            )
+    except IndexError:
+        raise CorruptRecordError(
+            f"{where}: record at byte {rec_start} of the records section is truncated"
+        ) from None
+    if p != n:
+        raise CorruptRecordError(f"{where}: {n - p} bytes left after the last of {count} records")
+    return out
+
+
+def decode_batch(
+    buf: Buffer,
+    pos: int = 0,
+    *,
+    check_crc: bool = True,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
+) -> tuple[BatchHeader, list[Record]]:
+    """Validate the batch at ``buf[pos]`` (CRC unless ``check_crc=False``) and decode all its records."""
+    h = peek_header(buf, pos)
+    _check_fits(buf, pos, h)
+    if check_crc:
+        _check_crc(buf, pos, h)
+    start = pos + BATCH_HEADER_SIZE
+    stop = pos + h.size
+    codec = h.attributes & ATTR_COMPRESSION_MASK
+    if codec:
+        with memoryview(buf) as view:
+            data = decompress(codec, view[start:stop], max_decompressed_bytes)
+    else:
+        with memoryview(buf) as view:
+            data = view[start:stop].tobytes()
+    return h, _decode_records(data, h, f"batch at byte {pos}")
+
+
+def iter_records(batch: Buffer, pos: int = 0, *, check_crc: bool = True) -> Iterator[Record]:
+    """Records of the batch at ``batch[pos]`` with absolute offsets and timestamps.
+
+    Decompresses any codec; for LogAppendTime batches every record's timestamp is the batch's
+    max_timestamp. Control batches are decoded like any other (callers skip them). The whole batch is
+    decoded before the first record is returned, so a corrupt batch yields nothing.
+    """
+    return iter(decode_batch(batch, pos, check_crc=check_crc)[1])
+
+
+def decode_batches(
+    buf: Buffer, *, check_crc: bool = True, allow_partial_tail: bool = False
+) -> Iterator[tuple[BatchHeader, list[Record]]]:
+    """Decode several batches back to back.
+
+    A trailing partial batch raises CorruptRecordError, unless ``allow_partial_tail`` (as in a Fetch
+    response, which a broker may cut in the middle of a batch), when it is skipped.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        if allow_partial_tail:
+            left = end - pos
+            if left < BATCH_HEADER_SIZE:
+                return
+            h = peek_header(buf, pos)
+            if h.size > left:
+                return
+        h, records = decode_batch(buf, pos, check_crc=check_crc)
+        yield h, records
+        pos += h.size
+
+
+__all__ = [
+    "ATTR_COMPRESSION_MASK",
+    "ATTR_CONTROL",
+    "ATTR_TIMESTAMP_TYPE",
+    "ATTR_TRANSACTIONAL",
+    "BATCH_HEADER_SIZE",
+    "CRC_COVERED_START",
+    "HEADER",
+    "LENGTH_FIELD_END",
+    "TIMESTAMP_CREATE_TIME",
+    "TIMESTAMP_LOG_APPEND_TIME",
+    "BatchBuilder",
+    "BatchHeader",
+    "Record",
+    "build_batch",
+    "decode_batch",
+    "decode_batches",
+    "iter_records",
+    "peek_header",
+    "set_base_offset",
+    "set_log_append_time",
+    "split_batches",
+    "validate_batch",
+]

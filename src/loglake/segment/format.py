@@ -1,0 +1,504 @@
+"""The segment object format: one immutable object per partition per seal.
+
+Byte layout (all loglake integers little-endian; the Kafka batches keep their own big-endian
+encoding). See docs/_format_segment.md for the full description.
+
+    header   32 bytes   magic "LLSG", version, flags, base_offset, created_ms, reserved, header_crc
+    data     N bytes    Kafka v2 RecordBatches back to back, exactly as given
+    index    40 bytes per batch
+    trailer  132 bytes  summary, data_crc, prev_hash, chain_hash, trailer_crc, version, magic "LLSE"
+
+Integrity:
+  * header_crc   = CRC-32C(header[0:28])
+  * data_crc     = CRC-32C(header ‖ data)            -> any change in header or data
+  * trailer_crc  = CRC-32C(index ‖ trailer[0:120])   -> index + trailer checkable from a tail read
+  * version/reserved/magic after trailer_crc must hold their exact values
+  * chain_hash   = SHA-256(prev_hash ‖ data)         -> tamper evidence across a partition's segments
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import struct
+import sys
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import crc32c
+
+from loglake.errors import CorruptionError, CorruptRecordError
+from loglake.store.base import BytesLike, ObjectStore
+
+FORMAT_VERSION = 1
+HEADER_MAGIC = b"LLSG"
+TRAILER_MAGIC = b"LLSE"
+ZERO_HASH = bytes(32)
+
+#: magic, version, flags, base_offset, created_ms, reserved, header_crc
+HEADER = struct.Struct("<4sHHqqII")
+HEADER_SIZE = HEADER.size  # 32
+HEADER_CRC_OFFSET = 28
+
+#: base_offset, position, max_timestamp, length, last_offset_delta, record_count, reserved
+INDEX_ENTRY = struct.Struct("<qQqIiiI")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size  # 40
+_INDEX_FIELDS = 5  # the entry as five int64 columns (for zero-copy column views)
+
+#: base_offset, last_offset, max_timestamp, record_count, created_ms, index_position,
+#: entry_count, data_crc, prev_hash, chain_hash, trailer_crc, version, reserved, magic
+TRAILER = struct.Struct("<qqqqqQII32s32sIHH4s")
+TRAILER_SIZE = TRAILER.size  # 132
+#: Byte offsets of fields inside the trailer (for error messages).
+TRAILER_FIELD_OFFSETS = {
+    "base_offset": 0,
+    "last_offset": 8,
+    "max_timestamp": 16,
+    "record_count": 24,
+    "created_ms": 32,
+    "index_position": 40,
+    "entry_count": 48,
+    "data_crc": 52,
+    "prev_hash": 56,
+    "chain_hash": 88,
+    "trailer_crc": 120,
+    "version": 124,
+    "reserved": 126,
+    "magic": 128,
+}
+TRAILER_CRC_OFFSET = TRAILER_FIELD_OFFSETS["trailer_crc"]
+
+#: One ranged read of this many bytes from the end usually gets the trailer and whole index
+#: (1635 entries).
+TAIL_READ_BYTES = 64 * 1024
+
+# ---- Kafka v2 RecordBatch header (big-endian) ----------------------------------------------
+#: base_offset, batch_length, partition_leader_epoch, magic, crc, attributes, last_offset_delta,
+#: first_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, record_count
+KAFKA_HEADER = struct.Struct(">qiiBIhiqqqhii")
+KAFKA_HEADER_SIZE = KAFKA_HEADER.size  # 61
+KAFKA_LENGTH_OVERHEAD = 12  # base_offset + batch_length precede the counted bytes
+KAFKA_CRC_START = 21  # the batch CRC covers [21, size)
+KAFKA_CRC_FIELD = 17
+KAFKA_MAGIC_FIELD = 16
+KAFKA_MAGIC = 2
+MIN_BATCH_LENGTH = KAFKA_HEADER_SIZE - KAFKA_LENGTH_OVERHEAD  # 49
+
+#: Smallest well-formed segment: header, one minimal batch, one index entry, trailer.
+MIN_SEGMENT_SIZE = HEADER_SIZE + KAFKA_HEADER_SIZE + INDEX_ENTRY_SIZE + TRAILER_SIZE
+
+
+class KafkaBatchHeader(NamedTuple):
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return self.batch_length + KAFKA_LENGTH_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+
+def unpack_kafka_header(buf: BytesLike, pos: int = 0) -> KafkaBatchHeader:
+    return KafkaBatchHeader._make(KAFKA_HEADER.unpack_from(buf, pos))
+
+
+class IndexEntry(NamedTuple):
+    base_offset: int
+    position: int  # absolute byte position of the batch in the object
+    length: int  # batch size in bytes (batch_length + 12)
+    last_offset_delta: int
+    max_timestamp: int
+    record_count: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def end(self) -> int:
+        return self.position + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTrailer:
+    """The trailer of a segment object, plus the object size it was read from."""
+
+    version: int
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    record_count: int
+    created_ms: int
+    index_position: int
+    entry_count: int
+    data_crc: int
+    prev_hash: bytes
+    chain_hash: bytes
+    trailer_crc: int
+    size: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+    @property
+    def data_size(self) -> int:
+        """Bytes of Kafka batches in the object."""
+        return self.index_position - HEADER_SIZE
+
+    def field_position(self, name: str) -> int:
+        """Absolute byte position of a trailer field in the object."""
+        return self.size - TRAILER_SIZE + TRAILER_FIELD_OFFSETS[name]
+
+
+class SegmentIndex:
+    """The parsed index of one segment, kept as its raw bytes.
+
+    Column lookups (base offsets, positions) are zero-copy strided views of those bytes, so an
+    index costs about 40 bytes per batch; a timestamp lookup builds a running-max column on
+    first use.
+    """
+
+    __slots__ = ("_base_offsets", "_cols", "_data_end", "_last_offset", "_n", "_positions", "_raw", "_ts_max")
+
+    def __init__(self, raw: bytes, data_end: int) -> None:
+        if len(raw) % INDEX_ENTRY_SIZE:
+            raise ValueError(f"index length {len(raw)} is not a multiple of {INDEX_ENTRY_SIZE}")
+        self._raw = bytes(raw)
+        self._n = len(raw) // INDEX_ENTRY_SIZE
+        self._data_end = data_end
+        if sys.byteorder == "little":
+            cols = memoryview(self._raw).cast("q")
+        else:  # pragma: no cover - big-endian hosts
+            arr = array("q")
+            arr.frombytes(self._raw)
+            arr.byteswap()
+            cols = memoryview(arr)
+        self._cols = cols
+        self._base_offsets = cols[0::_INDEX_FIELDS]
+        self._positions = cols[1::_INDEX_FIELDS]
+        self._ts_max: array[int] | None = None
+        self._last_offset = self.entry(self._n - 1).last_offset if self._n else -1
+
+    def __reduce__(self) -> tuple[type[SegmentIndex], tuple[bytes, int]]:
+        return (SegmentIndex, (self._raw, self._data_end))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        if not self._n:
+            return "SegmentIndex(empty)"
+        return f"SegmentIndex({self._n} batches, offsets {self.base_offset}..{self.last_offset})"
+
+    def __iter__(self) -> Iterator[IndexEntry]:
+        for i in range(self._n):
+            yield self.entry(i)
+
+    @property
+    def raw(self) -> bytes:
+        return self._raw
+
+    @property
+    def data_end(self) -> int:
+        """Byte position just past the last batch (= the index position)."""
+        return self._data_end
+
+    @property
+    def base_offset(self) -> int:
+        return int(self._base_offsets[0])
+
+    @property
+    def last_offset(self) -> int:
+        return self._last_offset
+
+    def entry(self, i: int) -> IndexEntry:
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"index entry {i} out of range (0..{self._n - 1})")
+        base_offset, position, max_ts, length, lod, count, _reserved = INDEX_ENTRY.unpack_from(
+            self._raw, i * INDEX_ENTRY_SIZE
+        )
+        return IndexEntry(base_offset, position, length, lod, max_ts, count)
+
+    def find_offset(self, offset: int) -> int | None:
+        """Index of the batch holding `offset`; 0 when `offset` is before the segment; None
+        when it is past the segment's last offset."""
+        if not self._n or offset > self._last_offset:
+            return None
+        return max(0, bisect.bisect_right(self._base_offsets, offset) - 1)
+
+    def find_timestamp(self, timestamp: int) -> int | None:
+        """Index of the first batch whose max_timestamp >= `timestamp`, None if there is none."""
+        ts_max = self._ts_max
+        if ts_max is None:
+            ts_max = array("q")
+            running = -(2**63)
+            for i in range(self._n):
+                running = max(running, self._cols[i * _INDEX_FIELDS + 2])
+                ts_max.append(running)
+            self._ts_max = ts_max
+        i = bisect.bisect_left(ts_max, timestamp)
+        return i if i < self._n else None
+
+    def byte_range(self, first: int, max_bytes: int) -> tuple[int, int, int]:
+        """(start position, length, batch count) of consecutive whole batches from entry
+        `first` totalling at most `max_bytes`, but always at least one batch."""
+        n = self._n
+        if not 0 <= first < n:
+            raise IndexError(f"index entry {first} out of range (0..{n - 1})")
+        positions = self._positions
+        start = int(positions[first])
+        limit = start + max(max_bytes, 0)
+        # Entries first..k-1 start at or before `limit`; entry j ends where j+1 starts.
+        k = bisect.bisect_right(positions, limit, first + 1, n)
+        last = n - 1 if k == n and self._data_end <= limit else k - 2
+        last = max(last, first)
+        end = int(positions[last + 1]) if last + 1 < n else self._data_end
+        return start, end - start, last - first + 1
+
+
+class SegmentWriter:
+    """Builds one segment from Kafka batches whose offsets are already assigned.
+
+    Batches are kept by reference (not copied): the caller must not change them until the
+    parts returned by `finish` have been written. CRC-32C and SHA-256 run incrementally.
+    """
+
+    def __init__(self, base_offset: int, prev_hash: bytes, created_ms: int) -> None:
+        if base_offset < 0:
+            raise ValueError(f"base offset {base_offset} is negative")
+        if len(prev_hash) != 32:
+            raise ValueError(f"prev_hash must be 32 bytes, got {len(prev_hash)}")
+        self.base_offset = base_offset
+        self.prev_hash = bytes(prev_hash)
+        self.created_ms = created_ms
+        header = bytearray(HEADER.pack(HEADER_MAGIC, FORMAT_VERSION, 0, base_offset, created_ms, 0, 0))
+        struct.pack_into("<I", header, HEADER_CRC_OFFSET, crc32c.crc32c(header[:HEADER_CRC_OFFSET]))
+        self._header = bytes(header)
+        self._crc = crc32c.crc32c(self._header)
+        self._sha = hashlib.sha256(self.prev_hash)
+        self._batches: list[memoryview] = []
+        self._index = bytearray()
+        self._position = HEADER_SIZE
+        self._next_offset = base_offset
+        self._max_timestamp = -1
+        self._record_count = 0
+        self._finished = False
+
+    @property
+    def size(self) -> int:
+        """Bytes the finished object will have with the batches added so far."""
+        return self._position + len(self._index) + TRAILER_SIZE
+
+    @property
+    def batch_count(self) -> int:
+        return len(self._batches)
+
+    @property
+    def next_offset(self) -> int:
+        """The base offset the next batch must have."""
+        return self._next_offset
+
+    def add_batch(self, batch: BytesLike) -> None:
+        """Append one Kafka v2 batch. Wrong offsets or a malformed batch: ValueError; a batch
+        CRC mismatch: CorruptRecordError."""
+        if self._finished:
+            raise ValueError("segment already finished")
+        view = memoryview(batch)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        n = len(view)
+        if n < KAFKA_HEADER_SIZE:
+            raise ValueError(f"batch of {n} bytes is shorter than a batch header")
+        (base, batch_length, _epoch, magic, stored_crc, _attrs, lod, _first_ts, max_ts, _pid, _pepoch, _seq, count) = (
+            KAFKA_HEADER.unpack_from(view)
+        )
+        if batch_length + KAFKA_LENGTH_OVERHEAD != n:
+            raise ValueError(f"batch length field says {batch_length + KAFKA_LENGTH_OVERHEAD} bytes, buffer has {n}")
+        if magic != KAFKA_MAGIC:
+            raise ValueError(f"batch magic {magic}, only v2 (2) is supported")
+        if lod < 0 or count < 0:
+            raise ValueError(f"batch has negative last_offset_delta {lod} or record_count {count}")
+        if base != self._next_offset:
+            raise ValueError(f"batch base offset {base}, expected {self._next_offset} (offsets must be dense)")
+        if crc32c.crc32c(view[KAFKA_CRC_START:]) != stored_crc:
+            raise CorruptRecordError(f"batch at offset {base}: CRC-32C mismatch")
+        self._index += INDEX_ENTRY.pack(base, self._position, max_ts, n, lod, count, 0)
+        self._crc = crc32c.crc32c(view, self._crc)
+        self._sha.update(view)
+        self._batches.append(view)
+        self._position += n
+        self._next_offset = base + lod + 1
+        if max_ts > self._max_timestamp:
+            self._max_timestamp = max_ts
+        self._record_count += count
+
+    def finish(self) -> tuple[list[bytes | memoryview], SegmentTrailer, SegmentIndex]:
+        """The object's parts (for ObjectStore.put, batches not copied), trailer and index."""
+        if self._finished:
+            raise ValueError("segment already finished")
+        if not self._batches:
+            raise ValueError("a segment needs at least one batch")
+        self._finished = True
+        index = bytes(self._index)
+        entry_count = len(self._batches)
+        index_position = self._position
+        chain_hash = self._sha.digest()
+        fields = (
+            self.base_offset,
+            self._next_offset - 1,
+            self._max_timestamp,
+            self._record_count,
+            self.created_ms,
+            index_position,
+            entry_count,
+            self._crc,
+            self.prev_hash,
+            chain_hash,
+        )
+        head = TRAILER.pack(*fields, 0, FORMAT_VERSION, 0, TRAILER_MAGIC)[:TRAILER_CRC_OFFSET]
+        trailer_crc = crc32c.crc32c(head, crc32c.crc32c(index))
+        tail = index + TRAILER.pack(*fields, trailer_crc, FORMAT_VERSION, 0, TRAILER_MAGIC)
+        size = index_position + len(tail)
+        trailer = SegmentTrailer(
+            version=FORMAT_VERSION,
+            base_offset=self.base_offset,
+            last_offset=self._next_offset - 1,
+            max_timestamp=self._max_timestamp,
+            record_count=self._record_count,
+            created_ms=self.created_ms,
+            index_position=index_position,
+            entry_count=entry_count,
+            data_crc=self._crc,
+            prev_hash=self.prev_hash,
+            chain_hash=chain_hash,
+            trailer_crc=trailer_crc,
+            size=size,
+        )
+        parts: list[bytes | memoryview] = [self._header, *self._batches, tail]
+        self._batches = []
+        return parts, trailer, SegmentIndex(index, index_position)
+
+
+# ---- reading the tail --------------------------------------------------------------------------
+
+
+def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrailer, SegmentIndex] | int:
+    """Parse trailer and index from the last `len(tail)` bytes of an object of `object_size`.
+
+    Returns the tail length needed when `tail` is too short. Checks magic, version, sizes and
+    trailer_crc (which covers the index), plus the index's first and last entries against
+    the trailer; the full index-vs-data check is `verify_segment`'s.
+    """
+    if object_size < MIN_SEGMENT_SIZE:
+        raise CorruptionError(key, 0, f"object of {object_size} bytes is too small for a segment")
+    n = len(tail)
+    if n > object_size:
+        raise ValueError(f"tail of {n} bytes is longer than the object ({object_size})")
+    if n < TRAILER_SIZE:
+        return TRAILER_SIZE
+    trailer_at = object_size - TRAILER_SIZE
+    (
+        base_offset,
+        last_offset,
+        max_timestamp,
+        record_count,
+        created_ms,
+        index_position,
+        entry_count,
+        data_crc,
+        prev_hash,
+        chain_hash,
+        trailer_crc,
+        version,
+        reserved,
+        magic,
+    ) = TRAILER.unpack_from(tail, n - TRAILER_SIZE)
+    if magic != TRAILER_MAGIC:
+        raise CorruptionError(key, trailer_at + 128, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)")
+    if version != FORMAT_VERSION:
+        raise CorruptionError(key, trailer_at + 124, f"unsupported segment format version {version}")
+    if reserved:
+        raise CorruptionError(key, trailer_at + 126, f"trailer reserved field is {reserved}, expected 0")
+    max_entries = (object_size - HEADER_SIZE - TRAILER_SIZE) // (INDEX_ENTRY_SIZE + KAFKA_HEADER_SIZE)
+    if not 1 <= entry_count <= max_entries:
+        raise CorruptionError(key, trailer_at + 48, f"entry count {entry_count} impossible for the object size")
+    if index_position != trailer_at - entry_count * INDEX_ENTRY_SIZE:
+        raise CorruptionError(
+            key,
+            trailer_at + 40,
+            f"index position {index_position} + {entry_count} entries does not end at the trailer ({trailer_at})",
+        )
+    needed = object_size - int(index_position)
+    if n < needed:
+        return needed
+    view = memoryview(tail)[n - needed :]
+    crc = crc32c.crc32c(view[: needed - TRAILER_SIZE + TRAILER_CRC_OFFSET])
+    if crc != trailer_crc:
+        raise CorruptionError(
+            key, trailer_at + TRAILER_CRC_OFFSET, f"trailer CRC-32C mismatch (stored {trailer_crc:#010x}, computed {crc:#010x})"
+        )
+    index = SegmentIndex(bytes(view[: needed - TRAILER_SIZE]), index_position)
+    trailer = SegmentTrailer(
+        version,
+        base_offset,
+        last_offset,
+        max_timestamp,
+        record_count,
+        created_ms,
+        index_position,
+        entry_count,
+        data_crc,
+        bytes(prev_hash),
+        bytes(chain_hash),
+        trailer_crc,
+        object_size,
+    )
+    first, last = index.entry(0), index.entry(-1)
+    if first.base_offset != base_offset or first.position != HEADER_SIZE:
+        raise CorruptionError(key, index_position, f"first index entry {first} does not start the segment at {base_offset}")
+    if last.end != index_position or last.last_offset != last_offset:
+        raise CorruptionError(
+            key, index_position + (entry_count - 1) * INDEX_ENTRY_SIZE, f"last index entry {last} does not end the segment"
+        )
+    return trailer, index
+
+
+def read_tail(store: ObjectStore, key: str, size: int | None = None) -> tuple[SegmentTrailer, SegmentIndex]:
+    """Trailer and index of a stored segment: one ranged read of the tail (TAIL_READ_BYTES),
+    a second one only when the index is bigger. `size` (if known) saves the size lookup."""
+    if size is None:
+        tail, size = store.get_tail(key, TAIL_READ_BYTES)
+    else:
+        start = max(0, size - TAIL_READ_BYTES)
+        tail = store.get_range(key, start, size - start)
+        if len(tail) != size - start:
+            raise CorruptionError(key, start + len(tail), f"object is shorter than the expected {size} bytes")
+    parsed = parse_tail(tail, size, key)
+    if isinstance(parsed, int):
+        more = parsed - len(tail)
+        head = store.get_range(key, size - parsed, more)
+        if len(head) != more:
+            raise CorruptionError(key, size - parsed + len(head), "object changed size while reading its tail")
+        parsed = parse_tail(head + tail, size, key)
+        if isinstance(parsed, int):  # pragma: no cover - parse_tail asks for its full need at once
+            raise CorruptionError(key, size - parsed, "tail still too short after a second read")
+    return parsed

@@ -1,0 +1,182 @@
+"""`LocalStore`: objects as plain files under a root folder, through the FileSystem seam.
+
+`put` publishes crash-atomically: `<path>.tmp` is written and datasynced, renamed over
+`<path>`, and the directory is fsynced. A crash leaves either no object (maybe a stale `.tmp`
+file, which `list` ignores and `delete_stale_temps` removes) or the whole object.
+
+Two concurrent `put`s of the same key are not supported (they share the temp name); segment
+keys are written by one owner each.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+from collections.abc import Sequence
+
+from loglake.errors import StorageError
+from loglake.fs.base import File, FileSystem
+from loglake.store.base import (
+    TEMP_SUFFIX,
+    BytesLike,
+    ObjectNotFoundError,
+    ObjectStore,
+    check_key,
+    check_prefix,
+    check_range,
+)
+
+#: errnos worth retrying later; everything else (ENOSPC, EIO, EROFS, EACCES, ...) is not.
+_RETRIABLE_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT, errno.ENOLCK})
+
+
+def _storage_error(op: str, key: str, exc: OSError) -> StorageError:
+    return StorageError(op, key, exc, retriable=exc.errno in _RETRIABLE_ERRNOS)
+
+
+class LocalStore(ObjectStore):
+    def __init__(self, root: str, fs: FileSystem) -> None:
+        self.root = os.path.abspath(root)
+        self.url = "file://" + self.root
+        self._fs = fs
+
+    def __repr__(self) -> str:
+        return f"LocalStore({self.root!r})"
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key).split("/"))
+
+    # ---- writes ---------------------------------------------------------------------------
+
+    def put(self, key: str, parts: Sequence[BytesLike]) -> None:
+        path = self._path(key)
+        try:
+            self._fs.makedirs(os.path.dirname(path))
+            self._fs.write_file_atomic(path, parts)
+        except OSError as exc:
+            self._discard_temp(path + TEMP_SUFFIX)
+            raise _storage_error("put", key, exc) from exc
+
+    def _discard_temp(self, tmp: str) -> None:
+        try:
+            if self._fs.exists(tmp):
+                self._fs.unlink(tmp)
+        except OSError:
+            pass  # best effort; delete_stale_temps cleans up later
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        try:
+            self._fs.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _storage_error("delete", key, exc) from exc
+        try:
+            self._fs.fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            raise _storage_error("delete", key, exc) from exc
+
+    def delete_stale_temps(self, prefix: str = "") -> int:
+        """Remove leftover `*.tmp` files of interrupted puts under `prefix`; returns how many.
+
+        Only safe while no `put` is running on this root (it would remove its temp file).
+        """
+        removed = 0
+        try:
+            for path in self._walk(prefix, temps=True):
+                self._fs.unlink(path)
+                self._fs.fsync_dir(os.path.dirname(path))
+                removed += 1
+        except OSError as exc:
+            raise _storage_error("delete_stale_temps", prefix, exc) from exc
+        return removed
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def _open(self, op: str, key: str) -> File:
+        path = self._path(key)
+        try:
+            if self._fs.is_dir(path):
+                raise ObjectNotFoundError(key, self.url)
+            return self._fs.open(path)
+        except FileNotFoundError:
+            raise ObjectNotFoundError(key, self.url) from None
+        except OSError as exc:
+            raise _storage_error(op, key, exc) from exc
+
+    def get(self, key: str) -> bytes:
+        with self._open("get", key) as f:
+            try:
+                return f.pread(0, f.size())
+            except OSError as exc:
+                raise _storage_error("get", key, exc) from exc
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        check_range(start, length)
+        with self._open("get_range", key) as f:
+            try:
+                return f.pread(start, length)
+            except OSError as exc:
+                raise _storage_error("get_range", key, exc) from exc
+
+    def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
+        check_range(0, length)
+        with self._open("get_tail", key) as f:
+            try:
+                size = f.size()
+                start = max(0, size - length)
+                return f.pread(start, size - start), size
+            except OSError as exc:
+                raise _storage_error("get_tail", key, exc) from exc
+
+    def head(self, key: str) -> int | None:
+        path = self._path(key)
+        try:
+            if self._fs.is_dir(path):
+                return None
+            return self._fs.file_size(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise _storage_error("head", key, exc) from exc
+
+    def list(self, prefix: str) -> builtins.list[str]:
+        check_prefix(prefix)
+        try:
+            keys = [
+                os.path.relpath(path, self.root).replace(os.sep, "/") for path in self._walk(prefix, temps=False)
+            ]
+        except OSError as exc:
+            raise _storage_error("list", prefix, exc) from exc
+        keys.sort()
+        return keys
+
+    def _walk(self, prefix: str, *, temps: bool) -> builtins.list[str]:
+        """Paths of files under root whose key starts with `prefix`: objects, or only temps."""
+        check_prefix(prefix)
+        base, _, _ = prefix.rpartition("/")
+        start_dir = os.path.join(self.root, *base.split("/")) if base else self.root
+        out: builtins.list[str] = []
+        stack = [(start_dir, base + "/" if base else "")]
+        while stack:
+            directory, key_prefix = stack.pop()
+            try:
+                names = self._fs.listdir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for name in names:
+                key = key_prefix + name
+                path = os.path.join(directory, name)
+                if self._fs.is_dir(path):
+                    sub = key + "/"
+                    if sub.startswith(prefix) or prefix.startswith(sub):
+                        stack.append((path, sub))
+                elif key.startswith(prefix) and name.endswith(TEMP_SUFFIX) == temps:
+                    out.append(path)
+        return out
+
+    def local_path(self, key: str) -> str | None:
+        """The object's file path (not checked for existence: opening it tells)."""
+        return self._path(key)

@@ -1,0 +1,158 @@
+"""Reading the WAL back after a restart.
+
+Every shard directory (`shard-NN`, whatever the shard count was) is read file by file, frames
+in sequence order. What recovery may do to a shard:
+
+* A zero length where a frame should start, in the untouched preallocated tail: the clean end.
+* A bad frame (length CRC, data CRC, trailer magic) in the newest file of a shard, with no intact
+  frame of a *later* group commit behind it: a torn write that was never acknowledged. The
+  file is truncated there and the bytes are counted in the report.
+* A bad frame anywhere else, or with an intact later group behind it: corruption of data that
+  was once durable. Recovery stops with CorruptionError naming the file and byte offset; it never
+  skips it silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from loglake.errors import CorruptionError
+from loglake.fs.base import FileSystem
+from loglake.wal.frame import Frame, FrameError, decode_frame, find_valid_frame_after
+from loglake.wal.shard import WalFile, parse_wal_file_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplayFrame:
+    """A recovered append, payload copied out of the file buffer."""
+
+    topic_id: bytes
+    partition: int
+    base_offset: int
+    end_offset: int
+    payload: bytes
+
+
+@dataclass
+class ShardRecovery:
+    directory: str
+    files: list[WalFile] = field(default_factory=list)
+    next_seq: int = 0
+
+
+@dataclass
+class WalRecovery:
+    shards: dict[str, ShardRecovery] = field(default_factory=dict)  # by directory name
+    frames: list[ReplayFrame] = field(default_factory=list)
+    frames_read: int = 0
+    bytes_read: int = 0
+    bytes_truncated: int = 0
+    truncated_files: list[str] = field(default_factory=list)
+    removed_files: list[str] = field(default_factory=list)
+
+
+def shard_dir_name(index: int) -> str:
+    return f"shard-{index:02d}"
+
+
+def recover_wal(fs: FileSystem, wal_dir: str) -> WalRecovery:
+    result = WalRecovery()
+    if not fs.exists(wal_dir):
+        return result
+    for name in fs.listdir(wal_dir):
+        directory = os.path.join(wal_dir, name)
+        if not name.startswith("shard-") or not fs.is_dir(directory):
+            continue
+        result.shards[name] = _recover_shard(fs, directory, result)
+    return result
+
+
+def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> ShardRecovery:
+    shard = ShardRecovery(directory)
+    names: list[tuple[int, str]] = []
+    for name in fs.listdir(directory):
+        seq = parse_wal_file_name(name)
+        if seq is not None:
+            names.append((seq, name))
+    names.sort()
+    next_seq = 0
+    for i, (first_seq, name) in enumerate(names):
+        path = os.path.join(directory, name)
+        is_last = i == len(names) - 1
+        with fs.open(path, write=is_last) as f:
+            data = f.pread(0, f.size())
+            result.bytes_read += len(data)
+            frames, bad_at = _scan(data, path)
+            if frames and frames[0].seq != first_seq:
+                raise CorruptionError(path, 0, f"first frame has seq {frames[0].seq}, file name says {first_seq}")
+            if frames and i > 0 and first_seq != next_seq:
+                raise CorruptionError(path, 0, f"file starts at seq {first_seq}, the previous file ended before {next_seq}")
+            if bad_at is not None:
+                _classify_bad_frame(memoryview(data), path, bad_at, is_last, frames)
+                garbage_end = len(data.rstrip(b"\0"))
+                torn = max(0, garbage_end - bad_at)
+                result.bytes_truncated += torn
+                result.truncated_files.append(path)
+                log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
+                f.truncate(bad_at)
+                f.datasync()
+        next_seq = max(next_seq, first_seq)
+        if not frames:
+            if is_last:
+                # The newest file was rolled to but holds nothing intact: drop it.
+                fs.unlink(path)
+                fs.fsync_dir(directory)
+                result.removed_files.append(path)
+                continue
+            raise CorruptionError(path, 0, "closed WAL file holds no intact frame")
+        wal_file = WalFile(path, first_seq)
+        for frame in frames:
+            wal_file.partitions[(frame.topic_id, frame.partition)] = frame.end_offset
+            result.frames.append(
+                ReplayFrame(frame.topic_id, frame.partition, frame.base_offset, frame.end_offset, bytes(frame.payload))
+            )
+        result.frames_read += len(frames)
+        next_seq = frames[-1].seq + 1
+        shard.files.append(wal_file)
+    shard.next_seq = next_seq
+    return shard
+
+
+def _scan(data: bytes, path: str) -> tuple[list[Frame], int | None]:
+    """Intact frames from the start of `data`, and the byte where a bad frame starts (or None)."""
+    buf = memoryview(data)
+    frames: list[Frame] = []
+    pos = 0
+    while True:
+        try:
+            frame = decode_frame(buf, pos)
+        except FrameError as exc:
+            return frames, exc.position
+        if frame is None:
+            if pos < len(data) and len(data.rstrip(b"\0")) > pos:
+                return frames, pos  # non-zero bytes after a zero length: not a clean end
+            return frames, None
+        if frames and frame.seq != frames[-1].seq + 1:
+            raise CorruptionError(path, pos, f"frame seq {frame.seq}, expected {frames[-1].seq + 1}")
+        frames.append(frame)
+        pos += frame.size
+
+
+def _classify_bad_frame(buf: memoryview, path: str, bad_at: int, is_last: bool, frames: list[Frame]) -> None:
+    """Raise CorruptionError unless the bad bytes at `bad_at` are a torn, unacknowledged write."""
+    if not is_last:
+        raise CorruptionError(path, bad_at, "bad WAL frame in a closed file (data that was durable is damaged)")
+    later = find_valid_frame_after(buf, bad_at)
+    if later is None:
+        return
+    # The bad frame's seq is the one after the last good frame; an intact frame whose group
+    # started after that seq was written after the bad frame's group was fsynced.
+    bad_seq = frames[-1].seq + 1 if frames else later.group_seq
+    if later.group_seq > bad_seq:
+        raise CorruptionError(
+            path, bad_at, f"bad WAL frame followed by an intact later write (seq {later.seq} at byte {later.position})"
+        )

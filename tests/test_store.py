@@ -1,0 +1,330 @@
+"""Object stores: LocalStore (on the real filesystem) and MemoryStore behave the same."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from loglake.errors import ConfigError, LoglakeError, StorageError
+from loglake.fs.base import BytesLike
+from loglake.fs.os_fs import OsFileSystem
+from loglake.store import (
+    InvalidObjectKeyError,
+    LocalStore,
+    MemoryStore,
+    ObjectNotFoundError,
+    ObjectStore,
+    drop_memory_store,
+    open_store,
+    parse_segment_key,
+    partition_prefix,
+    register_scheme,
+    segment_key,
+    topic_prefix,
+)
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
+    s: ObjectStore = LocalStore(str(tmp_path / "root"), OsFileSystem()) if request.param == "local" else MemoryStore()
+    yield s
+    s.close()
+
+
+def test_put_get_roundtrip_with_mixed_parts(store: ObjectStore) -> None:
+    parts: list[BytesLike] = [b"head", bytearray(b"-middle-"), memoryview(b"xxtailxx")[2:6], b""]
+    store.put("a/b/c.seg", parts)
+    assert store.get("a/b/c.seg") == b"head-middle-tail"
+    assert store.head("a/b/c.seg") == 16
+    store.put("empty", [])
+    assert store.get("empty") == b""
+    assert store.head("empty") == 0
+
+
+def test_put_replaces_whole_object(store: ObjectStore) -> None:
+    store.put("k", [b"long old content"])
+    store.put("k", [b"new"])
+    assert store.get("k") == b"new"
+
+
+def test_get_range_bounds(store: ObjectStore) -> None:
+    store.put("x/obj", [bytes(range(100))])
+    assert store.get_range("x/obj", 0, 10) == bytes(range(10))
+    assert store.get_range("x/obj", 95, 10) == bytes(range(95, 100))  # short only at the end
+    assert store.get_range("x/obj", 100, 5) == b""
+    assert store.get_range("x/obj", 500, 5) == b""
+    assert store.get_range("x/obj", 10, 0) == b""
+    with pytest.raises(ValueError):
+        store.get_range("x/obj", -1, 5)
+    with pytest.raises(ValueError):
+        store.get_range("x/obj", 0, -5)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_range("x/missing", 0, 5)
+
+
+def test_get_tail(store: ObjectStore) -> None:
+    store.put("t", [bytes(range(50))])
+    assert store.get_tail("t", 10) == (bytes(range(40, 50)), 50)
+    assert store.get_tail("t", 500) == (bytes(range(50)), 50)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_tail("nope", 10)
+
+
+def test_missing_objects(store: ObjectStore) -> None:
+    assert store.head("no/such") is None
+    with pytest.raises(ObjectNotFoundError) as info:
+        store.get("no/such")
+    assert isinstance(info.value, LoglakeError)
+    store.delete("no/such")  # idempotent
+    store.put("dir/obj", [b"1"])
+    # A "directory" (key prefix) is not an object.
+    assert store.head("dir") is None
+    with pytest.raises(ObjectNotFoundError):
+        store.get("dir")
+
+
+def test_delete_idempotent(store: ObjectStore) -> None:
+    store.put("p/q", [b"data"])
+    store.delete("p/q")
+    store.delete("p/q")
+    assert store.head("p/q") is None
+    assert store.list("") == []
+
+
+def test_list_prefix_sorted(store: ObjectStore) -> None:
+    keys = ["a/b/2", "a/b/1", "a/bc/x", "a-c", "a/b-z/0", "b/0", "a/b/10"]
+    for k in keys:
+        store.put(k, [k.encode()])
+    assert store.list("") == sorted(keys)
+    assert store.list("a/b/") == ["a/b/1", "a/b/10", "a/b/2"]
+    assert store.list("a/b") == sorted(["a/b/2", "a/b/1", "a/bc/x", "a/b-z/0", "a/b/10"])
+    assert store.list("a/b/1") == ["a/b/1", "a/b/10"]
+    assert store.list("a") == sorted(k for k in keys if k.startswith("a"))
+    assert store.list("zzz/") == []
+    assert store.list("a/b/2/") == []
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["", "/abs", "a//b", "a/", "./a", "a/./b", "../x", "a/../b", "a\\b", "a\x00b", "seg.tmp", "a/b.tmp", ".."],
+)
+def test_key_validation(store: ObjectStore, key: str) -> None:
+    for op in (
+        lambda: store.put(key, [b"x"]),
+        lambda: store.get(key),
+        lambda: store.head(key),
+        lambda: store.delete(key),
+        lambda: store.get_range(key, 0, 1),
+    ):
+        with pytest.raises(InvalidObjectKeyError) as info:
+            op()
+        assert isinstance(info.value, ValueError)
+        assert isinstance(info.value, LoglakeError)
+
+
+def test_bad_prefixes(store: ObjectStore) -> None:
+    for prefix in ("/x", "a//", "../", "a/.."):
+        with pytest.raises(InvalidObjectKeyError):
+            store.list(prefix)
+
+
+# ---- LocalStore specifics ---------------------------------------------------------------------
+
+
+def test_local_layout_url_and_local_path(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path / "r"), OsFileSystem())
+    assert store.url == "file://" + str(tmp_path / "r")
+    store.put("t-1/0/00.seg", [b"abc"])
+    path = store.local_path("t-1/0/00.seg")
+    assert path == str(tmp_path / "r" / "t-1" / "0" / "00.seg")
+    assert Path(path).read_bytes() == b"abc"
+    assert MemoryStore().local_path("t-1/0/00.seg") is None
+    assert sorted(os.listdir(tmp_path / "r" / "t-1" / "0")) == ["00.seg"]  # no temp left behind
+
+
+def test_local_ignores_and_cleans_temp_leftovers(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    store = LocalStore(str(tmp_path), fs)
+    store.put("p/0/1.seg", [b"whole"])
+    # A crash mid-put leaves only the temp file: the object is absent, list ignores it.
+    (tmp_path / "p" / "0" / "2.seg.tmp").write_bytes(b"partial")
+    (tmp_path / "p" / "3.seg.tmp").write_bytes(b"partial")
+    assert store.list("") == ["p/0/1.seg"]
+    assert store.list("p/0/2") == []
+    assert store.head("p/0/2.seg") is None
+    # Retrying the put replaces the leftover.
+    store.put("p/0/2.seg", [b"retried"])
+    assert store.get("p/0/2.seg") == b"retried"
+    assert not (tmp_path / "p" / "0" / "2.seg.tmp").exists()
+    assert store.delete_stale_temps() == 1
+    assert not (tmp_path / "p" / "3.seg.tmp").exists()
+    assert store.list("") == ["p/0/1.seg", "p/0/2.seg"]
+    assert store.delete_stale_temps() == 0
+
+
+class _FailingFs(OsFileSystem):
+    """Raises an OSError on rename (after the temp file was written): a failed publish."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+
+    def rename(self, src: str, dst: str) -> None:
+        raise OSError(self.err, os.strerror(self.err), src)
+
+
+@pytest.mark.parametrize(("err", "retriable"), [(errno.ENOSPC, False), (errno.EIO, False), (errno.EAGAIN, True)])
+def test_local_failed_put_publishes_nothing(tmp_path: Path, err: int, retriable: bool) -> None:
+    store = LocalStore(str(tmp_path), _FailingFs(err))
+    with pytest.raises(StorageError) as info:
+        store.put("t/0/5.seg", [b"data"])
+    assert info.value.retriable is retriable
+    assert info.value.op == "put"
+    assert store.head("t/0/5.seg") is None
+    assert store.list("") == []
+    assert os.listdir(tmp_path / "t" / "0") == []  # temp removed on failure
+
+
+class _PartialWriteFs(OsFileSystem):
+    """Simulates a crash in the middle of writing the temp file."""
+
+    def write_file_atomic(self, path: str, parts: Sequence[BytesLike]) -> None:
+        with self.open(path + ".tmp", write=True, create=True) as f:
+            f.pwrite(0, parts[0])
+        raise OSError(errno.EIO, "crashed")
+
+
+def test_local_crash_mid_write_leaves_nothing_visible(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path), _PartialWriteFs())
+    with pytest.raises(StorageError):
+        store.put("k/obj", [b"first part", b"second part"])
+    reader = LocalStore(str(tmp_path), OsFileSystem())
+    assert reader.head("k/obj") is None
+    assert reader.list("") == []
+
+
+def test_local_wraps_read_errors(tmp_path: Path) -> None:
+    class BrokenFs(OsFileSystem):
+        def listdir(self, path: str) -> list[str]:
+            raise OSError(errno.EIO, "io error")
+
+    store = LocalStore(str(tmp_path), BrokenFs())
+    with pytest.raises(StorageError) as info:
+        store.list("")
+    assert info.value.retriable is False
+
+
+# ---- MemoryStore specifics --------------------------------------------------------------------
+
+
+def test_memory_counts_calls_and_injects_faults() -> None:
+    store = MemoryStore("t")
+    store.put("a", [b"1"])
+    store.get("a")
+    store.get_range("a", 0, 1)
+    store.get_range("a", 0, 1)
+    store.head("a")
+    assert store.calls == {"put": 1, "get": 1, "get_range": 2, "head": 1}
+    err = StorageError("get", "a", "injected", retriable=True)
+    store.fail("get", err, times=2)
+    for _ in range(2):
+        with pytest.raises(StorageError):
+            store.get("a")
+    assert store.get("a") == b"1"
+
+
+def test_memory_thread_safe() -> None:
+    store = MemoryStore()
+
+    def worker(n: int) -> None:
+        for i in range(200):
+            store.put(f"w{n}/{i}", [b"x" * i])
+            assert store.get(f"w{n}/{i}") == b"x" * i
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(store.list("")) == 800
+    assert store.calls["put"] == 800
+
+
+# ---- open_store -------------------------------------------------------------------------------
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    s1 = open_store(f"file://{tmp_path}", fs)
+    assert isinstance(s1, LocalStore) and s1.root == str(tmp_path)
+    s2 = open_store(str(tmp_path / "plain"), fs)
+    assert isinstance(s2, LocalStore) and s2.url == f"file://{tmp_path}/plain"
+    m1 = open_store("memory://shared", fs)
+    m1.put("k", [b"v"])
+    assert open_store("memory://shared", fs) is m1
+    assert open_store("memory://other", fs) is not m1
+    drop_memory_store("shared")
+    assert open_store("memory://shared", fs).head("k") is None
+    for bad in ("s3://bucket/prefix", "ftp://x", ""):
+        with pytest.raises(ConfigError) as info:
+            open_store(bad, fs)
+        if bad:
+            assert "file://" in str(info.value) and "memory://" in str(info.value)
+    for bad in ("file://relative/path", "memory://", "memory://a/b"):
+        with pytest.raises(ConfigError):
+            open_store(bad, fs)
+
+
+def test_register_scheme() -> None:
+    made = MemoryStore("custom")
+    register_scheme("custom", lambda url, fs: made)
+    assert open_store("custom://anything", OsFileSystem()) is made
+
+
+# ---- segment keys -----------------------------------------------------------------------------
+
+
+def test_segment_key_layout_and_parse() -> None:
+    key = segment_key("c1", "orders-eu.v2", "0f3a9b", 7, 1234)
+    assert key == "loglake-c1/orders-eu.v2-0f3a9b/7/00000000000000001234.seg"
+    assert parse_segment_key(key) == ("orders-eu.v2", "0f3a9b", 7, 1234)
+    prefixed = segment_key("c1", "t", "id", 0, 0, prefix="/bucket/pre/")
+    assert prefixed == "bucket/pre/loglake-c1/t-id/0/00000000000000000000.seg"
+    assert parse_segment_key(prefixed).base_offset == 0
+    assert key.startswith(partition_prefix("c1", "orders-eu.v2", "0f3a9b", 7))
+    assert partition_prefix("c1", "t", "id", 3).endswith("/3/")
+    assert topic_prefix("c1", "t", "id") == "loglake-c1/t-id/"
+    # Zero padding makes string order = offset order.
+    keys = [segment_key("c", "t", "i", 0, off) for off in (10, 9, 100, 2**62)]
+    assert sorted(keys) == [segment_key("c", "t", "i", 0, off) for off in (9, 10, 100, 2**62)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("c", "t", "id-x", 0, 0), ("c", "a/b", "id", 0, 0), ("c/d", "t", "id", 0, 0), ("c", "t", "id", -1, 0), ("c", "t", "id", 0, -1)],
+)
+def test_segment_key_rejects_bad_parts(args: tuple[str, str, str, int, int]) -> None:
+    with pytest.raises(InvalidObjectKeyError):
+        segment_key(*args)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "x.seg",
+        "loglake-c/t-i/0/123.seg",
+        "loglake-c/t-i/0/0000000000000000012a.seg",
+        "loglake-c/ti/0/00000000000000000001.seg",
+        "loglake-c/t-i/x/00000000000000000001.seg",
+        "loglake-c/t-i/01/00000000000000000001.seg",
+        "other/t-i/0/00000000000000000001.seg",
+        "loglake-c/t-i/0/00000000000000000001.dat",
+    ],
+)
+def test_parse_segment_key_rejects(key: str) -> None:
+    with pytest.raises(InvalidObjectKeyError):
+        parse_segment_key(key)
