@@ -46,12 +46,14 @@ from loglake.records import (
     validate_batch,
 )
 from loglake.records import batch as batch_mod
+from loglake.records.compression import compress
 from loglake.records.varint import (
     MAX_VARINT_BYTES,
     decode_unsigned_varint,
     decode_varint,
     encode_unsigned_varint,
     encode_varint,
+    encode_varint_fast,
     size_of_varint,
 )
 
@@ -92,9 +94,15 @@ def kafka_python_codecs() -> Iterator[None]:
         stack.enter_context(mock.patch.object(kafka.codec, "has_lz4", lambda: True))
         stack.enter_context(mock.patch.object(kafka.codec, "has_zstd", lambda: True))
         stack.enter_context(mock.patch.object(kdr, "lz4_encode", _kp_lz4_encode))
-        stack.enter_context(mock.patch.object(kdr, "lz4_decode", lambda d: bytes(cramjam.lz4.decompress(bytes(d)))))
-        stack.enter_context(mock.patch.object(kdr, "zstd_encode", lambda d: bytes(cramjam.zstd.compress(bytes(d)))))
-        stack.enter_context(mock.patch.object(kdr, "zstd_decode", lambda d: bytes(cramjam.zstd.decompress(bytes(d)))))
+        stack.enter_context(
+            mock.patch.object(kdr, "lz4_decode", lambda d: bytes(cramjam.lz4.decompress(bytes(d))))
+        )
+        stack.enter_context(
+            mock.patch.object(kdr, "zstd_encode", lambda d: bytes(cramjam.zstd.compress(bytes(d))))
+        )
+        stack.enter_context(
+            mock.patch.object(kdr, "zstd_decode", lambda d: bytes(cramjam.zstd.decompress(bytes(d))))
+        )
         yield
 
 
@@ -124,7 +132,8 @@ def kp_build(records: Sequence[RecordTuple], codec: int = 0, *, transactional: b
     )
     for i, (ts, key, value, headers) in enumerate(records):
         assert builder.append(i, ts, key, value, list(headers)) is not None
-    return builder.build()
+    out: bytearray = builder.build()
+    return out
 
 
 def kp_read(buf: bytes | bytearray) -> list[tuple[int, int, bytes | None, bytes | None, list[Any]]]:
@@ -150,7 +159,9 @@ def set_attr_bits(buf: bytearray, bits: int) -> None:
     recrc(buf)
 
 
-def reframe(template: bytes, records_section: bytes, *, attributes: int | None = None, count: int | None = None) -> bytes:
+def reframe(
+    template: bytes, records_section: bytes, *, attributes: int | None = None, count: int | None = None
+) -> bytes:
     """A batch with template's header but the given records section, valid length and CRC."""
     fields = list(HEADER.unpack_from(template, 0))
     fields[1] = BATCH_HEADER_SIZE + len(records_section) - LENGTH_FIELD_END
@@ -251,8 +262,14 @@ def test_transactional_batches_both_ways(codec: int) -> None:
         h = validate_batch(kp)
         assert h.is_transactional and (h.producer_id, h.producer_epoch, h.base_sequence) == (4242, 3, 17)
         assert list(iter_records(kp)) == expected(recs)
-        ours = build_batch(recs, compression=codec, is_transactional=True, producer_id=4242, producer_epoch=3,
-                           base_sequence=17)
+        ours = build_batch(
+            recs,
+            compression=codec,
+            is_transactional=True,
+            producer_id=4242,
+            producer_epoch=3,
+            base_sequence=17,
+        )
         kb = DefaultRecordBatch(ours)
         assert kb.validate_crc()
         assert kb.is_transactional and kb.producer_id == 4242 and kb.producer_epoch == 3
@@ -262,7 +279,7 @@ def test_transactional_batches_both_ways(codec: int) -> None:
 
 def test_control_batches_both_ways() -> None:
     # a commit marker: key = version(int16) + type(int16 1 = commit), value = version + coordinator epoch
-    marker = [(1_700_000_000_000, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x05", [])]
+    marker: list[RecordTuple] = [(1_700_000_000_000, b"\x00\x00\x00\x01", b"\x00\x00\x00\x00\x00\x05", [])]
     kp = kp_build(marker, transactional=True)
     set_attr_bits(kp, ATTR_CONTROL)
     h = validate_batch(kp)
@@ -318,7 +335,7 @@ def test_multiple_batches_read_by_kafka_python_memory_records() -> None:
     a = build_batch(sample_records(3), base_offset=0)
     b = build_batch(sample_records(2), base_offset=3, compression=1)
     mr = MemoryRecords(a + b)
-    offsets = []
+    offsets: list[int] = []
     while mr.has_next():
         batch = mr.next_batch()
         assert batch.validate_crc()
@@ -372,7 +389,12 @@ def test_builder_rejects_bad_input() -> None:
 
 
 def test_timestamps_out_of_order_and_negative_deltas() -> None:
-    recs: list[RecordTuple] = [(1000, None, b"a", []), (10, None, b"b", []), (5000, None, b"c", []), (-1, None, b"d", [])]
+    recs: list[RecordTuple] = [
+        (1000, None, b"a", []),
+        (10, None, b"b", []),
+        (5000, None, b"c", []),
+        (-1, None, b"d", []),
+    ]
     b = build_batch(recs)
     h = peek_header(b)
     assert h.first_timestamp == 1000 and h.max_timestamp == 5000
@@ -381,7 +403,9 @@ def test_timestamps_out_of_order_and_negative_deltas() -> None:
 
 
 def test_large_values_and_many_records() -> None:
-    recs: list[RecordTuple] = [(i, b"k" * (i % 300), bytes([i % 256]) * (i * 37 % 70000), []) for i in range(300)]
+    recs: list[RecordTuple] = [
+        (i, b"k" * (i % 300), bytes([i % 256]) * (i * 37 % 70000), []) for i in range(300)
+    ]
     for codec in CODECS:
         b = build_batch(recs, compression=codec)
         assert list(iter_records(b)) == expected(recs)
@@ -493,7 +517,11 @@ def test_trailing_bytes() -> None:
         list(decode_batches(junk))
     # a Fetch response cut mid-batch: the partial tail is dropped on request
     two = b + _small_batch(1)
-    assert [h.compression for h, _ in decode_batches(two + two[: len(b) + 30], allow_partial_tail=True)] == [0, 1, 0]
+    assert [h.compression for h, _ in decode_batches(two + two[: len(b) + 30], allow_partial_tail=True)] == [
+        0,
+        1,
+        0,
+    ]
     assert len(list(decode_batches(two + b[:5], allow_partial_tail=True))) == 2
 
 
@@ -511,6 +539,19 @@ def test_split_batches() -> None:
     bad[-1] ^= 1
     with pytest.raises(CorruptRecordError, match=f"batch at byte {len(a)}"):
         split_batches(bad)
+
+
+def test_split_batches_rejects_inconsistent_offset_range() -> None:
+    template, section = _records_section()
+    assert len(split_batches(reframe(template, section))) == 1
+    bad = bytearray(reframe(template, section))
+    struct.pack_into(">i", bad, batch_mod.LAST_OFFSET_DELTA_OFFSET, 5)
+    recrc(bad)
+    with pytest.raises(InvalidRecordError, match="inconsistent offset range"):
+        split_batches(bad)
+    with pytest.raises(InvalidRecordError):
+        split_batches(reframe(template, b"", count=0))
+    validate_batch(bad)  # not a CRC/framing problem: validate_batch alone accepts it
 
 
 def test_set_base_offset_in_place() -> None:
@@ -562,7 +603,7 @@ def test_compressed_truncated_records() -> None:
     template, section = _records_section()
     for codec in (1, 2, 3, 4):
         for k in range(0, len(section), 3):
-            data = batch_mod.compress(codec, section[:k])
+            data = compress(codec, section[:k])
             with pytest.raises(CorruptRecordError):
                 list(iter_records(reframe(template, data, attributes=codec)))
 
@@ -577,7 +618,9 @@ def test_invalid_header_key_utf8() -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(garbage=st.binary(max_size=300), codec=st.sampled_from([0, 0, 0, 1, 2, 3, 4]), count=st.integers(-2, 40))
+@given(
+    garbage=st.binary(max_size=300), codec=st.sampled_from([0, 0, 0, 1, 2, 3, 4]), count=st.integers(-2, 40)
+)
 def test_fuzz_garbage_records_behind_valid_header(garbage: bytes, codec: int, count: int) -> None:
     template, _ = _records_section()
     buf = reframe(template, garbage, attributes=codec, count=count)
@@ -623,14 +666,18 @@ def test_fuzz_mutated_batches() -> None:
 _keys = st.none() | st.binary(max_size=40)
 _headers = st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=12)), max_size=3)
 _records = st.lists(
-    st.tuples(st.integers(-1, 1 << 45), _keys, st.none() | st.binary(max_size=300), _headers), min_size=1, max_size=25
+    st.tuples(st.integers(-1, 1 << 45), _keys, st.none() | st.binary(max_size=300), _headers),
+    min_size=1,
+    max_size=25,
 )
 
 
 @settings(max_examples=150, deadline=None)
 @given(recs=_records, codec=st.sampled_from(CODECS), base=st.integers(0, 1 << 50), tx=st.booleans())
 def test_property_round_trip(recs: list[RecordTuple], codec: int, base: int, tx: bool) -> None:
-    b = build_batch(recs, compression=codec, base_offset=base, is_transactional=tx, producer_id=1, producer_epoch=0)
+    b = build_batch(
+        recs, compression=codec, base_offset=base, is_transactional=tx, producer_id=1, producer_epoch=0
+    )
     h = validate_batch(b)
     assert h.compression == codec and h.record_count == len(recs) and h.size == len(b)
     assert h.is_transactional == tx
@@ -655,7 +702,7 @@ def test_varints_match_kafka_python() -> None:
         assert size_of_varint(v) == len(enc)
         assert decode_varint(enc) == (v, len(enc))
         assert kp_decode_varint(enc, 0) == (v, len(enc))
-        assert batch_mod.encode_varint_fast(v) == enc
+        assert encode_varint_fast(v) == enc
     for u in (0, 1, 127, 128, 300, (1 << 64) - 1):
         e = encode_unsigned_varint(u)
         assert decode_unsigned_varint(e) == (u, len(e))

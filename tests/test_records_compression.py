@@ -113,8 +113,13 @@ def test_snappy_reads_raw_and_kafka_python_xerial() -> None:
 
 def test_snappy_xerial_errors() -> None:
     good = compress(CODEC_SNAPPY, b"q" * 100_000)
-    for bad in (good[:18], good[:-1], comp.XERIAL_HEADER + struct.pack(">i", -1) + b"xx",
-                comp.XERIAL_HEADER + struct.pack(">i", 1000) + b"xx", comp.XERIAL_HEADER + b"\x00\x00\x00\x03abc"):
+    for bad in (
+        good[:18],
+        good[:-1],
+        comp.XERIAL_HEADER + struct.pack(">i", -1) + b"xx",
+        comp.XERIAL_HEADER + struct.pack(">i", 1000) + b"xx",
+        comp.XERIAL_HEADER + b"\x00\x00\x00\x03abc",
+    ):
         with pytest.raises(CorruptRecordError):
             decompress(CODEC_SNAPPY, bad)
 

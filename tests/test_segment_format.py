@@ -43,13 +43,17 @@ def make_batch(base_offset: int, count: int, ts: int = 1_000, payload: int = 20,
     CRC matter to the segment format)."""
     body = random.Random(seed).randbytes(payload)
     batch_length = KAFKA_HEADER.size - 12 + len(body)
-    header = KAFKA_HEADER.pack(base_offset, batch_length, 0, 2, 0, 0, count - 1, ts, ts + count - 1, -1, -1, -1, count)
+    header = KAFKA_HEADER.pack(
+        base_offset, batch_length, 0, 2, 0, 0, count - 1, ts, ts + count - 1, -1, -1, -1, count
+    )
     buf = bytearray(header + body)
     struct.pack_into(">I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
     return bytes(buf)
 
 
-def make_batches(base: int, n: int, seed: int = 0, ts_start: int = 1_000, shuffle_ts: bool = False) -> list[bytes]:
+def make_batches(
+    base: int, n: int, seed: int = 0, ts_start: int = 1_000, shuffle_ts: bool = False
+) -> list[bytes]:
     rnd = random.Random(seed)
     out = []
     off = base
@@ -106,7 +110,9 @@ SMALL_KEY = "loglake-c/t-id/0/00000000000000000005.seg"
 
 @pytest.fixture(scope="module")
 def small_segment() -> bytes:
-    data, _, _ = build_segment(5, [make_batch(5, 2, payload=3), make_batch(7, 1, payload=0), make_batch(8, 3, payload=5)])
+    data, _, _ = build_segment(
+        5, [make_batch(5, 2, payload=3), make_batch(7, 1, payload=0), make_batch(8, 3, payload=5)]
+    )
     return data
 
 
@@ -150,7 +156,10 @@ def test_round_trip_through_store(store: ObjectStore) -> None:
     assert verify_segment(data, key) == trailer
     for chunk in (4096, 61, 1000, 1 << 20):
         seen: list[int] = []
-        assert verify_segment_in_store(store, key, chunk_bytes=max(chunk, HEADER_SIZE), progress=seen.append) == trailer
+        assert (
+            verify_segment_in_store(store, key, chunk_bytes=max(chunk, HEADER_SIZE), progress=seen.append)
+            == trailer
+        )
         assert seen[-1] == trailer.size
         assert seen == sorted(seen)
 
@@ -172,7 +181,13 @@ def test_kafka_python_batches_round_trip() -> None:
     base = 0
     for n in (1, 3, 10):
         builder = DefaultRecordBatchBuilder(
-            magic=2, compression_type=0, is_transactional=False, producer_id=-1, producer_epoch=-1, base_sequence=-1, batch_size=1 << 20
+            magic=2,
+            compression_type=0,
+            is_transactional=False,
+            producer_id=-1,
+            producer_epoch=-1,
+            base_sequence=-1,
+            batch_size=1 << 20,
         )
         for i in range(n):
             builder.append(i, timestamp=5_000 + base + i, key=b"k", value=b"v" * i, headers=[])
@@ -239,7 +254,10 @@ def test_byte_range_matches_brute_force() -> None:
                 n += 1
             if n == 0:
                 n, total = 1, entries[first].length
-            assert index.byte_range(first, max_bytes) == (entries[first].position, total, n), (first, max_bytes)
+            assert index.byte_range(first, max_bytes) == (entries[first].position, total, n), (
+                first,
+                max_bytes,
+            )
     assert index.byte_range(0, 10**9) == (HEADER_SIZE, trailer.data_size, len(entries))
     with pytest.raises(IndexError):
         index.byte_range(len(entries), 100)

@@ -31,7 +31,9 @@ from loglake.store import (
 
 @pytest.fixture(params=["local", "memory"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
-    s: ObjectStore = LocalStore(str(tmp_path / "root"), OsFileSystem()) if request.param == "local" else MemoryStore()
+    s: ObjectStore = (
+        LocalStore(str(tmp_path / "root"), OsFileSystem()) if request.param == "local" else MemoryStore()
+    )
     yield s
     s.close()
 
@@ -111,7 +113,21 @@ def test_list_prefix_sorted(store: ObjectStore) -> None:
 
 @pytest.mark.parametrize(
     "key",
-    ["", "/abs", "a//b", "a/", "./a", "a/./b", "../x", "a/../b", "a\\b", "a\x00b", "seg.tmp", "a/b.tmp", ".."],
+    [
+        "",
+        "/abs",
+        "a//b",
+        "a/",
+        "./a",
+        "a/./b",
+        "../x",
+        "a/../b",
+        "a\\b",
+        "a\x00b",
+        "seg.tmp",
+        "a/b.tmp",
+        "..",
+    ],
 )
 def test_key_validation(store: ObjectStore, key: str) -> None:
     for op in (
@@ -177,7 +193,9 @@ class _FailingFs(OsFileSystem):
         raise OSError(self.err, os.strerror(self.err), src)
 
 
-@pytest.mark.parametrize(("err", "retriable"), [(errno.ENOSPC, False), (errno.EIO, False), (errno.EAGAIN, True)])
+@pytest.mark.parametrize(
+    ("err", "retriable"), [(errno.ENOSPC, False), (errno.EIO, False), (errno.EAGAIN, True)]
+)
 def test_local_failed_put_publishes_nothing(tmp_path: Path, err: int, retriable: bool) -> None:
     store = LocalStore(str(tmp_path), _FailingFs(err))
     with pytest.raises(StorageError) as info:
@@ -305,7 +323,13 @@ def test_segment_key_layout_and_parse() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [("c", "t", "id-x", 0, 0), ("c", "a/b", "id", 0, 0), ("c/d", "t", "id", 0, 0), ("c", "t", "id", -1, 0), ("c", "t", "id", 0, -1)],
+    [
+        ("c", "t", "id-x", 0, 0),
+        ("c", "a/b", "id", 0, 0),
+        ("c/d", "t", "id", 0, 0),
+        ("c", "t", "id", -1, 0),
+        ("c", "t", "id", 0, -1),
+    ],
 )
 def test_segment_key_rejects_bad_parts(args: tuple[str, str, str, int, int]) -> None:
     with pytest.raises(InvalidObjectKeyError):

@@ -15,7 +15,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -181,7 +181,7 @@ class Log:
         by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
         for rec in records:
             key, value = rec[0], rec[1]
-            headers: Headers = rec[2] if len(rec) > 2 else ()  # type: ignore[misc]
+            headers: Headers = rec[2] if len(rec) > 2 else ()
             p = self._pick_partition(info, key, partition)
             by_partition.setdefault(p, []).append((None, key, value, list(headers)))
         codec = codec_from_name(compression) if compression else None
@@ -311,7 +311,7 @@ def _chain(inner: Future[AppendResult], convert: Callable[[AppendResult], Record
     return outer
 
 
-def open(  # noqa: A001 - the public name the API promises: loglake.open(path)
+def open(
     path: str,
     *,
     fs: FileSystem | None = None,

@@ -180,8 +180,8 @@ class EngineConfig:
     def validate(self) -> None:
         if not 1 <= self.wal_shards <= 64:
             raise ConfigError(f"wal_shards={self.wal_shards}: must be in [1, 64]")
-        if self.wal_file_bytes < 1024 * 1024:
-            raise ConfigError("wal_file_bytes must be at least 1 MiB")
+        if self.wal_file_bytes < 64 * 1024:
+            raise ConfigError("wal_file_bytes must be at least 64 KiB")
         if self.wal_group_bytes_max > self.wal_queue_bytes_max:
             raise ConfigError("wal_group_bytes_max must not exceed wal_queue_bytes_max")
         if self.memory_budget_bytes < 4 * 1024 * 1024:

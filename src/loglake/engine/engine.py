@@ -788,14 +788,13 @@ class Engine:
                 index,
             )
             with p.lock:
-                if p.deleted:
-                    freed = 0
-                else:
+                deleted_meanwhile = self._topics_by_id.get(p.topic_id) is not topic
+                if not deleted_meanwhile:
                     p.segments.append(ref)
                     p.sealed_end = ref.end_offset
                     p.chain_hash = ref.chain_hash
                     freed = sum(i.size for i in p.buffer_pop_front(take))
-            if p.deleted:
+            if deleted_meanwhile:
                 self._delete_segment_object(key)
                 return False
             self._pool.release(freed)

@@ -20,8 +20,8 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from loglake.segment.format import SegmentIndex
 from loglake.segment.format import ZERO_HASH as _ZERO_HASH
+from loglake.segment.format import SegmentIndex
 
 #: Most tail waiters one partition keeps; past this, waiting readers are answered at once
 #: (empty) rather than let the list grow without bound.

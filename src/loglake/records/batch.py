@@ -199,7 +199,9 @@ def peek_header(buf: Buffer, pos: int = 0) -> BatchHeader:
             f"{MIN_BATCH_LENGTH}"
         )
     if h.record_count < 0:
-        raise CorruptRecordError(f"negative record_count {h.record_count} at byte {pos + RECORD_COUNT_OFFSET}")
+        raise CorruptRecordError(
+            f"negative record_count {h.record_count} at byte {pos + RECORD_COUNT_OFFSET}"
+        )
     return h
 
 
@@ -236,6 +238,9 @@ def split_batches(buf: Buffer, max_batch_bytes: int | None = None) -> list[tuple
 
     Any trailing partial batch makes the whole payload corrupt (as Kafka rejects the whole set). A
     batch bigger than ``max_batch_bytes`` raises RecordTooLargeError. An empty payload gives ``[]``.
+    As Kafka's broker does for produced batches, a batch whose offset range disagrees with its record
+    count (``last_offset_delta + 1 != record_count``, or no records) raises InvalidRecordError: the
+    caller assigns offsets from ``last_offset_delta``.
     """
     out: list[tuple[int, BatchHeader]] = []
     pos = 0
@@ -248,6 +253,11 @@ def split_batches(buf: Buffer, max_batch_bytes: int | None = None) -> list[tuple
                 f"batch at byte {pos} is {h.size} bytes, larger than the limit of {max_batch_bytes}"
             )
         _check_crc(buf, pos, h)
+        if h.record_count <= 0 or h.last_offset_delta != h.record_count - 1:
+            raise InvalidRecordError(
+                f"batch at byte {pos}: inconsistent offset range (last_offset_delta {h.last_offset_delta}, "
+                f"record_count {h.record_count})"
+            )
         out.append((pos, h))
         pos += h.size
     return out
@@ -321,7 +331,9 @@ class BatchBuilder:
         if compression not in CODEC_NAMES.values():
             raise ConfigError(f"unknown compression codec {compression}")
         if timestamp_type not in (TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME):
-            raise ConfigError(f"timestamp_type must be 0 (CreateTime) or 1 (LogAppendTime), not {timestamp_type}")
+            raise ConfigError(
+                f"timestamp_type must be 0 (CreateTime) or 1 (LogAppendTime), not {timestamp_type}"
+            )
         self._codec = compression
         self._attributes = (
             compression
@@ -456,7 +468,12 @@ def build_batch(
 def _decode_headers(data: bytes, p: int, end: int, where: str) -> tuple[list[Header], int]:
     """Decode a record's header count and headers at ``data[p]`` (inside a record ending at ``end``)."""
     dv = decode_varint
-    hcount, p = dv(data, p, end, MAX_VARINT_BYTES)
+    b = data[p]
+    if b < 0x80:
+        hcount = (b >> 1) ^ -(b & 1)
+        p += 1
+    else:
+        hcount, p = dv(data, p, end, MAX_VARINT_BYTES)
     # each header takes at least 2 bytes (two length varints)
     if hcount < 0 or hcount > (end - p) // 2:
         raise CorruptRecordError(f"{where}: header count {hcount} before byte {p} is impossible")
@@ -488,7 +505,9 @@ def _decode_headers(data: bytes, p: int, end: int, where: str) -> tuple[list[Hea
         else:
             q = p + hvlen
             if q > end:
-                raise CorruptRecordError(f"{where}: header value length {hvlen} at byte {p} overruns its record")
+                raise CorruptRecordError(
+                    f"{where}: header value length {hvlen} at byte {p} overruns its record"
+                )
             append((hkey, data[p:q]))
             p = q
     return headers, p
@@ -627,7 +646,13 @@ def _decode_records(data: bytes, h: BatchHeader, where: str) -> list[Record]:
             append(
                 new(
                     rec_cls,
-                    (base_offset + off_delta, max_ts if log_append else first_ts + ts_delta, key, value, headers),
+                    (
+                        base_offset + off_delta,
+                        max_ts if log_append else first_ts + ts_delta,
+                        key,
+                        value,
+                        headers,
+                    ),
                 )
             )
     except IndexError:

@@ -157,4 +157,3 @@ def decode_varint(
     if max_bytes <= MAX_VARINT_BYTES and not (_INT32_MIN <= value <= _INT32_MAX):
         raise CorruptRecordError(f"varint out of 32-bit range at byte {pos}")
     return value, p
-

@@ -328,17 +328,33 @@ class SegmentWriter:
         n = len(view)
         if n < KAFKA_HEADER_SIZE:
             raise ValueError(f"batch of {n} bytes is shorter than a batch header")
-        (base, batch_length, _epoch, magic, stored_crc, _attrs, lod, _first_ts, max_ts, _pid, _pepoch, _seq, count) = (
-            KAFKA_HEADER.unpack_from(view)
-        )
+        (
+            base,
+            batch_length,
+            _epoch,
+            magic,
+            stored_crc,
+            _attrs,
+            lod,
+            _first_ts,
+            max_ts,
+            _pid,
+            _pepoch,
+            _seq,
+            count,
+        ) = KAFKA_HEADER.unpack_from(view)
         if batch_length + KAFKA_LENGTH_OVERHEAD != n:
-            raise ValueError(f"batch length field says {batch_length + KAFKA_LENGTH_OVERHEAD} bytes, buffer has {n}")
+            raise ValueError(
+                f"batch length field says {batch_length + KAFKA_LENGTH_OVERHEAD} bytes, buffer has {n}"
+            )
         if magic != KAFKA_MAGIC:
             raise ValueError(f"batch magic {magic}, only v2 (2) is supported")
         if lod < 0 or count < 0:
             raise ValueError(f"batch has negative last_offset_delta {lod} or record_count {count}")
         if base != self._next_offset:
-            raise ValueError(f"batch base offset {base}, expected {self._next_offset} (offsets must be dense)")
+            raise ValueError(
+                f"batch base offset {base}, expected {self._next_offset} (offsets must be dense)"
+            )
         if crc32c.crc32c(view[KAFKA_CRC_START:]) != stored_crc:
             raise CorruptRecordError(f"batch at offset {base}: CRC-32C mismatch")
         self._index += INDEX_ENTRY.pack(base, self._position, max_ts, n, lod, count, 0)
@@ -433,14 +449,18 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
         magic,
     ) = TRAILER.unpack_from(tail, n - TRAILER_SIZE)
     if magic != TRAILER_MAGIC:
-        raise CorruptionError(key, trailer_at + 128, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)")
+        raise CorruptionError(
+            key, trailer_at + 128, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)"
+        )
     if version != FORMAT_VERSION:
         raise CorruptionError(key, trailer_at + 124, f"unsupported segment format version {version}")
     if reserved:
         raise CorruptionError(key, trailer_at + 126, f"trailer reserved field is {reserved}, expected 0")
     max_entries = (object_size - HEADER_SIZE - TRAILER_SIZE) // (INDEX_ENTRY_SIZE + KAFKA_HEADER_SIZE)
     if not 1 <= entry_count <= max_entries:
-        raise CorruptionError(key, trailer_at + 48, f"entry count {entry_count} impossible for the object size")
+        raise CorruptionError(
+            key, trailer_at + 48, f"entry count {entry_count} impossible for the object size"
+        )
     if index_position != trailer_at - entry_count * INDEX_ENTRY_SIZE:
         raise CorruptionError(
             key,
@@ -454,7 +474,9 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
     crc = crc32c.crc32c(view[: needed - TRAILER_SIZE + TRAILER_CRC_OFFSET])
     if crc != trailer_crc:
         raise CorruptionError(
-            key, trailer_at + TRAILER_CRC_OFFSET, f"trailer CRC-32C mismatch (stored {trailer_crc:#010x}, computed {crc:#010x})"
+            key,
+            trailer_at + TRAILER_CRC_OFFSET,
+            f"trailer CRC-32C mismatch (stored {trailer_crc:#010x}, computed {crc:#010x})",
         )
     index = SegmentIndex(bytes(view[: needed - TRAILER_SIZE]), index_position)
     trailer = SegmentTrailer(
@@ -474,10 +496,14 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
     )
     first, last = index.entry(0), index.entry(-1)
     if first.base_offset != base_offset or first.position != HEADER_SIZE:
-        raise CorruptionError(key, index_position, f"first index entry {first} does not start the segment at {base_offset}")
+        raise CorruptionError(
+            key, index_position, f"first index entry {first} does not start the segment at {base_offset}"
+        )
     if last.end != index_position or last.last_offset != last_offset:
         raise CorruptionError(
-            key, index_position + (entry_count - 1) * INDEX_ENTRY_SIZE, f"last index entry {last} does not end the segment"
+            key,
+            index_position + (entry_count - 1) * INDEX_ENTRY_SIZE,
+            f"last index entry {last} does not end the segment",
         )
     return trailer, index
 
@@ -497,7 +523,9 @@ def read_tail(store: ObjectStore, key: str, size: int | None = None) -> tuple[Se
         more = parsed - len(tail)
         head = store.get_range(key, size - parsed, more)
         if len(head) != more:
-            raise CorruptionError(key, size - parsed + len(head), "object changed size while reading its tail")
+            raise CorruptionError(
+                key, size - parsed + len(head), "object changed size while reading its tail"
+            )
         parsed = parse_tail(head + tail, size, key)
         if isinstance(parsed, int):  # pragma: no cover - parse_tail asks for its full need at once
             raise CorruptionError(key, size - parsed, "tail still too short after a second read")

@@ -63,13 +63,21 @@ def check_header(header: BytesLike, trailer: SegmentTrailer, key: str) -> None:
         raise CorruptionError(key, 6, f"unknown header flags {flags:#06x}")
     crc = crc32c.crc32c(memoryview(header)[:HEADER_CRC_OFFSET])
     if crc != header_crc:
-        raise CorruptionError(key, HEADER_CRC_OFFSET, f"header CRC-32C mismatch (stored {header_crc:#010x}, computed {crc:#010x})")
+        raise CorruptionError(
+            key,
+            HEADER_CRC_OFFSET,
+            f"header CRC-32C mismatch (stored {header_crc:#010x}, computed {crc:#010x})",
+        )
     if reserved:
         raise CorruptionError(key, 24, f"header reserved field is {reserved}, expected 0")
     if base_offset != trailer.base_offset:
-        raise CorruptionError(key, 8, f"header base offset {base_offset} != trailer base offset {trailer.base_offset}")
+        raise CorruptionError(
+            key, 8, f"header base offset {base_offset} != trailer base offset {trailer.base_offset}"
+        )
     if created_ms != trailer.created_ms:
-        raise CorruptionError(key, 16, f"header created_ms {created_ms} != trailer created_ms {trailer.created_ms}")
+        raise CorruptionError(
+            key, 16, f"header created_ms {created_ms} != trailer created_ms {trailer.created_ms}"
+        )
 
 
 class _DataChecker:
@@ -99,7 +107,9 @@ class _DataChecker:
         batch_length = int.from_bytes(memoryview(buf)[at + 8 : at + 12], "big", signed=True)
         size = batch_length + 12
         if batch_length < MIN_BATCH_LENGTH or size > self.data_end - self.pos:
-            raise self._fail(self.pos + 8, f"batch length {batch_length} impossible (data section ends at {self.data_end})")
+            raise self._fail(
+                self.pos + 8, f"batch length {batch_length} impossible (data section ends at {self.data_end})"
+            )
         return size
 
     def feed(self, chunk: BytesLike) -> None:
@@ -138,18 +148,35 @@ class _DataChecker:
 
     def _check_batch(self, buf: BytesLike, at: int, size: int) -> None:
         pos = self.pos
-        (base, _len, _epoch, magic, stored_crc, _attrs, lod, _first_ts, max_ts, _pid, _pepoch, _seq, count) = (
-            KAFKA_HEADER.unpack_from(buf, at)
-        )
+        (
+            base,
+            _len,
+            _epoch,
+            magic,
+            stored_crc,
+            _attrs,
+            lod,
+            _first_ts,
+            max_ts,
+            _pid,
+            _pepoch,
+            _seq,
+            count,
+        ) = KAFKA_HEADER.unpack_from(buf, at)
         if magic != KAFKA_MAGIC:
             raise self._fail(pos + KAFKA_MAGIC_FIELD, f"batch magic {magic}, expected {KAFKA_MAGIC}")
         crc = crc32c.crc32c(memoryview(buf)[at + KAFKA_CRC_START : at + size])
         if crc != stored_crc:
-            raise self._fail(pos + KAFKA_CRC_FIELD, f"batch CRC-32C mismatch (stored {stored_crc:#010x}, computed {crc:#010x})")
+            raise self._fail(
+                pos + KAFKA_CRC_FIELD,
+                f"batch CRC-32C mismatch (stored {stored_crc:#010x}, computed {crc:#010x})",
+            )
         if lod < 0 or count < 0:
             raise self._fail(pos, f"batch has negative last_offset_delta {lod} or record_count {count}")
         if base != self.next_offset:
-            raise self._fail(pos, f"batch base offset {base}, expected {self.next_offset} (offsets must be dense)")
+            raise self._fail(
+                pos, f"batch base offset {base}, expected {self.next_offset} (offsets must be dense)"
+            )
         i = self.n
         if i >= self.trailer.entry_count:
             raise self._fail(pos, f"more batches than the {self.trailer.entry_count} index entries")
@@ -177,12 +204,18 @@ class _DataChecker:
         if self.fed != self.data_end:
             raise ValueError("data section not fully fed")
         if self.carry or self.pos != self.data_end:
-            raise self._fail(self.pos, f"truncated batch: {self.data_end - self.pos} bytes before the index are not a batch")
+            raise self._fail(
+                self.pos,
+                f"truncated batch: {self.data_end - self.pos} bytes before the index are not a batch",
+            )
         if self.n != t.entry_count:
-            raise self._fail(t.field_position("entry_count"), f"trailer says {t.entry_count} batches, data has {self.n}")
+            raise self._fail(
+                t.field_position("entry_count"), f"trailer says {t.entry_count} batches, data has {self.n}"
+            )
         if self.crc != t.data_crc:
             raise self._fail(
-                0, f"data CRC-32C over bytes [0, {self.data_end}) mismatch (stored {t.data_crc:#010x}, computed {self.crc:#010x})"
+                0,
+                f"data CRC-32C over bytes [0, {self.data_end}) mismatch (stored {t.data_crc:#010x}, computed {self.crc:#010x})",
             )
         for name, stored, actual in (
             ("last_offset", t.last_offset, self.next_offset - 1),
@@ -241,7 +274,9 @@ def verify_segment_in_store(
         want = min(chunk_bytes, trailer.index_position - pos)
         chunk = store.get_range(key, pos, want)
         if len(chunk) != want:
-            raise CorruptionError(key, pos + len(chunk), f"object ended early (expected {trailer.size} bytes)")
+            raise CorruptionError(
+                key, pos + len(chunk), f"object ended early (expected {trailer.size} bytes)"
+            )
         if checker is None:
             check_header(chunk[:HEADER_SIZE], trailer, key)
             checker = _DataChecker(key, trailer, index, chunk[:HEADER_SIZE])
@@ -257,7 +292,9 @@ def verify_segment_in_store(
     return checker.finish(expected_prev_hash)
 
 
-def verify_chain(trailers: Sequence[SegmentTrailer], keys: Sequence[str], *, check_offsets: bool = True) -> None:
+def verify_chain(
+    trailers: Sequence[SegmentTrailer], keys: Sequence[str], *, check_offsets: bool = True
+) -> None:
     """Check that consecutive segments of one partition link up: each prev_hash is the chain
     hash of the one before (and, with `check_offsets`, its offsets continue densely).
     The first break raises CorruptionError naming the later segment's key."""
@@ -319,7 +356,9 @@ def describe_segment(
             h = unpack_kafka_header(data, e.position)
             batch.update(
                 first_timestamp=h.first_timestamp,
-                compression=_CODECS[h.attributes & 7] if h.attributes & 7 < len(_CODECS) else f"unknown({h.attributes & 7})",
+                compression=_CODECS[h.attributes & 7]
+                if h.attributes & 7 < len(_CODECS)
+                else f"unknown({h.attributes & 7})",
                 transactional=bool(h.attributes & 0x10),
                 control=bool(h.attributes & 0x20),
                 producer_id=h.producer_id,

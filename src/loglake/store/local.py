@@ -146,7 +146,8 @@ class LocalStore(ObjectStore):
         check_prefix(prefix)
         try:
             keys = [
-                os.path.relpath(path, self.root).replace(os.sep, "/") for path in self._walk(prefix, temps=False)
+                os.path.relpath(path, self.root).replace(os.sep, "/")
+                for path in self._walk(prefix, temps=False)
             ]
         except OSError as exc:
             raise _storage_error("list", prefix, exc) from exc

@@ -36,7 +36,7 @@ from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
 
 log = logging.getLogger(__name__)
 
-#: Default size of a preallocated WAL file (the seeds use 16–64 MiB).
+#: Default size of a preallocated WAL file (the seeds use 16 to 64 MiB).
 WAL_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 #: Most bytes one group commit writes: bounds the torn region a crash can leave.
 WAL_GROUP_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
@@ -319,6 +319,7 @@ class WalShard:
             self._queue_bytes = 0
             self._in_flight = 0
             self._cond.notify_all()
+            self._idle.notify_all()
         for entry in pending:
             try:
                 entry.on_done(entry, error)

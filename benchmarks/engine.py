@@ -1,0 +1,838 @@
+#!/usr/bin/env python3
+"""loglake engine benchmark: machine limits, append throughput, crash recovery — in one run.
+
+    .venv/bin/python benchmarks/engine.py            # full run (a few minutes on 2 cores)
+    .venv/bin/python benchmarks/engine.py --quick    # smoke run (< 30 s)
+    .venv/bin/python benchmarks/engine.py --table    # the human table on stdout instead of JSON
+    .venv/bin/python benchmarks/engine.py --case b1-100B --skip-recovery   # one case (for profiling)
+
+By default a JSON document goes to stdout and a human table to stderr; `--json-out FILE` also
+writes the JSON to FILE. All files live in a temporary directory on the same filesystem as the
+data (default: a temp dir next to the repository, or `--dir`), removed at the end.
+
+What is measured (see docs/PERFORMANCE.md for how to read it):
+
+1. Machine limits: sequential write bandwidth to a preallocated file (1 MiB pwrites, one
+   fdatasync at the end / an fdatasync every 4 MiB), fdatasync latency of 4 KiB writes, cores.
+2. Engine appends, topic durability `fsync`: each producer thread appends one Kafka batch and
+   waits for its future before the next (acks=all); a "pipelined" row keeps up to 64 appends in
+   flight from one thread. A fresh engine and data directory per case. flush() after the timed
+   window is timed separately, as are bytes the process wrote to disk (/proc/self/io).
+3. Recovery: a child process writes N records (every future acknowledged) and is killed with
+   SIGKILL; then Engine(...).open() is timed, on a warm page cache and on a copy whose files were
+   evicted from the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+try:
+    from loglake.engine import Engine, EngineConfig
+except ImportError:  # run from a checkout without an installed package
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+    from loglake.engine import Engine, EngineConfig
+from loglake.records.batch import build_batch
+
+MiB = 1024 * 1024
+TOPIC = "bench"
+PIPELINE_DEPTH = 64
+
+# Targets (docs/PERFORMANCE.md).
+TARGET_RAW_FRACTION = 0.70  # pre-built 1 KiB x 1000 batches: MB/s vs raw disk (one fdatasync)
+TARGET_RECORDS_PER_S = 1_000_000  # 100 B records in pre-built batches of 1000
+TARGET_GROUP_COMMIT_RATIO = 5.0  # batch of 1: 8 threads vs 1 thread, records/s
+TARGET_RECOVERY_S = 2.0  # open() after a crash with 1M records in the WAL
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def proc_write_bytes() -> int:
+    """Bytes this process caused to be sent to the storage layer (all threads), or -1."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("write_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100.0 * (len(s) - 1))))]
+
+
+# ==== 1. machine limits ===========================================================================
+
+
+def raw_sequential_write(directory: str, total: int, chunk: int = MiB, sync_every: int | None = None) -> dict[str, Any]:
+    """MB/s of `total` bytes in `chunk` pwrites into a preallocated file, fdatasync at the end
+    (and every `sync_every` bytes if given). Preallocation as the WAL does it (posix_fallocate)."""
+    path = os.path.join(directory, f"raw-{sync_every or 0}.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, total)
+        os.fsync(fd)
+        buf = random.randbytes(chunk)
+        syncs = 0
+        started = time.perf_counter()
+        for i in range(total // chunk):
+            os.pwrite(fd, buf, i * chunk)
+            if sync_every and ((i + 1) * chunk) % sync_every == 0:
+                os.fdatasync(fd)
+                syncs += 1
+        os.fdatasync(fd)
+        syncs += 1
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "bytes": total,
+        "chunk_bytes": chunk,
+        "fdatasync_every_bytes": sync_every,
+        "fdatasyncs": syncs,
+        "seconds": elapsed,
+        "mb_per_s": total / elapsed / 1e6,
+    }
+
+
+def fdatasync_latency(directory: str, samples: int, size: int = 4096) -> dict[str, Any]:
+    """Latency of pwrite(4 KiB) + fdatasync, sequential positions in a preallocated file."""
+    path = os.path.join(directory, "fsync-lat.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, samples * size)
+        os.fsync(fd)
+        buf = random.randbytes(size)
+        lat: list[float] = []
+        for i in range(samples):
+            t0 = time.perf_counter()
+            os.pwrite(fd, buf, i * size)
+            os.fdatasync(fd)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "samples": samples,
+        "write_bytes": size,
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "max_ms": max(lat) * 1e3,
+        "mean_ms": statistics.fmean(lat) * 1e3,
+        "fsyncs_per_s_serial": 1.0 / statistics.fmean(lat),
+    }
+
+
+def repeated(runs: int, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a raw measurement `runs` times (this VM's disk is noisy); report the median and all runs."""
+    results = [fn() for _ in range(runs)]
+    speeds = [r["mb_per_s"] for r in results]
+    return {
+        **results[0],
+        "mb_per_s": statistics.median(speeds),
+        "mb_per_s_min": min(speeds),
+        "mb_per_s_max": max(speeds),
+        "runs_mb_per_s": speeds,
+        "seconds": statistics.median(r["seconds"] for r in results),
+    }
+
+
+def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
+    total = (64 if quick else 256) * MiB
+    runs = 1 if quick else 3
+    log(f"machine: raw sequential write {total // MiB} MiB (one fdatasync) x{runs} ...")
+    one = repeated(runs, lambda: raw_sequential_write(directory, total))
+    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 4 MiB) x{runs} ...")
+    every4 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=4 * MiB))
+    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 1 MiB) x{runs} ...")
+    every1 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=MiB))
+    samples = 100 if quick else 300
+    log(f"machine: fdatasync latency, {samples} x 4 KiB ...")
+    lat = fdatasync_latency(directory, samples)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 1
+    return {
+        "cores": os.cpu_count(),
+        "cores_usable": affinity,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "raw_write_one_fdatasync": one,
+        "raw_write_fdatasync_every_4MiB": every4,
+        # What one acks=all producer sending 1 MiB batches can get at most: a write + fdatasync per MiB.
+        "raw_write_fdatasync_every_1MiB": every1,
+        "fdatasync_4KiB": lat,
+    }
+
+
+# ==== 2. engine appends ===========================================================================
+
+
+@dataclass
+class Case:
+    name: str
+    record_bytes: int
+    batch_records: int
+    threads: int
+    mode: str  # "prebuilt" (append_batch, bytes built up front), "records" (append_records), "pipelined"
+    depth: int = 1  # appends in flight per thread
+    note: str = ""
+    sustained: bool = False  # run for the sustained duration with no byte cap (sealing included)
+
+
+@dataclass
+class CaseResult:
+    name: str
+    mode: str
+    record_bytes: int
+    batch_records: int
+    threads: int
+    depth: int
+    seconds: float
+    appends: int
+    records: int
+    payload_bytes: int
+    records_per_s: float
+    mb_per_s: float
+    ack_p50_ms: float | None
+    ack_p99_ms: float | None
+    fsyncs: int
+    groups: int
+    frames: int
+    frames_per_group: float
+    fsync_seconds: float
+    wal_shards_used: int
+    memory_waits: int
+    flush_seconds: float
+    close_seconds: float
+    disk_write_bytes: int  # /proc/self/io write_bytes over the timed window + flush (WAL + segments)
+    disk_write_bytes_timed: int  # ... over the timed window only
+    segments_sealed: int
+    cpu_seconds: float  # process user+sys over the timed window (all threads)
+    cpu_busy: float  # cpu_seconds / seconds: 1.0 = one core saturated
+    targets: list[dict[str, Any]] = field(default_factory=list)
+
+
+def default_cases() -> list[Case]:
+    cases: list[Case] = []
+    for size in (100, 1024):
+        for batch in (1, 1000):
+            for threads in (1, 8):
+                tag = f"{size}B" if size < 1024 else "1KiB"
+                cases.append(Case(f"prebuilt-b{batch}-{tag}-t{threads}", size, batch, threads, "prebuilt"))
+    cases.append(Case("records-b1000-100B-t1", 100, 1000, 1, "records", note="append_records: engine builds the batch"))
+    cases.append(
+        Case(f"pipelined-b1-100B-d{PIPELINE_DEPTH}", 100, 1, 1, "pipelined", PIPELINE_DEPTH, "one thread, 64 in flight")
+    )
+    cases.append(
+        Case(f"pipelined-b1000-1KiB-d{PIPELINE_DEPTH}", 1024, 1000, 1, "pipelined", PIPELINE_DEPTH, "one thread, 64 in flight")
+    )
+    cases.append(
+        Case(
+            "sustained-b1000-1KiB-t1",
+            1024,
+            1000,
+            1,
+            "prebuilt",
+            note="as prebuilt-b1000-1KiB-t1 but long, no byte cap: background sealing competes",
+            sustained=True,
+        )
+    )
+    return cases
+
+
+def make_records(n: int, size: int, rng: random.Random) -> list[tuple[int, bytes | None, bytes | None, list[Any]]]:
+    now = int(time.time() * 1000)
+    blob = rng.randbytes(size * 64)
+    out: list[tuple[int, bytes | None, bytes | None, list[Any]]] = []
+    for i in range(n):
+        start = (i * 37 % 64) * size // 2
+        value = (blob[start:] + blob)[:size]
+        out.append((now + i // 100, None, value, []))
+    return out
+
+
+def prebuild(case: Case, distinct: int, rng: random.Random) -> list[list[bytes]]:
+    """`distinct` Kafka batches per thread, built before the clock starts."""
+    per_thread: list[list[bytes]] = []
+    for _t in range(case.threads):
+        batches = [build_batch(make_records(case.batch_records, case.record_bytes, rng)) for _ in range(distinct)]
+        per_thread.append(batches)
+    return per_thread
+
+
+def shard_stats(engine: Engine) -> tuple[int, int, int, float, list[int]]:
+    groups = frames = fsyncs = 0
+    fsync_s = 0.0
+    per_shard: list[int] = []
+    for s in engine.shards:
+        groups += s.groups_written
+        frames += s.frames_written
+        fsyncs += s.fsyncs
+        fsync_s += s.fsync_seconds_total
+        per_shard.append(s.frames_written)
+    return groups, frames, fsyncs, fsync_s, per_shard
+
+
+ENGINE_ERRORS: list[str] = []  # engine errors worked around during the run (reported, not hidden)
+
+
+def checked(what: str, fn: Callable[[], Any], retries: int = 5) -> Any:
+    """Call fn; on FileNotFoundError (WAL truncation racing between flush() and the maintenance
+    thread, both unlinking the same obsolete WAL file) record it and retry."""
+    for attempt in range(retries + 1):
+        try:
+            return fn()
+        except FileNotFoundError as exc:
+            ENGINE_ERRORS.append(f"{what}: {exc!r}")
+            log(f"  ENGINE ERROR during {what}: {exc!r}" + (" - retrying" if attempt < retries else ""))
+            if attempt == retries:
+                raise
+            time.sleep(0.05)
+    return None
+
+
+def engine_config(overrides: dict[str, Any]) -> EngineConfig:
+    config = EngineConfig(**overrides)
+    config.validate()
+    return config
+
+
+def run_case(
+    case: Case, base_dir: str, duration: float, byte_cap: int, overrides: dict[str, Any] | None = None
+) -> CaseResult:
+    rng = random.Random(42)
+    data_dir = tempfile.mkdtemp(prefix=f"case-{case.name}-", dir=base_dir)
+    engine = Engine(data_dir, engine_config(overrides or {}))
+    engine.open()
+    try:
+        engine.create_topic(TOPIC, case.threads, {"durability": "fsync"})
+        distinct = 4 if case.batch_records >= 100 else 64
+        if case.mode == "records":
+            inputs: list[Any] = [
+                [make_records(case.batch_records, case.record_bytes, rng) for _ in range(distinct)]
+                for _ in range(case.threads)
+            ]
+            sizes = [[len(build_batch(r)) for r in thread_in] for thread_in in inputs]
+        else:
+            inputs = prebuild(case, distinct, rng)
+            sizes = [[len(b) for b in thread_in] for thread_in in inputs]
+
+        stop = threading.Event()
+        barrier = threading.Barrier(case.threads + 1)
+        done_appends = [0] * case.threads
+        done_bytes = [0] * case.threads
+        latencies: list[list[float]] = [[] for _ in range(case.threads)]
+        errors: list[BaseException] = []
+
+        def worker(i: int) -> None:
+            mine = inputs[i]
+            my_sizes = sizes[i]
+            k = len(mine)
+            lat = latencies[i]
+            n = 0
+            nbytes = 0
+            append: Callable[..., Future[Any]] = engine.append_records if case.mode == "records" else engine.append_batch
+            perf = time.perf_counter
+            try:
+                barrier.wait()
+                if case.depth <= 1:
+                    while not stop.is_set():
+                        j = n % k
+                        t0 = perf()
+                        append(TOPIC, i, mine[j]).result()
+                        lat.append(perf() - t0)
+                        n += 1
+                        nbytes += my_sizes[j]
+                        done_appends[i] = n
+                        done_bytes[i] = nbytes
+                else:
+                    inflight: deque[tuple[int, Future[Any]]] = deque()
+                    sent = 0
+                    while not stop.is_set():
+                        if len(inflight) >= case.depth:
+                            j, fut = inflight.popleft()
+                            fut.result()
+                            n += 1
+                            nbytes += my_sizes[j]
+                            done_appends[i] = n
+                            done_bytes[i] = nbytes
+                        j = sent % k
+                        inflight.append((j, append(TOPIC, i, mine[j])))
+                        sent += 1
+                    while inflight:
+                        j, fut = inflight.popleft()
+                        fut.result()
+                        n += 1
+                        nbytes += my_sizes[j]
+                    done_appends[i] = n
+                    done_bytes[i] = nbytes
+            except BaseException as exc:
+                errors.append(exc)
+                stop.set()
+
+        threads = [threading.Thread(target=worker, args=(i,), name=f"producer-{i}") for i in range(case.threads)]
+        for t in threads:
+            t.start()
+        g0, f0, s0, fs0, _ = shard_stats(engine)
+        io0 = proc_write_bytes()
+        cpu0 = os.times()
+        barrier.wait()
+        started = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(0.02)
+            if time.perf_counter() - started >= duration or sum(done_bytes) >= byte_cap:
+                stop.set()
+        for t in threads:
+            t.join()
+        elapsed = time.perf_counter() - started
+        cpu1 = os.times()
+        g1, f1, s1, fs1, per_shard = shard_stats(engine)
+        io1 = proc_write_bytes()
+        if errors:
+            raise RuntimeError(f"case {case.name}: producer failed: {errors[0]!r}") from errors[0]
+        t0 = time.perf_counter()
+        checked(f"{case.name}: flush()", engine.flush)
+        flush_s = time.perf_counter() - t0
+        io2 = proc_write_bytes()
+        segments = sum(len(engine.segments(TOPIC, p)) for p in range(case.threads))
+        memory_waits = engine.memory_pool.waits
+    finally:
+        t0 = time.perf_counter()
+        try:
+            checked(f"{case.name}: close()", engine.close, retries=0)
+        except FileNotFoundError:
+            pass  # recorded; close() released everything in its finally block
+        close_s = time.perf_counter() - t0
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+    appends = sum(done_appends)
+    records = appends * case.batch_records
+    payload = sum(done_bytes)
+    all_lat = [x for lat in latencies for x in lat]
+    groups, frames = g1 - g0, f1 - f0
+    return CaseResult(
+        name=case.name,
+        mode=case.mode,
+        record_bytes=case.record_bytes,
+        batch_records=case.batch_records,
+        threads=case.threads,
+        depth=case.depth,
+        seconds=elapsed,
+        appends=appends,
+        records=records,
+        payload_bytes=payload,
+        records_per_s=records / elapsed,
+        mb_per_s=payload / elapsed / 1e6,
+        ack_p50_ms=pct(all_lat, 50) * 1e3 if all_lat else None,
+        ack_p99_ms=pct(all_lat, 99) * 1e3 if all_lat else None,
+        fsyncs=s1 - s0,
+        groups=groups,
+        frames=frames,
+        frames_per_group=frames / groups if groups else 0.0,
+        fsync_seconds=fs1 - fs0,
+        wal_shards_used=sum(1 for x in per_shard if x),
+        memory_waits=memory_waits,
+        flush_seconds=flush_s,
+        close_seconds=close_s,
+        disk_write_bytes=io2 - io0 if io0 >= 0 else -1,
+        disk_write_bytes_timed=io1 - io0 if io0 >= 0 else -1,
+        segments_sealed=segments,
+        cpu_seconds=(cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        cpu_busy=((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / elapsed,
+    )
+
+
+# ==== 3. recovery ==================================================================================
+
+
+def crash_writer(data_dir: str, records: int, batch: int) -> None:
+    """Child process: write `records` records, wait for every ack, report, then wait to be killed.
+
+    segment.bytes is the maximum and segment.records is off, so nothing seals: the whole log is
+    in the WAL when the parent kills this process."""
+    engine = Engine(data_dir, EngineConfig())
+    engine.open()
+    engine.create_topic(
+        TOPIC, 1, {"durability": "fsync", "segment.bytes": str(1 << 30), "segment.records": "0"}
+    )
+    rng = random.Random(7)
+    batches = [build_batch(make_records(batch, 100, rng)) for _ in range(16)]
+    inflight: deque[Future[Any]] = deque()
+    started = time.perf_counter()
+    payload = 0
+    for i in range(records // batch):
+        if len(inflight) >= PIPELINE_DEPTH:
+            inflight.popleft().result()
+        b = batches[i % len(batches)]
+        payload += len(b)
+        inflight.append(engine.append_batch(TOPIC, 0, b))
+    while inflight:
+        inflight.popleft().result()
+    elapsed = time.perf_counter() - started
+    info = engine.partition_info(TOPIC, 0)
+    groups, frames, fsyncs, _, _ = shard_stats(engine)
+    print(
+        json.dumps(
+            {
+                "acked_records": info.high_watermark,
+                "sealed_end": info.sealed_end,
+                "payload_bytes": payload,
+                "write_seconds": elapsed,
+                "frames": frames,
+                "groups": groups,
+                "fsyncs": fsyncs,
+            }
+        ),
+        flush=True,
+    )
+    time.sleep(3600)  # the parent kills us with SIGKILL
+
+
+def evict_from_page_cache(root: str) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def dir_bytes(root: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, name))
+            except OSError:
+                pass
+    return total
+
+
+def timed_open(data_dir: str) -> tuple[dict[str, Any], Engine]:
+    t0 = time.perf_counter()
+    engine = Engine(data_dir, EngineConfig())
+    report = engine.open()
+    seconds = time.perf_counter() - t0
+    info = engine.partition_info(TOPIC, 0)
+    return (
+        {
+            "open_seconds": seconds,
+            "recovery_seconds_reported": report.seconds,
+            "frames_read": report.wal_frames_read,
+            "frames_replayed": report.wal_frames_replayed,
+            "records_recovered": report.records_recovered,
+            "wal_bytes_read": report.wal_bytes_read,
+            "wal_bytes_truncated": report.wal_bytes_truncated,
+            "high_watermark": info.high_watermark,
+        },
+        engine,
+    )
+
+
+def run_recovery(base_dir: str, records: int, batch: int) -> dict[str, Any]:
+    data_dir = tempfile.mkdtemp(prefix=f"recovery-b{batch}-", dir=base_dir)
+    cold_dir = data_dir + "-cold"
+    try:
+        log(f"recovery: child writes {records:,} records in batches of {batch}, then SIGKILL ...")
+        child = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--crash-writer", data_dir, str(records), str(batch)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        if not line:
+            raise RuntimeError(f"crash writer exited with {child.returncode} before reporting")
+        written = json.loads(line)
+        on_disk = dir_bytes(data_dir)
+        shutil.copytree(data_dir, cold_dir)
+
+        warm, engine = timed_open(data_dir)
+        t0 = time.perf_counter()
+        checked(f"recovery b{batch}: close()", engine.close, retries=0)
+        warm["close_seconds"] = time.perf_counter() - t0  # seals the whole recovered log
+
+        evict_from_page_cache(cold_dir)
+        cold, engine = timed_open(cold_dir)
+        checked(f"recovery b{batch} (cold): close()", engine.close, retries=0)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+        shutil.rmtree(cold_dir, ignore_errors=True)
+    ok = warm["records_recovered"] == written["acked_records"] == records and cold["records_recovered"] == records
+    return {
+        "records": records,
+        "batch_records": batch,
+        "writer": written,
+        "data_dir_bytes_after_kill": on_disk,
+        "warm": warm,
+        "cold": cold,
+        "all_acked_records_recovered": ok,
+        "target": {
+            "what": f"open() <= {TARGET_RECOVERY_S:g} s",
+            "pass": warm["open_seconds"] <= TARGET_RECOVERY_S and ok,
+        },
+    }
+
+
+# ==== targets and output ============================================================================
+
+
+def apply_targets(results: list[CaseResult], raw_mb_s: float, raw1_mb_s: float) -> list[dict[str, Any]]:
+    summary: list[dict[str, Any]] = []
+    by = {r.name: r for r in results}
+    for r in results:
+        if r.mode == "prebuilt" and r.batch_records == 1000 and r.record_bytes == 1024:
+            frac = r.mb_per_s / raw_mb_s
+            r.targets.append(
+                {
+                    "what": f">= {TARGET_RAW_FRACTION:.0%} of raw disk MB/s",
+                    "value": f"{frac:.0%} ({r.mb_per_s / raw1_mb_s:.0%} of 1MiB-fsync raw)",
+                    "pass": frac >= TARGET_RAW_FRACTION,
+                }
+            )
+        if r.mode == "prebuilt" and r.batch_records == 1000 and r.record_bytes == 100:
+            r.targets.append(
+                {
+                    "what": f">= {TARGET_RECORDS_PER_S:,} records/s",
+                    "value": f"{r.records_per_s:,.0f}",
+                    "pass": r.records_per_s >= TARGET_RECORDS_PER_S,
+                }
+            )
+        if r.mode == "prebuilt" and r.batch_records == 1 and r.threads == 8:
+            single = by.get(r.name.replace("-t8", "-t1"))
+            if single is not None and single.records_per_s > 0:
+                ratio = r.records_per_s / single.records_per_s
+                r.targets.append(
+                    {
+                        "what": f"8 threads >= {TARGET_GROUP_COMMIT_RATIO:g}x 1 thread",
+                        "value": f"{ratio:.1f}x",
+                        "pass": ratio >= TARGET_GROUP_COMMIT_RATIO,
+                    }
+                )
+        for t in r.targets:
+            summary.append({"case": r.name, **t})
+    return summary
+
+
+def fmt_table(doc: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = doc["machine"]
+    one = m["raw_write_one_fdatasync"]
+    four = m["raw_write_fdatasync_every_4MiB"]
+    lat = m["fdatasync_4KiB"]
+    lines.append(
+        f"machine: {m['cores']} cores ({m['cores_usable']} usable), Python {m['python']}, dir {doc['dir']}"
+    )
+    def spread(x: dict[str, Any]) -> str:
+        if "mb_per_s_min" not in x or x["mb_per_s_min"] == x["mb_per_s_max"]:
+            return ""
+        return f" [{x['mb_per_s_min']:.0f}..{x['mb_per_s_max']:.0f}]"
+
+    lines.append(
+        f"raw sequential write (median{'' if doc['quick'] else ' of 3'}): {one['mb_per_s']:.0f} MB/s{spread(one)} "
+        f"(1 MiB pwrites, one fdatasync), {four['mb_per_s']:.0f} MB/s{spread(four)} (fdatasync every 4 MiB)"
+    )
+    one_mib = m.get("raw_write_fdatasync_every_1MiB", {"mb_per_s": float("nan")})
+    lines.append(f"raw sequential write, fdatasync every 1 MiB: {one_mib['mb_per_s']:.0f} MB/s{spread(one_mib)}")
+    lines.append(
+        f"fdatasync of 4 KiB: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms "
+        f"(~{lat['fsyncs_per_s_serial']:.0f} serial fsyncs/s)"
+    )
+    lines.append("")
+    header = (
+        f"{'case':<26} {'rec/s':>11} {'MB/s':>7} {'ack p50/p99 ms':>15} {'fsyncs':>7} {'fr/grp':>7} "
+        f"{'flush s':>7} {'disk MB':>8} {'cpu':>5} {'target':<32} {'result'}"
+    )
+    lines.append(header)
+    lines.append("-" * len(header))
+    for r in doc["appends"]:
+        ack = "-" if r["ack_p50_ms"] is None else f"{r['ack_p50_ms']:.2f}/{r['ack_p99_ms']:.2f}"
+        tgt = r["targets"][0] if r["targets"] else None
+        disk = r["disk_write_bytes"] / 1e6 if r["disk_write_bytes"] >= 0 else float("nan")
+        lines.append(
+            f"{r['name']:<26} {r['records_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {ack:>15} {r['fsyncs']:>7} "
+            f"{r['frames_per_group']:>7.1f} {r['flush_seconds']:>7.2f} {disk:>8.0f} {r['cpu_busy']:>5.2f} "
+            f"{(tgt['what'] if tgt else ''):<32} "
+            + ("" if tgt is None else f"{tgt['value']} {'PASS' if tgt['pass'] else 'FAIL'}")
+        )
+    if doc.get("recovery"):
+        lines.append("")
+        lines.append(
+            f"{'recovery (SIGKILL)':<26} {'records':>10} {'frames':>7} {'open warm s':>11} {'open cold s':>11} "
+            f"{'recovered':>10} {'target':<14} result"
+        )
+        for rc in doc["recovery"]:
+            w, c = rc["warm"], rc["cold"]
+            label = f"{rc['records']:,} x 100B, batch {rc['batch_records']}"
+            lines.append(
+                f"{label:<26} {rc['records']:>10,} {w['frames_replayed']:>7} "
+                f"{w['open_seconds']:>11.2f} {c['open_seconds']:>11.2f} {w['records_recovered']:>10,} "
+                f"{rc['target']['what']:<14} {'PASS' if rc['target']['pass'] else 'FAIL'}"
+            )
+    lines.append("")
+    lines.append("targets:")
+    for t in doc["targets"]:
+        lines.append(f"  {'PASS' if t['pass'] else 'FAIL'}  {t['case']}: {t['what']} (got {t['value']})")
+    for e in doc.get("engine_errors", []):
+        lines.append(f"  ENGINE ERROR (worked around by retrying): {e}")
+    lines.append(f"total run time {doc['run_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short smoke run (< 30 s)")
+    ap.add_argument("--dir", help="parent directory for temp data (default: next to the repository)")
+    ap.add_argument("--table", action="store_true", help="print the human table on stdout instead of JSON")
+    ap.add_argument("--json-out", metavar="FILE", help="also write the JSON document to FILE")
+    ap.add_argument("--duration", type=float, help="seconds per append case (default 3, quick 0.5)")
+    ap.add_argument("--cap-mb", type=float, help="stop a case after this many payload MB (default 200, quick 32)")
+    ap.add_argument("--case", action="append", default=[], help="run only cases whose name contains this (repeatable)")
+    ap.add_argument("--skip-machine", action="store_true", help="skip the raw disk measurements")
+    ap.add_argument("--skip-recovery", action="store_true")
+    ap.add_argument("--recovery-records", type=int, help="records in the recovery WAL (default 1,000,000, quick 200,000)")
+    ap.add_argument(
+        "--engine-option",
+        action="append",
+        default=[],
+        metavar="NAME=INT",
+        help="EngineConfig override for the append cases, e.g. wal_shards=1 (for experiments; repeatable)",
+    )
+    ap.add_argument("--crash-writer", nargs=3, metavar=("DIR", "RECORDS", "BATCH"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.crash_writer:
+        crash_writer(args.crash_writer[0], int(args.crash_writer[1]), int(args.crash_writer[2]))
+        return 0
+
+    overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.engine_option)}
+    duration = args.duration if args.duration is not None else (0.5 if args.quick else 3.0)
+    sustained_duration = max(duration, 2.0 if args.quick else 15.0)
+    cap = int((args.cap_mb if args.cap_mb is not None else (32 if args.quick else 200)) * 1e6)
+    rec_records = args.recovery_records or (200_000 if args.quick else 1_000_000)
+    repo_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = args.dir or repo_parent
+    base = tempfile.mkdtemp(prefix="loglake-bench-", dir=parent)
+    run_started = time.perf_counter()
+    doc: dict[str, Any] = {
+        "benchmark": "loglake engine",
+        "quick": args.quick,
+        "dir": base,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "duration_per_case_s": duration,
+        "cap_bytes_per_case": cap,
+        "engine_config": {k: v for k, v in asdict(engine_config(overrides)).items() if k != "topic_defaults"},
+    }
+    try:
+        if args.skip_machine:
+            doc["machine"] = None
+        else:
+            doc["machine"] = machine_limits(base, args.quick)
+        cases = [c for c in default_cases() if not args.case or any(s in c.name for s in args.case)]
+        results: list[CaseResult] = []
+        for case in cases:
+            log(f"append: {case.name} ...")
+            if case.sustained:
+                r = run_case(case, base, sustained_duration, 1 << 62, overrides)
+            else:
+                r = run_case(case, base, duration, cap, overrides)
+            log(
+                f"  {r.records_per_s:,.0f} records/s, {r.mb_per_s:.1f} MB/s, {r.fsyncs} fsyncs, "
+                f"{r.frames_per_group:.1f} frames/group, flush {r.flush_seconds:.2f}s"
+            )
+            results.append(r)
+        # The disk baseline is the better of the two raw medians: the stricter reading of the target.
+        raw = (
+            max(doc["machine"]["raw_write_one_fdatasync"]["mb_per_s"], doc["machine"]["raw_write_fdatasync_every_4MiB"]["mb_per_s"])
+            if doc["machine"]
+            else float("inf")
+        )
+        doc["raw_disk_mb_per_s_for_targets"] = raw
+        raw1 = doc["machine"]["raw_write_fdatasync_every_1MiB"]["mb_per_s"] if doc["machine"] else float("inf")
+        doc["targets"] = apply_targets(results, raw, raw1)
+        doc["appends"] = [asdict(r) for r in results]
+        doc["recovery"] = []
+        if not args.skip_recovery:
+            for batch in (1000, 100):
+                rc = run_recovery(base, rec_records, batch)
+                log(
+                    f"  open {rc['warm']['open_seconds']:.2f}s warm / {rc['cold']['open_seconds']:.2f}s cold, "
+                    f"{rc['warm']['frames_replayed']} frames, {rc['warm']['records_recovered']:,} records"
+                )
+                doc["recovery"].append(rc)
+                doc["targets"].append(
+                    {
+                        "case": f"recovery-{rec_records}-b{batch}",
+                        "what": rc["target"]["what"],
+                        "value": f"{rc['warm']['open_seconds']:.2f} s",
+                        "pass": rc["target"]["pass"],
+                    }
+                )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    doc["engine_errors"] = ENGINE_ERRORS
+    doc["run_seconds"] = time.perf_counter() - run_started
+    if doc["machine"] is None:
+        doc["machine"] = {
+            "cores": os.cpu_count(),
+            "cores_usable": os.cpu_count(),
+            "python": platform.python_version(),
+            "raw_write_one_fdatasync": {"mb_per_s": float("nan")},
+            "raw_write_fdatasync_every_4MiB": {"mb_per_s": float("nan")},
+            "raw_write_fdatasync_every_1MiB": {"mb_per_s": float("nan")},
+            "fdatasync_4KiB": {"p50_ms": float("nan"), "p99_ms": float("nan"), "fsyncs_per_s_serial": float("nan")},
+        }
+
+    table = fmt_table(doc)
+    text = json.dumps(doc, indent=2)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            f.write(text + "\n")
+    if args.table:
+        print(table)
+    else:
+        print(text)
+        log("")
+        log(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Shared pieces of the CLI: consoles, the --data-dir option, opening the log, errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+import loglake
+from loglake.log import Log
+
+DEFAULT_DATA_DIR = "./loglake-data"
+DATA_DIR_ENV = "LOGLAKE_DATA_DIR"
+
+DataDirOption = Annotated[
+    str,
+    typer.Option(
+        "--data-dir",
+        "-d",
+        envvar=DATA_DIR_ENV,
+        help=f"Data directory (env {DATA_DIR_ENV}).",
+        show_default=True,
+    ),
+]
+
+
+class CliError(Exception):
+    """A problem the user can fix (bad input, missing directory): one red line, exit 1."""
+
+
+def stderr_console() -> Console:
+    """A console on the current stderr (looked up per call: tests swap sys.stderr)."""
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+
+def stdout_console() -> Console:
+    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+
+
+def error_line(message: str) -> None:
+    """Print one red error line on stderr (markup in `message` is not interpreted)."""
+    console = stderr_console()
+    console.print(f"error: {message}", style="bold red", markup=False)
+
+
+def note(message: str) -> None:
+    stderr_console().print(message, style="dim", markup=False)
+
+
+def parse_pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    """`k=v` strings into a dict; a malformed one is a usage error (exit 2)."""
+    out: dict[str, str] = {}
+    for raw in values or []:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} must look like key=value, got {raw!r}")
+        out[key] = value
+    return out
+
+
+def parse_header_pairs(values: list[str] | None) -> list[tuple[str, bytes | None]]:
+    out: list[tuple[str, bytes | None]] = []
+    for raw in values or []:
+        key, sep, value = raw.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"--header must look like key=value, got {raw!r}")
+        out.append((key, value.encode()))
+    return out
+
+
+@contextmanager
+def open_log(data_dir: str, *, must_exist: bool, **options: Any) -> Iterator[Log]:
+    """Open (and recover) the data directory; close it (flush, release the lock) afterwards.
+
+    `must_exist`: commands that only read refuse to create an empty data directory by typo.
+    """
+    if must_exist and not os.path.isdir(data_dir):
+        raise CliError(f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV})")
+    log = loglake.open(data_dir, **options)
+    try:
+        yield log
+    finally:
+        log.close()
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover

@@ -1,0 +1,111 @@
+"""`loglake topics create|list|describe|delete`."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from loglake.cli.common import DEFAULT_DATA_DIR, DataDirOption, format_bytes, open_log, parse_pairs, stdout_console
+
+app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
+
+
+@app.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="Topic name ([a-zA-Z0-9._-], at most 249 characters).")],
+    partitions: Annotated[int, typer.Option("--partitions", "-p", min=1, help="Number of partitions.")] = 1,
+    config: Annotated[
+        list[str] | None, typer.Option("--config", "-c", help="Topic config k=v (repeatable).")
+    ] = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Create a topic."""
+    overrides = parse_pairs(config, "--config")
+    with open_log(data_dir, must_exist=False) as log:
+        info = log.create_topic(name, partitions=partitions, config=overrides)
+    extra = f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
+    stdout_console().print(
+        f"created topic {info.name} ({info.partitions} partition{'s' if info.partitions != 1 else ''}){extra}",
+        markup=False,
+    )
+
+
+@app.command("list")
+def list_(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+    """List topic names, one per line."""
+    with open_log(data_dir, must_exist=True) as log:
+        names = log.list_topics()
+    for name in names:
+        typer.echo(name)
+
+
+@app.command("describe")
+def describe(
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Partitions (log start, high watermark, segments, bytes) and effective config."""
+    with open_log(data_dir, must_exist=True) as log:
+        d = log.describe_topic(name)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "name": d.name,
+                    "topic_id": d.topic_id,
+                    "partitions": [
+                        {
+                            "partition": p.partition,
+                            "log_start_offset": p.log_start_offset,
+                            "high_watermark": p.high_watermark,
+                            "segments": p.segments,
+                            "sealed_bytes": p.sealed_bytes,
+                            "unsealed_bytes": p.unsealed_bytes,
+                        }
+                        for p in d.partitions
+                    ],
+                    "config": d.config,
+                    "overrides": d.overrides,
+                },
+                indent=2,
+            )
+        )
+        return
+    console = stdout_console()
+    console.print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}", markup=False)
+    parts = Table(title="partitions", title_justify="left")
+    for col in ("partition", "log start", "high watermark", "records", "segments", "sealed", "unsealed"):
+        parts.add_column(col, justify="right")
+    for p in d.partitions:
+        parts.add_row(
+            str(p.partition),
+            str(p.log_start_offset),
+            str(p.high_watermark),
+            str(p.high_watermark - p.log_start_offset),
+            str(p.segments),
+            format_bytes(p.sealed_bytes),
+            format_bytes(p.unsealed_bytes),
+        )
+    console.print(parts)
+    cfg = Table(title="config (* = set on this topic)", title_justify="left")
+    cfg.add_column("name")
+    cfg.add_column("value")
+    cfg.add_column("", justify="center")
+    for key in sorted(d.config):
+        cfg.add_row(key, d.config[key], "*" if key in d.overrides else "")
+    console.print(cfg)
+
+
+@app.command("delete")
+def delete(
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Delete a topic and all its data."""
+    with open_log(data_dir, must_exist=True) as log:
+        log.delete_topic(name)
+    stdout_console().print(f"deleted topic {name}", markup=False)
