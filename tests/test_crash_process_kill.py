@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import loglake
+
 from crash_child import value_for
 
 HERE = Path(__file__).parent

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from enginekit import DATA_DIR, abandon, read_all, small_config
 from loglake.engine import Engine
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
+
+from enginekit import DATA_DIR, abandon, read_all, small_config
 
 TOPIC = "t"
 PARTITIONS = 2

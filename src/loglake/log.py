@@ -132,6 +132,8 @@ class Log:
     def _pick_partition(self, info: TopicInfo, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
             return partition
+        if info.partitions == 1:
+            return 0
         if key is not None:
             return default_partition(key, info.partitions)
         counter = self._round_robin.setdefault(info.name, itertools.count())

@@ -39,7 +39,10 @@ def stderr_console() -> Console:
 
 
 def stdout_console() -> Console:
-    return Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    console = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 200  # piped: do not wrap tables at 80 columns (they take their natural width)
+    return console
 
 
 def error_line(message: str) -> None:

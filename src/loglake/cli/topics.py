@@ -8,7 +8,14 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from loglake.cli.common import DEFAULT_DATA_DIR, DataDirOption, format_bytes, open_log, parse_pairs, stdout_console
+from loglake.cli.common import (
+    DEFAULT_DATA_DIR,
+    DataDirOption,
+    format_bytes,
+    open_log,
+    parse_pairs,
+    stdout_console,
+)
 
 app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
 

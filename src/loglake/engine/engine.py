@@ -493,17 +493,15 @@ class Engine:
                     p.advance_hw(end)
                     fut.set_result(result)
                 else:
-                    entry = WalEntry(p.topic_id, p.index, base, end, buf, durability, self._on_wal_done)
-                    entry_ctx = (p, fut, result)
-                    _PENDING[id(entry)] = entry_ctx
-                    try:
-                        shard.submit(entry)
-                    except BaseException:
-                        _PENDING.pop(id(entry), None)
-                        raise
+                    # For `memory` the producer is answered here, not by the WAL writer.
+                    waiter = None if durability == Durability.MEMORY else fut
+                    entry = WalEntry(
+                        p.topic_id, p.index, base, end, buf, durability, self._on_wal_done, (p, waiter, result)
+                    )
+                    shard.submit(entry)
                     p.next_offset = end
                     p.buffer_append(item, end - base)
-                    if durability == Durability.MEMORY:
+                    if waiter is None:
                         p.advance_hw(end)
                         fut.set_result(result)
         except BaseException:
@@ -518,21 +516,19 @@ class Engine:
 
     def _on_wal_done(self, entry: WalEntry, error: BaseException | None) -> None:
         """WAL writer thread: the entry is durable per its class (or failed)."""
-        ctx = _PENDING.pop(id(entry), None)
-        if ctx is None:
-            return
-        p, fut, result = ctx
+        context: tuple[Partition, Future[AppendResult] | None, AppendResult] = entry.context  # type: ignore[assignment]
+        p, fut, result = context
         if error is not None:
             if self._failure is None:
                 self._failure = error
                 log.error("engine stops accepting writes: WAL failure: %s", error)
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(
                     error if isinstance(error, Exception) else EngineFailedError(f"WAL writer stopped: {error!r}")
                 )
             return
         p.advance_hw(entry.end_offset)
-        if not fut.done():
+        if fut is not None:
             fut.set_result(result)
 
     # ==== reads =====================================================================================
@@ -745,22 +741,26 @@ class Engine:
                 take = 0
                 size = 0
                 records = 0
+                limit_hit = False  # the next item would not fit in this segment
                 for item in p.buffer:
                     if item.end_offset > hw:
                         break
+                    n = item.end_offset - item.base_offset
                     if take and (
                         size + item.size > config.segment_bytes
-                        or (config.segment_records and records + item.end_offset - item.base_offset > config.segment_records)
+                        or (config.segment_records and records + n > config.segment_records)
                     ):
+                        limit_hit = True
                         break
                     take += 1
                     size += item.size
-                    records += item.end_offset - item.base_offset
+                    records += n
                 if take == 0:
                     return False
-                if not full and take == len(p.buffer) and size < config.segment_bytes and not (
-                    config.segment_records and records >= config.segment_records
-                ):
+                whole = size >= config.segment_bytes or (
+                    config.segment_records > 0 and records >= config.segment_records
+                )
+                if not (full or whole or limit_hit):
                     return False
                 items = p.buffer[:take]
                 prev_hash = p.chain_hash
@@ -855,6 +855,7 @@ class Engine:
             return seq
 
     def _truncate_wal(self) -> int:
+        """Delete WAL files whose frames are all in segments named by a durable snapshot."""
         def obsolete(topic_id: bytes, partition: int, end: int) -> bool:
             topic = self._topics_by_id.get(topic_id)
             if topic is None or partition >= len(topic.partitions):
@@ -891,9 +892,14 @@ class Engine:
             for p in topic.partitions:
                 if not p.buffer or p.seal_scheduled:
                     continue
+                config = topic.config
                 oldest = p.buffer[0].appended_at if p.buffer else now
-                if (now - oldest) * 1000 >= topic.config.segment_ms or p.buffer_bytes >= topic.config.segment_bytes:
+                if (now - oldest) * 1000 >= config.segment_ms:
                     self._schedule_full_seal(p)
+                elif p.buffer_bytes >= config.segment_bytes or (
+                    config.segment_records and p.buffer_records >= config.segment_records
+                ):
+                    self._schedule_seal(p)  # a size trigger whose seal found the tail not yet durable
                 elif pressure:
                     candidates.append((p.buffer_bytes, p))
         if pressure and candidates:
@@ -967,11 +973,6 @@ class Engine:
             self.store.delete(key)
         except Exception:
             log.exception("could not delete segment object %s; recovery will remove it as an orphan", key)
-
-
-# WAL entries are slotted objects shared with the shard; their completion context lives here,
-# keyed by id(entry), for exactly as long as the entry is in flight.
-_PENDING: dict[int, tuple[Partition, Future[AppendResult], AppendResult]] = {}
 
 
 def open_engine(data_dir: str, **kwargs: Any) -> Engine:

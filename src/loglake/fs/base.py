@@ -136,7 +136,7 @@ class FileSystem(abc.ABC):
             self.unlink(tmp)
         with self.open(tmp, write=True, create=True, exclusive=True) as f:
             f.pwritev(0, parts)
-            f.sync()
+            f.datasync()
         self.rename(tmp, path)
         self.fsync_dir(directory)
 

@@ -43,6 +43,10 @@ class OsFile(File):
             offset += n
 
     def pwritev(self, offset: int, parts: Sequence[BytesLike]) -> None:
+        total = sum(len(p) for p in parts)
+        if len(parts) <= IOV_MAX and os.pwritev(self._fd, parts, offset) == total:
+            return  # the common case: one call wrote everything
+        # Short write (or too many buffers): finish what is left, buffer by buffer.
         pending = [memoryview(p) for p in parts if len(p)]
         while pending:
             chunk = pending[:IOV_MAX]

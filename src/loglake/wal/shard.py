@@ -44,6 +44,11 @@ WAL_GROUP_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
 WAL_QUEUE_BYTES_MAX_DEFAULT = 128 * 1024 * 1024
 #: How often the `disk` and `memory` classes get an fsync.
 WAL_FSYNC_INTERVAL_MS_DEFAULT = 1000
+#: Payloads up to this size are copied into the group's write buffer instead of getting an iovec.
+WAL_COPY_PAYLOAD_BYTES_MAX = 16 * 1024
+#: Longest a group waits for producers that were in the previous group to come back (like
+#: PostgreSQL's commit_delay). The real wait is at most half the recent fsync latency.
+WAL_COMMIT_DELAY_US_MAX = 500
 
 
 class Durability(IntEnum):
@@ -65,7 +70,17 @@ DoneCallback = Callable[["WalEntry", BaseException | None], None]
 class WalEntry:
     """One append waiting for the writer. `on_done(entry, error)` runs on the writer thread."""
 
-    __slots__ = ("base_offset", "durability", "end_offset", "on_done", "partition", "payload", "seq", "topic_id")
+    __slots__ = (
+        "base_offset",
+        "context",
+        "durability",
+        "end_offset",
+        "on_done",
+        "partition",
+        "payload",
+        "seq",
+        "topic_id",
+    )
 
     def __init__(
         self,
@@ -76,7 +91,9 @@ class WalEntry:
         payload: BytesLike,
         durability: Durability,
         on_done: DoneCallback,
+        context: object = None,
     ) -> None:
+        self.context = context  # the submitter's own bookkeeping, handed back through on_done
         self.topic_id = topic_id
         self.partition = partition
         self.base_offset = base_offset
@@ -142,6 +159,9 @@ class WalShard:
         self._dirty = False  # written but not yet fsynced
         self._last_sync = clock()
         self._idle = threading.Condition(self._lock)  # group written / sync ticket served
+        self._truncate_lock = threading.Lock()
+        self._last_group_frames = 0
+        self._fsync_ewma_s = 0.0  # moving average of fdatasync latency
         self._in_flight = 0
         self._sync_requests = 0  # tickets handed out by sync()
         self._sync_served = 0  # tickets whose data the writer has fsynced
@@ -236,24 +256,31 @@ class WalShard:
             return list(self._files)
 
     def delete_obsolete(self, is_obsolete: Callable[[bytes, int, int], bool]) -> int:
-        """Delete closed WAL files all of whose frames are durable elsewhere. Returns how many."""
-        with self._cond:
-            candidates = self._files[:-1] if self._active is not None else list(self._files)
-        doomed: list[WalFile] = []
-        for wal_file in candidates:
-            if all(is_obsolete(tid, p, end) for (tid, p), end in wal_file.partitions.items()):
+        """Delete closed WAL files all of whose frames are durable elsewhere. Returns how many.
+
+        Files go oldest first and stop at the first one still needed, so the files left always
+        form one unbroken sequence (recovery checks that). One truncation at a time.
+        """
+        with self._truncate_lock:
+            with self._cond:
+                candidates = self._files[:-1] if self._active is not None else list(self._files)
+            doomed: list[WalFile] = []
+            for wal_file in candidates:
+                if not all(is_obsolete(tid, p, end) for (tid, p), end in wal_file.partitions.items()):
+                    break
                 doomed.append(wal_file)
-            else:
-                break  # keep files in order: recovery checks sequence continuity from the oldest
-        if not doomed:
-            return 0
-        for wal_file in doomed:
-            self.fs.unlink(wal_file.path)
-        self.fs.fsync_dir(self.directory)
-        with self._cond:
-            gone = {id(f) for f in doomed}
-            self._files = [f for f in self._files if id(f) not in gone]
-        return len(doomed)
+            if not doomed:
+                return 0
+            for wal_file in doomed:
+                try:
+                    self.fs.unlink(wal_file.path)
+                except FileNotFoundError:
+                    log.warning("WAL file %s was already gone", wal_file.path)
+            self.fs.fsync_dir(self.directory)
+            with self._cond:
+                gone = {id(f) for f in doomed}
+                self._files = [f for f in self._files if id(f) not in gone]
+            return len(doomed)
 
     # ---- the writer thread -----------------------------------------------------------------
 
@@ -267,6 +294,16 @@ class WalShard:
                     if timeout == 0.0:
                         break  # time for the interval fsync
                 self._cond.wait(timeout)
+            if self._queue and self._last_group_frames > 1 and len(self._queue) < self._last_group_frames:
+                # Producers acked by the last group are likely appending again: give them a
+                # moment so they share the next fsync instead of each paying for one.
+                delay = min(WAL_COMMIT_DELAY_US_MAX / 1e6, self._fsync_ewma_s / 2)
+                deadline = self._clock() + delay
+                while len(self._queue) < self._last_group_frames and not self._stopping:
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
             ticket = self._sync_requests
             if not self._queue:
                 if self._stopping and ticket == self._sync_served:
@@ -284,6 +321,7 @@ class WalShard:
                 group_bytes += size
             self._queue_bytes -= group_bytes
             self._in_flight = len(group)
+            self._last_group_frames = len(group)
             self._cond.notify_all()
             return group, ticket
 
@@ -329,7 +367,10 @@ class WalShard:
     def _write_group(self, group: list[WalEntry], ticket: int) -> None:
         if group:
             group_seq = self._next_seq
+            # Small frames are copied into one buffer (cheaper than an iovec each); large
+            # payloads go to pwritev as their own buffers, uncopied.
             parts: list[BytesLike] = []
+            small = bytearray()
             size = 0
             for entry in group:
                 entry.seq = self._next_seq
@@ -343,8 +384,20 @@ class WalShard:
                     entry.end_offset,
                     entry.payload,
                 )
-                parts.extend(frame)
+                if len(entry.payload) <= WAL_COPY_PAYLOAD_BYTES_MAX:
+                    small += frame[0]
+                    small += frame[1]
+                    small += frame[2]
+                    small += frame[3]
+                else:
+                    small += frame[0]
+                    small += frame[1]
+                    parts.append(small)
+                    parts.append(frame[2])
+                    small = bytearray(frame[3])
                 size += len(entry.payload) + FRAME_OVERHEAD
+            if small:
+                parts.append(small)
             if self._active is None or self._active_pos + size > self._active_capacity:
                 self._roll(group_seq, size)
             assert self._active is not None
@@ -364,7 +417,9 @@ class WalShard:
         if need_sync and self._active is not None and self._dirty:
             started = time.perf_counter()
             self._active.datasync()
-            self.fsync_seconds_total += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.fsync_seconds_total += elapsed
+            self._fsync_ewma_s = elapsed if not self._fsync_ewma_s else 0.8 * self._fsync_ewma_s + 0.2 * elapsed
             self.fsyncs += 1
             self._dirty = False
             self._last_sync = self._clock()

@@ -1,0 +1,1 @@
+"""The `loglake` command line (typer). Entry point: `loglake.cli.main:main`."""

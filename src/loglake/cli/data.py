@@ -1,0 +1,303 @@
+"""`loglake produce` and `loglake consume`: lines in, records out."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, BinaryIO
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from loglake.cli.common import (
+    DEFAULT_DATA_DIR,
+    CliError,
+    DataDirOption,
+    format_bytes,
+    note,
+    open_log,
+    parse_header_pairs,
+    stderr_console,
+)
+from loglake.log import ConsumerRecord, Headers, Log, StartSpec
+
+#: Input files above this size get a progress bar (when stderr is a terminal).
+PROGRESS_MIN_BYTES = 1024 * 1024
+#: Worst-case Kafka v2 per-record framing (length, attributes, deltas, key/value lengths, header count).
+_RECORD_OVERHEAD = 40
+_HEADER_OVERHEAD = 10
+#: A batch is cut well below max.message.bytes (the estimate is close but not exact).
+_BATCH_FILL = 0.9
+_BATCH_HEADER = 61
+
+ProduceRecord = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Headers]
+
+
+# ---- produce ------------------------------------------------------------------------------------
+
+
+def _strip_newline(line: bytes) -> bytes:
+    if line.endswith(b"\n"):
+        line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+    return line
+
+
+def produce(
+    topic: Annotated[str, typer.Argument(help="Topic to produce to (created with 1 partition if missing).")],
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", exists=True, dir_okay=False, readable=True, help="Read lines from this file."),
+    ] = None,
+    key_separator: Annotated[
+        str | None, typer.Option("--key-separator", "-k", help="Split each line at the first SEP into key and value.")
+    ] = None,
+    partition: Annotated[int | None, typer.Option("--partition", "-p", min=0, help="Produce to this partition.")] = None,
+    header: Annotated[list[str] | None, typer.Option("--header", "-H", help="Header k=v on every record (repeatable).")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Records per produce_batch call.")] = 10_000,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Produce lines from stdin (or --file) as records, one record per line."""
+    headers = parse_header_pairs(header)
+    if key_separator == "":
+        raise typer.BadParameter("must not be empty", param_hint="--key-separator")
+    sep = key_separator.encode() if key_separator is not None else None
+    started = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        if file is not None:
+            src: BinaryIO = stack.enter_context(file.open("rb"))
+            total = file.stat().st_size
+        else:
+            src = sys.stdin.buffer
+            total = 0
+        interactive = _isatty(src)
+        log = stack.enter_context(open_log(str(data_dir), must_exist=False))
+        if not log.engine.has_topic(topic):
+            log.create_topic(topic, partitions=1)
+            note(f"created topic {topic} (1 partition)")
+        limit = max(4096, int(log.engine.topic(topic).config.max_message_bytes * _BATCH_FILL) - _BATCH_HEADER)
+        progress: Progress | None = None
+        task = None
+        if file is not None and total > PROGRESS_MIN_BYTES and stderr_console().is_terminal:
+            progress = stack.enter_context(
+                Progress(
+                    TextColumn("producing"),
+                    BarColumn(),
+                    DownloadColumn(),
+                    TransferSpeedColumn(),
+                    TimeRemainingColumn(),
+                    console=stderr_console(),
+                    transient=True,
+                )
+            )
+            task = progress.add_task("produce", total=total)
+        records_out = 0
+        bytes_in = 0
+        pending: list[ProduceRecord] = []
+        pending_in = 0
+        estimate = 0
+        extra = sum(len(k) + len(v or b"") + _HEADER_OVERHEAD for k, v in headers)
+
+        def send() -> None:
+            nonlocal records_out, bytes_in, pending_in, estimate
+            if pending:
+                log.produce_batch(topic, pending, partition=partition)
+                records_out += len(pending)
+                pending.clear()
+            bytes_in += pending_in
+            if progress is not None and task is not None:
+                progress.advance(task, pending_in)
+            pending_in = 0
+            estimate = 0
+
+        for lineno, raw in enumerate(src, 1):
+            pending_in += len(raw)
+            line = _strip_newline(raw)
+            key: bytes | None = None
+            value: bytes = line
+            if sep is not None:
+                k, found, v = line.partition(sep)
+                if not found:
+                    send()
+                    raise CliError(
+                        f"line {lineno} has no key separator {key_separator!r} "
+                        f"({records_out} records before it were produced)"
+                    )
+                key, value = k, v
+            size = len(value) + (len(key) if key is not None else 0) + _RECORD_OVERHEAD + extra
+            if pending and (len(pending) >= batch_size or estimate + size > limit):
+                send()
+            pending.append((key, value, headers) if headers else (key, value))
+            estimate += size
+            if interactive:
+                send()
+        send()
+    seconds = time.perf_counter() - started
+    rate = records_out / seconds if seconds > 0 else 0.0
+    stderr_console().print(
+        f"produced {records_out} records ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s "
+        f"({rate:,.0f} records/s)",
+        markup=False,
+    )
+
+
+def _isatty(stream: BinaryIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# ---- consume ------------------------------------------------------------------------------------
+
+
+class OutputFormat(enum.StrEnum):
+    value = "value"
+    json = "json"
+
+
+def parse_start(raw: str) -> StartSpec:
+    """earliest | latest | an offset | an ISO-8601 time (naive times are local time)."""
+    text = raw.strip()
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected earliest, latest, an offset or an ISO-8601 time, got {raw!r}", param_hint="--from"
+        ) from None
+
+
+def _text(b: bytes | None) -> str | None:
+    return None if b is None else b.decode("utf-8", errors="backslashreplace")
+
+
+def format_json(rec: ConsumerRecord) -> bytes:
+    obj = {
+        "topic": rec.topic,
+        "partition": rec.partition,
+        "offset": rec.offset,
+        "timestamp": rec.timestamp,
+        "key": _text(rec.key),
+        "value": _text(rec.value),
+        "headers": [[k, _text(v)] for k, v in rec.headers],
+    }
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def format_value(rec: ConsumerRecord, sep: bytes | None) -> bytes:
+    value = rec.value if rec.value is not None else b"null"
+    if sep is None:
+        return value + b"\n"
+    key = rec.key if rec.key is not None else b"null"
+    return key + sep + value + b"\n"
+
+
+def consume(
+    topic: Annotated[str, typer.Argument(help="Topic to read.")],
+    start: Annotated[
+        str, typer.Option("--from", help="earliest, latest, an offset, or an ISO-8601 time.")
+    ] = "earliest",
+    partition: Annotated[
+        list[int] | None, typer.Option("--partition", "-p", min=0, help="Only these partitions (repeatable).")
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-F", help="Wait for new records until Ctrl-C.")] = False,
+    max_records: Annotated[int | None, typer.Option("--max-records", "-n", min=0, help="Stop after N records.")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", help="value: one value per line; json: one object per line.")] = OutputFormat.value,
+    key_separator: Annotated[
+        str | None, typer.Option("--key-separator", "-k", help="With --format value: print key SEP value.")
+    ] = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Print the records of a topic."""
+    spec = parse_start(start)
+    sep = key_separator.encode() if key_separator is not None else None
+    out = sys.stdout.buffer
+    with _sigterm_as_interrupt(follow), open_log(str(data_dir), must_exist=True) as log:
+        try:
+            for data in _records(log, topic, spec, partition, follow, max_records, fmt, sep):
+                out.write(data)
+                if follow:
+                    out.flush()
+            out.flush()
+        except KeyboardInterrupt:
+            with contextlib.suppress(OSError, ValueError):
+                out.flush()
+        except BrokenPipeError:
+            _silence_stdout()
+
+
+def _records(
+    log: Log,
+    topic: str,
+    spec: StartSpec,
+    partitions: list[int] | None,
+    follow: bool,
+    max_records: int | None,
+    fmt: OutputFormat,
+    sep: bytes | None,
+) -> Iterator[bytes]:
+    if max_records == 0:
+        return
+    count = 0
+    records = log.consume(topic, spec, follow=follow, partitions=partitions or None)
+    try:
+        for rec in records:
+            yield format_json(rec) if fmt is OutputFormat.json else format_value(rec, sep)
+            count += 1
+            if max_records is not None and count >= max_records:
+                return
+    finally:
+        close = getattr(records, "close", None)  # a generator: stop it (and its waits) now
+        if close is not None:
+            close()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt(enabled: bool) -> Iterator[None]:
+    """While following, let SIGTERM end the command like Ctrl-C (the log is closed cleanly)."""
+    previous: Any = None
+    installed = False
+    if enabled:
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            raise KeyboardInterrupt
+
+        try:
+            previous = signal.signal(signal.SIGTERM, on_term)
+            installed = True
+        except ValueError:  # not the main thread (tests): leave SIGTERM alone
+            pass
+    try:
+        yield
+    finally:
+        if installed:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _silence_stdout() -> None:
+    """The reader went away (`| head`): point stdout at /dev/null so exit does not complain."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

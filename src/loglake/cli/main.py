@@ -1,0 +1,243 @@
+"""The `loglake` command line: topics, produce, consume, verify, inspect, demo.
+
+Every operating error (a LoglakeError: unknown topic, bad config, locked or corrupt data
+directory) and every CliError ends the command with one red line on stderr and exit code 1;
+usage errors exit 2 (typer's default). `main()` is the console-script entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+from typer.core import TyperGroup
+
+import loglake
+from loglake.cli import data, inspect, topics
+from loglake.cli.common import (
+    DEFAULT_DATA_DIR,
+    CliError,
+    DataDirOption,
+    error_line,
+    format_bytes,
+    open_log,
+    stderr_console,
+    stdout_console,
+)
+from loglake.engine.verify import VerifyReport, verify_data_dir
+from loglake.errors import LoglakeError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class LoglakeGroup(TyperGroup):
+    """Turns operating errors into one red line and exit code 1, for every subcommand."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (LoglakeError, CliError) as exc:
+            error_line(str(exc))
+            raise typer.Exit(1) from None
+
+
+app = typer.Typer(
+    name="loglake",
+    cls=LoglakeGroup,
+    help="loglake: a Kafka-compatible, durable, append-only event log.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(topics.app, name="topics")
+app.command("produce")(data.produce)
+app.command("consume")(data.consume)
+app.command("inspect")(inspect.inspect)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"loglake {loglake.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    log_level: Annotated[
+        str, typer.Option("--log-level", help=f"Logging level on stderr: {', '.join(LOG_LEVELS)}.")
+    ] = "WARNING",
+    version: Annotated[
+        bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    level = log_level.upper()
+    if level not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    configure_logging(getattr(logging, level))
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is at the time of the record (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+        except Exception:
+            self.handleError(record)
+
+
+def configure_logging(level: int) -> None:
+    """Log to stderr at `level`; replaces only the handler an earlier call installed."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, _StderrHandler):
+            root.removeHandler(handler)
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+# ---- verify ------------------------------------------------------------------------------------
+
+
+@app.command("verify")
+def verify(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one."""
+    console = stderr_console()
+    with open_log(data_dir, must_exist=True) as log, Progress(
+        TextColumn("verifying"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=as_json or not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("verify", total=None)
+
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        report = verify_data_dir(log.engine, on_progress)
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        _print_verify(report)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def _print_verify(report: VerifyReport) -> None:
+    summary = (
+        f"{report.segments_checked} segments, {format_bytes(report.bytes_checked)} "
+        f"({report.bytes_checked} bytes), {report.partitions} partitions in {report.seconds:.2f}s"
+    )
+    for key in report.unreferenced:
+        stderr_console().print(f"note: segment object not referenced by the metadata: {key}", style="yellow", markup=False)
+    first = report.first_error
+    if first is None:
+        stdout_console().print(f"verify ok: {summary}", style="green", markup=False)
+        return
+    error_line(f"verify FAILED: first bad segment {first.key} at byte {first.offset}: {first.detail}")
+    for e in report.errors[1:]:
+        stderr_console().print(f"  also: {e.key} at byte {e.offset}: {e.detail}", style="red", markup=False)
+    stderr_console().print(
+        f"checked {summary}: {len(report.errors)} errors in {len(report.bad_segments)} segments", markup=False
+    )
+
+
+# ---- demo --------------------------------------------------------------------------------------
+
+DEMO_TOPIC = "demo"
+DEMO_PARTITIONS = 3
+DEMO_CHUNK = 2_000
+
+
+@app.command("demo")
+def demo(
+    records: Annotated[int, typer.Option("--records", "-n", min=1, help="Records to produce with produce_batch.")] = 10_000,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+) -> None:
+    """A short produce/consume demo on topic 'demo' (what `make run` does); re-runnable."""
+    started = time.perf_counter()
+    console = stdout_console()
+    with open_log(data_dir, must_exist=False) as log:
+        recovery = log.recovery_report
+        if not log.engine.has_topic(DEMO_TOPIC):
+            log.create_topic(DEMO_TOPIC, partitions=DEMO_PARTITIONS)
+            console.print(f"created topic {DEMO_TOPIC} ({DEMO_PARTITIONS} partitions)", markup=False)
+        before = {p.partition: p.high_watermark for p in log.describe_topic(DEMO_TOPIC).partitions}
+        run = int(time.time())
+        produced: dict[int, int] = {}
+        t0 = time.perf_counter()
+        for start in range(0, records, DEMO_CHUNK):
+            batch: list[tuple[bytes | None, bytes | None]] = [
+                (f"user-{i % 97}".encode(), f'{{"run": {run}, "seq": {i}, "event": "click"}}'.encode())
+                for i in range(start, min(records, start + DEMO_CHUNK))
+            ]
+            for md in log.produce_batch(DEMO_TOPIC, batch):
+                produced[md.partition] = produced.get(md.partition, 0) + 1
+        for i in range(3):
+            md1 = log.produce(
+                DEMO_TOPIC, f"hello {i} from run {run}".encode(), key=b"greeting", headers=[("source", b"loglake demo")]
+            )
+            produced[md1.partition] = produced.get(md1.partition, 0) + 1
+        produce_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        consumed: dict[int, list[int]] = {}
+        for rec in log.consume(DEMO_TOPIC, start=before):
+            consumed.setdefault(rec.partition, []).append(rec.offset)
+        consume_s = time.perf_counter() - t0
+        total_produced = sum(produced.values())
+        total_consumed = sum(len(v) for v in consumed.values())
+        table = Table(title=f"topic {DEMO_TOPIC}: this run", title_justify="left")
+        for col in ("partition", "produced", "consumed", "offsets", "log start", "high watermark"):
+            table.add_column(col, justify="right")
+        for p in log.describe_topic(DEMO_TOPIC).partitions:
+            offsets = consumed.get(p.partition, [])
+            table.add_row(
+                str(p.partition),
+                str(produced.get(p.partition, 0)),
+                str(len(offsets)),
+                f"{offsets[0]}..{offsets[-1]}" if offsets else "-",
+                str(p.log_start_offset),
+                str(p.high_watermark),
+            )
+        console.print(table)
+        console.print(
+            f"produced {total_produced} records in {produce_s:.2f}s, consumed {total_consumed} in {consume_s:.2f}s",
+            markup=False,
+        )
+        if recovery is not None:
+            console.print(f"open: {recovery.summary()}", markup=False)
+        log.flush()
+    if total_consumed != total_produced:
+        raise CliError(f"demo consumed {total_consumed} records but produced {total_produced}")
+    console.print(f"demo done in {time.perf_counter() - started:.2f}s (data in {data_dir})", markup=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+"""The `loglake` command line, through typer's CliRunner and as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+import loglake
+from loglake.cli.data import format_json, format_value, parse_start
+from loglake.cli.main import app
+from loglake.log import ConsumerRecord
+
+LOGLAKE_BIN = Path(sys.executable).parent / "loglake"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """The CLI's --log-level configures the root logger; undo that after each test."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def run(args: Sequence[str], data_dir: Path | None = None, input: bytes | str | None = None, **kw: Any) -> Result:
+    argv = list(args)
+    if data_dir is not None:
+        argv += ["--data-dir", str(data_dir)]
+    return CliRunner().invoke(app, argv, input=input, **kw)
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, (result.exit_code, result.output, result.exception)
+    return result
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+# ---- global options -------------------------------------------------------------------------------
+
+
+def test_version() -> None:
+    result = ok(run(["--version"]))
+    assert result.stdout.strip() == f"loglake {loglake.__version__}"
+
+
+def test_help_and_usage_errors(d: Path) -> None:
+    assert "topics" in ok(run(["--help"])).stdout
+    assert run(["no-such-command"]).exit_code == 2
+    assert run(["topics", "create"], d).exit_code == 2  # missing NAME
+    assert run(["topics", "create", "t", "--config", "novalue"], d).exit_code == 2
+    assert run(["consume", "t", "--from", "yesterday-ish"], d).exit_code == 2
+    assert run(["--log-level", "LOUD", "topics", "list"], d).exit_code == 2
+
+
+def test_log_level_debug_logs_to_stderr(d: Path) -> None:
+    result = ok(run(["--log-level", "debug", "topics", "create", "t"], d))
+    assert "created topic t" in result.stderr  # the engine's INFO line
+    quiet = ok(run(["topics", "list"], d))
+    assert "INFO" not in quiet.stderr
+
+
+# ---- topics ------------------------------------------------------------------------------------------
+
+
+def test_topics_lifecycle(d: Path) -> None:
+    ok(run(["topics", "create", "orders", "--partitions", "3", "--config", "retention.ms=1000"], d))
+    ok(run(["topics", "create", "audit"], d))
+    assert ok(run(["topics", "list"], d)).stdout.split() == ["audit", "orders"]
+
+    text = ok(run(["topics", "describe", "orders"], d)).stdout
+    assert "retention.ms" in text and "1000" in text and "*" in text
+    described = json.loads(ok(run(["topics", "describe", "orders", "--json"], d)).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    assert described["overrides"] == {"retention.ms": "1000"}
+    assert described["config"]["retention.ms"] == "1000"
+    assert described["config"]["segment.bytes"] == "67108864"
+
+    ok(run(["topics", "delete", "audit"], d))
+    assert ok(run(["topics", "list"], d)).stdout.split() == ["orders"]
+
+
+def test_operating_errors_are_one_red_line_and_exit_1(d: Path) -> None:
+    ok(run(["topics", "create", "t"], d))
+    cases = [
+        (["topics", "create", "t"], "already exists"),
+        (["topics", "create", "u", "--config", "bogus=1"], "unknown topic config"),
+        (["topics", "create", "u", "--config", "retention.ms=soon"], "not an integer"),
+        (["topics", "create", "bad/name"], "characters outside"),
+        (["topics", "describe", "nope"], "unknown topic"),
+        (["topics", "delete", "nope"], "unknown topic"),
+        (["consume", "nope"], "unknown topic"),
+        (["consume", "t", "--partition", "7"], "no partition 7"),
+    ]
+    for args, message in cases:
+        result = run(args, d)
+        assert result.exit_code == 1, args
+        assert message in result.stderr, (args, result.stderr)
+        assert result.stderr.startswith("error: ")
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in result.output
+
+
+def test_read_commands_need_an_existing_data_dir(d: Path) -> None:
+    for args in (["topics", "list"], ["consume", "t"], ["verify"]):
+        result = run(args, d)
+        assert result.exit_code == 1 and "does not exist" in result.stderr
+    assert not d.exists()
+
+
+def test_locked_data_dir(d: Path) -> None:
+    with loglake.open(str(d), wal_shards=1):
+        result = run(["topics", "list"], d)
+    assert result.exit_code == 1
+    assert "in use by another loglake process" in result.stderr
+
+
+def test_data_dir_from_environment(d: Path) -> None:
+    ok(CliRunner().invoke(app, ["topics", "create", "envtopic"], env={"LOGLAKE_DATA_DIR": str(d)}))
+    assert ok(run(["topics", "list"], d)).stdout.split() == ["envtopic"]
+
+
+# ---- produce / consume -----------------------------------------------------------------------------
+
+
+def test_produce_stdin_and_consume(d: Path) -> None:
+    ok(run(["topics", "create", "t", "--partitions", "2"], d))
+    result = ok(run(["produce", "t", "--key-separator", ":", "--header", "src=test"], d, input="a:1\nb:2\nc:3\r\nd:\n"))
+    assert "produced 4 records" in result.stderr
+
+    values = ok(run(["consume", "t"], d)).stdout.splitlines()
+    assert sorted(values) == ["", "1", "2", "3"]
+    lines = ok(run(["consume", "t", "--format", "json"], d)).stdout.splitlines()
+    recs = [json.loads(line) for line in lines]
+    assert {r["key"]: r["value"] for r in recs} == {"a": "1", "b": "2", "c": "3", "d": ""}
+    assert all(r["headers"] == [["src", "test"]] and r["topic"] == "t" for r in recs)
+    assert all(set(r) == {"topic", "partition", "offset", "timestamp", "key", "value", "headers"} for r in recs)
+    with_keys = ok(run(["consume", "t", "--key-separator", "="], d)).stdout.splitlines()
+    assert sorted(with_keys) == ["a=1", "b=2", "c=3", "d="]
+
+
+def test_produce_to_missing_topic_creates_it(d: Path) -> None:
+    result = ok(run(["produce", "fresh"], d, input="x\ny\n"))
+    assert "created topic fresh" in result.stderr
+    assert ok(run(["consume", "fresh"], d)).stdout == "x\ny\n"
+
+
+def test_produce_file_in_batches(d: Path, tmp_path: Path) -> None:
+    src = tmp_path / "lines.txt"
+    src.write_text("".join(f"k{i % 7}|value {i}\n" for i in range(2_500)))
+    ok(run(["topics", "create", "t", "--partitions", "3"], d))
+    result = ok(run(["produce", "t", "--file", str(src), "--key-separator", "|", "--batch-size", "300"], d))
+    assert "produced 2500 records" in result.stderr
+    with loglake.open(str(d), wal_shards=1) as log:
+        recs = list(log.consume("t"))
+    assert len(recs) == 2_500
+    by_key: dict[bytes, list[int]] = {}
+    for r in recs:
+        assert r.key is not None and r.value is not None
+        by_key.setdefault(r.key, []).append(int(r.value.split()[1]))
+    for key, seqs in by_key.items():
+        assert seqs == sorted(seqs), key  # one key, one partition, file order kept
+    assert len({r.partition for r in recs}) == 3
+
+
+def test_produce_respects_max_message_bytes(d: Path) -> None:
+    ok(run(["topics", "create", "t", "--config", "max.message.bytes=20000"], d))
+    lines = "".join(f"{i:05d}" + "x" * 95 + "\n" for i in range(2_000))  # 200 KB in 100-byte lines
+    ok(run(["produce", "t"], d, input=lines))
+    out = ok(run(["consume", "t"], d)).stdout.splitlines()
+    assert [int(v[:5]) for v in out] == list(range(2_000))
+
+
+def test_produce_to_one_partition_and_consume_partitions(d: Path) -> None:
+    ok(run(["topics", "create", "t", "--partitions", "3"], d))
+    ok(run(["produce", "t", "--partition", "2"], d, input="p2-a\np2-b\n"))
+    ok(run(["produce", "t", "--partition", "0"], d, input="p0\n"))
+    assert ok(run(["consume", "t", "--partition", "2"], d)).stdout == "p2-a\np2-b\n"
+    both = ok(run(["consume", "t", "-p", "0", "-p", "1"], d)).stdout
+    assert both == "p0\n"
+
+
+def test_produce_line_without_separator_fails(d: Path) -> None:
+    result = run(["produce", "t", "--key-separator", ":"], d, input="a:1\nnosep\nc:3\n")
+    assert result.exit_code == 1
+    assert "line 2 has no key separator" in result.stderr
+
+
+def test_consume_start_positions(d: Path) -> None:
+    ok(run(["produce", "t"], d, input="".join(f"v{i}\n" for i in range(10))))
+    assert ok(run(["consume", "t", "--from", "7"], d)).stdout == "v7\nv8\nv9\n"
+    assert ok(run(["consume", "t", "--from", "latest"], d)).stdout == ""
+    assert ok(run(["consume", "t", "--from", "earliest", "-n", "2"], d)).stdout == "v0\nv1\n"
+    assert ok(run(["consume", "t", "--max-records", "0"], d)).stdout == ""
+    assert ok(run(["consume", "t", "--from", "2000-01-01T00:00:00Z"], d)).stdout.count("\n") == 10
+    assert ok(run(["consume", "t", "--from", "2999-01-01T00:00:00+00:00"], d)).stdout == ""
+    # --follow stops at --max-records even though it would wait for more
+    assert ok(run(["consume", "t", "--follow", "-n", "3"], d)).stdout == "v0\nv1\nv2\n"
+
+
+def test_consume_binary_and_null_fields(d: Path) -> None:
+    with loglake.open(str(d), wal_shards=1) as log:
+        log.create_topic("b")
+        log.produce("b", b"\xff\xfeok", key=None, headers=[("h", None), ("bin", b"\x80")])
+        log.produce("b", None, key=b"k")
+    rec = json.loads(ok(run(["consume", "b", "--format", "json", "-n", "1"], d)).stdout)
+    assert rec["key"] is None
+    assert rec["value"] == "\\xff\\xfeok"
+    assert rec["headers"] == [["h", None], ["bin", "\\x80"]]
+    raw = ok(run(["consume", "b", "-k", "\t"], d)).stdout_bytes
+    assert raw == b"null\t\xff\xfeok\nk\tnull\n"  # value format writes the bytes as they are
+
+
+def test_format_helpers() -> None:
+    rec = ConsumerRecord("t", 1, 5, 1_700_000_000_000, 0, b"k", "é".encode(), [("a", b"1")])
+    assert json.loads(format_json(rec)) == {
+        "topic": "t",
+        "partition": 1,
+        "offset": 5,
+        "timestamp": 1_700_000_000_000,
+        "key": "k",
+        "value": "é",
+        "headers": [["a", "1"]],
+    }
+    assert format_value(rec, None) == "é\n".encode()
+    assert format_value(rec, b"::") == "k::é\n".encode()
+    assert parse_start(" earliest") == "earliest"
+    assert parse_start("42") == 42
+    when = parse_start("2024-05-01T12:00:00Z")
+    assert isinstance(when, datetime) and when.year == 2024 and when.tzinfo is not None
+
+
+# ---- inspect ----------------------------------------------------------------------------------------
+
+
+def _one_segment(d: Path) -> Path:
+    ok(run(["produce", "t", "-k", ","], d, input="".join(f"k{i},v{i}\n" for i in range(100))))
+    segs = sorted((d / "segments").rglob("*.seg"))
+    assert segs
+    return segs[0]
+
+
+def test_inspect_segment(d: Path) -> None:
+    seg = _one_segment(d)
+    text = ok(run(["inspect", str(seg)])).stdout
+    for word in ("header", "chain hash", "prev hash", "batches", "0..99", "verified", "ok", "none"):
+        assert word in text, word
+    info = json.loads(ok(run(["inspect", str(seg), "--json"])).stdout)
+    assert info["verified"] is True
+    assert info["trailer"]["record_count"] == 100
+    assert len(info["trailer"]["chain_hash"]) == 64
+    assert info["segment_key"]["topic"] == "t" and info["segment_key"]["partition"] == 0
+    assert info["batches"][0]["crc_ok"] is True and info["batches"][0]["codec"] == "none"
+    brief = json.loads(ok(run(["inspect", str(seg), "--json", "--no-batches"])).stdout)
+    assert brief["batches"] == [] and brief["batches_omitted"] == info["index"]["entries"]
+
+
+def test_inspect_works_while_the_data_dir_is_locked(d: Path) -> None:
+    seg = _one_segment(d)
+    with loglake.open(str(d), wal_shards=1):
+        ok(run(["inspect", str(seg), "--no-batches"]))
+
+
+def test_inspect_corrupt_files(d: Path, tmp_path: Path) -> None:
+    seg = _one_segment(d)
+    data = bytearray(seg.read_bytes())
+    data[100] ^= 0x40
+    bad = tmp_path / "bad.seg"
+    bad.write_bytes(bytes(data))
+    result = run(["inspect", str(bad)])
+    assert result.exit_code == 1
+    assert "corrupt at byte" in result.stderr and "Traceback" not in result.output
+    assert "BAD" in result.stdout  # the batch list marks the bad batch
+
+    garbage = tmp_path / "garbage.seg"
+    garbage.write_bytes(b"not a segment at all" * 20)
+    result = run(["inspect", str(garbage)])
+    assert result.exit_code == 1 and "not a readable segment" in result.stderr
+
+    truncated = tmp_path / "trunc.seg"
+    truncated.write_bytes(seg.read_bytes()[:-10])
+    assert run(["inspect", str(truncated)]).exit_code == 1
+
+    missing = run(["inspect", str(tmp_path / "nope.seg")])
+    assert missing.exit_code == 1 and "no such file" in missing.stderr
+
+
+# ---- verify / demo -----------------------------------------------------------------------------------
+
+
+def test_verify_ok(d: Path) -> None:
+    _one_segment(d)
+    result = ok(run(["verify"], d))
+    assert "verify ok" in result.stdout and "1 segments" in result.stdout
+    payload = json.loads(ok(run(["verify", "--json"], d)).stdout)
+    assert payload["ok"] is True and payload["segments_checked"] == 1 and payload["partitions"] == 1
+
+
+def test_demo_is_rerunnable(d: Path) -> None:
+    first = ok(run(["demo"], d))
+    assert "created topic demo" in first.stdout and "demo done" in first.stdout
+    second = ok(run(["demo", "--records", "500"], d))
+    assert "produced 503 records" in second.stdout
+    assert "recovered 1 topics" in second.stdout
+    with loglake.open(str(d), wal_shards=1) as log:
+        assert sum(p.high_watermark for p in log.describe_topic("demo").partitions) == 10_003 + 503
+    ok(run(["verify"], d))
+
+
+# ---- the real executable -----------------------------------------------------------------------------
+
+
+def _bin(*args: str, data_dir: Path, **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [str(LOGLAKE_BIN), *args, "--data-dir", str(data_dir)], capture_output=True, timeout=60, **kw
+    )
+
+
+def test_subprocess_produce_consume_verify(d: Path) -> None:
+    assert LOGLAKE_BIN.exists(), LOGLAKE_BIN
+    version = subprocess.run([str(LOGLAKE_BIN), "--version"], capture_output=True, timeout=60)
+    assert version.returncode == 0 and version.stdout.decode().strip() == f"loglake {loglake.__version__}"
+    lines = b"".join(b"key%d\tvalue %d\n" % (i % 5, i) for i in range(1_000))
+    produced = _bin("produce", "p", "--key-separator", "\t", input=lines, data_dir=d)
+    assert produced.returncode == 0, produced.stderr
+    assert b"produced 1000 records" in produced.stderr
+    consumed = _bin("consume", "p", "--format", "json", data_dir=d)
+    assert consumed.returncode == 0, consumed.stderr
+    assert len(consumed.stdout.splitlines()) == 1_000
+    assert _bin("verify", data_dir=d).returncode == 0
+    missing = _bin("consume", "nope", data_dir=d)
+    assert missing.returncode == 1
+    assert missing.stderr.decode().startswith("error: unknown topic") and b"Traceback" not in missing.stderr
+
+
+def test_subprocess_follow_stops_cleanly_on_ctrl_c(d: Path) -> None:
+    assert _bin("produce", "f", input=b"one\ntwo\n", data_dir=d).returncode == 0
+    proc = subprocess.Popen(
+        [str(LOGLAKE_BIN), "consume", "f", "--follow", "--data-dir", str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"one\n"
+        assert proc.stdout.readline() == b"two\n"
+        time.sleep(0.3)  # now waiting for more
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    # the data dir was closed cleanly: the lock is free again
+    assert _bin("topics", "list", data_dir=d).stdout.split() == [b"f"]
+
+
+def test_subprocess_broken_pipe_is_quiet(d: Path) -> None:
+    lines = b"".join(b"line %d\n" % i for i in range(50_000))
+    assert _bin("produce", "bp", input=lines, data_dir=d).returncode == 0
+    cmd = f"'{LOGLAKE_BIN}' consume bp --data-dir '{d}' | head -n 1"
+    result = subprocess.run(["sh", "-c", cmd], capture_output=True, timeout=60, env={**os.environ})
+    assert result.stdout == b"line 0\n"
+    assert b"Traceback" not in result.stderr and b"BrokenPipe" not in result.stderr
