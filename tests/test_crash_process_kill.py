@@ -22,6 +22,8 @@ import loglake
 
 from crash_child import value_for
 
+__all__ = ["run_cycle", "value_for"]
+
 HERE = Path(__file__).parent
 CYCLES = int(os.environ.get("LOGLAKE_KILL_CYCLES", "20"))
 

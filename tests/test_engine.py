@@ -161,7 +161,8 @@ def test_memory_budget_bounds_unsealed_data_and_backpressure_waits(tmp_path: Pat
     budget = 8 * 1024 * 1024
     with open_engine(tmp_path, memory_budget_bytes=budget, maintenance_interval_ms=20) as engine:
         engine.create_topic("t", 4, {"segment.bytes": str(64 * 1024 * 1024), "max.message.bytes": "1000000"})
-        batch = build_batch([(0, None, b"m" * 1000, [])] * 200)  # ~200 KB
+        now = int(time.time() * 1000)  # (timestamp 0 would be 56 years past retention.ms)
+        batch = build_batch([(now, None, b"m" * 1000, [])] * 200)  # ~200 KB
         peak = 0
         futures = []
         for i in range(150):  # 30 MB through an 8 MiB budget
@@ -330,3 +331,33 @@ def test_segment_missing_from_the_store_stops_startup(tmp_path: Path) -> None:
     os.unlink(path)
     with pytest.raises(CorruptionError, match="missing"):
         open_engine(tmp_path)
+
+
+def _idempotent_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
+    return build_batch(
+        [(0, None, v, []) for v in values], producer_id=pid, producer_epoch=epoch, base_sequence=seq
+    )
+
+
+def test_idempotent_producer_duplicates_and_gaps(tmp_path: Path) -> None:
+    from loglake.errors import InvalidProducerEpochError, OutOfOrderSequenceError
+
+    with open_engine(tmp_path) as engine:
+        engine.create_topic("t", 1)
+        pid = engine.allocate_producer_id()
+        assert engine.allocate_producer_id() == pid + 1
+        first = engine.append_batch("t", 0, _idempotent_batch(pid, 0, 0, [b"a", b"b"])).result()
+        retry = engine.append_batch("t", 0, _idempotent_batch(pid, 0, 0, [b"a", b"b"])).result()
+        assert (retry.base_offset, retry.last_offset) == (first.base_offset, first.last_offset) == (0, 1)
+        assert engine.partition_info("t", 0).next_offset == 2  # the retry appended nothing
+        with pytest.raises(OutOfOrderSequenceError):
+            engine.append_batch("t", 0, _idempotent_batch(pid, 0, 5, [b"c"]))
+        assert engine.append_batch("t", 0, _idempotent_batch(pid, 0, 2, [b"c"])).result().base_offset == 2
+        assert engine.append_batch("t", 0, _idempotent_batch(pid, 1, 0, [b"d"])).result().base_offset == 3
+        with pytest.raises(InvalidProducerEpochError):
+            engine.append_batch("t", 0, _idempotent_batch(pid, 0, 3, [b"e"]))
+    # Producer state survives a restart (from the snapshot and from WAL replay).
+    with open_engine(tmp_path) as engine:
+        again = engine.append_batch("t", 0, _idempotent_batch(pid, 1, 0, [b"d"])).result()
+        assert again.base_offset == 3 and engine.partition_info("t", 0).next_offset == 4
+        assert engine.allocate_producer_id() == pid + 2

@@ -116,3 +116,15 @@ class BackPressureTimeoutError(LoglakeError):
 
     kafka_code = 7  # REQUEST_TIMED_OUT
     retriable = True
+
+
+class OutOfOrderSequenceError(LoglakeError):
+    """An idempotent producer's batch does not continue its sequence."""
+
+    kafka_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(LoglakeError):
+    """A batch from an older epoch of a producer id that has since moved on (fenced)."""
+
+    kafka_code = 47  # INVALID_PRODUCER_EPOCH

@@ -471,6 +471,10 @@ class Engine:
             with p.lock:
                 if p.deleted:
                     raise UnknownTopicError(f"topic {p.topic!r} was deleted")
+                duplicate = self._check_producers(p, batches)
+                if duplicate is not None:
+                    self._pool.release(size)
+                    return self._answer_duplicate(p, duplicate)
                 base = p.next_offset
                 offset = base
                 max_ts = -1
@@ -483,6 +487,10 @@ class Engine:
                         max_ts = max(max_ts, log_append_time)
                     else:
                         max_ts = max(max_ts, header.max_timestamp)
+                    if header.producer_id >= 0 and header.base_sequence >= 0:
+                        p.producers.record(
+                            header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, offset
+                        )
                     offset += header.last_offset_delta + 1
                 end = offset
                 item = BufferedAppend(base, end, buf, tuple(pos for pos, _ in batches), max_ts, time.monotonic())
@@ -513,6 +521,39 @@ class Engine:
         ):
             self._schedule_seal(p)
         return fut
+
+    @staticmethod
+    def _check_producers(p: Partition, batches: list[Any]) -> tuple[int, int] | None:
+        """Idempotent producers: (base, last) of the original append if this is a retry."""
+        for _pos, header in batches:
+            if header.producer_id >= 0 and header.base_sequence >= 0:
+                duplicate = p.producers.check(
+                    header.producer_id, header.producer_epoch, header.base_sequence, header.record_count
+                )
+                if duplicate is not None:
+                    return duplicate
+        return None
+
+    def _answer_duplicate(self, p: Partition, offsets: tuple[int, int]) -> Future[AppendResult]:
+        """A retried batch: answer with its first offsets once they are durable, append nothing."""
+        result = AppendResult(p.topic, p.index, offsets[0], offsets[1], -1, p.log_start_offset)
+        fut: Future[AppendResult] = Future()
+        visible = p.wait_for(offsets[1])
+
+        def done(_f: Future[None]) -> None:
+            if not fut.done():
+                fut.set_result(result)
+
+        visible.add_done_callback(done)
+        return fut
+
+    def allocate_producer_id(self) -> int:
+        """A new producer id for InitProducerId, durable before it is handed out."""
+        with self._lock:
+            pid = int(self._extra_meta.get("next_producer_id", 1000))
+            self._extra_meta["next_producer_id"] = pid + 1
+            self.write_snapshot()
+            return pid
 
     def _on_wal_done(self, entry: WalEntry, error: BaseException | None) -> None:
         """WAL writer thread: the entry is durable per its class (or failed)."""
@@ -834,6 +875,7 @@ class Engine:
                             "sealed_end": p.sealed_end,
                             "chain": p.chain_hash.hex(),
                             "segments": [s.to_json() for s in p.segments],
+                            "producers": p.producers.to_json(),
                         }
                         captured.append((p, p.sealed_end))
             payload = {

@@ -20,6 +20,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from loglake.engine.producers import ProducerStates
 from loglake.segment.format import ZERO_HASH as _ZERO_HASH
 from loglake.segment.format import SegmentIndex
 
@@ -113,6 +114,7 @@ class Partition:
     buffer_records: int = 0
     seal_scheduled: bool = False
     deleted: bool = False
+    producers: ProducerStates = field(default_factory=ProducerStates)
     lock: threading.Lock = field(default_factory=threading.Lock)
     seal_lock: threading.Lock = field(default_factory=threading.Lock)
     hw_cond: threading.Condition = field(default_factory=threading.Condition)

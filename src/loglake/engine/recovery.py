@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
+from loglake.engine.producers import ProducerStates
 from loglake.engine.types import RecoveryReport
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.records.batch import peek_header
@@ -66,6 +67,7 @@ def recover(engine: Engine) -> RecoveryReport:
                     p.log_start_offset = int(state["log_start"])
                     p.sealed_end = int(state["sealed_end"])
                     p.chain_hash = bytes.fromhex(state["chain"])
+                    p.producers = ProducerStates.from_json(state.get("producers", {}))
                     for raw in state["segments"]:
                         key = segment_key(engine._cluster_id, name, t["id"], i, int(raw[0]))
                         p.segments.append(SegmentRef.from_json(key, raw))
@@ -198,6 +200,14 @@ def _replay(engine: Engine, frames: list[ReplayFrame], report: RecoveryReport) -
                 header = peek_header(payload, pos)
                 positions.append(pos)
                 max_ts = max(max_ts, header.max_timestamp)
+                if header.producer_id >= 0 and header.base_sequence >= 0:
+                    p.producers.record(
+                        header.producer_id,
+                        header.producer_epoch,
+                        header.base_sequence,
+                        header.record_count,
+                        header.base_offset,
+                    )
                 pos += header.size
             item = BufferedAppend(frame.base_offset, frame.end_offset, payload, tuple(positions), max_ts, now)
             p.buffer_append(item, frame.end_offset - frame.base_offset)
