@@ -26,7 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import data, inspect, topics
+from loglake.cli import data, inspect, serve, topics
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     CliError,
@@ -66,6 +66,7 @@ app.add_typer(topics.app, name="topics")
 app.command("produce")(data.produce)
 app.command("consume")(data.consume)
 app.command("inspect")(inspect.inspect)
+app.command("serve")(serve.serve)
 
 
 def _version(value: bool) -> None:

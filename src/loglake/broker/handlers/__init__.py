@@ -1,0 +1,53 @@
+"""One module per Kafka API. Each exports `handle(ctx, conn, req)` returning the response
+(a kafka-python response object, a mapping of its fields, or for Fetch a FetchResponseData),
+or None for requests that get no response (Produce with acks=0)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.protocol.versions import SUPPORTED
+
+HANDLERS: dict[int, Callable[..., Awaitable[Any]]] = {}
+
+
+def api_name(api_key: int) -> str:
+    entry = SUPPORTED.get(api_key)
+    return entry.name if entry is not None else f"api{api_key}"
+
+
+def _register() -> None:
+    from loglake.broker.handlers import (
+        api_versions,
+        fetch,
+        find_coordinator,
+        init_producer_id,
+        list_offsets,
+        metadata,
+        produce,
+    )
+
+    for module, key in (
+        (produce, 0),
+        (fetch, 1),
+        (list_offsets, 2),
+        (metadata, 3),
+        (find_coordinator, 10),
+        (api_versions, 18),
+        (init_producer_id, 22),
+    ):
+        HANDLERS[key] = module.handle
+    # Admin and group APIs: modules that export a HANDLERS table of their own.
+    for name in ("admin", "groups"):
+        try:
+            module = importlib.import_module(f"loglake.broker.handlers.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"loglake.broker.handlers.{name}":
+                raise
+            continue
+        HANDLERS.update(module.HANDLERS)
+
+
+_register()

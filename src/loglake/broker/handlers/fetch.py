@@ -1,0 +1,105 @@
+"""Fetch (1): long poll with max_wait_ms / min_bytes, max_bytes and partition_max_bytes.
+
+Size rules follow KIP-74: partitions are filled in request order; the first partition with data
+returns at least one whole batch even when it is larger than the limits, later partitions only
+what still fits. Hot segment data goes out as file ranges (sendfile); unsealed data from memory
+buffers without copies. No fetch sessions (KIP-227): session_id 0 tells clients to send full
+fetch requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from loglake.broker.handlers.errors import (
+    NONE,
+    OFFSET_OUT_OF_RANGE,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    error_code,
+)
+from loglake.broker.protocol import DecodedRequest, FetchPartition, FetchResponseData, FetchTopic
+from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
+
+#: Longest a fetch may wait, whatever the client asks (Kafka has no cap; a bound keeps shutdown prompt).
+FETCH_WAIT_MS_MAX = 30_000
+
+
+def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | None) -> tuple[str | None, dict[uuid.UUID, str] | None]:
+    if version >= 13:
+        by_id = by_id or {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
+        return by_id.get(topic.topic_id), by_id
+    return topic.topic, by_id
+
+
+def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
+    engine = ctx.engine
+    total = 0
+    max_bytes = body.max_bytes if body.max_bytes > 0 else 2**31 - 1
+    empty: list[tuple[str, int, int]] = []
+    out = FetchResponseData(session_id=0)
+    by_id: dict[uuid.UUID, str] | None = None
+    for topic in body.topics:
+        name, by_id = _resolve(ctx, topic, version, by_id)
+        ftopic = FetchTopic(topic=topic.topic if version < 13 else None, topic_id=topic.topic_id if version >= 13 else None)
+        out.responses.append(ftopic)
+        for part in topic.partitions:
+            fp = FetchPartition(partition_index=part.partition)
+            ftopic.partitions.append(fp)
+            if name is None:
+                fp.error_code = UNKNOWN_TOPIC_ID if version >= 13 else UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            try:
+                info = engine.partition_info(name, part.partition)
+                fp.high_watermark = fp.last_stable_offset = info.high_watermark
+                fp.log_start_offset = info.log_start_offset
+                if total >= max_bytes:
+                    continue  # KIP-74: nothing more fits; the client fetches it next time
+                limit = min(part.partition_max_bytes, max_bytes - total)
+                result = engine.read(name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True)
+            except OffsetOutOfRangeError as exc:
+                fp.error_code = OFFSET_OUT_OF_RANGE
+                fp.high_watermark = fp.last_stable_offset = exc.high_watermark
+                fp.log_start_offset = exc.log_start_offset
+                continue
+            except UnknownTopicError:
+                fp.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            except LoglakeError as exc:
+                fp.error_code = error_code(exc)
+                continue
+            fp.error_code = NONE
+            fp.high_watermark = fp.last_stable_offset = result.high_watermark
+            fp.log_start_offset = result.log_start_offset
+            fp.records = result.chunks
+            if result.chunks:
+                total += result.size
+            else:
+                empty.append((name, part.partition, part.fetch_offset))
+    return out, total, empty
+
+
+async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
+    while True:
+        response, total, empty = _read_all(ctx, body, req.api_version)
+        remaining = deadline - loop.time()
+        if total >= max(body.min_bytes, 1) or remaining <= 0 or not empty or conn.closing:
+            return response
+        waiters = []
+        for name, partition, offset in empty:
+            try:
+                waiters.append(asyncio.wrap_future(ctx.engine.wait_for_data(name, partition, offset)))
+            except LoglakeError:
+                continue
+        if not waiters:
+            return response
+        done, not_done = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        for w in not_done:
+            w.cancel()
+        if not done:
+            return _read_all(ctx, body, req.api_version)[0]

@@ -1,0 +1,53 @@
+"""ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), or by timestamp.
+
+No transactions, so the last stable offset is the high watermark for both isolation levels.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loglake.broker.handlers.errors import NONE, error_code
+from loglake.broker.protocol import DecodedRequest
+from loglake.errors import LoglakeError
+
+LATEST = -1
+EARLIEST = -2
+MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4  # KIP-405: first offset on local storage
+LATEST_TIERED = -5  # KIP-1005: highest offset in tiered storage
+
+
+def _lookup(ctx: Any, name: str, partition: int, ts: int) -> tuple[int, int]:
+    engine = ctx.engine
+    info = engine.partition_info(name, partition)
+    if ts == LATEST:
+        return info.high_watermark, -1
+    if ts in (EARLIEST, EARLIEST_LOCAL):
+        return info.log_start_offset, -1
+    if ts == LATEST_TIERED:
+        return info.sealed_end - 1, -1
+    if ts == MAX_TIMESTAMP:
+        found = engine.max_timestamp(name, partition)
+    else:
+        found = engine.offset_for_timestamp(name, partition, ts)
+    return found if found is not None else (-1, -1)
+
+
+async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    topics = []
+    for topic in req.body.topics:
+        parts = []
+        for p in topic.partitions:
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
+            try:
+                if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL, LATEST_TIERED):
+                    offset, ts = _lookup(ctx, topic.name, p.partition_index, p.timestamp)
+                else:  # may read segments: off the event loop
+                    offset, ts = await ctx.off_loop(_lookup, ctx, topic.name, p.partition_index, p.timestamp)
+                entry.update(error_code=NONE, offset=offset, timestamp=ts)
+            except LoglakeError as exc:
+                entry.update(error_code=error_code(exc), offset=-1, timestamp=-1)
+            parts.append(entry)
+        topics.append({"name": topic.name, "partitions": parts})
+    return {"throttle_time_ms": 0, "topics": topics}

@@ -1,0 +1,103 @@
+"""Metadata (3): this broker as the only node, leader of every partition; auto-create on demand."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from loglake.broker.handlers.errors import (
+    INVALID_TOPIC_EXCEPTION,
+    NONE,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    error_code,
+)
+from loglake.broker.protocol import DecodedRequest
+from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError
+
+log = logging.getLogger(__name__)
+
+#: Bit set of all ACL operations: we do no authorization, so everything is allowed.
+ALL_OPERATIONS = -2147483648
+
+
+def _topic_entry(ctx: Any, name: str) -> dict[str, Any]:
+    info = ctx.engine.topic(name)
+    node = ctx.node_id
+    return {
+        "error_code": NONE,
+        "name": name,
+        "topic_id": uuid.UUID(hex=info.topic_id),
+        "is_internal": False,
+        "partitions": [
+            {
+                "error_code": NONE,
+                "partition_index": p,
+                "leader_id": node,
+                "leader_epoch": 0,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+            for p in range(info.partitions)
+        ],
+    }
+
+
+async def ensure_topic(ctx: Any, name: str) -> int:
+    """Create `name` with the default partition count if auto-creation is on; an error code."""
+    if ctx.engine.has_topic(name):
+        return NONE
+    if not ctx.config.auto_create_topics:
+        return UNKNOWN_TOPIC_OR_PARTITION
+    try:
+        await ctx.off_loop(ctx.engine.create_topic, name, ctx.config.default_partitions, {})
+        log.info("auto-created topic %s", name)
+    except TopicExistsError:
+        pass
+    except InvalidTopicError:
+        return INVALID_TOPIC_EXCEPTION
+    except LoglakeError as exc:
+        return error_code(exc)
+    return NONE
+
+
+def _id_to_name(ctx: Any) -> dict[uuid.UUID, str]:
+    return {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
+
+
+async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    version = req.api_version
+    allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
+    topics: list[dict[str, Any]] = []
+    if body.topics is None or (version == 0 and not body.topics):
+        names = [t.name for t in ctx.engine.topics()]
+        topics = [_topic_entry(ctx, n) for n in names]
+    else:
+        by_id = None
+        for requested in body.topics:
+            name = requested.name
+            topic_id = getattr(requested, "topic_id", None)
+            if not name and topic_id is not None and topic_id.int != 0:
+                by_id = by_id or _id_to_name(ctx)
+                name = by_id.get(topic_id)
+                if name is None:
+                    topics.append({"error_code": UNKNOWN_TOPIC_ID, "name": None, "topic_id": topic_id, "partitions": []})
+                    continue
+            code = NONE
+            if not ctx.engine.has_topic(name):
+                code = await ensure_topic(ctx, name) if allow_create else UNKNOWN_TOPIC_OR_PARTITION
+            if code != NONE:
+                topics.append({"error_code": code, "name": name, "partitions": []})
+            else:
+                topics.append(_topic_entry(ctx, name))
+    return {
+        "throttle_time_ms": 0,
+        "brokers": [{"node_id": ctx.node_id, "host": ctx.advertised_host, "port": ctx.advertised_port, "rack": None}],
+        "cluster_id": ctx.engine.cluster_id,
+        "controller_id": ctx.node_id,
+        "topics": topics,
+        "error_code": NONE,
+    }

@@ -1,0 +1,89 @@
+"""Produce (0): batches are validated (header, size, CRC) and appended without decoding records.
+
+acks=0 gets no response; acks=1 and acks=-1 both wait for the topic's durability class (there
+are no followers, so "all in-sync replicas" is this broker's WAL). Appends of one connection
+happen in arrival order (the connection's append lock); durability waits overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from typing import Any
+
+from loglake.broker.handlers.errors import (
+    INVALID_REQUIRED_ACKS,
+    NONE,
+    REQUEST_TIMED_OUT,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    error_code,
+)
+from loglake.broker.protocol import DecodedRequest
+from loglake.engine.types import AppendResult
+from loglake.errors import LoglakeError
+
+
+def _partition_response(index: int, code: int, result: AppendResult | None, message: str | None = None) -> dict[str, Any]:
+    return {
+        "index": index,
+        "error_code": code,
+        "base_offset": result.base_offset if result else -1,
+        "log_append_time_ms": result.log_append_time if result else -1,
+        "log_start_offset": result.log_start_offset if result else -1,
+        "record_errors": [],
+        "error_message": message,
+    }
+
+
+async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    engine = ctx.engine
+    pending: list[tuple[str, int, Future[AppendResult] | None, int, str | None]] = []
+    refuse = NONE
+    if body.acks not in (-1, 0, 1):
+        refuse = INVALID_REQUIRED_ACKS
+    elif body.transactional_id:
+        refuse = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    pool = engine.memory_pool
+    async with conn.append_lock:
+        for topic in body.topic_data:
+            name = topic.name
+            for part in topic.partition_data:
+                if refuse != NONE:
+                    pending.append((name, part.index, None, refuse, None))
+                    continue
+                if part.records is None or not engine.has_topic(name):
+                    code = UNKNOWN_TOPIC_OR_PARTITION if not engine.has_topic(name) else NONE
+                    pending.append((name, part.index, None, code, None))
+                    continue
+                data = bytearray(part.records)
+                try:
+                    if pool.used_bytes >= pool.pressure_bytes:
+                        # The append may have to wait for memory: not on the event loop.
+                        fut = await ctx.off_loop(engine.append_batch, name, part.index, data)
+                    else:
+                        fut = engine.append_batch(name, part.index, data)
+                    pending.append((name, part.index, fut, NONE, None))
+                except LoglakeError as exc:
+                    pending.append((name, part.index, None, error_code(exc), str(exc)))
+    if body.acks == 0:
+        return None
+    waits = [asyncio.wrap_future(f) for _n, _p, f, _c, _m in pending if f is not None]
+    if waits:
+        await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
+    responses: dict[str, list[dict[str, Any]]] = {}
+    for name, index, fut, code, message in pending:
+        result = None
+        if fut is not None:
+            if not fut.done():
+                code, message = REQUEST_TIMED_OUT, "not durable within timeout_ms"
+            elif (failure := fut.exception()) is not None:
+                code, message = error_code(failure), str(failure)
+            else:
+                result = fut.result()
+        responses.setdefault(name, []).append(_partition_response(index, code, result, message))
+    return {
+        "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
+        "throttle_time_ms": 0,
+    }

@@ -1,0 +1,336 @@
+"""The asyncio shell around the sans-IO protocol codec.
+
+Theory of operation
+-------------------
+One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
+enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
+handler task for it at once; the task goes into a bounded queue (`max_inflight_per_connection`,
+so a client that pipelines without reading stops being read). A writer loop takes tasks from
+the queue in arrival order and writes each response when its task is done — requests are
+answered in order while their work (fsync waits, long-poll fetches) overlaps.
+
+Produce requests of one connection append in arrival order: the produce handler takes the
+connection's `append_lock` while it hands batches to the engine and releases it before waiting
+for durability.
+
+Anything a client sends that cannot be answered (a frame over the limit, garbage, an unknown API
+key, an unsupported version of anything but ApiVersions) closes that connection with a log line
+that says why; the broker and every other connection go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.config import BrokerConfig, parse_host_port
+from loglake.broker.context import BrokerContext
+from loglake.broker.handlers import HANDLERS, api_name
+from loglake.broker.metrics import Metrics, serve_metrics
+from loglake.broker.protocol import (
+    DecodedRequest,
+    FrameDecoder,
+    FrameTooLargeError,
+    MalformedRequestError,
+    ProtocolError,
+    UnknownApiError,
+    UnsupportedVersionError,
+    encode_response,
+    encode_unsupported_api_versions,
+)
+from loglake.engine import Engine, EngineConfig
+from loglake.engine.types import FileRange
+
+log = logging.getLogger("loglake.broker")
+
+#: Bytes read from a socket per call.
+READ_CHUNK_BYTES = 256 * 1024
+#: How long shutdown waits for in-flight requests before closing connections anyway.
+SHUTDOWN_GRACE_S = 10.0
+API_VERSIONS = 18
+
+Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
+
+
+class Connection:
+    def __init__(
+        self, server: BrokerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.ctx = server.ctx
+        self.reader = reader
+        self.writer = writer
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.append_lock = asyncio.Lock()
+        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any]] | None] = asyncio.Queue(
+            self.ctx.config.max_inflight_per_connection
+        )
+        self.busy = 0  # requests being handled (shutdown waits for these)
+        self.closing = False
+
+    async def run(self) -> None:
+        writer_task = asyncio.create_task(self._write_loop())
+        decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        idle_s = self.ctx.config.idle_timeout_ms / 1000.0
+        try:
+            while not self.closing:
+                try:
+                    data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
+                except TimeoutError:
+                    log.info("closing %s: idle for %.0f s", self.peer, idle_s)
+                    break
+                if not data:
+                    break
+                self.ctx.metrics.bytes_in += len(data)
+                try:
+                    frames = decoder.feed(data)
+                except FrameTooLargeError as exc:
+                    self._protocol_error("frame_too_large", exc)
+                    break
+                stop = False
+                for frame in frames:
+                    if not await self._dispatch(frame):
+                        stop = True
+                        break
+                if stop:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            await self._queue.put(None)
+            try:
+                await writer_task
+            finally:
+                self._close_transport()
+
+    async def _dispatch(self, frame: bytes | bytearray | memoryview) -> bool:
+        """Decode one frame and queue its handling; False when the connection must close."""
+        try:
+            req = decode_request(frame)
+        except UnsupportedVersionError as exc:
+            if exc.api_key == API_VERSIONS:
+                # KIP-511: answer with a v0 body listing what we support; the client retries.
+                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                done.set_result([encode_unsupported_api_versions(exc.correlation_id)])
+                await self._queue.put((None, done))
+                return True
+            self._protocol_error("unsupported_version", exc)
+            return False
+        except (UnknownApiError, MalformedRequestError, ProtocolError) as exc:
+            self._protocol_error(type(exc).__name__, exc)
+            return False
+        task = asyncio.ensure_future(self._handle(req))
+        await self._queue.put((req, task))
+        return True
+
+    async def _handle(self, req: DecodedRequest) -> list[Any] | None:
+        handler = HANDLERS.get(req.api_key)
+        name = api_name(req.api_key)
+        started = time.perf_counter()
+        self.busy += 1
+        try:
+            if handler is None:  # advertised nowhere, so a client should not send it
+                raise UnknownApiError(req.api_key, req.correlation_id)
+            response = await handler(self.ctx, self, req)
+            if response is None or not req.expects_response:
+                return None
+            return encode_response(req, response)
+        finally:
+            self.busy -= 1
+            self.ctx.metrics.observe(name, time.perf_counter() - started)
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            req, task = item
+            try:
+                buffers = await task
+            except Exception as exc:
+                what = f"{api_name(req.api_key)} v{req.api_version}" if req else "request"
+                log.exception("closing %s: handling %s failed: %s", self.peer, what, exc)
+                self.closing = True
+                self._drain_queue()
+                return
+            if not buffers:
+                continue
+            try:
+                for buf in buffers:
+                    if isinstance(buf, FileRange) or hasattr(buf, "path"):
+                        await self.writer.drain()
+                        with open(buf.path, "rb") as fh:
+                            await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                        self.ctx.metrics.bytes_out += buf.length
+                    else:
+                        self.writer.write(buf)
+                        self.ctx.metrics.bytes_out += len(buf)
+                await self.writer.drain()
+            except (ConnectionError, OSError) as exc:
+                log.info("closing %s: write failed: %s", self.peer, exc)
+                self.closing = True
+                self._drain_queue()
+                return
+
+    def _drain_queue(self) -> None:
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                item[1].cancel()
+
+    def _protocol_error(self, kind: str, exc: BaseException) -> None:
+        self.ctx.metrics.protocol_errors[kind] += 1
+        log.warning("closing %s: %s", self.peer, exc)
+
+    def _close_transport(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:  # already closed by the peer
+            pass
+
+
+def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
+    from loglake.broker.protocol import decode_request as decode
+
+    return decode(frame)
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.engine: Engine | None = None
+        self.ctx: BrokerContext
+        self._server: asyncio.Server | None = None
+        self._metrics_server: asyncio.Server | None = None
+        self._connections: set[Connection] = set()
+        self.metrics = Metrics()
+        self.host = ""
+        self.port = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine_options = dict(self.config.engine)
+        topic_defaults = {**engine_options.pop("topic_defaults", {}), **self.config.topic_defaults}
+        engine = Engine(self.config.data_dir, EngineConfig.from_kwargs(**engine_options, topic_defaults=topic_defaults))
+        if self.config.metrics_listen:
+            # Health endpoints answer during recovery (readyz: 503 until it is done).
+            mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
+            self._metrics_server = await serve_metrics(
+                mhost,
+                mport,
+                lambda: self.metrics.render(self.engine, getattr(self.ctx, "coordinator", None))
+                if self.engine is not None and self.metrics.ready
+                else "loglake_ready 0\n",
+                lambda: self.metrics.ready,
+            )
+        report = await loop.run_in_executor(None, engine.open)
+        self.engine = engine
+        del report  # the engine logs its own recovery summary
+        host, port = parse_host_port(self.config.listen, "--listen")
+        self._server = await asyncio.start_server(self._on_connection, host, port, limit=READ_CHUNK_BYTES)
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        adv_host, adv_port = self.host, self.port
+        if self.config.advertised_listener:
+            adv_host, adv_port = parse_host_port(self.config.advertised_listener, "--advertised-listener")
+            if adv_port == 0:
+                adv_port = self.port
+        if adv_host in ("0.0.0.0", "::"):
+            adv_host = "127.0.0.1"
+        self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        self.ctx.coordinator = self._make_coordinator(engine)
+        self.metrics.ready = True
+        if self.config.port_file:
+            tmp = f"{self.config.port_file}.tmp"
+            with open(tmp, "w") as fh:
+                fh.write(f"{self.port}\n")
+            os.replace(tmp, self.config.port_file)
+
+    def _make_coordinator(self, engine: Engine) -> Any:
+        try:
+            groups: Any = importlib.import_module("loglake.broker.groups")
+        except ModuleNotFoundError:
+            log.warning("consumer groups are not available in this build")
+            return None
+        return groups.GroupCoordinator(
+            groups.EngineOffsetsStore(engine),
+            initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms=self.config.group_min_session_timeout_ms,
+            max_session_timeout_ms=self.config.group_max_session_timeout_ms,
+        )
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._connections) >= self.config.max_connections:
+            self.metrics.connections_rejected += 1
+            log.warning("refusing connection: %d connections open (max_connections)", len(self._connections))
+            writer.close()
+            return
+        conn = Connection(self, reader, writer)
+        self._connections.add(conn)
+        self.metrics.connections_open += 1
+        self.metrics.connections_total += 1
+        try:
+            await conn.run()
+        except Exception:
+            log.exception("connection %s failed", conn.peer)
+        finally:
+            self._connections.discard(conn)
+            self.metrics.connections_open -= 1
+
+    async def shutdown(self) -> None:
+        """Stop accepting, let in-flight requests finish, then seal, snapshot and release."""
+        log.info("shutting down: %d connections open", len(self._connections))
+        self.metrics.ready = False
+        if self._server is not None:
+            self._server.close()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while any(c.busy for c in self._connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self._connections):
+            conn.closing = True
+            conn._close_transport()
+        coordinator = getattr(getattr(self, "ctx", None), "coordinator", None)
+        if coordinator is not None:
+            coordinator.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        if self.engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+        if hasattr(self, "ctx"):
+            self.ctx.executor.shutdown(wait=False)
+        log.info("shutdown complete")
+
+
+def run_server(config: BrokerConfig, on_listening: Callable[[str, int], None] | None = None) -> int:
+    """Run the broker until SIGTERM/SIGINT; returns the process exit code."""
+    import signal
+
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def main() -> int:
+        server = BrokerServer(config)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await server.start()
+        if on_listening is not None:
+            on_listening(server.host, server.port)
+        await stop.wait()
+        await server.shutdown()
+        return 0
+
+    return asyncio.run(main())

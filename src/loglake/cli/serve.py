@@ -1,0 +1,53 @@
+"""`loglake serve`: the Kafka wire-protocol broker."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from loglake.broker.config import BrokerConfig
+
+
+def serve(
+    data_dir: Annotated[
+        str | None, typer.Option("--data-dir", "-d", help="Data directory (env LOGLAKE_DATA_DIR; default ./loglake-data).")
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="HOST:PORT to accept Kafka clients on; port 0 picks a free one.")
+    ] = None,
+    advertised_listener: Annotated[
+        str | None, typer.Option("--advertised-listener", help="HOST:PORT put in Metadata (default: the listen address).")
+    ] = None,
+    port_file: Annotated[str | None, typer.Option("--port-file", help="Write the listening port to this file.")] = None,
+    metrics_listen: Annotated[
+        str | None, typer.Option("--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz.")
+    ] = None,
+    config_file: Annotated[str | None, typer.Option("--config", help="TOML file with broker settings.")] = None,
+    auto_create_topics: Annotated[
+        bool | None, typer.Option("--auto-create-topics/--no-auto-create-topics", help="Create topics on Metadata requests.")
+    ] = None,
+    default_partitions: Annotated[
+        int | None, typer.Option("--default-partitions", help="Partitions of auto-created topics.")
+    ] = None,
+) -> None:
+    """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, snapshot and exit 0)."""
+    from loglake.broker.server import run_server
+
+    config = BrokerConfig.load(
+        config_file,
+        data_dir=data_dir,
+        listen=listen,
+        advertised_listener=advertised_listener,
+        port_file=port_file,
+        metrics_listen=metrics_listen,
+        auto_create_topics=auto_create_topics,
+        default_partitions=default_partitions,
+    )
+
+    def announce(host: str, port: int) -> None:
+        print(f"loglake listening on {host}:{port}", flush=True)
+
+    code = run_server(config, announce)
+    sys.exit(code)
