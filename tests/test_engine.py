@@ -361,3 +361,22 @@ def test_idempotent_producer_duplicates_and_gaps(tmp_path: Path) -> None:
         again = engine.append_batch("t", 0, _idempotent_batch(pid, 1, 0, [b"d"])).result()
         assert again.base_offset == 3 and engine.partition_info("t", 0).next_offset == 4
         assert engine.allocate_producer_id() == pid + 2
+
+
+def test_delete_records_moves_log_start_durably(tmp_path: Path) -> None:
+    with open_engine(tmp_path) as engine:
+        engine.create_topic("t", 1)
+        append(engine, "t", 0, [b"a", b"b", b"c"])
+        engine.flush()
+        append(engine, "t", 0, [b"d", b"e"])
+        assert engine.delete_records("t", 0, 3) == 3
+        assert engine.partition_info("t", 0).segments == 0  # [0, 3) was one whole segment
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.read("t", 0, 2, 100)
+        with pytest.raises(OffsetOutOfRangeError):
+            engine.delete_records("t", 0, 99)
+        assert engine.delete_records("t", 0, 1) == 3  # never moves backwards
+    with open_engine(tmp_path) as engine:
+        assert engine.partition_info("t", 0).log_start_offset == 3
+        assert [v for _o, _k, v in read_all(engine, "t")[0]] == [b"d", b"e"]
+        assert engine.delete_records("t", 0, -1) == 5

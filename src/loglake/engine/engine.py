@@ -352,6 +352,34 @@ class Engine:
                 p.buffer_bytes,
             )
 
+    def delete_records(self, name: str, partition: int, offset: int) -> int:
+        """Kafka DeleteRecords: raise the log start offset to `offset` (-1 = high watermark).
+
+        Durable (snapshot) before it returns; whole segments below the new start are deleted.
+        Returns the new log start offset (the "low watermark").
+        """
+        self._check_open()
+        p = self._partition(name, partition)
+        with p.lock:
+            hw = p.high_watermark
+            target = hw if offset == -1 else offset
+            if not 0 <= target <= hw:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records of {name}-{partition} below {offset}: high watermark is {hw}",
+                    log_start_offset=p.log_start_offset,
+                    high_watermark=hw,
+                )
+            if target <= p.log_start_offset:
+                return p.log_start_offset
+            p.log_start_offset = target
+            doomed = [s for s in p.segments if s.end_offset <= target]
+            p.segments = [s for s in p.segments if s.end_offset > target]
+        self.write_snapshot()
+        for seg in doomed:
+            self._forget_index(seg.key)
+            self._delete_segment_object(seg.key)
+        return target
+
     def segments(self, name: str, partition: int) -> list[SegmentRef]:
         p = self._partition(name, partition)
         with p.lock:

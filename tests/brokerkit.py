@@ -1,0 +1,94 @@
+"""Run the real broker (`loglake serve`) as a child process on 127.0.0.1 with a random port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+#: How long a broker may take to print its listening line.
+START_TIMEOUT_S = 30.0
+
+
+class Broker:
+    def __init__(self, data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.extra_args = list(extra_args or [])
+        self.env = env
+        self.proc: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Broker:
+        port_file = self.data_dir.parent / f"{self.data_dir.name}.port"
+        if port_file.exists():
+            port_file.unlink()
+        log = open(self.log_path, "a")  # noqa: SIM115 - closed with the process
+        cmd = [
+            sys.executable,
+            "-m",
+            "loglake.cli.main",
+            "--log-level",
+            "INFO",
+            "serve",
+            "--data-dir",
+            str(self.data_dir),
+            "--listen",
+            "127.0.0.1:0",
+            "--port-file",
+            str(port_file),
+            *self.extra_args,
+        ]
+        env = {**os.environ, **(self.env or {})}
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        line = ""
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("loglake listening on "):
+                self.port = int(line.rsplit(":", 1)[1])
+                return self
+            if self.proc.poll() is not None:
+                break
+        raise RuntimeError(f"broker did not start: {line!r}; log:\n{self.log_path.read_text()[-4000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Stop the broker (SIGTERM: graceful; SIGKILL: crash). Returns its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+    def restart(self) -> Broker:
+        self.stop()
+        return self.start()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+@contextmanager
+def running_broker(data_dir: Path, extra_args: list[str] | None = None) -> Iterator[Broker]:
+    broker = Broker(data_dir, extra_args).start()
+    try:
+        yield broker
+    finally:
+        if broker.proc is not None and broker.proc.poll() is None:
+            broker.stop()
