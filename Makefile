@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+LISTEN ?= 127.0.0.1:9092
+
 run: venv
-	$(BIN)/loglake demo --data-dir $(DATA_DIR)
+	$(BIN)/loglake serve --data-dir $(DATA_DIR) --listen $(LISTEN)
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks

@@ -30,7 +30,7 @@ from typing import Any
 
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
-from loglake.broker.handlers import HANDLERS, api_name
+from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import Metrics, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
@@ -117,7 +117,7 @@ class Connection:
             if exc.api_key == API_VERSIONS:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                done.set_result([encode_unsupported_api_versions(exc.correlation_id)])
+                done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
                 await self._queue.put((None, done))
                 return True
             self._protocol_error("unsupported_version", exc)
@@ -199,7 +199,7 @@ class Connection:
 def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
     from loglake.broker.protocol import decode_request as decode
 
-    return decode(frame)
+    return decode(frame, ADVERTISED)
 
 
 class BrokerServer:

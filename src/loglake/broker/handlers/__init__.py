@@ -8,7 +8,7 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.protocol.versions import SUPPORTED
+from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, VersionTable
 
 HANDLERS: dict[int, Callable[..., Awaitable[Any]]] = {}
 
@@ -51,3 +51,6 @@ def _register() -> None:
 
 
 _register()
+
+#: What ApiVersions advertises and the decoder accepts: only APIs that have a handler.
+ADVERTISED: VersionTable = DEFAULT_TABLE.without(*(key for key in SUPPORTED if key not in HANDLERS))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.protocol import DEFAULT_TABLE, DecodedRequest, api_versions_body
+from loglake.broker.protocol import DecodedRequest, api_versions_body
 
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    return api_versions_body(DEFAULT_TABLE, req.api_version)
+    from loglake.broker.handlers import ADVERTISED  # built after every handler registered
+
+    return api_versions_body(ADVERTISED, req.api_version)
