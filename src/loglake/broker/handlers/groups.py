@@ -1,0 +1,254 @@
+"""Consumer-group APIs: JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13),
+OffsetCommit (8), OffsetFetch (9), ListGroups (16), DescribeGroups (15), DeleteGroups (42).
+
+Thin translations between the wire and `loglake.broker.groups.GroupCoordinator`, which holds
+the state machine; it runs on the event loop, so handlers call it directly. An OffsetCommit
+answers only once the offsets are durable (the coordinator saves them in a metadata snapshot).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE
+from loglake.broker.protocol import DecodedRequest
+
+#: Authorized-operations value meaning "not requested / not computed".
+AUTHORIZED_OPERATIONS_OMITTED = -2147483648
+
+
+def _client_host(conn: Any) -> str:
+    return "/" + str(conn.peer).rsplit(":", 1)[0]
+
+
+async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    coordinator = ctx.coordinator
+    if coordinator is None:
+        return {"error_code": COORDINATOR_NOT_AVAILABLE, "generation_id": -1, "member_id": body.member_id}
+    version = req.api_version
+    result = await coordinator.join_group(
+        body.group_id,
+        body.member_id,
+        getattr(body, "group_instance_id", None) if version >= 5 else None,
+        body.protocol_type,
+        [(p.name, bytes(p.metadata)) for p in body.protocols],
+        body.session_timeout_ms,
+        body.rebalance_timeout_ms if version >= 1 else body.session_timeout_ms,
+        req.client_id or "",
+        _client_host(conn),
+        require_known_member_id=version >= 4,
+        supports_skip_assignment=version >= 9,
+        reason=getattr(body, "reason", None) if version >= 8 else None,
+    )
+    protocol_type = result.protocol_type
+    return {
+        "throttle_time_ms": 0,
+        "error_code": result.error_code,
+        "generation_id": result.generation_id,
+        "protocol_type": protocol_type,
+        "protocol_name": result.protocol_name if (result.protocol_name is not None or version >= 7) else "",
+        "leader": result.leader_id,
+        "skip_assignment": result.skip_assignment,
+        "member_id": result.member_id,
+        "members": [
+            {"member_id": m, "group_instance_id": instance, "metadata": metadata}
+            for m, instance, metadata in result.members
+        ],
+    }
+
+
+async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    if ctx.coordinator is None:
+        return {"error_code": COORDINATOR_NOT_AVAILABLE, "assignment": b""}
+    version = req.api_version
+    result = await ctx.coordinator.sync_group(
+        body.group_id,
+        body.generation_id,
+        body.member_id,
+        body.group_instance_id if version >= 3 else None,
+        body.protocol_type if version >= 5 else None,
+        body.protocol_name if version >= 5 else None,
+        [(a.member_id, bytes(a.assignment)) for a in body.assignments],
+    )
+    return {
+        "throttle_time_ms": 0,
+        "error_code": result.error_code,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name,
+        "assignment": result.assignment,
+    }
+
+
+async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    if ctx.coordinator is None:
+        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE}
+    code = ctx.coordinator.heartbeat(
+        body.group_id,
+        body.generation_id,
+        body.member_id,
+        body.group_instance_id if req.api_version >= 3 else None,
+    )
+    return {"throttle_time_ms": 0, "error_code": code}
+
+
+async def leave_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    if ctx.coordinator is None:
+        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "members": []}
+    if req.api_version >= 3:
+        members = [(m.member_id, m.group_instance_id) for m in body.members]
+    else:
+        members = [(body.member_id, None)]
+    code, results = ctx.coordinator.leave_group(body.group_id, members)
+    if req.api_version < 3:
+        if code == NONE and results:
+            code = results[0][2]  # v0-2 answer with the one member's error
+        return {"throttle_time_ms": 0, "error_code": code}
+    return {
+        "throttle_time_ms": 0,
+        "error_code": code,
+        "members": [
+            {"member_id": m, "group_instance_id": instance, "error_code": err} for m, instance, err in results
+        ],
+    }
+
+
+async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    version = req.api_version
+    items: list[tuple[str, int, int, int, str | None]] = []
+    for topic in body.topics:
+        for p in topic.partitions:
+            epoch = p.committed_leader_epoch if version >= 6 else -1
+            items.append((topic.name, p.partition_index, p.committed_offset, epoch, p.committed_metadata))
+    if ctx.coordinator is None:
+        results = [(t, p, COORDINATOR_NOT_AVAILABLE) for t, p, *_ in items]
+    else:
+        engine = ctx.engine
+
+        def topic_exists(name: str, partition: int) -> bool:
+            return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
+
+        generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
+        results = ctx.coordinator.commit_offsets(
+            body.group_id,
+            generation,
+            body.member_id,
+            body.group_instance_id if version >= 7 else None,
+            items,
+            topic_exists=topic_exists,
+        )
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for name, partition, code in results:
+        by_topic.setdefault(name, []).append({"partition_index": partition, "error_code": code})
+    return {
+        "throttle_time_ms": 0,
+        "topics": [{"name": name, "partitions": parts} for name, parts in by_topic.items()],
+    }
+
+
+def _fetch_group(ctx: Any, group_id: str, topics: Any) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
+    if ctx.coordinator is None:
+        return COORDINATOR_NOT_AVAILABLE, []
+    wanted = None
+    if topics is not None:
+        wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
+    code, items = ctx.coordinator.fetch_offsets(group_id, wanted)
+    return int(code), list(items)
+
+
+def _group_topics(items: list[tuple[str, int, int, int, str, int]], version: int) -> list[dict[str, Any]]:
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for name, partition, offset, epoch, metadata, code in items:
+        by_topic.setdefault(name, []).append(
+            {
+                "partition_index": partition,
+                "committed_offset": offset,
+                "committed_leader_epoch": epoch,
+                "metadata": metadata,
+                "error_code": code,
+            }
+        )
+    return [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
+
+
+async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    version = req.api_version
+    if version >= 8:
+        groups = []
+        for group in body.groups:
+            code, items = _fetch_group(ctx, group.group_id, group.topics)
+            groups.append({"group_id": group.group_id, "topics": _group_topics(items, version), "error_code": code})
+        return {"throttle_time_ms": 0, "groups": groups}
+    code, items = _fetch_group(ctx, body.group_id, body.topics)
+    return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
+
+
+async def list_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    if ctx.coordinator is None:
+        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "groups": []}
+    states = list(req.body.states_filter or []) if req.api_version >= 4 else None
+    types = list(req.body.types_filter or []) if req.api_version >= 5 else []
+    groups = []
+    for group_id, protocol_type, state in ctx.coordinator.list_groups(states or None):
+        if types and "classic" not in [t.lower() for t in types]:
+            continue
+        groups.append({"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": "classic"})
+    return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
+
+
+async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    out = []
+    for group_id in req.body.groups:
+        if ctx.coordinator is None:
+            out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id, "members": []})
+            continue
+        d = ctx.coordinator.describe_group(group_id)
+        out.append(
+            {
+                "error_code": d.error_code,
+                "error_message": None,
+                "group_id": d.group_id,
+                "group_state": d.state,
+                "protocol_type": d.protocol_type,
+                "protocol_data": d.protocol,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "group_instance_id": m.group_instance_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "member_metadata": m.metadata,
+                        "member_assignment": m.assignment,
+                    }
+                    for m in d.members
+                ],
+            }
+        )
+    return {"throttle_time_ms": 0, "groups": out}
+
+
+async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    names = list(req.body.groups_names)
+    if ctx.coordinator is None:
+        results = [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
+    else:
+        results = ctx.coordinator.delete_groups(names)
+    return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
+
+
+HANDLERS = {
+    8: offset_commit,
+    9: offset_fetch,
+    11: join_group,
+    12: heartbeat,
+    13: leave_group,
+    14: sync_group,
+    15: describe_groups,
+    16: list_groups,
+    42: delete_groups,
+}
