@@ -31,6 +31,7 @@ from loglake.engine.config import (
 )
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
+from loglake.engine.published import encode_published, meta_key
 from loglake.engine.types import (
     AppendResult,
     Chunk,
@@ -124,6 +125,8 @@ class Engine:
         self._cluster_id = ""
         self._extra_meta: dict[str, Any] = {}  # owned by upper layers (consumer groups)
         self._meta_dirty = threading.Event()
+        self._unpublished: tuple[dict[str, Any], int] | None = None  # snapshot not yet in the store
+        self._publish_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()
         self._seal_pool: ThreadPoolExecutor | None = None
         self._maintenance: threading.Thread | None = None
@@ -881,6 +884,7 @@ class Engine:
                     pass
         self.write_snapshot()
         self._truncate_wal()
+        self.publish_metadata()
 
     # ==== snapshots and WAL truncation ==============================================================
 
@@ -922,7 +926,21 @@ class Engine:
             seq = self._snapshots.write(payload)
             for p, sealed_end in captured:
                 p.snapshot_sealed_end = max(p.snapshot_sealed_end, sealed_end)
+            self._unpublished = (payload, seq)
             return seq
+
+    def publish_metadata(self) -> bool:
+        """Copy the newest snapshot's metadata into the segment store (meta.json), if changed."""
+        with self._publish_lock:
+            pending = self._unpublished
+            if pending is None:
+                return False
+            payload, seq = pending
+            data = encode_published(payload, seq, int(self._clock() * 1000))
+            self.store.put(meta_key(self._cluster_id), [data])
+            if self._unpublished is pending:
+                self._unpublished = None
+            return True
 
     def _truncate_wal(self) -> int:
         """Delete WAL files whose frames are all in segments named by a durable snapshot."""
@@ -985,6 +1003,8 @@ class Engine:
         if self._meta_dirty.is_set():
             self.write_snapshot()
             self._truncate_wal()
+        if self._unpublished is not None:
+            self.publish_metadata()
 
     def _schedule_full_seal(self, p: Partition) -> None:
         if self._seal_pool is None or p.seal_scheduled:
