@@ -318,12 +318,20 @@ def open(
     *,
     fs: FileSystem | None = None,
     store: ObjectStore | None = None,
+    cold_store: str | ObjectStore | None = None,
     auto_create_topics: bool = True,
     default_partitions: int = 1,
     **config: Any,
 ) -> Log:
-    """Open (or create) a loglake data directory and recover it. Options are EngineConfig fields."""
+    """Open (or create) a loglake data directory and recover it. Options are EngineConfig fields.
+
+    `cold_store` (a URL such as ``s3://bucket/prefix`` or ``file:///path``, or an ObjectStore)
+    turns on tiering: sealed segments past the topic's hot.retain.* bounds move there.
+    """
+    if isinstance(cold_store, str):
+        config["cold_store_url"] = cold_store
+        cold_store = None
     engine_config = EngineConfig.from_kwargs(**config)
-    engine = Engine(path, engine_config, fs=fs, store=store)
+    engine = Engine(path, engine_config, fs=fs, store=store, cold_store=cold_store)
     engine.open()
     return Log(engine, auto_create_topics=auto_create_topics, default_partitions=default_partitions)

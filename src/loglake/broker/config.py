@@ -37,6 +37,7 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
 @dataclass
 class BrokerConfig:
     data_dir: str = "./loglake-data"
+    cold_store: str | None = None
     listen: str = "127.0.0.1:9092"
     advertised_listener: str | None = None
     port_file: str | None = None

@@ -218,6 +218,8 @@ class BrokerServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         engine_options = dict(self.config.engine)
+        if self.config.cold_store:
+            engine_options["cold_store_url"] = self.config.cold_store
         topic_defaults = {**engine_options.pop("topic_defaults", {}), **self.config.topic_defaults}
         engine = Engine(self.config.data_dir, EngineConfig.from_kwargs(**engine_options, topic_defaults=topic_defaults))
         if self.config.metrics_listen:

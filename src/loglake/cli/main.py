@@ -119,10 +119,14 @@ def configure_logging(level: int) -> None:
 def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    cold_store: Annotated[
+        str | None, typer.Option("--cold-store", help="Cold store URL: also walk the segments held there.")
+    ] = None,
 ) -> None:
     """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one."""
     console = stderr_console()
-    with open_log(data_dir, must_exist=True) as log, Progress(
+    options = {"cold_store": cold_store} if cold_store else {}
+    with open_log(data_dir, must_exist=True, **options) as log, Progress(
         TextColumn("verifying"),
         BarColumn(),
         DownloadColumn(),

@@ -14,6 +14,9 @@ def serve(
     data_dir: Annotated[
         str | None, typer.Option("--data-dir", "-d", help="Data directory (env LOGLAKE_DATA_DIR; default ./loglake-data).")
     ] = None,
+    cold_store: Annotated[
+        str | None, typer.Option("--cold-store", help="Cold store URL (file:///path or s3://bucket/prefix?...): enables tiering.")
+    ] = None,
     listen: Annotated[
         str | None, typer.Option("--listen", help="HOST:PORT to accept Kafka clients on; port 0 picks a free one.")
     ] = None,
@@ -38,6 +41,7 @@ def serve(
     config = BrokerConfig.load(
         config_file,
         data_dir=data_dir,
+        cold_store=cold_store,
         listen=listen,
         advertised_listener=advertised_listener,
         port_file=port_file,

@@ -56,6 +56,10 @@ _TOPIC_CONFIGS: dict[str, tuple[str, str]] = {
     "delete.retention.ms": ("86400000", "long:0"),
     "min.insync.replicas": ("1", "int:1:1"),
     "durability": ("fsync", "enum:fsync|disk|memory|ephemeral"),
+    # Tiering (with a cold store): keep this many newest sealed segments on local disk...
+    "hot.retain.segments": ("4", "int:0:1000000"),
+    # ...and at most this many bytes of them (0 = no byte bound); the stricter bound wins.
+    "hot.retain.bytes": ("0", "long:0"),
 }
 
 TOPIC_CONFIG_NAMES = tuple(_TOPIC_CONFIGS)
@@ -108,6 +112,8 @@ class TopicConfig:
     log_append_time: bool
     delete_retention_ms: int
     durability: Durability
+    hot_retain_segments: int = 4
+    hot_retain_bytes: int = 0
     overrides: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -132,6 +138,8 @@ class TopicConfig:
             log_append_time=merged["message.timestamp.type"] == "LogAppendTime",
             delete_retention_ms=merged["delete.retention.ms"],
             durability=Durability.parse(merged["durability"]),
+            hot_retain_segments=merged["hot.retain.segments"],
+            hot_retain_bytes=merged["hot.retain.bytes"],
             overrides={k: str(v) for k, v in overrides.items()},
         )
 
@@ -176,6 +184,20 @@ class EngineConfig:
     hot_store_url: str | None = None
     #: Segment read cache of parsed indexes (entries), bounded.
     segment_index_cache_entries: int = 4096
+    #: Cold store URL (file:///path, s3://bucket/prefix?...); None = no tiering.
+    cold_store_url: str | None = None
+    #: Bytes of cold segment ranges cached in memory (LRU).
+    cold_range_cache_bytes: int = 256 * 1024 * 1024
+    #: Parsed cold segment footers (trailer + index) cached.
+    cold_footer_cache_entries: int = 10_000
+    #: Read-ahead for sequential cold readers (0 = off).
+    cold_read_ahead_segments: int = 1
+    #: Threads for cold reads: a slow bucket only ever ties up these.
+    cold_read_threads: int = 4
+    #: Segments uploaded to the cold store at once.
+    relocation_threads: int = 2
+    #: Wait after a failed upload before that segment is tried again.
+    relocation_retry_ms: int = 5_000
 
     def validate(self) -> None:
         if not 1 <= self.wal_shards <= 64:
@@ -190,6 +212,10 @@ class EngineConfig:
             raise ConfigError("memory_pressure_ratio must be in [0.1, 1.0)")
         if self.seal_threads < 1:
             raise ConfigError("seal_threads must be at least 1")
+        if self.cold_read_threads < 1 or self.relocation_threads < 1:
+            raise ConfigError("cold_read_threads and relocation_threads must be at least 1")
+        if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:
+            raise ConfigError("cold cache sizes and read-ahead must not be negative")
         topic = TopicConfig.parse(None, self.topic_defaults)
         if topic.max_message_bytes > self.memory_budget_bytes // 4:
             raise ConfigError("max.message.bytes must be at most a quarter of memory_budget_bytes")

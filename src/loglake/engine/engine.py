@@ -32,6 +32,7 @@ from loglake.engine.config import (
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.published import encode_published, meta_key
+from loglake.engine.tiering import ColdReader
 from loglake.engine.types import (
     AppendResult,
     Chunk,
@@ -43,11 +44,14 @@ from loglake.engine.types import (
 )
 from loglake.errors import (
     ConfigError,
+    CorruptionError,
     CorruptRecordError,
     EngineClosedError,
     EngineFailedError,
     InvalidPartitionsError,
+    LoglakeError,
     OffsetOutOfRangeError,
+    StorageError,
     TopicExistsError,
     UnknownTopicError,
 )
@@ -102,6 +106,7 @@ class Engine:
         *,
         fs: FileSystem | None = None,
         store: ObjectStore | None = None,
+        cold_store: ObjectStore | None = None,
         clock: Callable[[], float] = time.time,
         start_background: bool = True,
     ) -> None:
@@ -111,6 +116,11 @@ class Engine:
         self.fs = fs or OsFileSystem()
         self._clock = clock
         self._store = store
+        self._cold_store = cold_store
+        self._cold: ColdReader | None = None
+        self._relocation_pool: ThreadPoolExecutor | None = None
+        self._relocating: dict[str, float] = {}  # key -> monotonic time of the last attempt (in flight: inf)
+        self._relocating_lock = threading.Lock()
         self._start_background = start_background
         self._lock = threading.RLock()  # topics map and metadata
         self._topics: dict[str, TopicState] = {}
@@ -146,6 +156,22 @@ class Engine:
         return self._store
 
     @property
+    def cold_store(self) -> ObjectStore | None:
+        return self._cold_store
+
+    @property
+    def cold_reader(self) -> ColdReader | None:
+        return self._cold
+
+    def store_for(self, seg: SegmentRef) -> ObjectStore:
+        """The store holding `seg`'s authoritative copy."""
+        if seg.tier == "cold":
+            if self._cold_store is None:
+                raise StorageError("read", seg.key, "segment is in the cold tier but no cold store is configured")
+            return self._cold_store
+        return self.store
+
+    @property
     def cluster_id(self) -> str:
         return self._cluster_id
 
@@ -167,6 +193,18 @@ class Engine:
                 root = os.path.join(self.data_dir, "segments")
                 self.fs.makedirs(root)
                 self._store = LocalStore(root, self.fs)
+            if self._cold_store is None and self.config.cold_store_url:
+                from loglake.store import open_store
+
+                self._cold_store = open_store(self.config.cold_store_url, self.fs)
+            if self._cold_store is not None:
+                self._cold = ColdReader(
+                    self._cold_store,
+                    range_cache_bytes=self.config.cold_range_cache_bytes,
+                    footer_cache_entries=self.config.cold_footer_cache_entries,
+                    read_ahead_segments=self.config.cold_read_ahead_segments,
+                    threads=self.config.cold_read_threads,
+                )
             report = recover(self)
         except BaseException:
             self._dir_lock.release()
@@ -175,6 +213,10 @@ class Engine:
         self.recovery_report = report
         if self._start_background:
             self._seal_pool = ThreadPoolExecutor(self.config.seal_threads, thread_name_prefix="loglake-seal")
+            if self._cold_store is not None:
+                self._relocation_pool = ThreadPoolExecutor(
+                    self.config.relocation_threads, thread_name_prefix="loglake-upload"
+                )
             self._maintenance = threading.Thread(target=self._maintenance_loop, name="loglake-maint", daemon=True)
             self._maintenance.start()
         log.info("%s", report.summary())
@@ -223,6 +265,10 @@ class Engine:
                 self._maintenance.join()
             if self._seal_pool is not None:
                 self._seal_pool.shutdown(wait=True)
+            if self._relocation_pool is not None:
+                self._relocation_pool.shutdown(wait=True, cancel_futures=True)
+            if self._cold is not None:
+                self._cold.close()
             for shard in self._shards:
                 shard.close()
             for topic in list(self._topics.values()):
@@ -230,6 +276,8 @@ class Engine:
                     p.wake_all()
             if self._store is not None:
                 self._store.close()
+            if self._cold_store is not None:
+                self._cold_store.close()
             self._dir_lock.release()
 
     def __enter__(self) -> Engine:
@@ -298,7 +346,7 @@ class Engine:
             self._pool.release(freed)
             p.wake_all()
             for seg in segments:
-                self._delete_segment_object(seg.key)
+                self._delete_segment_object(seg.key, seg.tier)
         log.info("deleted topic %s", name)
 
     def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
@@ -380,7 +428,7 @@ class Engine:
         self.write_snapshot()
         for seg in doomed:
             self._forget_index(seg.key)
-            self._delete_segment_object(seg.key)
+            self._delete_segment_object(seg.key, seg.tier)
         return target
 
     def segments(self, name: str, partition: int) -> list[SegmentRef]:
@@ -638,8 +686,9 @@ class Engine:
                         high_watermark=hw,
                     )
                 seg = p.segments[seg_i]
+                next_key = p.segments[seg_i + 1].key if seg_i + 1 < len(p.segments) else None
             try:
-                chunks = self._read_segment(seg, offset, max_bytes, file_ranges)
+                chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key)
             except ObjectNotFoundError:
                 self._forget_index(seg.key)
                 continue
@@ -677,6 +726,8 @@ class Engine:
     def _segment_index(self, seg: SegmentRef) -> SegmentIndex:
         if seg.index is not None:
             return seg.index
+        if seg.tier == "cold" and self._cold is not None:
+            return self._cold.footer(seg.key, seg.size)[1]
         with self._index_cache_lock:
             cached = self._index_cache.get(seg.key)
             if cached is not None:
@@ -692,18 +743,59 @@ class Engine:
     def _forget_index(self, key: str) -> None:
         with self._index_cache_lock:
             self._index_cache.pop(key, None)
+        if self._cold is not None:
+            self._cold.forget(key)
 
-    def _read_segment(self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool) -> list[Chunk]:
+    def _get_range(self, seg: SegmentRef, position: int, length: int) -> bytes:
+        if seg.tier == "cold" and self._cold is not None:
+            return self._cold.read_range(seg.key, position, length)
+        return self.store_for(seg).get_range(seg.key, position, length)
+
+    def _read_segment(
+        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None
+    ) -> list[Chunk]:
         index = self._segment_index(seg)
         first = index.find_offset(offset)
         if first is None:
             return []
         position, length, _count = index.byte_range(first, max_bytes)
+        if seg.tier == "cold" and self._cold is not None:
+            data = self._cold.read_range(seg.key, position, length)
+            self._cold.read_ahead(seg.key, position, length, index.data_end, next_key)
+            return [data]
         if file_ranges:
             path = self.store.local_path(seg.key)
             if path is not None:
                 return [FileRange(path, position, length)]
         return [self.store.get_range(seg.key, position, length)]
+
+    def read_async(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+    ) -> Future[ReadResult]:
+        """`read` that never does cold-store I/O on the caller's thread.
+
+        Memory and hot reads are done at once (a completed future); a read of a cold segment runs
+        on the cold-read pool, so a slow bucket never stalls an event loop.
+        """
+        if self._cold is not None:
+            p = self._partition(topic, partition)
+            with p.lock:
+                cold = (
+                    offset < p.high_watermark
+                    and not (p.buffer and offset >= p.buffer[0].base_offset)
+                    and (i := p.segment_find(offset)) is not None
+                    and p.segments[i].tier == "cold"
+                )
+            if cold:
+                return self._cold.submit(  # type: ignore[return-value]
+                    lambda: self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges)
+                )
+        fut: Future[ReadResult] = Future()
+        try:
+            fut.set_result(self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None."""
@@ -719,7 +811,7 @@ class Engine:
             i = index.find_timestamp(timestamp_ms)
             while i is not None and i < len(index):
                 entry = index.entry(i)
-                data = self.store.get_range(seg.key, entry.position, entry.length)
+                data = self._get_range(seg, entry.position, entry.length)
                 found = self._first_at_or_after(data, timestamp_ms, start)
                 if found is not None:
                     return found
@@ -761,7 +853,7 @@ class Engine:
                     for i in range(len(index)):
                         entry = index.entry(i)
                         if entry.max_timestamp == top:
-                            candidates.append((self.store.get_range(seg.key, entry.position, entry.length), 0))
+                            candidates.append((self._get_range(seg, entry.position, entry.length), 0))
                             break
                     break
         for data, pos in candidates:
@@ -937,7 +1029,15 @@ class Engine:
                 return False
             payload, seq = pending
             data = encode_published(payload, seq, int(self._clock() * 1000))
-            self.store.put(meta_key(self._cluster_id), [data])
+            # Best effort: the local snapshot is what makes metadata durable; a store that is
+            # down gets the newest copy on a later tick.
+            try:
+                self.store.put(meta_key(self._cluster_id), [data])
+                if self._cold_store is not None:
+                    self._cold_store.put(meta_key(self._cluster_id), [data])
+            except LoglakeError as exc:
+                log.warning("publishing metadata (seq %d) failed, will retry: %s", seq, exc)
+                return False
             if self._unpublished is pending:
                 self._unpublished = None
             return True
@@ -1000,6 +1100,8 @@ class Engine:
                 self._schedule_full_seal(p)
                 target -= size
         self._apply_retention()
+        if self._relocation_pool is not None:
+            self._schedule_relocations()
         if self._meta_dirty.is_set():
             self.write_snapshot()
             self._truncate_wal()
@@ -1056,13 +1158,112 @@ class Engine:
             self.write_snapshot()  # log start offsets durable before any object goes
             for seg in doomed:
                 self._forget_index(seg.key)
-                self._delete_segment_object(seg.key)
+                self._delete_segment_object(seg.key, seg.tier)
 
-    def _delete_segment_object(self, key: str) -> None:
+    # ==== tiering ===================================================================================
+
+    @staticmethod
+    def _due_for_cold(config: TopicConfig, p: Partition) -> list[SegmentRef]:
+        """Hot segments past hot.retain.segments / hot.retain.bytes, oldest first (stricter wins)."""
+        with p.lock:
+            hot = [s for s in p.segments if s.tier == "hot"]
+        move = hot[: max(0, len(hot) - config.hot_retain_segments)]
+        if config.hot_retain_bytes > 0:
+            total = sum(s.size for s in hot[len(move) :])
+            for seg in hot[len(move) :]:
+                if total <= config.hot_retain_bytes:
+                    break
+                move.append(seg)
+                total -= seg.size
+        return move
+
+    def _schedule_relocations(self) -> None:
+        """Queue uploads of the hot segments that are due for the cold tier."""
+        now = time.monotonic()
+        retry_s = self.config.relocation_retry_ms / 1000.0
+        for topic in list(self._topics.values()):
+            for p in topic.partitions:
+                for seg in self._due_for_cold(topic.config, p):
+                    with self._relocating_lock:
+                        last = self._relocating.get(seg.key)
+                        if last is not None and now - last < retry_s:
+                            continue  # in flight (inf) or failed recently
+                        self._relocating[seg.key] = float("inf")
+                    assert self._relocation_pool is not None
+                    try:
+                        self._relocation_pool.submit(self._relocate, p, seg)
+                    except RuntimeError:  # shutting down
+                        return
+
+    def _relocate(self, p: Partition, seg: SegmentRef) -> None:
+        """upload → verify → record tier=cold durably → delete the hot copy (module docstring of tiering)."""
+        cold = self._cold_store
+        assert cold is not None
         try:
-            self.store.delete(key)
+            data = self.store.get(seg.key)
+            cold.put(seg.key, [data])
+            size = cold.head(seg.key)
+            if size != seg.size:
+                raise CorruptionError(seg.key, 0, f"cold copy has {size} bytes, hot copy {seg.size}")
+            trailer, _index = read_tail(cold, seg.key, size)
+            if trailer.chain_hash != seg.chain_hash or trailer.base_offset != seg.base_offset:
+                raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
+            with p.lock:
+                live = any(s is seg for s in p.segments) and not p.deleted
+                if live:
+                    seg.tier = "cold"
+            if not live:
+                cold.delete(seg.key)  # retention or a delete won the race
+                return
+            self.write_snapshot()  # the authoritative switch
+            self.store.delete(seg.key)
+            self._forget_index(seg.key)
+            log.info("relocated %s (%d bytes) to %s", seg.key, seg.size, cold.url)
+            with self._relocating_lock:
+                self._relocating.pop(seg.key, None)
+        except Exception as exc:
+            # If the failure came after the switch (deleting the hot copy), the segment is cold
+            # and recovery removes the leftover; before it, the segment simply stays hot.
+            log.warning("relocating %s to %s failed (will retry): %s", seg.key, cold.url, exc)
+            with self._relocating_lock:
+                self._relocating[seg.key] = time.monotonic()
+
+    def relocate_due(self) -> int:
+        """Relocate every due segment now, on this thread (tests, tools). Returns how many moved."""
+        if self._cold_store is None:
+            return 0
+        moved = 0
+        for topic in list(self._topics.values()):
+            for p in topic.partitions:
+                for seg in self._due_for_cold(topic.config, p):
+                    self._relocate(p, seg)
+                    moved += seg.tier == "cold"
+        return moved
+
+    def wait_relocations(self, timeout_s: float = 30.0) -> bool:
+        """Relocate what is due now and wait for it (tests and tools). True when nothing is left."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._relocation_pool is None:
+                return True
+            with self._relocating_lock:
+                # failed attempts are retried at once here rather than after relocation_retry_ms
+                self._relocating = {k: v for k, v in self._relocating.items() if v == float("inf")}
+                busy = bool(self._relocating)
+            if not busy and not any(
+                self._due_for_cold(t.config, p) for t in list(self._topics.values()) for p in t.partitions
+            ):
+                return True
+            self._schedule_relocations()
+            time.sleep(0.02)
+        return False
+
+    def _delete_segment_object(self, key: str, tier: str = "hot") -> None:
+        store = self._cold_store if tier == "cold" and self._cold_store is not None else self.store
+        try:
+            store.delete(key)
         except Exception:
-            log.exception("could not delete segment object %s; recovery will remove it as an orphan", key)
+            log.exception("could not delete segment object %s from %s; recovery removes orphans", key, store.url)
 
 
 def open_engine(data_dir: str, **kwargs: Any) -> Engine:

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.producers import ProducerStates
+from loglake.engine.published import read_published
 from loglake.engine.types import RecoveryReport
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.records.batch import peek_header
 from loglake.segment.format import read_tail
-from loglake.store.base import parse_segment_key, segment_key
+from loglake.store.base import ObjectStore, parse_segment_key, partition_prefix, segment_key
 from loglake.wal.recovery import ReplayFrame, recover_wal
 
 if TYPE_CHECKING:
@@ -41,11 +42,30 @@ def recover(engine: Engine) -> RecoveryReport:
     started = time.perf_counter()
     report = RecoveryReport()
     loaded = engine._snapshots.load()
+    restored = False
+    if loaded is None and engine._cold_store is not None:
+        try:
+            doc = read_published(engine._cold_store)
+        except CorruptionError as exc:
+            if not engine._cold_store.list("loglake-"):
+                doc = None  # an empty bucket: a new cluster
+            else:
+                raise CorruptionError(engine._cold_store.url, 0, f"cannot restore from the cold store: {exc}") from exc
+        if doc is not None:
+            log.warning(
+                "data directory %s has no metadata: restoring from %s (published seq %s)",
+                engine.data_dir,
+                engine._cold_store.url,
+                doc.get("seq"),
+            )
+            loaded = (int(doc.get("seq", 0)), doc)
+            restored = True
+            report.restored_from = engine._cold_store.url
     if loaded is None:
         engine._cluster_id = _new_cluster_id()
     else:
         seq, payload = loaded
-        report.snapshot_seq = seq
+        report.snapshot_seq = None if restored else seq
         version = payload.get("version")
         if version != SNAPSHOT_VERSION:
             raise CorruptionError(
@@ -74,6 +94,8 @@ def recover(engine: Engine) -> RecoveryReport:
                 topic.partitions.append(p)
             engine._topics[name] = topic
             engine._topics_by_id[topic.topic_id] = topic
+        if restored:
+            _restore_from_cold(engine, report)
     report.topics = len(engine._topics)
     report.partitions = sum(len(t.partitions) for t in engine._topics.values())
 
@@ -128,45 +150,87 @@ def _reconcile_store(engine: Engine, report: RecoveryReport) -> None:
 def _reconcile_partition(
     engine: Engine, topic: TopicState, p: Partition, found: list[tuple[int, str]], report: RecoveryReport
 ) -> None:
-    known = {s.key for s in p.segments}
+    """Match one partition's chain with the hot store's listing (see the module docstring)."""
+    hot = {s.key for s in p.segments if s.tier == "hot"}
+    cold = {s.key for s in p.segments if s.tier == "cold"}
     present = {key for _, key in found}
     for seg in p.segments:
-        if seg.key not in present:
+        if seg.tier == "hot" and seg.key not in present:
             raise CorruptionError(
                 seg.key, 0, f"segment of {topic.name}-{p.index} listed in the metadata is missing from {engine.store.url}"
             )
     for base, key in found:
-        if key in known:
+        if key in hot:
+            continue
+        if key in cold:
+            engine.store.delete(key)  # relocated: the metadata switched to the cold copy before a crash
+            report.orphans_removed.append(key)
             continue
         if base < p.sealed_end:
             engine.store.delete(key)  # superseded: retention or a re-seal left it behind
             report.orphans_removed.append(key)
             continue
-        if base == p.sealed_end:
-            trailer, index = read_tail(engine.store, key)
-            if trailer.base_offset == base and trailer.prev_hash == p.chain_hash:
-                p.segments.append(
-                    SegmentRef(
-                        trailer.base_offset,
-                        trailer.last_offset,
-                        key,
-                        trailer.size,
-                        trailer.max_timestamp,
-                        trailer.record_count,
-                        trailer.prev_hash,
-                        trailer.chain_hash,
-                        trailer.created_ms,
-                        "hot",
-                        index,
-                    )
-                )
-                p.sealed_end = trailer.next_offset
-                p.chain_hash = trailer.chain_hash
-                report.segments_adopted += 1
-                log.info("adopted segment %s published after the last snapshot", key)
-                continue
+        if base == p.sealed_end and _adopt(engine, engine.store, p, key, "hot"):
+            report.segments_adopted += 1
+            continue
         log.warning("segment %s does not continue the chain of %s-%d; left in place", key, topic.name, p.index)
     p.next_offset = p.sealed_end
+
+
+def _adopt(engine: Engine, store: ObjectStore, p: Partition, key: str, tier: str) -> bool:
+    """Take a published-but-unrecorded segment into the chain if it continues it."""
+    trailer, index = read_tail(store, key)
+    if trailer.base_offset != p.sealed_end or trailer.prev_hash != p.chain_hash:
+        return False
+    p.segments.append(
+        SegmentRef(
+            trailer.base_offset,
+            trailer.last_offset,
+            key,
+            trailer.size,
+            trailer.max_timestamp,
+            trailer.record_count,
+            trailer.prev_hash,
+            trailer.chain_hash,
+            trailer.created_ms,
+            tier,
+            index,
+        )
+    )
+    p.sealed_end = trailer.next_offset
+    p.chain_hash = trailer.chain_hash
+    log.info("adopted segment %s published after the last metadata record", key)
+    return True
+
+
+def _restore_from_cold(engine: Engine, report: RecoveryReport) -> None:
+    """Disaster recovery: keep what the bucket really holds, drop what lived only on the lost disk."""
+    cold = engine._cold_store
+    assert cold is not None
+    for topic in engine._topics.values():
+        for p in topic.partitions:
+            prefix = partition_prefix(engine._cluster_id, topic.name, p.topic_id.hex(), p.index)
+            in_bucket = set(cold.list(prefix))
+            kept: list[SegmentRef] = []
+            for seg in p.segments:
+                if seg.key not in in_bucket:
+                    break  # this and everything after it were hot on the lost disk
+                seg.tier = "cold"
+                kept.append(seg)
+            lost = p.segments[len(kept) :]
+            for seg in lost:
+                report.segments_lost.append(seg.key)
+                log.warning("segment %s was only on the lost local disk: offsets %d..%d are gone", seg.key, seg.base_offset, seg.last_offset)
+            p.segments = kept
+            if lost:
+                p.sealed_end = kept[-1].end_offset if kept else lost[0].base_offset
+                p.chain_hash = kept[-1].chain_hash if kept else lost[0].prev_hash
+            # Segments uploaded after the metadata was last published continue the chain.
+            for key in sorted(in_bucket - {s.key for s in kept}):
+                if key.endswith(".seg") and _adopt(engine, cold, p, key, "cold"):
+                    report.segments_adopted += 1
+            p.log_start_offset = min(p.log_start_offset, p.sealed_end)
+            p.next_offset = p.sealed_end
 
 
 def _replay(engine: Engine, frames: list[ReplayFrame], report: RecoveryReport) -> None:

@@ -81,6 +81,10 @@ class RecoveryReport:
     segments_adopted: int = 0  # published but not yet in the snapshot: taken into the chain
     orphans_removed: list[str] = field(default_factory=list)
     records_recovered: int = 0
+    #: set when an empty data directory was rebuilt from the cold store's published metadata
+    restored_from: str | None = None
+    #: segments named by that metadata that never reached the cold store (lost with the disk)
+    segments_lost: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -89,4 +93,5 @@ class RecoveryReport:
             f"{self.wal_frames_replayed} WAL frames replayed ({self.wal_frames_skipped} already sealed), "
             f"{self.wal_bytes_truncated} torn bytes truncated, {self.segments_adopted} segments adopted, "
             f"{len(self.orphans_removed)} orphans removed"
+            + (f"; restored from {self.restored_from} ({len(self.segments_lost)} segments lost)" if self.restored_from else "")
         )

@@ -177,7 +177,7 @@ def _check_segment(
     """Full check of one object. Returns its trailer (also when the data is bad but the tail
     reads, so the chain can still be followed) and the problems found; (None, []) when the
     segment is gone because retention removed it during the walk."""
-    store = engine.store
+    store = engine.store_for(seg)
     try:
         return verify_segment_in_store(store, seg.key, None, progress), []
     except ObjectNotFoundError:

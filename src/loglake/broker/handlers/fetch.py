@@ -34,7 +34,7 @@ def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | N
     return topic.topic, by_id
 
 
-def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
+async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
     engine = ctx.engine
     total = 0
     max_bytes = body.max_bytes if body.max_bytes > 0 else 2**31 - 1
@@ -58,7 +58,9 @@ def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int
                 if total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
                 limit = min(part.partition_max_bytes, max_bytes - total)
-                result = engine.read(name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True)
+                pending = engine.read_async(name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True)
+                # Cold segments are read on the engine's cold pool; never block the event loop.
+                result = pending.result() if pending.done() else await asyncio.wrap_future(pending)
             except OffsetOutOfRangeError as exc:
                 fp.error_code = OFFSET_OUT_OF_RANGE
                 fp.high_watermark = fp.last_stable_offset = exc.high_watermark
@@ -86,7 +88,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
     while True:
-        response, total, empty = _read_all(ctx, body, req.api_version)
+        response, total, empty = await _read_all(ctx, body, req.api_version)
         remaining = deadline - loop.time()
         if total >= max(body.min_bytes, 1) or remaining <= 0 or not empty or conn.closing:
             return response
@@ -102,4 +104,4 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         for w in not_done:
             w.cancel()
         if not done:
-            return _read_all(ctx, body, req.api_version)[0]
+            return (await _read_all(ctx, body, req.api_version))[0]

@@ -1,0 +1,233 @@
+"""CreateTopics (19), DeleteTopics (20), DeleteRecords (21), CreatePartitions (37).
+
+loglake is one broker: every partition has exactly one replica, on this node. Replication factor
+-1 or 1 is accepted, anything else is INVALID_REPLICATION_FACTOR; manual replica assignments are
+accepted only when they are that trivial assignment. Every engine call that changes topics
+writes a durable metadata snapshot, so it runs on the executor, and a success is durable.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from loglake.broker.context import BrokerContext
+from loglake.broker.handlers.admin_common import (
+    INVALID_CONFIG,
+    INVALID_PARTITIONS,
+    INVALID_REPLICA_ASSIGNMENT,
+    INVALID_REPLICATION_FACTOR,
+    TOPIC_ALREADY_EXISTS,
+    AdminError,
+    duplicates,
+    engine_call,
+    failure,
+)
+from loglake.broker.handlers.admin_configs import topic_config_entries
+from loglake.broker.handlers.errors import (
+    INVALID_REQUEST,
+    NONE,
+    UNKNOWN_TOPIC_ID,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
+from loglake.broker.protocol import DecodedRequest
+from loglake.engine.config import validate_topic_name
+from loglake.engine.types import TopicInfo
+
+ZERO_UUID = uuid.UUID(int=0)
+#: CreateTopics v5+ echoes these fields of each config entry.
+_CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sensitive")
+
+
+# ---- CreateTopics ---------------------------------------------------------------------------------
+
+
+def _partition_count(ctx: BrokerContext, topic: Any) -> int:
+    """The partition count a CreatableTopic asks for, after checking replication and assignments."""
+    count, factor = topic.num_partitions, topic.replication_factor
+    assignments = list(topic.assignments or [])
+    if assignments:
+        if count != -1 or factor != -1:
+            raise AdminError(
+                INVALID_REQUEST,
+                "Both numPartitions or replicationFactor and replicasAssignments were set. "
+                "Both cannot be used at the same time.",
+            )
+        indexes = sorted(a.partition_index for a in assignments)
+        if indexes != list(range(len(assignments))):
+            raise AdminError(INVALID_REQUEST, f"Partitions of a manual assignment must be 0..n-1, got {indexes}")
+        for a in assignments:
+            if list(a.broker_ids) != [ctx.node_id]:
+                raise AdminError(
+                    INVALID_REQUEST,
+                    f"Partition {a.partition_index} assigned to brokers {list(a.broker_ids)}: this cluster is "
+                    f"the single broker {ctx.node_id} with one replica per partition",
+                )
+        return len(assignments)
+    if factor == 0 or factor < -1:
+        raise AdminError(
+            INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the default value."
+        )
+    if factor > 1:
+        raise AdminError(
+            INVALID_REPLICATION_FACTOR,
+            f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
+            "cannot be reached because only 1 broker(s) are registered.",
+        )
+    if count == -1:
+        return int(ctx.config.default_partitions)
+    if count <= 0:
+        raise AdminError(INVALID_PARTITIONS, "Number of partitions must be larger than 0, or -1 to use the default value.")
+    return int(count)
+
+
+def _topic_configs(topic: Any) -> dict[str, str]:
+    configs: dict[str, str] = {}
+    for c in topic.configs or []:
+        if c.value is None:
+            raise AdminError(INVALID_CONFIG, f"Null value not supported for topic configs: {c.name}")
+        configs[c.name] = c.value
+    return configs
+
+
+async def _create_one(ctx: BrokerContext, topic: Any, validate_only: bool) -> TopicInfo:
+    name = topic.name
+    validate_topic_name(name)
+    if ctx.engine.has_topic(name):
+        raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+    partitions = _partition_count(ctx, topic)
+    configs = _topic_configs(topic)
+    return await engine_call(
+        ctx, ctx.engine.create_topic, name, partitions, configs, validate_only=validate_only
+    )
+
+
+async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    body = req.body
+    validate_only = bool(getattr(body, "validate_only", False))
+    dup = duplicates([t.name for t in body.topics])
+    results: list[dict[str, Any]] = []
+    for topic in body.topics:
+        result: dict[str, Any] = {"name": topic.name, "topic_id": ZERO_UUID, "error_code": NONE, "error_message": None}
+        try:
+            if topic.name in dup:
+                raise AdminError(
+                    INVALID_REQUEST,
+                    f"Create topics request from client contains multiple entries for the following topics: {topic.name}",
+                )
+            info = await _create_one(ctx, topic, validate_only)
+            if not validate_only:
+                result["topic_id"] = uuid.UUID(hex=info.topic_id)
+            if req.api_version >= 5:  # the topic's partitions and configs come back
+                entries = topic_config_entries(ctx, info.config)
+                result.update(
+                    num_partitions=info.partitions,
+                    replication_factor=1,
+                    configs=[{k: e[k] for k in _CREATE_CONFIG_FIELDS} for e in entries],
+                )
+        except Exception as exc:
+            result["error_code"], result["error_message"] = failure(exc, f"CreateTopics {topic.name}")
+        results.append(result)
+    return {"throttle_time_ms": 0, "topics": results}
+
+
+# ---- DeleteTopics ---------------------------------------------------------------------------------
+
+
+async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    body = req.body
+    if req.api_version >= 6:
+        wanted = [(t.name, t.topic_id or ZERO_UUID) for t in body.topics]
+    else:
+        wanted = [(name, ZERO_UUID) for name in body.topic_names]
+    dup = duplicates([name if name is not None else topic_id for name, topic_id in wanted])
+    by_id: dict[uuid.UUID, str] | None = None
+    responses: list[dict[str, Any]] = []
+    for name, topic_id in wanted:
+        result: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
+        try:
+            if name is not None and topic_id != ZERO_UUID:
+                raise AdminError(INVALID_REQUEST, "You may not specify both topic name and topic id.")
+            if name is None and topic_id == ZERO_UUID:
+                raise AdminError(INVALID_REQUEST, "Neither topic name nor id were specified.")
+            if (name if name is not None else topic_id) in dup:
+                raise AdminError(INVALID_REQUEST, f"Duplicate topic {'name' if name is not None else 'id'} in request")
+            if name is None:
+                if by_id is None:
+                    by_id = {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
+                name = by_id.get(topic_id)
+                if name is None:
+                    raise AdminError(UNKNOWN_TOPIC_ID, f"Topic id {topic_id} not found.")
+                result["name"] = name
+            info = ctx.engine.topic(name)
+            result["topic_id"] = uuid.UUID(hex=info.topic_id)
+            await engine_call(ctx, ctx.engine.delete_topic, name)
+        except Exception as exc:
+            result["error_code"], result["error_message"] = failure(exc, f"DeleteTopics {name or topic_id}")
+        responses.append(result)
+    return {"throttle_time_ms": 0, "responses": responses}
+
+
+# ---- CreatePartitions -----------------------------------------------------------------------------
+
+
+def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: list[Any] | None) -> None:
+    if not assignments:  # null (or empty): the broker places the new partitions
+        return
+    current = ctx.engine.topic(name).partitions
+    if count <= current:
+        return  # the engine answers INVALID_PARTITIONS
+    if len(assignments) != count - current:
+        raise AdminError(
+            INVALID_REPLICA_ASSIGNMENT,
+            f"Increasing the number of partitions by {count - current} but {len(assignments)} assignments provided.",
+        )
+    for i, a in enumerate(assignments):
+        if list(a.broker_ids) != [ctx.node_id]:
+            raise AdminError(
+                INVALID_REPLICA_ASSIGNMENT,
+                f"New partition {current + i} assigned to brokers {list(a.broker_ids)}: this cluster is "
+                f"the single broker {ctx.node_id} with one replica per partition",
+            )
+
+
+async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    body = req.body
+    validate_only = bool(body.validate_only)
+    dup = duplicates([t.name for t in body.topics])
+    results: list[dict[str, Any]] = []
+    for topic in body.topics:
+        code, message = NONE, None
+        try:
+            if topic.name in dup:
+                raise AdminError(INVALID_REQUEST, f"Duplicate topic in request: {topic.name}")
+            ctx.engine.topic(topic.name)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+            _check_assignments(ctx, topic.name, topic.count, topic.assignments)
+            await engine_call(
+                ctx, ctx.engine.create_partitions, topic.name, topic.count, validate_only=validate_only
+            )
+        except Exception as exc:
+            code, message = failure(exc, f"CreatePartitions {topic.name}")
+        results.append({"name": topic.name, "error_code": code, "error_message": message})
+    return {"throttle_time_ms": 0, "results": results}
+
+
+# ---- DeleteRecords --------------------------------------------------------------------------------
+
+
+async def delete_records(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    """Raise log start offsets; durable on return, so `timeout_ms` has nothing to wait for."""
+    topics: list[dict[str, Any]] = []
+    for topic in req.body.topics:
+        partitions: list[dict[str, Any]] = []
+        for part in topic.partitions:
+            low, code = -1, NONE
+            try:
+                if not ctx.engine.has_topic(topic.name):
+                    raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic.name!r}")
+                low = await engine_call(ctx, ctx.engine.delete_records, topic.name, part.partition_index, part.offset)
+            except Exception as exc:
+                code, _message = failure(exc, f"DeleteRecords {topic.name}-{part.partition_index}")
+            partitions.append({"partition_index": part.partition_index, "low_watermark": low, "error_code": code})
+        topics.append({"name": topic.name, "partitions": partitions})
+    return {"throttle_time_ms": 0, "topics": topics}
