@@ -216,6 +216,12 @@ class EngineConfig:
             raise ConfigError("cold_read_threads and relocation_threads must be at least 1")
         if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:
             raise ConfigError("cold cache sizes and read-ahead must not be negative")
+        unknown = sorted(set(self.topic_defaults) - set(TOPIC_CONFIG_NAMES))
+        if unknown:
+            raise ConfigError(
+                f"unknown topic config default(s) {', '.join(map(repr, unknown))} (in TOML, quote dotted names: "
+                f'"retention.ms" = "86400000"); known: {", ".join(TOPIC_CONFIG_NAMES)}'
+            )
         topic = TopicConfig.parse(None, self.topic_defaults)
         if topic.max_message_bytes > self.memory_budget_bytes // 4:
             raise ConfigError("max.message.bytes must be at most a quarter of memory_budget_bytes")

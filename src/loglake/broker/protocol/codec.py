@@ -212,8 +212,10 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
             body, pos = _decoder(api_key, api_version)(data, pos)
             # The generated code skips __init__; ApiMessage's own slots must exist for encode().
             body._header = body._min_version = body._max_version = None
-            if pos != len(data):
-                raise WireError(f"{len(data) - pos} bytes left after the body" if pos < len(data) else "truncated")
+            if pos > len(data):
+                raise WireError("truncated")
+            # Bytes after the body are ignored, as Kafka's broker does: librdkafka's v9+
+            # "all topics" Metadata request carries stray trailing bytes (librdkafka#5049).
     except _DECODE_ERRORS as e:
         detail = str(e) or type(e).__name__
         raise MalformedRequestError(f"{cls.name} v{api_version}: {detail}", correlation_id) from e

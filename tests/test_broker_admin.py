@@ -1,0 +1,556 @@
+"""Admin APIs against the real broker process: confluent-kafka and kafka-python admin clients,
+raw requests for every advertised version, and the effects seen by producers and consumers."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported without __all__
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    NewTopic,
+)
+from kafka.admin import ConfigResource as KpConfigResource
+from kafka.admin import ConfigResourceType as KpResourceType
+from kafka.admin import KafkaAdminClient
+from kafka.admin import NewPartitions as KpNewPartitions
+from kafka.admin import NewTopic as KpNewTopic
+from kafka.protocol.parser import KafkaProtocol
+
+from loglake.broker.protocol import SUPPORTED, request_class
+
+from brokerkit import Broker, running_broker
+
+TIMEOUT = 15.0
+TOPIC, BROKER = ConfigResource.Type.TOPIC, ConfigResource.Type.BROKER
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    b = Broker(tmp_path_factory.mktemp("admin") / "data").start()
+    try:
+        yield b
+    finally:
+        if b.proc is not None and b.proc.poll() is None:
+            b.stop()
+
+
+@pytest.fixture
+def admin(broker: Broker) -> AdminClient:
+    return AdminClient({"bootstrap.servers": broker.bootstrap})
+
+
+def result(fut: Future[Any]) -> Any:
+    return fut.result(timeout=TIMEOUT)
+
+
+def error_of(fut: Future[Any]) -> KafkaError:
+    exc = fut.exception(timeout=TIMEOUT)
+    assert isinstance(exc, KafkaException), exc
+    err = exc.args[0]
+    assert isinstance(err, KafkaError)
+    return err
+
+
+def create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+    result(admin.create_topics([NewTopic(name, partitions, config=config or {})])[name])
+
+
+def describe_topic(admin: AdminClient, name: str) -> dict[str, Any]:
+    res = ConfigResource(TOPIC, name)
+    return dict(result(admin.describe_configs([res])[res]))
+
+
+def partitions_of(admin: AdminClient, name: str) -> int | None:
+    """The topic's partition count, None if it does not exist (a Metadata request that never creates)."""
+    fut = admin.describe_topics(TopicCollection([name]))[name]
+    exc = fut.exception(timeout=TIMEOUT)
+    if exc is not None:
+        assert error_of(fut).code() == KafkaError.UNKNOWN_TOPIC_OR_PART, exc
+        return None
+    return len(fut.result().partitions)
+
+
+def produce(
+    broker: Broker, topic: str, values: list[bytes], partition: int = 0, conf: dict[str, Any] | None = None
+) -> list[Any]:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, **(conf or {})})
+    reports: list[Any] = []
+    for v in values:
+        producer.produce(topic, v, partition=partition, on_delivery=lambda err, msg: reports.append((err, msg)))
+    assert producer.flush(TIMEOUT) == 0
+    return reports
+
+
+def _build(struct: Any, version: int, values: dict[str, Any]) -> dict[str, Any]:
+    """Field values with nested dicts turned into kafka-python's struct classes."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        field = struct.fields[name]
+        if value is not None and field.is_struct_array():
+            value = [field.data_class(**_build(field, version, v), version=version) for v in value]
+        out[name] = value
+    return out
+
+
+def raw_call(broker: Broker, api_key: int, version: int, **fields: Any) -> Any:
+    """Send one request of exactly this version and return the decoded response."""
+    cls = request_class(api_key)
+    request = cls[version](**_build(cls._struct, version, fields))
+    proto = KafkaProtocol(client_id="admin-test")
+    proto.send_request(request)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=TIMEOUT) as sock:
+        sock.sendall(proto.send_bytes())
+        while True:
+            data = sock.recv(65536)
+            assert data, "broker closed the connection"
+            responses = proto.receive_bytes(data)
+            if responses:
+                return responses[0][1]
+
+
+def versions(api_key: int) -> list[int]:
+    r = SUPPORTED[api_key]
+    return list(range(r.min_version, r.max_version + 1))
+
+
+# ---- confluent-kafka AdminClient --------------------------------------------------------------------
+
+
+def test_create_topics(admin: AdminClient) -> None:
+    config = {"retention.ms": "60000", "cleanup.policy": "compact"}
+    futures = admin.create_topics(
+        [NewTopic("ct-a", 3, config=config), NewTopic("ct-b", -1), NewTopic("ct-rf1", 2, replication_factor=1)]
+    )
+    for fut in futures.values():
+        assert result(fut) is None
+    assert partitions_of(admin, "ct-a") == 3
+    assert partitions_of(admin, "ct-b") == 1  # the broker default
+    assert partitions_of(admin, "ct-rf1") == 2
+
+    assert result(admin.create_topics([NewTopic("ct-validate", 2)], validate_only=True)["ct-validate"]) is None
+    assert partitions_of(admin, "ct-validate") is None
+
+    assert error_of(admin.create_topics([NewTopic("ct-a", 1)])["ct-a"]).code() == KafkaError.TOPIC_ALREADY_EXISTS
+    err = error_of(admin.create_topics([NewTopic("ct-bad", 1, config={"no.such.config": "1"})])["ct-bad"])
+    assert err.code() == KafkaError.INVALID_CONFIG and "no.such.config" in err.str()
+    err = error_of(admin.create_topics([NewTopic("ct-bad", 1, config={"retention.ms": "soon"})])["ct-bad"])
+    assert err.code() == KafkaError.INVALID_CONFIG
+    err = error_of(admin.create_topics([NewTopic("ct-rf3", 1, replication_factor=3)])["ct-rf3"])
+    assert err.code() == KafkaError.INVALID_REPLICATION_FACTOR
+    err = error_of(admin.create_topics([NewTopic("bad name!", 1)])["bad name!"])
+    assert err.code() == KafkaError.TOPIC_EXCEPTION
+    err = error_of(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[0], [1]])])["ct-assign"])
+    assert err.code() == KafkaError.INVALID_REQUEST
+    # A trivial manual assignment (every partition on this broker) is fine.
+    assert result(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[0], [0]])])["ct-assign"]) is None
+    assert partitions_of(admin, "ct-assign") == 2
+    for name in ("ct-bad", "ct-rf3", "bad name!"):
+        assert partitions_of(admin, name) is None
+
+
+def test_describe_configs_topic_and_broker(admin: AdminClient, broker: Broker) -> None:
+    create(admin, "dc", config={"retention.ms": "60000"})
+    configs = describe_topic(admin, "dc")
+    retention = configs["retention.ms"]
+    assert retention.value == "60000" and retention.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert not retention.is_default and not retention.is_read_only and not retention.is_sensitive
+    mmb = configs["max.message.bytes"]
+    assert mmb.value == "1048588" and mmb.source == ConfigSource.DEFAULT_CONFIG.value and mmb.is_default
+    assert {"cleanup.policy", "segment.bytes", "compression.type", "durability"} <= set(configs)
+
+    missing = ConfigResource(TOPIC, "dc-missing")
+    assert error_of(admin.describe_configs([missing])[missing]).code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+    node = ConfigResource(BROKER, "0")
+    configs = dict(result(admin.describe_configs([node])[node]))
+    assert configs["log.dirs"].value == str(broker.data_dir)
+    assert configs["broker.id"].value == "0" and configs["broker.id"].is_read_only
+    assert configs["num.partitions"].value == "1"
+    assert configs["auto.create.topics.enable"].value == "true"
+    assert configs["message.max.bytes"].value == "1048588"
+
+
+@pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
+def test_alter_configs_replaces_overrides(admin: AdminClient) -> None:
+    create(admin, "ac", config={"retention.ms": "60000", "cleanup.policy": "compact"})
+    res = ConfigResource(TOPIC, "ac", set_config={"segment.ms": "120000"})
+    assert result(admin.alter_configs([res], validate_only=True)[res]) is None
+    assert describe_topic(admin, "ac")["retention.ms"].value == "60000"
+    assert result(admin.alter_configs([res])[res]) is None
+    configs = describe_topic(admin, "ac")
+    assert configs["segment.ms"].value == "120000"
+    assert configs["retention.ms"].is_default and configs["cleanup.policy"].value == "delete"
+
+    bad = ConfigResource(TOPIC, "ac", set_config={"segment.ms": "-5"})
+    assert error_of(admin.alter_configs([bad])[bad]).code() == KafkaError.INVALID_CONFIG
+    missing = ConfigResource(TOPIC, "ac-missing", set_config={"segment.ms": "1000"})
+    assert error_of(admin.alter_configs([missing])[missing]).code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    node = ConfigResource(BROKER, "0", set_config={"num.partitions": "3"})
+    err = error_of(admin.alter_configs([node])[node])
+    assert err.code() == KafkaError.INVALID_REQUEST and "dynamic broker configs" in err.str()
+
+
+def incremental(name: str, *ops: tuple[str, str | None, AlterConfigOpType]) -> ConfigResource:
+    entries = [ConfigEntry(n, v, incremental_operation=op) for n, v, op in ops]
+    return ConfigResource(TOPIC, name, incremental_configs=entries)
+
+
+def test_incremental_alter_configs(admin: AdminClient) -> None:
+    create(admin, "iac", config={"retention.ms": "60000", "segment.ms": "120000"})
+    res = incremental(
+        "iac",
+        ("retention.bytes", "1000000", AlterConfigOpType.SET),
+        ("segment.ms", None, AlterConfigOpType.DELETE),
+        ("cleanup.policy", "compact", AlterConfigOpType.APPEND),
+    )
+    assert result(admin.incremental_alter_configs([res])[res]) is None
+    configs = describe_topic(admin, "iac")
+    assert configs["retention.ms"].value == "60000"  # untouched
+    assert configs["retention.bytes"].value == "1000000"
+    assert configs["segment.ms"].is_default
+    assert configs["cleanup.policy"].value == "delete,compact"
+
+    res = incremental("iac", ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT))
+    assert result(admin.incremental_alter_configs([res])[res]) is None
+    assert describe_topic(admin, "iac")["cleanup.policy"].value == "compact"
+
+    res = incremental("iac", ("retention.ms", "5", AlterConfigOpType.SET))
+    assert result(admin.incremental_alter_configs([res], validate_only=True)[res]) is None
+    assert describe_topic(admin, "iac")["retention.ms"].value == "60000"
+
+    for bad in (
+        incremental("iac", ("retention.ms", "1000", AlterConfigOpType.APPEND)),  # not a list config
+        incremental("iac", ("cleanup.policy", "compact", AlterConfigOpType.SUBTRACT)),  # leaves it empty
+        incremental("iac", ("no.such.config", "1", AlterConfigOpType.SET)),
+        incremental("iac", ("max.message.bytes", "lots", AlterConfigOpType.SET)),
+    ):
+        assert error_of(admin.incremental_alter_configs([bad])[bad]).code() == KafkaError.INVALID_CONFIG
+    assert describe_topic(admin, "iac")["cleanup.policy"].value == "compact"
+    node = ConfigResource(BROKER, "0", incremental_configs=[
+        ConfigEntry("num.partitions", "3", incremental_operation=AlterConfigOpType.SET)
+    ])
+    assert error_of(admin.incremental_alter_configs([node])[node]).code() == KafkaError.INVALID_REQUEST
+
+
+def test_create_partitions_then_produce(admin: AdminClient, broker: Broker) -> None:
+    create(admin, "cp", 2)
+    assert result(admin.create_partitions([NewPartitions("cp", 4)], validate_only=True)["cp"]) is None
+    assert partitions_of(admin, "cp") == 2
+    assert result(admin.create_partitions([NewPartitions("cp", 4)])["cp"]) is None
+    assert partitions_of(admin, "cp") == 4
+    assert error_of(admin.create_partitions([NewPartitions("cp", 3)])["cp"]).code() == KafkaError.INVALID_PARTITIONS
+    assert error_of(admin.create_partitions([NewPartitions("cp", 4)])["cp"]).code() == KafkaError.INVALID_PARTITIONS
+    err = error_of(admin.create_partitions([NewPartitions("cp-missing", 4)])["cp-missing"])
+    assert err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    [(err, msg)] = produce(broker, "cp", [b"to-the-new-partition"], partition=3)
+    assert err is None and msg.partition() == 3 and msg.offset() == 0
+
+
+def test_delete_records(admin: AdminClient, broker: Broker) -> None:
+    create(admin, "dr", 2)
+    reports = produce(broker, "dr", [b"v%d" % i for i in range(10)])
+    assert [err for err, _m in reports] == [None] * 10
+    futures = admin.delete_records([TopicPartition("dr", 0, 4)])
+    [fut] = futures.values()
+    assert result(fut).low_watermark == 4
+
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr-g", "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([TopicPartition("dr", 0)])
+        msg = consumer.poll(TIMEOUT)
+        assert msg is not None and msg.error() is None
+        assert (msg.offset(), msg.value()) == (4, b"v4")
+        assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=TIMEOUT) == (4, 10)
+    finally:
+        consumer.close()
+
+    [fut] = admin.delete_records([TopicPartition("dr", 0, 11)]).values()
+    assert error_of(fut).code() == KafkaError.OFFSET_OUT_OF_RANGE
+    [fut] = admin.delete_records([TopicPartition("dr", 0, 2)]).values()  # below the start: no-op
+    assert result(fut).low_watermark == 4
+    [fut] = admin.delete_records([TopicPartition("dr", 0, -1)]).values()  # -1 = high watermark
+    assert result(fut).low_watermark == 10
+    [fut] = admin.delete_records([TopicPartition("dr", 7, 0)]).values()  # librdkafka finds no leader itself
+    assert error_of(fut).code() in (KafkaError._NOENT, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def test_max_message_bytes_is_enforced(admin: AdminClient, broker: Broker) -> None:
+    create(admin, "mmb", config={"max.message.bytes": "2000"})
+    [(err, _msg)] = produce(broker, "mmb", [b"x" * 5000], conf={"compression.type": "none", "retries": 0})
+    assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
+    [(err, msg)] = produce(broker, "mmb", [b"x" * 500], conf={"compression.type": "none"})
+    assert err is None and msg.offset() == 0
+
+
+def test_delete_topics(admin: AdminClient) -> None:
+    create(admin, "dt-a")
+    create(admin, "dt-b", 2)
+    futures = admin.delete_topics(["dt-a", "dt-b"])
+    assert all(result(f) is None for f in futures.values())
+    assert partitions_of(admin, "dt-a") is None and partitions_of(admin, "dt-b") is None
+    err = error_of(admin.delete_topics(["dt-a"])["dt-a"])
+    assert err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    create(admin, "dt-a", 3)  # the name can be used again
+    assert partitions_of(admin, "dt-a") == 3
+
+
+def test_list_all_topics(admin: AdminClient) -> None:
+    # librdkafka's all-topics Metadata v9+ request carries trailing bytes (librdkafka#5049).
+    create(admin, "lt")
+    assert "lt" in admin.list_topics(timeout=5).topics
+
+
+def test_describe_cluster(admin: AdminClient, broker: Broker) -> None:
+    cluster = result(admin.describe_cluster())  # librdkafka asks with Metadata, kafka-python with DescribeCluster
+    assert cluster.cluster_id and cluster.controller.id == 0
+    assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", broker.port)]
+
+
+# ---- kafka-python KafkaAdminClient --------------------------------------------------------------------
+
+
+def test_kafka_python_admin(broker: Broker) -> None:
+    client = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=int(TIMEOUT * 1000))
+    try:
+        cluster = client.describe_cluster()  # the DescribeCluster API
+        assert cluster["controller_id"] == 0
+        assert [(n["broker_id"], n["port"]) for n in cluster["brokers"]] == [(0, broker.port)]
+        client.create_topics([KpNewTopic("kp", 2, 1, topic_configs={"retention.ms": "90000"})])
+        assert "kp" in client.list_topics()
+        described = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")])
+        assert described["topic"]["kp"]["retention.ms"]["value"] == "90000"
+        every = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")], config_filter="all")
+        assert every["topic"]["kp"]["segment.bytes"]["config_source"] == "DEFAULT_CONFIG"
+        node = client.describe_configs([KpConfigResource(KpResourceType.BROKER, "0")], config_filter="all")
+        assert node["broker"]["0"]["num.partitions"]["value"] == "1"
+
+        altered = client.alter_configs([KpConfigResource(KpResourceType.TOPIC, "kp", configs={"segment.ms": "70000"})])
+        assert altered == {"topic": {"kp": "OK"}}
+        legacy = client.alter_configs(
+            [KpConfigResource(KpResourceType.TOPIC, "kp", configs={"retention.bytes": "123456"})], incremental=False
+        )
+        assert legacy == {"topic": {"kp": "OK"}}
+        modified = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")])["topic"]["kp"]
+        # kafka-python carries the other modified configs over into the non-incremental request.
+        assert {k: v["value"] for k, v in modified.items()} == {
+            "retention.ms": "90000", "segment.ms": "70000", "retention.bytes": "123456",
+        }
+
+        client.create_partitions({"kp": KpNewPartitions(5)})
+        assert len(client.describe_topics(["kp"])[0]["partitions"]) == 5
+        client.delete_topics(["kp"])
+        assert "kp" not in client.list_topics()
+    finally:
+        client.close()
+
+
+# ---- raw requests: every advertised version ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", versions(19))
+def test_raw_create_and_delete_every_version(broker: Broker, version: int) -> None:
+    name = f"raw-{version}"
+    topics = [
+        {"name": name, "num_partitions": 2, "replication_factor": -1, "assignments": [],
+         "configs": [{"name": "retention.ms", "value": "1000"}]},
+        {"name": "raw-dup", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
+        {"name": "raw-dup", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
+    ]
+    resp = raw_call(broker, 19, version, topics=topics, timeout_ms=5000, validate_only=False)
+    ok, dup1, dup2 = resp.topics
+    assert (ok.name, ok.error_code) == (name, 0)
+    assert dup1.error_code == dup2.error_code == 42
+    if version >= 5:
+        assert (ok.num_partitions, ok.replication_factor) == (2, 1)
+        configs = {c.name: c for c in ok.configs}
+        assert configs["retention.ms"].value == "1000" and configs["retention.ms"].config_source == 1
+        assert configs["segment.bytes"].config_source == 5 and not configs["segment.bytes"].read_only
+    if version >= 7:
+        assert ok.topic_id != uuid.UUID(int=0)
+
+    delete_version = min(version, SUPPORTED[20].max_version)
+    if delete_version >= 6:
+        resp = raw_call(broker, 20, delete_version, topics=[{"name": name, "topic_id": uuid.UUID(int=0)}], timeout_ms=5000)
+    else:
+        resp = raw_call(broker, 20, delete_version, topic_names=[name, "raw-missing"], timeout_ms=5000)
+        assert resp.responses[1].error_code == 3
+    assert (resp.responses[0].name, resp.responses[0].error_code) == (name, 0)
+
+
+def test_raw_delete_topics_by_id(broker: Broker, admin: AdminClient) -> None:
+    create(admin, "by-id")
+    meta = raw_call(broker, 3, 12, topics=[{"name": "by-id", "topic_id": uuid.UUID(int=0)}],
+                    allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    topic_id = meta.topics[0].topic_id
+    unknown = uuid.uuid4()
+    resp = raw_call(broker, 20, 6, timeout_ms=5000, topics=[
+        {"name": None, "topic_id": topic_id},
+        {"name": None, "topic_id": unknown},
+        {"name": "by-id", "topic_id": topic_id},
+    ])
+    assert [(r.name, r.topic_id, r.error_code) for r in resp.responses] == [
+        ("by-id", topic_id, 0), (None, unknown, 100), ("by-id", topic_id, 42),
+    ]
+    assert partitions_of(admin, "by-id") is None
+
+
+@pytest.mark.parametrize("version", versions(32))
+def test_raw_describe_configs_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
+    create(admin, f"rdc-{version}", config={"cleanup.policy": "compact"})
+    resources = [
+        {"resource_type": 2, "resource_name": f"rdc-{version}", "configuration_keys": ["cleanup.policy", "retention.ms"]},
+        {"resource_type": 4, "resource_name": "", "configuration_keys": None},
+        {"resource_type": 4, "resource_name": "7", "configuration_keys": None},
+        {"resource_type": 16, "resource_name": "x", "configuration_keys": None},
+    ]
+    resp = raw_call(broker, 32, version, resources=resources, include_synonyms=True, include_documentation=True)
+    topic, node, other_node, unknown = resp.results
+    assert topic.error_code == 0 and node.error_code == 0
+    assert other_node.error_code == 42 and unknown.error_code == 42 and unknown.error_message
+    configs = {c.name: c for c in topic.configs}
+    assert set(configs) == {"cleanup.policy", "retention.ms"}
+    policy = configs["cleanup.policy"]
+    assert (policy.value, policy.config_source) == ("compact", 1)
+    assert [(s.name, s.value, s.source) for s in policy.synonyms] == [
+        ("cleanup.policy", "compact", 1), ("log.cleanup.policy", "delete", 5),
+    ]
+    if version >= 3:
+        assert policy.config_type == 7 and configs["retention.ms"].config_type == 5  # LIST, LONG
+        assert policy.documentation
+    assert all(c.read_only for c in node.configs)
+
+
+@pytest.mark.parametrize("api_key", [33, 44])
+def test_raw_alter_configs_every_version(broker: Broker, admin: AdminClient, api_key: int) -> None:
+    for version in versions(api_key):
+        name = f"rac-{api_key}-{version}"
+        create(admin, name)
+        entry: dict[str, Any] = {"name": "retention.ms", "value": "4242"}
+        if api_key == 44:
+            entry["config_operation"] = 0
+        resources = [
+            {"resource_type": 2, "resource_name": name, "configs": [entry]},
+            {"resource_type": 2, "resource_name": name + "-missing", "configs": [entry]},
+            {"resource_type": 2, "resource_name": name + "-x", "configs": [entry, entry]},
+            {"resource_type": 4, "resource_name": "0", "configs": []},
+        ]
+        resp = raw_call(broker, api_key, version, resources=resources, validate_only=False)
+        assert [r.error_code for r in resp.responses] == [0, 3, 42, 42]
+        assert describe_topic(admin, name)["retention.ms"].value == "4242"
+
+
+@pytest.mark.parametrize("version", versions(37))
+def test_raw_create_partitions_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
+    name = f"rcp-{version}"
+    create(admin, name)
+    topics = [
+        {"name": name, "count": 3, "assignments": [{"broker_ids": [0]}, {"broker_ids": [0]}]},
+        {"name": "rcp-missing", "count": 3, "assignments": None},
+    ]
+    resp = raw_call(broker, 37, version, topics=topics, timeout_ms=5000, validate_only=False)
+    assert [r.error_code for r in resp.results] == [0, 3]
+    resp = raw_call(broker, 37, version, timeout_ms=5000, validate_only=False,
+                    topics=[{"name": name, "count": 4, "assignments": [{"broker_ids": [0, 1]}]}])
+    assert resp.results[0].error_code == 39
+    assert partitions_of(admin, name) == 3
+
+
+@pytest.mark.parametrize("version", versions(21))
+def test_raw_delete_records_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
+    name = f"rdr-{version}"
+    create(admin, name)
+    produce(broker, name, [b"a", b"b", b"c"])
+    topics = [
+        {"name": name, "partitions": [{"partition_index": 0, "offset": 2}, {"partition_index": 1, "offset": 0}]},
+        {"name": "rdr-missing", "partitions": [{"partition_index": 0, "offset": 0}]},
+    ]
+    resp = raw_call(broker, 21, version, topics=topics, timeout_ms=5000)
+    got = [(t.name, p.partition_index, p.low_watermark, p.error_code) for t in resp.topics for p in t.partitions]
+    assert got == [(name, 0, 2, 0), (name, 1, -1, 3), ("rdr-missing", 0, -1, 3)]
+
+
+@pytest.mark.parametrize("version", versions(60))
+def test_raw_describe_cluster_every_version(broker: Broker, version: int) -> None:
+    fields: dict[str, Any] = {"include_cluster_authorized_operations": False}
+    if version >= 1:
+        fields["endpoint_type"] = 1
+    resp = raw_call(broker, 60, version, **fields)
+    assert resp.error_code == 0 and resp.controller_id == 0 and resp.cluster_id
+    assert [(b.broker_id, b.port) for b in resp.brokers] == [(0, broker.port)]
+    assert resp.authorized_operations is None  # not requested
+    resp = raw_call(broker, 60, version, **{**fields, "include_cluster_authorized_operations": True})
+    assert resp.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
+    if version >= 1:
+        resp = raw_call(broker, 60, version, include_cluster_authorized_operations=False, endpoint_type=2)
+        assert resp.error_code == 114 and not resp.brokers
+
+
+def test_broker_settings_show_as_static_config(tmp_path: Path) -> None:
+    """Topic defaults and partition count from the broker's config file; a node id other than 0."""
+    config = tmp_path / "broker.toml"
+    config.write_text('node_id = 3\ndefault_partitions = 2\n\n[topic_defaults]\n"retention.ms" = "3600000"\n')
+    with running_broker(tmp_path / "data", ["--config", str(config), "--no-auto-create-topics"]) as b:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        assert result(admin.create_topics([NewTopic("st", -1)])["st"]) is None
+        assert partitions_of(admin, "st") == 2
+        res = ConfigResource(TOPIC, "st")
+        entry = result(admin.describe_configs([res], request_timeout=TIMEOUT)[res])["retention.ms"]
+        assert entry.value == "3600000" and entry.source == ConfigSource.STATIC_BROKER_CONFIG.value
+        resp = raw_call(b, 32, 4, include_synonyms=True, include_documentation=False, resources=[
+            {"resource_type": 2, "resource_name": "st", "configuration_keys": ["retention.ms"]},
+            {"resource_type": 4, "resource_name": "3", "configuration_keys": None},
+            {"resource_type": 4, "resource_name": "0", "configuration_keys": None},
+        ])
+        topic, node, other = resp.results
+        assert [(s.name, s.value, s.source) for s in topic.configs[0].synonyms] == [
+            ("log.retention.ms", "3600000", 4), ("log.retention.ms", "604800000", 5),
+        ]
+        configs = {c.name: (c.value, c.config_source) for c in node.configs}
+        assert configs["broker.id"] == ("3", 4) and configs["num.partitions"] == ("2", 4)
+        assert configs["auto.create.topics.enable"] == ("false", 4)
+        assert configs["log.retention.ms"] == ("3600000", 4) and configs["log.segment.bytes"][1] == 5
+        assert other.error_code == 42
+        resp = raw_call(b, 19, 7, timeout_ms=5000, validate_only=False, topics=[
+            {"name": "st-assigned", "num_partitions": -1, "replication_factor": -1, "configs": [],
+             "assignments": [{"partition_index": 0, "broker_ids": [3]}]},
+        ])
+        assert resp.topics[0].error_code == 0 and resp.topics[0].num_partitions == 1
+
+
+# ---- durability: runs last, it restarts the module's broker ------------------------------------------------
+
+
+def test_zz_admin_changes_survive_restart(broker: Broker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    create(admin, "rs", 1, config={"retention.ms": "77777"})
+    res = incremental("rs", ("cleanup.policy", "compact", AlterConfigOpType.SET))
+    assert result(admin.incremental_alter_configs([res])[res]) is None
+    assert result(admin.create_partitions([NewPartitions("rs", 3)])["rs"]) is None
+    produce(broker, "rs", [b"a", b"b", b"c"])
+    [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
+    assert result(fut).low_watermark == 2
+    del admin
+
+    broker.restart()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert partitions_of(admin, "rs") == 3
+    configs = describe_topic(admin, "rs")
+    assert configs["retention.ms"].value == "77777" and configs["cleanup.policy"].value == "compact"
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "rs-g"})
+    try:
+        assert consumer.get_watermark_offsets(TopicPartition("rs", 0), timeout=TIMEOUT) == (2, 3)
+    finally:
+        consumer.close()
+    assert partitions_of(admin, "dt-b") is None and partitions_of(admin, "ct-a") == 3
