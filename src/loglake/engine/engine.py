@@ -257,12 +257,11 @@ class Engine:
         try:
             if self._failure is None:
                 self.flush()
-                if self._cold_store is not None:
-                    # Upload what is due now (S3-primary topics expect their data in the bucket);
-                    # failures are logged and the segments stay hot for the next start.
-                    if self.relocate_due():
-                        self.write_snapshot()
-                        self.publish_metadata()
+                # Upload what is due now (S3-primary topics expect their data in the bucket);
+                # failures are logged and the segments stay hot for the next start.
+                if self._cold_store is not None and self.relocate_due():
+                    self.write_snapshot()
+                    self.publish_metadata()
         finally:
             self._closed = True
             self._stop.set()
