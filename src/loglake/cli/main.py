@@ -80,6 +80,9 @@ def _global(
     log_level: Annotated[
         str, typer.Option("--log-level", help=f"Logging level on stderr: {', '.join(LOG_LEVELS)}.")
     ] = "WARNING",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="text, or json (one JSON object per line, for log shippers).")
+    ] = "text",
     version: Annotated[
         bool, typer.Option("--version", is_eager=True, callback=_version, help="Print the version and exit.")
     ] = False,
@@ -87,7 +90,9 @@ def _global(
     level = log_level.upper()
     if level not in LOG_LEVELS:
         raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
-    configure_logging(getattr(logging, level))
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("must be text or json", param_hint="--log-format")
+    configure_logging(getattr(logging, level), json_lines=log_format == "json")
 
 
 class _StderrHandler(logging.Handler):
@@ -100,14 +105,33 @@ class _StderrHandler(logging.Handler):
             self.handleError(record)
 
 
-def configure_logging(level: int) -> None:
+class JsonLineFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, msg (and exc when there is one)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, ensure_ascii=False)
+
+
+def configure_logging(level: int, *, json_lines: bool = False) -> None:
     """Log to stderr at `level`; replaces only the handler an earlier call installed."""
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, _StderrHandler):
             root.removeHandler(handler)
     handler = _StderrHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    formatter: logging.Formatter = (
+        JsonLineFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    )
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(level)
 
