@@ -89,6 +89,13 @@ class Metrics:
             line("loglake_wal_fsync_seconds_total", round(shard.fsync_seconds_total, 6), labels)
             line("loglake_wal_groups_total", shard.groups_written, labels)
             line("loglake_wal_frames_total", shard.frames_written, labels)
+        cold = getattr(engine, "cold_reader", None)
+        if cold is not None:
+            out.append("# TYPE loglake_cold_range_gets_total counter")
+            line("loglake_cold_range_gets_total", cold.gets)
+            line("loglake_cold_range_cache_hits_total", cold.ranges.hits)
+            line("loglake_cold_range_cache_misses_total", cold.ranges.misses)
+            line("loglake_cold_range_cache_bytes", cold.ranges.size_bytes)
         high_watermarks: dict[tuple[str, int], int] = {}
         for topic in engine.topics():
             for p in range(topic.partitions):

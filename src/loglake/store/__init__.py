@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 from collections.abc import Callable
@@ -84,6 +85,11 @@ def open_store(url: str, fs: FileSystem) -> ObjectStore:
     if "://" not in url:
         return LocalStore(os.path.abspath(url), fs)
     scheme = url.split("://", 1)[0].lower()
+    if scheme == "s3" and "s3" not in _schemes:
+        try:  # the S3 backend registers itself on import; boto3 is only needed for it
+            importlib.import_module("loglake.store.s3").register()
+        except ImportError as exc:
+            raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install loglake[s3]") from None
     with _schemes_lock:
         factory = _schemes.get(scheme)
         known = sorted(_schemes)
