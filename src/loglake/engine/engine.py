@@ -32,7 +32,7 @@ from loglake.engine.config import (
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.published import encode_published, meta_key
-from loglake.engine.tiering import ColdReader
+from loglake.engine.tiering import ColdReader, Relocator
 from loglake.engine.types import (
     AppendResult,
     Chunk,
@@ -44,7 +44,6 @@ from loglake.engine.types import (
 )
 from loglake.errors import (
     ConfigError,
-    CorruptionError,
     CorruptRecordError,
     EngineClosedError,
     EngineFailedError,
@@ -118,9 +117,7 @@ class Engine:
         self._store = store
         self._cold_store = cold_store
         self._cold: ColdReader | None = None
-        self._relocation_pool: ThreadPoolExecutor | None = None
-        self._relocating: dict[str, float] = {}  # key -> monotonic time of the last attempt (in flight: inf)
-        self._relocating_lock = threading.Lock()
+        self._relocator: Relocator | None = None
         self._start_background = start_background
         self._lock = threading.RLock()  # topics map and metadata
         self._topics: dict[str, TopicState] = {}
@@ -205,6 +202,7 @@ class Engine:
                     read_ahead_segments=self.config.cold_read_ahead_segments,
                     threads=self.config.cold_read_threads,
                 )
+                self._relocator = Relocator(self, self.config.relocation_threads, self.config.relocation_retry_ms)
             report = recover(self)
         except BaseException:
             self._dir_lock.release()
@@ -213,10 +211,8 @@ class Engine:
         self.recovery_report = report
         if self._start_background:
             self._seal_pool = ThreadPoolExecutor(self.config.seal_threads, thread_name_prefix="loglake-seal")
-            if self._cold_store is not None:
-                self._relocation_pool = ThreadPoolExecutor(
-                    self.config.relocation_threads, thread_name_prefix="loglake-upload"
-                )
+            if self._relocator is not None:
+                self._relocator.start()
             self._maintenance = threading.Thread(target=self._maintenance_loop, name="loglake-maint", daemon=True)
             self._maintenance.start()
         log.info("%s", report.summary())
@@ -270,8 +266,8 @@ class Engine:
                 self._maintenance.join()
             if self._seal_pool is not None:
                 self._seal_pool.shutdown(wait=True)
-            if self._relocation_pool is not None:
-                self._relocation_pool.shutdown(wait=True, cancel_futures=True)
+            if self._relocator is not None:
+                self._relocator.close()
             if self._cold is not None:
                 self._cold.close()
             for shard in self._shards:
@@ -1105,8 +1101,8 @@ class Engine:
                 self._schedule_full_seal(p)
                 target -= size
         self._apply_retention()
-        if self._relocation_pool is not None:
-            self._schedule_relocations()
+        if self._relocator is not None:
+            self._relocator.schedule()
         if self._meta_dirty.is_set():
             self.write_snapshot()
             self._truncate_wal()
@@ -1165,103 +1161,15 @@ class Engine:
                 self._forget_index(seg.key)
                 self._delete_segment_object(seg.key, seg.tier)
 
-    # ==== tiering ===================================================================================
-
-    @staticmethod
-    def _due_for_cold(config: TopicConfig, p: Partition) -> list[SegmentRef]:
-        """Hot segments past hot.retain.segments / hot.retain.bytes, oldest first (stricter wins)."""
-        with p.lock:
-            hot = [s for s in p.segments if s.tier == "hot"]
-        move = hot[: max(0, len(hot) - config.hot_retain_segments)]
-        if config.hot_retain_bytes > 0:
-            total = sum(s.size for s in hot[len(move) :])
-            for seg in hot[len(move) :]:
-                if total <= config.hot_retain_bytes:
-                    break
-                move.append(seg)
-                total -= seg.size
-        return move
-
-    def _schedule_relocations(self) -> None:
-        """Queue uploads of the hot segments that are due for the cold tier."""
-        now = time.monotonic()
-        retry_s = self.config.relocation_retry_ms / 1000.0
-        for topic in list(self._topics.values()):
-            for p in topic.partitions:
-                for seg in self._due_for_cold(topic.config, p):
-                    with self._relocating_lock:
-                        last = self._relocating.get(seg.key)
-                        if last is not None and now - last < retry_s:
-                            continue  # in flight (inf) or failed recently
-                        self._relocating[seg.key] = float("inf")
-                    assert self._relocation_pool is not None
-                    try:
-                        self._relocation_pool.submit(self._relocate, p, seg)
-                    except RuntimeError:  # shutting down
-                        return
-
-    def _relocate(self, p: Partition, seg: SegmentRef) -> None:
-        """upload → verify → record tier=cold durably → delete the hot copy (module docstring of tiering)."""
-        cold = self._cold_store
-        assert cold is not None
-        try:
-            data = self.store.get(seg.key)
-            cold.put(seg.key, [data])
-            size = cold.head(seg.key)
-            if size != seg.size:
-                raise CorruptionError(seg.key, 0, f"cold copy has {size} bytes, hot copy {seg.size}")
-            trailer, _index = read_tail(cold, seg.key, size)
-            if trailer.chain_hash != seg.chain_hash or trailer.base_offset != seg.base_offset:
-                raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
-            with p.lock:
-                live = any(s is seg for s in p.segments) and not p.deleted
-                if live:
-                    seg.tier = "cold"
-            if not live:
-                cold.delete(seg.key)  # retention or a delete won the race
-                return
-            self.write_snapshot()  # the authoritative switch
-            self.store.delete(seg.key)
-            self._forget_index(seg.key)
-            log.info("relocated %s (%d bytes) to %s", seg.key, seg.size, cold.url)
-            with self._relocating_lock:
-                self._relocating.pop(seg.key, None)
-        except Exception as exc:
-            # If the failure came after the switch (deleting the hot copy), the segment is cold
-            # and recovery removes the leftover; before it, the segment simply stays hot.
-            log.warning("relocating %s to %s failed (will retry): %s", seg.key, cold.url, exc)
-            with self._relocating_lock:
-                self._relocating[seg.key] = time.monotonic()
+    # ==== tiering (loglake.engine.tiering.Relocator does the work) ================================
 
     def relocate_due(self) -> int:
         """Relocate every due segment now, on this thread (tests, tools). Returns how many moved."""
-        if self._cold_store is None:
-            return 0
-        moved = 0
-        for topic in list(self._topics.values()):
-            for p in topic.partitions:
-                for seg in self._due_for_cold(topic.config, p):
-                    self._relocate(p, seg)
-                    moved += seg.tier == "cold"
-        return moved
+        return self._relocator.relocate_due() if self._relocator is not None else 0
 
     def wait_relocations(self, timeout_s: float = 30.0) -> bool:
         """Relocate what is due now and wait for it (tests and tools). True when nothing is left."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._relocation_pool is None:
-                return True
-            with self._relocating_lock:
-                # failed attempts are retried at once here rather than after relocation_retry_ms
-                self._relocating = {k: v for k, v in self._relocating.items() if v == float("inf")}
-                busy = bool(self._relocating)
-            if not busy and not any(
-                self._due_for_cold(t.config, p) for t in list(self._topics.values()) for p in t.partitions
-            ):
-                return True
-            self._schedule_relocations()
-            time.sleep(0.02)
-        return False
+        return self._relocator.wait(timeout_s) if self._relocator is not None else True
 
     def _delete_segment_object(self, key: str, tier: str = "hot") -> None:
         store = self._cold_store if tier == "cold" and self._cold_store is not None else self.store

@@ -25,13 +25,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.segment.format import SegmentIndex, SegmentTrailer, read_tail
 from loglake.store.base import ObjectStore
+
+if TYPE_CHECKING:
+    from loglake.engine.config import TopicConfig
+    from loglake.engine.engine import Engine
+    from loglake.engine.partition import Partition, SegmentRef
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +205,117 @@ class ColdReader:
         self.ranges.forget(key)
         with self._lock:
             self._footers.pop(key, None)
+
+
+class Relocator:
+    """Moves hot segments that are due to the cold store (steps 1-4 of the module docstring)."""
+
+    def __init__(self, engine: Engine, threads: int, retry_ms: int) -> None:
+        self.engine = engine
+        self.threads = threads
+        self.retry_s = retry_ms / 1000.0
+        self._pool: ThreadPoolExecutor | None = None
+        self._attempts: dict[str, float] = {}  # key -> monotonic time of the last failure (in flight: inf)
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="loglake-upload")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    @staticmethod
+    def due(config: TopicConfig, p: Partition) -> list[SegmentRef]:
+        """Hot segments past hot.retain.segments / hot.retain.bytes, oldest first (stricter wins)."""
+        with p.lock:
+            hot = [s for s in p.segments if s.tier == "hot"]
+        move = hot[: max(0, len(hot) - config.hot_retain_segments)]
+        if config.hot_retain_bytes > 0:
+            total = sum(s.size for s in hot[len(move) :])
+            for seg in hot[len(move) :]:
+                if total <= config.hot_retain_bytes:
+                    break
+                move.append(seg)
+                total -= seg.size
+        return move
+
+    def _all_due(self) -> list[tuple[Partition, SegmentRef]]:
+        return [
+            (p, seg)
+            for topic in list(self.engine._topics.values())
+            for p in topic.partitions
+            for seg in self.due(topic.config, p)
+        ]
+
+    def schedule(self) -> None:
+        """Queue uploads of what is due (maintenance tick); failed ones wait `retry_s`."""
+        if self._pool is None:
+            return
+        now = time.monotonic()
+        for p, seg in self._all_due():
+            with self._lock:
+                last = self._attempts.get(seg.key)
+                if last is not None and now - last < self.retry_s:
+                    continue  # in flight (inf) or failed recently
+                self._attempts[seg.key] = float("inf")
+            try:
+                self._pool.submit(self.relocate, p, seg)
+            except RuntimeError:  # shutting down
+                return
+
+    def relocate(self, p: Partition, seg: SegmentRef) -> None:
+        engine = self.engine
+        cold = engine.cold_store
+        assert cold is not None
+        try:
+            data = engine.store.get(seg.key)
+            cold.put(seg.key, [data])  # 1. upload
+            size = cold.head(seg.key)  # 2. verify
+            if size != seg.size:
+                raise CorruptionError(seg.key, 0, f"cold copy has {size} bytes, hot copy {seg.size}")
+            trailer, _index = read_tail(cold, seg.key, size)
+            if trailer.chain_hash != seg.chain_hash or trailer.base_offset != seg.base_offset:
+                raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
+            with p.lock:
+                live = any(s is seg for s in p.segments) and not p.deleted
+                if live:
+                    seg.tier = "cold"
+            if not live:
+                cold.delete(seg.key)  # retention or a topic delete won the race
+                return
+            engine.write_snapshot()  # 3. the authoritative switch
+            engine.store.delete(seg.key)  # 4. the hot copy goes
+            engine._forget_index(seg.key)
+            log.info("relocated %s (%d bytes) to %s", seg.key, seg.size, cold.url)
+            with self._lock:
+                self._attempts.pop(seg.key, None)
+        except Exception as exc:
+            # A failure after the switch (deleting the hot copy) leaves the segment cold and
+            # recovery removes the leftover; before it, the segment simply stays hot.
+            log.warning("relocating %s to %s failed (will retry): %s", seg.key, cold.url, exc)
+            with self._lock:
+                self._attempts[seg.key] = time.monotonic()
+
+    def relocate_due(self) -> int:
+        """Relocate everything due now, on the calling thread. Returns how many moved."""
+        moved = 0
+        for p, seg in self._all_due():
+            self.relocate(p, seg)
+            moved += seg.tier == "cold"
+        return moved
+
+    def wait(self, timeout_s: float) -> bool:
+        """Schedule what is due and wait until nothing is (failed uploads are retried at once)."""
+        if self._pool is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                self._attempts = {k: v for k, v in self._attempts.items() if v == float("inf")}
+                busy = bool(self._attempts)
+            if not busy and not self._all_due():
+                return True
+            self.schedule()
+            time.sleep(0.02)
+        return False
