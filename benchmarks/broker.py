@@ -1,0 +1,798 @@
+#!/usr/bin/env python3
+"""loglake broker benchmark: disk limits, then a real `loglake serve` process driven by
+confluent-kafka (librdkafka) — produce, consume, latency at half load — in one run.
+
+    .venv/bin/python benchmarks/broker.py            # full run (~2-3 min on 2 cores)
+    .venv/bin/python benchmarks/broker.py --quick    # smoke run (< 60 s)
+    .venv/bin/python benchmarks/broker.py --json-out /tmp/broker.json --profile-seconds 10
+
+A JSON document goes to stdout, progress and a human table to stderr. Everything lives in a
+temporary directory next to the repository (or under `--dir`), removed at the end.
+
+What is measured (docs/PERFORMANCE.md, section "Broker"):
+
+1. Disk limits on the data filesystem, measured as benchmarks/engine.py does: sequential write
+   MB/s of 1 MiB pwrites with one fdatasync / an fdatasync every 4 MiB / every 1 MiB, and
+   pwrite(4 KiB)+fdatasync latency.
+2. A broker child process (default engine settings: durability class fsync, acks=all waits for
+   the WAL fdatasync). For 100-byte and 1 KiB records, on a topic created by Metadata
+   auto-create:
+   * produce: one confluent-kafka producer, acks=all, linger.ms=5, no compression; records/s
+     and payload MB/s from the first produce() until every delivery report is in (flush);
+   * consume: one consumer, partitions assigned from the beginning, over the same records;
+   * latency: a producer rate-limited to half the measured produce rate; latency is librdkafka's
+     own per-message latency (Message.latency(): produce() call to delivery report), so it
+     includes linger.ms.
+   Broker CPU (utime+stime from /proc/<pid>/stat over wall time; 100 % = one core) and the
+   benchmark process's own CPU (librdkafka threads included) are reported for every phase —
+   client and broker share the machine's cores.
+3. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
+   (self and total samples) are in the JSON and the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import confluent_kafka  # noqa: E402
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+
+from brokerkit import Broker  # noqa: E402
+
+
+def _load_engine_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("loglake_engine_bench", ROOT / "benchmarks" / "engine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+engine_bench = _load_engine_bench()
+pct = engine_bench.pct
+
+MiB = 1024 * 1024
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Targets (docs/PERFORMANCE.md, "Broker").
+TARGET_PRODUCE_100B_RPS = 500_000
+TARGET_PRODUCE_1K_RAW_FRACTION = 0.60
+TARGET_CONSUME_RPS = 1_000_000
+TARGET_P99_MS = 10.0
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ==== CPU accounting ============================================================================
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all threads) from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of the whole line
+
+
+def self_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+class CpuMeter:
+    def __init__(self, broker_pid: int) -> None:
+        self.pid = broker_pid
+        self.t0 = time.perf_counter()
+        self.b0 = proc_cpu_seconds(broker_pid)
+        self.c0 = self_cpu_seconds()
+
+    def stop(self) -> dict[str, float]:
+        wall = time.perf_counter() - self.t0
+        return {
+            "broker_cpu_pct": 100.0 * (proc_cpu_seconds(self.pid) - self.b0) / wall,
+            "client_cpu_pct": 100.0 * (self_cpu_seconds() - self.c0) / wall,
+        }
+
+
+# ==== broker-side request latency (/metrics) ======================================================
+
+
+def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
+    """{(api, le): cumulative count} of loglake_request_seconds_bucket, plus (api, "sum")."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        if line.startswith(("loglake_request_seconds_bucket{", "loglake_request_seconds_sum{")):
+            labels, _, value = line.rpartition(" ")
+            fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
+            api = fields["api"].strip('"')
+            le = fields.get("le", '"sum"').strip('"')
+            out[(api, le)] = float(value)
+    return out
+
+
+def request_stats(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], api: str
+) -> dict[str, Any]:
+    """Requests of `api` handled between two scrapes: count, mean and bucket bounds of p50/p99
+    (time from decoding the request to its response being ready, not the socket write)."""
+    bounds = [*sorted({le for a, le in after if a == api and le not in ("sum", "+Inf")}, key=float), "+Inf"]
+    counts = [after.get((api, le), 0.0) - before.get((api, le), 0.0) for le in bounds]
+    total = counts[-1] if counts else 0.0
+    if not total:
+        return {"requests": 0}
+    seconds = after.get((api, "sum"), 0.0) - before.get((api, "sum"), 0.0)
+
+    def quantile(q: float) -> str:
+        for le, c in zip(bounds, counts, strict=True):
+            if c >= q * total:
+                return "> 10 s" if le == "+Inf" else f"<= {float(le) * 1e3:g} ms"
+        return "?"
+
+    return {
+        "requests": int(total),
+        "mean_ms": 1e3 * seconds / total,
+        "p50": quantile(0.5),
+        "p99": quantile(0.99),
+    }
+
+
+# ==== the client side ===========================================================================
+
+
+def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": bootstrap,
+        "acks": "all",
+        "linger.ms": 5,
+        "compression.type": "none",
+        "queue.buffering.max.messages": 2_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        "message.timeout.ms": 120_000,
+        "log_level": 3,
+        **extra,
+    }
+
+
+def payloads(size: int, distinct: int = 1024) -> list[bytes]:
+    rng = random.Random(size)
+    return [rng.randbytes(size) for _ in range(distinct)]
+
+
+def produce_throughput(bootstrap: str, topic: str, size: int, count: int, broker_pid: int) -> dict[str, Any]:
+    """Records/s and MB/s until every delivery report is in. Delivery reports are requested for
+    errors only (a Python callback per record would cost the client more than the broker)."""
+    errors: list[str] = []
+
+    def on_error(err: Any, msg: Any) -> None:
+        errors.append(str(err))
+
+    producer = Producer(
+        producer_config(bootstrap, **{"delivery.report.only.error": True, "on_delivery": on_error})
+    )
+    # Warm up: metadata, connection, producer id, topic creation.
+    producer.produce(topic, b"warm-up")
+    assert producer.flush(30) == 0
+    values = payloads(size)
+    nvalues = len(values)
+    produce = producer.produce
+    poll = producer.poll
+    meter = CpuMeter(broker_pid)
+    started = time.perf_counter()
+    i = 0
+    while i < count:
+        try:
+            produce(topic, values[i % nvalues])
+            i += 1
+        except BufferError:
+            poll(0.001)
+    sent = time.perf_counter()
+    left = producer.flush(120)
+    elapsed = time.perf_counter() - started
+    cpu = meter.stop()
+    if left or errors:
+        raise RuntimeError(f"produce failed: {left} undelivered, errors {errors[:3]}")
+    return {
+        "records": count,
+        "record_bytes": size,
+        "seconds": elapsed,
+        "enqueue_seconds": sent - started,
+        "records_per_s": count / elapsed,
+        "mb_per_s": count * size / elapsed / 1e6,
+        **cpu,
+    }
+
+
+def consume_throughput(
+    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int
+) -> dict[str, Any]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-unused",  # required by the client; partitions are assigned, nothing committed
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s) whenever its local queue
+            # holds queued.min.messages (100,000): raise both limits so the broker is what we measure.
+            "queued.min.messages": 2_000_000,
+            "queued.max.messages.kbytes": 512 * 1024,
+            "fetch.queue.backoff.ms": 5,
+            "fetch.max.bytes": 64 * MiB,
+            "max.partition.fetch.bytes": 4 * MiB,
+            "log_level": 3,
+        }
+    )
+    meter = CpuMeter(broker_pid)
+    started = time.perf_counter()
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    got = 0
+    nbytes = 0
+    first = 0.0
+    deadline = started + 300
+    while got < count and time.perf_counter() < deadline:
+        for msg in consumer.consume(100_000, 1.0):
+            if msg.error() is None:
+                got += 1
+                nbytes += len(msg)
+            elif msg.error().code() != KafkaError._PARTITION_EOF:
+                raise RuntimeError(f"consume error: {msg.error()}")
+        if got and not first:
+            first = time.perf_counter()
+    elapsed = time.perf_counter() - started
+    cpu = meter.stop()
+    consumer.close()
+    if got < count:
+        raise RuntimeError(f"consumed {got} of {count}")
+    # librdkafka waits ~0.5 s before its first offset query for a freshly assigned partition
+    # ("no current leader" timer): "steady" counts from the first batch handed to Python.
+    steady = time.perf_counter() - first if first else elapsed
+    return {
+        "records": got,
+        "seconds": elapsed,
+        "first_record_after_s": first - started if first else None,
+        "records_per_s": got / elapsed,
+        "mb_per_s": nbytes / elapsed / 1e6,
+        "steady_records_per_s": got / steady,
+        "steady_mb_per_s": nbytes / steady / 1e6,
+        **cpu,
+    }
+
+
+def raw_fetch_throughput(
+    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int
+) -> dict[str, Any]:
+    """The broker's side of consuming without a client library's per-record work: Fetch v12
+    requests over one socket (kafka-python's protocol codec), records counted from the batch
+    headers (record_count), nothing decoded. Partition by partition, 4 MiB per fetch."""
+    from kafka.protocol.consumer import FetchRequest
+    from kafka.protocol.parser import KafkaProtocol
+
+    from loglake.records.batch import BATCH_HEADER_SIZE, peek_header
+
+    F = FetchRequest.FetchTopic
+    host, port = bootstrap.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    proto = KafkaProtocol(client_id="bench-raw-fetch")
+    meter = CpuMeter(broker_pid)
+    started = time.perf_counter()
+    got = 0
+    nbytes = 0
+    requests = 0
+    for partition in range(partitions):
+        offset = 0
+        while True:
+            req = FetchRequest[12](
+                max_wait_ms=0,
+                min_bytes=1,
+                max_bytes=64 * MiB,
+                topics=[
+                    F(
+                        topic=topic,
+                        partitions=[
+                            F.FetchPartition(
+                                partition=partition, fetch_offset=offset, partition_max_bytes=4 * MiB
+                            )
+                        ],
+                    )
+                ],
+            )
+            proto.send_request(req)
+            sock.sendall(proto.send_bytes())
+            responses: list[Any] = []
+            while not responses:
+                data = sock.recv(8 * MiB)
+                if not data:
+                    raise RuntimeError("broker closed the raw fetch connection")
+                responses = proto.receive_bytes(data)
+            requests += 1
+            part = responses[0][1].responses[0].partitions[0]
+            records = part.records or b""
+            pos = 0
+            while pos + BATCH_HEADER_SIZE <= len(records):
+                h = peek_header(records, pos)
+                if pos + h.size > len(records):
+                    break  # a partial batch at the end of the response
+                got += h.record_count
+                nbytes += h.size
+                offset = h.base_offset + h.record_count
+                pos += h.size
+            if offset >= part.high_watermark:
+                break
+    elapsed = time.perf_counter() - started
+    cpu = meter.stop()
+    sock.close()
+    if got < count:
+        raise RuntimeError(f"raw fetch got {got} of {count}")
+    return {
+        "records": got,
+        "requests": requests,
+        "seconds": elapsed,
+        "records_per_s": got / elapsed,
+        "mb_per_s": nbytes / elapsed / 1e6,
+        **cpu,
+    }
+
+
+def produce_latency(
+    bootstrap: str, topic: str, size: int, rate: float, seconds: float, broker_pid: int
+) -> dict[str, Any]:
+    """A producer sending `rate` records/s in 1 ms ticks. Every `sample`-th record carries a
+    delivery callback that reads librdkafka's latency for it (produce() to delivery report, as
+    seen when poll() serves the report); the others carry none, to keep the client cheap."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    sample = max(1, int(rate * seconds / 50_000))
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            latencies.append(msg.latency())
+
+    # No global delivery callback: unsampled records cost no Python call (a systematic failure
+    # still shows up in the sampled ones).
+    producer = Producer(producer_config(bootstrap))
+    producer.produce(topic, b"warm-up")
+    assert producer.flush(30) == 0
+    values = payloads(size)
+    nvalues = len(values)
+    produce = producer.produce
+    meter = CpuMeter(broker_pid)
+    started = time.perf_counter()
+    sent = 0
+    behind = 0
+    while True:
+        now = time.perf_counter()
+        elapsed = now - started
+        if elapsed >= seconds:
+            break
+        due = int(rate * elapsed)
+        if due - sent > rate * 0.05:
+            behind += 1  # the client itself fell more than 50 ms behind
+        while sent < due:
+            if sent % sample:
+                produce(topic, values[sent % nvalues])
+            else:
+                produce(topic, values[sent % nvalues], on_delivery=report)
+            sent += 1
+        producer.poll(0)
+        pause = 0.001 - (time.perf_counter() - now)
+        if pause > 0:
+            time.sleep(pause)
+    left = producer.flush(60)
+    wall = time.perf_counter() - started
+    cpu = meter.stop()
+    if left or errors:
+        raise RuntimeError(f"latency run failed: {left} undelivered, errors {errors[:3]}")
+    ms = [x * 1e3 for x in latencies]
+    return {
+        "target_rate": rate,
+        "achieved_rate": sent / seconds,
+        "records": sent,
+        "record_bytes": size,
+        "seconds": wall,
+        "p50_ms": pct(ms, 50),
+        "p90_ms": pct(ms, 90),
+        "p99_ms": pct(ms, 99),
+        "p999_ms": pct(ms, 99.9),
+        "max_ms": max(ms),
+        "samples": len(ms),
+        "ticks_behind": behind,
+        **cpu,
+    }
+
+
+# ==== profiling =================================================================================
+
+
+def parse_raw_profile(path: Path, top: int = 20) -> dict[str, Any]:
+    """py-spy --format raw: one collapsed stack per line, "frame;frame;...;leaf count"."""
+    self_counts: Counter[str] = Counter()
+    total_counts: Counter[str] = Counter()
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        samples += count
+        self_counts[_short(frames[-1])] += count
+        for frame in {_short(f) for f in frames}:
+            total_counts[frame] += count
+    return {
+        "samples": samples,
+        "top_self": [(f, c, 100.0 * c / samples) for f, c in self_counts.most_common(top)] if samples else [],
+        "top_total": [(f, c, 100.0 * c / samples) for f, c in total_counts.most_common(top)]
+        if samples
+        else [],
+    }
+
+
+def _short(frame: str) -> str:
+    """'func (path/to/module.py:123)' -> 'func (module.py)' — lines vary within a function."""
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    file = where.rsplit(":", 1)[0]
+    for marker in ("/site-packages/", "/src/", "/lib/python3"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{name} ({file})" if file else name
+
+
+def profile_produce(
+    bootstrap: str, topic: str, broker_pid: int, seconds: int, out: Path, count: int, size: int
+) -> dict[str, Any]:
+    pyspy = shutil.which("py-spy") or str(ROOT / ".venv" / "bin" / "py-spy")
+    if not Path(pyspy).exists():
+        return {"error": "py-spy not found"}
+    cmd = [
+        pyspy,
+        "record",
+        "--pid",
+        str(broker_pid),
+        "--duration",
+        str(seconds),
+        "--rate",
+        "200",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+        "--nonblocking",
+    ]
+    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    produced = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline and spy.poll() is None:
+            produce_throughput(bootstrap, topic, size, count, broker_pid)
+            produced += count
+    finally:
+        try:
+            _, err = spy.communicate(timeout=seconds + 30)
+        except subprocess.TimeoutExpired:
+            spy.send_signal(signal.SIGINT)
+            _, err = spy.communicate()
+    if spy.returncode != 0 or not out.exists():
+        return {"error": f"py-spy exited {spy.returncode}: {err.strip()[-500:]}"}
+    return {
+        "seconds": seconds,
+        "record_bytes": size,
+        "records_produced": produced,
+        "raw_file": str(out),
+        **parse_raw_profile(out),
+    }
+
+
+# ==== driver ====================================================================================
+
+
+def run_size(
+    broker: Broker, pid: int, metrics_url: str, size: int, count: int, latency_s: float
+) -> dict[str, Any]:
+    topic = f"bench-{size}b"
+    log(f"produce: {count:,} x {size} B, acks=all, linger.ms=5 ...")
+    m0 = scrape(metrics_url)
+    prod = produce_throughput(broker.bootstrap, topic, size, count, pid)
+    m1 = scrape(metrics_url)
+    prod["broker_produce_requests"] = request_stats(m0, m1, "Produce")
+    log(
+        f"  {prod['records_per_s']:,.0f} records/s, {prod['mb_per_s']:.1f} MB/s, broker CPU {prod['broker_cpu_pct']:.0f} %"
+    )
+    total = count + 1  # the warm-up record
+    partitions = broker_partitions(broker)
+    log(f"consume: {total:,} x {size} B from the beginning ...")
+    cons = consume_throughput(broker.bootstrap, topic, partitions, total, pid)
+    m2 = scrape(metrics_url)
+    cons["broker_fetch_requests"] = request_stats(m1, m2, "Fetch")
+    log(
+        f"  {cons['records_per_s']:,.0f} records/s, {cons['mb_per_s']:.1f} MB/s, broker CPU {cons['broker_cpu_pct']:.0f} %"
+    )
+    log("raw fetch: the same records, counted from batch headers ...")
+    raw = raw_fetch_throughput(broker.bootstrap, topic, partitions, total, pid)
+    log(
+        f"  {raw['records_per_s']:,.0f} records/s, {raw['mb_per_s']:.1f} MB/s, broker CPU {raw['broker_cpu_pct']:.0f} %"
+    )
+    m2 = scrape(metrics_url)
+    rate = prod["records_per_s"] / 2
+    log(f"latency: {rate:,.0f} records/s (half of max) for {latency_s:.0f} s ...")
+    lat = produce_latency(broker.bootstrap, f"{topic}-lat", size, rate, latency_s, pid)
+    lat["broker_produce_requests"] = request_stats(m2, scrape(metrics_url), "Produce")
+    log(
+        f"  p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, achieved {lat['achieved_rate']:,.0f}/s; "
+        f"broker Produce {lat['broker_produce_requests']}"
+    )
+    return {
+        "record_bytes": size,
+        "partitions": partitions,
+        "produce": prod,
+        "consume": cons,
+        "raw_fetch": raw,
+        "latency": lat,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def broker_partitions(broker: Broker) -> int:
+    for i, arg in enumerate(broker.extra_args):
+        if arg == "--default-partitions":
+            return int(broker.extra_args[i + 1])
+    return 1
+
+
+def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
+    limits: dict[str, Any] = engine_bench.machine_limits(directory, quick)
+    raw = max(
+        limits["raw_write_one_fdatasync"]["mb_per_s"], limits["raw_write_fdatasync_every_4MiB"]["mb_per_s"]
+    )
+    limits["raw_mb_per_s"] = raw
+    return limits
+
+
+def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    by_size = {r["record_bytes"]: r for r in doc["runs"]}
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, value: float, goal: float, unit: str, ok: bool, note: str = "") -> None:
+        out.append({"target": name, "value": value, "goal": goal, "unit": unit, "pass": ok, "note": note})
+
+    if 100 in by_size:
+        v = by_size[100]["produce"]["records_per_s"]
+        add(
+            "produce 100 B records/s (acks=all, fsync)",
+            v,
+            TARGET_PRODUCE_100B_RPS,
+            "records/s",
+            v >= TARGET_PRODUCE_100B_RPS,
+        )
+        c = by_size[100]["consume"]
+        v = c["records_per_s"]
+        add(
+            "consume 100 B records/s (confluent-kafka consumer)",
+            v,
+            TARGET_CONSUME_RPS,
+            "records/s",
+            v >= TARGET_CONSUME_RPS,
+            f"from the first record: {c['steady_records_per_s']:,.0f}/s; "
+            f"broker alone (raw fetch): {by_size[100]['raw_fetch']['records_per_s']:,.0f}/s",
+        )
+    if 1024 in by_size and doc.get("machine"):
+        raw = doc["machine"]["raw_mb_per_s"]
+        v = by_size[1024]["produce"]["mb_per_s"]
+        raw1 = doc["machine"]["raw_write_fdatasync_every_1MiB"]["mb_per_s"]
+        add(
+            "produce 1 KiB MB/s vs raw disk MB/s",
+            v / raw,
+            TARGET_PRODUCE_1K_RAW_FRACTION,
+            "fraction",
+            v / raw >= TARGET_PRODUCE_1K_RAW_FRACTION,
+            f"{v:.0f} of {raw:.0f} MB/s; {100 * v / raw1:.0f} % of the fdatasync-every-1MiB rate ({raw1:.0f} MB/s)",
+        )
+    for size, run in sorted(by_size.items()):
+        v = run["latency"]["p99_ms"]
+        add(f"produce p99 latency at half load, {size} B", v, TARGET_P99_MS, "ms", v <= TARGET_P99_MS)
+    return out
+
+
+def fmt_table(doc: dict[str, Any]) -> str:
+    lines: list[str] = []
+    m = doc.get("machine")
+    if m:
+        one, four, every1 = (
+            m[k]
+            for k in (
+                "raw_write_one_fdatasync",
+                "raw_write_fdatasync_every_4MiB",
+                "raw_write_fdatasync_every_1MiB",
+            )
+        )
+        lat = m["fdatasync_4KiB"]
+        lines += [
+            "disk limits",
+            f"  sequential write, one fdatasync      {one['mb_per_s']:8.0f} MB/s  (runs {', '.join(f'{x:.0f}' for x in one['runs_mb_per_s'])})",
+            f"  sequential write, fdatasync / 4 MiB  {four['mb_per_s']:8.0f} MB/s  (runs {', '.join(f'{x:.0f}' for x in four['runs_mb_per_s'])})",
+            f"  sequential write, fdatasync / 1 MiB  {every1['mb_per_s']:8.0f} MB/s  (runs {', '.join(f'{x:.0f}' for x in every1['runs_mb_per_s'])})",
+            f"  4 KiB pwrite+fdatasync               p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms",
+            "",
+        ]
+    header = f"{'phase':<28}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU':>12}{'client CPU':>12}"
+    lines += [header, "-" * len(header)]
+    for run in doc["runs"]:
+        size = run["record_bytes"]
+        p, c, lat = run["produce"], run["consume"], run["latency"]
+        lines.append(
+            f"{f'produce {size} B':<28}{p['records_per_s']:>12,.0f}{p['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{p['broker_cpu_pct']:>11.0f}%{p['client_cpu_pct']:>11.0f}%"
+        )
+        lines.append(
+            f"{f'consume {size} B':<28}{c['records_per_s']:>12,.0f}{c['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{c['broker_cpu_pct']:>11.0f}%{c['client_cpu_pct']:>11.0f}%"
+        )
+        r = run["raw_fetch"]
+        lines.append(
+            f"{f'raw fetch {size} B':<28}{r['records_per_s']:>12,.0f}{r['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{r['broker_cpu_pct']:>11.0f}%{r['client_cpu_pct']:>11.0f}%"
+        )
+        lines.append(
+            f"{f'half load {size} B':<28}{lat['achieved_rate']:>12,.0f}{lat['achieved_rate'] * size / 1e6:>9.1f}"
+            f"{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}{lat['broker_cpu_pct']:>11.0f}%{lat['client_cpu_pct']:>11.0f}%"
+        )
+        for what, stats in (
+            ("produce", p.get("broker_produce_requests")),
+            ("consume", c.get("broker_fetch_requests")),
+            ("half load", lat.get("broker_produce_requests")),
+        ):
+            if stats and stats.get("requests"):
+                lines.append(
+                    f"    broker side, {what} {size} B: {stats['requests']:,} requests, mean {stats['mean_ms']:.2f} ms, "
+                    f"p50 {stats['p50']}, p99 {stats['p99']}"
+                )
+    lines.append("")
+    for t in doc["targets"]:
+        value = f"{100 * t['value']:.0f} %" if t["unit"] == "fraction" else f"{t['value']:,.2f} {t['unit']}"
+        goal = f"{100 * t['goal']:.0f} %" if t["unit"] == "fraction" else f"{t['goal']:,} {t['unit']}"
+        cmp = "<=" if t["unit"] == "ms" else ">="
+        lines.append(
+            f"  {'PASS' if t['pass'] else 'FAIL'}  {t['target']}: {value} (target {cmp} {goal}) {t['note']}"
+        )
+    prof = doc.get("profile") or {}
+    if prof.get("top_self"):
+        lines += [
+            "",
+            f"py-spy, broker during {prof.get('record_bytes', 100)} B produce ({prof['samples']} samples, "
+            "all threads, idle excluded), top self:",
+        ]
+        lines += [f"  {share:5.1f} %  {name}" for name, _c, share in prof["top_self"][:15]]
+        lines += ["top total (inclusive):"]
+        lines += [f"  {share:5.1f} %  {name}" for name, _c, share in prof["top_total"][:15]]
+    elif prof.get("error"):
+        lines += ["", f"py-spy: {prof['error']}"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke run, < 60 s")
+    ap.add_argument("--dir", help="parent directory for data (default: next to the repository)")
+    ap.add_argument("--json-out", help="also write the JSON here")
+    ap.add_argument(
+        "--partitions", type=int, default=1, help="partitions of the benchmark topics (default 1)"
+    )
+    ap.add_argument("--sizes", default="100,1024", help="record sizes in bytes, comma-separated")
+    ap.add_argument(
+        "--records", type=int, help="records per produce run (default: 3M for 100 B, scaled by size)"
+    )
+    ap.add_argument("--latency-seconds", type=float, help="length of each half-load run")
+    ap.add_argument("--profile-seconds", type=int, help="py-spy duration (0: no profile)")
+    ap.add_argument("--profile-size", type=int, default=100, help="record size of the profiled produce run")
+    ap.add_argument("--skip-machine", action="store_true", help="do not measure the disk")
+    ap.add_argument(
+        "--broker-arg", action="append", default=[], help="extra `loglake serve` argument (repeatable)"
+    )
+    args = ap.parse_args(argv)
+    quick = args.quick
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 10.0)
+    profile_s = args.profile_seconds if args.profile_seconds is not None else (0 if quick else 10)
+
+    parent = args.dir or str(ROOT.parent)
+    work = Path(tempfile.mkdtemp(prefix="loglake-broker-bench-", dir=parent))
+    doc: dict[str, Any] = {
+        "benchmark": "broker",
+        "quick": quick,
+        "python": platform.python_version(),
+        "cores": os.cpu_count(),
+        "client": f"confluent-kafka {confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}",
+        "runs": [],
+    }
+    broker: Broker | None = None
+    try:
+        if not args.skip_machine:
+            doc["machine"] = machine_limits(str(work), quick)
+        metrics_port = free_port()
+        broker = Broker(
+            work / "data",
+            [
+                "--default-partitions",
+                str(args.partitions),
+                "--metrics-listen",
+                f"127.0.0.1:{metrics_port}",
+                *args.broker_arg,
+            ],
+        ).start()
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        assert broker.proc is not None
+        pid = broker.proc.pid
+        doc["broker"] = {"pid": pid, "args": broker.extra_args, "durability": "fsync (engine default)"}
+        for size in sizes:
+            base = args.records or (600_000 if quick else 3_000_000)
+            count = base if size <= 100 else max(base // 3, int(base * 100 / size))
+            doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s))
+        if profile_s:
+            size = args.profile_size
+            log(f"profile: py-spy on the broker for {profile_s} s during {size} B produce ...")
+            doc["profile"] = profile_produce(
+                broker.bootstrap,
+                "bench-profile",
+                pid,
+                profile_s,
+                work / "broker-prof.txt",
+                max(20_000, 50_000_000 // size),
+                size,
+            )
+            if "raw_file" in doc["profile"]:
+                keep = Path(tempfile.gettempdir()) / "broker-prof.txt"
+                shutil.copyfile(doc["profile"]["raw_file"], keep)
+                doc["profile"]["raw_file"] = str(keep)
+        doc["broker"]["exit_code"] = broker.stop()
+        doc["broker"]["log_warnings"] = [
+            line for line in broker.log_text().splitlines() if " WARNING " in line or " ERROR " in line
+        ][:20]
+        doc["targets"] = targets(doc)
+    finally:
+        if broker is not None and broker.proc is not None and broker.proc.poll() is None:
+            broker.stop(signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
+    text = json.dumps(doc, indent=2, default=str)
+    print(text)
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    log("")
+    log(fmt_table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
