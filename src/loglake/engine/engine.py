@@ -762,7 +762,7 @@ class Engine:
         position, length, _count = index.byte_range(first, max_bytes)
         if seg.tier == "cold" and self._cold is not None:
             data = self._cold.read_range(seg.key, position, length)
-            self._cold.read_ahead(seg.key, position, length, index.data_end, next_key)
+            self._cold.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
             return [data]
         if file_ranges:
             path = self.store.local_path(seg.key)

@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from loglake.errors import CorruptionError, LoglakeError
-from loglake.segment.format import SegmentIndex, SegmentTrailer, read_tail
+from loglake.segment.format import HEADER_SIZE, SegmentIndex, SegmentTrailer, read_tail
 from loglake.store.base import ObjectStore
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ COLD_RANGE_CACHE_BYTES_DEFAULT = 256 * 1024 * 1024
 COLD_FOOTER_CACHE_ENTRIES_DEFAULT = 10_000
 #: Most read-aheads in flight at once (each is one ranged GET).
 READ_AHEAD_INFLIGHT_MAX = 8
+#: How long a read waits for a read-ahead of the same bytes before fetching them itself.
+READ_AHEAD_WAIT_S = 30.0
 
 
 class RangeCache:
@@ -119,7 +121,8 @@ class ColdReader:
         self._footers: OrderedDict[str, tuple[SegmentTrailer, SegmentIndex]] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="loglake-cold")
-        self._ahead: set[tuple[str, int]] = set()
+        # (key, start) -> (end, future) of read-aheads in flight
+        self._ahead: dict[tuple[str, int], tuple[int, Future[None]]] = {}
         self.gets = 0  # ranged GETs issued for reads (not read-ahead)
 
     def close(self) -> None:
@@ -146,6 +149,21 @@ class ColdReader:
         cached = self.ranges.get(key, start, length)
         if cached is not None:
             return cached
+        # A read-ahead already fetching these bytes: wait for it rather than fetch them twice.
+        with self._lock:
+            pending = [
+                fut
+                for (k, begin), (end, fut) in self._ahead.items()
+                if k == key and begin <= start and start + length <= end
+            ]
+        for fut in pending:
+            try:
+                fut.result(timeout=READ_AHEAD_WAIT_S)
+            except Exception:  # the read-ahead failed or is slow: read it ourselves
+                break
+            cached = self.ranges.get(key, start, length)
+            if cached is not None:
+                return cached
         self.gets += 1
         data = self.store.get_range(key, start, length)
         if len(data) != length:
@@ -153,41 +171,47 @@ class ColdReader:
         self.ranges.put(key, start, data)
         return data
 
-    def read_ahead(self, key: str, start: int, length: int, data_end: int, next_key: str | None) -> None:
-        """After a read of [start, start+length): fetch what a sequential reader wants next."""
+    def read_ahead(
+        self, key: str, start: int, length: int, data_end: int, next_key: str | None, max_bytes: int
+    ) -> None:
+        """After a read of [start, start+length): fetch what a sequential reader asking for up to
+        `max_bytes` at a time wants next."""
         if self.read_ahead_segments <= 0:
             return
         nxt = start + length
         if nxt < data_end:
-            self._prefetch(key, nxt, min(length, data_end - nxt))
+            self._prefetch(key, nxt, min(max_bytes, data_end - nxt))
         elif next_key is not None:
+            # The next segment's footer, and its first batches: they start right after the
+            # header, so no footer is needed to know where (a short read at the end is fine).
             self._prefetch_footer(next_key)
+            self._prefetch(next_key, HEADER_SIZE, max_bytes)
 
     def _prefetch(self, key: str, start: int, length: int) -> None:
         token = (key, start)
         with self._lock:
             if token in self._ahead or len(self._ahead) >= READ_AHEAD_INFLIGHT_MAX:
                 return
-            self._ahead.add(token)
         if self.ranges.get(key, start, length) is not None:
-            with self._lock:
-                self._ahead.discard(token)
             return
 
         def job() -> None:
             try:
-                self.ranges.put(key, start, self.store.get_range(key, start, length))
+                data = self.store.get_range(key, start, length)  # short at the object's end: fine
+                self.ranges.put(key, start, data)
             except LoglakeError as exc:
                 log.debug("read-ahead of %s@%d failed: %s", key, start, exc)
             finally:
                 with self._lock:
-                    self._ahead.discard(token)
+                    self._ahead.pop(token, None)
 
-        try:
-            self._pool.submit(job)
-        except RuntimeError:  # shut down
-            with self._lock:
-                self._ahead.discard(token)
+        with self._lock:
+            if token in self._ahead:
+                return
+            try:
+                self._ahead[token] = (start + length, self._pool.submit(job))
+            except RuntimeError:  # shut down
+                return
 
     def _prefetch_footer(self, key: str) -> None:
         def job() -> None:
