@@ -232,7 +232,7 @@ def main() -> None:
         results["gets_per_fetch"] = (gets1 - gets0) / max(1.0, fetch1 - fetch0)
         # The same scan again: the range cache now holds the topic, so this is the broker and
         # client path without S3 — the ceiling a cold read could reach on this machine.
-        records2, size2, took2 = consume_all(bootstrap, "cold")
+        _records2, size2, took2 = consume_all(bootstrap, "cold")
         results["warm_cache_read_MBps"] = size2 / took2 / 1e6
         results["cold_vs_warm_cache"] = results["cold_read_MBps"] / results["warm_cache_read_MBps"]
         # 4. produce alone, then with a cold scan running

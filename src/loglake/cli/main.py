@@ -26,7 +26,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import data, inspect, serve, topics
+from loglake.cli import data, inspect, pipeline, serve, topics
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     CliError,
@@ -67,6 +67,7 @@ app.command("produce")(data.produce)
 app.command("consume")(data.consume)
 app.command("inspect")(inspect.inspect)
 app.command("serve")(serve.serve)
+app.add_typer(pipeline.app, name="pipeline")
 
 
 def _version(value: bool) -> None:

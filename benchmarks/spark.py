@@ -1,0 +1,168 @@
+"""Batch-read benchmark of the `loglake` Spark data source, anchored on Spark's Parquet reader.
+
+    .venv/bin/python benchmarks/spark.py                 # 10M records of 100-byte values
+    .venv/bin/python benchmarks/spark.py --records 1000000 --json out.json --profile
+
+Both reads run on local[2] in the same session and are forced to materialize every column
+(`write.format("noop")`); each is timed --repeat times and the best run is reported.
+`--profile` also runs cProfile on one segment slice's `read_slice` in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import loglake
+from loglake.records.batch import build_batch
+
+TOPIC = "bench"
+BATCH_RECORDS = 2000
+
+
+def produce(data_dir: Path, records: int, value_bytes: int, partitions: int, codec: str) -> float:
+    started = time.perf_counter()
+    with loglake.open(str(data_dir)) as log:
+        log.create_topic(TOPIC, partitions, {"retention.ms": "-1"})
+        ts = int(time.time() * 1000)
+        codec_id = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}[codec]
+        for start in range(0, records, BATCH_RECORDS):
+            n = min(BATCH_RECORDS, records - start)
+            recs = [(ts, None, f"{start + i:020d}".encode().ljust(value_bytes, b"x"), ()) for i in range(n)]
+            log.produce_raw(
+                TOPIC, (start // BATCH_RECORDS) % partitions, build_batch(recs, compression=codec_id)
+            )
+        log.flush()
+    return time.perf_counter() - started
+
+
+def timed(fn: Any, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def profile_read(data_dir: Path) -> str:
+    from loglake.spark.options import parse_read_options
+    from loglake.spark.plan import cached_store, load_metadata, select_partitions, slices_for
+    from loglake.spark.reader import read_slice
+
+    opts = parse_read_options({"path": str(data_dir), "subscribe": TOPIC}, "batch")
+    meta = load_metadata(cached_store(opts.store_url))
+    pm = select_partitions(opts, meta)[0]
+    sl = slices_for(opts.store_url, pm, pm.log_start, pm.end)[0]
+    for _ in read_slice(sl, False):  # warm up (imports, caches)
+        pass
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    rows = sum(b.num_rows for b in read_slice(sl, False))
+    prof.disable()
+    dt = time.perf_counter() - t
+    out = io.StringIO()
+    out.write(
+        f"read_slice of one segment: {rows} records in {dt:.3f}s under cProfile ({rows / dt:,.0f} records/s)\n"
+    )
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    return out.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=10_000_000)
+    ap.add_argument("--value-bytes", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--codec", default="none", choices=["none", "gzip", "snappy", "lz4", "zstd"])
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
+    ap.add_argument("--json", help="also write the results as JSON to this file")
+    ap.add_argument(
+        "--profile", action="store_true", help="cProfile one segment's read_slice in this process"
+    )
+    args = ap.parse_args()
+
+    work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="loglake-spark-bench-"))
+    data_dir, parquet_dir = work / "data", work / "parquet"
+    try:
+        if not (data_dir / "segments").exists():
+            print(f"producing {args.records:,} records into {data_dir} ...", file=sys.stderr)
+            produce_s = produce(data_dir, args.records, args.value_bytes, args.partitions, args.codec)
+        else:
+            produce_s = 0.0
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        import loglake.spark
+
+        spark = (
+            SparkSession.builder.master(args.master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.memory", "4g")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        loglake.spark.register(spark)
+
+        def loglake_df() -> Any:
+            return (
+                spark.read.format("loglake").option("path", str(data_dir)).option("subscribe", TOPIC).load()
+            )
+
+        n = loglake_df().count()
+        assert n == args.records, f"read {n} records, produced {args.records}"
+        if not parquet_dir.exists():
+            loglake_df().write.parquet(str(parquet_dir))
+        loglake_s = timed(lambda: loglake_df().write.format("noop").mode("overwrite").save(), args.repeat)
+        parquet_s = timed(
+            lambda: spark.read.parquet(str(parquet_dir)).write.format("noop").mode("overwrite").save(),
+            args.repeat,
+        )
+        spark.stop()
+        result = {
+            "records": args.records,
+            "value_bytes": args.value_bytes,
+            "partitions": args.partitions,
+            "codec": args.codec,
+            "master": args.master,
+            "cpus": os.cpu_count(),
+            "produce_s": round(produce_s, 2),
+            "loglake_s": round(loglake_s, 3),
+            "loglake_records_per_s": round(args.records / loglake_s),
+            "parquet_s": round(parquet_s, 3),
+            "parquet_records_per_s": round(args.records / parquet_s),
+            "ratio_to_parquet": round(parquet_s / loglake_s, 3),
+            "targets": {"records_per_s": 2_000_000, "ratio_to_parquet": 0.25},
+        }
+        print(json.dumps(result, indent=2))
+        print()
+        print(f"{'read':<10} {'seconds':>9} {'records/s':>14}")
+        print(f"{'loglake':<10} {loglake_s:>9.3f} {result['loglake_records_per_s']:>14,}")
+        print(f"{'parquet':<10} {parquet_s:>9.3f} {result['parquet_records_per_s']:>14,}")
+        print(f"loglake reads at {result['ratio_to_parquet']:.0%} of the Parquet rate")
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        if args.profile:
+            print()
+            print(profile_read(data_dir))
+    finally:
+        if not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Driver-side planning: published metadata -> partitions -> offset ranges -> segment slices.
+
+No pyspark here: everything is plain Python over the object store, so it is unit-testable and
+the same code serves batch and streaming reads. Only sealed segments (what meta.json lists)
+are visible.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from loglake.engine.published import read_published
+from loglake.errors import LoglakeError
+from loglake.fs.os_fs import OsFileSystem
+from loglake.records.batch import decode_batch
+from loglake.segment.format import read_tail
+from loglake.spark.options import EARLIEST, LATEST, LoglakeOptionError, OffsetSpec, ReadOptions
+from loglake.store import ObjectStore, open_store, segment_key
+
+log = logging.getLogger("loglake.spark")
+
+TopicPartition = tuple[str, int]
+#: Offsets as Spark's streaming engine stores them: {topic: {"partition": next offset}}.
+OffsetDict = dict[str, dict[str, int]]
+
+
+class DataLossError(LoglakeError):
+    """Offsets a query needs are gone (retention deleted them, or the topic was re-created)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    key: str
+    base: int
+    last: int
+    size: int
+    max_ts: int
+    record_count: int
+    tier: str = "hot"
+    prev_hash: str = ""
+    chain_hash: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionMeta:
+    topic: str
+    topic_id: str
+    partition: int
+    log_start: int
+    end: int  # sealed end: the next offset after the last visible record
+    segments: tuple[SegmentInfo, ...]
+
+    @property
+    def tp(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One Spark input partition: offsets [start, end) of one segment object."""
+
+    store_url: str
+    topic: str
+    partition: int
+    key: str
+    size: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Metadata:
+    cluster_id: str
+    seq: int
+    topics: dict[str, dict[str, Any]]
+    partitions: dict[TopicPartition, PartitionMeta]
+
+
+_FS = OsFileSystem()
+
+
+@lru_cache(maxsize=16)
+def cached_store(url: str) -> ObjectStore:
+    """One store object per URL and process (Python workers are reused across tasks)."""
+    if url.lower().startswith("s3://"):
+        try:
+            from loglake.store import s3
+
+            s3.register()
+        except ImportError as exc:  # pragma: no cover - boto3 missing
+            raise LoglakeError(f"reading {url} needs the S3 store (boto3): {exc}") from exc
+    return open_store(url, _FS)
+
+
+def load_metadata(store: ObjectStore) -> Metadata:
+    doc = read_published(store)
+    cluster_id = str(doc["cluster_id"])
+    parts: dict[TopicPartition, PartitionMeta] = {}
+    for name, t in doc["topics"].items():
+        tid = str(t["id"])
+        for p in range(int(t["partitions"])):
+            pdoc = doc["partitions"].get(f"{tid}/{p}")
+            if pdoc is None:
+                parts[(name, p)] = PartitionMeta(name, tid, p, 0, 0, ())
+                continue
+            segs = tuple(
+                SegmentInfo(
+                    segment_key(cluster_id, name, tid, p, int(s[0])),
+                    int(s[0]),
+                    int(s[1]),
+                    int(s[2]),
+                    int(s[3]),
+                    int(s[4]),
+                    str(s[8]) if len(s) > 8 else "hot",
+                    str(s[5]) if len(s) > 6 else "",
+                    str(s[6]) if len(s) > 6 else "",
+                )
+                for s in pdoc["segments"]
+            )
+            parts[(name, p)] = PartitionMeta(
+                name, tid, p, int(pdoc["log_start"]), int(pdoc["sealed_end"]), segs
+            )
+    return Metadata(cluster_id, int(doc.get("seq", 0)), dict(doc["topics"]), parts)
+
+
+def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:
+    """The partitions the subscription names, sorted by (topic, partition)."""
+    if opts.assign is not None:
+        out = []
+        for topic, plist in opts.assign.items():
+            if topic not in meta.topics:
+                raise LoglakeOptionError(f"option assign: topic {topic!r} does not exist")
+            for p in plist:
+                if (topic, p) not in meta.partitions:
+                    raise LoglakeOptionError(
+                        f"option assign: topic {topic!r} has no partition {p} (it has {meta.topics[topic]['partitions']})"
+                    )
+                out.append(meta.partitions[(topic, p)])
+        return sorted(out, key=lambda m: m.tp)
+    for topic in opts.subscribe:
+        if topic not in meta.topics:
+            log.warning("loglake: subscribed topic %r does not exist (yet)", topic)
+    return sorted((m for tp, m in meta.partitions.items() if opts.matches(tp[0])), key=lambda m: m.tp)
+
+
+# ---- offsets ----------------------------------------------------------------------------------
+
+
+def store_for(seg: SegmentInfo, hot_url: str, cold_url: str | None) -> str:
+    """The URL of the store holding a segment: the hot store, or the cold one (option coldPath)."""
+    if seg.tier == "cold":
+        if not cold_url:
+            raise LoglakeOptionError(
+                f"segment {seg.key} was moved to the cold tier: give its store URL with the option coldPath"
+            )
+        return cold_url
+    return hot_url
+
+
+def offset_for_timestamp(
+    store: ObjectStore, pm: PartitionMeta, ts: int, cold_url: str | None = None
+) -> int | None:
+    """The first offset (at or after log start) whose record timestamp is >= ts, else None."""
+    for seg in pm.segments:
+        if seg.last < pm.log_start or seg.max_ts < ts:
+            continue
+        if seg.tier == "cold":
+            store = cached_store(store_for(seg, store.url, cold_url))
+        _trailer, index = read_tail(store, seg.key, seg.size)
+        i = index.find_timestamp(ts)
+        while i is not None and i < len(index):
+            e = index.entry(i)
+            data = store.get_range(seg.key, e.position, e.length)
+            header, records = decode_batch(data)
+            if not header.is_control:
+                for r in records:
+                    if r.timestamp >= ts and r.offset >= pm.log_start:
+                        return r.offset
+            i += 1
+    return None
+
+
+def resolve_offset(
+    spec: OffsetSpec,
+    pm: PartitionMeta,
+    store: ObjectStore,
+    *,
+    starting: bool,
+    strategy: str = "error",
+    cold_url: str | None = None,
+) -> int:
+    """The concrete offset a starting/ending spec means for one partition."""
+    default = pm.log_start if starting else pm.end
+    if spec.kind == "earliest":
+        return pm.log_start
+    if spec.kind == "latest":
+        return pm.end
+    if spec.kind == "offsets":
+        v = spec.per_partition.get(pm.tp)
+        if v is None:
+            return default
+        if v == EARLIEST:
+            return pm.log_start
+        if v == LATEST:
+            return pm.end
+        return v
+    if spec.kind == "timestamp":
+        ts: int | None = spec.timestamp
+    else:
+        ts = spec.per_partition.get(pm.tp)
+        if ts is None:
+            return default
+    assert ts is not None
+    found = offset_for_timestamp(store, pm, ts, cold_url)
+    if found is not None:
+        return found
+    if starting and strategy == "error":
+        raise LoglakeOptionError(
+            f"no record at or after timestamp {ts} in {pm.topic}-{pm.partition} "
+            "(set startingOffsetsByTimestampStrategy=latest to start at the end instead)"
+        )
+    return pm.end
+
+
+def check_range(pm: PartitionMeta, start: int, end: int, fail_on_data_loss: bool) -> tuple[int, int]:
+    """Clamp [start, end) to what exists; data loss raises (failOnDataLoss) or is skipped with a warning."""
+    if start < pm.log_start:
+        msg = (
+            f"{pm.topic}-{pm.partition}: offsets {start}..{min(end, pm.log_start) - 1} are gone "
+            f"(log start is now {pm.log_start}, retention deleted them)"
+        )
+        if fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to skip ahead instead")
+        log.warning("loglake: %s; skipping ahead (failOnDataLoss=false)", msg)
+        start = pm.log_start
+    if end > pm.end:
+        msg = f"{pm.topic}-{pm.partition}: offset {end} is past the sealed end {pm.end}"
+        if fail_on_data_loss:
+            raise DataLossError(msg + " (was the topic re-created?); set failOnDataLoss=false to go on")
+        log.warning("loglake: %s; reading up to %d", msg, pm.end)
+        end = pm.end
+    return start, max(start, end)
+
+
+# ---- slices -----------------------------------------------------------------------------------
+
+
+def slices_for(
+    store_url: str, pm: PartitionMeta, start: int, end: int, cold_url: str | None = None
+) -> list[Slice]:
+    out = []
+    for seg in pm.segments:
+        s, e = max(start, seg.base), min(end, seg.last + 1)
+        if s < e:
+            out.append(
+                Slice(store_for(seg, store_url, cold_url), pm.topic, pm.partition, seg.key, seg.size, s, e)
+            )
+    return out
+
+
+def split_slices(slices: list[Slice], min_partitions: int | None) -> list[Slice]:
+    """Split the biggest slices at batch boundaries (from the segment index) so there are at
+    least `min_partitions` of them where the data allows (as Kafka's range calculator)."""
+    if not min_partitions or len(slices) >= min_partitions or not slices:
+        return slices
+    total = sum(s.count for s in slices)
+    out: list[Slice] = []
+    for sl in slices:
+        pieces = max(1, math.ceil(sl.count / total * min_partitions)) if total else 1
+        if pieces <= 1:
+            out.append(sl)
+            continue
+        _trailer, index = read_tail(cached_store(sl.store_url), sl.key, sl.size)
+        cuts: list[int] = []
+        for k in range(1, pieces):
+            ideal = sl.start + (sl.count * k) // pieces
+            i = index.find_offset(ideal)
+            if i is None:
+                continue
+            cut = index.entry(i).base_offset
+            if sl.start < cut < sl.end and (not cuts or cut > cuts[-1]):
+                cuts.append(cut)
+        bounds = [sl.start, *cuts, sl.end]
+        out.extend(
+            Slice(sl.store_url, sl.topic, sl.partition, sl.key, sl.size, a, b)
+            for a, b in itertools.pairwise(bounds)
+        )
+    return out
+
+
+# ---- streaming offsets -----------------------------------------------------------------------
+
+
+def to_offset_dict(offsets: Mapping[TopicPartition, int]) -> OffsetDict:
+    out: OffsetDict = {}
+    for (t, p), off in sorted(offsets.items()):
+        out.setdefault(t, {})[str(p)] = int(off)
+    return out
+
+
+def from_offset_dict(doc: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for t, parts in doc.items():
+        for p, off in dict(parts).items():
+            out[(str(t), int(p))] = int(off)
+    return out
+
+
+def rate_limit(
+    start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int], limit: int
+) -> dict[TopicPartition, int]:
+    """Spread `limit` offsets over the partitions in proportion to what each has available
+    (Kafka's KafkaMicroBatchStream.rateLimit)."""
+    sizes = {tp: max(0, end - start.get(tp, end)) for tp, end in latest.items()}
+    total = sum(sizes.values())
+    if total <= limit:
+        return dict(latest)
+    out: dict[TopicPartition, int] = {}
+    for tp, end in latest.items():
+        begin = start.get(tp, end)
+        size = sizes[tp]
+        if size <= 0:
+            out[tp] = max(begin, end) if tp in start else end
+            continue
+        prorate = limit * (size / total)
+        step = math.ceil(prorate) if prorate < 1 else math.floor(prorate)
+        out[tp] = min(end, begin + step)
+    return out
+
+
+def total_offsets(slices: Iterable[Slice]) -> int:
+    return sum(s.count for s in slices)

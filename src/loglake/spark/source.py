@@ -1,0 +1,365 @@
+"""The `loglake` Python data source: batch and streaming reads of sealed segments, writes
+through a running broker. See docs/SPARK.md."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from loglake.spark.options import (
+    LoglakeOptionError,
+    ReadOptions,
+    WriteOptions,
+    parse_bool,
+    parse_read_options,
+    parse_write_options,
+)
+from loglake.spark.plan import (
+    DataLossError,
+    OffsetDict,
+    Slice,
+    TopicPartition,
+    cached_store,
+    check_range,
+    from_offset_dict,
+    load_metadata,
+    rate_limit,
+    resolve_offset,
+    select_partitions,
+    slices_for,
+    split_slices,
+    to_offset_dict,
+)
+from loglake.store import ObjectNotFoundError
+
+log = logging.getLogger("loglake.spark")
+
+try:  # Spark >= 4.2: admission control (ReadLimit) and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+
+    HAS_READ_LIMITS = True
+    _AvailableNowBase: Any = SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - Spark 4.0/4.1
+    HAS_READ_LIMITS = False
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[misc,assignment]
+
+    class _AvailableNowBase:  # type: ignore[no-redef]
+        pass
+
+
+def source_schema(include_headers: bool) -> StructType:
+    """Spark's Kafka source schema (plus `headers` with includeHeaders=true)."""
+    fields = [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+        fields.append(StructField("headers", ArrayType(header)))
+    return StructType(fields)
+
+
+class SlicePartition(InputPartition):
+    """A Spark input partition: one segment slice (small and picklable)."""
+
+    def __init__(self, value: Slice) -> None:
+        super().__init__(value)
+        self.value: Slice = value
+
+
+def _read(sl: Slice, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
+    from loglake.spark.reader import read_slice
+
+    try:
+        yield from read_slice(sl, opts.include_headers)
+    except ObjectNotFoundError:
+        msg = f"segment {sl.key} ({sl.topic}-{sl.partition} offsets {sl.start}..{sl.end - 1}) is gone (retention?)"
+        if opts.fail_on_data_loss:
+            raise DataLossError(msg + "; set failOnDataLoss=false to skip it") from None
+        log.warning("loglake: %s; skipped (failOnDataLoss=false)", msg)
+
+
+def _plan_partitions(
+    opts: ReadOptions, ranges: dict[TopicPartition, tuple[int, int]]
+) -> list[InputPartition]:
+    store = cached_store(opts.store_url)
+    meta = load_metadata(store)
+    slices: list[Slice] = []
+    for tp, (lo, hi) in sorted(ranges.items()):
+        if hi <= lo:
+            continue
+        pm = meta.partitions.get(tp)
+        if pm is None:
+            if hi > lo:
+                msg = f"{tp[0]}-{tp[1]} no longer exists (offsets {lo}..{hi - 1} are gone)"
+                if opts.fail_on_data_loss:
+                    raise DataLossError(msg + "; set failOnDataLoss=false to skip it")
+                log.warning("loglake: %s; skipped", msg)
+            continue
+        lo, hi = check_range(pm, lo, hi, opts.fail_on_data_loss)
+        slices.extend(slices_for(opts.store_url, pm, lo, hi, opts.cold_url))
+    return [SlicePartition(s) for s in split_slices(slices, opts.min_partitions)]
+
+
+class LoglakeBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+
+    def offset_ranges(self) -> dict[TopicPartition, tuple[int, int]]:
+        opts = self.opts
+        store = cached_store(opts.store_url)
+        meta = load_metadata(store)
+        ranges: dict[TopicPartition, tuple[int, int]] = {}
+        for pm in select_partitions(opts, meta):
+            start = resolve_offset(
+                opts.starting,
+                pm,
+                store,
+                starting=True,
+                strategy=opts.timestamp_strategy,
+                cold_url=opts.cold_url,
+            )
+            end = resolve_offset(opts.ending, pm, store, starting=False, cold_url=opts.cold_url)
+            if start > end:
+                raise LoglakeOptionError(
+                    f"starting offset {start} is after ending offset {end} for {pm.topic}-{pm.partition}"
+                )
+            ranges[pm.tp] = (start, end)
+        return ranges
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return _plan_partitions(self.opts, self.offset_ranges())
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
+            return iter(())
+        return _read(partition.value, self.opts)
+
+
+class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: ignore[misc]
+    """Micro-batch reads. Offsets: {topic: {"partition": next offset}}; a partition's latest
+    offset is its sealed end. maxOffsetsPerTrigger is spread over partitions like Kafka's."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._target: dict[TopicPartition, int] | None = None
+        self._last: dict[TopicPartition, int] | None = None
+
+    def _latest(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """(sealed end, log start) of every subscribed partition."""
+        meta = load_metadata(cached_store(self.opts.store_url))
+        parts = select_partitions(self.opts, meta)
+        return {pm.tp: pm.end for pm in parts}, {pm.tp: pm.log_start for pm in parts}
+
+    def initialOffset(self) -> OffsetDict:
+        opts = self.opts
+        store = cached_store(opts.store_url)
+        meta = load_metadata(store)
+        offsets = {
+            pm.tp: resolve_offset(
+                opts.starting,
+                pm,
+                store,
+                starting=True,
+                strategy=opts.timestamp_strategy,
+                cold_url=opts.cold_url,
+            )
+            for pm in select_partitions(opts, meta)
+        }
+        return to_offset_dict(offsets)
+
+    def getDefaultReadLimit(self) -> Any:
+        if not HAS_READ_LIMITS:  # pragma: no cover
+            return None
+        if self.opts.max_offsets_per_trigger:
+            return ReadMaxRows(self.opts.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target, _ = self._latest()
+
+    def latestOffset(self, start: OffsetDict | None = None, limit: Any = None) -> OffsetDict:
+        latest, log_start = self._latest()
+        if self._target is not None:
+            latest = {tp: min(latest.get(tp, off), off) for tp, off in self._target.items()}
+        if start is not None:
+            begin = from_offset_dict(start)
+            cap: int | None = None
+            if HAS_READ_LIMITS and isinstance(limit, ReadMaxRows):
+                cap = int(limit.max_rows)
+        elif self._last is not None:  # Spark 4.0/4.1: latestOffset() without arguments
+            begin = dict(self._last)
+            cap = self.opts.max_offsets_per_trigger
+        else:  # first call of an old-API query: we do not know where it resumes, read all
+            begin, cap = {}, None
+        # new partitions start at their log start (as Kafka's source does)
+        starts = {tp: begin.get(tp, log_start.get(tp, 0)) for tp in latest}
+        if cap is not None:
+            latest = rate_limit(starts, latest, cap)
+        merged = dict(begin)
+        for tp, off in latest.items():
+            merged[tp] = max(off, begin[tp]) if tp in begin else off
+        self._last = merged
+        return to_offset_dict(merged)
+
+    def reportLatestOffset(self) -> OffsetDict | None:
+        latest, _ = self._latest()
+        return to_offset_dict(latest)
+
+    def partitions(self, start: OffsetDict, end: OffsetDict) -> Sequence[InputPartition]:
+        s, e = from_offset_dict(start), from_offset_dict(end)
+        meta = load_metadata(cached_store(self.opts.store_url))
+        ranges: dict[TopicPartition, tuple[int, int]] = {}
+        for tp, hi in e.items():
+            lo = s.get(tp)
+            if lo is None:  # a partition that appeared in this micro-batch
+                pm = meta.partitions.get(tp)
+                lo = pm.log_start if pm is not None else hi
+            ranges[tp] = (lo, hi)
+        return _plan_partitions(self.opts, ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
+            return iter(())
+        return _read(partition.value, self.opts)
+
+    def commit(self, end: OffsetDict) -> None:
+        log.debug("loglake: committed %s", end)
+
+
+# ---- writing -----------------------------------------------------------------------------------
+
+
+class LoglakeCommitMessage(WriterCommitMessage):
+    def __init__(self, records: int) -> None:
+        self.records = records
+
+
+def _check_write_schema(schema: StructType, opts: WriteOptions) -> None:
+    names = {f.name: f.dataType for f in schema.fields}
+    if "value" not in names:
+        raise LoglakeOptionError(
+            "the DataFrame to write to loglake needs a `value` column (binary or string)"
+        )
+    for col in ("key", "value"):
+        if col in names and not isinstance(names[col], BinaryType | StringType):
+            raise LoglakeOptionError(
+                f"column {col} must be binary or string, not {names[col].simpleString()}"
+            )
+    if "topic" in names and not isinstance(names["topic"], StringType):
+        raise LoglakeOptionError(f"column topic must be a string, not {names['topic'].simpleString()}")
+    if "partition" in names and not isinstance(names["partition"], IntegerType):
+        raise LoglakeOptionError(f"column partition must be an int, not {names['partition'].simpleString()}")
+    if "timestamp" in names and not isinstance(names["timestamp"], TimestampType | LongType):
+        raise LoglakeOptionError("column timestamp must be a timestamp or a long (ms since the epoch)")
+    if opts.topic is None and "topic" not in names:
+        raise LoglakeOptionError("no topic to write to: set the option topic or add a topic column")
+
+
+class LoglakeWriter(DataSourceWriter):
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        _check_write_schema(schema, opts)
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        from loglake.spark.writer import produce_rows
+
+        return LoglakeCommitMessage(produce_rows(self.opts, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(m.records for m in messages if isinstance(m, LoglakeCommitMessage))
+        log.info("loglake: wrote %d records", total)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        total = sum(m.records for m in messages if isinstance(m, LoglakeCommitMessage))
+        log.warning(
+            "loglake: write aborted; %d records already acknowledged by the broker stay in the log "
+            "(the sink is at-least-once)",
+            total,
+        )
+
+
+class LoglakeStreamWriter(DataSourceStreamWriter):
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        _check_write_schema(schema, opts)
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        from loglake.spark.writer import produce_rows
+
+        return LoglakeCommitMessage(produce_rows(self.opts, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        total = sum(m.records for m in messages if isinstance(m, LoglakeCommitMessage))
+        log.info("loglake: micro-batch %d wrote %d records", batchId, total)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("loglake: micro-batch %d aborted; acknowledged records stay (at-least-once)", batchId)
+
+
+# ---- the data source ---------------------------------------------------------------------------
+
+
+class LoglakeDataSource(DataSource):
+    """`spark.read.format("loglake")`: see docs/SPARK.md for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "loglake"
+
+    def _include_headers(self) -> bool:
+        for k, v in self.options.items():
+            if str(k).lower() == "includeheaders":
+                return parse_bool("includeHeaders", str(v))
+        return False
+
+    def schema(self) -> StructType:
+        return source_schema(self._include_headers())
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return LoglakeBatchReader(parse_read_options(dict(self.options), "batch"))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return LoglakeStreamReader(parse_read_options(dict(self.options), "stream"))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return LoglakeWriter(parse_write_options(dict(self.options)), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return LoglakeStreamWriter(parse_write_options(dict(self.options)), schema)
+
+
+def register(spark: Any) -> None:
+    """Register the `loglake` format on a SparkSession."""
+    spark.dataSource.register(LoglakeDataSource)
