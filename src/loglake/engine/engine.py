@@ -939,19 +939,7 @@ class Engine:
             parts, trailer, index = writer.finish()
             key = segment_key(self._cluster_id, topic.name, p.topic_id.hex(), p.index, base)
             self.store.put(key, parts)
-            ref = SegmentRef(
-                trailer.base_offset,
-                trailer.last_offset,
-                key,
-                trailer.size,
-                trailer.max_timestamp,
-                trailer.record_count,
-                trailer.prev_hash,
-                trailer.chain_hash,
-                trailer.created_ms,
-                "hot",
-                index,
-            )
+            ref = SegmentRef.from_trailer(key, trailer, "hot", index)
             with p.lock:
                 deleted_meanwhile = self._topics_by_id.get(p.topic_id) is not topic
                 if not deleted_meanwhile:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from loglake.engine.producers import ProducerStates
 from loglake.segment.format import ZERO_HASH as _ZERO_HASH
-from loglake.segment.format import SegmentIndex
+from loglake.segment.format import SegmentIndex, SegmentTrailer
 
 #: Most tail waiters one partition keeps; past this, waiting readers are answered at once
 #: (empty) rather than let the list grow without bound.
@@ -77,6 +77,22 @@ class SegmentRef:
             self.created_ms,
             self.tier,
         ]
+
+    @classmethod
+    def from_trailer(cls, key: str, trailer: SegmentTrailer, tier: str, index: SegmentIndex | None) -> SegmentRef:
+        return cls(
+            trailer.base_offset,
+            trailer.last_offset,
+            key,
+            trailer.size,
+            trailer.max_timestamp,
+            trailer.record_count,
+            trailer.prev_hash,
+            trailer.chain_hash,
+            trailer.created_ms,
+            tier,
+            index,
+        )
 
     @classmethod
     def from_json(cls, key: str, raw: list[object]) -> SegmentRef:

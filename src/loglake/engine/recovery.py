@@ -183,19 +183,7 @@ def _adopt(engine: Engine, store: ObjectStore, p: Partition, key: str, tier: str
     if trailer.base_offset != p.sealed_end or trailer.prev_hash != p.chain_hash:
         return False
     p.segments.append(
-        SegmentRef(
-            trailer.base_offset,
-            trailer.last_offset,
-            key,
-            trailer.size,
-            trailer.max_timestamp,
-            trailer.record_count,
-            trailer.prev_hash,
-            trailer.chain_hash,
-            trailer.created_ms,
-            tier,
-            index,
-        )
+        SegmentRef.from_trailer(key, trailer, tier, index)
     )
     p.sealed_end = trailer.next_offset
     p.chain_hash = trailer.chain_hash

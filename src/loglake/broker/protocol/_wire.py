@@ -9,6 +9,8 @@ from __future__ import annotations
 import uuid
 from struct import Struct
 
+from loglake.records.varint import encode_unsigned_varint
+
 I8 = Struct(">b")
 I16 = Struct(">h")
 I32 = Struct(">i")
@@ -122,15 +124,8 @@ def skip_tagged_fields(data: Readable, pos: int) -> int:
 # --- writers (into a bytearray) ------------------------------------------------------------
 
 
-def uvarint(value: int) -> bytes:
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+#: Kafka's flexible versions use the same unsigned varints as record batches.
+uvarint = encode_unsigned_varint
 
 
 def put_string(out: bytearray, value: str | None, compact: bool) -> None:
