@@ -30,6 +30,7 @@ from typing import NamedTuple
 import crc32c
 
 from loglake.errors import CorruptionError, CorruptRecordError
+from loglake.records import batch as _records
 from loglake.store.base import BytesLike, ObjectStore
 
 FORMAT_VERSION = 1
@@ -74,16 +75,14 @@ TRAILER_CRC_OFFSET = TRAILER_FIELD_OFFSETS["trailer_crc"]
 #: (1635 entries).
 TAIL_READ_BYTES = 64 * 1024
 
-# ---- Kafka v2 RecordBatch header (big-endian) ----------------------------------------------
-#: base_offset, batch_length, partition_leader_epoch, magic, crc, attributes, last_offset_delta,
-#: first_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, record_count
-KAFKA_HEADER = struct.Struct(">qiiBIhiqqqhii")
-KAFKA_HEADER_SIZE = KAFKA_HEADER.size  # 61
-KAFKA_LENGTH_OVERHEAD = 12  # base_offset + batch_length precede the counted bytes
-KAFKA_CRC_START = 21  # the batch CRC covers [21, size)
-KAFKA_CRC_FIELD = 17
-KAFKA_MAGIC_FIELD = 16
-KAFKA_MAGIC = 2
+# ---- Kafka v2 RecordBatch header: the layout lives in loglake.records.batch ------------------
+KAFKA_HEADER = _records.HEADER
+KAFKA_HEADER_SIZE = _records.BATCH_HEADER_SIZE  # 61
+KAFKA_LENGTH_OVERHEAD = _records.LENGTH_FIELD_END  # base_offset + batch_length precede the counted bytes
+KAFKA_CRC_START = _records.CRC_COVERED_START  # the batch CRC covers [21, size)
+KAFKA_CRC_FIELD = _records.MAGIC_OFFSET + 1  # 17
+KAFKA_MAGIC_FIELD = _records.MAGIC_OFFSET  # 16
+KAFKA_MAGIC = _records.MAGIC_V2
 MIN_BATCH_LENGTH = KAFKA_HEADER_SIZE - KAFKA_LENGTH_OVERHEAD  # 49
 
 #: Smallest well-formed segment: header, one minimal batch, one index entry, trailer.
