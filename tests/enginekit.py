@@ -22,19 +22,20 @@ def small_config(**overrides: object) -> EngineConfig:
 
 def abandon(engine: Engine) -> None:
     """Stop an engine's threads without the clean-shutdown work (as a crash would)."""
-    for shard in engine._shards:
+    engine._closed = True
+    if engine._maintenance is not None:
+        engine._maintenance.close()
+    if engine._sealer is not None:
+        engine._sealer.close()
+    shards = list(engine._shards)
+    if engine._meta._shard is not None:
+        shards.append(engine._meta._shard)
+    for shard in shards:
         with shard._cond:
             shard._stopping = True
             shard._cond.notify_all()
         if shard._thread is not None:
             shard._thread.join(timeout=5)
-    engine._closed = True
-    engine._stop.set()
-    engine._wake.set()
-    if engine._maintenance is not None:
-        engine._maintenance.join(timeout=5)
-    if engine._seal_pool is not None:
-        engine._seal_pool.shutdown(wait=True)
 
 
 def read_all(engine: Engine, topic: str) -> dict[int, list[tuple[int, bytes | None, bytes | None]]]:

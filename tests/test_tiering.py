@@ -195,17 +195,18 @@ def test_empty_data_dir_is_rebuilt_from_the_cold_store(tmp_path: Path) -> None:
         for p, vals in produced.items():
             for v in vals:
                 log.produce("t", v, partition=p, timestamp=1_000)
-        log.engine.set_extra_meta("groups", {"version": 1, "groups": {}})
+        log.engine.commit_group_offsets("g", [("t", 0, 7, -1, "m", 1_000)]).result()
+        log.engine.save_group_state("g", {"generation": 3}).result()
         log.flush()
         assert log.engine.wait_relocations()
-        log.flush()  # publishes meta.json with every segment cold
+        log.flush()  # publishes the metadata's changes with every segment cold
     # The disk is lost: a new, empty data directory pointed at the same bucket.
     with loglake.open(str(tmp_path / "b"), cold_store=url) as log:
         report = log.recovery_report
         assert report is not None and report.restored_from == url and not report.segments_lost
         got = {p: [r.value for r in log.consume("t", partitions=[p])] for p in range(2)}
         assert got == produced
-        assert log.engine.get_extra_meta("groups") == {"version": 1, "groups": {}}
+        assert log.engine.group_metadata() == {"g": {"offsets": {("t", 0): [7, -1, "m", 1_000]}, "state": {"generation": 3}}}
         assert not verify_data_dir(log.engine).errors
 
 

@@ -14,6 +14,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from loglake.errors import ConfigError, InvalidTopicError
+from loglake.meta.log import (
+    META_CHECKPOINT_BYTES_DEFAULT,
+    META_CHECKPOINT_RECORDS_DEFAULT,
+    META_LOG_FILE_BYTES_DEFAULT,
+)
+from loglake.meta.publish import META_PUBLISH_INTERVAL_MS_DEFAULT
 from loglake.records.compression import codec_from_name
 from loglake.wal.shard import (
     WAL_FILE_BYTES_DEFAULT,
@@ -198,6 +204,14 @@ class EngineConfig:
     relocation_threads: int = 2
     #: Wait after a failed upload before that segment is tried again.
     relocation_retry_ms: int = 5_000
+    #: Metadata checkpoint after this many metadata log records since the last one...
+    meta_checkpoint_records: int = META_CHECKPOINT_RECORDS_DEFAULT
+    #: ...or this many bytes of them, whichever comes first.
+    meta_checkpoint_bytes: int = META_CHECKPOINT_BYTES_DEFAULT
+    #: Preallocated size of a metadata log file.
+    meta_log_file_bytes: int = META_LOG_FILE_BYTES_DEFAULT
+    #: Longest a durable metadata change waits before it is copied to the object stores.
+    meta_publish_interval_ms: int = META_PUBLISH_INTERVAL_MS_DEFAULT
 
     def validate(self) -> None:
         if not 1 <= self.wal_shards <= 64:
@@ -214,6 +228,12 @@ class EngineConfig:
             raise ConfigError("seal_threads must be at least 1")
         if self.cold_read_threads < 1 or self.relocation_threads < 1:
             raise ConfigError("cold_read_threads and relocation_threads must be at least 1")
+        if self.meta_checkpoint_records < 1 or self.meta_checkpoint_bytes < 4096:
+            raise ConfigError("meta_checkpoint_records must be >= 1 and meta_checkpoint_bytes >= 4096")
+        if self.meta_log_file_bytes < 64 * 1024:
+            raise ConfigError("meta_log_file_bytes must be at least 64 KiB")
+        if self.meta_publish_interval_ms < 0:
+            raise ConfigError("meta_publish_interval_ms must not be negative")
         if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:
             raise ConfigError("cold cache sizes and read-ahead must not be negative")
         unknown = sorted(set(self.topic_defaults) - set(TOPIC_CONFIG_NAMES))

@@ -20,9 +20,11 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from loglake.engine.producers import ProducerStates
-from loglake.segment.format import ZERO_HASH as _ZERO_HASH
-from loglake.segment.format import SegmentIndex, SegmentTrailer
+from loglake.meta.producers import ProducerStates
+from loglake.meta.segments import SegmentRef, SegmentTable
+from loglake.meta.state import PartitionMeta
+
+__all__ = ["TAIL_WAITERS_MAX", "BufferedAppend", "Partition", "SegmentRef"]
 
 #: Most tail waiters one partition keeps; past this, waiting readers are answered at once
 #: (empty) rather than let the list grow without bound.
@@ -45,97 +47,50 @@ class BufferedAppend:
         return len(self.data)
 
 
-@dataclass(slots=True)
-class SegmentRef:
-    """A sealed segment as the partition knows it."""
-
-    base_offset: int
-    last_offset: int
-    key: str
-    size: int
-    max_timestamp: int
-    record_count: int
-    prev_hash: bytes
-    chain_hash: bytes
-    created_ms: int
-    tier: str = "hot"
-    index: SegmentIndex | None = None  # cached parsed index (kept from the seal or read lazily)
-
-    @property
-    def end_offset(self) -> int:
-        return self.last_offset + 1
-
-    def to_json(self) -> list[object]:
-        return [
-            self.base_offset,
-            self.last_offset,
-            self.size,
-            self.max_timestamp,
-            self.record_count,
-            self.prev_hash.hex(),
-            self.chain_hash.hex(),
-            self.created_ms,
-            self.tier,
-        ]
-
-    @classmethod
-    def from_trailer(cls, key: str, trailer: SegmentTrailer, tier: str, index: SegmentIndex | None) -> SegmentRef:
-        return cls(
-            trailer.base_offset,
-            trailer.last_offset,
-            key,
-            trailer.size,
-            trailer.max_timestamp,
-            trailer.record_count,
-            trailer.prev_hash,
-            trailer.chain_hash,
-            trailer.created_ms,
-            tier,
-            index,
-        )
-
-    @classmethod
-    def from_json(cls, key: str, raw: list[object]) -> SegmentRef:
-        base, last, size, max_ts, count, prev_h, chain_h, created, tier = raw
-        return cls(
-            int(str(base)),
-            int(str(last)),
-            key,
-            int(str(size)),
-            int(str(max_ts)),
-            int(str(count)),
-            bytes.fromhex(str(prev_h)),
-            bytes.fromhex(str(chain_h)),
-            int(str(created)),
-            str(tier),
-        )
-
-
 @dataclass(eq=False)
 class Partition:
     topic: str
     topic_id: bytes
     index: int
     shard: int
+    #: the durable part (segment chain, log start, sealed end): changed only by metadata records
+    meta: PartitionMeta
     next_offset: int = 0
-    log_start_offset: int = 0
-    sealed_end: int = 0
-    #: sealed_end as recorded by the newest durable metadata snapshot (WAL truncation uses it)
-    snapshot_sealed_end: int = 0
-    chain_hash: bytes = _ZERO_HASH
-    segments: list[SegmentRef] = field(default_factory=list)
+    #: sealed_end as recorded by durable metadata (WAL truncation uses it)
+    durable_sealed_end: int = 0
     buffer: list[BufferedAppend] = field(default_factory=list)
     buffer_bases: list[int] = field(default_factory=list)
     buffer_bytes: int = 0
     buffer_records: int = 0
     seal_scheduled: bool = False
     deleted: bool = False
-    producers: ProducerStates = field(default_factory=ProducerStates)
     lock: threading.Lock = field(default_factory=threading.Lock)
     seal_lock: threading.Lock = field(default_factory=threading.Lock)
     hw_cond: threading.Condition = field(default_factory=threading.Condition)
     _high_watermark: int = 0
     _waiters: list[tuple[int, Future[None]]] = field(default_factory=list)
+
+    # ---- durable state, read through the metadata (records change it, see loglake.meta.state) ----
+
+    @property
+    def segments(self) -> SegmentTable:
+        return self.meta.segments
+
+    @property
+    def log_start_offset(self) -> int:
+        return self.meta.log_start
+
+    @property
+    def sealed_end(self) -> int:
+        return self.meta.sealed_end
+
+    @property
+    def chain_hash(self) -> bytes:
+        return self.meta.chain_hash
+
+    @property
+    def producers(self) -> ProducerStates:
+        return self.meta.producers
 
     # ---- high watermark and tail waits (hw_cond) ---------------------------------------------
 
@@ -223,16 +178,5 @@ class Partition:
         return i if self.buffer[i].end_offset > offset else None
 
     def segment_find(self, offset: int) -> int | None:
-        """Index of the sealed segment holding `offset`, or None."""
-        lo, hi = 0, len(self.segments)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.segments[mid].base_offset <= offset:
-                lo = mid + 1
-            else:
-                hi = mid
-        i = lo - 1
-        if i < 0 or self.segments[i].last_offset < offset:
-            # offset may fall in a gap left by compaction: the next segment holds the next data
-            return lo if lo < len(self.segments) and self.segments[lo].base_offset > offset else None
-        return i
+        """Index of the sealed segment holding `offset` (in a compaction gap: the next one), or None."""
+        return self.meta.segments.find(offset)

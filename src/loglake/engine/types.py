@@ -69,7 +69,12 @@ class TopicInfo:
 class RecoveryReport:
     """What opening the data directory did."""
 
+    #: seq of the metadata checkpoint recovery started from (None: none)
     snapshot_seq: int | None = None
+    meta_records_replayed: int = 0  # metadata log records after that checkpoint
+    meta_bytes_truncated: int = 0  # torn tail of the metadata log (an unacknowledged change)
+    meta_checkpoints_damaged: list[str] = field(default_factory=list)  # skipped for an older one
+    meta_migrated_from: str | None = None  # a version-1 snapshot converted on this open
     topics: int = 0
     partitions: int = 0
     wal_frames_read: int = 0
@@ -92,6 +97,10 @@ class RecoveryReport:
             f"recovered {self.topics} topics / {self.partitions} partitions in {self.seconds:.3f}s: "
             f"{self.wal_frames_replayed} WAL frames replayed ({self.wal_frames_skipped} already sealed), "
             f"{self.wal_bytes_truncated} torn bytes truncated, {self.segments_adopted} segments adopted, "
-            f"{len(self.orphans_removed)} orphans removed"
+            f"{len(self.orphans_removed)} orphans removed; metadata: {self.meta_records_replayed} records replayed"
+            + (f" after checkpoint {self.snapshot_seq}" if self.snapshot_seq is not None else "")
+            + (f", {self.meta_bytes_truncated} torn bytes truncated" if self.meta_bytes_truncated else "")
+            + (f", damaged checkpoints skipped: {', '.join(self.meta_checkpoints_damaged)}" if self.meta_checkpoints_damaged else "")
+            + (f", migrated from {self.meta_migrated_from}" if self.meta_migrated_from else "")
             + (f"; restored from {self.restored_from} ({len(self.segments_lost)} segments lost)" if self.restored_from else "")
         )

@@ -230,14 +230,7 @@ def _check_metadata(seg: SegmentRef, t: SegmentTrailer) -> list[VerifyError]:
 
 def _recorded_chain_heads(engine: Engine) -> dict[tuple[str, int], bytes]:
     """Each partition's chain head as the metadata records it (what the next seal links to)."""
-    payload, _captured = engine.snapshot_payload()
-    heads: dict[tuple[str, int], bytes] = {}
-    for name, t in payload["topics"].items():
-        for i in range(int(t["partitions"])):
-            state = payload["partitions"].get(f"{t['id']}/{i}")
-            if state is not None:
-                heads[(name, i)] = bytes.fromhex(state["chain"])
-    return heads
+    return {(topic.name, p.index): p.chain_hash for topic, p in engine.catalog.partitions()}
 
 
 def _still_last(engine: Engine, topic: str, partition: int, seg: SegmentRef) -> bool:

@@ -1,8 +1,8 @@
 """Driver-side planning: published metadata -> partitions -> offset ranges -> segment slices.
 
 No pyspark here: everything is plain Python over the object store, so it is unit-testable and
-the same code serves batch and streaming reads. Only sealed segments (what meta.json lists)
-are visible.
+the same code serves batch and streaming reads. Only sealed segments (what the store's copy of
+the metadata lists: loglake.meta.publish) are visible.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from loglake.engine.published import read_published
 from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.publish import read_remote_state
 from loglake.records.batch import decode_batch
 from loglake.segment.format import read_tail
 from loglake.spark.options import EARLIEST, LATEST, LoglakeOptionError, OffsetSpec, ReadOptions
-from loglake.store import ObjectStore, open_store, segment_key
+from loglake.store import ObjectStore, open_store
 
 log = logging.getLogger("loglake.spark")
 
@@ -103,34 +103,25 @@ def cached_store(url: str) -> ObjectStore:
 
 
 def load_metadata(store: ObjectStore) -> Metadata:
-    doc = read_published(store)
-    cluster_id = str(doc["cluster_id"])
+    """The cluster's metadata as the store's copy has it (newest checkpoint + log pieces)."""
+    remote = read_remote_state(store)
+    state = remote.state
     parts: dict[TopicPartition, PartitionMeta] = {}
-    for name, t in doc["topics"].items():
-        tid = str(t["id"])
-        for p in range(int(t["partitions"])):
-            pdoc = doc["partitions"].get(f"{tid}/{p}")
-            if pdoc is None:
-                parts[(name, p)] = PartitionMeta(name, tid, p, 0, 0, ())
-                continue
+    topics: dict[str, dict[str, Any]] = {}
+    for tm in state.topics.values():
+        tid = tm.topic_id.hex()
+        topics[tm.name] = {"id": tid, "partitions": tm.partitions, "config": dict(tm.config), "created_ms": tm.created_ms}
+        for p in range(tm.partitions):
+            pm = state.partition(tm.topic_id, p)
             segs = tuple(
                 SegmentInfo(
-                    segment_key(cluster_id, name, tid, p, int(s[0])),
-                    int(s[0]),
-                    int(s[1]),
-                    int(s[2]),
-                    int(s[3]),
-                    int(s[4]),
-                    str(s[8]) if len(s) > 8 else "hot",
-                    str(s[5]) if len(s) > 6 else "",
-                    str(s[6]) if len(s) > 6 else "",
+                    s.key, s.base_offset, s.last_offset, s.size, s.max_timestamp, s.record_count, s.tier,
+                    s.prev_hash.hex(), s.chain_hash.hex(),
                 )
-                for s in pdoc["segments"]
+                for s in pm.segments
             )
-            parts[(name, p)] = PartitionMeta(
-                name, tid, p, int(pdoc["log_start"]), int(pdoc["sealed_end"]), segs
-            )
-    return Metadata(cluster_id, int(doc.get("seq", 0)), dict(doc["topics"]), parts)
+            parts[(tm.name, p)] = PartitionMeta(tm.name, tid, p, pm.log_start, pm.sealed_end, segs)
+    return Metadata(state.cluster_id, state.seq, topics, parts)
 
 
 def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:

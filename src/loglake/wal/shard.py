@@ -255,6 +255,11 @@ class WalShard:
         with self._cond:
             return list(self._files)
 
+    def has_closed_files(self) -> bool:
+        """Files that are not the active one (candidates for truncation)."""
+        with self._cond:
+            return len(self._files) > (1 if self._active is not None else 0)
+
     def delete_obsolete(self, is_obsolete: Callable[[bytes, int, int], bool]) -> int:
         """Delete closed WAL files all of whose frames are durable elsewhere. Returns how many.
 

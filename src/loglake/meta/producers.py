@@ -95,8 +95,13 @@ class ProducerStates:
             return  # replaying something the snapshot already knew
         entry.batches.append((first_seq, next_sequence(first_seq, count - 1), base_offset, base_offset + count - 1))
 
-    def to_json(self) -> dict[str, Any]:
-        return {str(pid): [e.epoch, [list(b) for b in e.batches]] for pid, e in self._entries.items()}
+    def to_json(self, below: int | None = None) -> dict[str, Any]:
+        """JSON form; with `below`, only batches that start below that offset (sealed data)."""
+        out: dict[str, Any] = {}
+        for pid, e in dict(self._entries).items():  # dict() copies atomically: appenders may run
+            batches = [list(b) for b in list(e.batches) if below is None or b[2] < below]
+            out[str(pid)] = [e.epoch, batches]
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ProducerStates:

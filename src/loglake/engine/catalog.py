@@ -1,0 +1,233 @@
+"""The catalog: topics and partitions as the engine sees them, over the metadata store.
+
+Every durable change goes through here as one metadata record (loglake.meta.state lists them):
+the record is applied to the metadata state and queued for the log while the caller's lock is
+held, and the caller waits for its durability after letting the lock go. So the lock order is
+fixed by construction — `Catalog.lock` (topics map) → `Partition.lock` → the metadata store's
+own lock, which is innermost and never calls out — and no thread ever waits for a disk while
+holding a lock another metadata writer needs.
+
+The catalog owns no threads and does no I/O of its own besides the metadata store's.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, EngineConfig, TopicConfig, validate_topic_name
+from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.types import TopicInfo
+from loglake.errors import InvalidPartitionsError, TopicExistsError, UnknownTopicError
+from loglake.meta.state import MetaState, PartitionMeta
+from loglake.meta.store import MetaStore
+
+__all__ = ["Catalog", "TopicState", "new_cluster_id"]
+
+log = logging.getLogger(__name__)
+
+#: Batches per producer carried in a segment_published record (duplicate detection needs 5).
+PRODUCER_BATCHES_PER_SEAL = 5
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=").replace("-", "x").replace("_", "y")
+
+
+class TopicState:
+    __slots__ = ("config", "created_ms", "name", "partitions", "topic_id")
+
+    def __init__(self, name: str, topic_id: bytes, config: TopicConfig, created_ms: int) -> None:
+        self.name = name
+        self.topic_id = topic_id
+        self.config = config
+        self.created_ms = created_ms
+        self.partitions: list[Partition] = []
+
+    def info(self) -> TopicInfo:
+        return TopicInfo(self.name, self.topic_id.hex(), len(self.partitions), self.config, self.created_ms)
+
+
+class Catalog:
+    def __init__(self, meta: MetaStore, config: EngineConfig, clock: Callable[[], float]) -> None:
+        self.meta = meta
+        self.config = config
+        self._clock = clock
+        self.lock = threading.RLock()  # the topics maps
+        self.topics: dict[str, TopicState] = {}
+        self.by_id: dict[bytes, TopicState] = {}
+
+    # ---- building from the metadata state (recovery) -------------------------------------------
+
+    @property
+    def state(self) -> MetaState:
+        return self.meta.state
+
+    @property
+    def cluster_id(self) -> str:
+        return self.meta.state.cluster_id
+
+    def load(self) -> None:
+        """Build topics and partitions from the recovered metadata state."""
+        state = self.meta.state
+        with self.lock:
+            self.topics.clear()
+            self.by_id.clear()
+            for tm in state.topics.values():
+                topic = TopicState(tm.name, tm.topic_id, TopicConfig.parse(tm.config, self.config.topic_defaults), tm.created_ms)
+                for i in range(tm.partitions):
+                    topic.partitions.append(self._new_partition(topic, state.partition(tm.topic_id, i)))
+                self.topics[tm.name] = topic
+                self.by_id[tm.topic_id] = topic
+
+    def _new_partition(self, topic: TopicState, pm: PartitionMeta) -> Partition:
+        shard = (int.from_bytes(topic.topic_id[:4], "little") + pm.index) % self.config.wal_shards
+        return Partition(topic.name, topic.topic_id, pm.index, shard, pm)
+
+    # ---- lookups --------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> TopicState:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise UnknownTopicError(f"unknown topic {name!r}")
+        return topic
+
+    def partition(self, name: str, partition: int) -> Partition:
+        topic = self.topic(name)
+        if not 0 <= partition < len(topic.partitions):
+            raise UnknownTopicError(f"topic {name!r} has no partition {partition}")
+        return topic.partitions[partition]
+
+    def partitions(self) -> list[tuple[TopicState, Partition]]:
+        return [(t, p) for t in list(self.topics.values()) for p in t.partitions]
+
+    # ---- topic changes (durable on return) ------------------------------------------------------
+
+    def create_topic(self, name: str, partitions: int, config: dict[str, str] | None, *, validate_only: bool) -> TopicInfo:
+        validate_topic_name(name)
+        if not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
+            raise InvalidPartitionsError(f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}")
+        topic_config = TopicConfig.parse(config, self.config.topic_defaults)
+        with self.lock:
+            if name in self.topics:
+                raise TopicExistsError(f"topic {name!r} already exists")
+            topic = TopicState(name, uuid.uuid4().bytes, topic_config, int(self._clock() * 1000))
+            if validate_only:
+                return topic.info()
+            fut = self.meta.append(
+                "topic_created",
+                {
+                    "name": name,
+                    "id": topic.topic_id.hex(),
+                    "partitions": partitions,
+                    "config": dict(topic_config.overrides),
+                    "created_ms": topic.created_ms,
+                },
+            )
+            for i in range(partitions):
+                topic.partitions.append(self._new_partition(topic, self.state.partition(topic.topic_id, i)))
+            self.topics[name] = topic
+            self.by_id[topic.topic_id] = topic
+        fut.result()
+        log.info("created topic %s (%d partitions, id %s)", name, partitions, topic.topic_id.hex())
+        return topic.info()
+
+    def delete_topic(self, name: str) -> TopicState:
+        """Forget the topic durably; the caller frees its buffers and objects afterwards."""
+        with self.lock:
+            topic = self.topic(name)
+            del self.topics[name]
+            del self.by_id[topic.topic_id]
+            for p in topic.partitions:
+                with p.lock:
+                    p.deleted = True
+            fut = self.meta.append("topic_deleted", {"id": topic.topic_id.hex()})
+        fut.result()
+        return topic
+
+    def create_partitions(self, name: str, total: int, *, validate_only: bool) -> None:
+        with self.lock:
+            topic = self.topic(name)
+            if total <= len(topic.partitions):
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {len(topic.partitions)} partitions; the new count must be larger, got {total}"
+                )
+            if total > PARTITIONS_PER_TOPIC_MAX:
+                raise InvalidPartitionsError(f"at most {PARTITIONS_PER_TOPIC_MAX} partitions per topic")
+            if validate_only:
+                return
+            fut = self.meta.append("partitions_added", {"id": topic.topic_id.hex(), "total": total})
+            for i in range(len(topic.partitions), total):
+                topic.partitions.append(self._new_partition(topic, self.state.partition(topic.topic_id, i)))
+        fut.result()
+
+    def alter_topic_config(self, name: str, overrides: dict[str, str], *, validate_only: bool) -> TopicConfig:
+        with self.lock:
+            topic = self.topic(name)
+            new = TopicConfig.parse(overrides, self.config.topic_defaults)
+            if validate_only:
+                return new
+            fut = self.meta.append("topic_config", {"id": topic.topic_id.hex(), "config": dict(new.overrides)})
+            topic.config = new
+        fut.result()
+        return new
+
+    def allocate_producer_id(self) -> int:
+        with self.lock:
+            pid = self.state.next_producer_id
+            fut = self.meta.append("producer_ids", {"next": pid + 1})
+        fut.result()
+        return pid
+
+    # ---- partition changes (caller holds p.lock; waits for the future after releasing it) -------
+
+    def record_seal(self, p: Partition, ref: SegmentRef, producers: list[list[int]]) -> Future[int]:
+        return self.meta.append(
+            "segment_published",
+            {"id": p.topic_id.hex(), "p": p.index, "seg": ref.to_json(), "producers": producers},
+        )
+
+    def record_tier(self, p: Partition, base_offset: int, tier: str) -> Future[int]:
+        return self.meta.append("segment_tier", {"id": p.topic_id.hex(), "p": p.index, "base": base_offset, "tier": tier})
+
+    def record_log_start(self, p: Partition, offset: int) -> Future[int]:
+        """Raise the log start offset; whole segments ending at or below it leave the chain."""
+        return self.meta.append("log_start", {"id": p.topic_id.hex(), "p": p.index, "offset": offset})
+
+    # ---- consumer groups (owned by the broker's coordinator; opaque here) ----------------------
+
+    def group_metadata(self) -> dict[str, dict[str, Any]]:
+        read = getattr(self.meta, "read", None)
+
+        def copy(state: MetaState) -> dict[str, dict[str, Any]]:
+            return {
+                g: {"offsets": {tp: list(row) for tp, row in gm.offsets.items()}, "state": gm.state}
+                for g, gm in state.groups.items()
+            }
+
+        return read(copy) if read is not None else copy(self.state)
+
+    def commit_group_offsets(self, group_id: str, rows: list[tuple[str, int, int, int, str, int]]) -> Future[int]:
+        return self.meta.append("offset_commit", {"g": group_id, "rows": [list(r) for r in rows]})
+
+    def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[int]:
+        return self.meta.append("offset_expire", {"g": group_id, "tps": [list(tp) for tp in partitions]})
+
+    def delete_group_metadata(self, group_id: str) -> Future[int]:
+        return self.meta.append("group_deleted", {"g": group_id})
+
+    def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
+        return self.meta.append("group_state", {"g": group_id, "state": state})
+
+
+def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list[int]]:
+    """The newest PRODUCER_BATCHES_PER_SEAL batches per producer id, oldest first."""
+    per: dict[int, list[tuple[int, int, int, int, int]]] = {}
+    for b in batches:
+        per.setdefault(b[0], []).append(b)
+    return [list(b) for items in per.values() for b in items[-PRODUCER_BATCHES_PER_SEAL:]]

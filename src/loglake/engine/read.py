@@ -1,0 +1,219 @@
+"""Reads: whole record batches from memory, hot segments (page cache, sendfile) or cold ones.
+
+Only data below a partition's high watermark is returned. Cold reads never run on the caller's
+thread when it uses `read_async` (the broker's event loop): they go to the cold reader's pool.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+from loglake.engine.catalog import Catalog
+from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.stores import IndexCache, Stores
+from loglake.engine.types import Chunk, FileRange, ReadResult
+from loglake.errors import OffsetOutOfRangeError
+from loglake.records.batch import iter_records
+from loglake.store.base import ObjectNotFoundError
+
+__all__ = ["Reader"]
+
+
+class Reader:
+    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
+        self.catalog = catalog
+        self.stores = stores
+        self.indexes = indexes
+
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+    ) -> ReadResult:
+        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch).
+
+        Only data below the high watermark is returned. `file_ranges=True` lets hot segment data
+        come back as FileRange (for sendfile) instead of bytes.
+        """
+        p = self.catalog.partition(topic, partition)
+        for _attempt in range(3):  # a segment may be deleted by retention between lookup and read
+            with p.lock:
+                hw = p.high_watermark
+                start = p.log_start_offset
+                if offset < start or offset > hw:
+                    raise OffsetOutOfRangeError(
+                        f"offset {offset} of {topic}-{partition} is outside [{start}, {hw}]",
+                        log_start_offset=start,
+                        high_watermark=hw,
+                    )
+                if offset == hw:
+                    return ReadResult([], hw, start)
+                chunks: list[Chunk] = []
+                if p.buffer and offset >= p.buffer[0].base_offset:
+                    self._read_buffer(p, offset, hw, max_bytes, chunks)
+                    return ReadResult(chunks, hw, start)
+                seg_i = p.segment_find(offset)
+                if seg_i is None:
+                    raise OffsetOutOfRangeError(
+                        f"offset {offset} of {topic}-{partition} is in no segment",
+                        log_start_offset=start,
+                        high_watermark=hw,
+                    )
+                seg = p.segments[seg_i]
+                next_key = p.segments.key_for(p.segments.base_at(seg_i + 1)) if seg_i + 1 < len(p.segments) else None
+            try:
+                chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key)
+            except ObjectNotFoundError:
+                self.indexes.forget(seg.key)
+                continue
+            return ReadResult(chunks, hw, start)
+        raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
+
+    @staticmethod
+    def _read_buffer(p: Partition, offset: int, hw: int, max_bytes: int, chunks: list[Chunk]) -> None:
+        i = p.buffer_find(offset)
+        if i is None:
+            i = 0 if offset < p.buffer[0].base_offset else len(p.buffer)
+        total = 0
+        while i < len(p.buffer):
+            item = p.buffer[i]
+            if item.end_offset > hw:
+                break
+            view = memoryview(item.data)
+            if len(item.batch_positions) == 1:
+                if chunks and total + len(view) > max_bytes:
+                    break
+                chunks.append(view)
+                total += len(view)
+            else:
+                ends = [*item.batch_positions[1:], len(view)]
+                for start, end in zip(item.batch_positions, ends, strict=True):
+                    # skip batches wholly below the requested offset
+                    if chunks and total + (end - start) > max_bytes:
+                        return
+                    chunks.append(view[start:end])
+                    total += end - start
+            if total >= max_bytes:
+                break
+            i += 1
+
+    def _get_range(self, seg: SegmentRef, position: int, length: int) -> bytes:
+        if seg.tier == "cold" and self.stores.cold_reader is not None:
+            return self.stores.cold_reader.read_range(seg.key, position, length)
+        return self.stores.store_for(seg).get_range(seg.key, position, length)
+
+    def _read_segment(
+        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None
+    ) -> list[Chunk]:
+        index = self.indexes.get(seg)
+        first = index.find_offset(offset)
+        if first is None:
+            return []
+        position, length, _count = index.byte_range(first, max_bytes)
+        if seg.tier == "cold" and self.stores.cold_reader is not None:
+            data = self.stores.cold_reader.read_range(seg.key, position, length)
+            self.stores.cold_reader.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
+            return [data]
+        if file_ranges:
+            path = self.stores.hot.local_path(seg.key)
+            if path is not None:
+                return [FileRange(path, position, length)]
+        return [self.stores.hot.get_range(seg.key, position, length)]
+
+    def read_async(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+    ) -> Future[ReadResult]:
+        """`read` that never does cold-store I/O on the caller's thread.
+
+        Memory and hot reads are done at once (a completed future); a read of a cold segment runs
+        on the cold-read pool, so a slow bucket never stalls an event loop.
+        """
+        if self.stores.cold_reader is not None:
+            p = self.catalog.partition(topic, partition)
+            with p.lock:
+                cold = (
+                    offset < p.high_watermark
+                    and not (p.buffer and offset >= p.buffer[0].base_offset)
+                    and (i := p.segment_find(offset)) is not None
+                    and p.segments[i].tier == "cold"
+                )
+            if cold:
+                return self.stores.cold_reader.submit(  # type: ignore[return-value]
+                    lambda: self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges)
+                )
+        fut: Future[ReadResult] = Future()
+        try:
+            fut.set_result(self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges))
+        except BaseException as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None."""
+        p = self.catalog.partition(topic, partition)
+        with p.lock:
+            segments = p.segments.slice(0)
+            buffered = [item for item in p.buffer if item.end_offset <= p.high_watermark]
+            start = p.log_start_offset
+        for seg in segments:
+            if seg.max_timestamp < timestamp_ms or seg.end_offset <= start:
+                continue
+            index = self.indexes.get(seg)
+            i = index.find_timestamp(timestamp_ms)
+            while i is not None and i < len(index):
+                entry = index.entry(i)
+                data = self._get_range(seg, entry.position, entry.length)
+                found = self._first_at_or_after(data, timestamp_ms, start)
+                if found is not None:
+                    return found
+                i += 1
+        for item in buffered:
+            if item.max_timestamp < timestamp_ms:
+                continue
+            for pos in item.batch_positions:
+                found = self._first_at_or_after(item.data, timestamp_ms, start, pos)
+                if found is not None:
+                    return found
+        return None
+
+    @staticmethod
+    def _first_at_or_after(data: bytes | bytearray, ts: int, start: int, pos: int = 0) -> tuple[int, int] | None:
+        for rec in iter_records(data, pos):
+            if rec.timestamp >= ts and rec.offset >= start:
+                return rec.offset, rec.timestamp
+        return None
+
+    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets MAX_TIMESTAMP)."""
+        p = self.catalog.partition(topic, partition)
+        with p.lock:
+            segments = p.segments.slice(0)
+            buffered = [item for item in p.buffer if item.end_offset <= p.high_watermark]
+        best: tuple[int, int] | None = None
+        candidates: list[tuple[bytes | bytearray, int]] = []
+        top = max([s.max_timestamp for s in segments] + [b.max_timestamp for b in buffered], default=-1)
+        if top < 0:
+            return None
+        for item in buffered:
+            if item.max_timestamp == top:
+                candidates.extend((item.data, pos) for pos in item.batch_positions)
+        if not candidates:
+            for seg in segments:
+                if seg.max_timestamp == top:
+                    index = self.indexes.get(seg)
+                    for i in range(len(index)):
+                        entry = index.entry(i)
+                        if entry.max_timestamp == top:
+                            candidates.append((self._get_range(seg, entry.position, entry.length), 0))
+                            break
+                    break
+        for data, pos in candidates:
+            for rec in iter_records(data, pos):
+                if rec.timestamp == top and (best is None or rec.offset < best[0]):
+                    best = (rec.offset, rec.timestamp)
+            if best is not None:
+                break
+        return best
+
+    def wait_for_data(self, topic: str, partition: int, offset: int) -> Future[None]:
+        """A future resolved when data at `offset` is visible (or the partition goes away)."""
+        return self.catalog.partition(topic, partition).wait_for(offset)
+

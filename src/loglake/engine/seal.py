@@ -1,0 +1,179 @@
+"""Sealing: durable buffered data of a partition becomes one segment object in the hot store.
+
+A seal builds the segment (header, batches, index, trailer with the chain hash), PUTs it, and
+then — under the partition's lock — records `segment_published` in the metadata and drops the
+sealed appends from the buffer. The record's durability is waited for by nobody: when it
+resolves, `durable_sealed_end` moves and the WAL files behind it may be deleted (maintenance).
+A crash between the PUT and the record leaves an object no metadata names; the WAL still holds
+its data, so recovery replays it and the next seal overwrites the object under the same key.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from loglake.engine.catalog import Catalog, TopicState, producer_entries
+from loglake.engine.memory import MemoryPool
+from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
+from loglake.engine.stores import IndexCache, Stores
+from loglake.records.batch import peek_header
+from loglake.segment.format import SegmentWriter
+from loglake.store.base import segment_key
+
+__all__ = ["Sealer"]
+
+log = logging.getLogger(__name__)
+
+
+class Sealer:
+    def __init__(
+        self,
+        catalog: Catalog,
+        stores: Stores,
+        pool: MemoryPool,
+        indexes: IndexCache,
+        clock: Callable[[], float],
+        *,
+        threads: int,
+        on_sealed: Callable[[], None],
+    ) -> None:
+        self.catalog = catalog
+        self.stores = stores
+        self.pool = pool
+        self.indexes = indexes
+        self._clock = clock
+        self.threads = threads
+        self._on_sealed = on_sealed  # wakes the maintenance thread (WAL truncation, checkpoints)
+        self._executor: ThreadPoolExecutor | None = None
+
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="loglake-seal")
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    def schedule(self, p: Partition, *, full: bool = False) -> None:
+        """Seal `p` on a seal worker: whole segments only, or (full) everything durable."""
+        if self._executor is None or p.seal_scheduled:
+            return
+        p.seal_scheduled = True
+
+        def job() -> None:
+            try:
+                while self.seal_partition(p, full=full):
+                    pass
+            except Exception:
+                log.exception("sealing %s-%d failed; will retry", p.topic, p.index)
+            finally:
+                p.seal_scheduled = False
+            self._on_sealed()
+
+        try:
+            self._executor.submit(job)
+        except RuntimeError:  # pool shut down
+            p.seal_scheduled = False
+
+    def seal_all(self) -> list[Future[int]]:
+        """Seal every partition's durable data now (flush, shutdown); futures of the records."""
+        futures: list[Future[int]] = []
+        for _topic, p in self.catalog.partitions():
+            while True:
+                fut = self._seal(p, full=True)
+                if fut is None:
+                    break
+                futures.append(fut)
+        return futures
+
+    # ---- one seal --------------------------------------------------------------------------
+
+    def seal_partition(self, p: Partition, *, full: bool) -> bool:
+        """Seal durable buffered data of `p` into one segment. Returns True if one was written.
+
+        With full=False only a whole segment's worth (segment.bytes / segment.records) is sealed;
+        full=True seals whatever is durable (flush, age, memory pressure, shutdown).
+        """
+        return self._seal(p, full=full) is not None
+
+    def _seal(self, p: Partition, *, full: bool) -> Future[int] | None:
+        topic = self.catalog.by_id.get(p.topic_id)
+        if topic is None or p.deleted:
+            return None
+        with p.seal_lock:
+            items = self._take(p, topic, full)
+            if not items:
+                return None
+            base = items[0].base_offset
+            writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000))
+            batches: list[tuple[int, int, int, int, int]] = []
+            for item in items:
+                view = memoryview(item.data)
+                ends = [*item.batch_positions[1:], len(view)]
+                for start, end in zip(item.batch_positions, ends, strict=True):
+                    writer.add_batch(view[start:end])
+                    h = peek_header(view, start)
+                    if h.producer_id >= 0 and h.base_sequence >= 0:
+                        batches.append((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset))
+            parts, trailer, index = writer.finish()
+            key = segment_key(self.catalog.cluster_id, topic.name, p.topic_id.hex(), p.index, base)
+            self.stores.hot.put(key, parts)
+            self.indexes.put(key, index)
+            ref = SegmentRef.from_trailer(key, trailer, "hot", None)
+            fut: Future[int] | None = None
+            with p.lock:
+                live = self.catalog.by_id.get(p.topic_id) is topic and not p.deleted
+                if live:
+                    fut = self.catalog.record_seal(p, ref, producer_entries(batches))
+                    freed = sum(i.size for i in p.buffer_pop_front(len(items)))
+            if fut is None:
+                self.stores.delete_segment(key)
+                self.indexes.forget(key)
+                return None
+            self.pool.release(freed)
+            end = ref.end_offset
+            done: Future[int] = Future()  # resolved after durable_sealed_end moved
+
+            def durable(f: Future[int]) -> None:
+                error = f.exception()
+                if error is None:
+                    p.durable_sealed_end = max(p.durable_sealed_end, end)
+                    done.set_result(f.result())
+                else:
+                    done.set_exception(error)
+
+            fut.add_done_callback(durable)
+            return done
+
+    @staticmethod
+    def _take(p: Partition, topic: TopicState, full: bool) -> list[BufferedAppend]:
+        """The buffered appends the next segment holds (none when not due)."""
+        config = topic.config
+        with p.lock:
+            hw = p.high_watermark
+            take = 0
+            size = 0
+            records = 0
+            limit_hit = False  # the next item would not fit in this segment
+            for item in p.buffer:
+                if item.end_offset > hw:
+                    break
+                n = item.end_offset - item.base_offset
+                if take and (
+                    size + item.size > config.segment_bytes
+                    or (config.segment_records and records + n > config.segment_records)
+                ):
+                    limit_hit = True
+                    break
+                take += 1
+                size += item.size
+                records += n
+            if take == 0:
+                return []
+            whole = size >= config.segment_bytes or (config.segment_records > 0 and records >= config.segment_records)
+            if not (full or whole or limit_hit):
+                return []
+            return p.buffer[:take]

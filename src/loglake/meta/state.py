@@ -1,0 +1,456 @@
+"""The metadata state and the change records that move it.
+
+Theory of operation
+-------------------
+Every durable change of metadata is one record `(kind, body)`: a kind from `RECORD_KINDS` and a
+small JSON object. `MetaState.apply` is the one function that moves the state; the metadata
+store calls it when a record is appended (live) and when the log is replayed after a checkpoint
+(recovery), so a checkpoint plus the records after it always equals the state before a crash.
+
+Records and what they change (bodies; `id` is a topic id in hex, `p` a partition):
+
+=================  ========================================================================
+kind               body → effect
+=================  ========================================================================
+cluster            {cluster_id} → the cluster id (first record of a new data directory)
+topic_created      {name, id, partitions, config, created_ms} → a topic and its partitions
+topic_deleted      {id} → the topic, its partitions and its committed offsets are gone
+topic_config       {id, config} → the topic's config overrides, replaced
+partitions_added   {id, total} → new empty partitions up to `total`
+segment_published  {id, p, seg, producers} → a sealed segment joins the chain; sealed_end and
+                   chain hash move to it. `producers` = [[pid, epoch, first_seq, count, base],...]
+                   of the batches in it (idempotent-producer state, applied on replay only:
+                   live, the engine recorded them at append)
+segment_tier       {id, p, base, tier} → the segment's authoritative copy moved (relocation)
+log_start          {id, p, offset} → log start offset raised; whole segments below it dropped
+producer_ids       {next} → the next producer id to hand out
+offset_commit      {g, rows: [[topic, partition, offset, leader_epoch, metadata, ts], ...]}
+offset_expire      {g, tps: [[topic, partition], ...]}
+group_deleted      {g} → the group's offsets and state
+group_state        {g, state} → the group's persisted membership (opaque to the engine; null
+                   removes it)
+=================  ========================================================================
+
+Unknown kinds are refused (a newer release's log is not silently half-applied).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+
+from loglake.errors import CorruptionError
+from loglake.meta.producers import ProducerStates
+from loglake.meta.segments import ENTRY_SIZE, SegmentRef, SegmentTable
+from loglake.segment.format import ZERO_HASH
+from loglake.store.base import partition_prefix
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "RECORD_KINDS",
+    "RECORD_VERSION",
+    "GroupMeta",
+    "MetaState",
+    "PartitionMeta",
+    "TopicMeta",
+    "decode_checkpoint",
+    "decode_record",
+    "encode_checkpoint",
+    "encode_record",
+]
+
+#: Version byte in front of every record's JSON body.
+RECORD_VERSION = 1
+#: Largest record body accepted (a group state with 1,000 members fits easily).
+RECORD_BYTES_MAX = 16 * 1024 * 1024
+RECORD_KINDS = (
+    "cluster",
+    "topic_created",
+    "topic_deleted",
+    "topic_config",
+    "partitions_added",
+    "segment_published",
+    "segment_tier",
+    "log_start",
+    "producer_ids",
+    "offset_commit",
+    "offset_expire",
+    "group_deleted",
+    "group_state",
+)
+_KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
+
+# ---- records ---------------------------------------------------------------------------------
+
+
+def encode_record(kind: str, body: dict[str, Any]) -> bytes:
+    """version u8 · kind u8 · JSON body (UTF-8, compact)."""
+    code = _KIND_CODE.get(kind)
+    if code is None:
+        raise ValueError(f"unknown metadata record kind {kind!r}")
+    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    if len(data) > RECORD_BYTES_MAX:
+        raise ValueError(f"metadata record {kind} is {len(data)} bytes, over the {RECORD_BYTES_MAX}-byte limit")
+    return bytes((RECORD_VERSION, code)) + data
+
+
+def decode_record(raw: bytes | memoryview, *, where: str, position: int) -> tuple[str, dict[str, Any]]:
+    if len(raw) < 2:
+        raise CorruptionError(where, position, "metadata record shorter than its header")
+    version, code = raw[0], raw[1]
+    if version != RECORD_VERSION:
+        raise CorruptionError(where, position, f"metadata record version {version} is not supported (want 1)")
+    if not 1 <= code <= len(RECORD_KINDS):
+        raise CorruptionError(where, position, f"unknown metadata record kind {code}")
+    try:
+        body = json.loads(bytes(raw[2:]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptionError(where, position, f"metadata record body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise CorruptionError(where, position, "metadata record body is not an object")
+    return RECORD_KINDS[code - 1], body
+
+
+# ---- state -----------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class TopicMeta:
+    name: str
+    topic_id: bytes
+    partitions: int
+    config: dict[str, str]
+    created_ms: int
+
+
+@dataclass(eq=False)
+class PartitionMeta:
+    topic_id: bytes
+    index: int
+    segments: SegmentTable
+    log_start: int = 0
+    sealed_end: int = 0
+    chain_hash: bytes = ZERO_HASH
+    producers: ProducerStates = field(default_factory=ProducerStates)
+
+
+@dataclass(eq=False)
+class GroupMeta:
+    #: (topic, partition) -> [offset, leader_epoch, metadata, commit_ts_ms]
+    offsets: dict[tuple[str, int], list[Any]] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+
+
+class MetaState:
+    """Topics, partitions and their segment chains, producer ids, consumer groups."""
+
+    def __init__(self, cluster_id: str = "") -> None:
+        self.cluster_id = cluster_id
+        self.seq = -1  # seq of the last record applied (-1: none)
+        self.topics: dict[bytes, TopicMeta] = {}
+        self.names: dict[str, bytes] = {}
+        self.partitions: dict[tuple[bytes, int], PartitionMeta] = {}
+        self.next_producer_id = 1000
+        self.groups: dict[str, GroupMeta] = {}
+        #: True while a log is replayed (recovery): records the engine applied live are applied too
+        self.replaying = False
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def topic_by_name(self, name: str) -> TopicMeta | None:
+        tid = self.names.get(name)
+        return self.topics.get(tid) if tid is not None else None
+
+    def partition(self, topic_id: bytes, index: int) -> PartitionMeta:
+        return self.partitions[(topic_id, index)]
+
+    def segment_count(self) -> int:
+        return sum(len(pm.segments) for pm in self.partitions.values())
+
+    def _new_partition(self, topic: TopicMeta, index: int) -> PartitionMeta:
+        prefix = partition_prefix(self.cluster_id, topic.name, topic.topic_id.hex(), index)
+        pm = PartitionMeta(topic.topic_id, index, SegmentTable(prefix))
+        self.partitions[(topic.topic_id, index)] = pm
+        return pm
+
+    # ---- applying records --------------------------------------------------------------------
+
+    def apply(self, kind: str, body: dict[str, Any]) -> None:
+        """Move the state by one record. Raises KeyError/ValueError/TypeError on a record that
+        does not fit the state (the store turns that into a CorruptionError on replay)."""
+        handler = _APPLY.get(kind)
+        if handler is None:
+            raise ValueError(f"unknown metadata record kind {kind!r}")
+        handler(self, body)
+
+    def _cluster(self, b: dict[str, Any]) -> None:
+        self.cluster_id = str(b["cluster_id"])
+
+    def _topic_created(self, b: dict[str, Any]) -> None:
+        tid = bytes.fromhex(b["id"])
+        name = str(b["name"])
+        if name in self.names:
+            raise ValueError(f"topic {name!r} created twice")
+        topic = TopicMeta(name, tid, int(b["partitions"]), {str(k): str(v) for k, v in b["config"].items()}, int(b["created_ms"]))
+        self.topics[tid] = topic
+        self.names[name] = tid
+        for i in range(topic.partitions):
+            self._new_partition(topic, i)
+
+    def _topic_deleted(self, b: dict[str, Any]) -> None:
+        tid = bytes.fromhex(b["id"])
+        topic = self.topics.pop(tid)
+        self.names.pop(topic.name, None)
+        for i in range(topic.partitions):
+            self.partitions.pop((tid, i), None)
+        for group in self.groups.values():  # Kafka expires offsets of deleted topics too
+            for tp in [tp for tp in group.offsets if tp[0] == topic.name]:
+                del group.offsets[tp]
+
+    def _topic_config(self, b: dict[str, Any]) -> None:
+        self.topics[bytes.fromhex(b["id"])].config = {str(k): str(v) for k, v in b["config"].items()}
+
+    def _partitions_added(self, b: dict[str, Any]) -> None:
+        topic = self.topics[bytes.fromhex(b["id"])]
+        total = int(b["total"])
+        for i in range(topic.partitions, total):
+            self._new_partition(topic, i)
+        topic.partitions = max(topic.partitions, total)
+
+    def _segment_published(self, b: dict[str, Any]) -> None:
+        pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
+        ref = SegmentRef.from_json(pm.segments.key_for(int(b["seg"][0])), b["seg"])
+        pm.segments.append(ref)
+        pm.sealed_end = max(pm.sealed_end, ref.end_offset)
+        pm.chain_hash = ref.chain_hash
+        if self.replaying:
+            for pid, epoch, first_seq, count, base in b.get("producers", ()):
+                pm.producers.record(int(pid), int(epoch), int(first_seq), int(count), int(base))
+
+    def _segment_tier(self, b: dict[str, Any]) -> None:
+        pm = self.partitions.get((bytes.fromhex(b["id"]), int(b["p"])))
+        if pm is not None:  # a segment dropped by retention meanwhile has nothing to move
+            pm.segments.set_tier(int(b["base"]), str(b["tier"]))
+
+    def _log_start(self, b: dict[str, Any]) -> None:
+        pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
+        offset = int(b["offset"])
+        if offset > pm.log_start:
+            pm.log_start = offset
+            pm.segments.drop_below(offset)
+
+    def _producer_ids(self, b: dict[str, Any]) -> None:
+        self.next_producer_id = max(self.next_producer_id, int(b["next"]))
+
+    def _offset_commit(self, b: dict[str, Any]) -> None:
+        group = self.groups.setdefault(str(b["g"]), GroupMeta())
+        for topic, partition, offset, epoch, metadata, ts in b["rows"]:
+            group.offsets[(str(topic), int(partition))] = [int(offset), int(epoch), str(metadata), int(ts)]
+
+    def _offset_expire(self, b: dict[str, Any]) -> None:
+        group = self.groups.get(str(b["g"]))
+        if group is None:
+            return
+        for topic, partition in b["tps"]:
+            group.offsets.pop((str(topic), int(partition)), None)
+        if not group.offsets and group.state is None:
+            del self.groups[str(b["g"])]
+
+    def _group_deleted(self, b: dict[str, Any]) -> None:
+        self.groups.pop(str(b["g"]), None)
+
+    def _group_state(self, b: dict[str, Any]) -> None:
+        state = b.get("state")
+        if state is None:
+            group = self.groups.get(str(b["g"]))
+            if group is not None:
+                group.state = None
+                if not group.offsets:
+                    del self.groups[str(b["g"])]
+            return
+        if not isinstance(state, dict):
+            raise ValueError("group state is not an object")
+        self.groups.setdefault(str(b["g"]), GroupMeta()).state = state
+
+
+_APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
+    "cluster": MetaState._cluster,
+    "topic_created": MetaState._topic_created,
+    "topic_deleted": MetaState._topic_deleted,
+    "topic_config": MetaState._topic_config,
+    "partitions_added": MetaState._partitions_added,
+    "segment_published": MetaState._segment_published,
+    "segment_tier": MetaState._segment_tier,
+    "log_start": MetaState._log_start,
+    "producer_ids": MetaState._producer_ids,
+    "offset_commit": MetaState._offset_commit,
+    "offset_expire": MetaState._offset_expire,
+    "group_deleted": MetaState._group_deleted,
+    "group_state": MetaState._group_state,
+}
+assert set(_APPLY) == set(RECORD_KINDS)
+
+# ---- checkpoints -----------------------------------------------------------------------------
+#
+# A checkpoint is the whole state after record `seq`, in one file (docs/FORMAT.md):
+#
+#     0   4  magic "LLCK"
+#     4   2  version (1)
+#     6   2  flags (0)
+#     8   8  seq            i64  last record applied (-1: none)
+#     16  4  json length    u32
+#     20  8  tables length  u64  bytes of packed segment entries
+#     28  4  CRC-32C of bytes 0..28, the JSON and the tables
+#     32  .  JSON: cluster id, topics, partitions (with offsets into the tables), groups
+#     .   .  tables: every partition's packed segment entries (meta/segments.py), back to back
+
+CHECKPOINT_MAGIC = b"LLCK"
+CHECKPOINT_VERSION = 1
+_CK_HEADER = struct.Struct("<4sHHqIQI")
+_CK_COVERED = _CK_HEADER.size - 4
+#: Largest JSON part accepted on read, so a corrupt length never allocates.
+CHECKPOINT_JSON_BYTES_MAX = 1 << 30
+CHECKPOINT_TABLE_BYTES_MAX = 1 << 36
+
+
+@dataclass
+class CheckpointImage:
+    """The state copied (under the store's lock) for writing outside it."""
+
+    seq: int
+    doc: dict[str, Any]
+    tables: list[bytes]
+
+
+def capture(state: MetaState) -> CheckpointImage:
+    """Copy what a checkpoint needs; cheap enough to run under the metadata lock."""
+    partitions = []
+    tables: list[bytes] = []
+    pos = 0
+    for (tid, index), pm in state.partitions.items():
+        raw = pm.segments.raw()
+        partitions.append(
+            {
+                "id": tid.hex(),
+                "p": index,
+                "log_start": pm.log_start,
+                "sealed_end": pm.sealed_end,
+                "chain": pm.chain_hash.hex(),
+                "producers": pm.producers.to_json(below=pm.sealed_end),
+                "table": [pos, len(raw)],
+            }
+        )
+        tables.append(raw)
+        pos += len(raw)
+    doc = {
+        "cluster_id": state.cluster_id,
+        "next_producer_id": state.next_producer_id,
+        "topics": [
+            {"name": t.name, "id": t.topic_id.hex(), "partitions": t.partitions, "config": dict(t.config), "created_ms": t.created_ms}
+            for t in state.topics.values()
+        ],
+        "partitions": partitions,
+        "groups": {
+            g: {"offsets": [[t, p, *row] for (t, p), row in gm.offsets.items()], "state": gm.state}
+            for g, gm in state.groups.items()
+        },
+    }
+    return CheckpointImage(state.seq, doc, tables)
+
+
+def encode_checkpoint(image: CheckpointImage) -> list[bytes]:
+    body = json.dumps(image.doc, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    tables_len = sum(len(t) for t in image.tables)
+    covered = _CK_HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, 0, image.seq, len(body), tables_len, 0)[:_CK_COVERED]
+    crc = crc32c.crc32c(body, crc32c.crc32c(covered))
+    for t in image.tables:
+        crc = crc32c.crc32c(t, crc)
+    return [covered + struct.pack("<I", crc), body, *image.tables]
+
+
+def decode_checkpoint(data: bytes, *, path: str) -> MetaState:
+    """Parse and verify a checkpoint; CorruptionError names `path` and the bad byte."""
+    if len(data) < _CK_HEADER.size:
+        raise CorruptionError(path, len(data), f"checkpoint is {len(data)} bytes, shorter than its header")
+    magic, version, flags, seq, json_len, tables_len, crc = _CK_HEADER.unpack_from(data, 0)
+    if magic != CHECKPOINT_MAGIC:
+        raise CorruptionError(path, 0, f"bad checkpoint magic {magic!r}")
+    if json_len > CHECKPOINT_JSON_BYTES_MAX or tables_len > CHECKPOINT_TABLE_BYTES_MAX:
+        raise CorruptionError(path, 16, "implausible checkpoint lengths")
+    if len(data) != _CK_HEADER.size + json_len + tables_len:
+        raise CorruptionError(path, len(data), f"checkpoint is {len(data)} bytes, header says {_CK_HEADER.size + json_len + tables_len}")
+    actual = crc32c.crc32c(memoryview(data)[_CK_HEADER.size :], crc32c.crc32c(memoryview(data)[:_CK_COVERED]))
+    if actual != crc:
+        raise CorruptionError(path, 28, f"checkpoint CRC-32C mismatch (stored {crc:#010x}, computed {actual:#010x})")
+    if version != CHECKPOINT_VERSION or flags != 0:
+        raise CorruptionError(path, 4, f"checkpoint version {version} flags {flags} not supported (want 1, 0)")
+    try:
+        doc = json.loads(data[_CK_HEADER.size : _CK_HEADER.size + json_len].decode("utf-8"))
+        tables = memoryview(data)[_CK_HEADER.size + json_len :]
+        return _state_from_doc(doc, seq, tables)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+        raise CorruptionError(path, _CK_HEADER.size, f"checkpoint content does not parse: {exc!r}") from None
+
+
+def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview) -> MetaState:
+    state = MetaState(str(doc["cluster_id"]))
+    state.seq = seq
+    state.next_producer_id = int(doc["next_producer_id"])
+    for t in doc["topics"]:
+        topic = TopicMeta(str(t["name"]), bytes.fromhex(t["id"]), int(t["partitions"]), dict(t["config"]), int(t["created_ms"]))
+        state.topics[topic.topic_id] = topic
+        state.names[topic.name] = topic.topic_id
+    for raw in doc["partitions"]:
+        tid = bytes.fromhex(raw["id"])
+        topic = state.topics[tid]
+        pm = state._new_partition(topic, int(raw["p"]))
+        start, length = raw["table"]
+        if length % ENTRY_SIZE or start + length > len(tables):
+            raise ValueError(f"segment table of {topic.name}-{raw['p']} out of bounds")
+        pm.segments = SegmentTable(pm.segments.key_prefix, tables[start : start + length])
+        pm.log_start = int(raw["log_start"])
+        pm.sealed_end = int(raw["sealed_end"])
+        pm.chain_hash = bytes.fromhex(raw["chain"])
+        pm.producers = ProducerStates.from_json(raw["producers"])
+    for g, gdoc in doc["groups"].items():
+        gm = GroupMeta()
+        for topic_name, p, offset, epoch, metadata, ts in gdoc["offsets"]:
+            gm.offsets[(str(topic_name), int(p))] = [int(offset), int(epoch), str(metadata), int(ts)]
+        gm.state = gdoc.get("state")
+        state.groups[str(g)] = gm
+    return state
+
+
+def state_from_snapshot(payload: dict[str, Any]) -> MetaState:
+    """Migration: the state held by a version-1 metadata snapshot (`snapshot-*.bin`, meta.json)."""
+    state = MetaState(str(payload["cluster_id"]))
+    extra = payload.get("extra", {}) or {}
+    state.next_producer_id = int(extra.get("next_producer_id", 1000))
+    for name, t in payload["topics"].items():
+        tid = bytes.fromhex(t["id"])
+        topic = TopicMeta(str(name), tid, int(t["partitions"]), {str(k): str(v) for k, v in t["config"].items()}, int(t["created_ms"]))
+        state.topics[tid] = topic
+        state.names[topic.name] = tid
+        for i in range(topic.partitions):
+            pm = state._new_partition(topic, i)
+            raw = payload["partitions"].get(f"{t['id']}/{i}")
+            if raw is None:
+                continue
+            pm.log_start = int(raw["log_start"])
+            pm.sealed_end = int(raw["sealed_end"])
+            pm.chain_hash = bytes.fromhex(raw["chain"])
+            pm.producers = ProducerStates.from_json(raw.get("producers", {}))
+            for seg in raw["segments"]:
+                pm.segments.append(SegmentRef.from_json(pm.segments.key_for(int(seg[0])), seg))
+    groups_doc = extra.get("groups")
+    if isinstance(groups_doc, dict):
+        for g, rows in (groups_doc.get("groups") or {}).items():
+            gm = state.groups.setdefault(str(g), GroupMeta())
+            for topic_name, p, offset, epoch, metadata, ts in rows:
+                gm.offsets[(str(topic_name), int(p))] = [int(offset), int(epoch), str(metadata), int(ts)]
+    return state
