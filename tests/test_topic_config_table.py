@@ -1,6 +1,8 @@
-"""The one table of topic configs (`TOPIC_CONFIG_KEYS`): every row complete."""
+"""The one table of topic configs (`TOPIC_CONFIG_KEYS`): complete rows, and README.md lists them all."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from loglake.engine.config import (
 )
 from loglake.errors import ConfigError
 
+README = Path(__file__).resolve().parent.parent / "README.md"
 #: The types loglake's topic configs use (DescribeConfigs v3+ sends them to clients).
 USED_TYPES = {ConfigType.INT, ConfigType.LONG, ConfigType.STRING, ConfigType.LIST}
 
@@ -56,3 +59,15 @@ def test_parse_keeps_accepted_values() -> None:
         with pytest.raises(ConfigError):
             TopicConfig.parse(bad)
 
+
+def test_readme_lists_every_key_with_its_type_and_default() -> None:
+    rows = {
+        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in README.read_text().splitlines()
+        if line.startswith("| `")
+    }
+    for key in TOPIC_CONFIG_KEYS:
+        row = rows.get(f"`{key.name}`")
+        assert row is not None, f"README.md has no row for topic config {key.name}"
+        assert row[1] == key.type.name.lower(), key.name
+        assert row[2].startswith(f"`{key.default}`"), key.name
