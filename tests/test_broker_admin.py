@@ -29,6 +29,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import SUPPORTED, request_class
+from loglake.engine.config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 
 from brokerkit import Broker, running_broker
 
@@ -180,6 +181,26 @@ def test_describe_configs_topic_and_broker(admin: AdminClient, broker: Broker) -
     assert configs["num.partitions"].value == "1"
     assert configs["auto.create.topics.enable"].value == "true"
     assert configs["message.max.bytes"].value == "1048588"
+
+
+def test_describe_configs_lists_every_topic_config(admin: AdminClient, broker: Broker) -> None:
+    """Every key of the engine's table, hot.retain.* included, with its type and documentation."""
+    create(admin, "dc-all", config={"hot.retain.segments": "2"})
+    configs = describe_topic(admin, "dc-all")
+    assert set(configs) == set(TOPIC_CONFIG_NAMES)
+    segments, size = configs["hot.retain.segments"], configs["hot.retain.bytes"]
+    assert segments.value == "2" and segments.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    assert size.value == "0" and size.is_default and size.source == ConfigSource.DEFAULT_CONFIG.value
+
+    resource = {"resource_type": 2, "resource_name": "dc-all", "configuration_keys": None}
+    resp = raw_call(broker, 32, 4, resources=[resource], include_synonyms=False, include_documentation=True)
+    entries = {c.name: c for c in resp.results[0].configs}
+    assert list(entries) == list(TOPIC_CONFIG_NAMES)
+    for key in TOPIC_CONFIG_KEYS:
+        entry = entries[key.name]
+        assert (entry.config_type, entry.documentation, entry.read_only) == (key.type, key.doc, key.read_only)
+    resp = raw_call(broker, 32, 4, resources=[resource], include_synonyms=False, include_documentation=False)
+    assert all(c.documentation is None for c in resp.results[0].configs)
 
 
 @pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")

@@ -2,17 +2,21 @@
 
 Every operating error (bad input, corrupt file, full disk, unknown topic) is one of these.
 Each carries the Kafka error code the broker answers with, so the protocol layer never has to
-guess; `assert` is kept for programmer errors only.
+guess; the numbers come from the one table of them, `loglake.kafka_errors`. `retriable` is
+loglake's own answer for the call that failed (a corrupt file stays corrupt), which is not always
+Kafka's classification of the code. `assert` is kept for programmer errors only.
 """
 
 from __future__ import annotations
+
+from loglake.kafka_errors import ErrorCode
 
 
 class LoglakeError(Exception):
     """Base of every error loglake raises on purpose."""
 
     #: Kafka protocol error code (UNKNOWN_SERVER_ERROR unless a subclass knows better).
-    kafka_code: int = -1
+    kafka_code: int = ErrorCode.UNKNOWN_SERVER_ERROR
     #: Whether retrying the same call later can succeed.
     retriable: bool = False
 
@@ -20,47 +24,47 @@ class LoglakeError(Exception):
 class ConfigError(LoglakeError):
     """A configuration value is unknown, malformed, or contradicts another one."""
 
-    kafka_code = 40  # INVALID_CONFIG
+    kafka_code = ErrorCode.INVALID_CONFIG
 
 
 class InvalidTopicError(LoglakeError):
     """The topic name breaks Kafka's naming rule."""
 
-    kafka_code = 17  # INVALID_TOPIC_EXCEPTION
+    kafka_code = ErrorCode.INVALID_TOPIC_EXCEPTION
 
 
 class TopicExistsError(LoglakeError):
-    kafka_code = 36  # TOPIC_ALREADY_EXISTS
+    kafka_code = ErrorCode.TOPIC_ALREADY_EXISTS
 
 
 class UnknownTopicError(LoglakeError):
     """The topic or partition does not exist."""
 
-    kafka_code = 3  # UNKNOWN_TOPIC_OR_PARTITION
+    kafka_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     retriable = True
 
 
 class InvalidPartitionsError(LoglakeError):
-    kafka_code = 37  # INVALID_PARTITIONS
+    kafka_code = ErrorCode.INVALID_PARTITIONS
 
 
 class CorruptRecordError(LoglakeError):
     """A record batch failed validation (magic, length, CRC)."""
 
-    kafka_code = 2  # CORRUPT_MESSAGE
+    kafka_code = ErrorCode.CORRUPT_MESSAGE
     retriable = True
 
 
 class RecordTooLargeError(LoglakeError):
-    kafka_code = 10  # MESSAGE_TOO_LARGE
+    kafka_code = ErrorCode.MESSAGE_TOO_LARGE
 
 
 class InvalidRecordError(LoglakeError):
-    kafka_code = 87  # INVALID_RECORD
+    kafka_code = ErrorCode.INVALID_RECORD
 
 
 class OffsetOutOfRangeError(LoglakeError):
-    kafka_code = 1  # OFFSET_OUT_OF_RANGE
+    kafka_code = ErrorCode.OFFSET_OUT_OF_RANGE
 
     def __init__(self, message: str, *, log_start_offset: int = -1, high_watermark: int = -1) -> None:
         super().__init__(message)
@@ -74,7 +78,7 @@ class CorruptionError(LoglakeError):
     Names the file (or object key) and the byte offset so an operator can look at it.
     """
 
-    kafka_code = 2  # CORRUPT_MESSAGE
+    kafka_code = ErrorCode.CORRUPT_MESSAGE
 
     def __init__(self, path: str, offset: int, detail: str) -> None:
         super().__init__(f"{path} @ byte {offset}: {detail}")
@@ -86,7 +90,7 @@ class CorruptionError(LoglakeError):
 class StorageError(LoglakeError):
     """An I/O operation failed (disk full, permission, unreachable store)."""
 
-    kafka_code = 56  # KAFKA_STORAGE_ERROR
+    kafka_code = ErrorCode.KAFKA_STORAGE_ERROR
 
     def __init__(self, op: str, path: str, cause: BaseException | str, *, retriable: bool = False) -> None:
         super().__init__(f"{op} {path}: {cause}")
@@ -101,30 +105,30 @@ class DataDirLockedError(LoglakeError):
 
 
 class EngineClosedError(LoglakeError):
-    kafka_code = 6  # NOT_LEADER_OR_FOLLOWER: the client will refresh metadata and retry
+    kafka_code = ErrorCode.NOT_LEADER_OR_FOLLOWER  # the client will refresh metadata and retry
     retriable = True
 
 
 class EngineFailedError(LoglakeError):
     """The engine stopped accepting writes after an unrecoverable storage failure."""
 
-    kafka_code = 56  # KAFKA_STORAGE_ERROR
+    kafka_code = ErrorCode.KAFKA_STORAGE_ERROR
 
 
 class BackPressureTimeoutError(LoglakeError):
     """An append waited too long for room in the memory budget; retry later."""
 
-    kafka_code = 7  # REQUEST_TIMED_OUT
+    kafka_code = ErrorCode.REQUEST_TIMED_OUT
     retriable = True
 
 
 class OutOfOrderSequenceError(LoglakeError):
     """An idempotent producer's batch does not continue its sequence."""
 
-    kafka_code = 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+    kafka_code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
 class InvalidProducerEpochError(LoglakeError):
     """A batch from an older epoch of a producer id that has since moved on (fenced)."""
 
-    kafka_code = 47  # INVALID_PRODUCER_EPOCH
+    kafka_code = ErrorCode.INVALID_PRODUCER_EPOCH

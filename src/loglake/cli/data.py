@@ -36,6 +36,7 @@ from loglake.cli.common import (
     stderr_console,
 )
 from loglake.log import ConsumerRecord, Headers, Log, StartSpec
+from loglake.records.batch import BATCH_HEADER_SIZE
 
 #: Input files above this size get a progress bar (when stderr is a terminal).
 PROGRESS_MIN_BYTES = 1024 * 1024
@@ -44,7 +45,6 @@ _RECORD_OVERHEAD = 40
 _HEADER_OVERHEAD = 10
 #: A batch is cut well below max.message.bytes (the estimate is close but not exact).
 _BATCH_FILL = 0.9
-_BATCH_HEADER = 61
 
 ProduceRecord = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Headers]
 
@@ -92,7 +92,7 @@ def produce(
         if not log.engine.has_topic(topic):
             log.create_topic(topic, partitions=1)
             note(f"created topic {topic} (1 partition)")
-        limit = max(4096, int(log.engine.topic(topic).config.max_message_bytes * _BATCH_FILL) - _BATCH_HEADER)
+        limit = max(4096, int(log.engine.topic(topic).config.max_message_bytes * _BATCH_FILL) - BATCH_HEADER_SIZE)
         progress: Progress | None = None
         task = None
         if file is not None and total > PROGRESS_MIN_BYTES and stderr_console().is_terminal:

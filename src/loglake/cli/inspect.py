@@ -16,11 +16,10 @@ from rich.text import Text
 
 from loglake.cli.common import CliError, error_line, format_bytes, stdout_console
 from loglake.errors import CorruptionError, LoglakeError, StorageError
+from loglake.records.compression import codec_name
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER_SIZE, read_tail, unpack_kafka_header
 from loglake.segment.verify import describe_segment, verify_segment_in_store
 from loglake.store.base import BytesLike, ObjectNotFoundError, ObjectStore, parse_segment_key
-
-_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 class SingleFileStore(ObjectStore):
@@ -82,12 +81,11 @@ def _batch_details(store: SingleFileStore, described: dict[str, Any]) -> None:
             batch.update(codec="?", crc_ok=False, crc="?")
             continue
         h = unpack_kafka_header(data)
-        codec = h.attributes & 7
-        batch["codec"] = _CODECS[codec] if codec < len(_CODECS) else f"unknown({codec})"
+        batch["codec"] = codec_name(h.compression)
         batch["crc"] = f"{h.crc:#010x}"
         batch["crc_ok"] = len(data) == batch["length"] and crc32c.crc32c(data[KAFKA_CRC_START:]) == h.crc
-        batch["transactional"] = bool(h.attributes & 0x10)
-        batch["control"] = bool(h.attributes & 0x20)
+        batch["transactional"] = h.is_transactional
+        batch["control"] = h.is_control
 
 
 def inspect(

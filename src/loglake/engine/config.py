@@ -1,16 +1,18 @@
 """Engine and topic configuration.
 
 Topic configs use Kafka's names where Kafka has one, with string values as on the wire
-(CreateTopics, DescribeConfigs). `TopicConfig.parse` turns them into typed values and rejects
-unknown names and bad values with ConfigError, as Kafka's LogConfig.validate does.
+(CreateTopics, DescribeConfigs). `TOPIC_CONFIG_KEYS` is the one table of them (type, default,
+accepted values, documentation, Kafka broker synonym); `TopicConfig.parse` turns them into typed
+values and rejects unknown names and bad values with ConfigError, as Kafka's LogConfig.validate does.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from enum import IntEnum
 from typing import Any
 
 from loglake.errors import ConfigError, InvalidTopicError
@@ -45,62 +47,129 @@ def validate_topic_name(name: str) -> None:
         raise InvalidTopicError(f"topic name {name!r} has characters outside [a-zA-Z0-9._-]")
 
 
-# name -> (default, kind); kinds: int, long, enum:<a|b>, compression, durability
-_TOPIC_CONFIGS: dict[str, tuple[str, str]] = {
-    # Unsealed data lives in memory, so segments are far smaller than Kafka's 1 GiB default.
-    "segment.bytes": ("67108864", "int:14:1073741824"),
-    # Seal an idle partition after an hour so the WAL behind it can be truncated.
-    "segment.ms": ("3600000", "long:1"),
-    # loglake-specific: seal after this many records (0 disables).
-    "segment.records": ("1000000", "long:0"),
-    "retention.ms": ("604800000", "long:-1"),
-    "retention.bytes": ("-1", "long:-1"),
-    "cleanup.policy": ("delete", "list:delete|compact"),
-    "compression.type": ("producer", "compression"),
-    "max.message.bytes": ("1048588", "int:0:268435456"),
-    "message.timestamp.type": ("CreateTime", "enum:CreateTime|LogAppendTime"),
-    "delete.retention.ms": ("86400000", "long:0"),
-    "min.insync.replicas": ("1", "int:1:1"),
-    "durability": ("fsync", "enum:fsync|disk|memory|ephemeral"),
-    # Tiering (with a cold store): keep this many newest sealed segments on local disk...
-    "hot.retain.segments": ("4", "int:0:1000000"),
-    # ...and at most this many bytes of them (0 = no byte bound); the stricter bound wins.
-    "hot.retain.bytes": ("0", "long:0"),
-}
+class ConfigType(IntEnum):
+    """A config's type, numbered as Kafka's ConfigEntry.ConfigType (DescribeConfigs v3+ sends it)."""
 
-TOPIC_CONFIG_NAMES = tuple(_TOPIC_CONFIGS)
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    SHORT = 4
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+    CLASS = 8
+    PASSWORD = 9
 
 
-def _check(name: str, raw: str, kind: str) -> Any:
-    parts = kind.split(":")
-    head = parts[0]
-    if head in ("int", "long"):
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r}: not an integer") from None
-        low = int(parts[1]) if len(parts) > 1 else None
-        high = int(parts[2]) if len(parts) > 2 else None
-        if (low is not None and value < low) or (high is not None and value > high):
-            raise ConfigError(f"{name}={value}: must be in [{low}, {high if high is not None else 'inf'}]")
-        return value
-    if head == "enum":
-        options = parts[1].split("|")
-        if raw not in options:
-            raise ConfigError(f"{name}={raw!r}: must be one of {', '.join(options)}")
+@dataclass(frozen=True, slots=True)
+class TopicConfigKey:
+    """One topic config: what the engine accepts and what DescribeConfigs reports about it.
+
+    Values are strings as on the wire. INT and LONG values must lie in [low, high] (None: no
+    bound); STRING and LIST values must be among `choices` when given (a LIST is a comma list of
+    them); `check` validates what the rest cannot express and returns the value to keep.
+    """
+
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    #: The Kafka broker setting that supplies the default (DescribeConfigs' synonym for it);
+    #: None for loglake's own configs, which have no broker-wide setting.
+    broker_synonym: str | None = None
+    low: int | None = None
+    high: int | None = None
+    choices: tuple[str, ...] = ()
+    check: Callable[[str, str], str] | None = None
+    #: Reported as read-only by DescribeConfigs and refused as an override.
+    read_only: bool = False
+
+    def parse(self, raw: str) -> Any:
+        """The typed value of `raw`, or ConfigError (as Kafka's LogConfig.validate rejects it)."""
+        name = self.name
+        if self.type in (ConfigType.INT, ConfigType.LONG):
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r}: not an integer") from None
+            low, high = self.low, self.high
+            if (low is not None and value < low) or (high is not None and value > high):
+                raise ConfigError(f"{name}={value}: must be in [{low}, {high if high is not None else 'inf'}]")
+            return value
+        if self.check is not None:
+            return self.check(name, raw)
+        if self.type is ConfigType.LIST:
+            items = [x.strip() for x in raw.split(",") if x.strip()]
+            if not items or any(x not in self.choices for x in items):
+                raise ConfigError(f"{name}={raw!r}: must be a comma list of {', '.join(self.choices)}")
+            return ",".join(items)
+        if self.choices and raw not in self.choices:
+            raise ConfigError(f"{name}={raw!r}: must be one of {', '.join(self.choices)}")
         return raw
-    if head == "list":
-        options = parts[1].split("|")
-        items = [x.strip() for x in raw.split(",") if x.strip()]
-        if not items or any(x not in options for x in items):
-            raise ConfigError(f"{name}={raw!r}: must be a comma list of {', '.join(options)}")
-        return ",".join(items)
-    if head == "compression":
-        if raw in ("producer", "uncompressed"):
-            return raw
+
+
+def _compression_type(name: str, raw: str) -> str:
+    """`producer` (keep batches as sent), `uncompressed`, or a codec name (any case)."""
+    if raw not in ("producer", "uncompressed"):
         codec_from_name(raw)
-        return raw
-    raise AssertionError(kind)
+    return raw
+
+
+#: Every topic config, with Kafka's name where Kafka has one. The one table: the engine parses
+#: with it, the broker's DescribeConfigs/AlterConfigs read it, README.md lists it (a test checks).
+TOPIC_CONFIG_KEYS: tuple[TopicConfigKey, ...] = (
+    # Unsealed data lives in memory, so segments are far smaller than Kafka's 1 GiB default.
+    TopicConfigKey("segment.bytes", ConfigType.INT, "67108864",
+                   "Seal the open segment of a partition at this size.",
+                   "log.segment.bytes", low=14, high=1073741824),
+    # Seal an idle partition after an hour so the WAL behind it can be truncated.
+    TopicConfigKey("segment.ms", ConfigType.LONG, "3600000",
+                   "Seal the open segment of a partition after this long.",
+                   "log.roll.ms", low=1),
+    TopicConfigKey("segment.records", ConfigType.LONG, "1000000",
+                   "Seal the open segment after this many records (0 = never).",
+                   low=0),
+    TopicConfigKey("retention.ms", ConfigType.LONG, "604800000",
+                   "Delete whole segments older than this (-1 = keep forever).",
+                   "log.retention.ms", low=-1),
+    TopicConfigKey("retention.bytes", ConfigType.LONG, "-1",
+                   "Delete the oldest segments above this size per partition (-1 = no limit).",
+                   "log.retention.bytes", low=-1),
+    TopicConfigKey("cleanup.policy", ConfigType.LIST, "delete",
+                   "delete and/or compact.",
+                   "log.cleanup.policy", choices=("delete", "compact")),
+    TopicConfigKey("compression.type", ConfigType.STRING, "producer",
+                   "Codec batches are stored with; producer keeps the producer's.",
+                   "compression.type", check=_compression_type),
+    TopicConfigKey("max.message.bytes", ConfigType.INT, "1048588",
+                   "Largest record batch accepted, in bytes.",
+                   "message.max.bytes", low=0, high=268435456),
+    TopicConfigKey("message.timestamp.type", ConfigType.STRING, "CreateTime",
+                   "CreateTime or LogAppendTime.",
+                   "log.message.timestamp.type", choices=("CreateTime", "LogAppendTime")),
+    TopicConfigKey("delete.retention.ms", ConfigType.LONG, "86400000",
+                   "How long compaction keeps tombstones.",
+                   "log.cleaner.delete.retention.ms", low=0),
+    TopicConfigKey("min.insync.replicas", ConfigType.INT, "1",
+                   "Always 1: loglake has a single replica.",
+                   "min.insync.replicas", low=1, high=1),
+    TopicConfigKey("durability", ConfigType.STRING, "fsync",
+                   "When appends are acknowledged: fsync, disk, memory or ephemeral.",
+                   choices=tuple(d.name.lower() for d in Durability)),
+    # Tiering (with a cold store): keep this many newest sealed segments on local disk...
+    TopicConfigKey("hot.retain.segments", ConfigType.INT, "4",
+                   "With a cold store: newest sealed segments kept on local disk (0 = relocate each at once).",
+                   low=0, high=1000000),
+    # ...and at most this many bytes of them (0 = no byte bound); the stricter bound wins.
+    TopicConfigKey("hot.retain.bytes", ConfigType.LONG, "0",
+                   "With a cold store: at most this many bytes of sealed segments on local disk "
+                   "(0 = no byte bound); the stricter of the two hot.retain bounds wins.",
+                   low=0),
+)
+
+#: name -> key, in the table's order (DescribeConfigs lists configs in this order).
+TOPIC_CONFIGS: Mapping[str, TopicConfigKey] = {k.name: k for k in TOPIC_CONFIG_KEYS}
+TOPIC_CONFIG_NAMES = tuple(TOPIC_CONFIGS)
 
 
 @dataclass(frozen=True)
@@ -126,12 +195,15 @@ class TopicConfig:
     def parse(cls, overrides: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None) -> TopicConfig:
         overrides = dict(overrides or {})
         merged: dict[str, Any] = {}
-        for name, (default, kind) in _TOPIC_CONFIGS.items():
-            merged[name] = _check(name, (defaults or {}).get(name, default), kind)
+        for name, key in TOPIC_CONFIGS.items():
+            merged[name] = key.parse((defaults or {}).get(name, key.default))
         for name, raw in overrides.items():
-            if name not in _TOPIC_CONFIGS:
+            known = TOPIC_CONFIGS.get(name)
+            if known is None:
                 raise ConfigError(f"unknown topic config {name!r}; known: {', '.join(TOPIC_CONFIG_NAMES)}")
-            merged[name] = _check(name, str(raw), _TOPIC_CONFIGS[name][1])
+            if known.read_only:
+                raise ConfigError(f"topic config {name!r} is read-only")
+            merged[name] = known.parse(str(raw))
         return cls(
             segment_bytes=merged["segment.bytes"],
             segment_ms=merged["segment.ms"],
@@ -152,11 +224,11 @@ class TopicConfig:
     def effective(self, defaults: Mapping[str, str] | None = None) -> dict[str, tuple[str, bool]]:
         """Every config name -> (value, is_default), as DescribeConfigs reports them."""
         out: dict[str, tuple[str, bool]] = {}
-        for name, (default, _kind) in _TOPIC_CONFIGS.items():
+        for name, key in TOPIC_CONFIGS.items():
             if name in self.overrides:
                 out[name] = (self.overrides[name], False)
             else:
-                out[name] = ((defaults or {}).get(name, default), True)
+                out[name] = ((defaults or {}).get(name, key.default), True)
         return out
 
 

@@ -80,7 +80,7 @@ KAFKA_HEADER = _records.HEADER
 KAFKA_HEADER_SIZE = _records.BATCH_HEADER_SIZE  # 61
 KAFKA_LENGTH_OVERHEAD = _records.LENGTH_FIELD_END  # base_offset + batch_length precede the counted bytes
 KAFKA_CRC_START = _records.CRC_COVERED_START  # the batch CRC covers [21, size)
-KAFKA_CRC_FIELD = _records.MAGIC_OFFSET + 1  # 17
+KAFKA_CRC_FIELD = _records.CRC_OFFSET  # 17
 KAFKA_MAGIC_FIELD = _records.MAGIC_OFFSET  # 16
 KAFKA_MAGIC = _records.MAGIC_V2
 MIN_BATCH_LENGTH = KAFKA_HEADER_SIZE - KAFKA_LENGTH_OVERHEAD  # 49
@@ -89,28 +89,8 @@ MIN_BATCH_LENGTH = KAFKA_HEADER_SIZE - KAFKA_LENGTH_OVERHEAD  # 49
 MIN_SEGMENT_SIZE = HEADER_SIZE + KAFKA_HEADER_SIZE + INDEX_ENTRY_SIZE + TRAILER_SIZE
 
 
-class KafkaBatchHeader(NamedTuple):
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    first_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    record_count: int
-
-    @property
-    def size(self) -> int:
-        return self.batch_length + KAFKA_LENGTH_OVERHEAD
-
-    @property
-    def last_offset(self) -> int:
-        return self.base_offset + self.last_offset_delta
+#: The parsed header (fields, size, last_offset, attribute bits) is the records package's.
+KafkaBatchHeader = _records.BatchHeader
 
 
 def unpack_kafka_header(buf: BytesLike, pos: int = 0) -> KafkaBatchHeader:

@@ -14,6 +14,8 @@ from typing import Any
 import crc32c
 
 from loglake.errors import CorruptionError
+from loglake.records.batch import BATCH_LENGTH_OFFSET
+from loglake.records.compression import codec_name
 from loglake.segment.format import (
     FORMAT_VERSION,
     HEADER,
@@ -26,6 +28,7 @@ from loglake.segment.format import (
     KAFKA_CRC_START,
     KAFKA_HEADER,
     KAFKA_HEADER_SIZE,
+    KAFKA_LENGTH_OVERHEAD,
     KAFKA_MAGIC,
     KAFKA_MAGIC_FIELD,
     MIN_BATCH_LENGTH,
@@ -104,11 +107,13 @@ class _DataChecker:
     def _batch_size(self, buf: BytesLike, at: int) -> int:
         """Size of the batch whose header starts at buf[at] (object position self.pos), with the
         length checked against the data section."""
-        batch_length = int.from_bytes(memoryview(buf)[at + 8 : at + 12], "big", signed=True)
-        size = batch_length + 12
+        field = memoryview(buf)[at + BATCH_LENGTH_OFFSET : at + KAFKA_LENGTH_OVERHEAD]
+        batch_length = int.from_bytes(field, "big", signed=True)
+        size = batch_length + KAFKA_LENGTH_OVERHEAD
         if batch_length < MIN_BATCH_LENGTH or size > self.data_end - self.pos:
             raise self._fail(
-                self.pos + 8, f"batch length {batch_length} impossible (data section ends at {self.data_end})"
+                self.pos + BATCH_LENGTH_OFFSET,
+                f"batch length {batch_length} impossible (data section ends at {self.data_end})",
             )
         return size
 
@@ -316,9 +321,6 @@ def verify_chain(
             )
 
 
-_CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-
-
 def describe_segment(
     source: BytesLike | ObjectStore, key: str = "<segment>", *, max_batches: int | None = None
 ) -> dict[str, Any]:
@@ -356,11 +358,9 @@ def describe_segment(
             h = unpack_kafka_header(data, e.position)
             batch.update(
                 first_timestamp=h.first_timestamp,
-                compression=_CODECS[h.attributes & 7]
-                if h.attributes & 7 < len(_CODECS)
-                else f"unknown({h.attributes & 7})",
-                transactional=bool(h.attributes & 0x10),
-                control=bool(h.attributes & 0x20),
+                compression=codec_name(h.compression),
+                transactional=h.is_transactional,
+                control=h.is_control,
                 producer_id=h.producer_id,
                 producer_epoch=h.producer_epoch,
                 base_sequence=h.base_sequence,

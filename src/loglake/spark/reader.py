@@ -30,6 +30,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loglake.errors import CorruptRecordError
+from loglake.records.batch import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_CONTROL,
+    ATTR_TIMESTAMP_TYPE,
+    LENGTH_FIELD_END,
+    MAGIC_V2,
+)
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
 from loglake.records.varint import MAX_VARINT_BYTES, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
@@ -42,10 +49,6 @@ MAX_BATCH_ROWS = 128 * 1024
 MAX_BATCH_DATA = 64 * 1024 * 1024
 #: Batches with at least this many records try the uniform-size fast path.
 UNIFORM_MIN_RECORDS = 32
-
-ATTR_CODEC = 0x07
-ATTR_LOG_APPEND = 0x08
-ATTR_CONTROL = 0x20
 
 HEADER_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
@@ -334,19 +337,19 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
             (base, blen, _e, magic, crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _seq, count) = (
                 KAFKA_HEADER.unpack_from(buf, at)
             )
-            size = blen + 12
-            if magic != 2 or at + size > length:
+            size = blen + LENGTH_FIELD_END
+            if magic != MAGIC_V2 or at + size > length:
                 raise CorruptRecordError(f"{sl.key}: bad batch at byte {pos + at}")
             if crc32c.crc32c(view[at + KAFKA_CRC_START : at + size]) != crc:
                 raise CorruptRecordError(
                     f"{sl.key}: CRC-32C mismatch in the batch at byte {pos + at} (offset {base})"
                 )
             if not attrs & ATTR_CONTROL and count > 0:
-                codec = attrs & ATTR_CODEC
+                codec = attrs & ATTR_COMPRESSION_MASK
                 body = view[at + KAFKA_HEADER_SIZE : at + size]
                 data = decompress(codec, body, MAX_DECOMPRESSED_BATCH_BYTES) if codec else body.tobytes()
                 try:
-                    pending.add(data, count, base, first_ts, max_ts, 1 if attrs & ATTR_LOG_APPEND else 0)
+                    pending.add(data, count, base, first_ts, max_ts, 1 if attrs & ATTR_TIMESTAMP_TYPE else 0)
                 except CorruptRecordError as exc:
                     raise CorruptRecordError(
                         f"{sl.key}: batch at byte {pos + at} (offset {base}): {exc}"

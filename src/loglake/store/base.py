@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from loglake.errors import LoglakeError
+from loglake.kafka_errors import ErrorCode
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -30,7 +31,7 @@ OFFSET_DIGITS = 20
 class ObjectNotFoundError(LoglakeError):
     """The object does not exist (never written, or deleted)."""
 
-    kafka_code = -1
+    kafka_code = ErrorCode.UNKNOWN_SERVER_ERROR
 
     def __init__(self, key: str, store_url: str = "") -> None:
         where = f" in {store_url}" if store_url else ""
@@ -41,7 +42,7 @@ class ObjectNotFoundError(LoglakeError):
 class InvalidObjectKeyError(LoglakeError, ValueError):
     """An object key breaks the key rules (see the module docstring). Also a ValueError."""
 
-    kafka_code = -1
+    kafka_code = ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 def check_key(key: str) -> str:

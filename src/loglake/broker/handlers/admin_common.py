@@ -1,5 +1,6 @@
-"""What the admin handlers share: the Kafka error codes they answer with beyond `errors.py`,
-a typed early-exit error, and a helper that runs (blocking) engine admin calls off the loop."""
+"""What the admin handlers share: the Kafka error codes they answer with beyond `errors.py`
+(re-exported from `loglake.kafka_errors`), a typed early-exit error, and a helper that runs
+(blocking) engine admin calls off the loop."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from typing import Any, TypeVar
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import UNKNOWN_SERVER_ERROR, error_code
 from loglake.errors import LoglakeError
+from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger("loglake.broker.admin")
 
 T = TypeVar("T")
 
-TOPIC_ALREADY_EXISTS = 36
-INVALID_PARTITIONS = 37
-INVALID_REPLICATION_FACTOR = 38
-INVALID_REPLICA_ASSIGNMENT = 39
-INVALID_CONFIG = 40
-MISMATCHED_ENDPOINT_TYPE = 114
+TOPIC_ALREADY_EXISTS: int = ErrorCode.TOPIC_ALREADY_EXISTS
+INVALID_PARTITIONS: int = ErrorCode.INVALID_PARTITIONS
+INVALID_REPLICATION_FACTOR: int = ErrorCode.INVALID_REPLICATION_FACTOR
+INVALID_REPLICA_ASSIGNMENT: int = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+INVALID_CONFIG: int = ErrorCode.INVALID_CONFIG
+MISMATCHED_ENDPOINT_TYPE: int = ErrorCode.MISMATCHED_ENDPOINT_TYPE
 
 #: ConfigResource types (org.apache.kafka.common.config.ConfigResource.Type).
 RESOURCE_TOPIC = 2

@@ -1,7 +1,9 @@
 """DescribeConfigs (32), AlterConfigs (33), IncrementalAlterConfigs (44).
 
 Topic configs are the engine's (`loglake.engine.config`): per-topic overrides on top of the
-broker's topic defaults (`[topic_defaults]`) on top of built-in defaults. A value's source is
+broker's topic defaults (`[topic_defaults]`) on top of built-in defaults. Their type, default,
+documentation, read-only flag and Kafka synonym all come from the engine's one table,
+`TOPIC_CONFIG_KEYS`. A value's source is
 DYNAMIC_TOPIC_CONFIG for an override, STATIC_BROKER_CONFIG for a broker topic default and
 DEFAULT_CONFIG otherwise; synonyms name the Kafka broker setting behind each default
 (``retention.ms`` -> ``log.retention.ms``).
@@ -36,7 +38,7 @@ from loglake.broker.handlers.admin_common import (
 )
 from loglake.broker.handlers.errors import INVALID_REQUEST, NONE
 from loglake.broker.protocol import DecodedRequest
-from loglake.engine.config import TOPIC_CONFIG_NAMES, TopicConfig, validate_topic_name
+from loglake.engine.config import TOPIC_CONFIGS, ConfigType, TopicConfig, validate_topic_name
 from loglake.engine.types import TopicInfo
 
 # ConfigSource (DescribeConfigsResponse.ConfigSource / synonym Source).
@@ -44,38 +46,10 @@ DYNAMIC_TOPIC_CONFIG = 1
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 
-# Kafka's ConfigEntry.ConfigType as sent on the wire (DescribeConfigs v3+).
-BOOLEAN, STRING, INT, SHORT, LONG, DOUBLE, LIST, CLASS, PASSWORD = range(1, 10)
-
 # IncrementalAlterConfigs operations.
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
-#: name -> (ConfigType, Kafka broker setting that supplies the default or None, documentation).
-TOPIC_CONFIG_META: dict[str, tuple[int, str | None, str]] = {
-    "segment.bytes": (INT, "log.segment.bytes", "Seal the open segment of a partition at this size."),
-    "segment.ms": (LONG, "log.roll.ms", "Seal the open segment of a partition after this long."),
-    "segment.records": (LONG, None, "Seal the open segment after this many records (0 = never)."),
-    "retention.ms": (LONG, "log.retention.ms", "Delete whole segments older than this (-1 = keep forever)."),
-    "retention.bytes": (LONG, "log.retention.bytes", "Delete the oldest segments above this size per partition (-1 = no limit)."),
-    "cleanup.policy": (LIST, "log.cleanup.policy", "delete and/or compact."),
-    "compression.type": (STRING, "compression.type", "Codec batches are stored with; producer keeps the producer's."),
-    "max.message.bytes": (INT, "message.max.bytes", "Largest record batch accepted, in bytes."),
-    "message.timestamp.type": (STRING, "log.message.timestamp.type", "CreateTime or LogAppendTime."),
-    "delete.retention.ms": (LONG, "log.cleaner.delete.retention.ms", "How long compaction keeps tombstones."),
-    "min.insync.replicas": (INT, "min.insync.replicas", "Always 1: loglake has a single replica."),
-    "durability": (STRING, None, "When appends are acknowledged: fsync, disk, memory or ephemeral."),
-}
-
-#: Built-in defaults, without the broker's topic defaults.
-BUILTIN_DEFAULTS: dict[str, str] = {name: value for name, (value, _d) in TopicConfig.parse().effective().items()}
-
 _BROKER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(BrokerConfig)}
-
-
-def _meta(name: str) -> tuple[int, str, str]:
-    """(ConfigType, the name of the setting behind its default, documentation) of a topic config."""
-    config_type, broker_name, doc = TOPIC_CONFIG_META.get(name, (STRING, None, ""))
-    return config_type, broker_name or name, doc
 
 
 def _entry(
@@ -106,7 +80,8 @@ def topic_config_entries(
     for name, (value, is_default) in config.effective(defaults).items():
         if wanted is not None and name not in wanted:
             continue
-        config_type, broker_name, doc = _meta(name)
+        key = TOPIC_CONFIGS[name]
+        broker_name = key.broker_synonym or name
         if not is_default:
             source = DYNAMIC_TOPIC_CONFIG
         else:
@@ -117,10 +92,10 @@ def topic_config_entries(
                 synonyms.append({"name": name, "value": value, "source": DYNAMIC_TOPIC_CONFIG})
             if name in defaults:
                 synonyms.append({"name": broker_name, "value": str(defaults[name]), "source": STATIC_BROKER_CONFIG})
-            synonyms.append({"name": broker_name, "value": BUILTIN_DEFAULTS.get(name), "source": DEFAULT_CONFIG})
+            synonyms.append({"name": broker_name, "value": key.default, "source": DEFAULT_CONFIG})
         out.append(
-            _entry(name, value, source, config_type, doc if include_documentation else None,
-                   read_only=False, synonyms=synonyms)
+            _entry(name, value, source, key.type, key.doc if include_documentation else None,
+                   read_only=key.read_only, synonyms=synonyms)
         )
     return out
 
@@ -136,38 +111,40 @@ def broker_config_entries(
         return DEFAULT_CONFIG if _BROKER_DEFAULTS.get(field) == value else STATIC_BROKER_CONFIG
 
     items: list[tuple[str, str | None, int, int, str]] = [
-        ("broker.id", str(ctx.node_id), configured("node_id", ctx.node_id), INT, "This broker's id (--node-id)."),
-        ("node.id", str(ctx.node_id), configured("node_id", ctx.node_id), INT, "This broker's id (--node-id)."),
-        ("log.dirs", ctx.engine.data_dir, STATIC_BROKER_CONFIG, STRING, "The data directory (--data-dir)."),
-        ("listeners", f"PLAINTEXT://{conf.listen}", STATIC_BROKER_CONFIG, STRING, "Where the broker listens."),
+        ("broker.id", str(ctx.node_id), configured("node_id", ctx.node_id), ConfigType.INT, "This broker's id (--node-id)."),
+        ("node.id", str(ctx.node_id), configured("node_id", ctx.node_id), ConfigType.INT, "This broker's id (--node-id)."),
+        ("log.dirs", ctx.engine.data_dir, STATIC_BROKER_CONFIG, ConfigType.STRING, "The data directory (--data-dir)."),
+        ("listeners", f"PLAINTEXT://{conf.listen}", STATIC_BROKER_CONFIG, ConfigType.STRING, "Where the broker listens."),
         (
             "advertised.listeners",
             f"PLAINTEXT://{ctx.advertised_host}:{ctx.advertised_port}",
             configured("advertised_listener", conf.advertised_listener),
-            STRING,
+            ConfigType.STRING,
             "The address clients are told to connect to.",
         ),
         (
             "auto.create.topics.enable",
             "true" if conf.auto_create_topics else "false",
             configured("auto_create_topics", conf.auto_create_topics),
-            BOOLEAN,
+            ConfigType.BOOLEAN,
             "Create unknown topics on metadata requests and produce.",
         ),
         ("num.partitions", str(conf.default_partitions), configured("default_partitions", conf.default_partitions),
-         INT, "Partitions of auto-created topics and of CreateTopics with -1."),
-        ("default.replication.factor", "1", DEFAULT_CONFIG, INT, "Always 1: loglake is a single broker."),
-        ("offsets.topic.replication.factor", "1", DEFAULT_CONFIG, SHORT, "Always 1: loglake is a single broker."),
+         ConfigType.INT, "Partitions of auto-created topics and of CreateTopics with -1."),
+        ("default.replication.factor", "1", DEFAULT_CONFIG, ConfigType.INT, "Always 1: loglake is a single broker."),
+        ("offsets.topic.replication.factor", "1", DEFAULT_CONFIG, ConfigType.SHORT, "Always 1: loglake is a single broker."),
         ("socket.request.max.bytes", str(conf.max_frame_bytes), configured("max_frame_bytes", conf.max_frame_bytes),
-         INT, "Largest request accepted, in bytes."),
+         ConfigType.INT, "Largest request accepted, in bytes."),
     ]
     topic_defaults = ctx.engine.config.topic_defaults
     effective = TopicConfig.parse(None, topic_defaults).effective(topic_defaults)
-    for name, (config_type, broker_name, doc) in TOPIC_CONFIG_META.items():
-        if broker_name is None:
+    for name, key in TOPIC_CONFIGS.items():
+        if key.broker_synonym is None:
             continue  # a loglake topic config without a Kafka broker setting
         source = STATIC_BROKER_CONFIG if name in topic_defaults else DEFAULT_CONFIG
-        items.append((broker_name, effective[name][0], source, config_type, f"Default of topic config {name}: {doc}"))
+        items.append(
+            (key.broker_synonym, effective[name][0], source, key.type, f"Default of topic config {name}: {key.doc}")
+        )
     wanted = None if keys is None else set(keys)
     out: list[dict[str, Any]] = []
     for name, value, source, config_type, doc in items:
@@ -295,7 +272,8 @@ def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[Any]) -
             continue
         if kind not in (OP_SET, OP_APPEND, OP_SUBTRACT):
             raise AdminError(INVALID_REQUEST, f"Unknown config operation {kind} for {name}")
-        if name not in TOPIC_CONFIG_NAMES:
+        key = TOPIC_CONFIGS.get(name)
+        if key is None:
             raise AdminError(INVALID_CONFIG, f"Unknown topic config name: {name}")
         if value is None:
             raise _null_value(name)
@@ -303,7 +281,7 @@ def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[Any]) -
             overrides[name] = value
             continue
         verb = "append" if kind == OP_APPEND else "subtract"
-        if _meta(name)[0] != LIST:
+        if key.type != ConfigType.LIST:
             raise AdminError(INVALID_CONFIG, f"Config value {verb} is not allowed for config key: {name}")
         current = _split(overrides[name] if name in overrides else effective[name][0])
         given = _split(value)

@@ -1,30 +1,34 @@
-"""Kafka error codes the handlers answer with, and mapping of engine errors to them."""
+"""Kafka error codes the handlers answer with, and mapping of engine errors to them.
+
+The numbers live in `loglake.kafka_errors`; these names are re-exported for the handlers' imports.
+"""
 
 from __future__ import annotations
 
 from loglake.errors import LoglakeError
+from loglake.kafka_errors import ErrorCode
 
-NONE = 0
-UNKNOWN_SERVER_ERROR = -1
-OFFSET_OUT_OF_RANGE = 1
-CORRUPT_MESSAGE = 2
-UNKNOWN_TOPIC_OR_PARTITION = 3
-LEADER_NOT_AVAILABLE = 5
-NOT_LEADER_OR_FOLLOWER = 6
-REQUEST_TIMED_OUT = 7
-MESSAGE_TOO_LARGE = 10
-COORDINATOR_NOT_AVAILABLE = 15
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REQUIRED_ACKS = 21
-TOPIC_AUTHORIZATION_FAILED = 29
-UNSUPPORTED_VERSION = 35
-INVALID_REQUEST = 42
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
-KAFKA_STORAGE_ERROR = 56
-UNKNOWN_TOPIC_ID = 100
+NONE: int = ErrorCode.NONE
+UNKNOWN_SERVER_ERROR: int = ErrorCode.UNKNOWN_SERVER_ERROR
+OFFSET_OUT_OF_RANGE: int = ErrorCode.OFFSET_OUT_OF_RANGE
+CORRUPT_MESSAGE: int = ErrorCode.CORRUPT_MESSAGE
+UNKNOWN_TOPIC_OR_PARTITION: int = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+LEADER_NOT_AVAILABLE: int = ErrorCode.LEADER_NOT_AVAILABLE
+NOT_LEADER_OR_FOLLOWER: int = ErrorCode.NOT_LEADER_OR_FOLLOWER
+REQUEST_TIMED_OUT: int = ErrorCode.REQUEST_TIMED_OUT
+MESSAGE_TOO_LARGE: int = ErrorCode.MESSAGE_TOO_LARGE
+COORDINATOR_NOT_AVAILABLE: int = ErrorCode.COORDINATOR_NOT_AVAILABLE
+INVALID_TOPIC_EXCEPTION: int = ErrorCode.INVALID_TOPIC_EXCEPTION
+INVALID_REQUIRED_ACKS: int = ErrorCode.INVALID_REQUIRED_ACKS
+TOPIC_AUTHORIZATION_FAILED: int = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+UNSUPPORTED_VERSION: int = ErrorCode.UNSUPPORTED_VERSION
+INVALID_REQUEST: int = ErrorCode.INVALID_REQUEST
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED: int = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+KAFKA_STORAGE_ERROR: int = ErrorCode.KAFKA_STORAGE_ERROR
+UNKNOWN_TOPIC_ID: int = ErrorCode.UNKNOWN_TOPIC_ID
 
 
 def error_code(exc: BaseException) -> int:
-    if isinstance(exc, LoglakeError) and exc.kafka_code != -1:
+    if isinstance(exc, LoglakeError) and exc.kafka_code != ErrorCode.UNKNOWN_SERVER_ERROR:
         return exc.kafka_code
     return UNKNOWN_SERVER_ERROR

@@ -42,8 +42,7 @@ from loglake.broker.protocol.versions import (
     PRODUCE_KEY,
     VersionTable,
 )
-
-UNSUPPORTED_VERSION = 35
+from loglake.kafka_errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +264,7 @@ def encode_response(req: DecodedRequest, response: Any) -> list[OutBuffer]:
     return [memoryview(buf)[: out.pos]]
 
 
-def api_versions_body(table: VersionTable, version: int, error_code: int = 0) -> Any:
+def api_versions_body(table: VersionTable, version: int, error_code: int = ErrorCode.NONE) -> Any:
     """An ApiVersionsResponse object listing `table` (for the ApiVersions handler)."""
     return make_response(
         API_VERSIONS_KEY,
@@ -283,7 +282,7 @@ def encode_unsupported_api_versions(correlation_id: int, table: VersionTable = D
     (librdkafka, the Java client, kafka-python) read the v0 body, then retry with a version we
     list.
     """
-    body = api_versions_body(table, 0, UNSUPPORTED_VERSION).encode(version=0)
+    body = api_versions_body(table, 0, ErrorCode.UNSUPPORTED_VERSION).encode(version=0)
     return I32.pack(4 + len(body)) + I32.pack(correlation_id) + bytes(body)
 
 

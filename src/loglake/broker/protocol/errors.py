@@ -7,18 +7,20 @@ to close the connection: the correlation id when the request header got that far
 
 from __future__ import annotations
 
+from loglake.kafka_errors import ErrorCode
+
 
 class ProtocolError(Exception):
     """Base of every error the protocol codec raises on purpose."""
 
     #: Kafka error code a broker would answer with (UNKNOWN_SERVER_ERROR unless known better).
-    kafka_code: int = -1
+    kafka_code: int = ErrorCode.UNKNOWN_SERVER_ERROR
 
 
 class FrameTooLargeError(ProtocolError):
     """A size prefix is negative or above the frame limit (checked from the 4 prefix bytes)."""
 
-    kafka_code = 42  # INVALID_REQUEST
+    kafka_code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"frame size {size} outside 0..{limit}")
@@ -29,7 +31,7 @@ class FrameTooLargeError(ProtocolError):
 class MalformedRequestError(ProtocolError):
     """The request frame does not decode (truncated, garbage, trailing bytes...)."""
 
-    kafka_code = 42  # INVALID_REQUEST
+    kafka_code = ErrorCode.INVALID_REQUEST
 
     def __init__(self, detail: str, correlation_id: int | None = None) -> None:
         where = "" if correlation_id is None else f" (correlation id {correlation_id})"
@@ -41,7 +43,7 @@ class MalformedRequestError(ProtocolError):
 class UnknownApiError(ProtocolError):
     """The api key is not one loglake serves."""
 
-    kafka_code = 35  # UNSUPPORTED_VERSION (what Kafka answers for keys it does not know)
+    kafka_code = ErrorCode.UNSUPPORTED_VERSION  # what Kafka answers for keys it does not know
 
     def __init__(self, api_key: int, correlation_id: int) -> None:
         super().__init__(f"unknown api key {api_key} (correlation id {correlation_id})")
@@ -56,7 +58,7 @@ class UnsupportedVersionError(ProtocolError):
     `codec.encode_unsupported_api_versions`; for other keys Kafka closes the connection.
     """
 
-    kafka_code = 35  # UNSUPPORTED_VERSION
+    kafka_code = ErrorCode.UNSUPPORTED_VERSION
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int) -> None:
         super().__init__(
