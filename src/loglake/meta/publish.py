@@ -24,6 +24,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,6 +247,32 @@ class RemoteMeta:
     legacy: bool
 
 
+#: Checkpoint objects are immutable: a planner that reads the same one again (every micro-batch of
+#: a streaming query) takes it from here. Bounded by bytes; least recently used goes first.
+CHECKPOINT_CACHE_BYTES_MAX = 256 * 1024 * 1024
+_checkpoint_cache: OrderedDict[tuple[str, str], bytes] = OrderedDict()
+_checkpoint_cache_lock = threading.Lock()
+
+
+def _cached_checkpoint(url: str, key: str) -> bytes | None:
+    with _checkpoint_cache_lock:
+        data = _checkpoint_cache.get((url, key))
+        if data is not None:
+            _checkpoint_cache.move_to_end((url, key))
+        return data
+
+
+def _cache_checkpoint(url: str, key: str, data: bytes) -> None:
+    if len(data) > CHECKPOINT_CACHE_BYTES_MAX:
+        return
+    with _checkpoint_cache_lock:
+        _checkpoint_cache[(url, key)] = data
+        total = sum(len(v) for v in _checkpoint_cache.values())
+        while total > CHECKPOINT_CACHE_BYTES_MAX and _checkpoint_cache:
+            _k, old = _checkpoint_cache.popitem(last=False)
+            total -= len(old)
+
+
 def find_clusters(store: ObjectStore, prefix: str = "") -> list[str]:
     """Cluster ids with metadata under `prefix` (new or version-1 form)."""
     base = prefix.strip("/") + "/" if prefix.strip("/") else ""
@@ -281,9 +308,13 @@ def read_remote_state(store: ObjectStore, prefix: str = "", cluster_id: str | No
     start_key = ""
     for seq in sorted(checkpoints, reverse=True):
         key = mprefix + checkpoint_name(seq)
-        gets += 1
+        data = _cached_checkpoint(store.url, key)
+        if data is None:
+            gets += 1
+            data = store.get(key)
+            _cache_checkpoint(store.url, key, data)
         try:
-            state = decode_checkpoint(store.get(key), path=key)
+            state = decode_checkpoint(data, path=key)
         except CorruptionError as exc:
             log.error("metadata checkpoint %s in %s is damaged (%s); trying an older one", key, store.url, exc.detail)
             continue
