@@ -90,7 +90,7 @@ def test_checkpoints_replace_pieces_in_the_bucket(tmp_path: Path) -> None:
 def test_a_restart_keeps_publishing_where_it_left_off(tmp_path: Path) -> None:
     engine, bucket = open_engine(tmp_path)
     engine.create_topic("t", 1, {"segment.records": "1"})
-    for i in range(5):
+    for _i in range(5):
         engine.append_records("t", 0, [(1, None, b"x", [])]).result()
     engine.close()  # seals and publishes
     engine, bucket = open_engine(tmp_path)
