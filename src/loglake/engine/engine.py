@@ -45,6 +45,7 @@ from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, Recove
 from loglake.errors import ConfigError, EngineClosedError, EngineFailedError, OffsetOutOfRangeError
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.layout import meta_dir, segments_dir, wal_dir
 from loglake.meta.lock import DataDirLock
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
@@ -80,7 +81,7 @@ class Engine:
         self._start_background = start_background
         self._meta = LocalMetaStore(
             self.fs,
-            os.path.join(self.data_dir, "meta"),
+            meta_dir(self.data_dir),
             checkpoint_records=self.config.meta_checkpoint_records,
             checkpoint_bytes=self.config.meta_checkpoint_bytes,
             log_file_bytes=self.config.meta_log_file_bytes,
@@ -157,7 +158,7 @@ class Engine:
         config = self.config
         hot = self._given_store
         if hot is None:
-            root = os.path.join(self.data_dir, "segments")
+            root = segments_dir(self.data_dir)
             self.fs.makedirs(root)
             hot = LocalStore(root, self.fs)
         cold = self._given_cold_store
@@ -212,10 +213,10 @@ class Engine:
 
     def _start_shards(self, next_seqs: dict[str, int], files: dict[str, list[WalFile]]) -> None:
         """One writer per configured shard; old extra shard dirs are kept for truncation."""
-        wal_dir = os.path.join(self.data_dir, "wal")
+        wal_root = wal_dir(self.data_dir)
         for i in range(self.config.wal_shards):
             name = shard_dir_name(i)
-            directory = os.path.join(wal_dir, name)
+            directory = os.path.join(wal_root, name)
             self.fs.makedirs(directory)
             shard = self._new_shard(directory)
             shard.start(next_seqs.get(name, 0), files.get(name, []))
@@ -225,7 +226,7 @@ class Engine:
             index = int(suffix) if suffix.isdigit() else -1
             if 0 <= index < self.config.wal_shards:
                 continue
-            retired = self._new_shard(os.path.join(wal_dir, name))
+            retired = self._new_shard(os.path.join(wal_root, name))
             retired._files = list(existing)
             self._retired_shards.append(retired)
 

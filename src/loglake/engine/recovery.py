@@ -17,7 +17,6 @@ The caller (the engine) then starts the WAL writers.
 from __future__ import annotations
 
 import logging
-import os
 import time
 import uuid
 from collections import defaultdict
@@ -29,6 +28,7 @@ from loglake.engine.stores import Stores
 from loglake.engine.types import RecoveryReport
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.fs.base import FileSystem
+from loglake.meta.layout import wal_dir
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import find_clusters, read_remote_state
 from loglake.meta.state import MetaState, PartitionMeta
@@ -78,7 +78,7 @@ def recover(
 
     _reconcile_store(catalog, stores.hot, report)
 
-    wal = recover_wal(fs, os.path.join(data_dir, "wal"))
+    wal = recover_wal(fs, wal_dir(data_dir))
     report.wal_frames_read = wal.frames_read
     report.wal_bytes_read = wal.bytes_read
     report.wal_bytes_truncated = wal.bytes_truncated
@@ -238,7 +238,7 @@ def _replay(catalog: Catalog, pool: MemoryPool, frames: list[ReplayFrame], repor
                 continue
             if frame.base_offset != p.next_offset:
                 raise CorruptionError(
-                    os.path.join(data_dir, "wal"),
+                    wal_dir(data_dir),
                     0,
                     f"{topic.name}-{index}: WAL frames jump from offset {p.next_offset} to {frame.base_offset} "
                     f"(topic id {uuid.UUID(bytes=topic_id)})",
