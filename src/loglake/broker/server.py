@@ -262,11 +262,20 @@ class BrokerServer:
         except ModuleNotFoundError:
             log.warning("consumer groups are not available in this build")
             return None
+        # Engines without the metadata log keep groups in their snapshot (transitional adapter).
+        group_engine = engine if hasattr(engine, "group_metadata") else groups.SnapshotGroupEngine(engine)
+
+        def topic_exists(name: str, partition: int) -> bool:
+            return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
+
+        retention_minutes = getattr(self.config, "offsets_retention_minutes", groups.OFFSETS_RETENTION_MINUTES_DEFAULT)
         return groups.GroupCoordinator(
-            groups.EngineOffsetsStore(engine),
+            groups.EngineGroupStore(group_engine),
+            topic_exists=topic_exists,
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,
             max_session_timeout_ms=self.config.group_max_session_timeout_ms,
+            offsets_retention_ms=int(retention_minutes) * 60_000 if retention_minutes else None,
         )
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
