@@ -268,6 +268,7 @@ class BrokerServer:
         def topic_exists(name: str, partition: int) -> bool:
             return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
 
+        # offsets.retention.minutes (Kafka's name); BrokerConfig may not carry it yet.
         retention_minutes = getattr(self.config, "offsets_retention_minutes", groups.OFFSETS_RETENTION_MINUTES_DEFAULT)
         return groups.GroupCoordinator(
             groups.EngineGroupStore(group_engine),
@@ -275,7 +276,7 @@ class BrokerServer:
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,
             max_session_timeout_ms=self.config.group_max_session_timeout_ms,
-            offsets_retention_ms=int(retention_minutes) * 60_000 if retention_minutes else None,
+            offsets_retention_ms=int(retention_minutes) * 60_000,
         )
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
