@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from loglake.broker.groups import (
-    EngineOffsetsStore,
     GroupCoordinator,
     GroupState,
-    InMemoryOffsetsStore,
+    InMemoryGroupStore,
     JoinResult,
-    OffsetEntry,
-    OffsetsFormatError,
     SyncResult,
 )
 from loglake.broker.groups import errors as E
 from loglake.broker.groups.group import Group, IllegalStateTransition
-from loglake.engine import Engine
 
 T = TypeVar("T")
 
@@ -41,7 +36,7 @@ def run(test: Callable[[], Coroutine[Any, Any, T]]) -> T:
 def coordinator(store: Any = None, **kw: Any) -> GroupCoordinator:
     opts: dict[str, Any] = {"initial_rebalance_delay_ms": 0, "min_session_timeout_ms": 10}
     opts.update(kw)
-    return GroupCoordinator(store if store is not None else InMemoryOffsetsStore(), **opts)
+    return GroupCoordinator(store if store is not None else InMemoryGroupStore(), **opts)
 
 
 async def join(
@@ -412,7 +407,7 @@ def test_static_member_restart_keeps_assignment_and_fences_old_id() -> None:
         # The old incarnation is fenced everywhere.
         assert c.heartbeat(G, 1, a.member_id, "inst-a") == E.FENCED_INSTANCE_ID
         assert (await sync(c, a, instance="inst-a")).error_code == E.FENCED_INSTANCE_ID
-        assert c.commit_offsets(G, 1, a.member_id, "inst-a", [("t", 0, 5, -1, "")],
+        assert await c.commit_offsets(G, 1, a.member_id, "inst-a", [("t", 0, 5, -1, "")],
                                 topic_exists=lambda t, p: True) == [("t", 0, E.FENCED_INSTANCE_ID)]
         assert (await join(c, a.member_id, instance="inst-a")).error_code == E.FENCED_INSTANCE_ID
         assert c.leave_group(G, [(a.member_id, "inst-a")])[1] == [(a.member_id, "inst-a", E.FENCED_INSTANCE_ID)]
@@ -497,142 +492,74 @@ def exists(topic: str, partition: int) -> bool:
 
 def test_offset_commit_errors_and_simple_commits() -> None:
     async def body() -> None:
-        store = InMemoryOffsetsStore()
+        store = InMemoryGroupStore()
         c = coordinator(store, offset_metadata_max_bytes=10)
         # Simple (standalone) commit to an unknown group creates an Empty group with offsets.
-        res = c.commit_offsets("simple", -1, "", None,
+        res = await c.commit_offsets("simple", -1, "", None,
                                [("t", 0, 42, 3, "meta"), ("missing", 0, 1, -1, None), ("t", 1, 7, -1, "x" * 11)],
                                topic_exists=exists)
         assert res == [("t", 0, E.NONE), ("missing", 0, E.UNKNOWN_TOPIC_OR_PARTITION),
                        ("t", 1, E.OFFSET_METADATA_TOO_LARGE)]
-        assert store.saves == 1
+        assert store.count("commit") == 1
         assert c.list_groups() == [("simple", "", "Empty")]
         assert c.fetch_offsets("simple", [("t", 0), ("t", 1)]) == (
             E.NONE, [("t", 0, 42, 3, "meta", E.NONE), ("t", 1, -1, -1, "", E.NONE)])
         assert c.fetch_offsets("unknown", None) == (E.NONE, [])
-        assert c.commit_offsets("ghost", 3, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets("ghost", 3, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
             ("t", 0, E.ILLEGAL_GENERATION)]
-        assert c.commit_offsets("ghost", -1, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets("ghost", -1, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
             ("t", 0, E.UNKNOWN_MEMBER_ID)]
-        assert c.commit_offsets("ghost", -1, "", None, [("missing", 0, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets("ghost", -1, "", None, [("missing", 0, 1, -1, "")], topic_exists=exists) == [
             ("missing", 0, E.UNKNOWN_TOPIC_OR_PARTITION)]
         assert c.group_state("ghost") is None
 
         r0, r1 = await stable_group(c, 2)
-        ok = c.commit_offsets(G, 1, r0.member_id, None, [("t", 2, 100, 1, "")], topic_exists=exists)
+        ok = await c.commit_offsets(G, 1, r0.member_id, None, [("t", 2, 100, 1, "")], topic_exists=exists)
         assert ok == [("t", 2, E.NONE)]
-        assert c.commit_offsets(G, 0, r0.member_id, None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets(G, 0, r0.member_id, None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
             ("t", 2, E.ILLEGAL_GENERATION)]
-        assert c.commit_offsets(G, 1, "stranger", None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets(G, 1, "stranger", None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
             ("t", 2, E.UNKNOWN_MEMBER_ID)]
         # Simple commits into a group with members are refused.
-        assert c.commit_offsets(G, -1, "", None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets(G, -1, "", None, [("t", 2, 1, -1, "")], topic_exists=exists) == [
             ("t", 2, E.UNKNOWN_MEMBER_ID)]
         # While PreparingRebalance commits are allowed; while CompletingRebalance they are not.
         leader, follower = (r0, r1) if r0.leader_id == r0.member_id else (r1, r0)
         parked = asyncio.ensure_future(join(c, leader.member_id))  # a leader JoinGroup forces a rebalance
         await asyncio.sleep(0.01)
         assert c.group_state(G) == "PreparingRebalance"
-        assert c.commit_offsets(G, 1, follower.member_id, None, [("t", 3, 9, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets(G, 1, follower.member_id, None, [("t", 3, 9, -1, "")], topic_exists=exists) == [
             ("t", 3, E.NONE)]
         n = await join(c, follower.member_id)
         await parked
         assert c.group_state(G) == "CompletingRebalance"
-        assert c.commit_offsets(G, n.generation_id, n.member_id, None, [("t", 3, 10, -1, "")],
+        assert await c.commit_offsets(G, n.generation_id, n.member_id, None, [("t", 3, 10, -1, "")],
                                 topic_exists=exists) == [("t", 3, E.REBALANCE_IN_PROGRESS)]
         assert [o[:3] for o in c.fetch_offsets(G, None)[1]] == [("t", 2, 100), ("t", 3, 9)]
 
         # A failing store: nothing applied, retriable error.
         store.fail = OSError("disk full")
-        assert c.commit_offsets("simple", -1, "", None, [("t", 0, 43, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets("simple", -1, "", None, [("t", 0, 43, -1, "")], topic_exists=exists) == [
             ("t", 0, E.COORDINATOR_NOT_AVAILABLE)]
         assert c.fetch_offsets("simple", [("t", 0)])[1][0][2] == 42
-        assert c.commit_offsets("fresh", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
+        assert await c.commit_offsets("fresh", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
             ("t", 0, E.COORDINATOR_NOT_AVAILABLE)]
         assert c.group_state("fresh") is None
 
     run(body)
 
 
-def test_offsets_survive_engine_restart_and_deleted_groups_lose_them(tmp_path: Path) -> None:
-    async def first_life(engine: Engine) -> None:
-        c = coordinator(EngineOffsetsStore(engine))
-        (r,) = await stable_group(c, 1)
-        assert c.commit_offsets(G, 1, r.member_id, None, [("orders", 0, 10, 2, "m"), ("orders", 1, 20, -1, None)],
-                                topic_exists=exists) == [("orders", 0, E.NONE), ("orders", 1, E.NONE)]
-        assert c.commit_offsets("solo", -1, "", None, [("orders", 0, 5, -1, "")], topic_exists=exists) == [
-            ("orders", 0, E.NONE)]
-        assert c.commit_offsets("doomed", -1, "", None, [("orders", 3, 1, -1, "")], topic_exists=exists) == [
-            ("orders", 3, E.NONE)]
-        assert c.delete_groups(["doomed", G, "never"]) == [
-            ("doomed", E.NONE), (G, E.NON_EMPTY_GROUP), ("never", E.GROUP_ID_NOT_FOUND)]
-        c.close()
-
-    async def second_life(engine: Engine) -> None:
-        c = coordinator(EngineOffsetsStore(engine))
-        assert sorted(c.list_groups()) == [(G, "", "Empty"), ("solo", "", "Empty")]
-        assert c.fetch_offsets(G, None) == (E.NONE, [("orders", 0, 10, 2, "m", E.NONE), ("orders", 1, 20, -1, "", E.NONE)])
-        assert c.fetch_offsets("solo", [("orders", 0)])[1] == [("orders", 0, 5, -1, "", E.NONE)]
-        assert c.fetch_offsets("doomed", None) == (E.NONE, [])
-        # A restarted consumer rejoins (its old member id is gone) and commits again.
-        (r,) = await stable_group(c, 1)
-        assert r.generation_id == 1
-        assert c.commit_offsets(G, 1, r.member_id, None, [("orders", 0, 11, 2, "m")], topic_exists=exists) == [
-            ("orders", 0, E.NONE)]
-        c.leave_group(G, [(r.member_id, None)])
-        assert c.delete_groups([G]) == [(G, E.NONE)]
-        c.close()
-
-    engine = Engine(str(tmp_path))
-    engine.open()
-    run(lambda: first_life(engine))
-    engine.close()
-    engine = Engine(str(tmp_path))
-    engine.open()
-    run(lambda: second_life(engine))
-    engine.close()
-    engine = Engine(str(tmp_path))
-    engine.open()
-    try:
-        assert set(EngineOffsetsStore(engine).load()) == {"solo"}
-    finally:
-        engine.close()
-
-
-def test_engine_store_rejects_unknown_layout() -> None:
-    class FakeEngine:
-        def __init__(self, value: Any) -> None:
-            self.value = value
-
-        def get_extra_meta(self, key: str) -> Any:
-            return self.value
-
-        def set_extra_meta(self, key: str, value: Any, *, durable: bool = True) -> None:
-            self.value = value
-
-    assert EngineOffsetsStore(FakeEngine(None)).load() == {}
-    for bad in ({"version": 99, "groups": {}}, {"version": 1, "groups": {"g": [["t", "0", 1, -1, "", 0]]}}, [1]):
-        with pytest.raises(OffsetsFormatError):
-            EngineOffsetsStore(FakeEngine(bad)).load()
-    fake = FakeEngine(None)
-    store = EngineOffsetsStore(fake)
-    store.save("g", {("t", 0): OffsetEntry(1, -1, "", 5)})
-    assert fake.value == {"version": 1, "groups": {"g": [["t", 0, 1, -1, "", 5]]}}
-    store.save("g", {})
-    assert fake.value == {"version": 1, "groups": {}}
-
-
 def test_offset_retention_expires_empty_groups_only() -> None:
     async def body() -> None:
         now = [1000.0]
         c = coordinator(clock=lambda: now[0], offsets_retention_ms=60_000)
-        c.commit_offsets("idle", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists)
+        await c.commit_offsets("idle", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists)
         (r,) = await stable_group(c, 1)
-        c.commit_offsets(G, 1, r.member_id, None, [("t", 0, 1, -1, "")], topic_exists=exists)
+        await c.commit_offsets(G, 1, r.member_id, None, [("t", 0, 1, -1, "")], topic_exists=exists)
         now[0] += 30
-        assert c.cleanup_expired() == 0
+        assert await c.cleanup_expired() == 0
         now[0] += 31
-        assert c.cleanup_expired() == 1  # "idle" expired and was removed; the active group kept its offset
+        assert await c.cleanup_expired() == 1  # "idle" expired and was removed; the active group kept its offset
         assert c.group_state("idle") is None and c.fetch_offsets(G, None)[1][0][2] == 1
 
     run(body)
@@ -653,7 +580,7 @@ def test_close_answers_parked_requests_and_refuses_new_ones() -> None:
         assert c.heartbeat(G, 1, r1.member_id, None) == E.COORDINATOR_NOT_AVAILABLE
         assert (await sync(c, r1)).error_code == E.COORDINATOR_NOT_AVAILABLE
         assert c.fetch_offsets(G, None) == (E.COORDINATOR_NOT_AVAILABLE, [])
-        assert c.delete_groups([G]) == [(G, E.COORDINATOR_NOT_AVAILABLE)]
+        assert await c.delete_groups([G]) == [(G, E.COORDINATOR_NOT_AVAILABLE)]
         assert c.describe_group(G).error_code == E.COORDINATOR_NOT_AVAILABLE
 
     run(body)

@@ -52,6 +52,8 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = 3000
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
+    #: Kafka's offsets.retention.minutes: committed offsets of a group that stayed Empty this long expire.
+    offsets_retention_minutes: int = 10080
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
 
@@ -67,6 +69,8 @@ class BrokerConfig:
             raise ConfigError("max_frame_bytes must be at least 1 MiB")
         if self.max_inflight_per_connection < 1:
             raise ConfigError("max_inflight_per_connection must be at least 1")
+        if self.offsets_retention_minutes < 1:
+            raise ConfigError("offsets_retention_minutes (Kafka's offsets.retention.minutes) must be at least 1")
 
     @classmethod
     def load(cls, config_file: str | None = None, env: dict[str, str] | None = None, **flags: Any) -> BrokerConfig:

@@ -45,6 +45,7 @@ from loglake.broker.protocol import (
 )
 from loglake.engine import Engine, EngineConfig
 from loglake.engine.types import FileRange
+from loglake.errors import UnknownTopicError
 
 log = logging.getLogger("loglake.broker")
 
@@ -262,11 +263,20 @@ class BrokerServer:
         except ModuleNotFoundError:
             log.warning("consumer groups are not available in this build")
             return None
+        def topic_exists(name: str, partition: int) -> bool:
+            try:
+                return 0 <= partition < engine.topic(name).partitions
+            except UnknownTopicError:
+                return False
+
+        retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         return groups.GroupCoordinator(
-            groups.EngineOffsetsStore(engine),
+            groups.EngineGroupStore(engine),
+            topic_exists=topic_exists,
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,
             max_session_timeout_ms=self.config.group_max_session_timeout_ms,
+            offsets_retention_ms=int(retention_minutes) * 60_000,
         )
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

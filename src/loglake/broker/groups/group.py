@@ -19,6 +19,11 @@ Theory of operation (mirrors Apache Kafka's GroupCoordinator / ClassicGroup):
   subscription, a leader JoinGroup, a LeaveGroup or an expired session starts a new rebalance.
 * **Dead** - the group was deleted (or the coordinator closed); it no longer exists.
 
+A group loaded from the store at start-up is not a transition: it starts Stable (at its saved
+generation, members and assignments) or Empty, as `persistence.py` saved it, and
+`resume_stable` sets that state directly. While a deletion waits for durability the group is
+Empty with `deleting` set, and every request on it answers a retriable error.
+
 Session timeouts only evict members that are not parked in a JoinGroup/SyncGroup (those are
 "satisfied"); brand-new members parked in a JoinGroup are evicted after the new-member join
 timeout instead (5 minutes in Kafka) because they cannot heartbeat yet.
@@ -31,7 +36,8 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
-from loglake.broker.groups.offsets import GroupOffsets
+from loglake.broker.groups.changes import ChangeQueue
+from loglake.broker.groups.store import GroupOffsets
 
 
 class GroupState(enum.Enum):
@@ -156,7 +162,9 @@ class Group:
         self.new_member_added = False
         self.join_timer: asyncio.TimerHandle | None = None
         self.sync_timer: asyncio.TimerHandle | None = None
-        self.offsets: GroupOffsets = {}
+        self.offsets: GroupOffsets = {}  # only what is durable (see changes.py)
+        self.changes = ChangeQueue(group_id)  # store changes waiting for durability
+        self.deleting = False  # a DeleteGroups (or retention) deletion waits for durability
         self.empty_since_ms = now_ms
 
     # ---- state -------------------------------------------------------------------------------
@@ -171,6 +179,15 @@ class Group:
         self.state = target
         if target is GroupState.EMPTY:
             self.empty_since_ms = now_ms
+
+    def resume_stable(self, protocol_name: str, leader_id: str) -> None:
+        """Start a loaded group Stable (its members were added with `add`); not a transition."""
+        if self.state is not GroupState.EMPTY or leader_id not in self.members:
+            raise IllegalStateTransition(f"group {self.group_id!r}: cannot resume Stable from {self.state.value}")
+        self.protocol_name = protocol_name
+        self.leader_id = leader_id
+        self.previous_state = GroupState.COMPLETING_REBALANCE
+        self.state = GroupState.STABLE
 
     def can_rebalance(self) -> bool:
         return self.state in VALID_PREVIOUS_STATES[GroupState.PREPARING_REBALANCE]

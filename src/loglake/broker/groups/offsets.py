@@ -1,151 +1,137 @@
-"""Durable committed offsets: the `OffsetsStore` protocol and two implementations.
+"""OffsetCommit and OffsetFetch.
 
-The coordinator keeps every group's committed offsets in memory and calls `save(group_id,
-offsets)` with the *whole* new offset map of one group once per OffsetCommit request (and with an
-empty map when a group is deleted or its last offsets expire). `save` must return only once the
-data is durable; the coordinator answers the commit after it returns, and treats an exception as
-"not committed" (the partitions get COORDINATOR_NOT_AVAILABLE, which clients retry).
-
-`EngineOffsetsStore` keeps all groups under one key of the engine's metadata snapshot
-(`engine.set_extra_meta`, which writes a checksummed snapshot before returning)::
-
-    {"version": 1, "groups": {group_id: [[topic, partition, offset, leader_epoch, metadata, commit_ts_ms], ...]}}
-
-Values handed to the engine are never mutated afterwards (the snapshot writer may serialize them
-from another thread), so each save builds a fresh top-level mapping.
+A commit is validated against the group (member, generation, state), then recorded through the
+store with only this request's entries and awaited without blocking the loop; the entries are
+applied to the group's in-memory offsets when that record is durable, in the order commits were
+made (changes.py), and only then is the commit answered. A failed record answers
+COORDINATOR_NOT_AVAILABLE for the accepted partitions (clients retry) and changes nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, NamedTuple, Protocol
+import logging
+from collections.abc import Callable
 
-ENGINE_META_KEY = "groups"
-FORMAT_VERSION = 1
+from loglake.broker.groups import errors as E
+from loglake.broker.groups.changes import ChangeQueueFull
+from loglake.broker.groups.group import Group, GroupState
+from loglake.broker.groups.rebalance import Rebalancer
+from loglake.broker.groups.registry import GroupRegistry
+from loglake.broker.groups.store import GroupOffsets, OffsetEntry, TopicPartition
 
+log = logging.getLogger(__name__)
 
-class OffsetEntry(NamedTuple):
-    """One committed offset; `leader_epoch` is -1 when the client sent none."""
-
-    offset: int
-    leader_epoch: int
-    metadata: str
-    commit_ts_ms: int
-
-
-TopicPartition = tuple[str, int]
-GroupOffsets = dict[TopicPartition, OffsetEntry]
+OffsetCommitItem = tuple[str, int, int, int, str | None]  # topic, partition, offset, leader_epoch, metadata
+OffsetFetchItem = tuple[str, int, int, int, str, int]  # topic, partition, offset, leader_epoch, metadata, error
 
 
-class OffsetsFormatError(ValueError):
-    """The stored offsets do not parse: refuse to start rather than silently lose commits."""
+class Offsets:
+    def __init__(self, registry: GroupRegistry, rebalancer: Rebalancer) -> None:
+        self.reg = registry
+        self.rb = rebalancer
+        self.limits = registry.limits
 
+    async def commit(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: list[OffsetCommitItem],
+        *,
+        topic_exists: Callable[[str, int], bool],
+    ) -> list[tuple[str, int, int]]:
+        """OffsetCommit; answers once the accepted offsets are durable (one store record per call).
 
-class OffsetsStore(Protocol):
-    def load(self) -> dict[str, GroupOffsets]:
-        """Every group's committed offsets, as last saved."""
-        ...
+        generation_id -1 with member id "" and no instance id is a simple (standalone) commit,
+        allowed while the group is Empty or unknown.
+        """
 
-    def save(self, group_id: str, offsets: Mapping[TopicPartition, OffsetEntry]) -> None:
-        """Replace one group's offsets (empty = forget the group); durable on return."""
-        ...
+        def all_(code: int) -> list[tuple[str, int, int]]:
+            return [(t, p, code) for t, p, *_ in offsets]
 
-
-class InMemoryOffsetsStore:
-    """Not durable; for tests and embedded use. `saves` counts calls, `fail` makes them raise."""
-
-    def __init__(self, initial: Mapping[str, Mapping[TopicPartition, OffsetEntry]] | None = None) -> None:
-        self._data: dict[str, GroupOffsets] = {g: dict(o) for g, o in (initial or {}).items()}
-        self.saves = 0
-        self.fail: BaseException | None = None
-
-    def load(self) -> dict[str, GroupOffsets]:
-        return {g: dict(o) for g, o in self._data.items()}
-
-    def save(self, group_id: str, offsets: Mapping[TopicPartition, OffsetEntry]) -> None:
-        if self.fail is not None:
-            raise self.fail
-        self.saves += 1
-        if offsets:
-            self._data[group_id] = dict(offsets)
+        if self.reg.closed:
+            return all_(E.COORDINATOR_NOT_AVAILABLE)
+        group = self.reg.groups.get(group_id)
+        if group is None:
+            if generation_id >= 0:
+                return all_(E.ILLEGAL_GENERATION)  # a member of a group this coordinator does not know
+            if member_id or group_instance_id is not None:
+                return all_(E.UNKNOWN_MEMBER_ID)
         else:
-            self._data.pop(group_id, None)
+            if group.deleting:
+                return all_(E.COORDINATOR_NOT_AVAILABLE)  # retried: by then the group is gone
+            error = self._validate(group, generation_id, member_id, group_instance_id)
+            if error != E.NONE:
+                return all_(error)
+            if group.is_(GroupState.COMPLETING_REBALANCE):
+                return all_(E.REBALANCE_IN_PROGRESS)
+            member = group.members.get(member_id)
+            if member is not None:  # Stable or PreparingRebalance: a commit proves liveness
+                self.rb.schedule_heartbeat(group, member)
 
+        now = self.reg.now_ms()
+        results: list[tuple[str, int, int]] = []
+        accepted: GroupOffsets = {}
+        for topic, partition, offset, leader_epoch, metadata in offsets:
+            meta = metadata or ""
+            if not topic_exists(topic, partition):
+                results.append((topic, partition, E.UNKNOWN_TOPIC_OR_PARTITION))
+            elif len(meta.encode("utf-8")) > self.limits.offset_metadata_max_bytes:
+                results.append((topic, partition, E.OFFSET_METADATA_TOO_LARGE))
+            else:
+                accepted[(topic, partition)] = OffsetEntry(offset, leader_epoch if leader_epoch >= 0 else -1, meta, now)
+                results.append((topic, partition, E.NONE))
+        if not accepted:
+            return results
+        if group is None:
+            group = self.reg.new_group(group_id)
+            if group is None:
+                return [(t, p, E.UNKNOWN_SERVER_ERROR if c == E.NONE else c) for t, p, c in results]
+        target = group
 
-class _EngineLike(Protocol):
-    def get_extra_meta(self, key: str) -> Any: ...
+        def apply() -> None:
+            target.offsets.update(accepted)
 
-    def set_extra_meta(self, key: str, value: Any, *, durable: bool = True) -> None: ...
+        try:
+            applied = self.reg.record(
+                group, f"commit of {len(accepted)} offsets", lambda: self.reg.store.commit(group_id, accepted), apply
+            )
+            ok = await applied
+        except ChangeQueueFull:
+            ok = False
+        if not ok:
+            self.reg.forget_if_unused(group)  # do not keep a group created for nothing
+            return [(t, p, E.COORDINATOR_NOT_AVAILABLE if c == E.NONE else c) for t, p, c in results]
+        return results
 
+    def _validate(self, group: Group, generation_id: int, member_id: str, instance_id: str | None) -> int:
+        if group.is_(GroupState.DEAD):
+            return E.COORDINATOR_NOT_AVAILABLE
+        if generation_id >= 0 or member_id or instance_id is not None:
+            error = self.rb.validate_current_member(group, member_id, instance_id)
+            if error != E.NONE:
+                return error
+            if generation_id != group.generation_id:
+                return E.ILLEGAL_GENERATION
+            return E.NONE
+        if not group.is_(GroupState.EMPTY):
+            return E.UNKNOWN_MEMBER_ID  # only members commit into a group with members
+        return E.NONE
 
-class EngineOffsetsStore:
-    """Offsets in the engine's metadata snapshot (see the module docstring for the layout).
-
-    Each save rewrites the engine snapshot (all topics and all groups): fine for consumer commit
-    rates (one commit per consumer every few seconds), not for thousands of commits per second.
-    """
-
-    def __init__(self, engine: _EngineLike, key: str = ENGINE_META_KEY) -> None:
-        self._engine = engine
-        self._key = key
-        self._groups: dict[str, list[list[Any]]] | None = None  # the JSON last handed to the engine
-
-    def _current(self) -> dict[str, list[list[Any]]]:
-        if self._groups is None:
-            self._groups = _parse_doc(self._engine.get_extra_meta(self._key))
-        return self._groups
-
-    def load(self) -> dict[str, GroupOffsets]:
-        self._groups = None
-        out: dict[str, GroupOffsets] = {}
-        for group_id, rows in self._current().items():
-            out[group_id] = {(r[0], r[1]): OffsetEntry(r[2], r[3], r[4], r[5]) for r in rows}
-        return out
-
-    def save(self, group_id: str, offsets: Mapping[TopicPartition, OffsetEntry]) -> None:
-        groups = dict(self._current())
-        if offsets:
-            groups[group_id] = [
-                [t, p, e.offset, e.leader_epoch, e.metadata, e.commit_ts_ms]
-                for (t, p), e in sorted(offsets.items())
-            ]
-        else:
-            groups.pop(group_id, None)
-        self._engine.set_extra_meta(self._key, {"version": FORMAT_VERSION, "groups": groups})
-        self._groups = groups  # only once durable: a failed save is forgotten by the next one
-
-
-def _parse_doc(doc: Any) -> dict[str, list[list[Any]]]:
-    if doc is None:
-        return {}
-    if not isinstance(doc, dict) or doc.get("version") != FORMAT_VERSION or not isinstance(doc.get("groups"), dict):
-        raise OffsetsFormatError(f"stored consumer-group offsets: unsupported layout {str(doc)[:200]!r}")
-    groups: dict[str, list[list[Any]]] = {}
-    for group_id, rows in doc["groups"].items():
-        if not isinstance(group_id, str) or not isinstance(rows, list):
-            raise OffsetsFormatError(f"stored offsets of group {group_id!r}: not a list")
-        checked: list[list[Any]] = []
-        for row in rows:
-            if not (
-                isinstance(row, list)
-                and len(row) == 6
-                and isinstance(row[0], str)
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in (row[1], row[2], row[3], row[5]))
-                and isinstance(row[4], str)
-            ):
-                raise OffsetsFormatError(f"stored offsets of group {group_id!r}: bad row {str(row)[:200]!r}")
-            checked.append(row)
-        groups[group_id] = checked
-    return groups
-
-
-__all__ = [
-    "ENGINE_META_KEY",
-    "EngineOffsetsStore",
-    "GroupOffsets",
-    "InMemoryOffsetsStore",
-    "OffsetEntry",
-    "OffsetsFormatError",
-    "OffsetsStore",
-    "TopicPartition",
-]
+    def fetch(self, group_id: str, partitions: list[TopicPartition] | None) -> tuple[int, list[OffsetFetchItem]]:
+        """OffsetFetch. `partitions=None`: every committed offset; a missing one reads offset -1."""
+        if self.reg.closed:
+            return E.COORDINATOR_NOT_AVAILABLE, []
+        group = self.reg.groups.get(group_id)
+        offsets: GroupOffsets = group.offsets if group is not None else {}
+        if partitions is None:
+            return E.NONE, [(t, p, e.offset, e.leader_epoch, e.metadata, E.NONE) for (t, p), e in sorted(offsets.items())]
+        out: list[OffsetFetchItem] = []
+        for topic, partition in partitions:
+            entry = offsets.get((topic, partition))
+            if entry is None:
+                out.append((topic, partition, -1, -1, "", E.NONE))
+            else:
+                out.append((topic, partition, entry.offset, entry.leader_epoch, entry.metadata, E.NONE))
+        return E.NONE, out

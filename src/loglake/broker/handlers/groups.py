@@ -2,8 +2,9 @@
 OffsetCommit (8), OffsetFetch (9), ListGroups (16), DescribeGroups (15), DeleteGroups (42).
 
 Thin translations between the wire and `loglake.broker.groups.GroupCoordinator`, which holds
-the state machine; it runs on the event loop, so handlers call it directly. An OffsetCommit
-answers only once the offsets are durable (the coordinator saves them in a metadata snapshot).
+the state machine; it runs on the event loop, so handlers call it directly. OffsetCommit and
+DeleteGroups answer only once their change is durable (the coordinator awaits the store's
+future without blocking the loop).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
 
         generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
-        results = ctx.coordinator.commit_offsets(
+        results = await ctx.coordinator.commit_offsets(
             body.group_id,
             generation,
             body.member_id,
@@ -237,7 +238,7 @@ async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if ctx.coordinator is None:
         results = [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
     else:
-        results = ctx.coordinator.delete_groups(names)
+        results = await ctx.coordinator.delete_groups(names)
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 
 
