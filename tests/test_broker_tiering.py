@@ -56,7 +56,7 @@ def test_cold_history_through_the_broker_and_disaster_recovery(tmp_path: Path) -
         assert [o for o, _k, _v in got] == list(range(len(sent)))
     finally:
         assert broker.stop() == 0  # clean shutdown seals and uploads the rest
-    assert (bucket / next(bucket.iterdir()).name / "meta.json").exists()
+    assert list((bucket / next(bucket.iterdir()).name / "meta").glob("checkpoint-*.bin"))
     # The data disk is lost: a new broker on an empty directory, same bucket.
     restored = Broker(tmp_path / "b", ["--cold-store", url]).start()
     try:

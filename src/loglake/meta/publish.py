@@ -191,6 +191,9 @@ class MetaPublisher:
             return
         seq = local[-1]
         self._put(self._prefix() + checkpoint_name(seq), self.meta.checkpoint_bytes_of(seq))
+        if not self._published_checkpoints:
+            # The previous release's full copy would only mislead readers from here on.
+            self._delete(cluster_prefix(self.meta.state.cluster_id) + LEGACY_META_OBJECT)
         self._published_checkpoints.append(seq)
         self._since_checkpoint = [r for r in self._since_checkpoint if r[0] > seq]
         # Keep the previous checkpoint and everything after it; older objects go.
