@@ -160,7 +160,7 @@ def measure_open(data_dir: Path, cold_url: str) -> dict[str, Any]:
 # ==== the commit storm ===========================================================================
 
 
-def committer(bootstrap: str, index: int, seconds: float, out: Any) -> None:
+def committer(bootstrap: str, index: int, seconds: float, out: Any, fetch_only: bool = False) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -174,17 +174,20 @@ def committer(bootstrap: str, index: int, seconds: float, out: Any) -> None:
     while time.monotonic() < deadline:
         tp[0].offset = n
         t0 = time.perf_counter()
-        consumer.commit(offsets=tp, asynchronous=False)
+        if fetch_only:  # the control: an OffsetFetch round trip, no metadata write
+            consumer.committed(tp, timeout=10)
+        else:
+            consumer.commit(offsets=tp, asynchronous=False)
         lat.append((time.perf_counter() - t0) * 1000)
         n += 1
     consumer.close()
     out.put(lat)
 
 
-def commit_storm(bootstrap: str, seconds: float) -> dict[str, Any]:
+def commit_storm(bootstrap: str, seconds: float, *, fetch_only: bool = False) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=committer, args=(bootstrap, i, seconds, queue)) for i in range(CONSUMERS)]
+    procs = [ctx.Process(target=committer, args=(bootstrap, i, seconds, queue, fetch_only)) for i in range(CONSUMERS)]
     for proc in procs:
         proc.start()
     lats: list[float] = []
@@ -223,12 +226,12 @@ def producer(bootstrap: str, seconds: float, out: Any) -> None:
     out.put(acked[0] / seconds)
 
 
-def produce_rate(bootstrap: str, seconds: float, with_storm: bool) -> dict[str, Any]:
+def produce_rate(bootstrap: str, seconds: float, with_storm: bool, *, fetch_only: bool = False) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=producer, args=(bootstrap, seconds, queue))
     proc.start()
-    storm = commit_storm(bootstrap, seconds) if with_storm else None
+    storm = commit_storm(bootstrap, seconds, fetch_only=fetch_only) if with_storm else None
     rate = queue.get(timeout=seconds + 120)
     proc.join()
     return {"records_per_s": round(rate), "storm": storm}
@@ -264,11 +267,14 @@ def run_size(base: Path, segments: int, seconds: float, produce: bool) -> dict[s
     try:
         admin_topics(broker.bootstrap)
         storm = commit_storm(broker.bootstrap, seconds)
-        produce_alone = produce_during = None
+        log(f"[{segments} segments] control: the same clients doing OffsetFetch (no metadata write) ...")
+        control = commit_storm(broker.bootstrap, seconds, fetch_only=True)
+        produce_alone = produce_during = produce_control = None
         if produce:
-            log(f"[{segments} segments] produce alone, then during the storm ...")
+            log(f"[{segments} segments] produce alone, during the commit storm, during the control ...")
             produce_alone = produce_rate(broker.bootstrap, seconds, with_storm=False)
             produce_during = produce_rate(broker.bootstrap, seconds, with_storm=True)
+            produce_control = produce_rate(broker.bootstrap, seconds, with_storm=True, fetch_only=True)
     finally:
         broker.stop()
     row = {
@@ -277,11 +283,13 @@ def run_size(base: Path, segments: int, seconds: float, produce: bool) -> dict[s
         "open_s": round(opened["open_s"], 3),
         "rss_delta_mb": round(opened["rss_delta"] / 2**20, 1),
         "commits": storm,
+        "control_offset_fetch": control,
     }
-    if produce_alone is not None and produce_during is not None:
+    if produce_alone is not None and produce_during is not None and produce_control is not None:
         row["produce_alone_rps"] = produce_alone["records_per_s"]
         row["produce_during_storm_rps"] = produce_during["records_per_s"]
         row["storm_during_produce"] = produce_during["storm"]
+        row["produce_during_control_rps"] = produce_control["records_per_s"]
     shutil.rmtree(data_dir, ignore_errors=True)
     shutil.rmtree(cold, ignore_errors=True)
     return row
@@ -290,14 +298,21 @@ def run_size(base: Path, segments: int, seconds: float, produce: bool) -> dict[s
 def table(result: dict[str, Any]) -> str:
     rows = result["sizes"]
     lines = [
-        "| segments | commits/s | p50 ms | p99 ms | seal meta p50/p99 ms | open s | RSS/segment B | produce alone / storm rps |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| segments | commits/s | p50 ms | p99 ms | control fetches/s (p50) | seal meta p50/p99 ms | open s | RSS/segment B "
+        "| produce alone / commit storm / control rps |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         per_seg = r.get("rss_per_segment")
-        prod = f"{r['produce_alone_rps']} / {r['produce_during_storm_rps']}" if "produce_alone_rps" in r else ""
+        prod = (
+            f"{r['produce_alone_rps']:,} / {r['produce_during_storm_rps']:,} / {r['produce_during_control_rps']:,}"
+            if "produce_alone_rps" in r
+            else ""
+        )
+        ctl = r["control_offset_fetch"]
         lines.append(
             f"| {r['segments']:,} | {r['commits']['commits_per_s']:,} | {r['commits']['p50_ms']} | {r['commits']['p99_ms']} "
+            f"| {ctl['commits_per_s']:,} ({ctl['p50_ms']}) "
             f"| {r['seal_meta_p50_ms']} / {r['seal_meta_p99_ms']} | {r['open_s']} | {per_seg if per_seg is not None else ''} | {prod} |"
         )
     return "\n".join(lines)
@@ -335,6 +350,9 @@ def main() -> None:
             "largest_vs_empty_commits": round(largest["commits"]["commits_per_s"] / max(1, empty["commits"]["commits_per_s"]), 3),
             "produce_during_storm_vs_alone": round(
                 largest.get("produce_during_storm_rps", 0) / max(1, largest.get("produce_alone_rps", 1)), 3
+            ),
+            "produce_during_control_vs_alone": round(
+                largest.get("produce_during_control_rps", 0) / max(1, largest.get("produce_alone_rps", 1)), 3
             ),
             "open_s_largest": largest["open_s"],
             "rss_per_segment_largest": largest.get("rss_per_segment"),

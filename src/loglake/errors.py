@@ -73,7 +73,7 @@ class OffsetOutOfRangeError(LoglakeError):
 
 
 class CorruptionError(LoglakeError):
-    """Stored data (WAL frame, segment, snapshot) failed a checksum or structural check.
+    """Stored data (WAL frame, segment, metadata record or checkpoint) failed a checksum or structural check.
 
     Names the file (or object key) and the byte offset so an operator can look at it.
     """

@@ -32,5 +32,5 @@ class BrokerContext:
         return self.config.node_id
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking engine work (snapshots, topic admin, waits for memory) off the event loop."""
+        """Run blocking engine work (topic admin, waits for memory) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)

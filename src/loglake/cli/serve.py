@@ -35,7 +35,7 @@ def serve(
         int | None, typer.Option("--default-partitions", help="Partitions of auto-created topics.")
     ] = None,
 ) -> None:
-    """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, snapshot and exit 0)."""
+    """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
     from loglake.broker.server import run_server
 
     config = BrokerConfig.load(

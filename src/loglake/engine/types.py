@@ -83,7 +83,7 @@ class RecoveryReport:
     wal_bytes_read: int = 0
     wal_bytes_truncated: int = 0
     wal_files_truncated: list[str] = field(default_factory=list)
-    segments_adopted: int = 0  # published but not yet in the snapshot: taken into the chain
+    segments_adopted: int = 0  # PUT but not yet recorded in the metadata: taken into the chain
     orphans_removed: list[str] = field(default_factory=list)
     records_recovered: int = 0
     #: set when an empty data directory was rebuilt from the cold store's published metadata

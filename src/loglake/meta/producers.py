@@ -5,7 +5,7 @@ record_count - 1, under a producer id and epoch. The partition remembers, per pr
 epoch and the last few batches it appended. A retried batch that matches one of them is a
 duplicate: it is answered with the offsets it got the first time and not appended again. A
 batch that skips ahead or goes back is OUT_OF_ORDER_SEQUENCE_NUMBER; one from an older epoch is
-INVALID_PRODUCER_EPOCH. State is kept in the metadata snapshot and rebuilt from replayed WAL
+INVALID_PRODUCER_EPOCH. State is carried by segment_published metadata records and checkpoints and rebuilt from replayed WAL
 frames on recovery.
 """
 
@@ -92,7 +92,7 @@ class ProducerStates:
             del self._entries[producer_id]  # re-insert: dict order doubles as LRU order
         self._entries[producer_id] = entry
         if entry.batches and entry.batches[-1][2] >= base_offset:
-            return  # replaying something the snapshot already knew
+            return  # replaying something the metadata already knew
         entry.batches.append((first_seq, next_sequence(first_seq, count - 1), base_offset, base_offset + count - 1))
 
     def to_json(self, below: int | None = None) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def failure(exc: Exception, what: str) -> tuple[int, str]:
 
 
 async def engine_call(ctx: BrokerContext, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking engine call (topic admin writes a durable snapshot) on the executor."""
+    """Run a blocking engine call (topic admin waits for a durable metadata record) on the executor."""
     return await ctx.off_loop(functools.partial(fn, *args, **kwargs))
 
 

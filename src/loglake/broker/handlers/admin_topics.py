@@ -3,7 +3,7 @@
 loglake is one broker: every partition has exactly one replica, on this node. Replication factor
 -1 or 1 is accepted, anything else is INVALID_REPLICATION_FACTOR; manual replica assignments are
 accepted only when they are that trivial assignment. Every engine call that changes topics
-writes a durable metadata snapshot, so it runs on the executor, and a success is durable.
+waits for its metadata record to be durable, so it runs on the executor, and a success is durable.
 """
 
 from __future__ import annotations
