@@ -42,7 +42,13 @@ from loglake.engine.seal import Sealer
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport, TopicInfo
-from loglake.errors import ConfigError, EngineClosedError, EngineFailedError, OffsetOutOfRangeError
+from loglake.errors import (
+    ConfigError,
+    EngineClosedError,
+    EngineFailedError,
+    OffsetOutOfRangeError,
+    UnknownTopicError,
+)
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import meta_dir, segments_dir, wal_dir
@@ -147,6 +153,8 @@ class Engine:
             report = self._open_parts()
         except BaseException:
             self._meta.close()
+            if self._stores is not None and self._stores.cold_reader is not None:
+                self._stores.cold_reader.close()
             self._dir_lock.release()
             raise
         self._closed = False
@@ -370,6 +378,8 @@ class Engine:
         self._check_open()
         p = self.catalog.partition(name, partition)
         with p.lock:
+            if p.deleted:
+                raise UnknownTopicError(f"topic {name!r} was deleted")
             hw = p.high_watermark
             target = hw if offset == -1 else offset
             if not 0 <= target <= hw:
