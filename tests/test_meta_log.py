@@ -100,15 +100,15 @@ def test_restart_replays_records_after_the_checkpoint(tmp_path: Any) -> None:
         engine.append_records("t", i % 2, [(1, None, f"v{i}".encode(), [])]).result()
         engine.flush()
         engine.commit_group_offsets("g", [("t", i % 2, i, -1, "", i)]).result()
-        engine._meta.maybe_checkpoint()
-    before = image(engine._meta.state)
+        engine.meta.maybe_checkpoint()
+    before = image(engine.meta.state)
     abandon(engine)
     engine = Engine(DATA_DIR, small_config(meta_checkpoint_records=5), fs=fs.crash(), start_background=False)
     report = engine.open()
     try:
         assert report.snapshot_seq is not None and report.meta_records_replayed > 0
-        assert image(engine._meta.state) == before
-        assert len(engine._meta.checkpoints) == 2  # the newest and one to fall back to
+        assert image(engine.meta.state) == before
+        assert len(engine.meta.checkpoints) == 2  # the newest and one to fall back to
         assert {p: [v for _o, _k, v in recs] for p, recs in read_all(engine, "t").items()} == {
             p: [f"v{i}".encode() for i in range(p, 12, 2)] for p in range(2)
         }
@@ -125,7 +125,7 @@ def _engine_with_history(fs: FaultyFileSystem) -> tuple[Engine, list[tuple[int, 
         engine.append_records("t", 0, [(1, None, f"v{i}".encode(), [])]).result()
         engine.flush()
         engine.commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
-        engine._meta.maybe_checkpoint()
+        engine.meta.maybe_checkpoint()
     return engine, records
 
 
@@ -196,8 +196,8 @@ def test_every_bit_flip_of_a_log_record_is_detected_by_recovery() -> None:
 def test_damaged_newest_checkpoint_falls_back_and_loses_nothing() -> None:
     fs = FaultyFileSystem(seed=6)
     engine, _ = _engine_with_history(fs)
-    before = image(engine._meta.state)
-    newest = engine._meta.checkpoints[-1]
+    before = image(engine.meta.state)
+    newest = engine.meta.checkpoints[-1]
     engine.close()
     crashed = fs.crash()
     path = f"{META_DIR}/{checkpoint_name(newest)}"
@@ -210,7 +210,7 @@ def test_damaged_newest_checkpoint_falls_back_and_loses_nothing() -> None:
     try:
         assert report.meta_checkpoints_damaged == [path]
         assert report.snapshot_seq is not None and report.snapshot_seq < newest
-        assert image(engine._meta.state)[1:] == before[1:]
+        assert image(engine.meta.state)[1:] == before[1:]
     finally:
         engine.close()
 
@@ -270,7 +270,7 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
     engine.append_records("old", 0, [(1, None, b"x", [])]).result()
     a_inside = threading.Event()
     b_done = threading.Event()
-    original = engine._meta.append
+    original = engine.meta.append
 
     def pinned_append(kind: str, body: dict[str, Any]) -> Any:
         fut = original(kind, body)
@@ -279,7 +279,7 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
             b_done.wait(20)  # hold the catalog lock until B is through
         return fut
 
-    engine._meta.append = pinned_append  # type: ignore[method-assign]
+    engine.meta.append = pinned_append  # type: ignore[method-assign]
     errors: list[BaseException] = []
 
     def a() -> None:
@@ -291,7 +291,7 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
     def b() -> None:
         try:
             assert a_inside.wait(20)
-            engine._meta.checkpoint()
+            engine.meta.checkpoint()
             engine.flush()
             engine.apply_retention()
             engine.delete_records("old", 0, -1)
@@ -312,7 +312,7 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
         assert not errors, errors
         assert engine.has_topic("new") and engine.partition_info("old", 0).log_start_offset == 1
     finally:
-        engine._meta.append = original  # type: ignore[method-assign]
+        engine.meta.append = original  # type: ignore[method-assign]
         engine.close()
 
 
@@ -330,7 +330,7 @@ def meta_workload(fs: FaultyFileSystem, run: Run) -> None:
     engine = Engine(DATA_DIR, small_config(meta_checkpoint_records=6), fs=fs, start_background=False)
     try:
         engine.open()
-        engine._meta.watch(lambda seq, kind, body, _raw: run.records.append((seq, kind, body)))
+        engine.meta.watch(lambda seq, kind, body, _raw: run.records.append((seq, kind, body)))
         engine.create_topic("t", 2, {"segment.records": "2", "retention.ms": "-1"})
         for i in range(10):
             p = i % 2
@@ -342,7 +342,7 @@ def meta_workload(fs: FaultyFileSystem, run: Run) -> None:
             run.acked_seq = max(run.acked_seq, seq)
             if i == 5:
                 engine.delete_records("t", 0, 2)
-            engine._meta.maybe_checkpoint()
+            engine.meta.maybe_checkpoint()
         engine.close()
     except (SimulatedCrash, Exception):
         abandon(engine)
@@ -370,7 +370,7 @@ def check_meta(k: int, torn: bool) -> None:
     except CorruptionError as exc:  # pragma: no cover - a failure of the test subject
         raise AssertionError(f"k={k} torn={torn}: recovery refused: {exc}") from exc
     try:
-        state = engine._meta.state
+        state = engine.meta.state
         recovered_seq = state.seq
         offsets = engine.group_metadata().get("g", {"offsets": {}})["offsets"]
         for p, acked in run.acked_commits.items():
@@ -391,7 +391,7 @@ def check_meta(k: int, torn: bool) -> None:
     engine2 = Engine(DATA_DIR, small_config(meta_checkpoint_records=6), fs=again, start_background=False)
     engine2.open()
     try:
-        assert image(engine2._meta.state)[1:] == first[1:], f"k={k} torn={torn}: second recovery differs"
+        assert image(engine2.meta.state)[1:] == first[1:], f"k={k} torn={torn}: second recovery differs"
         assert (read_all(engine2, "t") if engine2.has_topic("t") else {}) == data
     finally:
         abandon(engine2)

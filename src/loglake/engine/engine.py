@@ -35,7 +35,7 @@ from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
-from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.partition import SegmentRef
 from loglake.engine.read import Reader
 from loglake.engine.recovery import recover
 from loglake.engine.seal import Sealer
@@ -410,9 +410,6 @@ class Engine:
         p = self.catalog.partition(name, partition)
         with p.lock:
             return p.segments.slice(0)
-
-    def _partition(self, name: str, partition: int) -> Partition:
-        return self.catalog.partition(name, partition)
 
     def allocate_producer_id(self) -> int:
         """A new producer id for InitProducerId, durable before it is handed out."""
