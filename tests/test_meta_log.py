@@ -405,3 +405,28 @@ def test_meta_workload_makes_enough_calls() -> None:
 def test_metadata_crash_at_every_mutating_call(torn: bool) -> None:
     for k in range(1, META_CALLS + 1):
         check_meta(k, torn)
+
+
+def test_many_crashed_restarts_do_not_pile_up_metadata_log_files() -> None:
+    """Every start begins a new preallocated log file and a crash leaves it untrimmed; a broker
+    restarted often while changing little must not read ever more files at each open."""
+    from loglake.meta.log import META_LOG_FILES_AT_OPEN_MAX
+
+    fs = FaultyFileSystem(seed=12)
+    for i in range(3 * META_LOG_FILES_AT_OPEN_MAX):
+        engine = Engine(DATA_DIR, small_config(), fs=fs, start_background=False)
+        engine.open()
+        if i == 0:
+            engine.create_topic("t", 1)
+        engine.commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
+        abandon(engine)
+        fs = fs.crash()
+        files = fs.listdir(f"{META_DIR}/log/shard-00")
+        assert len(files) <= META_LOG_FILES_AT_OPEN_MAX + 2, f"restart {i}: {len(files)} metadata log files"
+    engine = Engine(DATA_DIR, small_config(), fs=fs, start_background=False)
+    engine.open()
+    try:
+        assert engine.group_metadata()["g"]["offsets"][("t", 0)][0] == 3 * META_LOG_FILES_AT_OPEN_MAX - 1
+        assert len(engine.meta.checkpoints) == 2
+    finally:
+        engine.close()

@@ -75,6 +75,10 @@ META_LOG_FILE_BYTES_DEFAULT = 4 * 1024 * 1024
 META_LOG_QUEUE_BYTES_MAX = 64 * 1024 * 1024
 #: Checkpoints kept on disk (the newest and one to fall back to).
 CHECKPOINTS_KEPT = 2
+#: Log files found at open beyond which a checkpoint is taken at once. Every start begins a new
+#: preallocated file, and a process killed before a clean close leaves it untrimmed, so without
+#: this a broker restarted often but changing little would read more files at every open.
+META_LOG_FILES_AT_OPEN_MAX = 8
 
 _LOG_TOPIC = bytes(16)  # frames of the metadata log carry no topic
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{20})\.bin$")
@@ -207,10 +211,22 @@ class LocalMetaStore:
         )
         recovered = wal.shards.get(shard_name)
         # Frame seqs continue the record seqs (a log whose files were all dropped restarts at the checkpoint).
-        shard.start(self._next_seq, recovered.files if recovered is not None else [])
+        files = recovered.files if recovered is not None else []
+        shard.start(self._next_seq, files)
         self._shard = shard
+        if len(files) > META_LOG_FILES_AT_OPEN_MAX and state.cluster_id:
+            self._compact()
         self.report.seconds = time.perf_counter() - started
         return state
+
+    def _compact(self) -> None:
+        """Two checkpoints in a row, one record apart (a restatement of the cluster id, which
+        changes nothing): every log file before the older one goes, and the newer one still
+        has a checkpoint and the log after it to fall back to."""
+        for _ in range(CHECKPOINTS_KEPT):
+            self.append("cluster", {"cluster_id": self._state.cluster_id}).result()
+            self.checkpoint()
+        log.info("metadata log compacted at open (it held more than %d files)", META_LOG_FILES_AT_OPEN_MAX)
 
     def _log_files_exist(self) -> bool:
         directory = posixpath.join(self.log_dir, shard_dir_name(0))

@@ -122,6 +122,12 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> Shard
     return shard
 
 
+def _all_zero(data: bytes, pos: int) -> bool:
+    """True when data[pos:] is all zero bytes (a memcmp against zeros: the preallocated tail of a
+    file that was not closed cleanly is megabytes long, and a Python-level strip is slow)."""
+    return memoryview(data)[pos:] == bytes(len(data) - pos)
+
+
 def _scan(data: bytes, path: str) -> tuple[list[Frame], int | None]:
     """Intact frames from the start of `data`, and the byte where a bad frame starts (or None)."""
     buf = memoryview(data)
@@ -133,7 +139,7 @@ def _scan(data: bytes, path: str) -> tuple[list[Frame], int | None]:
         except FrameError as exc:
             return frames, exc.position
         if frame is None:
-            if pos < len(data) and len(data.rstrip(b"\0")) > pos:
+            if pos < len(data) and not _all_zero(data, pos):
                 return frames, pos  # non-zero bytes after a zero length: not a clean end
             return frames, None
         if frames and frame.seq != frames[-1].seq + 1:
