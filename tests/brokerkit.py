@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,6 +83,28 @@ class Broker:
 
     def log_text(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (for a broker that must come back on the same port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_on_port(broker: Broker, port: int, attempts: int = 50) -> None:
+    """(Re)start `broker` on `port`; the old socket may linger a moment after a crash."""
+    for _ in range(attempts):
+        try:
+            broker.start()
+        except RuntimeError as exc:
+            if "address already in use" not in str(exc).lower():
+                raise
+            time.sleep(0.2)
+            continue
+        assert broker.port == port
+        return
+    raise RuntimeError(f"could not listen on port {port} again")
 
 
 @contextmanager

@@ -11,7 +11,6 @@ commit that was acknowledged before the stop.
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 import loglake
 
-from brokerkit import Broker
+from brokerkit import Broker, free_port, start_on_port
 
 TOPIC = "grp-restart"
 GROUP = "survivors"
@@ -31,27 +30,6 @@ PARTITIONS = 4
 ENV = {"LOGLAKE_GROUP_INITIAL_REBALANCE_DELAY_MS": "0", "LOGLAKE_GROUP_MIN_SESSION_TIMEOUT_MS": "1000"}
 #: Long enough that the restart (process start + engine recovery) fits well inside one session.
 SESSION_TIMEOUT_MS = 30_000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_on_port(broker: Broker, port: int, attempts: int = 50) -> None:
-    """(Re)start on the same port; the old socket may linger a moment after a crash."""
-    for _ in range(attempts):
-        try:
-            broker.start()
-        except RuntimeError as exc:
-            if "address already in use" not in str(exc).lower():
-                raise
-            time.sleep(0.2)
-            continue
-        assert broker.port == port
-        return
-    pytest.fail(f"could not listen on port {port} again")
 
 
 @pytest.fixture()

@@ -8,7 +8,6 @@ acknowledged must be in the log (exactly once for the graceful restart) with den
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,30 +17,9 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from brokerkit import Broker
+from brokerkit import Broker, free_port, start_on_port
 
 PARTITIONS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_on_port(broker: Broker, port: int, attempts: int = 50) -> None:
-    """(Re)start on the same port; the old socket may linger a moment after a crash."""
-    for _ in range(attempts):
-        try:
-            broker.start()
-        except RuntimeError as exc:
-            if "Address already in use" not in str(exc) and "address already in use" not in str(exc).lower():
-                raise
-            time.sleep(0.2)
-            continue
-        assert broker.port == port
-        return
-    pytest.fail(f"could not listen on port {port} again")
 
 
 @pytest.fixture()
