@@ -18,7 +18,7 @@ from loglake.errors import ConfigError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 #: The types loglake's topic configs use (DescribeConfigs v3+ sends them to clients).
-USED_TYPES = {ConfigType.INT, ConfigType.LONG, ConfigType.STRING, ConfigType.LIST}
+USED_TYPES = {ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE, ConfigType.STRING, ConfigType.LIST}
 
 
 def test_names_are_unique_and_in_table_order() -> None:
@@ -31,7 +31,7 @@ def test_every_key_has_a_type_doc_and_valid_default(key: TopicConfigKey) -> None
     assert key.type in USED_TYPES
     assert key.doc.strip() and key.doc.endswith(".")
     key.parse(key.default)  # the default is an accepted value
-    if key.type in (ConfigType.INT, ConfigType.LONG):
+    if key.type in (ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE):
         assert key.low is not None  # every number has a floor
         assert not key.choices and key.check is None
     if key.type is ConfigType.LIST:
@@ -71,3 +71,10 @@ def test_readme_lists_every_key_with_its_type_and_default() -> None:
         assert row is not None, f"README.md has no row for topic config {key.name}"
         assert row[1] == key.type.name.lower(), key.name
         assert row[2].startswith(f"`{key.default}`"), key.name
+
+
+def test_double_configs_parse_and_refuse_out_of_range() -> None:
+    assert TopicConfig.parse({"min.cleanable.dirty.ratio": "0.25"}).min_cleanable_dirty_ratio == 0.25
+    for bad in ("1.5", "-0.1", "nan", "half"):
+        with pytest.raises(ConfigError):
+            TopicConfig.parse({"min.cleanable.dirty.ratio": bad})

@@ -195,6 +195,29 @@ class Catalog:
     def record_tier(self, p: Partition, base_offset: int, tier: str) -> Future[int]:
         return self.meta.append("segment_tier", {"id": p.topic_id.hex(), "p": p.index, "base": base_offset, "tier": tier})
 
+    def record_rewrite(
+        self, p: Partition, replaced: list[SegmentRef], segs: list[SegmentRef], clean: dict[str, int] | None
+    ) -> Future[int] | None:
+        """Swap a run of segments for their rewrite; None (nothing recorded) when the run is no
+        longer in place as it was read (retention, relocation or a topic delete got there first)."""
+        table = p.segments
+        start = table.find_base(replaced[0].base_offset)
+        if p.deleted or start is None or start + len(replaced) > len(table):
+            return None
+        for i, seg in enumerate(replaced):
+            now = table[start + i]
+            if (now.base_offset, now.generation, now.tier) != (seg.base_offset, seg.generation, seg.tier):
+                return None
+        body: dict[str, Any] = {
+            "id": p.topic_id.hex(),
+            "p": p.index,
+            "replaced": [[s.base_offset, s.generation] for s in replaced],
+            "segs": [s.to_json() for s in segs],
+        }
+        if clean is not None:
+            body["clean"] = clean
+        return self.meta.append("segment_rewritten", body)
+
     def record_log_start(self, p: Partition, offset: int) -> Future[int]:
         """Raise the log start offset; whole segments ending at or below it leave the chain."""
         return self.meta.append("log_start", {"id": p.topic_id.hex(), "p": p.index, "offset": offset})

@@ -96,6 +96,14 @@ class TopicConfigKey:
             if (low is not None and value < low) or (high is not None and value > high):
                 raise ConfigError(f"{name}={value}: must be in [{low}, {high if high is not None else 'inf'}]")
             return value
+        if self.type is ConfigType.DOUBLE:
+            try:
+                number = float(raw)
+            except ValueError:
+                raise ConfigError(f"{name}={raw!r}: not a number") from None
+            if number != number or (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+                raise ConfigError(f"{name}={raw}: must be in [{self.low}, {self.high}]")
+            return number
         if self.check is not None:
             return self.check(name, raw)
         if self.type is ConfigType.LIST:
@@ -150,6 +158,15 @@ TOPIC_CONFIG_KEYS: tuple[TopicConfigKey, ...] = (
     TopicConfigKey("delete.retention.ms", ConfigType.LONG, "86400000",
                    "How long compaction keeps tombstones.",
                    "log.cleaner.delete.retention.ms", low=0),
+    TopicConfigKey("min.cleanable.dirty.ratio", ConfigType.DOUBLE, "0.5",
+                   "Compaction: clean a partition once its uncleaned share of sealed bytes reaches this.",
+                   "log.cleaner.min.cleanable.ratio", low=0, high=1),
+    TopicConfigKey("min.compaction.lag.ms", ConfigType.LONG, "0",
+                   "Compaction: records newer than this stay uncompacted.",
+                   "log.cleaner.min.compaction.lag.ms", low=0),
+    TopicConfigKey("max.compaction.lag.ms", ConfigType.LONG, "9223372036854775807",
+                   "Compaction: a record stays uncompacted at most this long, whatever the dirty ratio.",
+                   "log.cleaner.max.compaction.lag.ms", low=1),
     TopicConfigKey("min.insync.replicas", ConfigType.INT, "1",
                    "Always 1: loglake has a single replica.",
                    "min.insync.replicas", low=1, high=1),
@@ -187,6 +204,9 @@ class TopicConfig:
     log_append_time: bool
     delete_retention_ms: int
     durability: Durability
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = 2**63 - 1
     hot_retain_segments: int = 4
     hot_retain_bytes: int = 0
     overrides: Mapping[str, str] = field(default_factory=dict)
@@ -215,6 +235,9 @@ class TopicConfig:
             max_message_bytes=merged["max.message.bytes"],
             log_append_time=merged["message.timestamp.type"] == "LogAppendTime",
             delete_retention_ms=merged["delete.retention.ms"],
+            min_cleanable_dirty_ratio=merged["min.cleanable.dirty.ratio"],
+            min_compaction_lag_ms=merged["min.compaction.lag.ms"],
+            max_compaction_lag_ms=merged["max.compaction.lag.ms"],
             durability=Durability.parse(merged["durability"]),
             hot_retain_segments=merged["hot.retain.segments"],
             hot_retain_bytes=merged["hot.retain.bytes"],
@@ -285,7 +308,27 @@ class EngineConfig:
     #: Longest a durable metadata change waits before it is copied to the object stores.
     meta_publish_interval_ms: int = META_PUBLISH_INTERVAL_MS_DEFAULT
 
+    #: Compaction's key map bound (Kafka: log.cleaner.dedupe.buffer.size); a partition whose
+    #: dirty keys do not fit is cleaned in several passes.
+    cleaner_dedupe_buffer_bytes: int = 128 * 1024 * 1024
+    #: Cleaner and merger I/O, read plus written (Kafka: log.cleaner.io.max.bytes.per.second).
+    cleaner_io_max_bytes_per_second: int = 50 * 1024 * 1024
+    #: Cleaner threads (Kafka: log.cleaner.threads); 0 turns compaction and merging off.
+    cleaner_threads: int = 1
+    #: Pause between cleaner passes over all partitions when there was nothing to do
+    #: (Kafka: log.cleaner.backoff.ms).
+    cleaner_backoff_ms: int = 15_000
+    #: Merge adjacent small sealed segments of a partition (same tier) once at least this many
+    #: fit together within segment.bytes (0 = no merging).
+    merge_min_segments: int = 4
+
     def validate(self) -> None:
+        if self.cleaner_dedupe_buffer_bytes < 1024 * 1024:
+            raise ConfigError("cleaner_dedupe_buffer_bytes must be at least 1 MiB")
+        if self.cleaner_io_max_bytes_per_second < 0 or self.cleaner_threads < 0 or self.cleaner_backoff_ms < 1:
+            raise ConfigError("cleaner_io_max_bytes_per_second and cleaner_threads must be >= 0, cleaner_backoff_ms >= 1")
+        if self.merge_min_segments == 1 or self.merge_min_segments < 0:
+            raise ConfigError("merge_min_segments must be 0 (off) or at least 2")
         if not 1 <= self.wal_shards <= 64:
             raise ConfigError(f"wal_shards={self.wal_shards}: must be in [1, 64]")
         if self.wal_file_bytes < 64 * 1024:

@@ -31,6 +31,7 @@ from typing import Any
 
 from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.catalog import Catalog, TopicState
+from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.maintenance import Maintenance
@@ -99,6 +100,7 @@ class Engine:
         self._retired_shards: list[WalShard] = []  # shard dirs beyond the current count: truncation only
         self._stores: Stores | None = None
         self._relocator: Relocator | None = None
+        self._cleaner: Cleaner | None = None
         self._publisher: MetaPublisher | None = None
         self._maintenance: Maintenance | None = None
         self._sealer: Sealer | None = None
@@ -204,6 +206,7 @@ class Engine:
         if cold is not None:
             self._relocator = Relocator(self.catalog, stores, indexes, config.relocation_threads, config.relocation_retry_ms)
             self._maintenance.relocator = self._relocator
+        self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config)
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)
@@ -217,6 +220,7 @@ class Engine:
             if self._relocator is not None:
                 self._relocator.start()
             self._maintenance.start()
+            self._cleaner.start()
         return report
 
     def _start_shards(self, next_seqs: dict[str, int], files: dict[str, list[WalFile]]) -> None:
@@ -262,6 +266,8 @@ class Engine:
                     self.publish_metadata()
         finally:
             self._closed = True
+            if self._cleaner is not None:
+                self._cleaner.close()
             if self._maintenance is not None:
                 self._maintenance.close()
             if self._sealer is not None:
@@ -506,6 +512,18 @@ class Engine:
         return self._maintenance.apply_retention()
 
     # ==== tiering ===================================================================================
+
+    @property
+    def cleaner(self) -> Cleaner:
+        """Compaction and merging (loglake.engine.cleaner): stats, and `run_once` to clean now."""
+        if self._cleaner is None:
+            raise EngineClosedError("engine is not open")
+        return self._cleaner
+
+    def compact(self, topic: str | None = None, *, force: bool = True) -> int:
+        """Compact (and merge) now, on the calling thread; returns how many rewrites were done."""
+        self._check_open()
+        return self.cleaner.run_once(force=force, topic=topic)
 
     def relocate_due(self) -> int:
         """Relocate every due segment now, on this thread (tests, tools). Returns how many moved."""

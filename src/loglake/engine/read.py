@@ -34,7 +34,8 @@ class Reader:
         come back as FileRange (for sendfile) instead of bytes.
         """
         p = self.catalog.partition(topic, partition)
-        for _attempt in range(3):  # a segment may be deleted by retention between lookup and read
+        attempts = 0
+        while attempts < 3:  # a segment may be deleted (retention, a rewrite) between lookup and read
             with p.lock:
                 hw = p.high_watermark
                 start = p.log_start_offset
@@ -58,11 +59,15 @@ class Reader:
                         high_watermark=hw,
                     )
                 seg = p.segments[seg_i]
-                next_key = p.segments.key_for(p.segments.base_at(seg_i + 1)) if seg_i + 1 < len(p.segments) else None
+                next_key = p.segments.key_at(seg_i + 1) if seg_i + 1 < len(p.segments) else None
             try:
                 chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key)
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
+                attempts += 1
+                continue
+            if not chunks and seg.rewritten:
+                offset = seg.end_offset  # compaction left nothing at or after `offset` here: the next one
                 continue
             return ReadResult(chunks, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")

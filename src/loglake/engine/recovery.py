@@ -143,22 +143,24 @@ def _reconcile_partition(
 ) -> None:
     """Match one partition's chain with the hot store's listing (see the module docstring)."""
     table = p.segments
-    hot_bases = {table.base_at(i) for i in table.indexes_in_tier("hot")}
-    present = {base for base, _key in found}
-    missing = sorted(hot_bases - present)
+    hot_keys = {table.key_at(i) for i in table.indexes_in_tier("hot")}
+    listed = set(table.keys())
+    missing = sorted(hot_keys - {key for _base, key in found})
     if missing:
         raise CorruptionError(
-            table.key_for(missing[0]), 0, f"segment of {topic.name}-{p.index} listed in the metadata is missing from {store.url}"
+            missing[0], 0, f"segment of {topic.name}-{p.index} listed in the metadata is missing from {store.url}"
         )
     for base, key in found:
-        if base in hot_bases:
+        if key in hot_keys:
             continue
-        if table.find_base(base) is not None:
+        if key in listed:
             store.delete(key)  # relocated: the metadata switched to the cold copy before a crash
             report.orphans_removed.append(key)
             continue
         if base < p.sealed_end:
-            store.delete(key)  # superseded: retention or a re-seal left it behind
+            # superseded: retention, a re-seal, or a rewrite (compaction, merging) left it behind
+            # — either a replaced segment or an output the crash kept from being recorded
+            store.delete(key)
             report.orphans_removed.append(key)
             continue
         if base == p.sealed_end and _adopt(catalog, store, p, key):
@@ -171,7 +173,7 @@ def _reconcile_partition(
 def _adopt(catalog: Catalog, store: ObjectStore, p: Partition, key: str) -> bool:
     """Take a published-but-unrecorded segment into the chain if it continues it."""
     trailer, _index = read_tail(store, key)
-    if trailer.base_offset != p.sealed_end or trailer.prev_hash != p.chain_hash:
+    if trailer.base_offset != p.sealed_end or trailer.prev_hash != p.chain_hash or trailer.rewritten:
         return False
     catalog.record_seal(p, SegmentRef.from_trailer(key, trailer, "hot", None), [])
     log.info("adopted segment %s published after the last metadata record", key)
@@ -187,7 +189,7 @@ def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryRepo
             in_bucket = set(cold.list(prefix))
             table = pm.segments
             kept = 0
-            while kept < len(table) and table.key_for(table.base_at(kept)) in in_bucket:
+            while kept < len(table) and table.key_at(kept) in in_bucket:
                 kept += 1
             lost = table.truncate(kept)
             for k in range(kept):
@@ -200,9 +202,9 @@ def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryRepo
             if lost:
                 last = table.last()
                 pm.sealed_end = last.end_offset if last is not None else lost[0].base_offset
-                pm.chain_hash = last.chain_hash if last is not None else lost[0].prev_hash
+                pm.chain_hash = last.link_hash if last is not None else lost[0].prev_hash
             # Segments uploaded after the metadata was last published continue the chain.
-            known = {table.key_for(table.base_at(k)) for k in range(len(table))}
+            known = set(table.keys())
             for key in sorted(in_bucket - known):
                 if key.endswith(".seg") and _adopt_cold(pm, cold, key):
                     report.segments_adopted += 1
@@ -211,7 +213,7 @@ def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryRepo
 
 def _adopt_cold(pm: PartitionMeta, cold: ObjectStore, key: str) -> bool:
     trailer, _index = read_tail(cold, key)
-    if trailer.base_offset != pm.sealed_end or trailer.prev_hash != pm.chain_hash:
+    if trailer.base_offset != pm.sealed_end or trailer.prev_hash != pm.chain_hash or trailer.rewritten:
         return False
     pm.segments.append(SegmentRef.from_trailer(key, trailer, "cold", None))
     pm.sealed_end = trailer.next_offset

@@ -109,7 +109,12 @@ class Relocator:
                 raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
             with p.lock:
                 i = p.segments.find_base(seg.base_offset)
-                live = i is not None and p.segments[i].tier == "hot" and not p.deleted
+                live = (
+                    i is not None
+                    and p.segments.generation_at(i) == seg.generation  # not rewritten meanwhile
+                    and p.segments[i].tier == "hot"
+                    and not p.deleted
+                )
                 fut = self.catalog.record_tier(p, seg.base_offset, "cold") if live else None
             if fut is None:
                 cold.delete(seg.key)  # retention or a topic delete won the race

@@ -148,13 +148,13 @@ def verify_data_dir(engine: Engine, progress: Progress | None = None) -> VerifyR
         if segments:
             head = heads.get((topic, partition))
             last = segments[-1]
-            if head is not None and head != last.chain_hash and _still_last(engine, topic, partition, last):
+            if head is not None and head != last.link_hash and _still_last(engine, topic, partition, last):
                 report.errors.append(
                     VerifyError(
                         last.key,
                         0,
                         f"partition {topic}-{partition} records chain head {head.hex()}, "
-                        f"but its last segment's chain hash is {last.chain_hash.hex()}",
+                        f"but its last segment's link hash is {last.link_hash.hex()}",
                     )
                 )
 
@@ -210,6 +210,8 @@ def _check_metadata(seg: SegmentRef, t: SegmentTrailer) -> list[VerifyError]:
         ("last_offset", seg.last_offset, t.last_offset),
         ("prev_hash", seg.prev_hash, t.prev_hash),
         ("chain_hash", seg.chain_hash, t.chain_hash),
+        ("link_hash", seg.link_hash, t.link_hash),
+        ("generation", seg.generation, t.generation),
     ):
         if recorded != actual:
             shown_recorded = recorded.hex() if isinstance(recorded, bytes) else recorded
@@ -217,7 +219,7 @@ def _check_metadata(seg: SegmentRef, t: SegmentTrailer) -> list[VerifyError]:
             errors.append(
                 VerifyError(
                     seg.key,
-                    t.field_position(name),
+                    t.field_position(name) if name in ("base_offset", "last_offset", "prev_hash", "chain_hash") or t.rewritten else 0,
                     f"metadata records {name} {shown_recorded}, the segment has {shown_actual}",
                 )
             )

@@ -52,6 +52,10 @@ class ProducerStates:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def last_batches(self) -> set[tuple[int, int]]:
+        """(producer id, base offset) of each producer's newest batch (compaction keeps it)."""
+        return {(pid, e.batches[-1][2]) for pid, e in self._entries.items() if e.batches}
+
     def check(self, producer_id: int, epoch: int, first_seq: int, count: int) -> tuple[int, int] | None:
         """Validate a batch before it is appended.
 

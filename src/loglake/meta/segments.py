@@ -1,23 +1,29 @@
-"""The sealed-segment catalog of one partition, packed: ~113 bytes a segment.
+"""The sealed-segment catalog of one partition, packed: ~149 bytes a segment.
 
 A partition of a busy broker holds tens of thousands of sealed segments and a broker holds
 millions; a Python object per segment costs ~500 bytes and makes a checkpoint load allocate
 millions of objects. `SegmentTable` keeps one fixed-size binary entry per segment in a single
 bytearray (the same bytes a checkpoint stores, so loading is one copy) and hands out
 `SegmentRef` values on access. Entries are in offset order; keys are derived from the
-partition's key prefix and the base offset, never stored.
+partition's key prefix, the base offset and the rewrite generation, never stored.
 
-Entry layout (little-endian, `ENTRY`)::
+Entry layout (little-endian, `ENTRY`, version 2)::
 
-    0   8  base_offset      i64
-    8   8  last_offset      i64
+    0   8  base_offset      i64   first offset the segment covers
+    8   8  last_offset      i64   last offset it covers (a rewritten one may hold fewer)
     16  8  size             i64   bytes of the segment object
     24  8  max_timestamp    i64
     32  8  record_count     i64
     40  8  created_ms       i64
     48  1  tier             u8    0 = hot, 1 = cold
-    49 32  prev_hash              chain hash of the previous segment
-    81 32  chain_hash             SHA-256(prev_hash || data)
+    49  4  generation       u32   0 as sealed, n after the n-th rewrite at this base
+    53 32  prev_hash              chain hash of the previous segment (its link hash)
+    85 32  chain_hash             SHA-256(prev_hash || data)
+    117 32 link_hash              what the next segment's prev_hash names: the chain hash for a
+                                  sealed segment, the replaced range's link for a rewritten one
+
+Version 1 entries (113 bytes, checkpoints of format 2) had no generation or link hash;
+`SegmentTable.from_v1` widens them.
 
 The table is not locked: the engine mutates it under the partition's lock, and the metadata
 store applies replayed records before the engine starts.
@@ -27,21 +33,23 @@ from __future__ import annotations
 
 import bisect
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from loglake.segment.format import SegmentIndex, SegmentTrailer
+from loglake.store.base import segment_file_name
 
-__all__ = ["ENTRY", "TIERS", "SegmentRef", "SegmentTable"]
+__all__ = ["ENTRY", "ENTRY_V1", "TIERS", "SegmentRef", "SegmentTable"]
 
-ENTRY = struct.Struct("<qqqqqqB32s32s")
+ENTRY = struct.Struct("<qqqqqqBI32s32s32s")
 ENTRY_SIZE = ENTRY.size
+#: The version-1 entry (no generation, no link hash), read from older checkpoints.
+ENTRY_V1 = struct.Struct("<qqqqqqB32s32s")
 #: tier name <-> stored code
 TIERS = ("hot", "cold")
 _TIER_CODE = {name: code for code, name in enumerate(TIERS)}
 _TIER_OFFSET = 48
-SEGMENT_SUFFIX = ".seg"
-OFFSET_DIGITS = 20
+_GEN_OFFSET = 49
 
 
 @dataclass(slots=True)
@@ -59,10 +67,20 @@ class SegmentRef:
     created_ms: int
     tier: str = "hot"
     index: SegmentIndex | None = None  # parsed index, when the caller has one at hand
+    generation: int = 0
+    link_hash: bytes = b""  # empty: the chain hash (a segment as sealed)
+
+    def __post_init__(self) -> None:
+        if not self.link_hash:
+            self.link_hash = self.chain_hash
 
     @property
     def end_offset(self) -> int:
         return self.last_offset + 1
+
+    @property
+    def rewritten(self) -> bool:
+        return self.generation > 0
 
     def to_json(self) -> list[object]:
         return [
@@ -75,6 +93,8 @@ class SegmentRef:
             self.chain_hash.hex(),
             self.created_ms,
             self.tier,
+            self.generation,
+            self.link_hash.hex(),
         ]
 
     def pack(self) -> bytes:
@@ -86,8 +106,10 @@ class SegmentRef:
             self.record_count,
             self.created_ms,
             _TIER_CODE[self.tier],
+            self.generation,
             self.prev_hash,
             self.chain_hash,
+            self.link_hash,
         )
 
     @classmethod
@@ -104,11 +126,15 @@ class SegmentRef:
             trailer.created_ms,
             tier,
             index,
+            trailer.generation,
+            trailer.link_hash,
         )
 
     @classmethod
     def from_json(cls, key: str, raw: list[object]) -> SegmentRef:
-        base, last, size, max_ts, count, prev_h, chain_h, created, tier = raw
+        """From `to_json`'s list; 9 fields (before rewrites existed) or 11."""
+        generation, link_h = (int(str(raw[9])), bytes.fromhex(str(raw[10]))) if len(raw) == 11 else (0, b"")
+        base, last, size, max_ts, count, prev_h, chain_h, created, tier = raw[:9]
         tier_s = str(tier)
         if tier_s not in _TIER_CODE:
             raise ValueError(f"unknown segment tier {tier_s!r}")
@@ -123,6 +149,9 @@ class SegmentRef:
             bytes.fromhex(str(chain_h)),
             int(str(created)),
             tier_s,
+            None,
+            generation,
+            link_h,
         )
 
 
@@ -155,8 +184,28 @@ class SegmentTable:
 
     # ---- reading ---------------------------------------------------------------------------
 
-    def key_for(self, base_offset: int) -> str:
-        return f"{self.key_prefix}{base_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
+    @classmethod
+    def from_v1(cls, key_prefix: str, data: bytes | bytearray | memoryview) -> SegmentTable:
+        """A table from version-1 entries (generation 0, link hash = chain hash)."""
+        if len(data) % ENTRY_V1.size:
+            raise ValueError(f"segment table of {len(data)} bytes is not a whole number of {ENTRY_V1.size}-byte entries")
+        out = bytearray()
+        for base, last, size, max_ts, count, created, tier, prev_h, chain_h in ENTRY_V1.iter_unpack(data):
+            out += ENTRY.pack(base, last, size, max_ts, count, created, tier, 0, prev_h, chain_h, chain_h)
+        return cls(key_prefix, out)
+
+    def key_for(self, base_offset: int, generation: int = 0) -> str:
+        return self.key_prefix + segment_file_name(base_offset, generation)
+
+    def key_at(self, i: int) -> str:
+        """The object key of entry `i`."""
+        return self.key_for(self.base_at(i), self.generation_at(i))
+
+    def generation_at(self, i: int) -> int:
+        return int.from_bytes(self._data[i * ENTRY_SIZE + _GEN_OFFSET : i * ENTRY_SIZE + _GEN_OFFSET + 4], "little")
+
+    def keys(self) -> list[str]:
+        return [self.key_at(i) for i in range(len(self))]
 
     def __len__(self) -> int:
         return len(self._data) // ENTRY_SIZE
@@ -165,8 +214,12 @@ class SegmentTable:
         return bool(self._data)
 
     def _ref(self, i: int) -> SegmentRef:
-        base, last, size, max_ts, count, created, tier, prev_h, chain_h = ENTRY.unpack_from(self._data, i * ENTRY_SIZE)
-        return SegmentRef(base, last, self.key_for(base), size, max_ts, count, prev_h, chain_h, created, TIERS[tier])
+        base, last, size, max_ts, count, created, tier, gen, prev_h, chain_h, link_h = ENTRY.unpack_from(
+            self._data, i * ENTRY_SIZE
+        )
+        return SegmentRef(
+            base, last, self.key_for(base, gen), size, max_ts, count, prev_h, chain_h, created, TIERS[tier], None, gen, link_h
+        )
 
     def __getitem__(self, i: int) -> SegmentRef:
         n = len(self)
@@ -240,6 +293,27 @@ class SegmentTable:
         self._data += ref.pack()
         if self._bytes_total is not None:
             self._bytes_total += ref.size
+
+    def replace(self, start: int, stop: int, refs: Sequence[SegmentRef]) -> list[SegmentRef]:
+        """Put `refs` in place of entries [start, stop) (a rewrite); returns the replaced ones.
+
+        The new entries must cover exactly the offsets the old ones did.
+        """
+        if not 0 <= start < stop <= len(self):
+            raise ValueError(f"rewrite of entries [{start}, {stop}) of a table of {len(self)}")
+        gone = self.slice(start, stop)
+        if not refs or refs[0].base_offset != gone[0].base_offset or refs[-1].last_offset != gone[-1].last_offset:
+            raise ValueError(
+                f"rewrite covers {refs[0].base_offset if refs else '-'}..{refs[-1].last_offset if refs else '-'}, "
+                f"the replaced segments {gone[0].base_offset}..{gone[-1].last_offset}"
+            )
+        for a, b in zip(refs, refs[1:]):
+            if b.base_offset != a.last_offset + 1:
+                raise ValueError(f"rewritten segments leave a hole between {a.last_offset} and {b.base_offset}")
+        self._data[start * ENTRY_SIZE : stop * ENTRY_SIZE] = b"".join(r.pack() for r in refs)
+        if self._bytes_total is not None:
+            self._bytes_total += sum(r.size for r in refs) - sum(g.size for g in gone)
+        return gone
 
     def drop_front(self, count: int) -> list[SegmentRef]:
         """Remove and return the `count` oldest segments."""

@@ -23,6 +23,10 @@ segment_published  {id, p, seg, producers} → a sealed segment joins the chain;
                    live, the engine recorded them at append)
 segment_tier       {id, p, base, tier} → the segment's authoritative copy moved (relocation)
 log_start          {id, p, offset} → log start offset raised; whole segments below it dropped
+segment_rewritten  {id, p, replaced: [[base, generation], ...], segs: [seg, ...], clean}
+                   → a compaction or merge: the listed consecutive segments are replaced by
+                   `segs` (covering the same offsets); `clean` ({end, ms}, compaction only)
+                   moves the partition's cleaned end and notes when the cleaner passed it
 producer_ids       {next} → the next producer id to hand out
 offset_commit      {g, rows: [[topic, partition, offset, leader_epoch, metadata, ts], ...]}
 offset_expire      {g, tps: [[topic, partition], ...]}
@@ -46,7 +50,7 @@ import crc32c
 
 from loglake.errors import CorruptionError
 from loglake.meta.producers import ProducerStates
-from loglake.meta.segments import ENTRY_SIZE, SegmentRef, SegmentTable
+from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.segment.format import ZERO_HASH
 from loglake.store.base import partition_prefix
 
@@ -66,6 +70,8 @@ __all__ = [
 
 #: Version byte in front of every record's JSON body.
 RECORD_VERSION = 1
+#: Most clean marks (tombstone timing) a partition keeps; older ones merge conservatively.
+PASS_MARKS_MAX = 64
 #: Largest record body accepted (a group state with 1,000 members fits easily).
 RECORD_BYTES_MAX = 16 * 1024 * 1024
 RECORD_KINDS = (
@@ -82,6 +88,7 @@ RECORD_KINDS = (
     "offset_expire",
     "group_deleted",
     "group_state",
+    "segment_rewritten",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -137,6 +144,28 @@ class PartitionMeta:
     sealed_end: int = 0
     chain_hash: bytes = ZERO_HASH
     producers: ProducerStates = field(default_factory=ProducerStates)
+    #: compaction: offsets below this were cleaned (the dirty part starts here)
+    clean_end: int = 0
+    #: compaction: [[end, ms], ...] ascending — offsets below `end` were first passed by the
+    #: cleaner at `ms` (tombstones there go delete.retention.ms after it); at most PASS_MARKS_MAX
+    clean_marks: list[list[int]] = field(default_factory=list)
+
+    def first_pass_ms(self, offset: int) -> int | None:
+        """When the cleaner first passed `offset`, None if it never did."""
+        for end, ms in self.clean_marks:
+            if offset < end:
+                return ms
+        return None
+
+    def note_clean(self, end: int, ms: int) -> None:
+        if end > self.clean_end:
+            self.clean_end = end
+            self.clean_marks.append([end, ms])
+        self.clean_marks = [m for m in self.clean_marks if m[0] > self.log_start]
+        while len(self.clean_marks) > PASS_MARKS_MAX:
+            # merge the two oldest neighbours; the later time keeps tombstones longer, never shorter
+            a, b = self.clean_marks[0], self.clean_marks[1]
+            self.clean_marks[0:2] = [[b[0], max(a[1], b[1])]]
 
 
 @dataclass(eq=False)
@@ -227,7 +256,7 @@ class MetaState:
         ref = SegmentRef.from_json(pm.segments.key_for(int(b["seg"][0])), b["seg"])
         pm.segments.append(ref)
         pm.sealed_end = max(pm.sealed_end, ref.end_offset)
-        pm.chain_hash = ref.chain_hash
+        pm.chain_hash = ref.link_hash
         if self.replaying:
             for pid, epoch, first_seq, count, base in b.get("producers", ()):
                 pm.producers.record(int(pid), int(epoch), int(first_seq), int(count), int(base))
@@ -243,6 +272,23 @@ class MetaState:
         if offset > pm.log_start:
             pm.log_start = offset
             pm.segments.drop_below(offset)
+
+    def _segment_rewritten(self, b: dict[str, Any]) -> None:
+        pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
+        replaced = [(int(base), int(gen)) for base, gen in b["replaced"]]
+        table = pm.segments
+        start = table.find_base(replaced[0][0])
+        if start is None:
+            raise ValueError(f"rewrite of a segment at {replaced[0][0]} that the table does not hold")
+        for i, (base, gen) in enumerate(replaced):
+            j = start + i
+            if j >= len(table) or table.base_at(j) != base or table.generation_at(j) != gen:
+                raise ValueError(f"rewrite names segment {base} generation {gen}, which is not in place")
+        refs = [SegmentRef.from_json(table.key_for(int(seg[0]), int(seg[9])), seg) for seg in b["segs"]]
+        table.replace(start, start + len(replaced), refs)
+        clean = b.get("clean")
+        if clean:
+            pm.note_clean(int(clean["end"]), int(clean["ms"]))
 
     def _producer_ids(self, b: dict[str, Any]) -> None:
         self.next_producer_id = max(self.next_producer_id, int(b["next"]))
@@ -292,6 +338,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "offset_expire": MetaState._offset_expire,
     "group_deleted": MetaState._group_deleted,
     "group_state": MetaState._group_state,
+    "segment_rewritten": MetaState._segment_rewritten,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -300,7 +347,7 @@ assert set(_APPLY) == set(RECORD_KINDS)
 # A checkpoint is the whole state after record `seq`, in one file (docs/FORMAT.md):
 #
 #     0   4  magic "LLCK"
-#     4   2  version (1)
+#     4   2  version (2; 1 had 113-byte segment entries, read and widened)
 #     6   2  flags (0)
 #     8   8  seq            i64  last record applied (-1: none)
 #     16  4  json length    u32
@@ -310,7 +357,9 @@ assert set(_APPLY) == set(RECORD_KINDS)
 #     .   .  tables: every partition's packed segment entries (meta/segments.py), back to back
 
 CHECKPOINT_MAGIC = b"LLCK"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+#: Checkpoint versions read: 1 (segment entries without generation and link hash) and 2.
+CHECKPOINT_VERSIONS_READ = (1, 2)
 _CK_HEADER = struct.Struct("<4sHHqIQI")
 _CK_COVERED = _CK_HEADER.size - 4
 #: Largest JSON part accepted on read, so a corrupt length never allocates.
@@ -343,6 +392,8 @@ def capture(state: MetaState) -> CheckpointImage:
                 "chain": pm.chain_hash.hex(),
                 "producers": pm.producers.to_json(below=pm.sealed_end),
                 "table": [pos, len(raw)],
+                "clean_end": pm.clean_end,
+                "clean_marks": [list(m) for m in pm.clean_marks],
             }
         )
         tables.append(raw)
@@ -387,17 +438,17 @@ def decode_checkpoint(data: bytes, *, path: str) -> MetaState:
     actual = crc32c.crc32c(memoryview(data)[_CK_HEADER.size :], crc32c.crc32c(memoryview(data)[:_CK_COVERED]))
     if actual != crc:
         raise CorruptionError(path, 28, f"checkpoint CRC-32C mismatch (stored {crc:#010x}, computed {actual:#010x})")
-    if version != CHECKPOINT_VERSION or flags != 0:
-        raise CorruptionError(path, 4, f"checkpoint version {version} flags {flags} not supported (want 1, 0)")
+    if version not in CHECKPOINT_VERSIONS_READ or flags != 0:
+        raise CorruptionError(path, 4, f"checkpoint version {version} flags {flags} not supported (want 1 or 2, 0)")
     try:
         doc = json.loads(data[_CK_HEADER.size : _CK_HEADER.size + json_len].decode("utf-8"))
         tables = memoryview(data)[_CK_HEADER.size + json_len :]
-        return _state_from_doc(doc, seq, tables)
+        return _state_from_doc(doc, seq, tables, version)
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
         raise CorruptionError(path, _CK_HEADER.size, f"checkpoint content does not parse: {exc!r}") from None
 
 
-def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview) -> MetaState:
+def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: int = CHECKPOINT_VERSION) -> MetaState:
     state = MetaState(str(doc["cluster_id"]))
     state.seq = seq
     state.next_producer_id = int(doc["next_producer_id"])
@@ -410,9 +461,15 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview) -> MetaSt
         topic = state.topics[tid]
         pm = state._new_partition(topic, int(raw["p"]))
         start, length = raw["table"]
-        if length % ENTRY_SIZE or start + length > len(tables):
+        entry_size = ENTRY_SIZE if version >= 2 else ENTRY_V1.size
+        if length % entry_size or start + length > len(tables):
             raise ValueError(f"segment table of {topic.name}-{raw['p']} out of bounds")
-        pm.segments = SegmentTable(pm.segments.key_prefix, tables[start : start + length])
+        if version >= 2:
+            pm.segments = SegmentTable(pm.segments.key_prefix, tables[start : start + length])
+        else:
+            pm.segments = SegmentTable.from_v1(pm.segments.key_prefix, tables[start : start + length])
+        pm.clean_end = int(raw.get("clean_end", 0))
+        pm.clean_marks = [[int(e), int(ms)] for e, ms in raw.get("clean_marks", [])]
         pm.log_start = int(raw["log_start"])
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])

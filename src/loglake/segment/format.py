@@ -8,6 +8,13 @@ encoding). See docs/_format_segment.md for the full description.
     index    40 bytes per batch
     trailer  132 bytes  summary, data_crc, prev_hash, chain_hash, trailer_crc, version, magic "LLSE"
 
+A rewritten segment (compaction, merging) is format version 2: flag REWRITTEN in the header,
+offsets may have gaps and the segment covers [base_offset, last_offset] even where its batches
+hold fewer (zero batches is allowed), and between index and trailer sits the provenance (JSON:
+the replaced segments and their hashes, the rewrite's rules). Its 168-byte trailer adds
+link_hash (the replaced range's link, which the next segment's prev_hash names), the
+generation and the provenance length; trailer_crc also covers the provenance.
+
 Integrity:
   * header_crc   = CRC-32C(header[0:28])
   * data_crc     = CRC-32C(header ‖ data)            -> any change in header or data
@@ -20,12 +27,13 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import struct
 import sys
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import crc32c
 
@@ -34,6 +42,12 @@ from loglake.records import batch as _records
 from loglake.store.base import BytesLike, ObjectStore
 
 FORMAT_VERSION = 1
+#: Version of rewritten segments (compaction, merging); sealing still writes FORMAT_VERSION.
+REWRITE_VERSION = 2
+#: Header flag of a rewritten segment.
+FLAG_REWRITTEN = 0x1
+#: Largest provenance section accepted on read, so a corrupt length never allocates.
+PROVENANCE_BYTES_MAX = 1 << 24
 HEADER_MAGIC = b"LLSG"
 TRAILER_MAGIC = b"LLSE"
 ZERO_HASH = bytes(32)
@@ -70,6 +84,23 @@ TRAILER_FIELD_OFFSETS = {
     "magic": 128,
 }
 TRAILER_CRC_OFFSET = TRAILER_FIELD_OFFSETS["trailer_crc"]
+
+#: The version-2 trailer: version 1's fields with link_hash, generation and provenance_len
+#: between chain_hash and trailer_crc.
+TRAILER_V2 = struct.Struct("<qqqqqQII32s32s32sIIIHH4s")
+TRAILER_V2_SIZE = TRAILER_V2.size  # 168
+TRAILER_V2_FIELD_OFFSETS = {
+    **{k: v for k, v in TRAILER_FIELD_OFFSETS.items() if v < 120},
+    "link_hash": 120,
+    "generation": 152,
+    "provenance_len": 156,
+    "trailer_crc": 160,
+    "version": 164,
+    "reserved": 166,
+    "magic": 168 - 4,
+}
+#: version, reserved and magic end every trailer: the last 8 bytes tell which trailer it is.
+_TRAILER_END = struct.Struct("<HH4s")
 
 #: One ranged read of this many bytes from the end usually gets the trailer and whole index
 #: (1635 entries).
@@ -131,6 +162,21 @@ class SegmentTrailer:
     chain_hash: bytes
     trailer_crc: int
     size: int
+    link_hash: bytes = b""  # version 1: the chain hash
+    generation: int = 0
+    provenance: dict[str, Any] | None = None  # version 2: what the rewrite replaced, and how
+
+    def __post_init__(self) -> None:
+        if not self.link_hash:
+            object.__setattr__(self, "link_hash", self.chain_hash)
+
+    @property
+    def rewritten(self) -> bool:
+        return self.version >= REWRITE_VERSION
+
+    @property
+    def trailer_size(self) -> int:
+        return TRAILER_V2_SIZE if self.rewritten else TRAILER_SIZE
 
     @property
     def next_offset(self) -> int:
@@ -143,6 +189,8 @@ class SegmentTrailer:
 
     def field_position(self, name: str) -> int:
         """Absolute byte position of a trailer field in the object."""
+        if self.rewritten:
+            return self.size - TRAILER_V2_SIZE + TRAILER_V2_FIELD_OFFSETS[name]
         return self.size - TRAILER_SIZE + TRAILER_FIELD_OFFSETS[name]
 
 
@@ -201,7 +249,7 @@ class SegmentIndex:
 
     @property
     def base_offset(self) -> int:
-        return int(self._base_offsets[0])
+        return int(self._base_offsets[0]) if self._n else -1
 
     @property
     def last_offset(self) -> int:
@@ -222,7 +270,10 @@ class SegmentIndex:
         when it is past the segment's last offset."""
         if not self._n or offset > self._last_offset:
             return None
-        return max(0, bisect.bisect_right(self._base_offsets, offset) - 1)
+        i = max(0, bisect.bisect_right(self._base_offsets, offset) - 1)
+        if self.entry(i).last_offset < offset:  # in a gap after batch i (a compacted segment)
+            i += 1
+        return i if i < self._n else None
 
     def find_timestamp(self, timestamp: int) -> int | None:
         """Index of the first batch whose max_timestamp >= `timestamp`, None if there is none."""
@@ -254,22 +305,41 @@ class SegmentIndex:
         return start, end - start, last - first + 1
 
 
+@dataclass(frozen=True, slots=True)
+class Rewrite:
+    """What makes a writer produce a rewritten (version 2) segment.
+
+    The segment covers [base_offset, last_offset] whatever its batches hold; `link_hash` is
+    the link of the last segment it replaces; `provenance` is stored in the object.
+    """
+
+    last_offset: int
+    link_hash: bytes
+    generation: int
+    provenance: dict[str, Any]
+
+
 class SegmentWriter:
     """Builds one segment from Kafka batches whose offsets are already assigned.
 
     Batches are kept by reference (not copied): the caller must not change them until the
     parts returned by `finish` have been written. CRC-32C and SHA-256 run incrementally.
+    With `rewrite`, the segment is a version-2 rewritten one (offsets may have gaps).
     """
 
-    def __init__(self, base_offset: int, prev_hash: bytes, created_ms: int) -> None:
+    def __init__(self, base_offset: int, prev_hash: bytes, created_ms: int, rewrite: Rewrite | None = None) -> None:
         if base_offset < 0:
             raise ValueError(f"base offset {base_offset} is negative")
         if len(prev_hash) != 32:
             raise ValueError(f"prev_hash must be 32 bytes, got {len(prev_hash)}")
+        if rewrite is not None and (rewrite.last_offset < base_offset or len(rewrite.link_hash) != 32 or rewrite.generation <= 0):
+            raise ValueError(f"bad rewrite {rewrite!r} for a segment at {base_offset}")
         self.base_offset = base_offset
         self.prev_hash = bytes(prev_hash)
         self.created_ms = created_ms
-        header = bytearray(HEADER.pack(HEADER_MAGIC, FORMAT_VERSION, 0, base_offset, created_ms, 0, 0))
+        self.rewrite = rewrite
+        version, flags = (REWRITE_VERSION, FLAG_REWRITTEN) if rewrite is not None else (FORMAT_VERSION, 0)
+        header = bytearray(HEADER.pack(HEADER_MAGIC, version, flags, base_offset, created_ms, 0, 0))
         struct.pack_into("<I", header, HEADER_CRC_OFFSET, crc32c.crc32c(header[:HEADER_CRC_OFFSET]))
         self._header = bytes(header)
         self._crc = crc32c.crc32c(self._header)
@@ -284,8 +354,9 @@ class SegmentWriter:
 
     @property
     def size(self) -> int:
-        """Bytes the finished object will have with the batches added so far."""
-        return self._position + len(self._index) + TRAILER_SIZE
+        """Bytes the finished object will have with the batches added so far (without a
+        rewrite's provenance)."""
+        return self._position + len(self._index) + (TRAILER_V2_SIZE if self.rewrite else TRAILER_SIZE)
 
     @property
     def batch_count(self) -> int:
@@ -330,9 +401,14 @@ class SegmentWriter:
             raise ValueError(f"batch magic {magic}, only v2 (2) is supported")
         if lod < 0 or count < 0:
             raise ValueError(f"batch has negative last_offset_delta {lod} or record_count {count}")
-        if base != self._next_offset:
+        if self.rewrite is None and base != self._next_offset:
             raise ValueError(
                 f"batch base offset {base}, expected {self._next_offset} (offsets must be dense)"
+            )
+        if self.rewrite is not None and (base < self._next_offset or base + lod > self.rewrite.last_offset):
+            raise ValueError(
+                f"batch {base}..{base + lod} is outside the rewrite's remaining range "
+                f"{self._next_offset}..{self.rewrite.last_offset}"
             )
         if crc32c.crc32c(view[KAFKA_CRC_START:]) != stored_crc:
             raise CorruptRecordError(f"batch at offset {base}: CRC-32C mismatch")
@@ -350,16 +426,17 @@ class SegmentWriter:
         """The object's parts (for ObjectStore.put, batches not copied), trailer and index."""
         if self._finished:
             raise ValueError("segment already finished")
-        if not self._batches:
+        if not self._batches and self.rewrite is None:
             raise ValueError("a segment needs at least one batch")
         self._finished = True
         index = bytes(self._index)
         entry_count = len(self._batches)
         index_position = self._position
         chain_hash = self._sha.digest()
+        last_offset = self.rewrite.last_offset if self.rewrite is not None else self._next_offset - 1
         fields = (
             self.base_offset,
-            self._next_offset - 1,
+            last_offset,
             self._max_timestamp,
             self._record_count,
             self.created_ms,
@@ -369,14 +446,25 @@ class SegmentWriter:
             self.prev_hash,
             chain_hash,
         )
-        head = TRAILER.pack(*fields, 0, FORMAT_VERSION, 0, TRAILER_MAGIC)[:TRAILER_CRC_OFFSET]
-        trailer_crc = crc32c.crc32c(head, crc32c.crc32c(index))
-        tail = index + TRAILER.pack(*fields, trailer_crc, FORMAT_VERSION, 0, TRAILER_MAGIC)
+        rw = self.rewrite
+        if rw is None:
+            head = TRAILER.pack(*fields, 0, FORMAT_VERSION, 0, TRAILER_MAGIC)[:TRAILER_CRC_OFFSET]
+            trailer_crc = crc32c.crc32c(head, crc32c.crc32c(index))
+            tail = index + TRAILER.pack(*fields, trailer_crc, FORMAT_VERSION, 0, TRAILER_MAGIC)
+            provenance = None
+        else:
+            provenance = rw.provenance
+            prov = json.dumps(provenance, separators=(",", ":"), sort_keys=True).encode("utf-8")
+            extra = (rw.link_hash, rw.generation, len(prov))
+            head = TRAILER_V2.pack(*fields, *extra, 0, REWRITE_VERSION, 0, TRAILER_MAGIC)
+            head = head[: TRAILER_V2_FIELD_OFFSETS["trailer_crc"]]
+            trailer_crc = crc32c.crc32c(head, crc32c.crc32c(prov, crc32c.crc32c(index)))
+            tail = index + prov + TRAILER_V2.pack(*fields, *extra, trailer_crc, REWRITE_VERSION, 0, TRAILER_MAGIC)
         size = index_position + len(tail)
         trailer = SegmentTrailer(
-            version=FORMAT_VERSION,
+            version=FORMAT_VERSION if rw is None else REWRITE_VERSION,
             base_offset=self.base_offset,
-            last_offset=self._next_offset - 1,
+            last_offset=last_offset,
             max_timestamp=self._max_timestamp,
             record_count=self._record_count,
             created_ms=self.created_ms,
@@ -387,6 +475,9 @@ class SegmentWriter:
             chain_hash=chain_hash,
             trailer_crc=trailer_crc,
             size=size,
+            link_hash=rw.link_hash if rw is not None else chain_hash,
+            generation=rw.generation if rw is not None else 0,
+            provenance=provenance,
         )
         parts: list[bytes | memoryview] = [self._header, *self._batches, tail]
         self._batches = []
@@ -400,47 +491,50 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
     """Parse trailer and index from the last `len(tail)` bytes of an object of `object_size`.
 
     Returns the tail length needed when `tail` is too short. Checks magic, version, sizes and
-    trailer_crc (which covers the index), plus the index's first and last entries against
-    the trailer; the full index-vs-data check is `verify_segment`'s.
+    trailer_crc (which covers the index, and a rewritten segment's provenance), plus the
+    index's first and last entries against the trailer; the full index-vs-data check is
+    `verify_segment`'s.
     """
-    if object_size < MIN_SEGMENT_SIZE:
+    if object_size < HEADER_SIZE + TRAILER_SIZE:
         raise CorruptionError(key, 0, f"object of {object_size} bytes is too small for a segment")
     n = len(tail)
     if n > object_size:
         raise ValueError(f"tail of {n} bytes is longer than the object ({object_size})")
-    if n < TRAILER_SIZE:
-        return TRAILER_SIZE
-    trailer_at = object_size - TRAILER_SIZE
-    (
-        base_offset,
-        last_offset,
-        max_timestamp,
-        record_count,
-        created_ms,
-        index_position,
-        entry_count,
-        data_crc,
-        prev_hash,
-        chain_hash,
-        trailer_crc,
-        version,
-        reserved,
-        magic,
-    ) = TRAILER.unpack_from(tail, n - TRAILER_SIZE)
+    if n < _TRAILER_END.size:
+        return TRAILER_V2_SIZE
+    version, reserved, magic = _TRAILER_END.unpack_from(tail, n - _TRAILER_END.size)
     if magic != TRAILER_MAGIC:
         raise CorruptionError(
-            key, trailer_at + 128, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)"
+            key, object_size - 4, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)"
         )
-    if version != FORMAT_VERSION:
-        raise CorruptionError(key, trailer_at + 124, f"unsupported segment format version {version}")
+    if version not in (FORMAT_VERSION, REWRITE_VERSION):
+        raise CorruptionError(key, object_size - 8, f"unsupported segment format version {version}")
     if reserved:
-        raise CorruptionError(key, trailer_at + 126, f"trailer reserved field is {reserved}, expected 0")
-    max_entries = (object_size - HEADER_SIZE - TRAILER_SIZE) // (INDEX_ENTRY_SIZE + KAFKA_HEADER_SIZE)
-    if not 1 <= entry_count <= max_entries:
+        raise CorruptionError(key, object_size - 6, f"trailer reserved field is {reserved}, expected 0")
+    v2 = version == REWRITE_VERSION
+    tsize = TRAILER_V2_SIZE if v2 else TRAILER_SIZE
+    if object_size < HEADER_SIZE + tsize + (0 if v2 else KAFKA_HEADER_SIZE + INDEX_ENTRY_SIZE):
+        raise CorruptionError(key, 0, f"object of {object_size} bytes is too small for a segment")
+    if n < tsize:
+        return tsize
+    trailer_at = object_size - tsize
+    if v2:
+        (base_offset, last_offset, max_timestamp, record_count, created_ms, index_position, entry_count, data_crc,
+         prev_hash, chain_hash, link_hash, generation, prov_len, trailer_crc, *_end) = TRAILER_V2.unpack_from(tail, n - tsize)
+        crc_at = TRAILER_V2_FIELD_OFFSETS["trailer_crc"]
+    else:
+        (base_offset, last_offset, max_timestamp, record_count, created_ms, index_position, entry_count, data_crc,
+         prev_hash, chain_hash, trailer_crc, *_end) = TRAILER.unpack_from(tail, n - tsize)
+        link_hash, generation, prov_len = chain_hash, 0, 0
+        crc_at = TRAILER_CRC_OFFSET
+    if prov_len > PROVENANCE_BYTES_MAX or prov_len > trailer_at - HEADER_SIZE:
+        raise CorruptionError(key, trailer_at + 156, f"provenance length {prov_len} impossible for the object size")
+    max_entries = (trailer_at - prov_len - HEADER_SIZE) // (INDEX_ENTRY_SIZE + KAFKA_HEADER_SIZE)
+    if not (0 if v2 else 1) <= entry_count <= max_entries:
         raise CorruptionError(
             key, trailer_at + 48, f"entry count {entry_count} impossible for the object size"
         )
-    if index_position != trailer_at - entry_count * INDEX_ENTRY_SIZE:
+    if index_position != trailer_at - prov_len - entry_count * INDEX_ENTRY_SIZE:
         raise CorruptionError(
             key,
             trailer_at + 40,
@@ -450,14 +544,23 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
     if n < needed:
         return needed
     view = memoryview(tail)[n - needed :]
-    crc = crc32c.crc32c(view[: needed - TRAILER_SIZE + TRAILER_CRC_OFFSET])
+    crc = crc32c.crc32c(view[: needed - tsize + crc_at])
     if crc != trailer_crc:
         raise CorruptionError(
             key,
-            trailer_at + TRAILER_CRC_OFFSET,
+            trailer_at + crc_at,
             f"trailer CRC-32C mismatch (stored {trailer_crc:#010x}, computed {crc:#010x})",
         )
-    index = SegmentIndex(bytes(view[: needed - TRAILER_SIZE]), index_position)
+    index_len = entry_count * INDEX_ENTRY_SIZE
+    index = SegmentIndex(bytes(view[:index_len]), index_position)
+    provenance = None
+    if v2:
+        try:
+            provenance = json.loads(bytes(view[index_len : index_len + prov_len]).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptionError(key, index_position + index_len, f"provenance does not parse: {exc}") from None
+        if not isinstance(provenance, dict):
+            raise CorruptionError(key, index_position + index_len, "provenance is not a JSON object")
     trailer = SegmentTrailer(
         version,
         base_offset,
@@ -472,13 +575,22 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
         bytes(chain_hash),
         trailer_crc,
         object_size,
+        bytes(link_hash),
+        generation,
+        provenance,
     )
+    if not entry_count:
+        if index_position != HEADER_SIZE:
+            raise CorruptionError(key, trailer_at + 40, "a segment without batches has data bytes")
+        return trailer, index
     first, last = index.entry(0), index.entry(-1)
-    if first.base_offset != base_offset or first.position != HEADER_SIZE:
+    starts_ok = first.base_offset >= base_offset if v2 else first.base_offset == base_offset
+    if not starts_ok or first.position != HEADER_SIZE:
         raise CorruptionError(
             key, index_position, f"first index entry {first} does not start the segment at {base_offset}"
         )
-    if last.end != index_position or last.last_offset != last_offset:
+    ends_ok = last.last_offset <= last_offset if v2 else last.last_offset == last_offset
+    if last.end != index_position or not ends_ok:
         raise CorruptionError(
             key,
             index_position + (entry_count - 1) * INDEX_ENTRY_SIZE,

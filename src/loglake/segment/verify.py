@@ -17,7 +17,7 @@ from loglake.errors import CorruptionError
 from loglake.records.batch import BATCH_LENGTH_OFFSET
 from loglake.records.compression import codec_name
 from loglake.segment.format import (
-    FORMAT_VERSION,
+    FLAG_REWRITTEN,
     HEADER,
     HEADER_CRC_OFFSET,
     HEADER_MAGIC,
@@ -60,10 +60,10 @@ def check_header(header: BytesLike, trailer: SegmentTrailer, key: str) -> None:
     magic, version, flags, base_offset, created_ms, reserved, header_crc = HEADER.unpack_from(header, 0)
     if magic != HEADER_MAGIC:
         raise CorruptionError(key, 0, f"bad header magic {bytes(magic)!r}")
-    if version != FORMAT_VERSION:
-        raise CorruptionError(key, 4, f"unsupported segment format version {version} in header")
-    if flags:
-        raise CorruptionError(key, 6, f"unknown header flags {flags:#06x}")
+    if version != trailer.version:
+        raise CorruptionError(key, 4, f"header says format version {version}, trailer {trailer.version}")
+    if flags != (FLAG_REWRITTEN if trailer.rewritten else 0):
+        raise CorruptionError(key, 6, f"header flags {flags:#06x} do not fit a version-{version} segment")
     crc = crc32c.crc32c(memoryview(header)[:HEADER_CRC_OFFSET])
     if crc != header_crc:
         raise CorruptionError(
@@ -178,7 +178,7 @@ class _DataChecker:
             )
         if lod < 0 or count < 0:
             raise self._fail(pos, f"batch has negative last_offset_delta {lod} or record_count {count}")
-        if base != self.next_offset:
+        if base != self.next_offset and not (self.trailer.rewritten and base > self.next_offset):
             raise self._fail(
                 pos, f"batch base offset {base}, expected {self.next_offset} (offsets must be dense)"
             )
@@ -222,13 +222,19 @@ class _DataChecker:
                 0,
                 f"data CRC-32C over bytes [0, {self.data_end}) mismatch (stored {t.data_crc:#010x}, computed {self.crc:#010x})",
             )
+        if t.rewritten and self.next_offset - 1 > t.last_offset:
+            raise self._fail(
+                t.field_position("last_offset"), f"batches reach offset {self.next_offset - 1}, past the segment's last {t.last_offset}"
+            )
         for name, stored, actual in (
-            ("last_offset", t.last_offset, self.next_offset - 1),
+            ("last_offset", t.last_offset, t.last_offset if t.rewritten else self.next_offset - 1),
             ("max_timestamp", t.max_timestamp, self.max_timestamp),
             ("record_count", t.record_count, self.record_count),
         ):
             if stored != actual:
                 raise self._fail(t.field_position(name), f"trailer {name} is {stored}, batches give {actual}")
+        if t.rewritten:
+            check_provenance(t, self.key)
         chain = self.sha.digest()
         if chain != t.chain_hash:
             raise self._fail(
@@ -241,6 +247,28 @@ class _DataChecker:
                 f"prev_hash {t.prev_hash.hex()} does not match the previous segment's chain hash {expected_prev_hash.hex()}",
             )
         return t
+
+
+def check_provenance(t: SegmentTrailer, key: str) -> None:
+    """A rewritten segment's provenance must name a linked run of segments that starts where
+    this one starts (same prev_hash), ends where it ends (its link_hash is the run's last
+    link) and holds no hole, so the chain around the rewrite is the chain the run had."""
+    at = t.size - t.trailer_size
+    prov = t.provenance or {}
+    try:
+        replaced = [(int(r[0]), int(r[1]), bytes.fromhex(r[2]), bytes.fromhex(r[3]), bytes.fromhex(r[4])) for r in prov["replaced"]]
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise CorruptionError(key, at, f"provenance has no valid list of replaced segments: {exc!r}") from None
+    if not replaced:
+        raise CorruptionError(key, at, "provenance names no replaced segment")
+    first, last = replaced[0], replaced[-1]
+    if first[0] != t.base_offset or first[2] != t.prev_hash:
+        raise CorruptionError(key, t.field_position("prev_hash"), "the first replaced segment does not start where this one does")
+    if last[1] != t.last_offset or last[4] != t.link_hash:
+        raise CorruptionError(key, t.field_position("link_hash"), "the last replaced segment does not end where this one does")
+    for a, b in zip(replaced, replaced[1:]):
+        if b[0] != a[1] + 1 or b[2] != a[4]:
+            raise CorruptionError(key, at, f"replaced segments at {a[0]} and {b[0]} were not linked neighbours")
 
 
 def verify_segment(data: BytesLike, key: str, expected_prev_hash: bytes | None = None) -> SegmentTrailer:
@@ -300,18 +328,18 @@ def verify_segment_in_store(
 def verify_chain(
     trailers: Sequence[SegmentTrailer], keys: Sequence[str], *, check_offsets: bool = True
 ) -> None:
-    """Check that consecutive segments of one partition link up: each prev_hash is the chain
-    hash of the one before (and, with `check_offsets`, its offsets continue densely).
+    """Check that consecutive segments of one partition link up: each prev_hash is the link
+    hash of the one before (its chain hash, or for a rewritten one the replaced range's link) (and, with `check_offsets`, its offsets continue densely).
     The first break raises CorruptionError naming the later segment's key."""
     if len(trailers) != len(keys):
         raise ValueError(f"{len(trailers)} trailers but {len(keys)} keys")
     for i in range(1, len(trailers)):
         prev, cur = trailers[i - 1], trailers[i]
-        if cur.prev_hash != prev.chain_hash:
+        if cur.prev_hash != prev.link_hash:
             raise CorruptionError(
                 keys[i],
                 cur.field_position("prev_hash"),
-                f"hash chain broken: prev_hash {cur.prev_hash.hex()} != chain hash {prev.chain_hash.hex()} of {keys[i - 1]}",
+                f"hash chain broken: prev_hash {cur.prev_hash.hex()} != link hash {prev.link_hash.hex()} of {keys[i - 1]}",
             )
         if check_offsets and cur.base_offset != prev.last_offset + 1:
             raise CorruptionError(

@@ -151,6 +151,12 @@ class SegmentKey(NamedTuple):
     topic_id: str
     partition: int
     base_offset: int
+    #: 0 for a segment as sealed; n > 0 for the n-th rewrite (compaction, merging) at this base
+    generation: int = 0
+
+
+#: Separates the base offset from a rewrite generation in a segment file name.
+GENERATION_MARK = "-g"
 
 
 def _check_name(what: str, value: str, *, allow_dash: bool = True) -> None:
@@ -189,18 +195,25 @@ def partition_prefix(cluster_id: str, topic: str, topic_id: str, partition: int,
 
 
 def segment_key(
-    cluster_id: str, topic: str, topic_id: str, partition: int, base_offset: int, prefix: str = ""
+    cluster_id: str, topic: str, topic_id: str, partition: int, base_offset: int, prefix: str = "", generation: int = 0
 ) -> str:
     """`<prefix>/loglake-<cluster_id>/<topic>-<topic_id>/<partition>/<base offset, 20 digits>.seg`.
 
-    No leading '/' when `prefix` is empty. `topic_id` must not contain '-' (the last '-' of
-    the topic directory separates it from the topic name, which may contain '-').
+    A rewritten segment (generation n > 0) is `<base offset>-g<n>.seg`, so the new object never
+    overwrites the one it replaces. No leading '/' when `prefix` is empty. `topic_id` must not
+    contain '-' (the last '-' of the topic directory separates it from the topic name, which
+    may contain '-').
     """
     if base_offset < 0:
         raise InvalidObjectKeyError(f"base offset {base_offset} is negative")
-    return partition_prefix(cluster_id, topic, topic_id, partition, prefix) + (
-        f"{base_offset:0{OFFSET_DIGITS}d}{SEGMENT_SUFFIX}"
-    )
+    return partition_prefix(cluster_id, topic, topic_id, partition, prefix) + segment_file_name(base_offset, generation)
+
+
+def segment_file_name(base_offset: int, generation: int = 0) -> str:
+    if generation < 0:
+        raise InvalidObjectKeyError(f"segment generation {generation} is negative")
+    gen = f"{GENERATION_MARK}{generation}" if generation else ""
+    return f"{base_offset:0{OFFSET_DIGITS}d}{gen}{SEGMENT_SUFFIX}"
 
 
 def parse_segment_key(key: str) -> SegmentKey:
@@ -217,6 +230,8 @@ def parse_segment_key(key: str) -> SegmentKey:
     if not partition_s.isdigit() or not partition_s.isascii() or str(int(partition_s)) != partition_s:
         raise InvalidObjectKeyError(f"{key!r} is not a segment key (bad partition {partition_s!r})")
     stem = name[: -len(SEGMENT_SUFFIX)] if name.endswith(SEGMENT_SUFFIX) else ""
-    if len(stem) != OFFSET_DIGITS or not stem.isdigit() or not stem.isascii():
+    stem, mark, gen_s = stem.partition(GENERATION_MARK)
+    generation = int(gen_s) if mark and gen_s.isdigit() and gen_s.isascii() and str(int(gen_s)) == gen_s else 0
+    if len(stem) != OFFSET_DIGITS or not stem.isdigit() or not stem.isascii() or (mark and generation <= 0):
         raise InvalidObjectKeyError(f"{key!r} is not a segment key (bad file name {name!r})")
-    return SegmentKey(topic, topic_id, int(partition_s), int(stem))
+    return SegmentKey(topic, topic_id, int(partition_s), int(stem), generation)

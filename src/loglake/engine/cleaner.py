@@ -1,0 +1,276 @@
+"""The cleaner: compaction and segment merging, on their own threads, at a bounded rate.
+
+Every `cleaner_backoff_ms` (or when asked) the cleaner visits each partition:
+
+* topics with `compact` in cleanup.policy get a compaction pass when one is due
+  (loglake.engine.compaction);
+* any partition holding at least `merge_min_segments` adjacent sealed segments of one tier
+  that fit together within segment.bytes gets them merged into one (so frequent seals and
+  S3-primary topics do not pile up small objects).
+
+Both go through loglake.engine.rewrite (verify inputs, new objects, one metadata switch, delete
+the old). All I/O passes one token bucket (`cleaner_io_max_bytes_per_second`, read plus
+written). Appends and tail reads never wait for the cleaner: it holds a partition's lock only
+for the moment of the switch. A failure is logged once per partition and error, counted, and
+retried on the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loglake.engine.catalog import Catalog, TopicState
+from loglake.engine.compaction import build_key_map, dirty_ratio, params_of, plan_clean, record_filter
+from loglake.engine.config import EngineConfig, TopicConfig
+from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX, RateLimiter, RewriteAborted, Rewriter, RewriteStats
+from loglake.engine.stores import IndexCache, Stores
+
+__all__ = ["Cleaner", "CleanerStats", "plan_merge"]
+
+log = logging.getLogger(__name__)
+
+#: Distinct (partition, error) pairs remembered to log each failure once.
+ERRORS_REMEMBERED_MAX = 1_000
+
+
+@dataclass
+class CleanerStats:
+    """Counters for /metrics and `topics describe` (whole process, since start)."""
+
+    passes: int = 0
+    merges: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_in: int = 0
+    records_out: int = 0
+    tombstones_dropped: int = 0
+    segments_replaced: int = 0
+    errors: int = 0
+    aborted: int = 0
+    last_run_ms: int = 0
+
+
+def plan_merge(p: Partition, config: TopicConfig, min_segments: int) -> list[SegmentRef] | None:
+    """The first run of at least `min_segments` adjacent segments of one tier whose sizes add
+    up to at most segment.bytes, as long as will fit; None when there is none."""
+    if min_segments < 2:
+        return None
+    with p.lock:
+        if len(p.segments) < min_segments:
+            return None
+        segments = p.segments.slice(0)
+    i = 0
+    while i < len(segments):
+        run = [segments[i]]
+        total = segments[i].size
+        j = i + 1
+        while (
+            j < len(segments)
+            and segments[j].tier == run[0].tier
+            and total + segments[j].size <= config.segment_bytes
+            and len(run) < REWRITE_SEGMENTS_MAX
+        ):
+            run.append(segments[j])
+            total += segments[j].size
+            j += 1
+        if len(run) >= min_segments:
+            return run
+        i = j if j > i + 1 else i + 1
+    return None
+
+
+class Cleaner:
+    def __init__(
+        self,
+        catalog: Catalog,
+        stores: Stores,
+        indexes: IndexCache,
+        clock: Callable[[], float],
+        config: EngineConfig,
+    ) -> None:
+        self.catalog = catalog
+        self.stores = stores
+        self.config = config
+        self._clock = clock
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self.limiter = RateLimiter(config.cleaner_io_max_bytes_per_second, self._stop)
+        self.rewriter = Rewriter(catalog, stores, indexes, clock, self.limiter)
+        self.stats = CleanerStats()
+        #: (topic, partition) -> {"last_run_ms", "dirty_ratio", "errors"} of the last pass
+        self.partition_stats: dict[tuple[str, int], dict[str, Any]] = {}
+        self._busy: set[int] = set()  # id() of partitions being rewritten
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._logged: set[tuple[str, int, str]] = set()
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for i in range(self.config.cleaner_threads):
+            t = threading.Thread(target=self._loop, name=f"loglake-cleaner-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join()
+        self._threads = []
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                worked = self.run_once()
+            except Exception:  # one bad round must not end the thread
+                log.exception("cleaner round failed; retrying after %d ms", self.config.cleaner_backoff_ms)
+                worked = 0
+            if not worked:
+                self._wake.wait(self.config.cleaner_backoff_ms / 1000.0)
+                self._wake.clear()
+
+    # ---- rounds ------------------------------------------------------------------------------
+
+    def run_once(self, *, force: bool = False, topic: str | None = None) -> int:
+        """One round over every partition (or one topic's); returns how many rewrites were done.
+        `force` compacts whatever is dirty, ignoring the dirty ratio (tests, `loglake compact`)."""
+        done = 0
+        for t, p in self.catalog.partitions():
+            if self._stop.is_set():
+                break
+            if topic is not None and t.name != topic:
+                continue
+            if not self._claim(p):
+                continue
+            try:
+                done += self._partition(t, p, force)
+            finally:
+                self._release(p)
+        self.stats.last_run_ms = int(self._clock() * 1000)
+        return done
+
+    def _claim(self, p: Partition) -> bool:
+        with self._lock:
+            if id(p) in self._busy or p.deleted:
+                return False
+            self._busy.add(id(p))
+            return True
+
+    def _release(self, p: Partition) -> None:
+        with self._lock:
+            self._busy.discard(id(p))
+
+    def _partition(self, t: TopicState, p: Partition, force: bool) -> int:
+        config = t.config
+        done = 0
+        try:
+            if "compact" in config.cleanup_policy.split(","):
+                done += self.compact(t, p, force=force)
+            if self.config.merge_min_segments:
+                while not self._stop.is_set() and self.merge(t, p):
+                    done += 1
+        except RewriteAborted as exc:
+            self.stats.aborted += 1
+            log.debug("rewrite of %s-%d lost a race and was dropped: %s", t.name, p.index, exc)
+        except Exception as exc:
+            self.stats.errors += 1
+            self._note(t.name, p.index, "errors", 1)
+            key = (t.name, p.index, type(exc).__name__ + str(exc)[:200])
+            if key not in self._logged:
+                if len(self._logged) < ERRORS_REMEMBERED_MAX:
+                    self._logged.add(key)
+                log.error("cleaning %s-%d failed (retried each round; logged once): %s", t.name, p.index, exc)
+        return done
+
+    def _note(self, topic: str, partition: int, name: str, value: Any, add: bool = True) -> None:
+        stats = self.partition_stats.setdefault((topic, partition), {})
+        stats[name] = stats.get(name, 0) + value if add and name == "errors" else value
+
+    # ---- compaction ----------------------------------------------------------------------------
+
+    def compact(self, t: TopicState, p: Partition, *, force: bool = False) -> int:
+        """One compaction pass of `p` if due (or forced). Returns 1 if it rewrote, else 0."""
+        config = t.config
+        now_ms = int(self._clock() * 1000)
+        plan = plan_clean(p, config, now_ms, force=force)
+        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p), add=False)
+        if plan is None:
+            return 0
+        with p.lock:
+            start = max(p.meta.clean_end, p.log_start_offset)
+            first_pass = p.meta.first_pass_ms
+            retain_empty = p.producers.last_batches()
+
+        def read(seg: SegmentRef) -> memoryview:
+            data = memoryview(self.stores.store_for(seg).get(seg.key))
+            self.limiter.acquire(len(data))
+            self.stats.bytes_read += len(data)
+            return data
+
+        keymap, map_end = build_key_map(read, plan.dirty, start, self.config.cleaner_dedupe_buffer_bytes)
+        run = [s for s in plan.run if s.base_offset < map_end]
+        counts: dict[str, int] = {}
+        keep = record_filter(keymap, map_end, first_pass, config.delete_retention_ms, now_ms, retain_empty, counts)
+        params = params_of(config, keymap, map_end, now_ms)
+        total = 0
+        for i in range(0, len(run), REWRITE_SEGMENTS_MAX):
+            chunk = run[i : i + REWRITE_SEGMENTS_MAX]
+            last_chunk = i + REWRITE_SEGMENTS_MAX >= len(run)
+            clean = {"end": map_end, "ms": now_ms} if last_chunk else None
+            stats = self.rewriter.rewrite(
+                p, chunk, keep, kind="compact", params=params, target_bytes=config.segment_bytes, clean=clean
+            )
+            self._count(stats)
+            total += 1
+        self.stats.passes += 1
+        self.stats.records_in += counts.get("records_in", 0)
+        self.stats.records_out += counts.get("records_out", 0)
+        self.stats.tombstones_dropped += counts.get("tombstones_dropped", 0)
+        self._note(t.name, p.index, "last_run_ms", now_ms, add=False)
+        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p), add=False)
+        log.info(
+            "compacted %s-%d: %d keys mapped up to offset %d, %d of %d records kept, dirty ratio was %.2f",
+            t.name, p.index, len(keymap.entries), map_end, counts.get("records_out", 0), counts.get("records_in", 0),
+            plan.dirty_ratio,
+        )
+        return 1 if total else 0
+
+    # ---- merging -------------------------------------------------------------------------------
+
+    def merge(self, t: TopicState, p: Partition) -> bool:
+        run = plan_merge(p, t.config, self.config.merge_min_segments)
+        if run is None:
+            return False
+        stats = self.rewriter.rewrite(
+            p, run, None, kind="merge", params={"min_segments": self.config.merge_min_segments},
+            target_bytes=t.config.segment_bytes,
+        )
+        self._count(stats)
+        self.stats.merges += 1
+        log.info("merged %d segments of %s-%d into %d (%d bytes)", stats.segments_in, t.name, p.index, stats.segments_out, stats.bytes_written)
+        return True
+
+    def _count(self, stats: RewriteStats) -> None:
+        self.stats.bytes_read += stats.bytes_read
+        self.stats.bytes_written += stats.bytes_written
+        self.stats.segments_replaced += stats.segments_in
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """True once no partition is being rewritten (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._busy:
+                    return True
+            time.sleep(0.01)
+        return False

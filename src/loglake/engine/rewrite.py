@@ -1,0 +1,211 @@
+"""Rewriting sealed segments: the swap that compaction and merging share.
+
+A rewrite replaces a run of consecutive sealed segments of one partition, all in one tier, by
+new segments covering exactly the same offsets:
+
+    1. read each input whole and verify it (CRCs, chain hash): a damaged segment is never
+       laundered into a "valid" rewritten one; the rewrite stops and says where
+    2. pass each batch through the filter (compaction drops superseded records; merging keeps
+       all) into version-2 segments, cut at input boundaries once `target_bytes` is reached
+    3. PUT the new objects under new keys (`<base>-g<generation>.seg`) in the inputs' store
+    4. one durable `segment_rewritten` metadata record swaps them in    ← the switch
+    5. delete the replaced objects
+
+A crash before 4 leaves the old chain (new objects are unreferenced and below the sealed end,
+so recovery removes them); after 4 the new chain (recovery removes the replaced leftovers).
+Readers holding an old segment get ObjectNotFound after 5 and look the offset up again: the
+new segment covers it. Each new segment's provenance names the segments it replaced and their
+hashes, so the chain still verifies (docs/FORMAT.md, "Rewritten segments").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from loglake.engine.catalog import Catalog
+from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.stores import IndexCache, Stores
+from loglake.errors import CorruptionError
+from loglake.segment.format import HEADER_SIZE, Rewrite, SegmentWriter
+from loglake.segment.verify import verify_segment
+
+__all__ = ["BatchFilter", "RateLimiter", "RewriteStats", "Rewriter"]
+
+log = logging.getLogger(__name__)
+
+#: A batch in, the batch to keep out (the same view, a rebuilt batch, or None to drop it).
+BatchFilter = Callable[[memoryview], "bytes | memoryview | None"]
+
+#: Most segments one rewrite replaces (bounds its metadata record and provenance).
+REWRITE_SEGMENTS_MAX = 1_000
+
+
+class RateLimiter:
+    """A token bucket over bytes: `acquire(n)` sleeps so that the long-run rate stays at or under
+    `bytes_per_s` (0: unlimited). Bursts are bounded by one second's worth."""
+
+    def __init__(self, bytes_per_s: int, stop: threading.Event | None = None) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._stop = stop or threading.Event()
+        self._lock = threading.Lock()
+        self._tokens = float(bytes_per_s)
+        self._last = time.monotonic()
+
+    def acquire(self, n: int) -> None:
+        if self.bytes_per_s <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(float(self.bytes_per_s), self._tokens + (now - self._last) * self.bytes_per_s)
+            self._last = now
+            self._tokens -= n
+            wait = -self._tokens / self.bytes_per_s if self._tokens < 0 else 0.0
+        if wait > 0:
+            self._stop.wait(wait)
+
+
+@dataclass
+class RewriteStats:
+    segments_in: int = 0
+    segments_out: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    batches_in: int = 0
+    batches_out: int = 0
+    keys: list[str] = field(default_factory=list)  # the new objects' keys
+
+
+class RewriteAborted(Exception):
+    """The run changed under the rewrite (retention, relocation, a delete): nothing was swapped."""
+
+
+class Rewriter:
+    def __init__(
+        self,
+        catalog: Catalog,
+        stores: Stores,
+        indexes: IndexCache,
+        clock: Callable[[], float],
+        limiter: RateLimiter,
+    ) -> None:
+        self.catalog = catalog
+        self.stores = stores
+        self.indexes = indexes
+        self._clock = clock
+        self.limiter = limiter
+
+    def rewrite(
+        self,
+        p: Partition,
+        run: list[SegmentRef],
+        keep: BatchFilter | None,
+        *,
+        kind: str,
+        params: dict[str, Any],
+        target_bytes: int,
+        clean: dict[str, int] | None = None,
+        on_segment: Callable[[SegmentRef, memoryview], None] | None = None,
+    ) -> RewriteStats:
+        """Steps 1-5 of the module docstring. Raises RewriteAborted when the swap lost a race
+        (the new objects are deleted again), CorruptionError when an input is damaged."""
+        if not run or len(run) > REWRITE_SEGMENTS_MAX:
+            raise ValueError(f"a rewrite takes 1..{REWRITE_SEGMENTS_MAX} segments, got {len(run)}")
+        if len({s.tier for s in run}) != 1:
+            raise ValueError("a rewrite's segments must all be in one tier")
+        store = self.stores.store_for(run[0])
+        stats = RewriteStats()
+        outputs: list[tuple[SegmentRef, Any]] = []
+        group: list[SegmentRef] = []
+        writer: SegmentWriter | None = None
+        now_ms = int(self._clock() * 1000)
+        try:
+            for seg in run:
+                data = memoryview(store.get(seg.key))
+                self.limiter.acquire(len(data))
+                stats.bytes_read += len(data)
+                trailer = verify_segment(data, seg.key, seg.prev_hash)
+                if trailer.chain_hash != seg.chain_hash or trailer.link_hash != seg.link_hash:
+                    raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "segment does not match its metadata")
+                if on_segment is not None:
+                    on_segment(seg, data)
+                if writer is None:
+                    placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
+                    writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
+                pos = HEADER_SIZE
+                end = trailer.index_position
+                while pos < end:
+                    size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
+                    batch = data[pos : pos + size]
+                    pos += size
+                    stats.batches_in += 1
+                    out = batch if keep is None else keep(batch)
+                    if out is not None:
+                        writer.add_batch(out)
+                        stats.batches_out += 1
+                group.append(seg)
+                if writer.size >= target_bytes or seg is run[-1]:
+                    outputs.append(self._finish(p, store, writer, group, kind, params, now_ms))
+                    stats.bytes_written += outputs[-1][0].size
+                    writer, group = None, []
+            stats.segments_in = len(run)
+            stats.segments_out = len(outputs)
+            stats.keys = [ref.key for ref, _ in outputs]
+            fut = self._record(p, run, outputs, clean)
+        except BaseException:
+            for ref, _index in outputs:
+                self.stores.delete_segment(ref.key, ref.tier)
+            raise
+        # From here the switch is applied: the new objects must stay whatever happens.
+        fut.result()  # 4. the switch is durable
+        for ref, index in outputs:
+            if ref.tier == "hot":
+                self.indexes.put(ref.key, index)
+        for seg in run:  # 5. the replaced objects go
+            self.indexes.forget(seg.key)
+            self.stores.delete_segment(seg.key, seg.tier)
+        return stats
+
+    def _finish(
+        self,
+        p: Partition,
+        store: Any,
+        writer: SegmentWriter,
+        group: list[SegmentRef],
+        kind: str,
+        params: dict[str, Any],
+        now_ms: int,
+    ) -> tuple[SegmentRef, Any]:
+        first, last = group[0], group[-1]
+        provenance = {
+            "kind": kind,
+            "ms": now_ms,
+            "params": params,
+            "replaced": [
+                [s.base_offset, s.last_offset, s.prev_hash.hex(), s.chain_hash.hex(), s.link_hash.hex(), s.generation, s.size]
+                for s in group
+            ],
+        }
+        writer.rewrite = Rewrite(last.last_offset, last.link_hash, first.generation + 1, provenance)
+        parts, trailer, index = writer.finish()
+        key = p.segments.key_for(first.base_offset, first.generation + 1)
+        self.limiter.acquire(trailer.size)
+        store.put(key, parts)
+        return SegmentRef.from_trailer(key, trailer, first.tier, None), index
+
+    def _record(
+        self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, Any]], clean: dict[str, int] | None
+    ) -> Future[int]:
+        with p.lock:
+            try:
+                fut = self.catalog.record_rewrite(p, run, [ref for ref, _ in outputs], clean)
+            except ValueError as exc:
+                raise RewriteAborted(str(exc)) from None
+        if fut is None:
+            raise RewriteAborted(f"segments {run[0].base_offset}..{run[-1].last_offset} changed during the rewrite")
+        return fut
