@@ -9,6 +9,8 @@ Kafka's classification of the code. `assert` is kept for programmer errors only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from loglake.kafka_errors import ErrorCode
 
 
@@ -60,7 +62,41 @@ class RecordTooLargeError(LoglakeError):
 
 
 class InvalidRecordError(LoglakeError):
+    """A batch breaks a rule for its records; none of it is appended (Kafka's INVALID_RECORD).
+
+    `record_errors` lists (batch_index, message) of each offending record, batch_index counting
+    from 0 within its batch; Produce v8+ returns them as `record_errors` (KIP-467).
+    """
+
     kafka_code = ErrorCode.INVALID_RECORD
+
+    def __init__(self, message: str, *, record_errors: Sequence[tuple[int, str]] = ()) -> None:
+        super().__init__(message)
+        self.record_errors: tuple[tuple[int, str], ...] = tuple(record_errors)
+
+
+class MissingKeyError(InvalidRecordError):
+    """Records without a key sent to a topic whose cleanup.policy includes compact.
+
+    `batch_indexes` are the keyless records' positions in the batch (or, from
+    `Log.produce_batch`, in the records given); `partition` is None when they span several.
+    """
+
+    #: How many indexes the summary message names (all are in `record_errors`).
+    NAMED = 3
+
+    def __init__(self, topic: str, partition: int | None, batch_indexes: Sequence[int]) -> None:
+        where = topic if partition is None else f"{topic}-{partition}"
+        named = ", ".join(str(i) for i in batch_indexes[: self.NAMED])
+        more = f" and {len(batch_indexes) - self.NAMED} more" if len(batch_indexes) > self.NAMED else ""
+        super().__init__(
+            f"compacted topic {where} refused a batch with {len(batch_indexes)} record(s) without a key "
+            f"(batch index {named}{more}); none of the batch was appended",
+            record_errors=[(i, f"compacted topic {where} only accepts records with a key") for i in batch_indexes],
+        )
+        self.topic = topic
+        self.partition = partition
+        self.batch_indexes = tuple(batch_indexes)
 
 
 class OffsetOutOfRangeError(LoglakeError):

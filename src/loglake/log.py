@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from loglake.engine.compacted import check_keys
 from loglake.engine.config import EngineConfig
 from loglake.engine.engine import Engine
 from loglake.engine.types import AppendResult, FileRange, PartitionInfo, RecoveryReport, TopicInfo
@@ -149,7 +150,10 @@ class Log:
         partition: int | None = None,
         timestamp: int | datetime | None = None,
     ) -> Future[RecordMetadata]:
-        """Append one record; the future resolves once it is durable per the topic's class."""
+        """Append one record; the future resolves once it is durable per the topic's class.
+
+        A compacted topic refuses a record without a key: MissingKeyError, raised here.
+        """
         info = self._ensure_topic(topic)
         p = self._pick_partition(info, key, partition)
         ts = _timestamp_ms(timestamp)
@@ -178,8 +182,15 @@ class Log:
         partition: int | None = None,
         compression: str | None = None,
     ) -> list[RecordMetadata]:
-        """Append many (key, value[, headers]) records as one batch per partition; blocks until durable."""
+        """Append many (key, value[, headers]) records as one batch per partition; blocks until durable.
+
+        A compacted topic (cleanup.policy includes compact) refuses records without a key: then
+        nothing is appended and MissingKeyError names their positions in `records`.
+        """
         info = self._ensure_topic(topic)
+        if info.config.compacted:
+            records = list(records)
+            check_keys(topic, partition, (rec[0] for rec in records))
         by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
         for rec in records:
             key, value = rec[0], rec[1]

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from loglake.engine.catalog import Catalog
+from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition
@@ -65,6 +66,7 @@ class Appender:
         The batches are validated (header, size, CRC) but their records are not decoded; offsets
         are assigned by patching each batch's base offset. A bytearray argument is taken over
         and patched in place. The future resolves once the topic's durability class is met.
+        A compacted topic refuses batches holding a record without a key (MissingKeyError).
         """
         self._check_open()
         p = self.catalog.partition(topic, partition)
@@ -72,6 +74,8 @@ class Appender:
         batches = split_batches(data, max_batch_bytes=config.max_message_bytes)
         if not batches:
             raise CorruptRecordError(f"append to {topic}-{partition}: no record batch in {len(data)} bytes")
+        if config.compacted:
+            check_batches(topic, partition, data, batches)
         buf = data if isinstance(data, bytearray) else bytearray(data)
         if config.compression_type not in ("producer",) and any(
             h.compression != self._codec_of(config) for _, h in batches
@@ -115,6 +119,9 @@ class Appender:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
         self._check_open()
         config = self.catalog.topic(topic).config
+        if config.compacted:
+            records = list(records)
+            check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
         codec = compression if compression is not None else (
             0 if config.compression_type == "producer" else self._codec_of(config)
         )

@@ -244,6 +244,11 @@ class TopicConfig:
             overrides={k: str(v) for k, v in overrides.items()},
         )
 
+    @property
+    def compacted(self) -> bool:
+        """cleanup.policy includes compact: every record must have a key (Kafka's rule)."""
+        return "compact" in self.cleanup_policy.split(",")
+
     def effective(self, defaults: Mapping[str, str] | None = None) -> dict[str, tuple[str, bool]]:
         """Every config name -> (value, is_default), as DescribeConfigs reports them."""
         out: dict[str, tuple[str, bool]] = {}

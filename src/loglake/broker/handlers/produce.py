@@ -3,6 +3,10 @@
 acks=0 gets no response; acks=1 and acks=-1 both wait for the topic's durability class (there
 are no followers, so "all in-sync replicas" is this broker's WAL). Appends of one connection
 happen in arrival order (the connection's append lock); durability waits overlap.
+
+A partition whose batch is refused (INVALID_RECORD, e.g. a keyless record in a compacted topic)
+gets the offending records' batch indexes in `record_errors` and a summary in `error_message`
+(both sent from v8); the request's other partitions are appended as usual.
 """
 
 from __future__ import annotations
@@ -20,18 +24,37 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
 from loglake.engine.types import AppendResult
-from loglake.errors import LoglakeError
+from loglake.errors import InvalidRecordError, LoglakeError
+
+#: (topic, partition, append future or None, error code, error message, record errors)
+Pending = tuple[str, int, Future[AppendResult] | None, int, str | None, tuple[tuple[int, str], ...]]
 
 
-def _partition_response(index: int, code: int, result: AppendResult | None, message: str | None = None) -> dict[str, Any]:
+def _error_fields(exc: BaseException) -> tuple[int, str, tuple[tuple[int, str], ...]]:
+    """Error code, message and record errors (batch index, message) of a refused append."""
+    record_errors = exc.record_errors if isinstance(exc, InvalidRecordError) else ()
+    return error_code(exc), str(exc), record_errors
+
+
+def _partition_response(
+    version: int,
+    index: int,
+    code: int,
+    result: AppendResult | None,
+    message: str | None = None,
+    record_errors: tuple[tuple[int, str], ...] = (),
+) -> dict[str, Any]:
+    if version < RECORD_ERRORS_FROM:
+        record_errors = ()  # no such field before v8 (nor error_message, which the encoder leaves out)
     return {
         "index": index,
         "error_code": code,
         "base_offset": result.base_offset if result else -1,
         "log_append_time_ms": result.log_append_time if result else -1,
         "log_start_offset": result.log_start_offset if result else -1,
-        "record_errors": [],
+        "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in record_errors],
         "error_message": message,
     }
 
@@ -39,7 +62,7 @@ def _partition_response(index: int, code: int, result: AppendResult | None, mess
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     engine = ctx.engine
-    pending: list[tuple[str, int, Future[AppendResult] | None, int, str | None]] = []
+    pending: list[Pending] = []
     refuse = NONE
     if body.acks not in (-1, 0, 1):
         refuse = INVALID_REQUIRED_ACKS
@@ -51,11 +74,11 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             name = topic.name
             for part in topic.partition_data:
                 if refuse != NONE:
-                    pending.append((name, part.index, None, refuse, None))
+                    pending.append((name, part.index, None, refuse, None, ()))
                     continue
                 if part.records is None or not engine.has_topic(name):
                     code = UNKNOWN_TOPIC_OR_PARTITION if not engine.has_topic(name) else NONE
-                    pending.append((name, part.index, None, code, None))
+                    pending.append((name, part.index, None, code, None, ()))
                     continue
                 data = bytearray(part.records)
                 try:
@@ -64,25 +87,25 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                         fut = await ctx.off_loop(engine.append_batch, name, part.index, data)
                     else:
                         fut = engine.append_batch(name, part.index, data)
-                    pending.append((name, part.index, fut, NONE, None))
+                    pending.append((name, part.index, fut, NONE, None, ()))
                 except LoglakeError as exc:
-                    pending.append((name, part.index, None, error_code(exc), str(exc)))
+                    pending.append((name, part.index, None, *_error_fields(exc)))
     if body.acks == 0:
         return None
-    waits = [asyncio.wrap_future(f) for _n, _p, f, _c, _m in pending if f is not None]
+    waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]
     if waits:
         await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
     responses: dict[str, list[dict[str, Any]]] = {}
-    for name, index, fut, code, message in pending:
+    for name, index, fut, code, message, record_errors in pending:
         result = None
         if fut is not None:
             if not fut.done():
                 code, message = REQUEST_TIMED_OUT, "not durable within timeout_ms"
             elif (failure := fut.exception()) is not None:
-                code, message = error_code(failure), str(failure)
+                code, message, record_errors = _error_fields(failure)
             else:
                 result = fut.result()
-        responses.setdefault(name, []).append(_partition_response(index, code, result, message))
+        responses.setdefault(name, []).append(_partition_response(req.api_version, index, code, result, message, record_errors))
     return {
         "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
         "throttle_time_ms": 0,

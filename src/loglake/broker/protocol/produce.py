@@ -24,6 +24,8 @@ from loglake.broker.protocol._wire import (
     skip_tagged_fields,
 )
 
+#: ProduceResponse's record_errors and error_message (KIP-467) exist from this version.
+RECORD_ERRORS_FROM = 8
 FLEXIBLE_FROM = 9
 TOPIC_ID_FROM = 13
 
@@ -133,6 +135,7 @@ def decode_produce_body(data: memoryview, pos: int, version: int) -> ProduceRequ
 
 
 __all__ = [
+    "RECORD_ERRORS_FROM",
     "ProducePartitionData",
     "ProduceRequestData",
     "ProduceTopicData",
