@@ -106,6 +106,29 @@ class Metrics:
                 line("loglake_partition_log_start_offset", info.log_start_offset, labels)
                 line("loglake_partition_segments", info.segments, labels)
                 line("loglake_partition_unsealed_bytes", info.unsealed_bytes, labels)
+                if "compact" in topic.config.cleanup_policy:
+                    line("loglake_partition_dirty_ratio", round(info.dirty_ratio, 6), labels)
+        try:
+            cleaner = engine.cleaner
+        except Exception:  # closed meanwhile, or an engine without one
+            cleaner = None
+        if cleaner is not None:
+            stats = cleaner.stats
+            for name, value in (
+                ("loglake_cleaner_bytes_read_total", stats.bytes_read),
+                ("loglake_cleaner_bytes_written_total", stats.bytes_written),
+                ("loglake_cleaner_records_read_total", stats.records_in),
+                ("loglake_cleaner_records_kept_total", stats.records_out),
+                ("loglake_cleaner_tombstones_dropped_total", stats.tombstones_dropped),
+                ("loglake_cleaner_compactions_total", stats.passes),
+                ("loglake_cleaner_merges_total", stats.merges),
+                ("loglake_cleaner_segments_replaced_total", stats.segments_replaced),
+                ("loglake_cleaner_errors_total", stats.errors),
+                ("loglake_cleaner_aborted_total", stats.aborted),
+            ):
+                out.append(f"# TYPE {name} counter")
+                line(name, value)
+            line("loglake_cleaner_last_run_timestamp_seconds", stats.last_run_ms / 1000)
         if coordinator is not None and hasattr(coordinator, "fetch_offsets"):
             groups: list[Any] = coordinator.list_groups()
             for entry in groups:

@@ -72,6 +72,8 @@ def describe(
                             "segments": p.segments,
                             "sealed_bytes": p.sealed_bytes,
                             "unsealed_bytes": p.unsealed_bytes,
+                            "clean_end": p.clean_end,
+                            "dirty_ratio": round(p.dirty_ratio, 4),
                         }
                         for p in d.partitions
                     ],
@@ -85,7 +87,7 @@ def describe(
     console = stdout_console()
     console.print(f"topic {d.name}  id {d.topic_id}  partitions {len(d.partitions)}", markup=False)
     parts = Table(title="partitions", title_justify="left")
-    for col in ("partition", "log start", "high watermark", "records", "segments", "sealed", "unsealed"):
+    for col in ("partition", "log start", "high watermark", "records", "segments", "sealed", "unsealed", "dirty ratio"):
         parts.add_column(col, justify="right")
     for p in d.partitions:
         parts.add_row(
@@ -96,6 +98,7 @@ def describe(
             str(p.segments),
             format_bytes(p.sealed_bytes),
             format_bytes(p.unsealed_bytes),
+            f"{p.dirty_ratio:.2f}",
         )
     console.print(parts)
     cfg = Table(title="config (* = set on this topic)", title_justify="left")

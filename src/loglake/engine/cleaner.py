@@ -56,15 +56,21 @@ class CleanerStats:
     last_run_ms: int = 0
 
 
-def plan_merge(p: Partition, config: TopicConfig, min_segments: int) -> list[SegmentRef] | None:
-    """The first run of at least `min_segments` adjacent segments of one tier whose sizes add
-    up to at most segment.bytes, as long as will fit; None when there is none."""
+def plan_merge(
+    p: Partition, config: TopicConfig, min_segments: int, sealed_before_ms: int | None = None
+) -> list[SegmentRef] | None:
+    """The first run of at least `min_segments` adjacent segments of one tier, each sealed
+    before `sealed_before_ms`, whose sizes add up to at most segment.bytes (as many as fit);
+    None when there is none."""
     if min_segments < 2:
         return None
     with p.lock:
         if len(p.segments) < min_segments:
             return None
         segments = p.segments.slice(0)
+    if sealed_before_ms is not None:
+        old = next((i for i, s in enumerate(segments) if s.created_ms > sealed_before_ms), len(segments))
+        segments = segments[:old]
     i = 0
     while i < len(segments):
         run = [segments[i]]
@@ -248,7 +254,8 @@ class Cleaner:
     # ---- merging -------------------------------------------------------------------------------
 
     def merge(self, t: TopicState, p: Partition) -> bool:
-        run = plan_merge(p, t.config, self.config.merge_min_segments)
+        sealed_before = int(self._clock() * 1000) - self.config.merge_min_age_ms
+        run = plan_merge(p, t.config, self.config.merge_min_segments, sealed_before)
         if run is None:
             return False
         stats = self.rewriter.rewrite(

@@ -85,11 +85,7 @@ def dirty_ratio(p: Partition) -> float:
     with p.lock:
         table = p.segments
         total = table.total_bytes()
-        if not total:
-            return 0.0
-        clean_end = p.meta.clean_end
-        dirty = sum(s.size for s in table if s.last_offset >= clean_end)
-    return dirty / total
+        return table.bytes_from(p.meta.clean_end) / total if total else 0.0
 
 
 def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = False) -> CleanPlan | None:

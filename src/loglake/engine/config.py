@@ -324,16 +324,19 @@ class EngineConfig:
     #: (Kafka: log.cleaner.backoff.ms).
     cleaner_backoff_ms: int = 15_000
     #: Merge adjacent small sealed segments of a partition (same tier) once at least this many
-    #: fit together within segment.bytes (0 = no merging).
-    merge_min_segments: int = 4
+    #: fit together within segment.bytes (0 = no merging)...
+    merge_min_segments: int = 8
+    #: ...and each of them was sealed at least this long ago (fresh segments are the ones tail
+    #: readers and relocation are busy with).
+    merge_min_age_ms: int = 300_000
 
     def validate(self) -> None:
         if self.cleaner_dedupe_buffer_bytes < 1024 * 1024:
             raise ConfigError("cleaner_dedupe_buffer_bytes must be at least 1 MiB")
         if self.cleaner_io_max_bytes_per_second < 0 or self.cleaner_threads < 0 or self.cleaner_backoff_ms < 1:
             raise ConfigError("cleaner_io_max_bytes_per_second and cleaner_threads must be >= 0, cleaner_backoff_ms >= 1")
-        if self.merge_min_segments == 1 or self.merge_min_segments < 0:
-            raise ConfigError("merge_min_segments must be 0 (off) or at least 2")
+        if self.merge_min_segments == 1 or self.merge_min_segments < 0 or self.merge_min_age_ms < 0:
+            raise ConfigError("merge_min_segments must be 0 (off) or at least 2, merge_min_age_ms >= 0")
         if not 1 <= self.wal_shards <= 64:
             raise ConfigError(f"wal_shards={self.wal_shards}: must be in [1, 64]")
         if self.wal_file_bytes < 64 * 1024:

@@ -373,6 +373,8 @@ class Engine:
                 len(p.segments),
                 p.segments.total_bytes(),
                 p.buffer_bytes,
+                p.meta.clean_end,
+                p.segments.bytes_from(p.meta.clean_end) / total if (total := p.segments.total_bytes()) else 0.0,
             )
 
     def delete_records(self, name: str, partition: int, offset: int) -> int:

@@ -54,6 +54,9 @@ class PartitionInfo:
     segments: int
     sealed_bytes: int
     unsealed_bytes: int
+    #: compaction: offsets below this are cleaned; the share of sealed bytes at or above it
+    clean_end: int = 0
+    dirty_ratio: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,6 +266,13 @@ class SegmentTable:
             self._bytes_total = sum(e[2] for e in ENTRY.iter_unpack(self._data))
         return self._bytes_total
 
+    def bytes_from(self, offset: int) -> int:
+        """Bytes of the segments ending at or after `offset` (compaction's dirty part)."""
+        first = self.find(offset)
+        if first is None:
+            return 0
+        return sum(e[2] for e in ENTRY.iter_unpack(memoryview(self._data)[first * ENTRY_SIZE :]))
+
     def indexes_in_tier(self, tier: str) -> list[int]:
         """Indexes of the segments in `tier`, oldest first (a C-speed scan of the tier bytes)."""
         tiers = bytes(self._data[_TIER_OFFSET::ENTRY_SIZE])
