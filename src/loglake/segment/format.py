@@ -11,7 +11,7 @@ encoding). See docs/_format_segment.md for the full description.
 A rewritten segment (compaction, merging) is format version 2: flag REWRITTEN in the header,
 offsets may have gaps and the segment covers [base_offset, last_offset] even where its batches
 hold fewer (zero batches is allowed), and between index and trailer sits the provenance (JSON:
-the replaced segments and their hashes, the rewrite's rules). Its 168-byte trailer adds
+the replaced segments and their hashes, the rewrite's rules). Its 172-byte trailer adds
 link_hash (the replaced range's link, which the next segment's prev_hash names), the
 generation and the provenance length; trailer_crc also covers the provenance.
 
@@ -88,7 +88,7 @@ TRAILER_CRC_OFFSET = TRAILER_FIELD_OFFSETS["trailer_crc"]
 #: The version-2 trailer: version 1's fields with link_hash, generation and provenance_len
 #: between chain_hash and trailer_crc.
 TRAILER_V2 = struct.Struct("<qqqqqQII32s32s32sIIIHH4s")
-TRAILER_V2_SIZE = TRAILER_V2.size  # 168
+TRAILER_V2_SIZE = TRAILER_V2.size  # 172
 TRAILER_V2_FIELD_OFFSETS = {
     **{k: v for k, v in TRAILER_FIELD_OFFSETS.items() if v < 120},
     "link_hash": 120,
@@ -97,7 +97,7 @@ TRAILER_V2_FIELD_OFFSETS = {
     "trailer_crc": 160,
     "version": 164,
     "reserved": 166,
-    "magic": 168 - 4,
+    "magic": 168,
 }
 #: version, reserved and magic end every trailer: the last 8 bytes tell which trailer it is.
 _TRAILER_END = struct.Struct("<HH4s")
