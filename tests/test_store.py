@@ -309,7 +309,13 @@ def test_register_scheme() -> None:
 def test_segment_key_layout_and_parse() -> None:
     key = segment_key("c1", "orders-eu.v2", "0f3a9b", 7, 1234)
     assert key == "loglake-c1/orders-eu.v2-0f3a9b/7/00000000000000001234.seg"
-    assert parse_segment_key(key) == ("orders-eu.v2", "0f3a9b", 7, 1234)
+    assert parse_segment_key(key) == ("orders-eu.v2", "0f3a9b", 7, 1234, 0)
+    rewritten = segment_key("c1", "orders-eu.v2", "0f3a9b", 7, 1234, generation=3)
+    assert rewritten == "loglake-c1/orders-eu.v2-0f3a9b/7/00000000000000001234-g3.seg"
+    assert parse_segment_key(rewritten) == ("orders-eu.v2", "0f3a9b", 7, 1234, 3)
+    for bad in ("00000000000000001234-g0.seg", "00000000000000001234-g.seg", "00000000000000001234-g03.seg", "00000000000000001234-x3.seg"):
+        with pytest.raises(InvalidObjectKeyError):
+            parse_segment_key("loglake-c1/t-id/0/" + bad)
     prefixed = segment_key("c1", "t", "id", 0, 0, prefix="/bucket/pre/")
     assert prefixed == "bucket/pre/loglake-c1/t-id/0/00000000000000000000.seg"
     assert parse_segment_key(prefixed).base_offset == 0
