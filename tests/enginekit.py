@@ -48,6 +48,8 @@ def read_all(engine: Engine, topic: str) -> dict[int, list[tuple[int, bytes | No
         records: list[tuple[int, bytes | None, bytes | None]] = []
         while offset < pinfo.high_watermark:
             result = engine.read(topic, p, offset, 1 << 20)
+            if not result.chunks:
+                break  # compaction left nothing between `offset` and the high watermark
             data = b"".join(bytes(c) for c in result.chunks)  # type: ignore[arg-type]
             pos = 0
             advanced = False

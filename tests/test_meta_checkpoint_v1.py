@@ -12,10 +12,10 @@ import struct
 import tarfile
 from pathlib import Path
 
-from enginekit import read_all
-
 from loglake.engine.engine import open_engine
 from loglake.engine.verify import verify_data_dir
+
+from enginekit import read_all
 
 FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-v1-datadir.tar.gz"
 

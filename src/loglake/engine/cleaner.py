@@ -232,7 +232,7 @@ class Cleaner:
         for i in range(0, len(run), REWRITE_SEGMENTS_MAX):
             chunk = run[i : i + REWRITE_SEGMENTS_MAX]
             last_chunk = i + REWRITE_SEGMENTS_MAX >= len(run)
-            clean = {"end": map_end, "ms": now_ms} if last_chunk else None
+            clean = (lambda: {"end": map_end, "ms": now_ms, "tomb_ms": counts.get("tomb_ms", -1)}) if last_chunk else None
             stats = self.rewriter.rewrite(
                 p, chunk, keep, kind="compact", params=params, target_bytes=config.segment_bytes, clean=clean
             )

@@ -15,6 +15,8 @@ One pass over a partition, Kafka's cleaner reduced to its rules:
   (null value) survives until `delete.retention.ms` after the cleaner first passed it (the
   partition's clean marks record when that was). Control batches stay whole; a producer's
   newest batch stays as an empty header if all its records go, as Kafka keeps it.
+* A partition with nothing dirty gets a pass anyway once the oldest tombstone the last pass
+  kept is past `delete.retention.ms` (the partition's `tombstone_ms`), so deletes do finish.
 * Offsets never change: kept records keep theirs, and batches keep their base and last offset.
 """
 
@@ -99,8 +101,11 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
     # only a prefix: the first segment inside the lag window ends the cleanable part
     n = next((i for i, s in enumerate(segments) if s.max_timestamp > lag_limit), len(segments))
     dirty = [s for s in segments[:n] if s.last_offset >= clean_end]
+    tombstones_due = 0 <= p.meta.tombstone_ms <= now_ms - config.delete_retention_ms
     if not dirty:
-        return None
+        # nothing new to map, but tombstones the last pass kept may be due to go
+        cleaned = [s for s in segments[:n] if s.base_offset < clean_end]
+        return CleanPlan(cleaned, [], 0.0, False) if tombstones_due and cleaned else None
     total = sum(s.size for s in segments)
     ratio = sum(s.size for s in segments if s.last_offset >= clean_end) / total if total else 0.0
     oldest_dirty_ms = dirty[0].created_ms
@@ -180,6 +185,9 @@ def record_filter(
                 if passed is not None and passed + delete_retention_ms <= now_ms:
                     stats["tombstones_dropped"] = stats.get("tombstones_dropped", 0) + 1
                     continue
+                since = now_ms if passed is None else passed
+                oldest = stats.get("tomb_ms", -1)
+                stats["tomb_ms"] = since if oldest < 0 else min(oldest, since)
             kept.append(r)
         stats["records_in"] = stats.get("records_in", 0) + len(records)
         stats["records_out"] = stats.get("records_out", 0) + len(kept)

@@ -109,7 +109,7 @@ class Rewriter:
         kind: str,
         params: dict[str, Any],
         target_bytes: int,
-        clean: dict[str, int] | None = None,
+        clean: Callable[[], dict[str, int]] | None = None,
         on_segment: Callable[[SegmentRef, memoryview], None] | None = None,
     ) -> RewriteStats:
         """Steps 1-5 of the module docstring. Raises RewriteAborted when the swap lost a race
@@ -156,7 +156,7 @@ class Rewriter:
             stats.segments_in = len(run)
             stats.segments_out = len(outputs)
             stats.keys = [ref.key for ref, _ in outputs]
-            fut = self._record(p, run, outputs, clean)
+            fut = self._record(p, run, outputs, clean() if clean is not None else None)
         except BaseException:
             for ref, _index in outputs:
                 self.stores.delete_segment(ref.key, ref.tier)

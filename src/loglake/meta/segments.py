@@ -32,6 +32,7 @@ store applies replayed records before the engine starts.
 from __future__ import annotations
 
 import bisect
+import itertools
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -314,7 +315,7 @@ class SegmentTable:
                 f"rewrite covers {refs[0].base_offset if refs else '-'}..{refs[-1].last_offset if refs else '-'}, "
                 f"the replaced segments {gone[0].base_offset}..{gone[-1].last_offset}"
             )
-        for a, b in zip(refs, refs[1:]):
+        for a, b in itertools.pairwise(refs):
             if b.base_offset != a.last_offset + 1:
                 raise ValueError(f"rewritten segments leave a hole between {a.last_offset} and {b.base_offset}")
         self._data[start * ENTRY_SIZE : stop * ENTRY_SIZE] = b"".join(r.pack() for r in refs)

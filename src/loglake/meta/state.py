@@ -25,8 +25,9 @@ segment_tier       {id, p, base, tier} → the segment's authoritative copy move
 log_start          {id, p, offset} → log start offset raised; whole segments below it dropped
 segment_rewritten  {id, p, replaced: [[base, generation], ...], segs: [seg, ...], clean}
                    → a compaction or merge: the listed consecutive segments are replaced by
-                   `segs` (covering the same offsets); `clean` ({end, ms}, compaction only)
-                   moves the partition's cleaned end and notes when the cleaner passed it
+                   `segs` (covering the same offsets); `clean` ({end, ms, tomb_ms},
+                   compaction only) moves the partition's cleaned end, notes when the cleaner
+                   passed it and when it first passed the oldest tombstone it kept
 producer_ids       {next} → the next producer id to hand out
 offset_commit      {g, rows: [[topic, partition, offset, leader_epoch, metadata, ts], ...]}
 offset_expire      {g, tps: [[topic, partition], ...]}
@@ -149,6 +150,8 @@ class PartitionMeta:
     #: compaction: [[end, ms], ...] ascending — offsets below `end` were first passed by the
     #: cleaner at `ms` (tombstones there go delete.retention.ms after it); at most PASS_MARKS_MAX
     clean_marks: list[list[int]] = field(default_factory=list)
+    #: compaction: when the cleaner first passed the oldest tombstone it kept (-1: none kept)
+    tombstone_ms: int = -1
 
     def first_pass_ms(self, offset: int) -> int | None:
         """When the cleaner first passed `offset`, None if it never did."""
@@ -289,6 +292,7 @@ class MetaState:
         clean = b.get("clean")
         if clean:
             pm.note_clean(int(clean["end"]), int(clean["ms"]))
+            pm.tombstone_ms = int(clean.get("tomb_ms", -1))
 
     def _producer_ids(self, b: dict[str, Any]) -> None:
         self.next_producer_id = max(self.next_producer_id, int(b["next"]))
@@ -394,6 +398,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "table": [pos, len(raw)],
                 "clean_end": pm.clean_end,
                 "clean_marks": [list(m) for m in pm.clean_marks],
+                "tombstone_ms": pm.tombstone_ms,
             }
         )
         tables.append(raw)
@@ -470,6 +475,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
             pm.segments = SegmentTable.from_v1(pm.segments.key_prefix, tables[start : start + length])
         pm.clean_end = int(raw.get("clean_end", 0))
         pm.clean_marks = [[int(e), int(ms)] for e, ms in raw.get("clean_marks", [])]
+        pm.tombstone_ms = int(raw.get("tombstone_ms", -1))
         pm.log_start = int(raw["log_start"])
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])

@@ -8,6 +8,7 @@ of any size, so batches may straddle chunk boundaries.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -266,7 +267,7 @@ def check_provenance(t: SegmentTrailer, key: str) -> None:
         raise CorruptionError(key, t.field_position("prev_hash"), "the first replaced segment does not start where this one does")
     if last[1] != t.last_offset or last[4] != t.link_hash:
         raise CorruptionError(key, t.field_position("link_hash"), "the last replaced segment does not end where this one does")
-    for a, b in zip(replaced, replaced[1:]):
+    for a, b in itertools.pairwise(replaced):
         if b[0] != a[1] + 1 or b[2] != a[4]:
             raise CorruptionError(key, at, f"replaced segments at {a[0]} and {b[0]} were not linked neighbours")
 
