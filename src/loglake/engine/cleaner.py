@@ -216,6 +216,8 @@ class Cleaner:
             start = max(p.meta.clean_end, p.log_start_offset)
             first_pass = p.meta.first_pass_ms
             retain_empty = p.producers.last_batches()
+            last = p.segments.last()
+            log_last = last.last_offset if last is not None else -1
 
         def read(seg: SegmentRef) -> memoryview:
             data = memoryview(self.stores.store_for(seg).get(seg.key))
@@ -226,7 +228,9 @@ class Cleaner:
         keymap, map_end = build_key_map(read, plan.dirty, start, self.config.cleaner_dedupe_buffer_bytes)
         run = [s for s in plan.run if s.base_offset < map_end]
         counts: dict[str, int] = {}
-        keep = record_filter(keymap, map_end, first_pass, config.delete_retention_ms, now_ms, retain_empty, counts)
+        keep = record_filter(
+            keymap, map_end, first_pass, config.delete_retention_ms, now_ms, retain_empty, counts, log_last
+        )
         params = params_of(config, keymap, map_end, now_ms)
         total = 0
         for i in range(0, len(run), REWRITE_SEGMENTS_MAX):

@@ -14,7 +14,8 @@ One pass over a partition, Kafka's cleaner reduced to its rules:
   Records without a key are dropped (a compacted topic refuses them on produce). A tombstone
   (null value) survives until `delete.retention.ms` after the cleaner first passed it (the
   partition's clean marks record when that was). Control batches stay whole; a producer's
-  newest batch stays as an empty header if all its records go, as Kafka keeps it.
+  newest batch stays as an empty header if all its records go, as Kafka keeps it, and so does
+  the sealed log's last batch (consumers step over an empty batch to its last offset + 1).
 * A partition with nothing dirty gets a pass anyway once the oldest tombstone the last pass
   kept is past `delete.retention.ms` (the partition's `tombstone_ms`), so deletes do finish.
 * Offsets never change: kept records keep theirs, and batches keep their base and last offset.
@@ -163,6 +164,7 @@ def record_filter(
     now_ms: int,
     retain_empty: set[tuple[int, int]],
     stats: dict[str, int],
+    log_last_offset: int = -1,
 ) -> Callable[[memoryview], bytes | memoryview | None]:
     """The batch filter of one pass (see the module docstring for the rules)."""
     entries = keymap.entries
@@ -195,7 +197,10 @@ def record_filter(
             return batch
         if kept:
             return rebuild_batch(h, kept)
-        if (h.producer_id, h.base_offset) in retain_empty:
+        if (h.producer_id, h.base_offset) in retain_empty or h.base_offset + h.last_offset_delta == log_last_offset:
+            # a producer's newest batch (its sequence state), or the sealed log's very last batch:
+            # without it a consumer whose position is in an emptied tail would have no batch to
+            # step over and would wait at that position with a phantom lag
             return empty_batch(h)
         return None
 
