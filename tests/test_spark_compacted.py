@@ -10,7 +10,6 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-import loglake
 from loglake.records.compression import CODEC_GZIP
 from sparkkit import expected, reader, spark_rows
 
