@@ -30,6 +30,8 @@ from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX, RateLimiter, RewriteAborted, Rewriter, RewriteStats
 from loglake.engine.stores import IndexCache, Stores
+from loglake.errors import LoglakeError
+from loglake.store.base import parse_segment_key
 
 __all__ = ["Cleaner", "CleanerStats", "plan_merge"]
 
@@ -115,6 +117,7 @@ class Cleaner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._logged: set[tuple[str, int, str]] = set()
+        self._swept: set[int] = set()  # id() of partitions whose cold leftovers were swept
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -180,6 +183,9 @@ class Cleaner:
         config = t.config
         done = 0
         try:
+            if id(p) not in self._swept:
+                self.sweep_cold(t, p)
+                self._swept.add(id(p))
             if "compact" in config.cleanup_policy.split(","):
                 done += self.compact(t, p, force=force)
             if self.config.merge_min_segments:
@@ -201,6 +207,33 @@ class Cleaner:
     def _note(self, topic: str, partition: int, name: str, value: Any, add: bool = True) -> None:
         stats = self.partition_stats.setdefault((topic, partition), {})
         stats[name] = stats.get(name, 0) + value if add and name == "errors" else value
+
+    # ---- leftovers ----------------------------------------------------------------------------
+
+    def sweep_cold(self, t: TopicState, p: Partition) -> int:
+        """Delete cold objects of `p` below its sealed end that no metadata names: what a crash
+        left behind in a rewrite (replaced objects after the switch, outputs before it) or a
+        retention delete that failed. Recovery does this for the hot store; the bucket is swept
+        here, once per partition per start, while the partition is claimed (no rewrite of it
+        is in flight; a relocation uploads under a key the metadata already names)."""
+        cold = self.stores.cold
+        if cold is None:
+            return 0
+        with p.lock:
+            listed = set(p.segments.keys())
+            sealed_end = p.sealed_end
+            prefix = p.segments.key_prefix
+        removed = 0
+        for key in cold.list(prefix):
+            try:
+                parsed = parse_segment_key(key)
+            except LoglakeError:
+                continue
+            if key not in listed and parsed.base_offset < sealed_end:
+                cold.delete(key)
+                removed += 1
+                log.info("removed %s from %s: below the sealed end and named by no metadata (an interrupted rewrite or delete)", key, cold.url)
+        return removed
 
     # ---- compaction ----------------------------------------------------------------------------
 
