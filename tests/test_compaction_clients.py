@@ -1,0 +1,297 @@
+"""Compacted topics through the real broker process, with real clients.
+
+The broker's cleaner runs every 200 ms and the topics seal small segments after 200 records or
+300 ms with a dirty ratio of 0.01, so compaction (and merging of the small rewritten segments)
+happens by itself while the tests watch:
+
+- confluent-kafka writes updates and tombstones over a set of keys; once compacted, confluent-kafka,
+  kafka-python and kcat read from the beginning one record per key, the newest, at increasing
+  offsets;
+- a schema-registry style workload (few keys, many updates) keeps the partition's segment bytes
+  bounded by the number of keys, not the number of updates;
+- a consumer group consuming while the cleaner rewrites under it never sees an offset go back,
+  also across a restart from its committed offset.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KTopicPartition
+
+from brokerkit import Broker
+
+KCAT = shutil.which("kcat")
+TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.records": "200",
+    "segment.ms": "300",
+    "min.cleanable.dirty.ratio": "0.01",
+    "delete.retention.ms": "86400000",
+    "retention.ms": "-1",
+}
+BROKER_TOML = """\
+group_initial_rebalance_delay_ms = 0
+group_min_session_timeout_ms = 1000
+
+[engine]
+cleaner_backoff_ms = 200
+maintenance_interval_ms = 100
+merge_min_segments = 4
+"""
+#: Longest a test waits for the cleaner to catch up (it usually takes about a second).
+DEADLINE_S = 30.0
+
+Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    root = Path(tmp_path_factory.mktemp("compaction"))
+    (root / "broker.toml").write_text(BROKER_TOML)
+    b = Broker(root / "data", ["--config", str(root / "broker.toml")]).start()
+    try:
+        yield b
+        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
+    finally:
+        if b.proc is not None and b.proc.poll() is None:
+            assert b.stop() == 0
+    log = b.log_text()
+    assert "Traceback" not in log and "retried each round" not in log, log[-5000:]  # no cleaner failure
+
+
+def create_topic(broker: Broker, prefix: str, partitions: int = 1) -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, config=TOPIC_CONFIG)])[topic].result(10)
+    return topic
+
+
+def segment_files(broker: Broker, topic: str) -> list[Path]:
+    """The topic's hot segment files in the broker's data directory."""
+    return sorted(p for p in (broker.data_dir / "segments").rglob("*.seg") if p.parent.parent.name.startswith(topic + "-"))
+
+
+def rewritten(files: list[Path]) -> list[Path]:
+    return [p for p in files if "-g" in p.name]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def produce(broker: Broker, topic: str, records: Sequence[tuple[bytes, bytes | None]], partition: int = 0) -> None:
+    p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": True})
+    for i, (k, v) in enumerate(records):
+        p.produce(topic, key=k, value=v, partition=partition)
+        if i % 100 == 99:
+            p.poll(0)
+    assert p.flush(30) == 0
+
+
+def read_confluent(broker: Broker, topic: str, partition: int = 0) -> list[Record]:
+    """Everything in the partition, from the beginning to its end."""
+    c = Consumer({
+        "bootstrap.servers": broker.bootstrap,
+        "group.id": "reader",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+    })
+    c.assign([TopicPartition(topic, partition, 0)])
+    out: list[Record] = []
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return out
+                raise AssertionError(err)
+            offset = m.offset()
+            assert offset is not None
+            out.append((offset, m.key(), m.value()))
+    finally:
+        c.close()
+    raise AssertionError(f"no end of partition after {len(out)} records")
+
+
+def newest(records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bytes | None]:
+    out: dict[bytes, bytes | None] = {}
+    for k, v in records:
+        out[k] = v
+    return out
+
+
+def one_per_key(broker: Broker, topic: str, keys: int) -> Callable[[], bool]:
+    """True once the partition reads as exactly one record per key (fully compacted)."""
+    return lambda: len(read_confluent(broker, topic)) == keys
+
+
+def assert_compacted_view(got: list[Record], expected: dict[bytes, bytes | None], produced: int) -> None:
+    offsets = [o for o, _k, _v in got]
+    assert all(a < b for a, b in itertools.pairwise(offsets)), "offsets must strictly increase"
+    assert len(got) < produced
+    assert len(got) == len(expected)
+    assert {k: v for _o, k, v in got} == expected
+    assert offsets[-1] < produced
+
+
+def test_compacted_topic_read_by_three_clients(broker: Broker) -> None:
+    topic = create_topic(broker, "compact")
+    keys = [b"user-%03d" % i for i in range(50)]
+    records: list[tuple[bytes, bytes | None]] = [
+        (keys[i % len(keys)], b"%s=v%05d" % (keys[i % len(keys)], i)) for i in range(3000)
+    ]
+    records += [(k, None) for k in keys[::10]]  # tombstones: kept (delete.retention.ms is a day)
+    records += [(keys[0], b"revived")]  # a tombstoned key written again
+    produce(broker, topic, records)
+    expected = newest(records)
+
+    wait_for("the cleaner to compact the topic", one_per_key(broker, topic, len(expected)))
+    assert rewritten(segment_files(broker, topic)), "compaction leaves <base>-g<n>.seg files"
+
+    got = read_confluent(broker, topic)
+    assert_compacted_view(got, expected, len(records))
+    assert sum(1 for _o, _k, v in got if v is None) == len(keys[::10]) - 1
+    # the newest record of each key keeps the offset it was produced at
+    assert all(records[o] == (k, v) for o, k, v in got)
+
+    kc = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=None, consumer_timeout_ms=3000)
+    tp = KTopicPartition(topic, 0)
+    kc.assign([tp])
+    kc.seek_to_beginning(tp)
+    kp: list[Record] = []
+    for msg in kc:
+        kp.append((msg.offset, msg.key, msg.value))
+        if msg.offset == got[-1][0]:
+            break
+    kc.close()
+    assert kp == got
+
+    if KCAT is None:
+        pytest.skip("kcat is not installed: the kcat part of this test did not run")
+    proc = subprocess.run(
+        [KCAT, "-b", broker.bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e", "-f", "%o|%k|%S|%s\\n"],
+        capture_output=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    kcat_view = []
+    for line in proc.stdout.decode().splitlines():
+        offset, key, size, value = line.split("|", 3)
+        kcat_view.append((int(offset), key.encode(), None if size == "-1" else value.encode()))
+    assert kcat_view == got
+
+
+def test_schema_registry_workload_stays_bounded(broker: Broker) -> None:
+    """20 subjects, 500 updates each in 5 rounds: the partition's bytes follow the keys."""
+    topic = create_topic(broker, "schemas")
+    subjects = [b"subject-%02d" % i for i in range(20)]
+    sizes = []
+    produced = 0
+    for rnd in range(5):
+        batch = [
+            (s, b'{"subject": "%s", "version": %d, "schema": "%s"}' % (s, rnd * 100 + u, b"x" * 150))
+            for u in range(100)
+            for s in subjects
+        ]
+        produce(broker, topic, batch)
+        produced += len(batch)
+        wait_for(f"round {rnd} to be compacted", one_per_key(broker, topic, len(subjects)))
+        # a few segment files remain: the compacted output (small runs of them get merged)
+        wait_for(f"round {rnd} to be merged", lambda: 0 < len(segment_files(broker, topic)) < 4)
+        sizes.append(sum(p.stat().st_size for p in segment_files(broker, topic)))
+        got = read_confluent(broker, topic)
+        assert {k: v for _o, k, v in got} == newest(batch)
+    live = 20 * 250  # about the bytes of one record per subject
+    assert produced == 5 * 2000
+    assert max(sizes) <= 2 * sizes[0], sizes
+    assert sizes[-1] < 10 * live, sizes  # proportional to the keys, far below the ~2 MB produced
+
+
+def test_consumer_group_never_sees_offsets_go_back(broker: Broker) -> None:
+    topic = create_topic(broker, "group", partitions=2)
+    keys = [b"k%02d" % i for i in range(30)]
+    total = 4000
+    stop = threading.Event()
+
+    def producer() -> None:
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
+        for i in range(total):
+            if stop.is_set():
+                break
+            p.produce(topic, key=keys[i % len(keys)], value=b"v%06d" % i, partition=i % 2)
+            if i % 200 == 199:
+                p.flush(30)  # rounds: segments seal and get compacted while the group reads
+        p.flush(30)
+
+    conf = {
+        "bootstrap.servers": broker.bootstrap,
+        "group.id": f"g-{topic}",
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": 6000,
+        "enable.auto.commit": True,
+        "auto.commit.interval.ms": 200,
+    }
+    last: dict[int, int] = {}
+    seen_while_rewritten = 0
+
+    def consume(c: Consumer, until: Callable[[], bool]) -> None:
+        nonlocal seen_while_rewritten
+        deadline = time.monotonic() + DEADLINE_S * 2
+        while not until():
+            assert time.monotonic() < deadline, f"consumer stuck at {last}"
+            for m in c.consume(500, timeout=0.5):
+                if m.error():
+                    continue
+                part, offset = m.partition(), m.offset()
+                assert part is not None and offset is not None
+                prev = last.get(part, -1)
+                assert offset > prev, f"partition {part}: offset {offset} after {prev}"
+                last[part] = offset
+                if rewritten(segment_files(broker, topic)):
+                    seen_while_rewritten += 1
+
+    c = Consumer(conf)
+    c.subscribe([topic])
+    thread = threading.Thread(target=producer)
+    thread.start()
+    try:
+        consume(c, lambda: len(rewritten(segment_files(broker, topic))) > 0 and sum(last.values()) > total // 4)
+    finally:
+        c.close()  # commits its position; the next member resumes from it, into rewritten segments
+        thread.join(60)
+        stop.set()
+    assert not thread.is_alive()
+    ends = {}
+    for part in (0, 1):
+        _low, high = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "x"}).get_watermark_offsets(
+            TopicPartition(topic, part), timeout=10
+        )
+        ends[part] = high
+    assert ends == {0: total // 2, 1: total // 2}
+    c = Consumer(conf)
+    c.subscribe([topic])
+    try:
+        # the newest record of each key stays, so every partition's last offset is read again
+        consume(c, lambda: all(last.get(p, -1) == ends[p] - 1 for p in (0, 1)))
+    finally:
+        c.close()
+    assert seen_while_rewritten > 0
