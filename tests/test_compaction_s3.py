@@ -38,7 +38,7 @@ COMPACT_CONFIG = {
     "retention.ms": "-1",
     "min.cleanable.dirty.ratio": "0.01",
 }
-MERGE_CONFIG = {"segment.records": "10", "segment.bytes": "14000", "hot.retain.segments": "0", "retention.ms": "-1"}
+MERGE_CONFIG = {"segment.records": "10", "segment.bytes": "15000", "hot.retain.segments": "0", "retention.ms": "-1"}
 
 Record = tuple[int, bytes | None, bytes | None]
 
@@ -137,7 +137,7 @@ def test_compaction_of_cold_segments_rewrites_them_in_the_bucket(
 
 def test_merging_many_small_cold_segments(tmp_path: Path, moto_endpoint: str, bucket: str, s3_client: Any) -> None:
     values = [b"v%04d-" % i + b"m" * 40 for i in range(320)]  # 32 segments of ~1.7 KB
-    engine, _cold = open_engine(tmp_path / "d", moto_endpoint, bucket, merge_min_segments=4)
+    engine, _cold = open_engine(tmp_path / "d", moto_endpoint, bucket, merge_min_segments=4, merge_min_age_ms=0)
     try:
         engine.create_topic("t", 1, MERGE_CONFIG)
         append(engine, "t", [(None, v) for v in values])

@@ -37,6 +37,9 @@ __all__ = ["Cleaner", "CleanerStats", "plan_merge"]
 
 log = logging.getLogger(__name__)
 
+#: What each replaced segment adds to a merged segment's provenance, at most (the merge keeps
+#: its output within segment.bytes).
+PROVENANCE_BYTES_PER_SEGMENT = 140
 #: Distinct (partition, error) pairs remembered to log each failure once.
 ERRORS_REMEMBERED_MAX = 1_000
 
@@ -81,7 +84,7 @@ def plan_merge(
         while (
             j < len(segments)
             and segments[j].tier == run[0].tier
-            and total + segments[j].size <= config.segment_bytes
+            and total + segments[j].size + PROVENANCE_BYTES_PER_SEGMENT * (len(run) + 1) <= config.segment_bytes
             and len(run) < REWRITE_SEGMENTS_MAX
         ):
             run.append(segments[j])

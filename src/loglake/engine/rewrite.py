@@ -20,6 +20,7 @@ hashes, so the chain still verifies (docs/FORMAT.md, "Rewritten segments").
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -79,6 +80,14 @@ class RewriteStats:
     batches_in: int = 0
     batches_out: int = 0
     keys: list[str] = field(default_factory=list)  # the new objects' keys
+
+
+def replaced_entry(s: SegmentRef) -> list[object]:
+    """One replaced segment in a provenance: [base, last, chain hash, link hash or "" when it is
+    the chain hash, generation, size]; hashes in base64. Each one's prev_hash is the previous
+    one's link (the first one's is the new segment's prev_hash), so it is not repeated."""
+    link = "" if s.link_hash == s.chain_hash else base64.b64encode(s.link_hash).decode()
+    return [s.base_offset, s.last_offset, base64.b64encode(s.chain_hash).decode(), link, s.generation, s.size]
 
 
 class RewriteAborted(Exception):
@@ -186,10 +195,7 @@ class Rewriter:
             "kind": kind,
             "ms": now_ms,
             "params": params,
-            "replaced": [
-                [s.base_offset, s.last_offset, s.prev_hash.hex(), s.chain_hash.hex(), s.link_hash.hex(), s.generation, s.size]
-                for s in group
-            ],
+            "replaced": [replaced_entry(s) for s in group],
         }
         writer.rewrite = Rewrite(last.last_offset, last.link_hash, first.generation + 1, provenance)
         parts, trailer, index = writer.finish()

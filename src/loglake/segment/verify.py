@@ -7,6 +7,8 @@ of any size, so batches may straddle chunk boundaries.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import itertools
 from collections.abc import Callable, Sequence
@@ -251,25 +253,30 @@ class _DataChecker:
 
 
 def check_provenance(t: SegmentTrailer, key: str) -> None:
-    """A rewritten segment's provenance must name a linked run of segments that starts where
-    this one starts (same prev_hash), ends where it ends (its link_hash is the run's last
-    link) and holds no hole, so the chain around the rewrite is the chain the run had."""
+    """A rewritten segment's provenance must name a run of segments that starts at this one's
+    base offset, has no hole, and ends at its last offset with the link hash this one carries
+    forward, so the chain around the rewrite is the chain the run had."""
     at = t.size - t.trailer_size
     prov = t.provenance or {}
     try:
-        replaced = [(int(r[0]), int(r[1]), bytes.fromhex(r[2]), bytes.fromhex(r[3]), bytes.fromhex(r[4])) for r in prov["replaced"]]
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        replaced = []
+        for r in prov["replaced"]:
+            chain = base64.b64decode(r[2], validate=True)
+            link = base64.b64decode(r[3], validate=True) if r[3] else chain
+            if len(chain) != 32 or len(link) != 32:
+                raise ValueError("a hash is not 32 bytes")
+            replaced.append((int(r[0]), int(r[1]), link))
+    except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as exc:
         raise CorruptionError(key, at, f"provenance has no valid list of replaced segments: {exc!r}") from None
     if not replaced:
         raise CorruptionError(key, at, "provenance names no replaced segment")
-    first, last = replaced[0], replaced[-1]
-    if first[0] != t.base_offset or first[2] != t.prev_hash:
-        raise CorruptionError(key, t.field_position("prev_hash"), "the first replaced segment does not start where this one does")
-    if last[1] != t.last_offset or last[4] != t.link_hash:
+    if replaced[0][0] != t.base_offset:
+        raise CorruptionError(key, t.field_position("base_offset"), "the first replaced segment does not start where this one does")
+    if replaced[-1][1] != t.last_offset or replaced[-1][2] != t.link_hash:
         raise CorruptionError(key, t.field_position("link_hash"), "the last replaced segment does not end where this one does")
     for a, b in itertools.pairwise(replaced):
-        if b[0] != a[1] + 1 or b[2] != a[4]:
-            raise CorruptionError(key, at, f"replaced segments at {a[0]} and {b[0]} were not linked neighbours")
+        if b[0] != a[1] + 1:
+            raise CorruptionError(key, at, f"replaced segments at {a[0]} and {b[0]} were not neighbours")
 
 
 def verify_segment(data: BytesLike, key: str, expected_prev_hash: bytes | None = None) -> SegmentTrailer:
