@@ -50,7 +50,7 @@ class Case:
     def engine(self, fs: FaultyFileSystem) -> Engine:
         return Engine(
             DATA_DIR,
-            small_config(**self.engine_config),
+            small_config(merge_min_age_ms=0, **self.engine_config),
             fs=fs,
             clock=lambda: START_MS / 1000,
             start_background=False,

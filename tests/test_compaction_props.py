@@ -58,6 +58,7 @@ class Harness:
         self.engine_config = {
             "cleaner_threads": 0,
             "merge_min_segments": 3,
+            "merge_min_age_ms": 0,  # the clock is the test's; merge what is sealed
             "cleaner_dedupe_buffer_bytes": 1 << 20,  # the floor: tiny_key_map() makes it hold 4 keys
             **engine_config,
         }
@@ -142,8 +143,14 @@ class Model:
         self.sealed = len(self.log)
 
     def compact(self, now_ms: int) -> bool:
-        """A pass (as many as the key map needs) at `now_ms`; False when nothing is dirty."""
-        if self.sealed <= self.clean_end:
+        """A pass (as many as the key map needs) at `now_ms`; False when nothing is dirty and no
+        tombstone the last pass kept is past delete.retention.ms."""
+        newest_clean = {k: o for o, k, _v in self.log[: self.clean_end]}
+        kept_tombstones = [
+            o for o in newest_clean.values() if self.log[o][2] is None and self.first_pass[o] + RETENTION_MS > self.last_pass_ms
+        ]
+        due = any(self.first_pass[o] + RETENTION_MS <= now_ms for o in kept_tombstones)
+        if self.sealed <= self.clean_end and not due:
             return False
         for o, _k, v in self.log[self.clean_end : self.sealed]:
             if v is None:
