@@ -115,3 +115,17 @@ def running_broker(data_dir: Path, extra_args: list[str] | None = None) -> Itera
     finally:
         if broker.proc is not None and broker.proc.poll() is None:
             broker.stop()
+
+
+@contextmanager
+def serving_broker(data_dir: Path, extra_args: list[str] | None = None) -> Iterator[Broker]:
+    """A broker for a test module: it must still be running at the end, stop cleanly, and have
+    logged no traceback."""
+    b = Broker(data_dir, extra_args).start()
+    try:
+        yield b
+        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
+    finally:
+        if b.proc is not None and b.proc.poll() is None:
+            assert b.stop() == 0
+    assert "Traceback" not in b.log_text(), b.log_text()[-5000:]

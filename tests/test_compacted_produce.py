@@ -26,7 +26,7 @@ from loglake.kafka_errors import ErrorCode
 from loglake.records import CODEC_GZIP, CODEC_NONE, CODEC_ZSTD, BatchBuilder, build_batch
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker
+from brokerkit import Broker, serving_broker
 from enginekit import read_all
 
 INVALID_RECORD = 87
@@ -168,14 +168,8 @@ def test_embedded_api(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = Broker(Path(tmp_path_factory.mktemp("compacted")) / "data").start()
-    try:
+    with serving_broker(Path(tmp_path_factory.mktemp("compacted")) / "data") as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            assert b.stop() == 0
-    assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
 
 
 def create_topics(broker: Broker, prefix: str, partitions: int = 2) -> tuple[str, str]:

@@ -30,7 +30,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
-from brokerkit import Broker
+from brokerkit import Broker, serving_broker
 
 KCAT = shutil.which("kcat")
 TOPIC_CONFIG = {
@@ -60,15 +60,9 @@ Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = Path(tmp_path_factory.mktemp("compaction"))
     (root / "broker.toml").write_text(BROKER_TOML)
-    b = Broker(root / "data", ["--config", str(root / "broker.toml")]).start()
-    try:
+    with serving_broker(root / "data", ["--config", str(root / "broker.toml")]) as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            assert b.stop() == 0
-    log = b.log_text()
-    assert "Traceback" not in log and "retried each round" not in log, log[-5000:]  # no cleaner failure
+    assert "retried each round" not in b.log_text(), b.log_text()[-5000:]  # no cleaner failure
 
 
 def create_topic(broker: Broker, prefix: str, partitions: int = 1) -> str:
