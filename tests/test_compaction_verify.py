@@ -24,8 +24,8 @@ class Clock:
         return self.now
 
 
-def engine_at(path: Path, clock: Clock | None = None) -> Engine:
-    config = EngineConfig(cleaner_threads=0, merge_min_segments=0, wal_shards=1)
+def engine_at(path: Path, clock: Clock | None = None, **options: object) -> Engine:
+    config = EngineConfig(cleaner_threads=0, merge_min_segments=0, wal_shards=1, **options)  # type: ignore[arg-type]
     engine = Engine(str(path), config, clock=clock or Clock())
     engine.open()
     return engine
@@ -68,7 +68,7 @@ def test_damage_in_a_rewritten_segment_is_found(tmp_path: Path, where: str) -> N
 
 
 def test_a_cleaner_that_keeps_superseded_records_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = engine_at(tmp_path)
+    engine = engine_at(tmp_path, cleaner_process=False)  # the broken filter is patched into this process
     try:
         fill(engine)
         real = compaction.record_filter
@@ -77,7 +77,7 @@ def test_a_cleaner_that_keeps_superseded_records_is_caught(tmp_path: Path, monke
             real(*args, **kwargs)
             return lambda batch: batch  # a broken cleaner: drops nothing, still records its clean end
 
-        monkeypatch.setattr("loglake.engine.cleaner.record_filter", keep_all)
+        monkeypatch.setattr("loglake.engine.cleaner_job.record_filter", keep_all)
         assert engine.compact("kv") == 1
         report = verify_data_dir(engine)
         assert not report.ok

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from loglake.engine.catalog import Catalog, TopicState
-from loglake.engine.compaction import build_key_map, dirty_ratio, params_of, plan_clean, record_filter
+from loglake.engine.cleaner_job import CompactJob, JobResult, MergeJob, WorkerProcess, run_job
+from loglake.engine.compaction import dirty_ratio, plan_clean
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
-from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX, RateLimiter, RewriteAborted, Rewriter, RewriteStats
+from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX, RateLimiter, RewriteAborted, Rewriter
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import LoglakeError
-from loglake.store.base import parse_segment_key
+from loglake.store.base import parse_segment_key, segment_file_name
 
 __all__ = ["Cleaner", "CleanerStats", "plan_merge"]
 
@@ -104,6 +105,7 @@ class Cleaner:
         indexes: IndexCache,
         clock: Callable[[], float],
         config: EngineConfig,
+        store_urls: dict[str, str | None] | None = None,
     ) -> None:
         self.catalog = catalog
         self.stores = stores
@@ -121,6 +123,11 @@ class Cleaner:
         self._threads: list[threading.Thread] = []
         self._logged: set[tuple[str, int, str]] = set()
         self._swept: set[int] = set()  # id() of partitions whose cold leftovers were swept
+        #: tier -> URL a worker process can reopen the store by (None: run jobs on our thread)
+        self._store_urls = store_urls or {}
+        self._idle: list[WorkerProcess] = []  # worker processes not running a job
+        self._running: list[WorkerProcess] = []  # and those running one
+        self._closing = False
 
     # ---- lifecycle --------------------------------------------------------------------------
 
@@ -136,6 +143,11 @@ class Cleaner:
         for t in self._threads:
             t.join()
         self._threads = []
+        with self._lock:
+            self._closing = True
+            idle, self._idle = self._idle, []
+        for worker in idle:
+            worker.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -249,35 +261,31 @@ class Cleaner:
         if plan is None:
             return 0
         with p.lock:
-            start = max(p.meta.clean_end, p.log_start_offset)
-            first_pass = p.meta.first_pass_ms
-            retain_empty = p.producers.last_batches()
             last = p.segments.last()
-            log_last = last.last_offset if last is not None else -1
-
-        def read(seg: SegmentRef) -> memoryview:
-            data = memoryview(self.stores.store_for(seg).get(seg.key))
-            self.limiter.acquire(len(data))
-            self.stats.bytes_read += len(data)
-            return data
-
-        keymap, map_end = build_key_map(read, plan.dirty, start, self.config.cleaner_dedupe_buffer_bytes)
-        run = [s for s in plan.run if s.base_offset < map_end]
-        counts: dict[str, int] = {}
-        keep = record_filter(
-            keymap, map_end, first_pass, config.delete_retention_ms, now_ms, retain_empty, counts, log_last
-        )
-        params = params_of(config, keymap, map_end, now_ms)
-        total = 0
-        for i in range(0, len(run), REWRITE_SEGMENTS_MAX):
-            chunk = run[i : i + REWRITE_SEGMENTS_MAX]
-            last_chunk = i + REWRITE_SEGMENTS_MAX >= len(run)
-            clean = (lambda: {"end": map_end, "ms": now_ms, "tomb_ms": counts.get("tomb_ms", -1)}) if last_chunk else None
-            stats = self.rewriter.rewrite(
-                p, chunk, keep, kind="compact", params=params, target_bytes=config.segment_bytes, clean=clean
+            job = CompactJob(
+                store_urls={},
+                key_prefix=p.segments.key_prefix,
+                run=plan.run,
+                dirty=plan.dirty,
+                start=max(p.meta.clean_end, p.log_start_offset),
+                bytes_max=self.config.cleaner_dedupe_buffer_bytes,
+                clean_marks=[list(m) for m in p.meta.clean_marks],
+                delete_retention_ms=config.delete_retention_ms,
+                now_ms=now_ms,
+                retain_empty=p.producers.last_batches(),
+                log_last_offset=last.last_offset if last is not None else -1,
+                target_bytes=config.segment_bytes,
+                io_bytes_per_s=self._io_rate(),
+                config_params={
+                    "delete_retention_ms": config.delete_retention_ms,
+                    "min_compaction_lag_ms": config.min_compaction_lag_ms,
+                },
+                chunk_segments=REWRITE_SEGMENTS_MAX,
             )
-            self._count(stats)
-            total += 1
+        result = self._execute(job)
+        counts = result.counts
+        clean = {"end": result.map_end, "ms": now_ms, "tomb_ms": counts.get("tomb_ms", -1)}
+        self._swap_chunks(p, result, clean)
         self.stats.passes += 1
         self.stats.records_in += counts.get("records_in", 0)
         self.stats.records_out += counts.get("records_out", 0)
@@ -286,31 +294,93 @@ class Cleaner:
         self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p), add=False)
         log.info(
             "compacted %s-%d: %d keys mapped up to offset %d, %d of %d records kept, dirty ratio was %.2f",
-            t.name, p.index, len(keymap.entries), map_end, counts.get("records_out", 0), counts.get("records_in", 0),
-            plan.dirty_ratio,
+            t.name, p.index, result.keys_mapped, result.map_end, counts.get("records_out", 0),
+            counts.get("records_in", 0), plan.dirty_ratio,
         )
-        return 1 if total else 0
+        return 1 if result.chunks else 0
 
     # ---- merging -------------------------------------------------------------------------------
 
     def merge(self, t: TopicState, p: Partition) -> bool:
-        sealed_before = int(self._clock() * 1000) - self.config.merge_min_age_ms
-        run = plan_merge(p, t.config, self.config.merge_min_segments, sealed_before)
+        now_ms = int(self._clock() * 1000)
+        run = plan_merge(p, t.config, self.config.merge_min_segments, now_ms - self.config.merge_min_age_ms)
         if run is None:
             return False
-        stats = self.rewriter.rewrite(
-            p, run, None, kind="merge", params={"min_segments": self.config.merge_min_segments},
+        job = MergeJob(
+            store_urls={},
+            key_prefix=p.segments.key_prefix,
+            run=run,
             target_bytes=t.config.segment_bytes,
+            io_bytes_per_s=self._io_rate(),
+            now_ms=now_ms,
+            params={"min_segments": self.config.merge_min_segments},
         )
-        self._count(stats)
+        result = self._execute(job)
+        self._swap_chunks(p, result, None)
         self.stats.merges += 1
+        stats = result.stats
         log.info("merged %d segments of %s-%d into %d (%d bytes)", stats.segments_in, t.name, p.index, stats.segments_out, stats.bytes_written)
         return True
 
-    def _count(self, stats: RewriteStats) -> None:
-        self.stats.bytes_read += stats.bytes_read
-        self.stats.bytes_written += stats.bytes_written
-        self.stats.segments_replaced += stats.segments_in
+    # ---- running jobs ------------------------------------------------------------------------------
+
+    def _io_rate(self) -> int:
+        """Each worker's share of the cleaner's I/O bound."""
+        return self.config.cleaner_io_max_bytes_per_second // max(1, self.config.cleaner_threads)
+
+    def _execute(self, job: CompactJob | MergeJob) -> JobResult:
+        """Run `job` in a worker process when the stores can be reopened there, else here."""
+        tiers = {s.tier for s in job.run}
+        urls = {tier: self._store_urls.get(tier) for tier in tiers}
+        if not self.config.cleaner_process or any(u is None for u in urls.values()):
+            stores = {tier: self.stores.cold if tier == "cold" else self.stores.hot for tier in tiers}
+            return run_job(job, stores, self.limiter)  # type: ignore[arg-type]
+        job.store_urls = {tier: url for tier, url in urls.items() if url is not None}
+        with self._lock:
+            worker = self._idle.pop() if self._idle else WorkerProcess()
+            self._running.append(worker)
+        try:
+            return worker.call(job)
+        except BaseException:
+            self._drop_outputs(job)
+            raise
+        finally:
+            with self._lock:
+                self._running.remove(worker)
+                if self._closing:
+                    worker.close()
+                else:
+                    self._idle.append(worker)
+
+    def _busy_workers(self) -> list[WorkerProcess]:
+        """Worker processes running a job now (tests)."""
+        with self._lock:
+            return list(self._running)
+
+    def _drop_outputs(self, job: CompactJob | MergeJob) -> None:
+        """After a failed worker job: delete the objects it may have PUT and not deleted (an
+        output's key is `<base>-g<generation + 1>` of one of the run's segments) unless the
+        metadata names them."""
+        prefix = job.key_prefix
+        for seg in job.run:
+            key = prefix + segment_file_name(seg.base_offset, seg.generation + 1)
+            self.stores.delete_segment(key, seg.tier)
+
+    def _swap_chunks(self, p: Partition, result: JobResult, clean: dict[str, int] | None) -> None:
+        """Switch to each chunk's new segments in order; the last chunk carries `clean`. When one
+        loses a race, the chunks not switched yet are deleted and RewriteAborted raised."""
+        chunks = result.chunks
+        for i, (run, outputs) in enumerate(chunks):
+            try:
+                self.rewriter.swap(p, run, outputs, clean if i == len(chunks) - 1 else None)
+            except RewriteAborted:
+                for _run, later in chunks[i + 1 :]:
+                    for ref, _index in later:
+                        self.stores.delete_segment(ref.key, ref.tier)
+                raise
+            self.stats.segments_replaced += len(run)
+        self.stats.bytes_read += result.stats.bytes_read
+        self.stats.bytes_written += result.stats.bytes_written
 
     def wait_idle(self, timeout_s: float) -> bool:
         """True once no partition is being rewritten (tests, shutdown)."""

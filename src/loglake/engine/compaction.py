@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
@@ -36,7 +34,7 @@ from loglake.records.batch import ATTR_CONTROL, peek_header
 from loglake.records.rebuild import decode_plain, empty_batch, rebuild_batch
 from loglake.segment.format import HEADER_SIZE, parse_tail
 
-__all__ = ["KEY_ENTRY_BYTES", "CleanPlan", "KeyMap", "dirty_ratio", "plan_clean", "record_filter"]
+__all__ = ["KEY_ENTRY_BYTES", "CleanPlan", "KeyMap", "build_key_map", "dirty_ratio", "first_pass_ms", "plan_clean", "record_filter"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +45,15 @@ log = logging.getLogger(__name__)
 KEY_ENTRY_BYTES = 110
 #: Keys up to this long are kept as they are; longer ones as a 16-byte digest.
 KEY_INLINE_BYTES_MAX = 32
+
+
+def first_pass_ms(marks: list[list[int]], offset: int) -> int | None:
+    """When the cleaner first passed `offset`, from a partition's clean marks ([[end, ms], ...]
+    ascending); None if it never did."""
+    for end, ms in marks:
+        if offset < end:
+            return ms
+    return None
 
 
 def map_key(key: bytes) -> bytes:
@@ -159,7 +166,7 @@ def build_key_map(
 def record_filter(
     keymap: KeyMap,
     map_end: int,
-    first_pass_ms: Callable[[int], int | None],
+    passed_ms: Callable[[int], int | None],
     delete_retention_ms: int,
     now_ms: int,
     retain_empty: set[tuple[int, int]],
@@ -183,7 +190,7 @@ def record_filter(
             if newest is not None and newest > r.offset:
                 continue  # superseded
             if r.value is None and r.offset < map_end:
-                passed = first_pass_ms(r.offset)
+                passed = passed_ms(r.offset)
                 if passed is not None and passed + delete_retention_ms <= now_ms:
                     stats["tombstones_dropped"] = stats.get("tombstones_dropped", 0) + 1
                     continue
@@ -205,15 +212,3 @@ def record_filter(
         return None
 
     return keep_batch
-
-
-def params_of(config: TopicConfig, keymap: KeyMap, map_end: int, now_ms: int) -> dict[str, Any]:
-    """The rules a pass applied, for the rewritten segments' provenance."""
-    return {
-        "map_end": map_end,
-        "keys": len(keymap.entries),
-        "delete_retention_ms": config.delete_retention_ms,
-        "min_compaction_lag_ms": config.min_compaction_lag_ms,
-        "now_ms": now_ms,
-        "started": time.time(),
-    }

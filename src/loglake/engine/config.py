@@ -320,6 +320,10 @@ class EngineConfig:
     cleaner_io_max_bytes_per_second: int = 50 * 1024 * 1024
     #: Cleaner threads (Kafka: log.cleaner.threads); 0 turns compaction and merging off.
     cleaner_threads: int = 1
+    #: Run compaction and merging in worker processes (one per cleaner thread), so their
+    #: CPU-bound record work never takes the GIL from produce and fetch. Off, or when the stores
+    #: cannot be reopened by URL in another process, they run on the cleaner's threads.
+    cleaner_process: bool = True
     #: Pause between cleaner passes over all partitions when there was nothing to do
     #: (Kafka: log.cleaner.backoff.ms).
     cleaner_backoff_ms: int = 15_000

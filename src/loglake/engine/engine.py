@@ -206,7 +206,13 @@ class Engine:
         if cold is not None:
             self._relocator = Relocator(self.catalog, stores, indexes, config.relocation_threads, config.relocation_retry_ms)
             self._maintenance.relocator = self._relocator
-        self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config)
+        # A cleaner worker process reopens the stores by URL: only where that gives the same store.
+        reopenable = isinstance(self.fs, OsFileSystem)
+        cold_url = config.cold_store_url if self._given_cold_store is None else None
+        if cold_url and not reopenable and not cold_url.startswith("s3://"):
+            cold_url = None
+        store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
+        self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)

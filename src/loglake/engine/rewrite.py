@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,10 +32,11 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
-from loglake.segment.format import HEADER_SIZE, Rewrite, SegmentWriter
+from loglake.segment.format import HEADER_SIZE, Rewrite, SegmentIndex, SegmentWriter
 from loglake.segment.verify import verify_segment
+from loglake.store.base import segment_file_name
 
-__all__ = ["BatchFilter", "RateLimiter", "RewriteStats", "Rewriter"]
+__all__ = ["BatchFilter", "RateLimiter", "RewriteAborted", "RewriteStats", "Rewriter", "build"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,104 @@ class RewriteAborted(Exception):
     """The run changed under the rewrite (retention, relocation, a delete): nothing was swapped."""
 
 
+def build(
+    store: Any,
+    key_prefix: str,
+    run: list[SegmentRef],
+    keep: BatchFilter | None,
+    *,
+    kind: str,
+    params: dict[str, Any],
+    target_bytes: int,
+    now_ms: int,
+    limiter: RateLimiter,
+    alive: Callable[[], bool] | None = None,
+) -> tuple[list[tuple[SegmentRef, SegmentIndex]], RewriteStats]:
+    """Steps 1-3 of the module docstring: the new segments, PUT, not yet switched to.
+
+    Pure with respect to the engine (it needs only the store), so a worker process can run it.
+    With a filter, kept batches are copied, so an input segment is freed once it was read
+    rather than pinned by the output it contributed to. `alive()` is asked before each PUT
+    (a worker whose engine is gone must not write). On failure the objects already PUT are
+    deleted again.
+    """
+    if not run or len(run) > REWRITE_SEGMENTS_MAX:
+        raise ValueError(f"a rewrite takes 1..{REWRITE_SEGMENTS_MAX} segments, got {len(run)}")
+    if len({s.tier for s in run}) != 1:
+        raise ValueError("a rewrite's segments must all be in one tier")
+    stats = RewriteStats()
+    outputs: list[tuple[SegmentRef, SegmentIndex]] = []
+    group: list[SegmentRef] = []
+    writer: SegmentWriter | None = None
+    try:
+        for seg in run:
+            data = memoryview(store.get(seg.key))
+            limiter.acquire(len(data))
+            stats.bytes_read += len(data)
+            trailer = verify_segment(data, seg.key, seg.prev_hash)
+            if trailer.chain_hash != seg.chain_hash or trailer.link_hash != seg.link_hash:
+                raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "segment does not match its metadata")
+            if writer is None:
+                placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
+                writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
+            pos = HEADER_SIZE
+            end = trailer.index_position
+            while pos < end:
+                size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
+                batch = data[pos : pos + size]
+                pos += size
+                stats.batches_in += 1
+                out = batch if keep is None else keep(batch)
+                if out is not None:
+                    writer.add_batch(bytes(out) if keep is not None and out is batch else out)
+                    stats.batches_out += 1
+            group.append(seg)
+            if writer.size >= target_bytes or seg is run[-1]:
+                if alive is not None and not alive():
+                    raise RewriteAborted("the engine that asked for this rewrite is gone")
+                outputs.append(_finish(store, key_prefix, writer, group, kind, params, now_ms, limiter))
+                stats.bytes_written += outputs[-1][0].size
+                writer, group = None, []
+    except BaseException:
+        for ref, _index in outputs:
+            _delete_quietly(store, ref.key)
+        raise
+    stats.segments_in = len(run)
+    stats.segments_out = len(outputs)
+    stats.keys = [ref.key for ref, _ in outputs]
+    return outputs, stats
+
+
+def _finish(
+    store: Any,
+    key_prefix: str,
+    writer: SegmentWriter,
+    group: list[SegmentRef],
+    kind: str,
+    params: dict[str, Any],
+    now_ms: int,
+    limiter: RateLimiter,
+) -> tuple[SegmentRef, SegmentIndex]:
+    first, last = group[0], group[-1]
+    provenance = {"kind": kind, "ms": now_ms, "params": params, "replaced": [replaced_entry(s) for s in group]}
+    writer.rewrite = Rewrite(last.last_offset, last.link_hash, first.generation + 1, provenance)
+    parts, trailer, index = writer.finish()
+    key = key_prefix + segment_file_name(first.base_offset, first.generation + 1)
+    limiter.acquire(trailer.size)
+    store.put(key, parts)
+    return SegmentRef.from_trailer(key, trailer, first.tier, None), index
+
+
+def _delete_quietly(store: Any, key: str) -> None:
+    try:
+        store.delete(key)
+    except Exception:
+        log.exception("could not delete %s from %s after a failed rewrite; recovery removes it", key, store.url)
+
+
 class Rewriter:
+    """Steps 4-5 (the switch and the deletes) against the engine; `rewrite` does 1-5 here."""
+
     def __init__(
         self,
         catalog: Catalog,
@@ -119,57 +216,39 @@ class Rewriter:
         params: dict[str, Any],
         target_bytes: int,
         clean: Callable[[], dict[str, int]] | None = None,
-        on_segment: Callable[[SegmentRef, memoryview], None] | None = None,
     ) -> RewriteStats:
-        """Steps 1-5 of the module docstring. Raises RewriteAborted when the swap lost a race
-        (the new objects are deleted again), CorruptionError when an input is damaged."""
-        if not run or len(run) > REWRITE_SEGMENTS_MAX:
-            raise ValueError(f"a rewrite takes 1..{REWRITE_SEGMENTS_MAX} segments, got {len(run)}")
-        if len({s.tier for s in run}) != 1:
-            raise ValueError("a rewrite's segments must all be in one tier")
-        store = self.stores.store_for(run[0])
-        stats = RewriteStats()
-        outputs: list[tuple[SegmentRef, Any]] = []
-        group: list[SegmentRef] = []
-        writer: SegmentWriter | None = None
-        now_ms = int(self._clock() * 1000)
+        """Steps 1-5 on this thread. Raises RewriteAborted when the swap lost a race (the new
+        objects are deleted again), CorruptionError when an input is damaged."""
+        outputs, stats = build(
+            self.stores.store_for(run[0]),
+            p.segments.key_prefix,
+            run,
+            keep,
+            kind=kind,
+            params=params,
+            target_bytes=target_bytes,
+            now_ms=int(self._clock() * 1000),
+            limiter=self.limiter,
+        )
+        self.swap(p, run, outputs, clean() if clean is not None else None)
+        return stats
+
+    def swap(
+        self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, SegmentIndex]], clean: dict[str, int] | None
+    ) -> None:
+        """Steps 4-5: one durable metadata switch, then the replaced objects go. RewriteAborted
+        (and the outputs deleted) when the run is no longer in place."""
         try:
-            for seg in run:
-                data = memoryview(store.get(seg.key))
-                self.limiter.acquire(len(data))
-                stats.bytes_read += len(data)
-                trailer = verify_segment(data, seg.key, seg.prev_hash)
-                if trailer.chain_hash != seg.chain_hash or trailer.link_hash != seg.link_hash:
-                    raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "segment does not match its metadata")
-                if on_segment is not None:
-                    on_segment(seg, data)
-                if writer is None:
-                    placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
-                    writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
-                pos = HEADER_SIZE
-                end = trailer.index_position
-                while pos < end:
-                    size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-                    batch = data[pos : pos + size]
-                    pos += size
-                    stats.batches_in += 1
-                    out = batch if keep is None else keep(batch)
-                    if out is not None:
-                        writer.add_batch(out)
-                        stats.batches_out += 1
-                group.append(seg)
-                if writer.size >= target_bytes or seg is run[-1]:
-                    outputs.append(self._finish(p, store, writer, group, kind, params, now_ms))
-                    stats.bytes_written += outputs[-1][0].size
-                    writer, group = None, []
-            stats.segments_in = len(run)
-            stats.segments_out = len(outputs)
-            stats.keys = [ref.key for ref, _ in outputs]
-            fut = self._record(p, run, outputs, clean() if clean is not None else None)
-        except BaseException:
+            with p.lock:
+                fut = self.catalog.record_rewrite(p, run, [ref for ref, _ in outputs], clean)
+        except ValueError as exc:
+            fut, reason = None, str(exc)
+        else:
+            reason = f"segments {run[0].base_offset}..{run[-1].last_offset} changed during the rewrite"
+        if fut is None:
             for ref, _index in outputs:
                 self.stores.delete_segment(ref.key, ref.tier)
-            raise
+            raise RewriteAborted(reason)
         # From here the switch is applied: the new objects must stay whatever happens.
         fut.result()  # 4. the switch is durable
         for ref, index in outputs:
@@ -178,40 +257,3 @@ class Rewriter:
         for seg in run:  # 5. the replaced objects go
             self.indexes.forget(seg.key)
             self.stores.delete_segment(seg.key, seg.tier)
-        return stats
-
-    def _finish(
-        self,
-        p: Partition,
-        store: Any,
-        writer: SegmentWriter,
-        group: list[SegmentRef],
-        kind: str,
-        params: dict[str, Any],
-        now_ms: int,
-    ) -> tuple[SegmentRef, Any]:
-        first, last = group[0], group[-1]
-        provenance = {
-            "kind": kind,
-            "ms": now_ms,
-            "params": params,
-            "replaced": [replaced_entry(s) for s in group],
-        }
-        writer.rewrite = Rewrite(last.last_offset, last.link_hash, first.generation + 1, provenance)
-        parts, trailer, index = writer.finish()
-        key = p.segments.key_for(first.base_offset, first.generation + 1)
-        self.limiter.acquire(trailer.size)
-        store.put(key, parts)
-        return SegmentRef.from_trailer(key, trailer, first.tier, None), index
-
-    def _record(
-        self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, Any]], clean: dict[str, int] | None
-    ) -> Future[int]:
-        with p.lock:
-            try:
-                fut = self.catalog.record_rewrite(p, run, [ref for ref, _ in outputs], clean)
-            except ValueError as exc:
-                raise RewriteAborted(str(exc)) from None
-        if fut is None:
-            raise RewriteAborted(f"segments {run[0].base_offset}..{run[-1].last_offset} changed during the rewrite")
-        return fut

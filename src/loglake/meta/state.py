@@ -153,13 +153,6 @@ class PartitionMeta:
     #: compaction: when the cleaner first passed the oldest tombstone it kept (-1: none kept)
     tombstone_ms: int = -1
 
-    def first_pass_ms(self, offset: int) -> int | None:
-        """When the cleaner first passed `offset`, None if it never did."""
-        for end, ms in self.clean_marks:
-            if offset < end:
-                return ms
-        return None
-
     def note_clean(self, end: int, ms: int) -> None:
         if end > self.clean_end:
             self.clean_end = end
