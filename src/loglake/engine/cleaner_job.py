@@ -24,14 +24,15 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
 from loglake.engine.compaction import build_key_map, first_pass_ms, record_filter
 from loglake.engine.partition import SegmentRef
-from loglake.engine.rewrite import RateLimiter, RewriteStats, build
+from loglake.engine.rewrite import READ_CHUNK_BYTES, RateLimiter, RewriteStats, build
 from loglake.errors import LoglakeError
-from loglake.segment.format import SegmentIndex
+from loglake.segment.format import SegmentIndex, read_tail
 from loglake.store.base import ObjectStore
 
 __all__ = ["CompactJob", "JobResult", "MergeJob", "WorkerProcess", "run_job", "tier_chunks"]
@@ -107,11 +108,18 @@ def run_job(
         return JobResult([(job.run, outputs)], stats)
     total = RewriteStats()
 
-    def read(seg: SegmentRef) -> memoryview:
-        data = memoryview(stores[seg.tier].get(seg.key))
-        limiter.acquire(len(data))
-        total.bytes_read += len(data)
-        return data
+    def read(seg: SegmentRef) -> Iterator[memoryview]:
+        # unverified here: every mapped segment is rewritten by this pass, and the rewrite
+        # verifies it before anything is switched
+        _trailer, index = read_tail(stores[seg.tier], seg.key, seg.size)
+        i = 0
+        while i < len(index):
+            pos, length, count = index.byte_range(i, READ_CHUNK_BYTES)
+            data = stores[seg.tier].get_range(seg.key, pos, length)
+            limiter.acquire(len(data))
+            total.bytes_read += len(data)
+            yield memoryview(data)
+            i += count
 
     keymap, map_end = build_key_map(read, job.dirty, job.start, job.bytes_max)
     run = [s for s in job.run if s.base_offset < map_end]

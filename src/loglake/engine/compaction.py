@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.records.batch import ATTR_CONTROL, peek_header
 from loglake.records.rebuild import decode_plain, empty_batch, rebuild_batch
-from loglake.segment.format import HEADER_SIZE, parse_tail
 
 __all__ = ["KEY_ENTRY_BYTES", "CleanPlan", "KeyMap", "build_key_map", "dirty_ratio", "first_pass_ms", "plan_clean", "record_filter"]
 
@@ -71,13 +70,17 @@ class KeyMap:
     def full_for(self, new_keys: int, key_bytes: int) -> bool:
         return self.bytes_used + new_keys * KEY_ENTRY_BYTES + key_bytes > self.bytes_max
 
-    def add_batch(self, keys: list[bytes], offsets: list[int]) -> None:
+    def add_batch(self, keys: list[bytes], offsets: list[int], key_bytes: int | None = None) -> None:
+        """Map `keys` (already map keys) to `offsets`; `key_bytes` is sum(len(k) for k in keys)
+        when the caller has it."""
         entries = self.entries
         before = len(entries)
         entries.update(zip(keys, offsets, strict=True))
         grown = len(entries) - before
         if grown:
-            self.bytes_used += grown * KEY_ENTRY_BYTES + sum(len(k) for k in keys) * grown // len(keys)
+            if key_bytes is None:
+                key_bytes = sum(map(len, keys))
+            self.bytes_used += grown * KEY_ENTRY_BYTES + key_bytes * grown // len(keys)
 
 
 @dataclass
@@ -124,43 +127,57 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
 
 
 def build_key_map(
-    read: Callable[[SegmentRef], memoryview], dirty: list[SegmentRef], start: int, bytes_max: int
+    read: Callable[[SegmentRef], Iterable[memoryview]], dirty: list[SegmentRef], start: int, bytes_max: int
 ) -> tuple[KeyMap, int]:
     """Map the dirty records' keys from offset `start` on; returns the map and the first offset
-    not mapped (the pass's clean end)."""
+    not mapped (the pass's clean end). `read(seg)` yields a segment's data in chunks of whole
+    batches."""
     keymap = KeyMap(bytes_max)
     end = start
     for seg in dirty:
-        data = read(seg)
-        parsed = parse_tail(data, len(data), seg.key)
-        assert not isinstance(parsed, int)
-        trailer, _index = parsed
-        pos = HEADER_SIZE
-        while pos < trailer.index_position:
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-            batch = data[pos : pos + size]
-            pos += size
-            h = peek_header(batch)
-            if h.attributes & ATTR_CONTROL or h.base_offset + h.last_offset_delta < start:
-                continue
-            _h, records = decode_plain(batch)
-            keys = []
-            offsets = []
-            for r in records:
-                if r.key is not None and r.offset >= start:
-                    keys.append(map_key(r.key))
-                    offsets.append(r.offset)
-            if keys and keymap.full_for(len(keys), sum(len(k) for k in keys)):
-                if not keymap.entries:
-                    raise ValueError(
-                        f"cleaner_dedupe_buffer_bytes ({bytes_max}) cannot hold the keys of one batch "
-                        f"at offset {h.base_offset} of {seg.key}"
-                    )
-                return keymap, end
-            keymap.add_batch(keys, offsets)
-            end = h.base_offset + h.last_offset_delta + 1
+        for chunk in read(seg):
+            pos = 0
+            while pos < len(chunk):
+                size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+                batch = chunk[pos : pos + size]
+                pos += size
+                mapped = _map_batch(keymap, batch, start, seg.key)
+                if mapped is None:
+                    return keymap, end
+                end = max(end, mapped)
         end = max(end, seg.end_offset)
     return keymap, end
+
+
+def _map_batch(keymap: KeyMap, batch: memoryview, start: int, where: str) -> int | None:
+    """Map one batch's keys; the offset after it, or None when the map is full."""
+    h = peek_header(batch)
+    after = h.base_offset + h.last_offset_delta + 1
+    if h.attributes & ATTR_CONTROL or after <= start:
+        return after
+    _h, records = decode_plain(batch)
+    # The common batch (every record keyed, short keys, all at or after `start`) is mapped by
+    # C-level comprehensions; anything else record by record.
+    keys = [r.key for r in records]
+    offsets = [r.offset for r in records]
+    try:
+        longest = max(map(len, keys), default=0)
+    except TypeError:  # a record without a key
+        longest = KEY_INLINE_BYTES_MAX + 1
+    if longest > KEY_INLINE_BYTES_MAX or h.base_offset < start:
+        pairs = [(map_key(k), o) for k, o in zip(keys, offsets, strict=True) if k is not None and o >= start]
+        keys = [k for k, _o in pairs]
+        offsets = [o for _k, o in pairs]
+    key_bytes = sum(map(len, keys))
+    if keys and keymap.full_for(len(keys), key_bytes):
+        if not keymap.entries:
+            raise ValueError(
+                f"cleaner_dedupe_buffer_bytes ({keymap.bytes_max}) cannot hold the keys of one batch "
+                f"at offset {h.base_offset} of {where}"
+            )
+        return None
+    keymap.add_batch(keys, offsets, key_bytes)
+    return after
 
 
 def record_filter(

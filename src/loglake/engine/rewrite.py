@@ -32,8 +32,8 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
-from loglake.segment.format import HEADER_SIZE, Rewrite, SegmentIndex, SegmentWriter
-from loglake.segment.verify import verify_segment
+from loglake.segment.format import Rewrite, SegmentIndex, SegmentWriter
+from loglake.segment.verify import SegmentReader
 from loglake.store.base import segment_file_name
 
 __all__ = ["BatchFilter", "RateLimiter", "RewriteAborted", "RewriteStats", "Rewriter", "build"]
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: A batch in, the batch to keep out (the same view, a rebuilt batch, or None to drop it).
 BatchFilter = Callable[[memoryview], "bytes | memoryview | None"]
 
+#: Input is read in chunks of whole batches of about this size (one batch when larger), so a
+#: rewrite holds one chunk of input, not a whole segment.
+READ_CHUNK_BYTES = 8 * 1024 * 1024
 #: Most segments one rewrite replaces (bounds its metadata record and provenance).
 REWRITE_SEGMENTS_MAX = 1_000
 
@@ -110,8 +113,8 @@ def build(
     """Steps 1-3 of the module docstring: the new segments, PUT, not yet switched to.
 
     Pure with respect to the engine (it needs only the store), so a worker process can run it.
-    With a filter, kept batches are copied, so an input segment is freed once it was read
-    rather than pinned by the output it contributed to. `alive()` is asked before each PUT
+    Inputs are read and verified in chunks (READ_CHUNK_BYTES); with a filter, kept batches
+    are copied, so a chunk is freed once it was filtered rather than pinned by the output. `alive()` is asked before each PUT
     (a worker whose engine is gone must not write). On failure the objects already PUT are
     deleted again.
     """
@@ -125,26 +128,26 @@ def build(
     writer: SegmentWriter | None = None
     try:
         for seg in run:
-            data = memoryview(store.get(seg.key))
-            limiter.acquire(len(data))
-            stats.bytes_read += len(data)
-            trailer = verify_segment(data, seg.key, seg.prev_hash)
-            if trailer.chain_hash != seg.chain_hash or trailer.link_hash != seg.link_hash:
-                raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "segment does not match its metadata")
+            reader = SegmentReader(store, seg.key, seg.size, READ_CHUNK_BYTES)
             if writer is None:
                 placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
                 writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
-            pos = HEADER_SIZE
-            end = trailer.index_position
-            while pos < end:
-                size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-                batch = data[pos : pos + size]
-                pos += size
-                stats.batches_in += 1
-                out = batch if keep is None else keep(batch)
-                if out is not None:
-                    writer.add_batch(bytes(out) if keep is not None and out is batch else out)
-                    stats.batches_out += 1
+            for chunk in reader.chunks():
+                limiter.acquire(len(chunk))
+                pos, end = 0, len(chunk)
+                while pos < end:
+                    size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+                    batch = chunk[pos : pos + size]
+                    pos += size
+                    stats.batches_in += 1
+                    out = batch if keep is None else keep(batch)
+                    if out is not None:
+                        writer.add_batch(bytes(out) if keep is not None and out is batch else out)
+                        stats.batches_out += 1
+            trailer = reader.finish(seg.prev_hash)
+            stats.bytes_read += reader.bytes_read
+            if trailer.chain_hash != seg.chain_hash or trailer.link_hash != seg.link_hash:
+                raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "segment does not match its metadata")
             group.append(seg)
             if writer.size >= target_bytes or seg is run[-1]:
                 if alive is not None and not alive():

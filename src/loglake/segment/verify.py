@@ -11,7 +11,7 @@ import base64
 import binascii
 import hashlib
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import crc32c
@@ -331,6 +331,40 @@ def verify_segment_in_store(
     if checker is None:  # pragma: no cover - parse_tail guarantees a data section
         raise CorruptionError(key, 0, "segment has no data section")
     return checker.finish(expected_prev_hash)
+
+
+class SegmentReader:
+    """A stored segment read in chunks of whole batches (at most `chunk_bytes`, or one batch),
+    each checked as it arrives: batch CRCs, index, offsets. `finish` then checks what needs the
+    whole data section (data CRC, chain hash, counts). Memory stays at one chunk however large
+    the segment is (compaction and merging read their inputs this way)."""
+
+    def __init__(self, store: ObjectStore, key: str, size: int | None = None, chunk_bytes: int = VERIFY_CHUNK_BYTES) -> None:
+        self.store = store
+        self.key = key
+        self.chunk_bytes = chunk_bytes
+        self.trailer, self.index = read_tail(store, key, size)
+        header = store.get_range(key, 0, HEADER_SIZE)
+        if len(header) != HEADER_SIZE:
+            raise CorruptionError(key, len(header), "object ended inside the header")
+        check_header(header, self.trailer, key)
+        self._checker = _DataChecker(key, self.trailer, self.index, header)
+        self.bytes_read = self.trailer.size - self.trailer.index_position + HEADER_SIZE
+
+    def chunks(self) -> Iterator[memoryview]:
+        i, n = 0, len(self.index)
+        while i < n:
+            pos, length, count = self.index.byte_range(i, self.chunk_bytes)
+            data = self.store.get_range(self.key, pos, length)
+            if len(data) != length:
+                raise CorruptionError(self.key, pos + len(data), f"object ended early (expected {self.trailer.size} bytes)")
+            self._checker.feed(data)
+            self.bytes_read += length
+            yield memoryview(data)
+            i += count
+
+    def finish(self, expected_prev_hash: bytes | None) -> SegmentTrailer:
+        return self._checker.finish(expected_prev_hash)
 
 
 def verify_chain(
