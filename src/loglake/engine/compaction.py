@@ -61,13 +61,17 @@ class KeyMap:
     def full_for(self, new_keys: int, key_bytes: int) -> bool:
         return self.bytes_used + new_keys * KEY_ENTRY_BYTES + key_bytes > self.bytes_max
 
-    def add_batch(self, keys: list[bytes], offsets: list[int]) -> None:
+    def add_batch(self, keys: list[bytes], offsets: list[int], key_bytes: int | None = None) -> None:
+        """Map `keys` (already map keys) to `offsets`; `key_bytes` is sum(len(k) for k in keys)
+        when the caller has it."""
         entries = self.entries
         before = len(entries)
         entries.update(zip(keys, offsets, strict=True))
         grown = len(entries) - before
         if grown:
-            self.bytes_used += grown * KEY_ENTRY_BYTES + sum(len(k) for k in keys) * grown // len(keys)
+            if key_bytes is None:
+                key_bytes = sum(map(len, keys))
+            self.bytes_used += grown * KEY_ENTRY_BYTES + key_bytes * grown // len(keys)
 
 
 @dataclass
@@ -135,20 +139,27 @@ def build_key_map(
             if h.attributes & ATTR_CONTROL or h.base_offset + h.last_offset_delta < start:
                 continue
             _h, records = decode_plain(batch)
-            keys = []
-            offsets = []
-            for r in records:
-                if r.key is not None and r.offset >= start:
-                    keys.append(map_key(r.key))
-                    offsets.append(r.offset)
-            if keys and keymap.full_for(len(keys), sum(len(k) for k in keys)):
+            # The common batch (every record keyed, short keys, all at or after `start`) is
+            # mapped by C-level comprehensions; anything else record by record.
+            keys = [r.key for r in records]
+            offsets = [r.offset for r in records]
+            try:
+                longest = max(map(len, keys), default=0)
+            except TypeError:  # a record without a key
+                longest = KEY_INLINE_BYTES_MAX + 1
+            if longest > KEY_INLINE_BYTES_MAX or h.base_offset < start:
+                pairs = [(map_key(k), o) for k, o in zip(keys, offsets, strict=True) if k is not None and o >= start]
+                keys = [k for k, _o in pairs]
+                offsets = [o for _k, o in pairs]
+            key_bytes = sum(map(len, keys))
+            if keys and keymap.full_for(len(keys), key_bytes):
                 if not keymap.entries:
                     raise ValueError(
                         f"cleaner_dedupe_buffer_bytes ({bytes_max}) cannot hold the keys of one batch "
                         f"at offset {h.base_offset} of {seg.key}"
                     )
                 return keymap, end
-            keymap.add_batch(keys, offsets)
+            keymap.add_batch(keys, offsets, key_bytes)
             end = h.base_offset + h.last_offset_delta + 1
         end = max(end, seg.end_offset)
     return keymap, end
