@@ -292,7 +292,8 @@ def child_compact(data_dir: str, dedupe: int, rate: int, max_passes: int) -> dic
         before = segment_refs(engine)
         sealed_before = sum(s.size for s in before)
         phases: dict[str, float] = {"map_s": 0.0, "rewrite_s": 0.0, "map_bytes": 0, "rewrite_bytes_read": 0, "rewrite_bytes_written": 0}
-        real_build = cleaner_module.build_key_map
+        namespace = vars(cleaner_module)  # the cleaner calls the name it imported
+        real_build = namespace["build_key_map"]
         real_rewrite = cleaner.rewriter.rewrite
 
         def timed_build(*args: Any, **kwargs: Any) -> Any:
@@ -314,7 +315,7 @@ def child_compact(data_dir: str, dedupe: int, rate: int, max_passes: int) -> dic
             phases["rewrite_bytes_written"] += stats.bytes_written
             return stats
 
-        cleaner_module.build_key_map = timed_build  # type: ignore[assignment]
+        namespace["build_key_map"] = timed_build
         cleaner.rewriter.rewrite = timed_rewrite  # type: ignore[method-assign]
         rss0, hwm0 = rss_now()
         reset = reset_peak()
