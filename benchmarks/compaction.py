@@ -560,6 +560,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, smoke run (< 30 s)")
     parser.add_argument("--skip-produce", action="store_true")
     parser.add_argument("--skip-rate-limited", action="store_true", help="no run at the default rate limit")
+    parser.add_argument("--skip-compaction", action="store_true", help="only the produce measurement")
+    parser.add_argument(
+        "--switch-interval", type=float, default=None, help="sys.setswitchinterval for the produce measurement (experiment)"
+    )
     parser.add_argument("--dir", default=None, help="where data lives (default: a temp dir next to the repo)")
     parser.add_argument("--json-out", default=None)
     parser.add_argument("--child-compact", default=None, help=argparse.SUPPRESS)
@@ -586,13 +590,17 @@ def main() -> None:
         need = int(keys * (KEY_ENTRY_BYTES + KEY_BYTES) * 1.05)
         full_map = max(DEFAULT_DEDUPE, need)
         tenth_map = max(MiB, keys // WINDOWS * (KEY_ENTRY_BYTES + KEY_BYTES))
-        runs = [
-            run_compaction(base, pristine, "single-pass", full_map, 0, 1000),
-            run_compaction(base, pristine, "multi-pass-tenth-keys", tenth_map, 0, 1000),
-        ]
-        if not args.skip_rate_limited:
-            runs.append(run_compaction(base, pristine, "single-pass-50MiB/s", full_map, DEFAULT_RATE, 1000))
+        runs = []
+        if not args.skip_compaction:
+            runs.append(run_compaction(base, pristine, "single-pass", full_map, 0, 1000))
+            runs.append(run_compaction(base, pristine, "multi-pass-tenth-keys", tenth_map, 0, 1000))
+            if not args.skip_rate_limited:
+                runs.append(run_compaction(base, pristine, "single-pass-50MiB/s", full_map, DEFAULT_RATE, 1000))
+        if args.switch_interval is not None:
+            sys.setswitchinterval(args.switch_interval)
         produce = None if args.skip_produce else produce_during_clean(base, pristine, seconds)
+        if produce is not None:
+            produce["switch_interval_s"] = sys.getswitchinterval()
         result: dict[str, Any] = {
             "load_before": load_before,
             "load_after": load(),
