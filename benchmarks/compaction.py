@@ -61,7 +61,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
-import loglake.engine.cleaner as cleaner_module  # noqa: E402
+import loglake.engine.cleaner_job as cleaner_job  # noqa: E402
 from loglake.engine import Engine, open_engine  # noqa: E402
 from loglake.engine.compaction import KEY_ENTRY_BYTES  # noqa: E402
 from loglake.records.batch import build_batch  # noqa: E402
@@ -280,43 +280,51 @@ def reset_peak() -> bool:
 
 
 def child_compact(data_dir: str, dedupe: int, rate: int, max_passes: int) -> dict[str, Any]:
+    # The job runs in this process (cleaner_process=False): what one worker process does, timed
+    # phase by phase; its memory is this process's peak.
     engine = open_engine(
         data_dir,
         cleaner_threads=0,
         merge_min_segments=0,
         cleaner_dedupe_buffer_bytes=dedupe,
         cleaner_io_max_bytes_per_second=rate,
+        cleaner_process=False,
     )
     try:
         cleaner = engine.cleaner
         before = segment_refs(engine)
         sealed_before = sum(s.size for s in before)
         phases: dict[str, float] = {"map_s": 0.0, "rewrite_s": 0.0, "map_bytes": 0, "rewrite_bytes_read": 0, "rewrite_bytes_written": 0}
-        namespace = vars(cleaner_module)  # the cleaner calls the name it imported
-        real_build = namespace["build_key_map"]
-        real_rewrite = cleaner.rewriter.rewrite
+        namespace = vars(cleaner_job)  # the job calls the names it imported
+        real_build_map = namespace["build_key_map"]
+        real_build = namespace["build"]
+        map_read = [0]
 
-        def timed_build(*args: Any, **kwargs: Any) -> Any:
-            read0 = cleaner.stats.bytes_read
+        def timed_build_map(read: Any, *args: Any, **kwargs: Any) -> Any:
+            def counting(seg: Any) -> Any:
+                for chunk in read(seg):
+                    map_read[0] += len(chunk)
+                    yield chunk
+
             t0 = time.perf_counter()
             try:
-                return real_build(*args, **kwargs)
+                return real_build_map(counting, *args, **kwargs)
             finally:
                 phases["map_s"] += time.perf_counter() - t0
-                phases["map_bytes"] += cleaner.stats.bytes_read - read0
+                phases["map_bytes"] = map_read[0]
 
-        def timed_rewrite(*args: Any, **kwargs: Any) -> Any:
+        def timed_build(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
-                stats = real_rewrite(*args, **kwargs)
+                outputs, stats = real_build(*args, **kwargs)
             finally:
                 phases["rewrite_s"] += time.perf_counter() - t0
             phases["rewrite_bytes_read"] += stats.bytes_read
             phases["rewrite_bytes_written"] += stats.bytes_written
-            return stats
+            return outputs, stats
 
-        namespace["build_key_map"] = timed_build
-        cleaner.rewriter.rewrite = timed_rewrite  # type: ignore[method-assign]
+        namespace["build_key_map"] = timed_build_map
+        namespace["build"] = timed_build
         rss0, hwm0 = rss_now()
         reset = reset_peak()
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -434,7 +442,8 @@ def produce_window(engine: Engine, batches: list[bytes], seconds: float) -> dict
 def produce_during_clean(base: str, pristine: str, seconds: float) -> dict[str, Any]:
     data_dir = os.path.join(base, "run-produce")
     link_copy(pristine, data_dir)
-    engine = open_engine(data_dir, cleaner_threads=0, merge_min_segments=0)  # default rate limit and key map
+    # defaults: rate limit, key map, and the pass in a worker process (cleaner_process=True)
+    engine = open_engine(data_dir, cleaner_threads=0, merge_min_segments=0)
     try:
         engine.create_topic(PRODUCE_TOPIC, 1, {"durability": "fsync"})
         rng = random.Random(3)

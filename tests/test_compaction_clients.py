@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 
-from brokerkit import Broker, serving_broker
+from brokerkit import Broker, free_port, serving_broker
 
 KCAT = shutil.which("kcat")
 TOPIC_CONFIG = {
@@ -60,7 +61,11 @@ Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     root = Path(tmp_path_factory.mktemp("compaction"))
     (root / "broker.toml").write_text(BROKER_TOML)
-    with serving_broker(root / "data", ["--config", str(root / "broker.toml")]) as b:
+    metrics_port = free_port()
+    with serving_broker(
+        root / "data", ["--config", str(root / "broker.toml"), "--metrics-listen", f"127.0.0.1:{metrics_port}"]
+    ) as b:
+        b.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
         yield b
     assert "retried each round" not in b.log_text(), b.log_text()[-5000:]  # no cleaner failure
 
@@ -289,3 +294,19 @@ def test_consumer_group_never_sees_offsets_go_back(broker: Broker) -> None:
     finally:
         c.close()
     assert seen_while_rewritten > 0
+
+
+def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
+    topic = create_topic(broker, "metrics")
+    produce(broker, topic, [(b"k%d" % (i % 5), b"v%d" % i) for i in range(500)])
+    wait_for("the topic to be compacted", one_per_key(broker, topic, 5))
+    text = urllib.request.urlopen(broker.metrics_url, timeout=5).read().decode()  # type: ignore[attr-defined]
+    values = {
+        line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")
+    }
+    assert values["loglake_cleaner_compactions_total"] >= 1
+    assert values["loglake_cleaner_bytes_read_total"] > 0 and values["loglake_cleaner_bytes_written_total"] > 0
+    assert values["loglake_cleaner_errors_total"] == 0
+    ratio = values[f'loglake_partition_dirty_ratio{{topic="{topic}",partition="0"}}']
+    assert 0.0 <= ratio <= 1.0
+    assert "# TYPE loglake_cleaner_compactions_total counter" in text
