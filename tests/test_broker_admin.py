@@ -84,12 +84,18 @@ def partitions_of(admin: AdminClient, name: str) -> int | None:
 
 
 def produce(
-    broker: Broker, topic: str, values: list[bytes], partition: int = 0, conf: dict[str, Any] | None = None
+    broker: Broker,
+    topic: str,
+    values: list[bytes],
+    partition: int = 0,
+    conf: dict[str, Any] | None = None,
+    keyed: bool = False,
 ) -> list[Any]:
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, **(conf or {})})
     reports: list[Any] = []
     for v in values:
-        producer.produce(topic, v, partition=partition, on_delivery=lambda err, msg: reports.append((err, msg)))
+        key = v if keyed else None
+        producer.produce(topic, v, key, partition=partition, on_delivery=lambda err, msg: reports.append((err, msg)))
     assert producer.flush(TIMEOUT) == 0
     return reports
 
@@ -559,7 +565,7 @@ def test_zz_admin_changes_survive_restart(broker: Broker) -> None:
     res = incremental("rs", ("cleanup.policy", "compact", AlterConfigOpType.SET))
     assert result(admin.incremental_alter_configs([res])[res]) is None
     assert result(admin.create_partitions([NewPartitions("rs", 3)])["rs"]) is None
-    produce(broker, "rs", [b"a", b"b", b"c"])
+    produce(broker, "rs", [b"a", b"b", b"c"], keyed=True)  # a compacted topic refuses keyless records
     [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
     assert result(fut).low_watermark == 2
     del admin
