@@ -32,7 +32,8 @@ from loglake.engine.compaction import build_key_map, first_pass_ms, record_filte
 from loglake.engine.partition import SegmentRef
 from loglake.engine.rewrite import READ_CHUNK_BYTES, RateLimiter, RewriteStats, build
 from loglake.errors import LoglakeError
-from loglake.segment.format import SegmentIndex, read_tail
+from loglake.segment.format import read_tail
+from loglake.segment.index import SegmentIndex
 from loglake.store.base import ObjectStore
 
 __all__ = ["CompactJob", "JobResult", "MergeJob", "WorkerProcess", "run_job", "tier_chunks"]

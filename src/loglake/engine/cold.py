@@ -16,7 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from loglake.errors import CorruptionError, LoglakeError
-from loglake.segment.format import HEADER_SIZE, SegmentIndex, SegmentTrailer, read_tail
+from loglake.segment.format import HEADER_SIZE, SegmentTrailer, read_tail
+from loglake.segment.index import SegmentIndex
 from loglake.store.base import ObjectStore
 
 log = logging.getLogger(__name__)

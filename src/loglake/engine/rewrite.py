@@ -32,7 +32,8 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
-from loglake.segment.format import Rewrite, SegmentIndex, SegmentWriter
+from loglake.segment.format import Rewrite, SegmentWriter
+from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader
 from loglake.store.base import segment_file_name
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from loglake.engine.cold import ColdReader
 from loglake.engine.partition import SegmentRef
 from loglake.errors import StorageError
-from loglake.segment.format import SegmentIndex, read_tail
+from loglake.segment.format import read_tail
+from loglake.segment.index import SegmentIndex
 from loglake.store.base import ObjectStore
 
 __all__ = ["IndexCache", "Stores"]

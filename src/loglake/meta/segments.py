@@ -37,7 +37,8 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from loglake.segment.format import SegmentIndex, SegmentTrailer
+from loglake.segment.format import SegmentTrailer
+from loglake.segment.index import SegmentIndex
 from loglake.store.base import segment_file_name
 
 __all__ = ["ENTRY", "ENTRY_V1", "TIERS", "SegmentRef", "SegmentTable"]

@@ -3,18 +3,16 @@
 from loglake.segment.format import (
     FORMAT_VERSION,
     HEADER_SIZE,
-    INDEX_ENTRY_SIZE,
     TAIL_READ_BYTES,
     TRAILER_SIZE,
     ZERO_HASH,
-    IndexEntry,
     KafkaBatchHeader,
-    SegmentIndex,
     SegmentTrailer,
     SegmentWriter,
     parse_tail,
     read_tail,
 )
+from loglake.segment.index import INDEX_ENTRY_SIZE, IndexEntry, SegmentIndex
 from loglake.segment.verify import (
     describe_segment,
     verify_chain,

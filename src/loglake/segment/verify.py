@@ -25,8 +25,6 @@ from loglake.segment.format import (
     HEADER_CRC_OFFSET,
     HEADER_MAGIC,
     HEADER_SIZE,
-    INDEX_ENTRY,
-    INDEX_ENTRY_SIZE,
     KAFKA_CRC_FIELD,
     KAFKA_CRC_START,
     KAFKA_HEADER,
@@ -36,12 +34,12 @@ from loglake.segment.format import (
     KAFKA_MAGIC_FIELD,
     MIN_BATCH_LENGTH,
     MIN_SEGMENT_SIZE,
-    SegmentIndex,
     SegmentTrailer,
     parse_tail,
     read_tail,
     unpack_kafka_header,
 )
+from loglake.segment.index import INDEX_ENTRY, INDEX_ENTRY_SIZE, SegmentIndex
 from loglake.store.base import BytesLike, ObjectStore
 
 #: Chunk size of streamed verification.
@@ -227,7 +225,8 @@ class _DataChecker:
             )
         if t.rewritten and self.next_offset - 1 > t.last_offset:
             raise self._fail(
-                t.field_position("last_offset"), f"batches reach offset {self.next_offset - 1}, past the segment's last {t.last_offset}"
+                t.field_position("last_offset"),
+                f"batches reach offset {self.next_offset - 1}, past the segment's last {t.last_offset}",
             )
         for name, stored, actual in (
             ("last_offset", t.last_offset, t.last_offset if t.rewritten else self.next_offset - 1),
@@ -267,13 +266,21 @@ def check_provenance(t: SegmentTrailer, key: str) -> None:
                 raise ValueError("a hash is not 32 bytes")
             replaced.append((int(r[0]), int(r[1]), link))
     except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as exc:
-        raise CorruptionError(key, at, f"provenance has no valid list of replaced segments: {exc!r}") from None
+        raise CorruptionError(
+            key, at, f"provenance has no valid list of replaced segments: {exc!r}"
+        ) from None
     if not replaced:
         raise CorruptionError(key, at, "provenance names no replaced segment")
     if replaced[0][0] != t.base_offset:
-        raise CorruptionError(key, t.field_position("base_offset"), "the first replaced segment does not start where this one does")
+        raise CorruptionError(
+            key,
+            t.field_position("base_offset"),
+            "the first replaced segment does not start where this one does",
+        )
     if replaced[-1][1] != t.last_offset or replaced[-1][2] != t.link_hash:
-        raise CorruptionError(key, t.field_position("link_hash"), "the last replaced segment does not end where this one does")
+        raise CorruptionError(
+            key, t.field_position("link_hash"), "the last replaced segment does not end where this one does"
+        )
     for a, b in itertools.pairwise(replaced):
         if b[0] != a[1] + 1:
             raise CorruptionError(key, at, f"replaced segments at {a[0]} and {b[0]} were not neighbours")
@@ -339,7 +346,9 @@ class SegmentReader:
     whole data section (data CRC, chain hash, counts). Memory stays at one chunk however large
     the segment is (compaction and merging read their inputs this way)."""
 
-    def __init__(self, store: ObjectStore, key: str, size: int | None = None, chunk_bytes: int = VERIFY_CHUNK_BYTES) -> None:
+    def __init__(
+        self, store: ObjectStore, key: str, size: int | None = None, chunk_bytes: int = VERIFY_CHUNK_BYTES
+    ) -> None:
         self.store = store
         self.key = key
         self.chunk_bytes = chunk_bytes
@@ -357,7 +366,9 @@ class SegmentReader:
             pos, length, count = self.index.byte_range(i, self.chunk_bytes)
             data = self.store.get_range(self.key, pos, length)
             if len(data) != length:
-                raise CorruptionError(self.key, pos + len(data), f"object ended early (expected {self.trailer.size} bytes)")
+                raise CorruptionError(
+                    self.key, pos + len(data), f"object ended early (expected {self.trailer.size} bytes)"
+                )
             self._checker.feed(data)
             self.bytes_read += length
             yield memoryview(data)
