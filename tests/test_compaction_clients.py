@@ -308,5 +308,7 @@ def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
     assert values["loglake_cleaner_bytes_read_total"] > 0 and values["loglake_cleaner_bytes_written_total"] > 0
     assert values["loglake_cleaner_errors_total"] == 0
     ratio = values[f'loglake_partition_dirty_ratio{{topic="{topic}",partition="0"}}']
+    last = values[f'loglake_cleaner_partition_last_compaction_timestamp_seconds{{topic="{topic}",partition="0"}}']
+    assert abs(last - time.time()) < 600
     assert 0.0 <= ratio <= 1.0
     assert "# TYPE loglake_cleaner_compactions_total counter" in text

@@ -129,6 +129,16 @@ class Metrics:
                 out.append(f"# TYPE {name} counter")
                 line(name, value)
             line("loglake_cleaner_last_run_timestamp_seconds", stats.last_run_ms / 1000)
+            partitions = list(cleaner.partition_stats.items())
+            out.append("# TYPE loglake_cleaner_partition_last_compaction_timestamp_seconds gauge")
+            for (topic_name, p), pstats in partitions:
+                if "last_run_ms" in pstats:
+                    labels = {"topic": topic_name, "partition": p}
+                    line("loglake_cleaner_partition_last_compaction_timestamp_seconds", pstats["last_run_ms"] / 1000, labels)
+            out.append("# TYPE loglake_cleaner_partition_errors_total counter")
+            for (topic_name, p), pstats in partitions:
+                if pstats.get("errors"):
+                    line("loglake_cleaner_partition_errors_total", pstats["errors"], {"topic": topic_name, "partition": p})
         if coordinator is not None and hasattr(coordinator, "fetch_offsets"):
             groups: list[Any] = coordinator.list_groups()
             for entry in groups:
