@@ -475,13 +475,15 @@ class Engine:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
         return self.appender.append_records(topic, partition, records, compression=compression)
 
-    def read(self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False) -> ReadResult:
-        return self.reader.read(topic, partition, offset, max_bytes, file_ranges=file_ranges)
+    def read(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
+    ) -> ReadResult:
+        return self.reader.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
 
     def read_async(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> Future[ReadResult]:
-        return self.reader.read_async(topic, partition, offset, max_bytes, file_ranges=file_ranges)
+        return self.reader.read_async(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
         return self.reader.offset_for_timestamp(topic, partition, timestamp_ms)

@@ -18,6 +18,9 @@ from loglake.store.base import ObjectNotFoundError
 
 __all__ = ["Reader"]
 
+#: What `_read_segment` returns when the first batch does not fit and `min_one` is off.
+_TOO_LARGE = b"\0"
+
 
 class Reader:
     def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
@@ -26,9 +29,11 @@ class Reader:
         self.indexes = indexes
 
     def read(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> ReadResult:
-        """Whole batches from the one holding `offset`, up to `max_bytes` (at least one batch).
+        """Whole batches from the one holding `offset`, up to `max_bytes`: with `min_one` at least
+        one batch however large (Kafka's first-batch exception, so a reader always progresses);
+        without it nothing when the first batch does not fit.
 
         Only data below the high watermark is returned. `file_ranges=True` lets hot segment data
         come back as FileRange (for sendfile) instead of bytes.
@@ -50,6 +55,8 @@ class Reader:
                 chunks: list[Chunk] = []
                 if p.buffer and offset >= p.buffer[0].base_offset:
                     self._read_buffer(p, offset, hw, max_bytes, chunks)
+                    if not min_one and chunks and len(chunks[0]) > max_bytes:  # type: ignore[arg-type]
+                        chunks = []
                     return ReadResult(chunks, hw, start)
                 seg_i = p.segment_find(offset)
                 if seg_i is None:
@@ -61,11 +68,13 @@ class Reader:
                 seg = p.segments[seg_i]
                 next_key = p.segments.key_at(seg_i + 1) if seg_i + 1 < len(p.segments) else None
             try:
-                chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key)
+                chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one)
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
                 attempts += 1
                 continue
+            if chunks and chunks[0] is _TOO_LARGE:
+                return ReadResult([], hw, start)  # the first batch does not fit and min_one is off
             if not chunks and seg.rewritten:
                 offset = seg.end_offset  # compaction left nothing at or after `offset` here: the next one
                 continue
@@ -106,13 +115,15 @@ class Reader:
         return self.stores.store_for(seg).get_range(seg.key, position, length)
 
     def _read_segment(
-        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None
+        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None, min_one: bool = True
     ) -> list[Chunk]:
         index = self.indexes.get(seg)
         first = index.find_offset(offset)
         if first is None:
             return []
         position, length, _count = index.byte_range(first, max_bytes)
+        if length > max_bytes and not min_one:
+            return [_TOO_LARGE]
         if seg.tier == "cold" and self.stores.cold_reader is not None:
             data = self.stores.cold_reader.read_range(seg.key, position, length)
             self.stores.cold_reader.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
@@ -124,7 +135,7 @@ class Reader:
         return [self.stores.hot.get_range(seg.key, position, length)]
 
     def read_async(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> Future[ReadResult]:
         """`read` that never does cold-store I/O on the caller's thread.
 
@@ -142,11 +153,11 @@ class Reader:
                 )
             if cold:
                 return self.stores.cold_reader.submit(  # type: ignore[return-value]
-                    lambda: self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges)
+                    lambda: self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
                 )
         fut: Future[ReadResult] = Future()
         try:
-            fut.set_result(self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges))
+            fut.set_result(self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one))
         except BaseException as exc:
             fut.set_exception(exc)
         return fut

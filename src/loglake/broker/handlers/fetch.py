@@ -58,7 +58,12 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 if total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
                 limit = min(part.partition_max_bytes, max_bytes - total)
-                pending = engine.read_async(name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True)
+                # Kafka's rule: only the first partition that returns data may overstep the limits,
+                # by its first batch, so a consumer always progresses; any later partition returns
+                # nothing when its first batch does not fit in what is left (KIP-74).
+                pending = engine.read_async(
+                    name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True, min_one=total == 0
+                )
                 # Cold segments are read on the engine's cold pool; never block the event loop.
                 result = pending.result() if pending.done() else await asyncio.wrap_future(pending)
             except OffsetOutOfRangeError as exc:
@@ -78,8 +83,8 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
             fp.records = result.chunks
             if result.chunks:
                 total += result.size
-            else:
-                empty.append((name, part.partition, part.fetch_offset))
+            elif part.fetch_offset >= result.high_watermark:
+                empty.append((name, part.partition, part.fetch_offset))  # nothing yet: long-poll on it
     return out, total, empty
 
 
