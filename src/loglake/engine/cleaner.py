@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -114,7 +113,7 @@ class Cleaner:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.limiter = RateLimiter(config.cleaner_io_max_bytes_per_second, self._stop)
-        self.rewriter = Rewriter(catalog, stores, indexes, clock, self.limiter)
+        self.rewriter = Rewriter(catalog, stores, indexes)
         self.stats = CleanerStats()
         #: (topic, partition) -> {"last_run_ms", "dirty_ratio", "errors"} of the last pass
         self.partition_stats: dict[tuple[str, int], dict[str, Any]] = {}
@@ -219,9 +218,9 @@ class Cleaner:
                 log.error("cleaning %s-%d failed (retried each round; logged once): %s", t.name, p.index, exc)
         return done
 
-    def _note(self, topic: str, partition: int, name: str, value: Any, add: bool = True) -> None:
+    def _note(self, topic: str, partition: int, name: str, value: Any) -> None:
         stats = self.partition_stats.setdefault((topic, partition), {})
-        stats[name] = stats.get(name, 0) + value if add and name == "errors" else value
+        stats[name] = stats.get(name, 0) + value if name == "errors" else value
 
     # ---- leftovers ----------------------------------------------------------------------------
 
@@ -257,7 +256,7 @@ class Cleaner:
         config = t.config
         now_ms = int(self._clock() * 1000)
         plan = plan_clean(p, config, now_ms, force=force)
-        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p), add=False)
+        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p))
         if plan is None:
             return 0
         with p.lock:
@@ -290,8 +289,8 @@ class Cleaner:
         self.stats.records_in += counts.get("records_in", 0)
         self.stats.records_out += counts.get("records_out", 0)
         self.stats.tombstones_dropped += counts.get("tombstones_dropped", 0)
-        self._note(t.name, p.index, "last_run_ms", now_ms, add=False)
-        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p), add=False)
+        self._note(t.name, p.index, "last_run_ms", now_ms)
+        self._note(t.name, p.index, "dirty_ratio", dirty_ratio(p))
         log.info(
             "compacted %s-%d: %d keys mapped up to offset %d, %d of %d records kept, dirty ratio was %.2f",
             t.name, p.index, result.keys_mapped, result.map_end, counts.get("records_out", 0),
@@ -382,12 +381,3 @@ class Cleaner:
         self.stats.bytes_read += result.stats.bytes_read
         self.stats.bytes_written += result.stats.bytes_written
 
-    def wait_idle(self, timeout_s: float) -> bool:
-        """True once no partition is being rewritten (tests, shutdown)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with self._lock:
-                if not self._busy:
-                    return True
-            time.sleep(0.01)
-        return False

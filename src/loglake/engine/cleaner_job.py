@@ -32,8 +32,8 @@ from loglake.engine.compaction import build_key_map, first_pass_ms, record_filte
 from loglake.engine.partition import SegmentRef
 from loglake.engine.rewrite import READ_CHUNK_BYTES, RateLimiter, RewriteStats, build
 from loglake.errors import LoglakeError
-from loglake.segment.format import read_tail
 from loglake.segment.index import SegmentIndex
+from loglake.segment.verify import SegmentReader
 from loglake.store.base import ObjectStore
 
 __all__ = ["CompactJob", "JobResult", "MergeJob", "WorkerProcess", "run_job", "tier_chunks"]
@@ -110,17 +110,12 @@ def run_job(
     total = RewriteStats()
 
     def read(seg: SegmentRef) -> Iterator[memoryview]:
-        # unverified here: every mapped segment is rewritten by this pass, and the rewrite
+        # unchecked here: every mapped segment is rewritten by this pass, and the rewrite
         # verifies it before anything is switched
-        _trailer, index = read_tail(stores[seg.tier], seg.key, seg.size)
-        i = 0
-        while i < len(index):
-            pos, length, count = index.byte_range(i, READ_CHUNK_BYTES)
-            data = stores[seg.tier].get_range(seg.key, pos, length)
-            limiter.acquire(len(data))
-            total.bytes_read += len(data)
-            yield memoryview(data)
-            i += count
+        for chunk in SegmentReader(stores[seg.tier], seg.key, seg.size, READ_CHUNK_BYTES, check=False).chunks():
+            limiter.acquire(len(chunk))
+            total.bytes_read += len(chunk)
+            yield chunk
 
     keymap, map_end = build_key_map(read, job.dirty, job.start, job.bytes_max)
     run = [s for s in job.run if s.base_offset < map_end]

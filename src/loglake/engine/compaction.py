@@ -90,7 +90,6 @@ class CleanPlan:
     run: list[SegmentRef]
     dirty: list[SegmentRef]
     dirty_ratio: float
-    forced: bool  # max.compaction.lag.ms, not the ratio, made it due
 
 
 def dirty_ratio(p: Partition) -> float:
@@ -116,14 +115,14 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
     if not dirty:
         # nothing new to map, but tombstones the last pass kept may be due to go
         cleaned = [s for s in segments[:n] if s.base_offset < clean_end]
-        return CleanPlan(cleaned, [], 0.0, False) if tombstones_due and cleaned else None
+        return CleanPlan(cleaned, [], 0.0) if tombstones_due and cleaned else None
     total = sum(s.size for s in segments)
     ratio = sum(s.size for s in segments if s.last_offset >= clean_end) / total if total else 0.0
     oldest_dirty_ms = dirty[0].created_ms
     forced = config.max_compaction_lag_ms < 2**63 - 1 and oldest_dirty_ms <= now_ms - config.max_compaction_lag_ms
     if not (force or forced or ratio >= config.min_cleanable_dirty_ratio):
         return None
-    return CleanPlan(segments[:n], dirty, ratio, forced)
+    return CleanPlan(segments[:n], dirty, ratio)
 
 
 def build_key_map(

@@ -18,9 +18,6 @@ from loglake.store.base import ObjectNotFoundError
 
 __all__ = ["Reader"]
 
-#: What `_read_segment` returns when the first batch does not fit and `min_one` is off.
-_TOO_LARGE = b"\0"
-
 
 class Reader:
     def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
@@ -68,17 +65,17 @@ class Reader:
                 seg = p.segments[seg_i]
                 next_key = p.segments.key_at(seg_i + 1) if seg_i + 1 < len(p.segments) else None
             try:
-                chunks = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one)
+                got = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one)
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
                 attempts += 1
                 continue
-            if chunks and chunks[0] is _TOO_LARGE:
+            if got is None:
                 return ReadResult([], hw, start)  # the first batch does not fit and min_one is off
-            if not chunks and seg.rewritten:
+            if not got and seg.rewritten:
                 offset = seg.end_offset  # compaction left nothing at or after `offset` here: the next one
                 continue
-            return ReadResult(chunks, hw, start)
+            return ReadResult(got, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
 
     @staticmethod
@@ -116,14 +113,16 @@ class Reader:
 
     def _read_segment(
         self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None, min_one: bool = True
-    ) -> list[Chunk]:
+    ) -> list[Chunk] | None:
+        """Whole batches of `seg` from the one holding `offset`; [] when the segment holds none at
+        or after it (compaction); None when the first does not fit and `min_one` is off."""
         index = self.indexes.get(seg)
         first = index.find_offset(offset)
         if first is None:
             return []
         position, length, _count = index.byte_range(first, max_bytes)
         if length > max_bytes and not min_one:
-            return [_TOO_LARGE]
+            return None
         if seg.tier == "cold" and self.stores.cold_reader is not None:
             data = self.stores.cold_reader.read_range(seg.key, position, length)
             self.stores.cold_reader.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from loglake.engine.catalog import Catalog
@@ -83,7 +83,6 @@ class RewriteStats:
     bytes_written: int = 0
     batches_in: int = 0
     batches_out: int = 0
-    keys: list[str] = field(default_factory=list)  # the new objects' keys
 
 
 def replaced_entry(s: SegmentRef) -> list[object]:
@@ -162,7 +161,6 @@ def build(
         raise
     stats.segments_in = len(run)
     stats.segments_out = len(outputs)
-    stats.keys = [ref.key for ref, _ in outputs]
     return outputs, stats
 
 
@@ -194,48 +192,12 @@ def _delete_quietly(store: Any, key: str) -> None:
 
 
 class Rewriter:
-    """Steps 4-5 (the switch and the deletes) against the engine; `rewrite` does 1-5 here."""
+    """Steps 4-5 against the engine: the switch to segments `build` made, then the deletes."""
 
-    def __init__(
-        self,
-        catalog: Catalog,
-        stores: Stores,
-        indexes: IndexCache,
-        clock: Callable[[], float],
-        limiter: RateLimiter,
-    ) -> None:
+    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
-        self._clock = clock
-        self.limiter = limiter
-
-    def rewrite(
-        self,
-        p: Partition,
-        run: list[SegmentRef],
-        keep: BatchFilter | None,
-        *,
-        kind: str,
-        params: dict[str, Any],
-        target_bytes: int,
-        clean: Callable[[], dict[str, int]] | None = None,
-    ) -> RewriteStats:
-        """Steps 1-5 on this thread. Raises RewriteAborted when the swap lost a race (the new
-        objects are deleted again), CorruptionError when an input is damaged."""
-        outputs, stats = build(
-            self.stores.store_for(run[0]),
-            p.segments.key_prefix,
-            run,
-            keep,
-            kind=kind,
-            params=params,
-            target_bytes=target_bytes,
-            now_ms=int(self._clock() * 1000),
-            limiter=self.limiter,
-        )
-        self.swap(p, run, outputs, clean() if clean is not None else None)
-        return stats
 
     def swap(
         self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, SegmentIndex]], clean: dict[str, int] | None

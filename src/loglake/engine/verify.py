@@ -33,8 +33,8 @@ from loglake.engine.compaction import map_key
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.records.batch import ATTR_CONTROL, peek_header
 from loglake.records.rebuild import decode_plain
-from loglake.segment.format import HEADER_SIZE, SegmentTrailer, read_tail
-from loglake.segment.verify import verify_chain, verify_segment_in_store
+from loglake.segment.format import SegmentTrailer, read_tail
+from loglake.segment.verify import SegmentReader, verify_chain, verify_segment_in_store
 from loglake.store.base import ObjectNotFoundError, cluster_prefix, parse_segment_key
 
 if TYPE_CHECKING:
@@ -226,38 +226,49 @@ def _check_compacted(engine: Engine, topic: str, partition: int, segments: list[
         if seg.base_offset >= clean_end:
             break
         try:
-            data = memoryview(engine.store_for(seg).get(seg.key))
-            trailer, _index = read_tail(engine.store_for(seg), seg.key, seg.size)
+            for chunk in SegmentReader(engine.store_for(seg), seg.key, seg.size, check=False).chunks():
+                error = _check_compacted_chunk(seg.key, chunk, clean_end, seen)
+                if error is not None:
+                    return [error]
         except LoglakeError:
             continue  # unreadable or gone: the segment check reported it already
-        pos = HEADER_SIZE
-        while pos < trailer.index_position:
-            size = int.from_bytes(data[pos + 8 : pos + 12], "big") + 12
-            at = pos
-            pos += size
-            if peek_header(data, at).attributes & ATTR_CONTROL:
-                continue
-            try:
-                _h, records = decode_plain(data[at : at + size])
-            except LoglakeError as exc:
-                return [VerifyError(seg.key, at, f"batch does not decode: {exc}")]
-            for r in records:
-                if r.offset >= clean_end:
-                    break
-                if r.key is None:
-                    return [VerifyError(seg.key, at, f"record {r.offset} below the clean end {clean_end} has no key")]
-                key = map_key(r.key)
-                if key in seen:
-                    return [
-                        VerifyError(
-                            seg.key, at, f"key {r.key[:64]!r} appears at offsets {seen[key]} and {r.offset}, both below the clean end {clean_end}"
-                        )
-                    ]
-                if len(seen) >= VERIFY_KEYS_MAX:
-                    log.warning("%s-%d: key uniqueness checked for the first %d keys only", topic, partition, VERIFY_KEYS_MAX)
-                    return []
-                seen[key] = r.offset
+        except _KeysCapped:
+            log.warning("%s-%d: key uniqueness checked for the first %d keys only", topic, partition, VERIFY_KEYS_MAX)
+            return []
     return []
+
+
+class _KeysCapped(Exception):
+    """VERIFY_KEYS_MAX keys were seen: the compaction check stops there."""
+
+
+def _check_compacted_chunk(key: str, chunk: memoryview, clean_end: int, seen: dict[bytes, int]) -> VerifyError | None:
+    """The compaction invariant over one chunk of whole batches (records below `clean_end`)."""
+    pos = 0
+    while pos < len(chunk):
+        size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+        at = pos
+        pos += size
+        if peek_header(chunk, at).attributes & ATTR_CONTROL:
+            continue
+        try:
+            _h, records = decode_plain(chunk[at : at + size])
+        except LoglakeError as exc:
+            return VerifyError(key, 0, f"batch at offset {peek_header(chunk, at).base_offset} does not decode: {exc}")
+        for r in records:
+            if r.offset >= clean_end:
+                return None
+            if r.key is None:
+                return VerifyError(key, 0, f"record {r.offset} below the clean end {clean_end} has no key")
+            mapped = map_key(r.key)
+            if mapped in seen:
+                return VerifyError(
+                    key, 0, f"key {r.key[:64]!r} appears at offsets {seen[mapped]} and {r.offset}, both below the clean end {clean_end}"
+                )
+            if len(seen) >= VERIFY_KEYS_MAX:
+                raise _KeysCapped
+            seen[mapped] = r.offset
+    return None
 
 
 def _check_metadata(seg: SegmentRef, t: SegmentTrailer) -> list[VerifyError]:
