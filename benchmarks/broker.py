@@ -33,7 +33,6 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -58,19 +57,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 import confluent_kafka  # noqa: E402
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 
+from benchkit import load_benchmark  # noqa: E402
+
 from brokerkit import Broker  # noqa: E402
 
-
-def _load_engine_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("loglake_engine_bench", ROOT / "benchmarks" / "engine.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-engine_bench = _load_engine_bench()
+engine_bench = load_benchmark("engine")
 pct = engine_bench.pct
 
 MiB = 1024 * 1024

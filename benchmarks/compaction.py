@@ -41,7 +41,6 @@ JSON goes to stdout, the table and progress to stderr.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -62,22 +61,13 @@ sys.path.insert(0, str(ROOT / "src"))
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
 import loglake.engine.cleaner_job as cleaner_job  # noqa: E402
+from benchkit import load_benchmark  # noqa: E402
 from loglake.engine import Engine, open_engine  # noqa: E402
 from loglake.engine.compaction import KEY_ENTRY_BYTES  # noqa: E402
 from loglake.records.batch import build_batch  # noqa: E402
 from loglake.segment.format import HEADER_SIZE, parse_tail  # noqa: E402
 
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"loglake_{name}_bench", ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-engine_bench = _load("engine")
+engine_bench = load_benchmark("engine")
 pct = engine_bench.pct
 log = engine_bench.log
 

@@ -25,7 +25,6 @@ run. JSON on stdout, a table on stderr.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -41,22 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from benchkit import load_benchmark  # noqa: E402
 from loglake.engine import Engine, EngineConfig  # noqa: E402
 from loglake.engine.partition import SegmentRef  # noqa: E402
 
 from brokerkit import Broker  # noqa: E402
 
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"loglake_{name}_bench", ROOT / "benchmarks" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-engine_bench = _load("engine")
+engine_bench = load_benchmark("engine")
 pct = engine_bench.pct
 
 # Targets (issue "Metadata that scales"; docs/PERFORMANCE.md, "Metadata").

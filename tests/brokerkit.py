@@ -118,10 +118,12 @@ def running_broker(data_dir: Path, extra_args: list[str] | None = None) -> Itera
 
 
 @contextmanager
-def serving_broker(data_dir: Path, extra_args: list[str] | None = None) -> Iterator[Broker]:
+def serving_broker(
+    data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+) -> Iterator[Broker]:
     """A broker for a test module: it must still be running at the end, stop cleanly, and have
     logged no traceback."""
-    b = Broker(data_dir, extra_args).start()
+    b = Broker(data_dir, extra_args, env).start()
     try:
         yield b
         assert b.proc is not None and b.proc.poll() is None, "the broker process died"

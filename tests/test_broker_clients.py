@@ -31,7 +31,7 @@ from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 from loglake.records.batch import build_batch, peek_header
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker
+from brokerkit import Broker, serving_broker
 
 PARTITIONS = 3
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
@@ -42,14 +42,8 @@ Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     data = Path(tmp_path_factory.mktemp("clients")) / "data"
-    b = Broker(data, ["--default-partitions", str(PARTITIONS)]).start()
-    try:
+    with serving_broker(data, ["--default-partitions", str(PARTITIONS)]) as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            assert b.stop() == 0
-    assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
 
 
 def new_topic(prefix: str) -> str:

@@ -27,7 +27,7 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 
-from brokerkit import Broker
+from brokerkit import Broker, serving_broker
 
 IDLE_TIMEOUT_MS = 2000
 PROBE_TOPIC = "probe"
@@ -198,14 +198,8 @@ class Prober(threading.Thread):
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     data = Path(tmp_path_factory.mktemp("malformed")) / "data"
-    b = Broker(data, env={"LOGLAKE_IDLE_TIMEOUT_MS": str(IDLE_TIMEOUT_MS)}).start()
-    try:
+    with serving_broker(data, env={"LOGLAKE_IDLE_TIMEOUT_MS": str(IDLE_TIMEOUT_MS)}) as b:
         yield b
-        assert b.proc is not None and b.proc.poll() is None, "the broker process died"
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            assert b.stop() == 0
-    assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,24 @@
+"""What the benchmark scripts share: loading a sibling benchmark as a module (their helpers, such
+as engine.py's machine measurements and percentiles, are reused rather than copied)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCHMARKS = Path(__file__).resolve().parent
+
+
+def load_benchmark(name: str) -> Any:
+    """benchmarks/<name>.py as a module (registered as `loglake_<name>_bench`)."""
+    module_name = f"loglake_{name}_bench"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
