@@ -106,7 +106,7 @@ class Metrics:
                 line("loglake_partition_log_start_offset", info.log_start_offset, labels)
                 line("loglake_partition_segments", info.segments, labels)
                 line("loglake_partition_unsealed_bytes", info.unsealed_bytes, labels)
-                if "compact" in topic.config.cleanup_policy:
+                if topic.config.compacted:
                     line("loglake_partition_dirty_ratio", round(info.dirty_ratio, 6), labels)
         try:
             cleaner = engine.cleaner

@@ -200,7 +200,7 @@ class Cleaner:
             if id(p) not in self._swept:
                 self.sweep_cold(t, p)
                 self._swept.add(id(p))
-            if "compact" in config.cleanup_policy.split(","):
+            if config.compacted:
                 done += self.compact(t, p, force=force)
             if self.config.merge_min_segments:
                 while not self._stop.is_set() and self.merge(t, p):

@@ -95,9 +95,13 @@ class CleanPlan:
 def dirty_ratio(p: Partition) -> float:
     """Uncleaned share of the partition's sealed bytes (0 when it has none)."""
     with p.lock:
-        table = p.segments
-        total = table.total_bytes()
-        return table.bytes_from(p.meta.clean_end) / total if total else 0.0
+        return dirty_ratio_locked(p)
+
+
+def dirty_ratio_locked(p: Partition) -> float:
+    """`dirty_ratio` for a caller that holds the partition's lock (O(segments past the clean end))."""
+    total = p.segments.total_bytes()
+    return p.segments.bytes_from(p.meta.clean_end) / total if total else 0.0
 
 
 def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = False) -> CleanPlan | None:

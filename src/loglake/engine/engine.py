@@ -33,6 +33,7 @@ from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
+from loglake.engine.compaction import dirty_ratio_locked
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
@@ -368,6 +369,7 @@ class Engine:
 
     def partition_info(self, name: str, partition: int) -> PartitionInfo:
         p = self.catalog.partition(name, partition)
+        compacted = self.catalog.topic(name).config.compacted  # only those have a dirty ratio
         with p.lock:
             return PartitionInfo(
                 name,
@@ -380,7 +382,7 @@ class Engine:
                 p.segments.total_bytes(),
                 p.buffer_bytes,
                 p.meta.clean_end,
-                p.segments.bytes_from(p.meta.clean_end) / total if (total := p.segments.total_bytes()) else 0.0,
+                dirty_ratio_locked(p) if compacted else 0.0,
             )
 
     def delete_records(self, name: str, partition: int, offset: int) -> int:
