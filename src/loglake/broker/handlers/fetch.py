@@ -3,13 +3,21 @@
 Size rules follow KIP-74: partitions are filled in request order; the first partition with data
 returns at least one whole batch even when it is larger than the limits, later partitions only
 what still fits. Hot segment data goes out as file ranges (sendfile); unsealed data from memory
-buffers without copies. No fetch sessions (KIP-227): session_id 0 tells clients to send full
-fetch requests.
+buffers without copies. Before a response leaves, `fetch_limit_violations` checks it against the
+rule; a partition that breaks it (a bug) is sent without records and logged, so that a client's
+`receive.message.max.bytes` is never exceeded. No fetch sessions (KIP-227): session_id 0 tells
+clients to send full fetch requests.
+
+Long polling: a response is held until it has `min_bytes` of records or `max_wait_ms` has passed
+(capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import time
 import uuid
 from typing import Any
 
@@ -20,11 +28,25 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
 )
-from loglake.broker.protocol import DecodedRequest, FetchPartition, FetchResponseData, FetchTopic
+from loglake.broker.protocol import (
+    BATCH_HEAD,
+    Chunk,
+    DecodedRequest,
+    FetchPartition,
+    FetchResponseData,
+    FetchTopic,
+    batch_bytes,
+    fetch_limit_violations,
+)
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
+
+log = logging.getLogger(__name__)
 
 #: Longest a fetch may wait, whatever the client asks (Kafka has no cap; a bound keeps shutdown prompt).
 FETCH_WAIT_MS_MAX = 30_000
+#: At most one log line per this many seconds about responses that broke the size rule.
+LIMIT_LOG_INTERVAL_S = 60.0
+_limit_log = {"last": 0.0, "suppressed": 0}
 
 
 def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | None) -> tuple[str | None, dict[uuid.UUID, str] | None]:
@@ -35,10 +57,12 @@ def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | N
 
 
 async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
+    """The response, its record bytes, and where to wait for more: (topic, partition, offset) of
+    every partition read up to its high watermark."""
     engine = ctx.engine
     total = 0
-    max_bytes = body.max_bytes if body.max_bytes > 0 else 2**31 - 1
-    empty: list[tuple[str, int, int]] = []
+    max_bytes = _max_bytes(body)
+    waits: list[tuple[str, int, int]] = []
     out = FetchResponseData(session_id=0)
     by_id: dict[uuid.UUID, str] | None = None
     for topic in body.topics:
@@ -55,9 +79,9 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 info = engine.partition_info(name, part.partition)
                 fp.high_watermark = fp.last_stable_offset = info.high_watermark
                 fp.log_start_offset = info.log_start_offset
-                if total >= max_bytes:
+                if total and total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
-                limit = min(part.partition_max_bytes, max_bytes - total)
+                limit = max(min(part.partition_max_bytes, max_bytes - total), 0)
                 # Kafka's rule: only the first partition that returns data may overstep the limits,
                 # by its first batch, so a consumer always progresses; any later partition returns
                 # nothing when its first batch does not fit in what is left (KIP-74).
@@ -83,9 +107,53 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
             fp.records = result.chunks
             if result.chunks:
                 total += result.size
-            elif part.fetch_offset >= result.high_watermark:
-                empty.append((name, part.partition, part.fetch_offset))  # nothing yet: long-poll on it
-    return out, total, empty
+            if part.fetch_offset >= result.high_watermark or result.chunks:
+                waits.append((name, part.partition, result.high_watermark))  # long-poll on its growth
+    return out, total, waits
+
+
+def _max_bytes(body: Any) -> int:
+    # As Kafka: 0 (or less) still returns the first batch of the first partition with data.
+    return max(int(body.max_bytes), 0)
+
+
+def _first_batch(chunk: Chunk) -> int:
+    if isinstance(chunk, bytes | bytearray | memoryview):
+        return batch_bytes(chunk)
+    fd = os.open(chunk.path, os.O_RDONLY)
+    try:
+        return batch_bytes(os.pread(fd, BATCH_HEAD.size, chunk.position))
+    finally:
+        os.close(fd)
+
+
+def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData:
+    """Kafka's size rule, checked on what is about to be sent; records that break it are dropped
+    (the client fetches them again) and logged at most once a minute."""
+    limits = [[p.partition_max_bytes for p in t.partitions] for t in body.topics]
+    try:
+        bad = fetch_limit_violations(response, _max_bytes(body), limits, _first_batch)
+    except (OSError, ValueError) as exc:  # a segment file went away under us: drop nothing, say so
+        log.warning("fetch size check could not read a batch head: %s", exc)
+        return response
+    if not bad:
+        return response
+    for t_i, p_i, _why in bad:
+        response.responses[t_i].partitions[p_i].records = ()
+    now = time.monotonic()
+    if now - _limit_log["last"] >= LIMIT_LOG_INTERVAL_S:
+        t_i, p_i, why = bad[0]
+        topic = response.responses[t_i]
+        name = topic.topic if topic.topic is not None else topic.topic_id
+        log.error(
+            "fetch response broke Kafka's size rule (max_bytes %d) at %s-%d: %s; records withheld "
+            "(%d partition(s) this response, %d more since the last line)",
+            _max_bytes(body), name, topic.partitions[p_i].partition_index, why, len(bad), _limit_log["suppressed"],
+        )
+        _limit_log["last"], _limit_log["suppressed"] = now, 0
+    else:
+        _limit_log["suppressed"] += len(bad)
+    return response
 
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
@@ -93,20 +161,20 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
     while True:
-        response, total, empty = await _read_all(ctx, body, req.api_version)
+        response, total, waits = await _read_all(ctx, body, req.api_version)
         remaining = deadline - loop.time()
-        if total >= max(body.min_bytes, 1) or remaining <= 0 or not empty or conn.closing:
-            return response
+        if total >= max(body.min_bytes, 1) or remaining <= 0 or not waits or conn.closing:
+            return _enforce_limits(body, response)
         waiters = []
-        for name, partition, offset in empty:
+        for name, partition, offset in waits:
             try:
                 waiters.append(asyncio.wrap_future(ctx.engine.wait_for_data(name, partition, offset)))
             except LoglakeError:
                 continue
         if not waiters:
-            return response
+            return _enforce_limits(body, response)
         done, not_done = await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         for w in not_done:
             w.cancel()
         if not done:
-            return (await _read_all(ctx, body, req.api_version))[0]
+            return _enforce_limits(body, (await _read_all(ctx, body, req.api_version))[0])

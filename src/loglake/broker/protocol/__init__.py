@@ -22,6 +22,7 @@ from loglake.broker.protocol.errors import (
     UnsupportedVersionError,
 )
 from loglake.broker.protocol.fetch import (
+    BATCH_HEAD,
     AbortedTransaction,
     Chunk,
     EpochEndOffset,
@@ -34,8 +35,10 @@ from loglake.broker.protocol.fetch import (
     NodeEndpoint,
     OutBuffer,
     SnapshotId,
+    batch_bytes,
     buffers_len,
     encode_fetch_response,
+    fetch_limit_violations,
 )
 from loglake.broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
 from loglake.broker.protocol.messages import make_response, request_class, response_class
@@ -43,6 +46,7 @@ from loglake.broker.protocol.produce import ProducePartitionData, ProduceRequest
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, ApiVersionRange, VersionTable
 
 __all__ = [
+    "BATCH_HEAD",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_TABLE",
     "SUPPORTED",
@@ -72,11 +76,13 @@ __all__ = [
     "UnsupportedVersionError",
     "VersionTable",
     "api_versions_body",
+    "batch_bytes",
     "buffers_len",
     "decode_request",
     "encode_fetch_response",
     "encode_response",
     "encode_unsupported_api_versions",
+    "fetch_limit_violations",
     "join",
     "make_response",
     "request_class",

@@ -10,7 +10,7 @@ cheaper than an extra buffer in the writev/sendfile sequence.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from struct import Struct
 from typing import NamedTuple, Protocol, runtime_checkable
@@ -136,6 +136,47 @@ _IQ = Struct(">iq")
 _II = Struct(">ii")
 _QI = Struct(">qi")
 _HI = Struct(">hi")
+#: The head of a record batch: base offset, batch length (the bytes after these 12).
+BATCH_HEAD = Struct(">qi")
+
+
+def batch_bytes(head: bytes | bytearray | memoryview) -> int:
+    """The whole size of the record batch whose first 12 bytes are `head`."""
+    return BATCH_HEAD.size + int(BATCH_HEAD.unpack_from(head, 0)[1])
+
+
+def fetch_limit_violations(
+    resp: FetchResponseData,
+    max_bytes: int,
+    partition_limits: Sequence[Sequence[int]],
+    first_batch: Callable[[Chunk], int],
+) -> list[tuple[int, int, str]]:
+    """Where `resp` breaks Kafka's Fetch size rule (KIP-74), as (topic index, partition index, why).
+
+    The rule: partitions are filled in request order; the response holds at most `max_bytes` of
+    records and each partition at most its `partition_max_bytes` (``partition_limits`` parallel to
+    ``resp.responses``), except that the first partition with records may return one whole batch
+    however large, so that a consumer always progresses. `first_batch(chunk)` tells the size of the
+    batch a chunk starts with (only asked when a partition oversteps).
+    """
+    bad: list[tuple[int, int, str]] = []
+    total = 0
+    seen_data = False
+    for t_i, topic in enumerate(resp.responses):
+        for p_i, p in enumerate(topic.partitions):
+            records = p.records or ()
+            size = sum(chunk_len(c) for c in records)
+            if size == 0:
+                continue
+            limit = min(partition_limits[t_i][p_i], max(max_bytes - total, 0))
+            if size > limit:
+                if seen_data:
+                    bad.append((t_i, p_i, f"{size} record bytes where {limit} fit"))
+                elif size != first_batch(records[0]):
+                    bad.append((t_i, p_i, f"{size} record bytes over the {limit} limit, more than its first batch"))
+            seen_data = True
+            total += size
+    return bad
 
 
 def _put_tag(out: bytearray, tag: int, payload: bytes) -> None:
@@ -248,6 +289,7 @@ def encode_fetch_response(
 
 
 __all__ = [
+    "BATCH_HEAD",
     "AbortedTransaction",
     "Chunk",
     "EpochEndOffset",
@@ -260,7 +302,9 @@ __all__ = [
     "NodeEndpoint",
     "OutBuffer",
     "SnapshotId",
+    "batch_bytes",
     "buffers_len",
     "chunk_len",
     "encode_fetch_response",
+    "fetch_limit_violations",
 ]
