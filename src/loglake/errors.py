@@ -9,6 +9,7 @@ Kafka's classification of the code. `assert` is kept for programmer errors only.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from loglake.kafka_errors import ErrorCode
@@ -138,6 +139,18 @@ class StorageError(LoglakeError):
 
 class DataDirLockedError(LoglakeError):
     """Another process holds the data directory."""
+
+
+class ListenError(LoglakeError):
+    """A listener (`--listen`, `--metrics-listen`) could not be opened: the address is in use, is not
+    an address of this machine, or its host name does not resolve. `cause` is the OSError."""
+
+    def __init__(self, setting: str, address: str, cause: OSError) -> None:
+        reason = os.strerror(cause.errno) if isinstance(cause.errno, int) and cause.errno > 0 else str(cause)
+        super().__init__(f"{setting} {address}: {reason.lower()}")
+        self.setting = setting
+        self.address = address
+        self.cause = cause
 
 
 class EngineClosedError(LoglakeError):

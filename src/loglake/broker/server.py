@@ -45,7 +45,7 @@ from loglake.broker.protocol import (
 )
 from loglake.engine import Engine, EngineConfig
 from loglake.engine.types import FileRange
-from loglake.errors import UnknownTopicError
+from loglake.errors import ListenError, UnknownTopicError
 
 log = logging.getLogger("loglake.broker")
 
@@ -226,19 +226,25 @@ class BrokerServer:
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
-            self._metrics_server = await serve_metrics(
-                mhost,
-                mport,
-                lambda: self.metrics.render(self.engine, getattr(self.ctx, "coordinator", None))
-                if self.engine is not None and self.metrics.ready
-                else "loglake_ready 0\n",
-                lambda: self.metrics.ready,
-            )
+            try:
+                self._metrics_server = await serve_metrics(
+                    mhost,
+                    mport,
+                    lambda: self.metrics.render(self.engine, getattr(self.ctx, "coordinator", None))
+                    if self.engine is not None and self.metrics.ready
+                    else "loglake_ready 0\n",
+                    lambda: self.metrics.ready,
+                )
+            except OSError as exc:
+                raise ListenError("--metrics-listen", self.config.metrics_listen, exc) from exc
         report = await loop.run_in_executor(None, engine.open)
         self.engine = engine
         del report  # the engine logs its own recovery summary
         host, port = parse_host_port(self.config.listen, "--listen")
-        self._server = await asyncio.start_server(self._on_connection, host, port, limit=READ_CHUNK_BYTES)
+        try:
+            self._server = await asyncio.start_server(self._on_connection, host, port, limit=READ_CHUNK_BYTES)
+        except OSError as exc:
+            raise ListenError("--listen", self.config.listen, exc) from exc
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         adv_host, adv_port = self.host, self.port
@@ -338,7 +344,11 @@ def run_server(config: BrokerConfig, on_listening: Callable[[str, int], None] | 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await server.start()
+        try:
+            await server.start()
+        except BaseException:
+            await server.shutdown()  # a half-started broker releases what it took (lock, ports)
+            raise
         if on_listening is not None:
             on_listening(server.host, server.port)
         await stop.wait()

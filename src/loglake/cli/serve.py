@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Annotated
 
 import typer
 
 from loglake.broker.config import BrokerConfig
+from loglake.cli.common import error_line, note
+from loglake.cli.startup import explain
+
+log = logging.getLogger(__name__)
 
 
 def serve(
@@ -36,6 +41,31 @@ def serve(
     ] = None,
 ) -> None:
     """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
+    try:
+        code = _serve(data_dir, cold_store, listen, advertised_listener, port_file, metrics_listen, config_file, auto_create_topics, default_partitions)
+    except Exception as exc:
+        failure = explain(exc, data_dir or BrokerConfig.data_dir)
+        if failure is None:
+            raise
+        log.debug("start-up failed", exc_info=True)
+        error_line(failure.message)
+        if failure.hint:
+            note(f"hint: {failure.hint}")
+        raise typer.Exit(failure.exit_code) from None
+    sys.exit(code)
+
+
+def _serve(
+    data_dir: str | None,
+    cold_store: str | None,
+    listen: str | None,
+    advertised_listener: str | None,
+    port_file: str | None,
+    metrics_listen: str | None,
+    config_file: str | None,
+    auto_create_topics: bool | None,
+    default_partitions: int | None,
+) -> int:
     from loglake.broker.server import run_server
 
     config = BrokerConfig.load(
@@ -53,5 +83,4 @@ def serve(
     def announce(host: str, port: int) -> None:
         print(f"loglake listening on {host}:{port}", flush=True)
 
-    code = run_server(config, announce)
-    sys.exit(code)
+    return run_server(config, announce)

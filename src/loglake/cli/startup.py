@@ -1,0 +1,95 @@
+"""Why `loglake serve` could not start, as one line, a hint and a distinct exit code.
+
+The broker's start-up failures are mostly the operating system's (an address in use, a data
+directory that is a file, a read-only or full disk). `explain` turns each into a `StartupFailure`;
+`loglake serve` prints ``error: <line>`` and ``hint: <hint>`` on stderr and exits with the code.
+The traceback goes to the log at DEBUG only.
+
+Exit codes (also in README.md, "The broker"):
+
+    1  any other operating error          5  a host name does not resolve
+    2  usage error (a bad flag)           6  permission denied / read-only filesystem
+    3  invalid configuration              7  the data directory is not a directory
+    4  address in use / not on this host  8  no space left on the device
+                                          9  the data directory is in use by another process
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from typing import NamedTuple
+
+from loglake.errors import ConfigError, DataDirLockedError, ListenError, LoglakeError, StorageError
+
+EXIT_ERROR = 1
+EXIT_CONFIG = 3
+EXIT_ADDRESS = 4
+EXIT_RESOLVE = 5
+EXIT_PERMISSION = 6
+EXIT_NOT_A_DIRECTORY = 7
+EXIT_NO_SPACE = 8
+EXIT_LOCKED = 9
+
+
+class StartupFailure(NamedTuple):
+    exit_code: int
+    message: str
+    hint: str | None = None
+
+
+def _os_error(exc: OSError, data_dir: str) -> StartupFailure | None:
+    where = exc.filename if exc.filename is not None else data_dir
+    code = exc.errno
+    if code in (errno.EACCES, errno.EPERM):
+        return StartupFailure(EXIT_PERMISSION, f"permission denied: {where}", "run as a user that may write the data directory, or pick another --data-dir")
+    if code == errno.EROFS:
+        return StartupFailure(EXIT_PERMISSION, f"read-only filesystem: {where}", "the data directory must be on a writable filesystem")
+    if code in (errno.ENOTDIR, errno.EEXIST):
+        return StartupFailure(EXIT_NOT_A_DIRECTORY, f"not a directory: {where}", "--data-dir must name a directory (it is created when missing)")
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return StartupFailure(EXIT_NO_SPACE, f"no space left on the device of {where}", "free space there; the WAL preallocates its files (engine setting wal_file_bytes)")
+    return None
+
+
+def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
+    """The failure to report for `exc`, or None when it is not a start-up failure we know (a bug:
+    the caller lets it propagate with its traceback)."""
+    if isinstance(exc, ListenError):
+        cause = exc.cause
+        if isinstance(cause, socket.gaierror):
+            return StartupFailure(EXIT_RESOLVE, f"{exc.setting} {exc.address}: the host name does not resolve", "use an IP address or a name this machine resolves")
+        if cause.errno == errno.EADDRINUSE:
+            return StartupFailure(EXIT_ADDRESS, str(exc), f"another process listens there; stop it or choose another port with {exc.setting}")
+        if cause.errno == errno.EADDRNOTAVAIL:
+            return StartupFailure(EXIT_ADDRESS, f"{exc.setting} {exc.address}: not an address of this machine", "listen on one of this machine's addresses, or 0.0.0.0 for all")
+        if cause.errno in (errno.EACCES, errno.EPERM):
+            return StartupFailure(EXIT_PERMISSION, f"{exc.setting} {exc.address}: permission denied", "ports below 1024 need privileges; choose a higher port")
+        return StartupFailure(EXIT_ADDRESS, str(exc))
+    if isinstance(exc, DataDirLockedError):
+        return StartupFailure(EXIT_LOCKED, str(exc))
+    if isinstance(exc, ConfigError):
+        return StartupFailure(EXIT_CONFIG, str(exc))
+    if isinstance(exc, StorageError) and isinstance(exc.cause, OSError):
+        found = _os_error(exc.cause, exc.path)
+        if found is not None:
+            return found
+    if isinstance(exc, OSError):
+        return _os_error(exc, data_dir)
+    if isinstance(exc, LoglakeError):
+        return StartupFailure(EXIT_ERROR, str(exc))
+    return None
+
+
+__all__ = [
+    "EXIT_ADDRESS",
+    "EXIT_CONFIG",
+    "EXIT_ERROR",
+    "EXIT_LOCKED",
+    "EXIT_NOT_A_DIRECTORY",
+    "EXIT_NO_SPACE",
+    "EXIT_PERMISSION",
+    "EXIT_RESOLVE",
+    "StartupFailure",
+    "explain",
+]

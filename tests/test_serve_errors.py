@@ -1,0 +1,95 @@
+"""`loglake serve` start-up failures: one error line (plus one hint), no traceback, a distinct
+exit code per cause (src/loglake/cli/startup.py), as a real subprocess."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from loglake.cli.startup import (
+    EXIT_ADDRESS,
+    EXIT_CONFIG,
+    EXIT_LOCKED,
+    EXIT_NOT_A_DIRECTORY,
+    EXIT_PERMISSION,
+    EXIT_RESOLVE,
+)
+
+from brokerkit import serving_broker
+
+LOGLAKE = [sys.executable, "-m", "loglake.cli.main"]
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LOGLAKE, "serve", *args], capture_output=True, text=True, timeout=60)
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == code, result.stderr
+    assert len([x for x in lines if x.startswith("error: ")]) == 1, result.stderr
+    assert all(x.startswith(("error: ", "hint: ")) for x in lines) and len(lines) <= 2, result.stderr
+    assert "Traceback" not in result.stderr and "never retrieved" not in result.stderr
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_data_dir_is_a_file(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    assert_one_line(serve("--data-dir", str(tmp_path / "file"), "--listen", "127.0.0.1:0"), EXIT_NOT_A_DIRECTORY, "not a directory", str(tmp_path / "file"))
+
+
+def test_listen_port_in_use(tmp_path: Path, busy_port: int) -> None:
+    result = serve("--data-dir", str(tmp_path / "d"), "--listen", f"127.0.0.1:{busy_port}")
+    assert_one_line(result, EXIT_ADDRESS, "--listen", f"127.0.0.1:{busy_port}", "address already in use")
+
+
+def test_metrics_port_in_use(tmp_path: Path, busy_port: int) -> None:
+    result = serve("--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--metrics-listen", f"127.0.0.1:{busy_port}")
+    assert_one_line(result, EXIT_ADDRESS, "--metrics-listen", "address already in use")
+
+
+def test_unresolvable_listen_host(tmp_path: Path) -> None:
+    result = serve("--data-dir", str(tmp_path / "d"), "--listen", "no-such-host.invalid:9092")
+    assert_one_line(result, EXIT_RESOLVE, "--listen", "does not resolve")
+
+
+def test_foreign_listen_address(tmp_path: Path) -> None:
+    # 192.0.2.0/24 is TEST-NET-1 (RFC 5737): never an address of this machine.
+    result = serve("--data-dir", str(tmp_path / "d"), "--listen", "192.0.2.77:9092")
+    assert_one_line(result, EXIT_ADDRESS, "--listen", "not an address of this machine")
+
+
+def test_malformed_listen_value(tmp_path: Path) -> None:
+    assert_one_line(serve("--data-dir", str(tmp_path / "d"), "--listen", "nonsense"), EXIT_CONFIG, "--listen", "HOST:PORT")
+
+
+def test_data_dir_in_use_by_a_running_broker(tmp_path: Path) -> None:
+    with serving_broker(tmp_path / "d"):
+        result = serve("--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0")
+    assert_one_line(result, EXIT_LOCKED, "in use by another loglake process")
+
+
+def test_read_only_data_dir(tmp_path: Path) -> None:
+    target = tmp_path / "ro"
+    target.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a read-only filesystem needs mount privileges here: {mounted.stderr.decode().strip()}")
+    try:
+        assert_one_line(serve("--data-dir", str(target / "d"), "--listen", "127.0.0.1:0"), EXIT_PERMISSION, "read-only filesystem")
+    finally:
+        subprocess.run(["umount", str(target)], check=True)
