@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 import loglake
 from loglake.cli.data import format_json, format_value, parse_start
-from loglake.cli.main import app
+from loglake.cli.main import app, hoist_global_options
 from loglake.log import ConsumerRecord
 
 LOGLAKE_BIN = Path(sys.executable).parent / "loglake"
@@ -74,6 +74,16 @@ def test_log_level_debug_logs_to_stderr(d: Path) -> None:
     assert "created topic t" in result.stderr  # the engine's INFO line
     quiet = ok(run(["topics", "list"], d))
     assert "INFO" not in quiet.stderr
+
+
+@pytest.mark.parametrize("spelling", [["--log-level", "INFO"], ["--log-level=INFO"]])
+def test_global_options_after_the_subcommand(d: Path, spelling: list[str]) -> None:
+    """`loglake topics create t --log-level INFO` works like `loglake --log-level INFO topics ...`
+    (the console script moves the group's options in front)."""
+    result = subprocess.run([str(LOGLAKE_BIN), "topics", "create", "t", *spelling, "--data-dir", str(d)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "created topic t" in result.stderr
+    assert hoist_global_options(["serve", "--log-format", "json", "--", "--log-level"]) == ["--log-format", "json", "serve", "--", "--log-level"]
 
 
 # ---- topics ------------------------------------------------------------------------------------------

@@ -264,9 +264,38 @@ def demo(
     console.print(f"demo done in {time.perf_counter() - started:.2f}s (data in {data_dir})", markup=False)
 
 
+#: Options of the `loglake` group itself, accepted anywhere on the line (`loglake serve --log-level
+#: INFO` as well as `loglake --log-level INFO serve`), with whether they take a value.
+GLOBAL_OPTIONS = {"--log-level": True, "--log-format": True}
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move the group's own options in front of the subcommand, where click expects them."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_OPTIONS:
+            if "=" in arg or not GLOBAL_OPTIONS[name]:
+                front.append(arg)
+                i += 1
+                continue
+            front.extend(argv[i : i + 2])
+            i += 2
+            continue
+        rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    app(args=hoist_global_options(sys.argv[1:]), prog_name="loglake")
 
 
 if __name__ == "__main__":
