@@ -2,15 +2,17 @@
 
 Precedence: flags > environment > TOML file > defaults. Engine options go in the TOML table
 `[engine]` (EngineConfig field names) and topic defaults in `[topic_defaults]` (Kafka names).
+Reading, type and range checks live in `loglake.broker.settings`.
 """
 
 from __future__ import annotations
 
 import os
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
 
 #: Largest request frame accepted; Kafka's socket.request.max.bytes default is 100 MiB.
@@ -56,59 +58,57 @@ class BrokerConfig:
     offsets_retention_minutes: int = 10080
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
+    #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")
+    sources: dict[str, str] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
+        """Ranges (`loglake.broker.settings.BOUNDS`), addresses, settings checked against each
+        other, and the engine's settings."""
+        from loglake.broker.settings import BOUNDS, check_value
+
+        for name in BOUNDS:
+            value = getattr(self, name)
+            check_value(name, type(value), value, self.sources.get(name, "default"), from_text=False)
         parse_host_port(self.listen, "--listen")
         if self.advertised_listener:
             parse_host_port(self.advertised_listener, "--advertised-listener")
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
-        if not 1 <= self.default_partitions <= 10_000:
-            raise ConfigError("default_partitions must be in [1, 10000]")
-        if self.max_frame_bytes < 1024 * 1024:
-            raise ConfigError("max_frame_bytes must be at least 1 MiB")
-        if self.max_inflight_per_connection < 1:
-            raise ConfigError("max_inflight_per_connection must be at least 1")
-        if self.offsets_retention_minutes < 1:
-            raise ConfigError("offsets_retention_minutes (Kafka's offsets.retention.minutes) must be at least 1")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ConfigError(
+                f"group_min_session_timeout_ms={self.group_min_session_timeout_ms} is above "
+                f"group_max_session_timeout_ms={self.group_max_session_timeout_ms}"
+            )
+        self.engine_config()
 
     @classmethod
-    def load(cls, config_file: str | None = None, env: dict[str, str] | None = None, **flags: Any) -> BrokerConfig:
-        values: dict[str, Any] = {}
-        names = {f.name: f for f in fields(cls)}
-        if config_file:
-            try:
-                with open(config_file, "rb") as fh:
-                    raw = tomllib.load(fh)
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise ConfigError(f"cannot read config file {config_file}: {exc}") from None
-            for key, value in raw.items():
-                name = key.replace("-", "_").replace(".", "_")
-                if name not in names:
-                    raise ConfigError(f"{config_file}: unknown setting {key!r}")
-                values[name] = value
-        environ = os.environ if env is None else env
-        for name, f in names.items():
-            raw_env = environ.get(f"LOGLAKE_{name.upper()}")
-            if raw_env is None or name in ("engine", "topic_defaults"):
-                continue
-            values[name] = _coerce(name, raw_env, f.default)
-        values.update({k: v for k, v in flags.items() if v is not None})
-        config = cls(**values)
+    def load(cls, config_file: str | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> BrokerConfig:
+        """Flags > environment > TOML file > defaults, each value checked (loglake.broker.settings)."""
+        from loglake.broker.settings import load_settings
+
+        loaded = load_settings(fields(cls), config_file, os.environ if env is None else env, flags)
+        config = cls(**loaded.values, engine=loaded.engine, topic_defaults=loaded.topic_defaults)
+        config.sources = loaded.sources
         config.validate()
         return config
 
-
-def _coerce(name: str, raw: str, default: Any) -> Any:
-    if isinstance(default, bool):
-        if raw.lower() in ("1", "true", "yes", "on"):
-            return True
-        if raw.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"LOGLAKE_{name.upper()}={raw!r}: expected true/false")
-    if isinstance(default, int):
+    def engine_config(self) -> EngineConfig:
+        """The engine's settings (the cold store flag included), validated."""
+        options = dict(self.engine)
+        if self.cold_store:
+            options["cold_store_url"] = self.cold_store
+        topic_defaults = {**options.pop("topic_defaults", {}), **self.topic_defaults}
         try:
-            return int(raw)
-        except ValueError:
-            raise ConfigError(f"LOGLAKE_{name.upper()}={raw!r}: expected an integer") from None
-    return raw
+            return EngineConfig.from_kwargs(**options, topic_defaults=topic_defaults)
+        except ConfigError as exc:
+            named = [f"{k} from {v}" for k, v in self.sources.items() if v != "default" and k.split(".", 1)[-1] in str(exc)]
+            raise ConfigError(f"{exc} ({'; '.join(named)})" if named else str(exc)) from None
+
+    def describe(self) -> str:
+        """The effective configuration with the source of every value (`serve --print-config`)."""
+        from loglake.broker.settings import render
+
+        engine = self.engine_config()
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        engine_values = {f.name: getattr(engine, f.name) for f in fields(engine)}
+        return render(values, engine_values, engine.topic_defaults, self.sources)

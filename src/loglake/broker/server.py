@@ -43,7 +43,7 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
-from loglake.engine import Engine, EngineConfig
+from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.errors import ListenError, UnknownTopicError
 
@@ -218,11 +218,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        engine_options = dict(self.config.engine)
-        if self.config.cold_store:
-            engine_options["cold_store_url"] = self.config.cold_store
-        topic_defaults = {**engine_options.pop("topic_defaults", {}), **self.config.topic_defaults}
-        engine = Engine(self.config.data_dir, EngineConfig.from_kwargs(**engine_options, topic_defaults=topic_defaults))
+        engine = Engine(self.config.data_dir, self.config.engine_config())
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")

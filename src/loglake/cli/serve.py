@@ -39,10 +39,16 @@ def serve(
     default_partitions: Annotated[
         int | None, typer.Option("--default-partitions", help="Partitions of auto-created topics.")
     ] = None,
+    print_config: Annotated[
+        bool, typer.Option("--print-config", help="Print the effective configuration, with where each value came from, and exit.")
+    ] = False,
 ) -> None:
     """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
     try:
-        code = _serve(data_dir, cold_store, listen, advertised_listener, port_file, metrics_listen, config_file, auto_create_topics, default_partitions)
+        code = _serve(
+            data_dir, cold_store, listen, advertised_listener, port_file, metrics_listen, config_file,
+            auto_create_topics, default_partitions, print_config,
+        )
     except Exception as exc:
         failure = explain(exc, data_dir or BrokerConfig.data_dir)
         if failure is None:
@@ -65,6 +71,7 @@ def _serve(
     config_file: str | None,
     auto_create_topics: bool | None,
     default_partitions: int | None,
+    print_config: bool = False,
 ) -> int:
     from loglake.broker.server import run_server
 
@@ -79,6 +86,9 @@ def _serve(
         auto_create_topics=auto_create_topics,
         default_partitions=default_partitions,
     )
+    if print_config:
+        sys.stdout.write(config.describe())
+        return 0
 
     def announce(host: str, port: int) -> None:
         print(f"loglake listening on {host}:{port}", flush=True)
