@@ -138,3 +138,18 @@ def test_bounds_default_to_kafkas_and_follow_broker_settings() -> None:
         group_consumer_max_session_timeout_ms = 90_000
 
     assert group_config_bounds(WithSettings()).max_session_timeout_ms == 90_000
+
+
+def test_cleaner_io_rate_changes_at_runtime(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config(cleaner_threads=1, cleaner_process=False))
+    engine.open()
+    try:
+        engine.set_cleaner_io_rate(1234)
+        assert engine.config.cleaner_io_max_bytes_per_second == 1234
+        limiter = engine.cleaner.limiter
+        assert limiter.bytes_per_s == 1234
+        limiter.acquire(1000)  # within the bucket: no wait
+        engine.set_cleaner_io_rate(0)  # unlimited
+        limiter.acquire(10**12)
+    finally:
+        engine.close()

@@ -249,9 +249,9 @@ class BrokerConfigs:
         if default_value is not None:
             out.append((DYNAMIC_DEFAULT_BROKER_CONFIG, default_value))
         setting = self.settings[name]
-        if setting.default is None or setting.static != setting.default:
+        if setting.static != setting.default:
             out.append((STATIC_BROKER_CONFIG, setting.static))
-        if setting.default is not None:
+        if setting.default is not None or not out:  # an unset optional setting: its default, null
             out.append((DEFAULT_CONFIG, setting.default))
         return out
 
