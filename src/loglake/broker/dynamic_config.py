@@ -62,6 +62,8 @@ DYNAMIC_DEFAULT_BROKER_CONFIG = 3
 STATIC_BROKER_CONFIG = 4
 DEFAULT_CONFIG = 5
 GROUP_CONFIG = 8
+#: A rate at or above this is "no bound" (Kafka's log.cleaner.io.max.bytes.per.second default is Double.MAX_VALUE).
+UNLIMITED_RATE = 2.0**63
 #: The resource name of the cluster-wide default scope.
 DEFAULT_SCOPE = ""
 #: Topic configs whose broker-wide default (Kafka's broker synonym) is dynamic.
@@ -128,10 +130,11 @@ class DynamicKey:
             number = float(raw) if self.type is ConfigType.DOUBLE else int(raw)
         except ValueError:
             raise ConfigError(f"Invalid value {raw} for configuration {self.name}: not a number") from None
-        if number < self.low or (self.high is not None and number > self.high):
-            raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be in [{self.low:g}, "
-                f"{'inf' if self.high is None else f'{self.high:g}'}]"
-            )
+        if number != number or number < self.low or (self.high is not None and number > self.high):
+            bound = "inf" if self.high is None else f"{self.high:g}"
+            raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be in [{self.low:g}, {bound}]")
+        if number >= UNLIMITED_RATE:
+            return "0"  # Kafka's default, Double.MAX_VALUE, means no bound: loglake's 0
         return str(int(number))
 
 
@@ -140,7 +143,7 @@ DYNAMIC_KEYS: Mapping[str, DynamicKey] = {
     for k in (
         DynamicKey("max.connections", ConfigType.INT, 1, 2**31 - 1),
         DynamicKey("connections.max.idle.ms", ConfigType.LONG, 1000),
-        DynamicKey("log.cleaner.io.max.bytes.per.second", ConfigType.DOUBLE, 0, 2.0**63),
+        DynamicKey("log.cleaner.io.max.bytes.per.second", ConfigType.DOUBLE, 0),
         *(
             DynamicKey(TOPIC_CONFIGS[t].broker_synonym or t, TOPIC_CONFIGS[t].type, 0, topic_config=t)
             for t in DYNAMIC_TOPIC_DEFAULTS
