@@ -168,6 +168,24 @@ class Setting:
         return self.name in DYNAMIC_KEYS
 
 
+def config_entry(
+    name: str, value: str | None, source: int, config_type: int, doc: str | None, *,
+    read_only: bool, synonyms: list[dict[str, Any]], sensitive: bool = False,
+) -> dict[str, Any]:
+    """One DescribeConfigs entry (topic, broker and group resources alike)."""
+    return {
+        "name": name,
+        "value": None if sensitive else value,
+        "read_only": read_only,
+        "is_default": source == DEFAULT_CONFIG,
+        "config_source": source,
+        "is_sensitive": sensitive,
+        "synonyms": synonyms,
+        "config_type": config_type,
+        "documentation": doc,
+    }
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -287,21 +305,12 @@ class BrokerConfigs:
                 if not layers:
                     continue  # Kafka lists only the defaults that were set
             source, value = layers[0]
-            if setting.sensitive:
-                value = None
-            out.append({
-                "name": name,
-                "value": value,
-                "read_only": not setting.dynamic,
-                "is_default": source == DEFAULT_CONFIG,
-                "config_source": source,
-                "is_sensitive": setting.sensitive,
-                "synonyms": [
-                    {"name": name, "value": None if setting.sensitive else v, "source": s} for s, v in layers
-                ] if synonyms else [],
-                "config_type": setting.type,
-                "documentation": setting.doc if docs else None,
-            })
+            out.append(config_entry(
+                name, value, source, setting.type, setting.doc if docs else None, read_only=not setting.dynamic,
+                synonyms=[{"name": name, "value": None if setting.sensitive else v, "source": s} for s, v in layers]
+                if synonyms else [],
+                sensitive=setting.sensitive,
+            ))
         return out
 
     def check_scope(self, scope: str) -> None:

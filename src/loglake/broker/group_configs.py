@@ -24,7 +24,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from loglake.broker.dynamic_config import ConfigPolicyError, ConfigResourceError
+from loglake.broker.dynamic_config import (
+    DEFAULT_CONFIG,
+    GROUP_CONFIG,
+    STATIC_BROKER_CONFIG,
+    ConfigPolicyError,
+    ConfigResourceError,
+    config_entry,
+)
 from loglake.engine import Engine
 from loglake.engine.config import ConfigType
 from loglake.errors import ConfigError
@@ -39,10 +46,6 @@ GROUP_ID_CHARS_MAX = 1_000
 SESSION_TIMEOUT = "consumer.session.timeout.ms"
 HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
 GROUP_CONFIG_NAMES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
-# ConfigSource numbers (DescribeConfigsResponse).
-GROUP_CONFIG = 8
-STATIC_BROKER_CONFIG = 4
-DEFAULT_CONFIG = 5
 
 _DOCS = {
     SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
@@ -166,17 +169,10 @@ class GroupConfigStore:
                 layers.append((GROUP_CONFIG, name, set_values[name]))
             layers.append((default_source, f"group.{name}", default))
             source, _, value = layers[0]
-            out.append({
-                "name": name,
-                "value": str(value),
-                "read_only": False,
-                "is_default": source == DEFAULT_CONFIG,
-                "config_source": source,
-                "is_sensitive": False,
-                "synonyms": [{"name": n, "value": str(v), "source": s} for s, n, v in layers] if synonyms else [],
-                "config_type": ConfigType.INT,
-                "documentation": _DOCS[name] if docs else None,
-            })
+            out.append(config_entry(
+                name, str(value), source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
+                synonyms=[{"name": n, "value": str(v), "source": s} for s, n, v in layers] if synonyms else [],
+            ))
         return out
 
     def current(self, group_id: str) -> dict[str, str]:

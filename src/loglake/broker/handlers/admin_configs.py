@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from loglake.broker.context import BrokerContext
-from loglake.broker.dynamic_config import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG
+from loglake.broker.dynamic_config import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, config_entry
 from loglake.broker.group_configs import parse_value
 from loglake.broker.handlers.admin_common import (
     CONFIG_ALTER_LOCK,
@@ -47,23 +47,6 @@ from loglake.engine.types import TopicInfo
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 
-def _entry(
-    name: str, value: str | None, source: int, config_type: int, doc: str | None, *,
-    read_only: bool, synonyms: list[dict[str, Any]],
-) -> dict[str, Any]:
-    return {
-        "name": name,
-        "value": value,
-        "read_only": read_only,
-        "is_default": source == DEFAULT_CONFIG,
-        "config_source": source,
-        "is_sensitive": False,
-        "synonyms": synonyms,
-        "config_type": config_type,
-        "documentation": doc,
-    }
-
-
 def topic_config_entries(
     ctx: BrokerContext, config: TopicConfig, keys: Iterable[str] | None = None, *,
     include_synonyms: bool = False, include_documentation: bool = False,
@@ -84,8 +67,8 @@ def topic_config_entries(
                 synonyms.append({"name": name, "value": value, "source": DYNAMIC_TOPIC_CONFIG})
             synonyms += [{"name": n, "value": v, "source": s} for s, n, v in layers]
         out.append(
-            _entry(name, value, source, key.type, key.doc if include_documentation else None,
-                   read_only=key.read_only, synonyms=synonyms)
+            config_entry(name, value, source, key.type, key.doc if include_documentation else None,
+                         read_only=key.read_only, synonyms=synonyms)
         )
     return out
 
