@@ -140,7 +140,13 @@ class GroupConfigStore:
         coordinator clamps what it uses; describing shows what was set."""
         self._configs = {}
         for group, configs in self.engine.dynamic_configs("group").items():
-            kept = {name: int(value) for name, value in configs.items() if name in GROUP_CONFIG_NAMES}
+            kept = {
+                name: int(value) for name, value in configs.items()
+                if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
+            }
+            if len(kept) != len(configs):
+                log.warning("group %s: ignoring stored configs this release does not take: %s", group,
+                            sorted(set(configs) - set(kept)))
             if kept:
                 self._configs[group] = kept
         if self._configs:
