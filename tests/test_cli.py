@@ -106,6 +106,15 @@ def test_topics_lifecycle(d: Path) -> None:
     assert ok(run(["topics", "list"], d)).stdout.split() == ["orders"]
 
 
+def test_topics_create_takes_kafkas_flush_configs(d: Path) -> None:
+    """flush.ms / flush.messages are accepted and stored (durability governs syncing)."""
+    ok(run(["topics", "create", "fl", "--config", "flush.ms=1000", "--config", "flush.messages=10"], d))
+    described = json.loads(ok(run(["topics", "describe", "fl", "--json"], d)).stdout)
+    assert described["overrides"] == {"flush.ms": "1000", "flush.messages": "10"}
+    assert described["config"]["durability"] == "fsync"
+    assert run(["topics", "create", "fl0", "--config", "flush.messages=0"], d).exit_code == 1
+
+
 def test_operating_errors_are_one_red_line_and_exit_1(d: Path) -> None:
     ok(run(["topics", "create", "t"], d))
     cases = [

@@ -63,6 +63,7 @@ class ErrorCode(IntEnum):
     INVALID_REPLICA_ASSIGNMENT = (39, False, "Replica assignment is invalid.")
     INVALID_CONFIG = (40, False, "Configuration is invalid.")
     INVALID_REQUEST = (42, False, "This most likely occurs because of a request being malformed by the client library.")
+    POLICY_VIOLATION = (44, False, "Request parameters do not satisfy the configured policy.")
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "The broker received an out of order sequence number.")
     INVALID_PRODUCER_EPOCH = (47, False, "Producer attempted to produce with an old epoch.")
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False, "Transactional Id authorization failed.")

@@ -1,4 +1,4 @@
-"""What every API handler gets: the engine, the group coordinator, the broker's identity."""
+"""What every API handler gets: the engine, the group coordinator, the broker's identity and settings."""
 
 from __future__ import annotations
 
@@ -6,11 +6,15 @@ import asyncio
 import concurrent.futures
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.metrics import Metrics
 from loglake.engine import Engine
+
+if TYPE_CHECKING:
+    from loglake.broker.dynamic_config import BrokerConfigs
+    from loglake.broker.group_configs import GroupConfigStore
 
 T = TypeVar("T")
 
@@ -23,6 +27,10 @@ class BrokerContext:
     advertised_port: int
     metrics: Metrics
     coordinator: Any = None  # loglake.broker.groups.GroupCoordinator, set by the server
+    #: The broker's settings with their dynamic layers (DescribeConfigs/AlterConfigs on BROKER), set by the server.
+    broker_configs: BrokerConfigs | None = None
+    #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
+    group_configs: GroupConfigStore | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

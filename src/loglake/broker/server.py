@@ -30,6 +30,8 @@ from typing import Any
 
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
+from loglake.broker.dynamic_config import BrokerConfigs
+from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import Metrics, serve_metrics
 from loglake.broker.protocol import (
@@ -78,9 +80,9 @@ class Connection:
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
-        idle_s = self.ctx.config.idle_timeout_ms / 1000.0
         try:
             while not self.closing:
+                idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
                 try:
                     data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
                 except TimeoutError:
@@ -251,6 +253,11 @@ class BrokerServer:
         if adv_host in ("0.0.0.0", "::"):
             adv_host = "127.0.0.1"
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        # Dynamic broker configs stored in the metadata log take effect before the first client.
+        self.ctx.broker_configs = BrokerConfigs(self.config, engine, (self.host, self.port, adv_host, adv_port))
+        await loop.run_in_executor(None, self.ctx.broker_configs.load)
+        self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
+        self.ctx.group_configs.load()
         self.ctx.coordinator = self._make_coordinator(engine)
         self.metrics.ready = True
         if self.config.port_file:

@@ -177,6 +177,14 @@ class Catalog:
         fut.result()
         return new
 
+    def set_topic_defaults(self, defaults: dict[str, str]) -> None:
+        """New topic config defaults (a dynamic broker config changed): every topic's effective
+        config is parsed again over them. Validated by the caller (EngineConfig.check_topic_defaults)."""
+        with self.lock:
+            self.config.topic_defaults = dict(defaults)
+            for topic in self.topics.values():
+                topic.config = TopicConfig.parse(topic.config.overrides, self.config.topic_defaults)
+
     def allocate_producer_id(self) -> int:
         with self.lock:
             pid = self.state.next_producer_id
@@ -246,6 +254,25 @@ class Catalog:
 
     def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
         return self.meta.append("group_state", {"g": group_id, "state": state})
+
+
+    # ---- dynamic configs (broker and group resources; the broker owns their meaning) ------------
+
+    def dynamic_configs(self, kind: str) -> dict[str, dict[str, str]]:
+        """A copy of the dynamic configs of `kind` ("broker": by scope, "group": by group id)."""
+        read = getattr(self.meta, "read", None)
+
+        def copy(state: MetaState) -> dict[str, dict[str, str]]:
+            table = state.broker_configs if kind == "broker" else state.group_configs
+            return {key: dict(configs) for key, configs in table.items()}
+
+        return read(copy) if read is not None else copy(self.state)
+
+    def save_dynamic_configs(self, kind: str, key: str, configs: dict[str, str]) -> Future[int]:
+        """Replace the dynamic configs of one broker scope or group ({} removes them)."""
+        if kind == "broker":
+            return self.meta.append("broker_config", {"scope": key, "configs": dict(configs)})
+        return self.meta.append("group_config", {"g": key, "configs": dict(configs)})
 
 
 def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list[int]]:

@@ -170,6 +170,14 @@ TOPIC_CONFIG_KEYS: tuple[TopicConfigKey, ...] = (
     TopicConfigKey("min.insync.replicas", ConfigType.INT, "1",
                    "Always 1: loglake has a single replica.",
                    "min.insync.replicas", low=1, high=1),
+    # Kafka's fsync policy. Accepted, stored and described for Kafka tools; `durability` governs
+    # when loglake syncs (README: a WAL shared by every topic has no per-topic fsync cadence).
+    TopicConfigKey("flush.messages", ConfigType.LONG, "9223372036854775807",
+                   "Accepted for Kafka compatibility and stored; loglake's durability config governs syncing.",
+                   "log.flush.interval.messages", low=1),
+    TopicConfigKey("flush.ms", ConfigType.LONG, "9223372036854775807",
+                   "Accepted for Kafka compatibility and stored; loglake's durability config governs syncing.",
+                   "log.flush.interval.ms", low=0),
     TopicConfigKey("durability", ConfigType.STRING, "fsync",
                    "When appends are acknowledged: fsync, disk, memory or ephemeral.",
                    choices=tuple(d.name.lower() for d in Durability)),
@@ -363,13 +371,17 @@ class EngineConfig:
             raise ConfigError("meta_publish_interval_ms must not be negative")
         if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:
             raise ConfigError("cold cache sizes and read-ahead must not be negative")
-        unknown = sorted(set(self.topic_defaults) - set(TOPIC_CONFIG_NAMES))
+        self.check_topic_defaults(self.topic_defaults)
+
+    def check_topic_defaults(self, defaults: Mapping[str, str]) -> None:
+        """ConfigError unless `defaults` are known topic configs with valid values that fit this engine."""
+        unknown = sorted(set(defaults) - set(TOPIC_CONFIG_NAMES))
         if unknown:
             raise ConfigError(
                 f"unknown topic config default(s) {', '.join(map(repr, unknown))} (in TOML, quote dotted names: "
                 f'"retention.ms" = "86400000"); known: {", ".join(TOPIC_CONFIG_NAMES)}'
             )
-        topic = TopicConfig.parse(None, self.topic_defaults)
+        topic = TopicConfig.parse(None, defaults)
         if topic.max_message_bytes > self.memory_budget_bytes // 4:
             raise ConfigError("max.message.bytes must be at most a quarter of memory_budget_bytes")
 

@@ -455,6 +455,29 @@ class Engine:
         self._check_open()
         return self.catalog.save_group_state(group_id, state)
 
+    # ==== dynamic configs: stored for the broker; topic defaults and cleaner rate applied here ========
+
+    def dynamic_configs(self, kind: str) -> dict[str, dict[str, str]]:
+        """Stored dynamic configs: kind "broker" ({scope: {name: value}}) or "group" ({group: ...})."""
+        return self.catalog.dynamic_configs(kind)
+
+    def save_dynamic_configs(self, kind: str, key: str, configs: dict[str, str]) -> None:
+        """Replace one broker scope's or group's dynamic configs; durable on return."""
+        self._check_open()
+        self.catalog.save_dynamic_configs(kind, key, configs).result()
+
+    def set_topic_defaults(self, defaults: dict[str, str]) -> None:
+        """Topic config defaults changed at runtime: every topic without an override follows."""
+        self.config.check_topic_defaults(defaults)
+        self.catalog.set_topic_defaults(defaults)
+        self._wake()
+
+    def set_cleaner_io_rate(self, bytes_per_s: int) -> None:
+        """Change the cleaner's I/O bound (log.cleaner.io.max.bytes.per.second) at runtime."""
+        self.config.cleaner_io_max_bytes_per_second = bytes_per_s
+        if self._cleaner is not None:
+            self._cleaner.limiter.set_rate(bytes_per_s)
+
     # ==== appends and reads =========================================================================
 
     @property

@@ -62,6 +62,12 @@ class RateLimiter:
         self._tokens = float(bytes_per_s)
         self._last = time.monotonic()
 
+    def set_rate(self, bytes_per_s: int) -> None:
+        """A new rate, from now on (a dynamic broker config); the bucket keeps what it holds, capped."""
+        with self._lock:
+            self.bytes_per_s = bytes_per_s
+            self._tokens = min(self._tokens, float(bytes_per_s))
+
     def acquire(self, n: int) -> None:
         if self.bytes_per_s <= 0:
             return

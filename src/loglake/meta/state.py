@@ -34,6 +34,10 @@ offset_expire      {g, tps: [[topic, partition], ...]}
 group_deleted      {g} → the group's offsets and state
 group_state        {g, state} → the group's persisted membership (opaque to the engine; null
                    removes it)
+broker_config      {scope, configs} → the dynamic broker configs of `scope` ("" cluster-wide
+                   default, else a node id), replaced; {} removes the scope
+group_config       {g, configs} → the group's dynamic configs (Kafka's GROUP resource),
+                   replaced; {} removes them
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -90,6 +94,8 @@ RECORD_KINDS = (
     "group_deleted",
     "group_state",
     "segment_rewritten",
+    "broker_config",
+    "group_config",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -182,6 +188,10 @@ class MetaState:
         self.partitions: dict[tuple[bytes, int], PartitionMeta] = {}
         self.next_producer_id = 1000
         self.groups: dict[str, GroupMeta] = {}
+        #: dynamic broker configs: scope ("" = cluster-wide default, else a node id) -> name -> value
+        self.broker_configs: dict[str, dict[str, str]] = {}
+        #: dynamic group configs: group id -> name -> value (independent of the group's offsets)
+        self.group_configs: dict[str, dict[str, str]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -320,6 +330,21 @@ class MetaState:
             raise ValueError("group state is not an object")
         self.groups.setdefault(str(b["g"]), GroupMeta()).state = state
 
+    def _broker_config(self, b: dict[str, Any]) -> None:
+        _replace_configs(self.broker_configs, str(b["scope"]), b["configs"])
+
+    def _group_config(self, b: dict[str, Any]) -> None:
+        _replace_configs(self.group_configs, str(b["g"]), b["configs"])
+
+
+def _replace_configs(table: dict[str, dict[str, str]], key: str, configs: Any) -> None:
+    if not isinstance(configs, dict):
+        raise ValueError("configs is not an object")
+    if configs:
+        table[key] = {str(k): str(v) for k, v in configs.items()}
+    else:
+        table.pop(key, None)
+
 
 _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "cluster": MetaState._cluster,
@@ -336,6 +361,8 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "group_deleted": MetaState._group_deleted,
     "group_state": MetaState._group_state,
     "segment_rewritten": MetaState._segment_rewritten,
+    "broker_config": MetaState._broker_config,
+    "group_config": MetaState._group_config,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -350,7 +377,8 @@ assert set(_APPLY) == set(RECORD_KINDS)
 #     16  4  json length    u32
 #     20  8  tables length  u64  bytes of packed segment entries
 #     28  4  CRC-32C of bytes 0..28, the JSON and the tables
-#     32  .  JSON: cluster id, topics, partitions (with offsets into the tables), groups
+#     32  .  JSON: cluster id, topics, partitions (with offsets into the tables), groups,
+#              dynamic broker and group configs (optional: older checkpoints lack them)
 #     .   .  tables: every partition's packed segment entries (meta/segments.py), back to back
 
 CHECKPOINT_MAGIC = b"LLCK"
@@ -408,6 +436,8 @@ def capture(state: MetaState) -> CheckpointImage:
             g: {"offsets": [[t, p, *row] for (t, p), row in gm.offsets.items()], "state": gm.state}
             for g, gm in state.groups.items()
         },
+        "broker_configs": {scope: dict(c) for scope, c in state.broker_configs.items()},
+        "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -479,6 +509,11 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
             gm.offsets[(str(topic_name), int(p))] = [int(offset), int(epoch), str(metadata), int(ts)]
         gm.state = gdoc.get("state")
         state.groups[str(g)] = gm
+    # added later: absent from older checkpoints
+    for scope, configs in (doc.get("broker_configs") or {}).items():
+        _replace_configs(state.broker_configs, str(scope), configs)
+    for g, configs in (doc.get("group_configs") or {}).items():
+        _replace_configs(state.group_configs, str(g), configs)
     return state
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker.authorized import cluster_operations
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
@@ -23,10 +24,6 @@ from loglake.broker.protocol import DecodedRequest
 
 #: DescribeCluster endpoint types (KIP-919).
 ENDPOINT_BROKERS = 1
-#: The ACL operations on the cluster resource, all allowed (no authorization), as the bit numbers
-#: kafka-python's bitfield codec takes (None encodes "not requested", -2147483648): CREATE 5,
-#: ALTER 7, DESCRIBE 8, CLUSTER_ACTION 9, DESCRIBE_CONFIGS 10, ALTER_CONFIGS 11, IDEMPOTENT_WRITE 12.
-CLUSTER_OPERATIONS = frozenset({5, 7, 8, 9, 10, 11, 12})
 
 
 async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
@@ -41,7 +38,7 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
         "controller_id": ctx.node_id,
         "brokers": [],
         "authorized_operations": (
-            set(CLUSTER_OPERATIONS) if body.include_cluster_authorized_operations else None
+            cluster_operations() if body.include_cluster_authorized_operations else None
         ),
     }
     if endpoint_type != ENDPOINT_BROKERS:

@@ -6,6 +6,7 @@ import logging
 import uuid
 from typing import Any
 
+from loglake.broker.authorized import cluster_operations, topic_operations
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
     NONE,
@@ -18,14 +19,13 @@ from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError
 
 log = logging.getLogger(__name__)
 
-#: Bit set of all ACL operations: we do no authorization, so everything is allowed.
-ALL_OPERATIONS = -2147483648
 
-
-def _topic_entry(ctx: Any, name: str) -> dict[str, Any]:
+def _topic_entry(ctx: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
     info = ctx.engine.topic(name)
     node = ctx.node_id
     return {
+        # v8+: the caller's operations on the topic when asked; None encodes "not requested"
+        "authorized_operations": topic_operations(name) if with_operations else None,
         "error_code": NONE,
         "name": name,
         "topic_id": uuid.UUID(hex=info.topic_id),
@@ -71,10 +71,12 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     version = req.api_version
     allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
+    topic_ops = version >= 8 and bool(getattr(body, "include_topic_authorized_operations", False))
+    cluster_ops = 8 <= version <= 10 and bool(getattr(body, "include_cluster_authorized_operations", False))
     topics: list[dict[str, Any]] = []
     if body.topics is None or (version == 0 and not body.topics):
         names = [t.name for t in ctx.engine.topics()]
-        topics = [_topic_entry(ctx, n) for n in names]
+        topics = [_topic_entry(ctx, n, topic_ops) for n in names]
     else:
         by_id = None
         for requested in body.topics:
@@ -92,7 +94,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             if code != NONE:
                 topics.append({"error_code": code, "name": name, "partitions": []})
             else:
-                topics.append(_topic_entry(ctx, name))
+                topics.append(_topic_entry(ctx, name, topic_ops))
     return {
         "throttle_time_ms": 0,
         "brokers": [{"node_id": ctx.node_id, "host": ctx.advertised_host, "port": ctx.advertised_port, "rack": None}],
@@ -100,4 +102,6 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         "controller_id": ctx.node_id,
         "topics": topics,
         "error_code": NONE,
+        # v8-v10: the caller's operations on the cluster when asked (v11 dropped the field)
+        "authorized_operations": cluster_operations() if cluster_ops else None,
     }

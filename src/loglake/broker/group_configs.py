@@ -1,0 +1,211 @@
+"""Group configs: Kafka 4.0's GROUP config resource (DescribeConfigs / AlterConfigs /
+IncrementalAlterConfigs with resource type 32), per consumer group, kept in the metadata log.
+
+Two configs, by Kafka's names (KIP-848's GroupConfig): `consumer.session.timeout.ms` and
+`consumer.heartbeat.interval.ms`. A group without an override takes the broker's
+`group.consumer.session.timeout.ms` / `group.consumer.heartbeat.interval.ms`. A value must lie in
+the broker's [min, max] bounds for it, and the session timeout must exceed the heartbeat interval
+(both after merging with the defaults), as Kafka's GroupConfig.validate checks; the messages are
+Kafka's. Share-group configs (`share.*`) are unknown here: loglake has no share groups.
+
+Configs are independent of a group's offsets and membership: a group may carry them before it
+exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
+deleting a group does not touch), so a group id that comes back finds its configs. At most
+`GROUP_CONFIGS_MAX` groups carry configs; setting one on a further group is POLICY_VIOLATION.
+
+`GroupConfigStore.overrides(group_id)` is what the KIP-848 coordinator reads (its
+`group_overrides`): only the values set explicitly, as ints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from loglake.broker.dynamic_config import (
+    DEFAULT_CONFIG,
+    GROUP_CONFIG,
+    STATIC_BROKER_CONFIG,
+    ConfigPolicyError,
+    ConfigResourceError,
+    config_entry,
+)
+from loglake.engine import Engine
+from loglake.engine.config import ConfigType
+from loglake.errors import ConfigError
+
+log = logging.getLogger("loglake.broker.groups")
+
+#: Most groups that can carry dynamic configs (each is a metadata record and a checkpoint entry).
+GROUP_CONFIGS_MAX = 10_000
+#: Longest group id a config can be set on (the metadata record stays small).
+GROUP_ID_CHARS_MAX = 1_000
+
+SESSION_TIMEOUT = "consumer.session.timeout.ms"
+HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
+GROUP_CONFIG_NAMES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
+
+_DOCS = {
+    SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
+    HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of a consumer group.",
+}
+
+
+@dataclass(frozen=True)
+class GroupConfigBounds:
+    """The broker settings group configs default to and are validated against (Kafka's defaults)."""
+
+    session_timeout_ms: int = 45_000
+    min_session_timeout_ms: int = 45_000
+    max_session_timeout_ms: int = 60_000
+    heartbeat_interval_ms: int = 5_000
+    min_heartbeat_interval_ms: int = 5_000
+    max_heartbeat_interval_ms: int = 15_000
+
+    def default(self, name: str) -> int:
+        return self.session_timeout_ms if name == SESSION_TIMEOUT else self.heartbeat_interval_ms
+
+
+KAFKA_BOUNDS = GroupConfigBounds()
+
+
+def group_config_bounds(config: Any) -> GroupConfigBounds:
+    """The bounds from the broker's KIP-848 settings (group.consumer.*), Kafka's defaults where the
+    broker has none. The one place that reads them: point it at the real settings."""
+
+    def get(field: str, default: int) -> int:
+        return int(getattr(config, field, default))
+
+    k = KAFKA_BOUNDS
+    return GroupConfigBounds(
+        get("group_consumer_session_timeout_ms", k.session_timeout_ms),
+        get("group_consumer_min_session_timeout_ms", k.min_session_timeout_ms),
+        get("group_consumer_max_session_timeout_ms", k.max_session_timeout_ms),
+        get("group_consumer_heartbeat_interval_ms", k.heartbeat_interval_ms),
+        get("group_consumer_min_heartbeat_interval_ms", k.min_heartbeat_interval_ms),
+        get("group_consumer_max_heartbeat_interval_ms", k.max_heartbeat_interval_ms),
+    )
+
+
+def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
+    """ConfigError (INVALID_CONFIG) unless the merged values fit the bounds (Kafka's messages)."""
+    session = values.get(SESSION_TIMEOUT, bounds.session_timeout_ms)
+    heartbeat = values.get(HEARTBEAT_INTERVAL, bounds.heartbeat_interval_ms)
+    checks = (
+        (heartbeat < bounds.min_heartbeat_interval_ms,
+         f"{HEARTBEAT_INTERVAL} must be greater than or equal to group.consumer.min.heartbeat.interval.ms"),
+        (heartbeat > bounds.max_heartbeat_interval_ms,
+         f"{HEARTBEAT_INTERVAL} must be less than or equal to group.consumer.max.heartbeat.interval.ms"),
+        (session < bounds.min_session_timeout_ms,
+         f"{SESSION_TIMEOUT} must be greater than or equal to group.consumer.min.session.timeout.ms"),
+        (session > bounds.max_session_timeout_ms,
+         f"{SESSION_TIMEOUT} must be less than or equal to group.consumer.max.session.timeout.ms"),
+        (session <= heartbeat, f"{SESSION_TIMEOUT} must be greater than {HEARTBEAT_INTERVAL}"),
+    )
+    for failed, message in checks:
+        if failed:
+            raise ConfigError(message)
+
+
+def parse_value(name: str, raw: str | None) -> int:
+    if name not in GROUP_CONFIG_NAMES:
+        raise ConfigError(f"Unknown group config name: {name}")
+    if raw is None:
+        raise ConfigError(f"Null value not supported for group configs: {name}")
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ConfigError(f"Invalid value {raw} for configuration {name}: Not a number of type INT") from None
+    if not 1 <= value <= 2**31 - 1:
+        raise ConfigError(f"Invalid value {raw} for configuration {name}: Value must be at least 1")
+    return value
+
+
+class GroupConfigStore:
+    """Per-group config overrides: validated, persisted as `group_config` records, read by the coordinator."""
+
+    def __init__(
+        self, engine: Engine, bounds: Callable[[], GroupConfigBounds] = lambda: KAFKA_BOUNDS,
+        max_groups: int = GROUP_CONFIGS_MAX,
+    ) -> None:
+        self.engine = engine
+        self.bounds = bounds
+        self.max_groups = max_groups
+        self._configs: dict[str, dict[str, int]] = {}
+
+    def load(self) -> None:
+        """Read the stored configs (start-up). A stored value outside today's bounds is kept: the
+        coordinator clamps what it uses; describing shows what was set."""
+        self._configs = {}
+        for group, configs in self.engine.dynamic_configs("group").items():
+            kept = {
+                name: int(value) for name, value in configs.items()
+                if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
+            }
+            if len(kept) != len(configs):
+                log.warning("group %s: ignoring stored configs this release does not take: %s", group,
+                            sorted(set(configs) - set(kept)))
+            if kept:
+                self._configs[group] = kept
+        if self._configs:
+            log.info("dynamic configs of %d group(s) loaded", len(self._configs))
+
+    def overrides(self, group_id: str) -> dict[str, int]:
+        """The configs set explicitly on `group_id` (Kafka names -> int); {} when none."""
+        return dict(self._configs.get(group_id, {}))
+
+    def groups(self) -> list[str]:
+        return sorted(self._configs)
+
+    def describe(self, group_id: str, keys: Iterable[str] | None, *, synonyms: bool, docs: bool) -> list[dict[str, Any]]:
+        check_group_id(group_id)
+        bounds = self.bounds()
+        set_values = self._configs.get(group_id, {})
+        wanted = None if keys is None else set(keys)
+        out: list[dict[str, Any]] = []
+        for name in GROUP_CONFIG_NAMES:
+            if wanted is not None and name not in wanted:
+                continue
+            default = bounds.default(name)
+            default_source = DEFAULT_CONFIG if default == KAFKA_BOUNDS.default(name) else STATIC_BROKER_CONFIG
+            layers: list[tuple[int, str, int]] = []
+            if name in set_values:
+                layers.append((GROUP_CONFIG, name, set_values[name]))
+            layers.append((default_source, f"group.{name}", default))
+            source, _, value = layers[0]
+            out.append(config_entry(
+                name, str(value), source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
+                synonyms=[{"name": n, "value": str(v), "source": s} for s, n, v in layers] if synonyms else [],
+            ))
+        return out
+
+    def current(self, group_id: str) -> dict[str, str]:
+        return {k: str(v) for k, v in self._configs.get(group_id, {}).items()}
+
+    def alter(self, group_id: str, new: dict[str, str], *, validate_only: bool) -> None:
+        """Replace the group's configs with `new` (Kafka names -> strings); {} removes them. Durable on return."""
+        check_group_id(group_id)
+        values = {name: parse_value(name, raw) for name, raw in new.items()}
+        validate(values, self.bounds())
+        if values and group_id not in self._configs and len(self._configs) >= self.max_groups:
+            raise ConfigPolicyError(
+                f"at most {self.max_groups} groups may carry dynamic configs (GROUP_CONFIGS_MAX); "
+                "delete the configs of a group that no longer needs them"
+            )
+        if validate_only:
+            return
+        self.engine.save_dynamic_configs("group", group_id, {k: str(v) for k, v in values.items()})
+        if values:
+            self._configs[group_id] = values
+        else:
+            self._configs.pop(group_id, None)
+        log.info("dynamic configs of group %s now %s", group_id, values)
+
+
+def check_group_id(group_id: str) -> None:
+    if not group_id:
+        raise ConfigResourceError("Group name cannot be empty")
+    if len(group_id) > GROUP_ID_CHARS_MAX:
+        raise ConfigResourceError(f"Group name is longer than {GROUP_ID_CHARS_MAX} characters")

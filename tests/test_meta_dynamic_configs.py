@@ -1,0 +1,155 @@
+"""Dynamic broker and group configs in the metadata: records, checkpoints (old ones still open),
+engine persistence across reopen, runtime topic defaults, and the group config store."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from loglake.broker.config import BrokerConfig
+from loglake.broker.dynamic_config import ConfigPolicyError, ConfigResourceError
+from loglake.broker.group_configs import (
+    HEARTBEAT_INTERVAL,
+    SESSION_TIMEOUT,
+    GroupConfigBounds,
+    GroupConfigStore,
+    group_config_bounds,
+)
+from loglake.engine import Engine
+from loglake.errors import ConfigError
+from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+
+from enginekit import small_config
+
+
+def test_records_replace_and_remove() -> None:
+    state = MetaState("c")
+    state.apply("broker_config", {"scope": "", "configs": {"log.retention.ms": "1000"}})
+    state.apply("broker_config", {"scope": "0", "configs": {"max.connections": "5"}})
+    state.apply("broker_config", {"scope": "", "configs": {"max.connections": "9"}})  # replaced whole
+    assert state.broker_configs == {"": {"max.connections": "9"}, "0": {"max.connections": "5"}}
+    state.apply("broker_config", {"scope": "0", "configs": {}})
+    assert state.broker_configs == {"": {"max.connections": "9"}}
+    state.apply("group_config", {"g": "g1", "configs": {SESSION_TIMEOUT: "50000"}})
+    state.apply("group_deleted", {"g": "g1"})  # deleting a group leaves its configs, as Kafka does
+    assert state.group_configs == {"g1": {SESSION_TIMEOUT: "50000"}}
+    state.apply("group_config", {"g": "g1", "configs": {}})
+    assert state.group_configs == {}
+    with pytest.raises(ValueError):
+        state.apply("group_config", {"g": "g1", "configs": ["not", "an", "object"]})
+
+
+def _checkpoint(state: MetaState, drop: tuple[str, ...] = ()) -> MetaState:
+    img = capture(state)
+    for key in drop:
+        del img.doc[key]
+    return decode_checkpoint(b"".join(encode_checkpoint(img)), path="ck")
+
+
+def test_checkpoint_keeps_them_and_older_checkpoints_open_without_them() -> None:
+    state = MetaState("c")
+    state.apply("broker_config", {"scope": "", "configs": {"message.max.bytes": "2000"}})
+    state.apply("group_config", {"g": "g", "configs": {HEARTBEAT_INTERVAL: "6000"}})
+    back = _checkpoint(state)
+    assert back.broker_configs == state.broker_configs and back.group_configs == state.group_configs
+    old = _checkpoint(state, drop=("broker_configs", "group_configs"))  # written before dynamic configs
+    assert old.broker_configs == {} and old.group_configs == {}
+
+
+def test_engine_keeps_dynamic_configs_across_reopen(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config())
+    engine.open()
+    try:
+        engine.save_dynamic_configs("broker", "", {"log.retention.ms": "1234"})
+        engine.save_dynamic_configs("group", "g", {SESSION_TIMEOUT: "50000"})
+    finally:
+        engine.close()
+    for checkpoint in (False, True):
+        engine = Engine(str(tmp_path / "d"), small_config())
+        engine.open()
+        try:
+            assert engine.dynamic_configs("broker") == {"": {"log.retention.ms": "1234"}}
+            assert engine.dynamic_configs("group") == {"g": {SESSION_TIMEOUT: "50000"}}
+            if checkpoint:
+                engine.checkpoint_metadata()
+        finally:
+            engine.close()
+
+
+def test_runtime_topic_defaults_reach_topics_without_an_override(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config())
+    engine.open()
+    try:
+        engine.create_topic("plain", 1)
+        engine.create_topic("own", 1, {"retention.ms": "99"})
+        engine.set_topic_defaults({"retention.ms": "5000"})
+        assert engine.catalog.topic("plain").config.retention_ms == 5000
+        assert engine.catalog.topic("own").config.retention_ms == 99
+        with pytest.raises(ConfigError):
+            engine.set_topic_defaults({"max.message.bytes": str(engine.config.memory_budget_bytes)})
+        assert engine.catalog.topic("plain").config.retention_ms == 5000  # a refused change changes nothing
+    finally:
+        engine.close()
+
+
+def test_group_config_store(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config())
+    engine.open()
+    try:
+        store = GroupConfigStore(engine, max_groups=2)
+        store.alter("g1", {SESSION_TIMEOUT: "50000"}, validate_only=False)
+        assert store.overrides("g1") == {SESSION_TIMEOUT: 50000}  # only what was set, as ints
+        assert store.overrides("nobody") == {}
+        store.alter("g2", {HEARTBEAT_INTERVAL: "6000"}, validate_only=True)
+        assert store.overrides("g2") == {}
+        for bad, message in (
+            ({SESSION_TIMEOUT: "44999"}, "greater than or equal to group.consumer.min.session.timeout.ms"),
+            ({SESSION_TIMEOUT: "60001"}, "less than or equal to group.consumer.max.session.timeout.ms"),
+            ({HEARTBEAT_INTERVAL: "4999"}, "greater than or equal to group.consumer.min.heartbeat.interval.ms"),
+            ({HEARTBEAT_INTERVAL: "15001"}, "less than or equal to group.consumer.max.heartbeat.interval.ms"),
+            ({SESSION_TIMEOUT: "soon"}, "Not a number"),
+            ({"share.session.timeout.ms": "50000"}, "Unknown group config name"),
+        ):
+            with pytest.raises(ConfigError, match=re.escape(message)):
+                store.alter("g1", bad, validate_only=False)
+        narrow = GroupConfigStore(engine, lambda: GroupConfigBounds(10_000, 1_000, 60_000, 5_000, 1_000, 15_000))
+        with pytest.raises(ConfigError, match=re.escape("must be greater than consumer.heartbeat.interval.ms")):
+            narrow.alter("g9", {SESSION_TIMEOUT: "4000"}, validate_only=False)
+        with pytest.raises(ConfigResourceError):
+            store.alter("", {SESSION_TIMEOUT: "50000"}, validate_only=False)
+        store.alter("g2", {HEARTBEAT_INTERVAL: "6000"}, validate_only=False)
+        with pytest.raises(ConfigPolicyError, match="GROUP_CONFIGS_MAX"):
+            store.alter("g3", {HEARTBEAT_INTERVAL: "6000"}, validate_only=False)
+        store.alter("g2", {}, validate_only=False)  # removing frees a place
+        store.alter("g3", {HEARTBEAT_INTERVAL: "6000"}, validate_only=False)
+        reloaded = GroupConfigStore(engine)
+        reloaded.load()
+        assert reloaded.groups() == ["g1", "g3"] and reloaded.overrides("g3") == {HEARTBEAT_INTERVAL: 6000}
+    finally:
+        engine.close()
+
+
+def test_bounds_default_to_kafkas_and_follow_broker_settings() -> None:
+    assert group_config_bounds(BrokerConfig()) == GroupConfigBounds(45_000, 45_000, 60_000, 5_000, 5_000, 15_000)
+
+    class WithSettings(BrokerConfig):
+        group_consumer_max_session_timeout_ms = 90_000
+
+    assert group_config_bounds(WithSettings()).max_session_timeout_ms == 90_000
+
+
+def test_cleaner_io_rate_changes_at_runtime(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config(cleaner_threads=1, cleaner_process=False))
+    engine.open()
+    try:
+        engine.set_cleaner_io_rate(1234)
+        assert engine.config.cleaner_io_max_bytes_per_second == 1234
+        limiter = engine.cleaner.limiter
+        assert limiter.bytes_per_s == 1234
+        limiter.acquire(1000)  # within the bucket: no wait
+        engine.set_cleaner_io_rate(0)  # unlimited
+        limiter.acquire(10**12)
+    finally:
+        engine.close()
