@@ -34,6 +34,9 @@ offset_expire      {g, tps: [[topic, partition], ...]}
 group_deleted      {g} → the group's offsets and state
 group_state        {g, state} → the group's persisted membership (opaque to the engine; null
                    removes it)
+leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the partition starting
+                   at offset `start` (its log end when the epoch began); history entries whose
+                   start is >= `start` are dropped first (those offsets were truncated)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -57,6 +60,7 @@ from loglake.store.base import partition_prefix
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "LEADER_EPOCHS_MAX",
     "RECORD_KINDS",
     "RECORD_VERSION",
     "GroupMeta",
@@ -73,6 +77,11 @@ __all__ = [
 RECORD_VERSION = 1
 #: Most clean marks (tombstone timing) a partition keeps; older ones merge conservatively.
 PASS_MARKS_MAX = 64
+#: Most leader-epoch history entries a partition keeps; past this the oldest are dropped (an
+#: OffsetForLeaderEpoch for an epoch older than every kept one is answered as Kafka answers an
+#: epoch older than its cache: with the oldest kept entry's start offset). Epochs move only at
+#: unclean recoveries and operator-accepted losses (and, later, leadership changes).
+LEADER_EPOCHS_MAX = 1000
 #: Largest record body accepted (a group state with 1,000 members fits easily).
 RECORD_BYTES_MAX = 16 * 1024 * 1024
 RECORD_KINDS = (
@@ -90,6 +99,7 @@ RECORD_KINDS = (
     "group_deleted",
     "group_state",
     "segment_rewritten",
+    "leader_epoch",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -152,6 +162,27 @@ class PartitionMeta:
     clean_marks: list[list[int]] = field(default_factory=list)
     #: compaction: when the cleaner first passed the oldest tombstone it kept (-1: none kept)
     tombstone_ms: int = -1
+    #: leader-epoch history: [[epoch, start_offset], ...], epochs and starts ascending; empty
+    #: means epoch 0 from offset 0 (every partition before its first bump). At most LEADER_EPOCHS_MAX.
+    leader_epochs: list[list[int]] = field(default_factory=list)
+    #: the current leader epoch (the last history entry's; kept as a field: Produce reads it)
+    leader_epoch: int = 0
+
+    def note_leader_epoch(self, epoch: int, start: int) -> None:
+        """A new epoch from `start` on: entries at or past `start` are gone (truncated offsets)."""
+        if epoch <= self.leader_epoch:
+            raise ValueError(f"leader epoch {epoch} is not above the current {self.leader_epoch}")
+        history = self.leader_epochs or [[0, 0]]
+        history = [e for e in history if e[1] < start]
+        history.append([epoch, start])
+        if len(history) > LEADER_EPOCHS_MAX:
+            del history[: len(history) - LEADER_EPOCHS_MAX]
+        self.leader_epochs = history
+        self.leader_epoch = epoch
+
+    def epoch_history(self) -> list[list[int]]:
+        """The history with the implicit first entry: [[0, 0]] before any bump."""
+        return self.leader_epochs or [[0, 0]]
 
     def note_clean(self, end: int, ms: int) -> None:
         if end > self.clean_end:
@@ -268,6 +299,9 @@ class MetaState:
         if offset > pm.log_start:
             pm.log_start = offset
             pm.segments.drop_below(offset)
+            history = pm.leader_epochs  # epochs wholly below the log start are never asked for
+            while len(history) > 1 and history[1][1] <= offset:
+                del history[0]
 
     def _segment_rewritten(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
@@ -304,6 +338,10 @@ class MetaState:
         if not group.offsets and group.state is None:
             del self.groups[str(b["g"])]
 
+    def _leader_epoch(self, b: dict[str, Any]) -> None:
+        pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
+        pm.note_leader_epoch(int(b["epoch"]), int(b["start"]))
+
     def _group_deleted(self, b: dict[str, Any]) -> None:
         self.groups.pop(str(b["g"]), None)
 
@@ -336,6 +374,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "group_deleted": MetaState._group_deleted,
     "group_state": MetaState._group_state,
     "segment_rewritten": MetaState._segment_rewritten,
+    "leader_epoch": MetaState._leader_epoch,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -392,6 +431,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "clean_end": pm.clean_end,
                 "clean_marks": [list(m) for m in pm.clean_marks],
                 "tombstone_ms": pm.tombstone_ms,
+                "leader_epochs": [list(e) for e in pm.leader_epochs],
             }
         )
         tables.append(raw)
@@ -469,6 +509,9 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         pm.clean_end = int(raw.get("clean_end", 0))
         pm.clean_marks = [[int(e), int(ms)] for e, ms in raw.get("clean_marks", [])]
         pm.tombstone_ms = int(raw.get("tombstone_ms", -1))
+        # absent in checkpoints written before leader epochs: epoch 0 from offset 0
+        pm.leader_epochs = [[int(e), int(s)] for e, s in raw.get("leader_epochs", [])]
+        pm.leader_epoch = pm.leader_epochs[-1][0] if pm.leader_epochs else 0
         pm.log_start = int(raw["log_start"])
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])

@@ -4,7 +4,10 @@ Size rules follow KIP-74: partitions are filled in request order; the first part
 returns at least one whole batch even when it is larger than the limits, later partitions only
 what still fits. Hot segment data goes out as file ranges (sendfile); unsealed data from memory
 buffers without copies. No fetch sessions (KIP-227): session_id 0 tells clients to send full
-fetch requests.
+fetch requests. A partition whose `current_leader_epoch` (v9+; -1: no check) differs from the
+partition's epoch is answered FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer), with
+the current leader and epoch on v12+, so the client refreshes its metadata and validates its
+position (OffsetForLeaderEpoch).
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ from loglake.broker.handlers.errors import (
     OFFSET_OUT_OF_RANGE,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
+    epoch_check,
     error_code,
 )
-from loglake.broker.protocol import DecodedRequest, FetchPartition, FetchResponseData, FetchTopic
+from loglake.broker.protocol import (
+    DecodedRequest,
+    FetchPartition,
+    FetchResponseData,
+    FetchTopic,
+    LeaderIdAndEpoch,
+)
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
 
 #: Longest a fetch may wait, whatever the client asks (Kafka has no cap; a bound keeps shutdown prompt).
@@ -55,6 +65,12 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 info = engine.partition_info(name, part.partition)
                 fp.high_watermark = fp.last_stable_offset = info.high_watermark
                 fp.log_start_offset = info.log_start_offset
+                fenced = epoch_check(info.leader_epoch, getattr(part, "current_leader_epoch", -1))
+                if fenced != NONE:
+                    fp.error_code = fenced
+                    if version >= 12:
+                        fp.current_leader = LeaderIdAndEpoch(ctx.node_id, info.leader_epoch)
+                    continue
                 if total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
                 limit = min(part.partition_max_bytes, max_bytes - total)
