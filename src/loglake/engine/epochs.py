@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition
 from loglake.engine.types import RecoveryReport
+from loglake.errors import StorageError
 from loglake.fs.base import FileSystem
 from loglake.meta.state import PartitionMeta
 from loglake.wal.shard import Durability
@@ -123,4 +124,8 @@ def take_clean_mark(fs: FileSystem, data_dir: str) -> bool:
 
 
 def write_clean_mark(fs: FileSystem, data_dir: str) -> None:
-    fs.write_file_atomic(os.path.join(data_dir, CLEAN_MARK), [b""])
+    """Best effort: without the mark the next open only bumps epochs it did not need to."""
+    try:
+        fs.write_file_atomic(os.path.join(data_dir, CLEAN_MARK), [b""])
+    except (OSError, StorageError) as exc:
+        log.warning("could not write the clean-shutdown mark in %s (%s): the next open treats this stop as unclean", data_dir, exc)
