@@ -23,6 +23,7 @@ from kafka import TopicPartition
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.structs import OffsetAndMetadata
 
+from loglake.kafka_errors import ErrorCode
 from test_broker_admin import raw_call
 
 from brokerkit import Broker, free_port, start_on_port
@@ -48,6 +49,18 @@ def epochs(broker: Broker, topic: str) -> list[int]:
     meta = raw_call(broker, 3, 12, topics=[{"name": topic}], allow_auto_topic_creation=False,
                     include_topic_authorized_operations=False)
     return [p.leader_epoch for p in meta.topics[0].partitions]
+
+
+def fetch_error(broker: Broker, topic: str, current_epoch: int) -> tuple[int, int | None]:
+    """(error code, leader epoch of the `current_leader` tag or None) of a Fetch v12 at offset 0."""
+    resp = raw_call(broker, 1, 12, replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                    session_id=0, session_epoch=-1, rack_id="", forgotten_topics_data=[], topics=[
+                        {"topic": topic, "partitions": [{"partition": 0, "current_leader_epoch": current_epoch,
+                                                         "fetch_offset": 0, "last_fetched_epoch": -1,
+                                                         "log_start_offset": -1, "partition_max_bytes": 1 << 20}]}])
+    part = resp.responses[0].partitions[0]
+    leader = part.current_leader
+    return part.error_code, (leader.leader_epoch if leader is not None and leader.leader_epoch >= 0 else None)
 
 
 def read_values(consumer: Consumer, count: int) -> list[tuple[int, int | None, bytes | None]]:
@@ -90,6 +103,17 @@ def test_consumer_detects_truncation_after_unclean_restart(broker: Broker) -> No
         assert epochs(broker, "lost") == [1]
         assert epochs(broker, "kept") == [0]
         assert "leader epoch 1 starts at offset 0" in broker.log_text()
+        # A request still holding epoch 0 is fenced; one with epoch 1 learns where epoch 0 ended.
+        assert fetch_error(broker, "lost", current_epoch=0) == (ErrorCode.FENCED_LEADER_EPOCH, 1)
+        assert fetch_error(broker, "lost", current_epoch=2) == (ErrorCode.UNKNOWN_LEADER_EPOCH, 1)
+        assert fetch_error(broker, "kept", current_epoch=0) == (0, None)
+        ofle = raw_call(broker, 23, 4, replica_id=-1, topics=[{"topic": "lost", "partitions": [
+            {"partition": 0, "current_leader_epoch": 0, "leader_epoch": 0},
+            {"partition": 0, "current_leader_epoch": 1, "leader_epoch": 0},
+            {"partition": 0, "current_leader_epoch": 1, "leader_epoch": 1},
+        ]}])
+        assert [(p.error_code, p.leader_epoch, p.end_offset) for p in ofle.topics[0].partitions] == [
+            (ErrorCode.FENCED_LEADER_EPOCH, -1, -1), (0, 0, 0), (0, 1, 0)]
 
         error = None
         for _ in range(POLLS_MAX):
