@@ -25,7 +25,7 @@ from kafka.structs import OffsetAndMetadata
 from loglake.kafka_errors import ErrorCode
 from test_broker_admin import raw_call, versions
 
-from brokerkit import Broker
+from brokerkit import Broker, serving_broker
 
 TIMEOUT = 15.0
 
@@ -37,12 +37,8 @@ def cold_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, cold_dir: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path_factory.mktemp("apis") / "data", ["--cold-store", f"file://{cold_dir}"]).start()
-    try:
+    with serving_broker(tmp_path_factory.mktemp("apis") / "data", ["--cold-store", f"file://{cold_dir}"]) as b:
         yield b
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            b.stop()
 
 
 @pytest.fixture

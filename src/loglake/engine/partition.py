@@ -92,10 +92,6 @@ class Partition:
     def producers(self) -> ProducerStates:
         return self.meta.producers
 
-    @property
-    def leader_epoch(self) -> int:
-        return self.meta.leader_epoch
-
     # ---- high watermark and tail waits (hw_cond) ---------------------------------------------
 
     @property
