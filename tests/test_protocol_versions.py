@@ -9,7 +9,7 @@ from loglake.broker.protocol.codec import api_versions_body
 from loglake.broker.protocol.messages import schema_versions
 
 # KIP-896 (Kafka 4.0) floors for the APIs we serve.
-KIP_896_FLOORS = {0: 3, 1: 4, 2: 1, 3: 0, 8: 2, 9: 1, 19: 2, 20: 1, 32: 1}
+KIP_896_FLOORS = {0: 3, 1: 4, 2: 1, 3: 0, 8: 2, 9: 1, 19: 2, 20: 1, 23: 2, 32: 1, 35: 1}
 
 
 @pytest.mark.parametrize("api_key", sorted(SUPPORTED))
@@ -24,7 +24,7 @@ def test_within_schema(api_key: int) -> None:
 
 
 def test_all_requested_apis_present() -> None:
-    wanted = {18, 3, 0, 1, 2, 10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 19, 20, 37, 32, 33, 44, 21, 22, 60}
+    wanted = {18, 3, 0, 1, 2, 10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 19, 20, 37, 32, 33, 44, 21, 22, 60, 23, 35, 47, 61}
     assert set(SUPPORTED) == wanted
 
 

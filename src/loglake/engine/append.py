@@ -26,8 +26,8 @@ from loglake.errors import CorruptRecordError, EngineFailedError, RecordTooLarge
 from loglake.records.batch import (
     BatchBuilder,
     iter_records,
-    set_base_offset,
     set_log_append_time,
+    set_offset_and_epoch,
     split_batches,
 )
 from loglake.records.compression import codec_from_name
@@ -156,10 +156,11 @@ class Appender:
                 base = p.next_offset
                 offset = base
                 max_ts = -1
+                epoch = p.meta.leader_epoch
                 if config.log_append_time:
                     log_append_time = int(self._clock() * 1000)
                 for pos, header in batches:
-                    set_base_offset(buf, pos, offset)
+                    set_offset_and_epoch(buf, pos, offset, header.batch_length, epoch)
                     if config.log_append_time:
                         set_log_append_time(buf, pos, log_append_time)
                         max_ts = max(max_ts, log_append_time)

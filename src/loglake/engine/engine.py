@@ -35,6 +35,7 @@ from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.compaction import dirty_ratio_locked
 from loglake.engine.config import EngineConfig, TopicConfig
+from loglake.engine.epochs import end_offset_for, epoch_of, record_bump, write_clean_mark
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import SegmentRef
@@ -263,6 +264,7 @@ class Engine:
         """Clean shutdown: drain the WAL, seal everything, record it, release the directory."""
         if self._closed:
             return
+        clean = False
         try:
             if self._failure is None:
                 self.flush()
@@ -271,6 +273,7 @@ class Engine:
                 if self._relocator is not None and self._relocator.relocate_due():
                     self._meta.sync()
                     self.publish_metadata()
+                clean = True
         finally:
             self._closed = True
             if self._cleaner is not None:
@@ -292,6 +295,8 @@ class Engine:
                 self._stores.hot.close()
                 if self._stores.cold is not None:
                     self._stores.cold.close()
+            if clean and self._failure is None:
+                write_clean_mark(self.fs, self.data_dir)  # the next open needs no epoch bump (engine/epochs.py)
             self._dir_lock.release()
 
     def __enter__(self) -> Engine:
@@ -383,7 +388,28 @@ class Engine:
                 p.buffer_bytes,
                 p.meta.clean_end,
                 dirty_ratio_locked(p) if compacted else 0.0,
+                p.meta.leader_epoch,
             )
+
+    def leader_epoch(self, name: str, partition: int, offset: int | None = None) -> int:
+        """The partition's current leader epoch, or the epoch that wrote `offset`."""
+        pm = self.catalog.partition(name, partition).meta
+        return pm.leader_epoch if offset is None else epoch_of(pm, offset)
+
+    def epoch_end_offset(self, name: str, partition: int, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest epoch <= `epoch`, where it ends); engine/epochs.py."""
+        p = self.catalog.partition(name, partition)
+        with p.lock:
+            return end_offset_for(p.meta, p.next_offset, epoch)
+
+    def bump_leader_epoch(self, name: str, partition: int, reason: str) -> int:
+        """Start a new leader epoch at the partition's log end, durably (an operator accepted a
+        loss; engine/epochs.py). Consumers past the log end then see a truncation. Returns it."""
+        self._check_open()
+        p = self.catalog.partition(name, partition)
+        with p.lock:  # appends after it carry the new epoch and offsets >= its start
+            record_bump(self.catalog, p, reason).result()
+            return p.meta.leader_epoch
 
     def delete_records(self, name: str, partition: int, offset: int) -> int:
         """Kafka DeleteRecords: raise the log start offset to `offset` (-1 = high watermark).

@@ -10,6 +10,8 @@
    was acknowledged.
 3. Replay every WAL shard: frames already sealed are skipped, the rest refill the unsealed
    buffers, densely; a torn tail is truncated and counted.
+4. Move the leader epoch of partitions that may have lost records consumers saw (a restore from
+   the cold store; an unclean stop of a topic that is not durability=fsync): engine/epochs.py.
 
 The caller (the engine) then starts the WAL writers.
 """
@@ -22,6 +24,7 @@ import uuid
 from collections import defaultdict
 
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
+from loglake.engine.epochs import bump_after_recovery, take_clean_mark
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import Stores
@@ -53,6 +56,7 @@ def recover(
 ) -> tuple[RecoveryReport, WalRecovery]:
     started = time.perf_counter()
     report = RecoveryReport()
+    report.clean_shutdown = take_clean_mark(fs, data_dir)
     remote_state: MetaState | None = None
     if stores.cold is not None and meta.is_empty():
         remote_state = _read_cold(stores.cold, data_dir)
@@ -88,6 +92,7 @@ def recover(
     for _topic, p in catalog.partitions():
         p.set_hw(p.next_offset)
         p.durable_sealed_end = p.sealed_end
+    bump_after_recovery(catalog, clean=report.clean_shutdown, restored=remote_state is not None, report=report)
     meta.sync()  # adoptions are durable before any WAL file behind them may go
     report.seconds = time.perf_counter() - started
     return report, wal

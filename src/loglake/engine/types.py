@@ -57,6 +57,8 @@ class PartitionInfo:
     #: compaction: offsets below this are cleaned; the share of sealed bytes at or above it
     clean_end: int = 0
     dirty_ratio: float = 0.0
+    #: the partition's current leader epoch (engine/epochs.py)
+    leader_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,10 @@ class RecoveryReport:
     restored_from: str | None = None
     #: segments named by that metadata that never reached the cold store (lost with the disk)
     segments_lost: list[str] = field(default_factory=list)
+    #: whether the previous stop was a clean close (engine/epochs.py: the clean-shutdown mark)
+    clean_shutdown: bool = False
+    #: partitions ("topic-p") whose leader epoch recovery moved (engine/epochs.py says when)
+    leader_epochs_bumped: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -105,5 +111,6 @@ class RecoveryReport:
             + (f", {self.meta_bytes_truncated} torn bytes truncated" if self.meta_bytes_truncated else "")
             + (f", damaged checkpoints skipped: {', '.join(self.meta_checkpoints_damaged)}" if self.meta_checkpoints_damaged else "")
             + (f", migrated from {self.meta_migrated_from}" if self.meta_migrated_from else "")
+            + (f"; leader epoch bumped on {len(self.leader_epochs_bumped)} partitions" if self.leader_epochs_bumped else "")
             + (f"; restored from {self.restored_from} ({len(self.segments_lost)} segments lost)" if self.restored_from else "")
         )

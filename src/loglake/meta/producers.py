@@ -99,6 +99,12 @@ class ProducerStates:
             return  # replaying something the metadata already knew
         entry.batches.append((first_seq, next_sequence(first_seq, count - 1), base_offset, base_offset + count - 1))
 
+    def describe(self) -> list[tuple[int, int, int, int]]:
+        """(producer id, epoch, last sequence, base offset of its newest batch or -1) of each producer."""
+        return [
+            (pid, e.epoch, e.last_seq, e.batches[-1][2] if e.batches else -1) for pid, e in dict(self._entries).items()
+        ]
+
     def to_json(self, below: int | None = None) -> dict[str, Any]:
         """JSON form; with `below`, only batches that start below that offset (sealed data)."""
         out: dict[str, Any] = {}

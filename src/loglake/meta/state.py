@@ -38,6 +38,9 @@ broker_config      {scope, configs} → the dynamic broker configs of `scope` ("
                    default, else a node id), replaced; {} removes the scope
 group_config       {g, configs} → the group's dynamic configs (Kafka's GROUP resource),
                    replaced; {} removes them
+leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the partition starting
+                   at offset `start` (its log end when the epoch began); history entries whose
+                   start is >= `start` are dropped first (those offsets were truncated)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -61,6 +64,7 @@ from loglake.store.base import partition_prefix
 
 __all__ = [
     "CHECKPOINT_VERSION",
+    "LEADER_EPOCHS_MAX",
     "RECORD_KINDS",
     "RECORD_VERSION",
     "GroupMeta",
@@ -77,6 +81,11 @@ __all__ = [
 RECORD_VERSION = 1
 #: Most clean marks (tombstone timing) a partition keeps; older ones merge conservatively.
 PASS_MARKS_MAX = 64
+#: Most leader-epoch history entries a partition keeps; past this the oldest are dropped (an
+#: OffsetForLeaderEpoch for an epoch older than every kept one is answered as Kafka answers an
+#: epoch older than its cache: with the oldest kept entry's start offset). Epochs move only at
+#: unclean recoveries and operator-accepted losses (and, later, leadership changes).
+LEADER_EPOCHS_MAX = 1000
 #: Largest record body accepted (a group state with 1,000 members fits easily).
 RECORD_BYTES_MAX = 16 * 1024 * 1024
 RECORD_KINDS = (
@@ -96,6 +105,7 @@ RECORD_KINDS = (
     "segment_rewritten",
     "broker_config",
     "group_config",
+    "leader_epoch",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -158,6 +168,27 @@ class PartitionMeta:
     clean_marks: list[list[int]] = field(default_factory=list)
     #: compaction: when the cleaner first passed the oldest tombstone it kept (-1: none kept)
     tombstone_ms: int = -1
+    #: leader-epoch history: [[epoch, start_offset], ...], epochs and starts ascending; empty
+    #: means epoch 0 from offset 0 (every partition before its first bump). At most LEADER_EPOCHS_MAX.
+    leader_epochs: list[list[int]] = field(default_factory=list)
+    #: the current leader epoch (the last history entry's; kept as a field: Produce reads it)
+    leader_epoch: int = 0
+
+    def note_leader_epoch(self, epoch: int, start: int) -> None:
+        """A new epoch from `start` on: entries at or past `start` are gone (truncated offsets)."""
+        if epoch <= self.leader_epoch:
+            raise ValueError(f"leader epoch {epoch} is not above the current {self.leader_epoch}")
+        history = self.leader_epochs or [[0, 0]]
+        history = [e for e in history if e[1] < start]
+        history.append([epoch, start])
+        if len(history) > LEADER_EPOCHS_MAX:
+            del history[: len(history) - LEADER_EPOCHS_MAX]
+        self.leader_epochs = history
+        self.leader_epoch = epoch
+
+    def epoch_history(self) -> list[list[int]]:
+        """The history with the implicit first entry: [[0, 0]] before any bump."""
+        return self.leader_epochs or [[0, 0]]
 
     def note_clean(self, end: int, ms: int) -> None:
         if end > self.clean_end:
@@ -278,6 +309,9 @@ class MetaState:
         if offset > pm.log_start:
             pm.log_start = offset
             pm.segments.drop_below(offset)
+            history = pm.leader_epochs  # epochs wholly below the log start are never asked for
+            while len(history) > 1 and history[1][1] <= offset:
+                del history[0]
 
     def _segment_rewritten(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
@@ -313,6 +347,10 @@ class MetaState:
             group.offsets.pop((str(topic), int(partition)), None)
         if not group.offsets and group.state is None:
             del self.groups[str(b["g"])]
+
+    def _leader_epoch(self, b: dict[str, Any]) -> None:
+        pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
+        pm.note_leader_epoch(int(b["epoch"]), int(b["start"]))
 
     def _group_deleted(self, b: dict[str, Any]) -> None:
         self.groups.pop(str(b["g"]), None)
@@ -363,6 +401,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "segment_rewritten": MetaState._segment_rewritten,
     "broker_config": MetaState._broker_config,
     "group_config": MetaState._group_config,
+    "leader_epoch": MetaState._leader_epoch,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -420,6 +459,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "clean_end": pm.clean_end,
                 "clean_marks": [list(m) for m in pm.clean_marks],
                 "tombstone_ms": pm.tombstone_ms,
+                "leader_epochs": [list(e) for e in pm.leader_epochs],
             }
         )
         tables.append(raw)
@@ -499,6 +539,9 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         pm.clean_end = int(raw.get("clean_end", 0))
         pm.clean_marks = [[int(e), int(ms)] for e, ms in raw.get("clean_marks", [])]
         pm.tombstone_ms = int(raw.get("tombstone_ms", -1))
+        # absent in checkpoints written before leader epochs: epoch 0 from offset 0
+        pm.leader_epochs = [[int(e), int(s)] for e, s in raw.get("leader_epochs", [])]
+        pm.leader_epoch = pm.leader_epochs[-1][0] if pm.leader_epochs else 0
         pm.log_start = int(raw["log_start"])
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])

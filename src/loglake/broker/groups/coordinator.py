@@ -44,6 +44,7 @@ from loglake.broker.groups.limits import (
     CoordinatorLimits,
 )
 from loglake.broker.groups.membership import Membership
+from loglake.broker.groups.offset_delete import delete_offsets
 from loglake.broker.groups.offsets import OffsetCommitItem, OffsetFetchItem, Offsets
 from loglake.broker.groups.persistence import restore_group
 from loglake.broker.groups.rebalance import Rebalancer
@@ -206,6 +207,10 @@ class GroupCoordinator:
     async def delete_groups(self, group_ids: Iterable[str]) -> list[tuple[str, int]]:
         """DeleteGroups: only Empty groups; answered once their offsets and state are deleted durably."""
         return await self._admin.delete_groups(group_ids)
+
+    async def delete_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> tuple[int, list[tuple[str, int, int]]]:
+        """OffsetDelete (groups/offset_delete.py): (group error, [(topic, partition, error)])."""
+        return await delete_offsets(self._reg, group_id, partitions)
 
     async def cleanup_expired(self) -> int:
         """One offset-cleanup round (also runs by itself every check interval); returns offsets expired."""

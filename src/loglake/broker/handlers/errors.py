@@ -26,6 +26,15 @@ INVALID_REQUEST: int = ErrorCode.INVALID_REQUEST
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED: int = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 KAFKA_STORAGE_ERROR: int = ErrorCode.KAFKA_STORAGE_ERROR
 UNKNOWN_TOPIC_ID: int = ErrorCode.UNKNOWN_TOPIC_ID
+FENCED_LEADER_EPOCH: int = ErrorCode.FENCED_LEADER_EPOCH
+UNKNOWN_LEADER_EPOCH: int = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def epoch_check(current: int, client: int) -> int:
+    """A request's current_leader_epoch against the partition's: -1 skips the check (Kafka)."""
+    if client < 0 or client == current:
+        return NONE
+    return FENCED_LEADER_EPOCH if client < current else UNKNOWN_LEADER_EPOCH
 
 
 def error_code(exc: BaseException) -> int:

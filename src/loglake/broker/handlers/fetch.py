@@ -8,6 +8,11 @@ rule; a partition that breaks it (a bug) is sent without records and logged, so 
 `receive.message.max.bytes` is never exceeded. No fetch sessions (KIP-227): session_id 0 tells
 clients to send full fetch requests.
 
+A partition whose `current_leader_epoch` (v9+; -1: no check) differs from the partition's epoch
+is answered FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer), with the current leader
+and epoch on v12+, so the client refreshes its metadata and validates its position
+(OffsetForLeaderEpoch).
+
 Long polling: a response is held until it has `min_bytes` of records or `max_wait_ms` has passed
 (capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
 """
@@ -26,6 +31,7 @@ from loglake.broker.handlers.errors import (
     OFFSET_OUT_OF_RANGE,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
+    epoch_check,
     error_code,
 )
 from loglake.broker.protocol import (
@@ -35,6 +41,7 @@ from loglake.broker.protocol import (
     FetchPartition,
     FetchResponseData,
     FetchTopic,
+    LeaderIdAndEpoch,
     batch_bytes,
     fetch_limit_violations,
 )
@@ -79,6 +86,12 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 info = engine.partition_info(name, part.partition)
                 fp.high_watermark = fp.last_stable_offset = info.high_watermark
                 fp.log_start_offset = info.log_start_offset
+                fenced = epoch_check(info.leader_epoch, getattr(part, "current_leader_epoch", -1))
+                if fenced != NONE:
+                    fp.error_code = fenced
+                    if version >= 12:
+                        fp.current_leader = LeaderIdAndEpoch(ctx.node_id, info.leader_epoch)
+                    continue
                 if total and total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
                 limit = max(min(part.partition_max_bytes, max_bytes - total), 0)

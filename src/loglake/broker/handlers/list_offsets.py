@@ -1,6 +1,8 @@
 """ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), or by timestamp.
 
 No transactions, so the last stable offset is the high watermark for both isolation levels.
+`leader_epoch` is the epoch that wrote the returned offset (for latest: the current epoch), -1
+when no offset is found.
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     for topic in req.body.topics:
         parts = []
         for p in topic.partitions:
-            entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": 0}
+            entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": -1}
             try:
                 if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL, LATEST_TIERED):
                     offset, ts = _lookup(ctx, topic.name, p.partition_index, p.timestamp)
                 else:  # may read segments: off the event loop
                     offset, ts = await ctx.off_loop(_lookup, ctx, topic.name, p.partition_index, p.timestamp)
-                entry.update(error_code=NONE, offset=offset, timestamp=ts)
+                epoch = ctx.engine.leader_epoch(topic.name, p.partition_index, offset) if offset >= 0 else -1
+                entry.update(error_code=NONE, offset=offset, timestamp=ts, leader_epoch=epoch)
             except LoglakeError as exc:
                 entry.update(error_code=error_code(exc), offset=-1, timestamp=-1)
             parts.append(entry)

@@ -35,7 +35,7 @@ def _topic_entry(ctx: Any, name: str, with_operations: bool = False) -> dict[str
                 "error_code": NONE,
                 "partition_index": p,
                 "leader_id": node,
-                "leader_epoch": 0,
+                "leader_epoch": ctx.engine.leader_epoch(name, p),
                 "replica_nodes": [node],
                 "isr_nodes": [node],
                 "offline_replicas": [],

@@ -34,6 +34,10 @@ from kafka.protocol.admin import (
     DescribeConfigsResponse,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
+    DescribeLogDirsRequest,
+    DescribeLogDirsResponse,
+    DescribeProducersRequest,
+    DescribeProducersResponse,
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
     ListGroupsRequest,
@@ -52,8 +56,12 @@ from kafka.protocol.consumer import (
     ListOffsetsResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
     SyncGroupRequest,
     SyncGroupResponse,
 )
@@ -102,6 +110,10 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DeleteGroupsRequest, DeleteGroupsResponse),
         (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),
         (DescribeClusterRequest, DescribeClusterResponse),
+        (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),
+        (DescribeLogDirsRequest, DescribeLogDirsResponse),
+        (OffsetDeleteRequest, OffsetDeleteResponse),
+        (DescribeProducersRequest, DescribeProducersResponse),
     )
 }
 

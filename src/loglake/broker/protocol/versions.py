@@ -53,12 +53,16 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(20, "DeleteTopics", 1, 6),
         _r(21, "DeleteRecords", 0, 2),
         _r(22, "InitProducerId", 0, 6),
+        _r(23, "OffsetForLeaderEpoch", 2, 4),
         _r(32, "DescribeConfigs", 1, 4),
         _r(33, "AlterConfigs", 0, 2),
+        _r(35, "DescribeLogDirs", 1, 5),
         _r(37, "CreatePartitions", 0, 3),
         _r(42, "DeleteGroups", 0, 2),
         _r(44, "IncrementalAlterConfigs", 0, 1),
+        _r(47, "OffsetDelete", 0, 0),
         _r(60, "DescribeCluster", 0, 2),
+        _r(61, "DescribeProducers", 0, 0),
     )
 }
 

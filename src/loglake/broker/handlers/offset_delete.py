@@ -1,0 +1,57 @@
+"""OffsetDelete (47): a thin translation to `GroupCoordinator.delete_offsets`
+(loglake.broker.groups.offset_delete has the rules).
+
+As Kafka's KafkaApis: partitions of unknown topics answer UNKNOWN_TOPIC_OR_PARTITION and are not
+passed on; a group-level error (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, COORDINATOR_NOT_AVAILABLE)
+is the top-level error code with no topics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION
+from loglake.broker.protocol import DecodedRequest
+from loglake.errors import UnknownTopicError
+
+OFFSET_DELETE = 47
+
+
+def _exists(ctx: Any, topic: str, partition: int) -> bool:
+    try:
+        ctx.engine.leader_epoch(topic, partition)
+    except UnknownTopicError:
+        return False
+    return True
+
+
+async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    body = req.body
+    if ctx.coordinator is None:
+        return {"error_code": COORDINATOR_NOT_AVAILABLE, "throttle_time_ms": 0, "topics": []}
+    codes: dict[tuple[str, int], int] = {}
+    wanted: list[tuple[str, int]] = []
+    for topic in body.topics:
+        for p in topic.partitions:
+            tp = (topic.name, p.partition_index)
+            if _exists(ctx, *tp):
+                wanted.append(tp)
+            else:
+                codes[tp] = UNKNOWN_TOPIC_OR_PARTITION
+    group_error, results = await ctx.coordinator.delete_offsets(body.group_id, wanted)
+    if group_error != NONE:
+        return {"error_code": group_error, "throttle_time_ms": 0, "topics": []}
+    for topic, partition, code in results:
+        codes[(topic, partition)] = code
+    topics: dict[str, list[dict[str, int]]] = {}
+    for (topic, partition), code in codes.items():
+        topics.setdefault(topic, []).append({"partition_index": partition, "error_code": code})
+    return {
+        "error_code": NONE,
+        "throttle_time_ms": 0,
+        "topics": [{"name": name, "partitions": parts} for name, parts in topics.items()],
+    }
+
+
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {OFFSET_DELETE: offset_delete}

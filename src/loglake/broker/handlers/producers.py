@@ -1,0 +1,57 @@
+"""DescribeProducers (61, KIP-664): each partition's idempotent producers.
+
+Per producer: id, epoch, the last sequence appended, the max timestamp of its newest batch still
+held (-1 once retention or compaction removed it), coordinator_epoch -1 and
+current_txn_start_offset -1 (no transactions yet). Unknown topics or partitions:
+UNKNOWN_TOPIC_OR_PARTITION with a message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.handlers.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, error_code
+from loglake.broker.protocol import DecodedRequest
+from loglake.engine.describe import producers
+from loglake.errors import LoglakeError, UnknownTopicError
+
+DESCRIBE_PRODUCERS = 61
+
+
+def _partition(engine: Any, topic: str, index: int) -> dict[str, Any]:
+    try:
+        states = producers(engine.catalog, engine.reader, topic, index)
+    except UnknownTopicError as exc:
+        return {"partition_index": index, "error_code": UNKNOWN_TOPIC_OR_PARTITION, "error_message": str(exc)}
+    except LoglakeError as exc:
+        return {"partition_index": index, "error_code": error_code(exc), "error_message": str(exc)}
+    return {
+        "partition_index": index,
+        "error_code": NONE,
+        "error_message": None,
+        "active_producers": [
+            {
+                "producer_id": s.producer_id,
+                "producer_epoch": s.producer_epoch,
+                "last_sequence": s.last_sequence,
+                "last_timestamp": s.last_timestamp,
+                "coordinator_epoch": -1,
+                "current_txn_start_offset": -1,
+            }
+            for s in states
+        ],
+    }
+
+
+def _describe(engine: Any, topics: Any) -> list[dict[str, Any]]:
+    return [
+        {"name": t.name, "partitions": [_partition(engine, t.name, p) for p in t.partition_indexes]} for t in topics
+    ]
+
+
+async def describe_producers(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    return {"throttle_time_ms": 0, "topics": await ctx.off_loop(_describe, ctx.engine, req.body.topics)}
+
+
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {DESCRIBE_PRODUCERS: describe_producers}
