@@ -21,6 +21,8 @@ MAX_INFLIGHT_PER_CONNECTION_DEFAULT = 64
 IDLE_TIMEOUT_MS_DEFAULT = 600_000
 #: Most concurrent connections; beyond this new ones are closed at once with a log line.
 MAX_CONNECTIONS_DEFAULT = 10_000
+#: Repeats of one warning (same condition, same peer address) within this are summarised, not logged.
+LOG_RATE_LIMIT_MS_DEFAULT = 30_000
 
 
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
@@ -54,6 +56,8 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     #: Kafka's offsets.retention.minutes: committed offsets of a group that stayed Empty this long expire.
     offsets_retention_minutes: int = 10080
+    #: Window of rate-limited warnings (loglake.logsafe); 0 logs every repeat.
+    log_rate_limit_ms: int = LOG_RATE_LIMIT_MS_DEFAULT
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
 
@@ -69,6 +73,8 @@ class BrokerConfig:
             raise ConfigError("max_frame_bytes must be at least 1 MiB")
         if self.max_inflight_per_connection < 1:
             raise ConfigError("max_inflight_per_connection must be at least 1")
+        if self.log_rate_limit_ms < 0:
+            raise ConfigError("log_rate_limit_ms must be at least 0")
         if self.offsets_retention_minutes < 1:
             raise ConfigError("offsets_retention_minutes (Kafka's offsets.retention.minutes) must be at least 1")
 
