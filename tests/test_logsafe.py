@@ -20,7 +20,7 @@ class Clock:
 
 
 def messages(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records]
+    return [r.getMessage() for r in caplog.records if r.name == "logsafe-test"]
 
 
 def test_repeats_are_counted_and_summarised_once_the_window_is_over(caplog: pytest.LogCaptureFixture) -> None:

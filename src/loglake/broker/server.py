@@ -189,7 +189,7 @@ class Connection:
                         self.ctx.metrics.bytes_out += len(buf)
                 await self.writer.drain()
             except (ConnectionError, OSError) as exc:
-                log.info("closing %s: write failed: %s", self.peer, exc)
+                self.server.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
                 self.closing = True
                 self._drain_queue()
                 return
