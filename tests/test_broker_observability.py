@@ -17,9 +17,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka.protocol.producer import ProduceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loglake.broker.server import canonical_host_name
+from loglake.records import build_batch
+from test_broker_malformed import RawClient
 
 from brokerkit import Broker, free_port, serving_broker
 
@@ -68,6 +71,15 @@ def test_metrics_page_parses_with_hostile_labels_and_counts_errors_by_name(metri
     p.flush(30)
     assert results[:5] == [None] * 5
     assert results[5] is not None, "the oversized record was accepted"
+    # A produce to a partition that does not exist (no client sends one: raw) fails as Kafka's would.
+    P = ProduceRequest.TopicProduceData
+    request = ProduceRequest[9](
+        transactional_id=None, acks=-1, timeout_ms=10_000,
+        topic_data=[P(name=TOPIC, partition_data=[P.PartitionProduceData(index=7, records=build_batch([(0, b"k", b"v", [])]))])],
+    )
+    with RawClient(b.bootstrap) as raw:
+        response = raw.request(request)
+    assert response.responses[0].partition_responses[0].error_code == 3  # UNKNOWN_TOPIC_OR_PARTITION
 
     # Committed offsets of a group with a hostile id: the lag metric carries it as a label.
     c = Consumer({"bootstrap.servers": b.bootstrap, "group.id": HOSTILE_GROUP, "enable.auto.commit": False})
@@ -103,6 +115,7 @@ def test_metrics_page_parses_with_hostile_labels_and_counts_errors_by_name(metri
     }
     assert produce.get("NONE", 0) >= 1, produce
     assert produce.get("MESSAGE_TOO_LARGE", 0) >= 1, produce
+    assert produce.get("UNKNOWN_TOPIC_OR_PARTITION", 0) == 1, produce
     assert all(not label.lstrip("-").isdigit() for label in produce), produce
     for s in samples(families, "loglake_requests", "loglake_requests_total"):
         assert re.fullmatch(r"[A-Z_]+", s.labels["error"]), s

@@ -147,15 +147,20 @@ class Connection:
         name = api_name(req.api_key)
         started = time.perf_counter()
         self.busy += 1
-        error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless a response is made
+        error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless the handler's answer is made
         try:
             if handler is None:  # advertised nowhere, so a client should not send it
                 raise UnknownApiError(req.api_key, req.correlation_id)
             response = await handler(self.ctx, self, req)
-            error = 0 if response is None else response_error(response)
             if response is None or not req.expects_response:
+                error = 0 if response is None else response_error(response)
                 return None
-            return encode_response(req, response)
+            encoded = encode_response(req, response)
+            error = response_error(response)  # the first error it answers with (metrics' error label)
+            return encoded
+        except asyncio.CancelledError:
+            error = 0  # the connection went away before the answer: no error of the request's
+            raise
         finally:
             self.busy -= 1
             self.ctx.metrics.observe(name, time.perf_counter() - started, error)
