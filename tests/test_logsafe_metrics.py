@@ -1,4 +1,5 @@
-"""The rate-limited log helper (`loglake.logsafe`) and the foreign-protocol sniffing of frame prefixes."""
+"""Units of the operating helpers: the rate-limited log (`loglake.logsafe`), the foreign-protocol sniffing of
+frame prefixes, and `Metrics` (its own registry, error names, escaping)."""
 
 from __future__ import annotations
 
@@ -95,3 +96,20 @@ def test_response_error_takes_the_first_error_that_is_not_none() -> None:
     assert response_error(bad) == 3
     assert response_error({"error_code": 16, "responses": []}) == 16
     assert error_name(3) == "UNKNOWN_TOPIC_OR_PARTITION" and error_name(0) == "NONE" and error_name(9999) == "9999"
+
+
+def test_each_metrics_has_its_own_registry() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from loglake.broker.metrics import Metrics
+
+    a, b = Metrics(), Metrics()
+    a.observe("Produce", 0.002, 10)
+    a.protocol_errors['odd "kind"\n'] += 1
+    pages = [{f.name: f for f in text_string_to_metric_families(m.render())} for m in (a, b)]
+    produced = [[s for s in page["loglake_requests"].samples if s.name == "loglake_requests_total"] for page in pages]
+    assert [(s.labels, s.value) for s in produced[0]] == [({"api": "Produce", "error": "MESSAGE_TOO_LARGE"}, 1.0)]
+    assert produced[1] == []
+    assert pages[0]["loglake_protocol_errors"].samples[0].labels == {"kind": 'odd "kind"\n'}
+    assert b"loglake_" not in generate_latest(REGISTRY)
