@@ -198,7 +198,9 @@ class Prober(threading.Thread):
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     data = Path(tmp_path_factory.mktemp("malformed")) / "data"
-    with serving_broker(data, env={"LOGLAKE_IDLE_TIMEOUT_MS": str(IDLE_TIMEOUT_MS)}) as b:
+    # Every malformed connection is checked for its own log line: no rate limiting of warnings here.
+    env = {"LOGLAKE_IDLE_TIMEOUT_MS": str(IDLE_TIMEOUT_MS), "LOGLAKE_LOG_RATE_LIMIT_MS": "0"}
+    with serving_broker(data, env=env) as b:
         yield b
 
 

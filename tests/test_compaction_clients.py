@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from brokerkit import Broker, free_port, serving_broker
 
@@ -301,14 +302,17 @@ def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
     produce(broker, topic, [(b"k%d" % (i % 5), b"v%d" % i) for i in range(500)])
     wait_for("the topic to be compacted", one_per_key(broker, topic, 5))
     text = urllib.request.urlopen(broker.metrics_url, timeout=5).read().decode()  # type: ignore[attr-defined]
+    # The whole page through prometheus-client's parser (label order in the text is the library's).
     values = {
-        line.split(" ")[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")
+        s.name + "".join(f",{k}={v}" for k, v in sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }
     assert values["loglake_cleaner_compactions_total"] >= 1
     assert values["loglake_cleaner_bytes_read_total"] > 0 and values["loglake_cleaner_bytes_written_total"] > 0
     assert values["loglake_cleaner_errors_total"] == 0
-    ratio = values[f'loglake_partition_dirty_ratio{{topic="{topic}",partition="0"}}']
-    last = values[f'loglake_cleaner_partition_last_compaction_timestamp_seconds{{topic="{topic}",partition="0"}}']
+    ratio = values[f"loglake_partition_dirty_ratio,partition=0,topic={topic}"]
+    last = values[f"loglake_cleaner_partition_last_compaction_timestamp_seconds,partition=0,topic={topic}"]
     assert abs(last - time.time()) < 600
     assert 0.0 <= ratio <= 1.0
     assert "# TYPE loglake_cleaner_compactions_total counter" in text

@@ -23,6 +23,8 @@ MAX_INFLIGHT_PER_CONNECTION_DEFAULT = 64
 IDLE_TIMEOUT_MS_DEFAULT = 600_000
 #: Most concurrent connections; beyond this new ones are closed at once with a log line.
 MAX_CONNECTIONS_DEFAULT = 10_000
+#: Repeats of one warning (same condition, same peer address) within this are summarised, not logged.
+LOG_RATE_LIMIT_MS_DEFAULT = 30_000
 
 
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
@@ -56,6 +58,8 @@ class BrokerConfig:
     group_max_session_timeout_ms: int = 1_800_000
     #: Kafka's offsets.retention.minutes: committed offsets of a group that stayed Empty this long expire.
     offsets_retention_minutes: int = 10080
+    #: Window of rate-limited warnings (loglake.logsafe); 0 logs every repeat.
+    log_rate_limit_ms: int = LOG_RATE_LIMIT_MS_DEFAULT
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")

@@ -1,9 +1,19 @@
 """Prometheus metrics and the health endpoints (`--metrics-listen HOST:PORT`).
 
-Counters are plain ints updated on the event loop; engine-side numbers (WAL fsyncs, offsets,
-memory pool, consumer lag) are read when /metrics is scraped. The HTTP side is a minimal
-GET-only HTTP/1.1 responder on asyncio: /metrics, /healthz (process up), /readyz (recovery done
-and accepting connections).
+The exposition is prometheus-client's, from one `CollectorRegistry` per `Metrics` (never the
+library's global default registry, so several brokers in one process, and tests, do not mix):
+
+* request counts and latencies are a prometheus-client `Counter` and `Histogram`
+  (`loglake_requests_total{api,error}`, `loglake_request_seconds{api}`); `error` is the Kafka
+  error code's name (`NONE`, `UNKNOWN_TOPIC_OR_PARTITION`, ...): the response's top-level error,
+  else its first partition-level error that is not NONE (`response_error`);
+* everything that is state (connections, bytes, WAL, memory pool, partition offsets, cleaner
+  stats, consumer lag) is read when /metrics is scraped, by custom collectors.
+
+Every family has HELP and TYPE, is written in one piece, and label values are escaped by the
+library. The `_created` series prometheus-client adds to counters and histograms are left out (they
+would be new metric names). The HTTP side is a minimal GET-only HTTP/1.1 responder on asyncio:
+/metrics, /healthz (process up), /readyz (recovery done and accepting connections).
 """
 
 from __future__ import annotations
@@ -11,8 +21,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +35,85 @@ log = logging.getLogger(__name__)
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Largest HTTP request head the metrics endpoint reads.
 HTTP_HEAD_BYTES_MAX = 8192
+#: The text format generate_latest writes (0.0.4: metric names are all legal, so it is that).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: How deep `response_error` looks for error codes (response > topics > partitions).
+RESPONSE_ERROR_DEPTH = 3
+
+
+_ERROR_NAMES: dict[int, str] = {int(member): member.name for member in ErrorCode}
+
+
+def error_name(code: int) -> str:
+    """The Kafka name of an error code (its number as text if loglake does not know it)."""
+    return _ERROR_NAMES.get(code) or str(code)
+
+
+def _children(obj: Any) -> Iterator[Any]:
+    """The list-valued fields of a response object, mapping or dataclass (nested structs)."""
+    if isinstance(obj, dict):
+        values: Any = obj.values()
+    else:
+        slots = getattr(type(obj), "__slots__", None)
+        if slots is None:
+            return
+        values = (getattr(obj, name, None) for name in slots)
+    for value in values:
+        if isinstance(value, list | tuple):
+            yield from value
+
+
+def response_error(response: Any) -> int:
+    """The error code a response answers with: its own `error_code` if not NONE, else the first
+    nested (topic, partition, ...) error code that is not NONE, else NONE."""
+    level = [response]
+    for depth in range(1, RESPONSE_ERROR_DEPTH + 1):
+        nested: list[Any] = []
+        for item in level:
+            code = item.get("error_code") if isinstance(item, dict) else getattr(item, "error_code", None)
+            if isinstance(code, int) and code != 0:
+                return code
+            if depth < RESPONSE_ERROR_DEPTH:
+                nested.extend(_children(item))
+        if not nested:
+            break
+        level = nested
+    return 0
+
+
+class _WithoutCreated:
+    """Collects prometheus-client metrics without their `_created` samples."""
+
+    def __init__(self, *metrics: Any) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._metrics:
+            for family in metric.collect():
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+                yield family
+
+
+def _counter(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value, labels=labels)
+
+
+def _gauge(name: str, doc: str, value: float | None = None, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value, labels=labels)
 
 
 class Metrics:
     def __init__(self) -> None:
-        self.requests: dict[tuple[str, int], int] = defaultdict(int)  # (api, error) -> count
-        self.latency_counts: dict[str, list[int]] = {}
-        self.latency_sum: dict[str, float] = defaultdict(float)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._requests = Counter(
+            "loglake_requests_total", "Kafka requests handled, by API and the Kafka error code they answered with.",
+            ["api", "error"], registry=None,
+        )
+        self._latency = Histogram(
+            "loglake_request_seconds", "Time from decoding a request to its response being ready, by API.",
+            ["api"], buckets=LATENCY_BUCKETS_S, registry=None,
+        )
+        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections_open = 0
@@ -34,126 +121,156 @@ class Metrics:
         self.connections_rejected = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
         self.ready = False
+        self._engine: Any = None
+        self._coordinator: Any = None
+        self.registry.register(_WithoutCreated(self._requests, self._latency))
+        self.registry.register(_StateCollector(self))
 
     def observe(self, api: str, seconds: float, error: int = 0) -> None:
-        self.requests[(api, error)] += 1
-        counts = self.latency_counts.get(api)
-        if counts is None:
-            counts = self.latency_counts[api] = [0] * (len(LATENCY_BUCKETS_S) + 1)
-        for i, bound in enumerate(LATENCY_BUCKETS_S):
-            if seconds <= bound:
-                counts[i] += 1
-                break
-        else:
-            counts[-1] += 1
-        self.latency_sum[api] += seconds
+        children = self._children.get((api, error))
+        if children is None:
+            children = self._children[(api, error)] = (
+                self._requests.labels(api, error_name(error)),
+                self._latency.labels(api),
+            )
+        children[0].inc()
+        children[1].observe(seconds)
 
-    def render(self, engine: Any, coordinator: Any) -> str:
-        out: list[str] = []
+    def render(self, engine: Any = None, coordinator: Any = None) -> str:
+        """The /metrics page; engine-side families only once `engine` is given (after recovery)."""
+        self._engine, self._coordinator = engine, coordinator
+        try:
+            return generate_latest(self.registry).decode()
+        finally:
+            self._engine = self._coordinator = None
 
-        def line(name: str, value: float, labels: dict[str, Any] | None = None) -> None:
-            if labels:
-                body = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                out.append(f"{name}{{{body}}} {value}")
-            else:
-                out.append(f"{name} {value}")
 
-        out.append("# TYPE loglake_requests_total counter")
-        for (api, error), n in sorted(self.requests.items()):
-            line("loglake_requests_total", n, {"api": api, "error": error})
-        out.append("# TYPE loglake_request_seconds histogram")
-        for api, counts in sorted(self.latency_counts.items()):
-            cumulative = 0
-            for bound, n in zip((*LATENCY_BUCKETS_S, float("inf")), counts, strict=True):
-                cumulative += n
-                line("loglake_request_seconds_bucket", cumulative, {"api": api, "le": "+Inf" if bound == float("inf") else bound})
-            line("loglake_request_seconds_sum", round(self.latency_sum[api], 6), {"api": api})
-            line("loglake_request_seconds_count", cumulative, {"api": api})
-        out.append("# TYPE loglake_bytes_in_total counter")
-        line("loglake_bytes_in_total", self.bytes_in)
-        out.append("# TYPE loglake_bytes_out_total counter")
-        line("loglake_bytes_out_total", self.bytes_out)
-        line("loglake_connections_open", self.connections_open)
-        line("loglake_connections_total", self.connections_total)
-        line("loglake_connections_rejected_total", self.connections_rejected)
-        for kind, n in sorted(self.protocol_errors.items()):
-            line("loglake_protocol_errors_total", n, {"kind": kind})
+class _StateCollector:
+    """Everything read at scrape time: the broker's own counters, then the engine's state."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.m = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        yield _counter("loglake_bytes_in_total", "Bytes received from Kafka clients.", m.bytes_in)
+        yield _counter("loglake_bytes_out_total", "Bytes sent to Kafka clients.", m.bytes_out)
+        yield _gauge("loglake_connections_open", "Kafka client connections open now.", m.connections_open)
+        yield _counter("loglake_connections_total", "Kafka client connections accepted.", m.connections_total)
+        yield _counter(
+            "loglake_connections_rejected_total", "Connections closed at once because max_connections were open.",
+            m.connections_rejected,
+        )
+        errors = _counter(
+            "loglake_protocol_errors_total", "Connections closed for a protocol error, by kind.", labels=["kind"]
+        )
+        for kind, n in sorted(m.protocol_errors.items()):
+            errors.add_metric([kind], n)
+        yield errors
+        engine = m._engine
+        if engine is not None:
+            yield from self._engine_families(engine, m._coordinator)
+        yield _gauge("loglake_ready", "1 once recovery is done and Kafka clients are accepted, else 0.", 1 if m.ready else 0)
+
+    def _engine_families(self, engine: Any, coordinator: Any) -> Iterator[Metric]:
         pool = engine.memory_pool
-        line("loglake_memory_pool_used_bytes", pool.used_bytes)
-        line("loglake_memory_pool_budget_bytes", pool.budget_bytes)
-        line("loglake_memory_pool_waits_total", pool.waits)
-        out.append("# TYPE loglake_wal_fsync_seconds_total counter")
+        yield _gauge("loglake_memory_pool_used_bytes", "Bytes of unsealed data held in memory.", pool.used_bytes)
+        yield _gauge("loglake_memory_pool_budget_bytes", "The memory pool's budget (memory_budget_bytes).", pool.budget_bytes)
+        yield _counter("loglake_memory_pool_waits_total", "Appends that waited for memory.", pool.waits)
+        wal = [
+            _counter("loglake_wal_fsyncs_total", "WAL fsyncs, by shard.", labels=["shard"]),
+            _counter("loglake_wal_fsync_seconds_total", "Seconds spent in WAL fsyncs, by shard.", labels=["shard"]),
+            _counter("loglake_wal_groups_total", "WAL group commits written, by shard.", labels=["shard"]),
+            _counter("loglake_wal_frames_total", "WAL frames written, by shard.", labels=["shard"]),
+        ]
         for i, shard in enumerate(engine.shards):
-            labels = {"shard": i}
-            line("loglake_wal_fsyncs_total", shard.fsyncs, labels)
-            line("loglake_wal_fsync_seconds_total", round(shard.fsync_seconds_total, 6), labels)
-            line("loglake_wal_groups_total", shard.groups_written, labels)
-            line("loglake_wal_frames_total", shard.frames_written, labels)
+            for family, value in zip(
+                wal, (shard.fsyncs, shard.fsync_seconds_total, shard.groups_written, shard.frames_written), strict=True
+            ):
+                family.add_metric([str(i)], value)
+        yield from wal
         cold = getattr(engine, "cold_reader", None)
         if cold is not None:
-            out.append("# TYPE loglake_cold_range_gets_total counter")
-            line("loglake_cold_range_gets_total", cold.gets)
-            line("loglake_cold_range_cache_hits_total", cold.ranges.hits)
-            line("loglake_cold_range_cache_misses_total", cold.ranges.misses)
-            line("loglake_cold_range_cache_bytes", cold.ranges.size_bytes)
+            yield _counter("loglake_cold_range_gets_total", "Ranged GETs from the cold store.", cold.gets)
+            yield _counter("loglake_cold_range_cache_hits_total", "Cold reads served from the range cache.", cold.ranges.hits)
+            yield _counter(
+                "loglake_cold_range_cache_misses_total", "Cold reads not in the range cache.", cold.ranges.misses
+            )
+            yield _gauge("loglake_cold_range_cache_bytes", "Bytes held in the cold range cache.", cold.ranges.size_bytes)
+        labels = ["topic", "partition"]
+        hw_family = _gauge("loglake_partition_high_watermark", "Offset of the next record of the partition.", labels=labels)
+        start_family = _gauge("loglake_partition_log_start_offset", "First offset still kept.", labels=labels)
+        segments_family = _gauge("loglake_partition_segments", "Sealed segments of the partition.", labels=labels)
+        unsealed_family = _gauge(
+            "loglake_partition_unsealed_bytes", "Bytes appended to the partition and not sealed yet.", labels=labels
+        )
+        dirty_family = _gauge(
+            "loglake_partition_dirty_ratio", "Compacted topics: share of sealed bytes not cleaned yet.", labels=labels
+        )
         high_watermarks: dict[tuple[str, int], int] = {}
         for topic in engine.topics():
             for p in range(topic.partitions):
                 info = engine.partition_info(topic.name, p)
-                labels = {"topic": topic.name, "partition": p}
+                values = [topic.name, str(p)]
                 high_watermarks[(topic.name, p)] = info.high_watermark
-                line("loglake_partition_high_watermark", info.high_watermark, labels)
-                line("loglake_partition_log_start_offset", info.log_start_offset, labels)
-                line("loglake_partition_segments", info.segments, labels)
-                line("loglake_partition_unsealed_bytes", info.unsealed_bytes, labels)
+                hw_family.add_metric(values, info.high_watermark)
+                start_family.add_metric(values, info.log_start_offset)
+                segments_family.add_metric(values, info.segments)
+                unsealed_family.add_metric(values, info.unsealed_bytes)
                 if topic.config.compacted:
-                    line("loglake_partition_dirty_ratio", round(info.dirty_ratio, 6), labels)
+                    dirty_family.add_metric(values, round(info.dirty_ratio, 6))
+        yield from (hw_family, start_family, segments_family, unsealed_family, dirty_family)
         try:
             cleaner = engine.cleaner
         except Exception:  # closed meanwhile, or an engine without one
             cleaner = None
         if cleaner is not None:
-            stats = cleaner.stats
-            for name, value in (
-                ("loglake_cleaner_bytes_read_total", stats.bytes_read),
-                ("loglake_cleaner_bytes_written_total", stats.bytes_written),
-                ("loglake_cleaner_records_read_total", stats.records_in),
-                ("loglake_cleaner_records_kept_total", stats.records_out),
-                ("loglake_cleaner_tombstones_dropped_total", stats.tombstones_dropped),
-                ("loglake_cleaner_compactions_total", stats.passes),
-                ("loglake_cleaner_merges_total", stats.merges),
-                ("loglake_cleaner_segments_replaced_total", stats.segments_replaced),
-                ("loglake_cleaner_errors_total", stats.errors),
-                ("loglake_cleaner_aborted_total", stats.aborted),
-            ):
-                out.append(f"# TYPE {name} counter")
-                line(name, value)
-            line("loglake_cleaner_last_run_timestamp_seconds", stats.last_run_ms / 1000)
-            partitions = list(cleaner.partition_stats.items())
-            out.append("# TYPE loglake_cleaner_partition_last_compaction_timestamp_seconds gauge")
-            for (topic_name, p), pstats in partitions:
-                if "last_run_ms" in pstats:
-                    labels = {"topic": topic_name, "partition": p}
-                    line("loglake_cleaner_partition_last_compaction_timestamp_seconds", pstats["last_run_ms"] / 1000, labels)
-            out.append("# TYPE loglake_cleaner_partition_errors_total counter")
-            for (topic_name, p), pstats in partitions:
-                if pstats.get("errors"):
-                    line("loglake_cleaner_partition_errors_total", pstats["errors"], {"topic": topic_name, "partition": p})
+            yield from self._cleaner_families(cleaner)
+        lag = _gauge(
+            "loglake_consumer_group_lag", "High watermark minus the group's committed offset.",
+            labels=["group", "topic", "partition"],
+        )
         if coordinator is not None and hasattr(coordinator, "fetch_offsets"):
-            groups: list[Any] = coordinator.list_groups()
-            for entry in groups:
+            for entry in coordinator.list_groups():
                 group_id = entry[0]
                 _err, offsets = coordinator.fetch_offsets(group_id, None)
-                for topic, partition, offset, *_rest in offsets:
-                    hw = high_watermarks.get((topic, partition))
+                for topic_name, partition, offset, *_rest in offsets:
+                    hw = high_watermarks.get((topic_name, partition))
                     if hw is not None and offset >= 0:
-                        line(
-                            "loglake_consumer_group_lag",
-                            max(0, hw - offset),
-                            {"group": group_id, "topic": topic, "partition": partition},
-                        )
-        line("loglake_ready", 1 if self.ready else 0)
-        return "\n".join(out) + "\n"
+                        lag.add_metric([group_id, topic_name, str(partition)], max(0, hw - offset))
+        yield lag
+
+    def _cleaner_families(self, cleaner: Any) -> Iterator[Metric]:
+        stats = cleaner.stats
+        for name, doc, value in (
+            ("loglake_cleaner_bytes_read_total", "Bytes the log cleaner read.", stats.bytes_read),
+            ("loglake_cleaner_bytes_written_total", "Bytes the log cleaner wrote.", stats.bytes_written),
+            ("loglake_cleaner_records_read_total", "Records the log cleaner read.", stats.records_in),
+            ("loglake_cleaner_records_kept_total", "Records the log cleaner kept.", stats.records_out),
+            ("loglake_cleaner_tombstones_dropped_total", "Tombstones the log cleaner dropped.", stats.tombstones_dropped),
+            ("loglake_cleaner_compactions_total", "Compaction passes done.", stats.passes),
+            ("loglake_cleaner_merges_total", "Segment merges done.", stats.merges),
+            ("loglake_cleaner_segments_replaced_total", "Segments replaced by rewritten ones.", stats.segments_replaced),
+            ("loglake_cleaner_errors_total", "Cleaning runs that failed.", stats.errors),
+            ("loglake_cleaner_aborted_total", "Cleaning runs given up (the partition changed under them).", stats.aborted),
+        ):
+            yield _counter(name, doc, value)
+        yield _gauge(
+            "loglake_cleaner_last_run_timestamp_seconds", "When the cleaner last ran (Unix time).", stats.last_run_ms / 1000
+        )
+        labels = ["topic", "partition"]
+        last = _gauge(
+            "loglake_cleaner_partition_last_compaction_timestamp_seconds",
+            "When the partition was last compacted (Unix time).", labels=labels,
+        )
+        errors = _counter("loglake_cleaner_partition_errors_total", "Cleaning failures of the partition.", labels=labels)
+        for (topic_name, p), pstats in list(cleaner.partition_stats.items()):
+            if "last_run_ms" in pstats:
+                last.add_metric([topic_name, str(p)], pstats["last_run_ms"] / 1000)
+            if pstats.get("errors"):
+                errors.add_metric([topic_name, str(p)], pstats["errors"])
+        yield last
+        yield errors
 
 
 async def serve_metrics(
@@ -170,7 +287,7 @@ async def serve_metrics(
             if parts and parts[0] != "GET":
                 status, body, ctype = "405 Method Not Allowed", "only GET\n", "text/plain"
             elif path.startswith("/metrics"):
-                status, body, ctype = "200 OK", render(), "text/plain; version=0.0.4"
+                status, body, ctype = "200 OK", render(), CONTENT_TYPE
             elif path.startswith("/healthz"):
                 status, body, ctype = "200 OK", "ok\n", "text/plain"
             elif path.startswith("/readyz"):

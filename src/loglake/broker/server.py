@@ -15,7 +15,9 @@ for durability.
 
 Anything a client sends that cannot be answered (a frame over the limit, garbage, an unknown API
 key, an unsupported version of anything but ApiVersions) closes that connection with a log line
-that says why; the broker and every other connection go on.
+that says why; the broker and every other connection go on. Those lines are rate-limited per
+condition and peer address (`loglake.logsafe`): a client that reconnects and sends the same thing
+again is logged once, then summarised ("... 234 more in the last 30 s").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import importlib
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -33,7 +36,7 @@ from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
-from loglake.broker.metrics import Metrics, serve_metrics
+from loglake.broker.metrics import Metrics, response_error, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
     FrameDecoder,
@@ -45,9 +48,12 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
+from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.errors import ListenError, UnknownTopicError
+from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog, flush_all
 
 log = logging.getLogger("loglake.broker")
 
@@ -55,6 +61,10 @@ log = logging.getLogger("loglake.broker")
 READ_CHUNK_BYTES = 256 * 1024
 #: How long shutdown waits for in-flight requests before closing connections anyway.
 SHUTDOWN_GRACE_S = 10.0
+#: How often rate-limited log lines whose window is over get their summary written.
+LOG_FLUSH_INTERVAL_S = 1.0
+#: Listen hosts that mean "every interface": not an address a client can connect to.
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
@@ -70,6 +80,8 @@ class Connection:
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        #: The peer without its port: what rate-limited warnings are keyed by (reconnects share it).
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.append_lock = asyncio.Lock()
         self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any]] | None] = asyncio.Queue(
             self.ctx.config.max_inflight_per_connection
@@ -137,16 +149,23 @@ class Connection:
         name = api_name(req.api_key)
         started = time.perf_counter()
         self.busy += 1
+        error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless the handler's answer is made
         try:
             if handler is None:  # advertised nowhere, so a client should not send it
                 raise UnknownApiError(req.api_key, req.correlation_id)
             response = await handler(self.ctx, self, req)
             if response is None or not req.expects_response:
+                error = 0 if response is None else response_error(response)
                 return None
-            return encode_response(req, response)
+            encoded = encode_response(req, response)
+            error = response_error(response)  # the first error it answers with (metrics' error label)
+            return encoded
+        except asyncio.CancelledError:
+            error = 0  # the connection went away before the answer: no error of the request's
+            raise
         finally:
             self.busy -= 1
-            self.ctx.metrics.observe(name, time.perf_counter() - started)
+            self.ctx.metrics.observe(name, time.perf_counter() - started, error)
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -177,7 +196,7 @@ class Connection:
                         self.ctx.metrics.bytes_out += len(buf)
                 await self.writer.drain()
             except (ConnectionError, OSError) as exc:
-                log.info("closing %s: write failed: %s", self.peer, exc)
+                self.server.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
                 self.closing = True
                 self._drain_queue()
                 return
@@ -190,13 +209,39 @@ class Connection:
 
     def _protocol_error(self, kind: str, exc: BaseException) -> None:
         self.ctx.metrics.protocol_errors[kind] += 1
-        log.warning("closing %s: %s", self.peer, exc)
+        limited = self.server.limited
+        if isinstance(exc, FrameTooLargeError):
+            hint = foreign_protocol(prefix_bytes(exc.size))
+            if hint is not None:
+                kind = "http" if "HTTP" in hint else "tls"
+                limited.warning((kind, self.peer_host), "closing %s: %s", self.peer, hint)
+                return
+            if exc.size > exc.limit:
+                limited.warning(
+                    (kind, self.peer_host),
+                    "closing %s: %s: a request over max_frame_bytes (Kafka's socket.request.max.bytes); "
+                    "lower the client's message.max.bytes / batch size or raise max_frame_bytes",
+                    self.peer, exc,
+                )
+                return
+        limited.warning((kind, self.peer_host), "closing %s: %s", self.peer, exc)
 
     def _close_transport(self) -> None:
         try:
             self.writer.close()
         except Exception:  # already closed by the peer
             pass
+
+
+def canonical_host_name() -> str:
+    """What a wildcard listener advertises: `socket.getfqdn()` (Kafka takes the canonical host name
+    too), or the plain host name when that resolves to a loopback name such as "localhost"."""
+    fqdn = socket.getfqdn()
+    if fqdn == "localhost" or fqdn.startswith("localhost."):
+        name = socket.gethostname()
+        if name and not name.startswith("localhost"):
+            return name
+    return fqdn
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
@@ -214,7 +259,10 @@ class BrokerServer:
         self._server: asyncio.Server | None = None
         self._metrics_server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
+        self._log_flusher: asyncio.Task[None] | None = None
         self.metrics = Metrics()
+        #: Warnings a client can repeat at will, keyed by condition and peer address.
+        self.limited = RateLimitedLog(log, config.log_rate_limit_ms / 1000.0)
         self.host = ""
         self.port = 0
 
@@ -230,7 +278,7 @@ class BrokerServer:
                     mport,
                     lambda: self.metrics.render(self.engine, getattr(self.ctx, "coordinator", None))
                     if self.engine is not None and self.metrics.ready
-                    else "loglake_ready 0\n",
+                    else self.metrics.render(),
                     lambda: self.metrics.ready,
                 )
             except OSError as exc:
@@ -250,8 +298,15 @@ class BrokerServer:
             adv_host, adv_port = parse_host_port(self.config.advertised_listener, "--advertised-listener")
             if adv_port == 0:
                 adv_port = self.port
-        if adv_host in ("0.0.0.0", "::"):
-            adv_host = "127.0.0.1"
+        if adv_host in WILDCARD_HOSTS:
+            # As Kafka does: a wildcard is no address to connect to; advertise the canonical host name.
+            adv_host = await loop.run_in_executor(None, canonical_host_name)
+            log.warning(
+                "listening on %s:%d: every interface is no address a client can connect to; advertising "
+                "%s:%d (this machine's canonical host name) in Metadata; set --advertised-listener "
+                "HOST:PORT if clients cannot reach that name",
+                self.host, self.port, adv_host, adv_port,
+            )
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
         self.ctx.broker_configs = BrokerConfigs(self.config, engine, (self.host, self.port, adv_host, adv_port))
@@ -259,6 +314,7 @@ class BrokerServer:
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.coordinator = self._make_coordinator(engine)
+        self._log_flusher = asyncio.create_task(self._flush_logs())
         self.metrics.ready = True
         if self.config.port_file:
             tmp = f"{self.config.port_file}.tmp"
@@ -288,10 +344,16 @@ class BrokerServer:
             offsets_retention_ms=int(retention_minutes) * 60_000,
         )
 
+    async def _flush_logs(self) -> None:
+        """Write the summaries of rate-limited warnings once their window is over."""
+        while True:
+            await asyncio.sleep(LOG_FLUSH_INTERVAL_S)
+            flush_all()
+
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._connections) >= self.config.max_connections:
             self.metrics.connections_rejected += 1
-            log.warning("refusing connection: %d connections open (max_connections)", len(self._connections))
+            self.limited.warning("max_connections", "refusing connection: %d connections open (max_connections)", len(self._connections))
             writer.close()
             return
         conn = Connection(self, reader, writer)
@@ -327,6 +389,9 @@ class BrokerServer:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         if hasattr(self, "ctx"):
             self.ctx.executor.shutdown(wait=False)
+        if self._log_flusher is not None:
+            self._log_flusher.cancel()
+        flush_all(force=True)
         log.info("shutdown complete")
 
 

@@ -46,6 +46,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "group_min_session_timeout_ms": (1, INT32_MAX),
     "group_max_session_timeout_ms": (1, INT32_MAX),
     "offsets_retention_minutes": (1, 10 * 365 * 24 * 60),
+    "log_rate_limit_ms": (0, 24 * 3600 * 1000),
 }
 
 

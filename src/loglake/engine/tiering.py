@@ -27,11 +27,14 @@ from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
+from loglake.logsafe import RateLimitedLog
 from loglake.segment.format import read_tail
 
 __all__ = ["Relocator"]
 
 log = logging.getLogger(__name__)
+#: A cold store that is down fails every due segment on every retry: one line per store, summarised.
+_failures = RateLimitedLog(log)
 
 
 class Relocator:
@@ -129,7 +132,7 @@ class Relocator:
         except Exception as exc:
             # A failure after the switch (deleting the hot copy) leaves the segment cold and
             # recovery removes the leftover; before it, the segment simply stays hot.
-            log.warning("relocating %s to %s failed (will retry): %s", seg.key, cold.url, exc)
+            _failures.warning(("relocate", cold.url), "relocating %s to %s failed (will retry): %s", seg.key, cold.url, exc)
             with self._lock:
                 self._attempts[seg.key] = time.monotonic()
 

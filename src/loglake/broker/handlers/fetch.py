@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 import uuid
 from typing import Any
 
@@ -46,14 +45,16 @@ from loglake.broker.protocol import (
     fetch_limit_violations,
 )
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
+from loglake.logsafe import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 #: Longest a fetch may wait, whatever the client asks (Kafka has no cap; a bound keeps shutdown prompt).
 FETCH_WAIT_MS_MAX = 30_000
 #: At most one log line per this many seconds about responses that broke the size rule.
 LIMIT_LOG_INTERVAL_S = 60.0
-_limit_log = {"last": 0.0, "suppressed": 0}
+_size_rule_log = RateLimitedLog(log, LIMIT_LOG_INTERVAL_S)
 
 
 def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | None) -> tuple[str | None, dict[uuid.UUID, str] | None]:
@@ -147,25 +148,21 @@ def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData
     try:
         bad = fetch_limit_violations(response, _max_bytes(body), limits, _first_batch)
     except (OSError, ValueError) as exc:  # a segment file went away under us: drop nothing, say so
-        log.warning("fetch size check could not read a batch head: %s", exc)
+        _limited.warning("batch_head", "fetch size check could not read a batch head: %s", exc)
         return response
     if not bad:
         return response
     for t_i, p_i, _why in bad:
         response.responses[t_i].partitions[p_i].records = ()
-    now = time.monotonic()
-    if now - _limit_log["last"] >= LIMIT_LOG_INTERVAL_S:
-        t_i, p_i, why = bad[0]
-        topic = response.responses[t_i]
-        name = topic.topic if topic.topic is not None else topic.topic_id
-        log.error(
-            "fetch response broke Kafka's size rule (max_bytes %d) at %s-%d: %s; records withheld "
-            "(%d partition(s) this response, %d more since the last line)",
-            _max_bytes(body), name, topic.partitions[p_i].partition_index, why, len(bad), _limit_log["suppressed"],
-        )
-        _limit_log["last"], _limit_log["suppressed"] = now, 0
-    else:
-        _limit_log["suppressed"] += len(bad)
+    t_i, p_i, why = bad[0]
+    topic = response.responses[t_i]
+    name = topic.topic if topic.topic is not None else topic.topic_id
+    _size_rule_log.error(
+        "size_rule",
+        "fetch response broke Kafka's size rule (max_bytes %d) at %s-%d: %s; records withheld "
+        "(%d partition(s) this response)",
+        _max_bytes(body), name, topic.partitions[p_i].partition_index, why, len(bad),
+    )
     return response
 
 

@@ -10,14 +10,20 @@ from typing import Any
 from loglake.broker.handlers.errors import NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error_code
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import LoglakeError
+from loglake.logsafe import RateLimitedLog
 
 log = logging.getLogger(__name__)
+#: Per peer address: a fleet of transactional producers (or one that restarts) is not a flood.
+_limited = RateLimitedLog(log)
 
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     if body.transactional_id:
-        log.warning("%s asked for transactional id %r: transactions are not supported", conn.peer, body.transactional_id)
+        _limited.warning(
+            ("transactional", getattr(conn, "peer_host", conn.peer)),
+            "%s asked for transactional id %r: transactions are not supported", conn.peer, body.transactional_id,
+        )
         return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     existing = getattr(body, "producer_id", -1)
     epoch = getattr(body, "producer_epoch", -1)
