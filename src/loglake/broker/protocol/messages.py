@@ -73,6 +73,12 @@ from kafka.protocol.producer import (
 )
 
 from loglake.broker.protocol.errors import ResponseEncodingError
+from loglake.broker.protocol.kip848 import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+)
 
 #: api_key -> (request class, response class); the primary (unversioned) kafka-python classes.
 MESSAGES: dict[int, tuple[Any, Any]] = {
@@ -102,6 +108,8 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DeleteGroupsRequest, DeleteGroupsResponse),
         (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),
         (DescribeClusterRequest, DescribeClusterResponse),
+        (ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse),
+        (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse),
     )
 }
 
