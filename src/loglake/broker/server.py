@@ -269,6 +269,9 @@ class BrokerServer:
             except UnknownTopicError:
                 return False
 
+        def topic_catalog() -> dict[str, tuple[str, int]]:
+            return {t.name: (t.topic_id, t.partitions) for t in engine.topics()}
+
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         return groups.GroupCoordinator(
             groups.EngineGroupStore(engine),
@@ -277,6 +280,8 @@ class BrokerServer:
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,
             max_session_timeout_ms=self.config.group_max_session_timeout_ms,
             offsets_retention_ms=int(retention_minutes) * 60_000,
+            consumer_limits=self.config.consumer_group_limits(),
+            topic_catalog=topic_catalog,
         )
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
