@@ -221,8 +221,11 @@ class ConsumerProtocol:
                 return self._error(req, code, f"The member epoch {req.member_epoch} is fenced, "
                                    f"the member is at epoch {member.member_epoch}."), None
         assigned_before = member.assigned
-        changed |= self._update_member(cg, member, req)
-        changed |= self._refresh_subscription(group.group_id, cg)
+        updated, bump = self._update_member(member, req)
+        changed |= updated
+        if self._refresh_subscription(cg) or bump:
+            cg.group_epoch += 1  # once per heartbeat, whatever changed
+            changed = True
         if cg.group_epoch > cg.assignment_epoch:
             self._compute_target(cg)
             changed = True
@@ -268,8 +271,8 @@ class ConsumerProtocol:
                 # The instance comes back: it takes over the old member's assignment, no rebalance.
                 member_id = req.member_id or _new_member_id()
                 self._drop_timers(old)
-                cg.remove(old.member_id)
                 target = cg.target.pop(old.member_id, None)
+                cg.remove(old.member_id)
                 old.member_id = member_id
                 old.member_epoch = 0
                 old.state = MemberState.STABLE
@@ -297,8 +300,7 @@ class ConsumerProtocol:
             rebalance_timeout_ms=req.rebalance_timeout_ms,
         )
         cg.add(member)
-        cg.group_epoch += 1
-        return member, True
+        return member, True  # the subscription it brings bumps the group epoch (_update_member)
 
     def _known_member(self, cg: ConsumerGroupData, req: HeartbeatRequest) -> HeartbeatResult | ConsumerMember:
         member = cg.members.get(req.member_id)
@@ -313,7 +315,8 @@ class ConsumerProtocol:
             return self._error(req, E.UNKNOWN_MEMBER_ID, f"Member {req.member_id} is not a member of the group.")
         return member
 
-    def _update_member(self, cg: ConsumerGroupData, member: ConsumerMember, req: HeartbeatRequest) -> bool:
+    def _update_member(self, member: ConsumerMember, req: HeartbeatRequest) -> tuple[bool, bool]:
+        """(anything changed, the group epoch must go up: its subscription or assignor changed)."""
         before = (member.rack_id, member.rebalance_timeout_ms, member.client_id, member.client_host,
                   member.server_assignor)
         subscription = (member.subscribed_names, member.subscribed_regex)
@@ -328,11 +331,12 @@ class ConsumerProtocol:
             member.subscribed_names = tuple(sorted(set(req.subscribed_names)))
         if req.subscribed_regex is not None:
             member.subscribed_regex = req.subscribed_regex or None  # "" clears it
-        changed_subscription = subscription != (member.subscribed_names, member.subscribed_regex)
-        if changed_subscription or before[4] != member.server_assignor:
-            cg.group_epoch += 1
-        return changed_subscription or before != (member.rack_id, member.rebalance_timeout_ms, member.client_id,
-                                                  member.client_host, member.server_assignor)
+        bump = subscription != (member.subscribed_names, member.subscribed_regex) or (
+            before[4] != member.server_assignor
+        )
+        after = (member.rack_id, member.rebalance_timeout_ms, member.client_id, member.client_host,
+                 member.server_assignor)
+        return bump or before != after, bump
 
     # ---- subscriptions and the target assignment --------------------------------------------------
 
@@ -350,7 +354,8 @@ class ConsumerProtocol:
                 names.update(matched[:cap])
         return names
 
-    def _refresh_subscription(self, group_id: str, cg: ConsumerGroupData) -> bool:
+    def _refresh_subscription(self, cg: ConsumerGroupData) -> bool:
+        """Resolve the members' subscriptions against existing topics; True if the topic set changed."""
         topics = self.catalog()
         wanted: set[str] = set()
         for m in cg.members.values():
@@ -359,7 +364,6 @@ class ConsumerProtocol:
         if subscription == cg.subscription:
             return False
         cg.subscription = subscription
-        cg.group_epoch += 1
         return True
 
     def _choose_assignor(self, cg: ConsumerGroupData) -> str:

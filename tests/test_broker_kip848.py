@@ -1,0 +1,228 @@
+"""KIP-848 consumer groups (group.protocol=consumer) through real confluent-kafka clients and a real broker.
+
+Members join and leave a group sharing a 6-partition topic and every record is consumed once
+with committed offsets; a broker restart in the middle keeps the group; classic and
+consumer-protocol groups read the same topic at once; a regex subscription picks up a topic
+created later; AdminClient describes and lists consumer groups.
+
+The consumers commit each record synchronously before polling again (rebalance callbacks run
+inside poll, so a record is committed before its partition can move): with that discipline
+every record must be seen exactly once across the members.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import loglake
+
+from brokerkit import Broker, free_port, start_on_port
+
+PARTITIONS = 6
+ENV = {
+    "LOGLAKE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS": "300",
+    "LOGLAKE_GROUP_CONSUMER_MIN_HEARTBEAT_INTERVAL_MS": "100",
+    "LOGLAKE_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "10000",
+    "LOGLAKE_GROUP_CONSUMER_MIN_SESSION_TIMEOUT_MS": "1000",
+    "LOGLAKE_GROUP_INITIAL_REBALANCE_DELAY_MS": "0",
+    "LOGLAKE_GROUP_MIN_SESSION_TIMEOUT_MS": "1000",
+}
+WAIT_S = 60  # upper bound on waits for progress; no assertion depends on timing
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    data = tmp_path / "data"
+    with loglake.open(str(data)) as log:
+        for name in ("k", "rx-a"):
+            log.create_topic(name, PARTITIONS)
+    port = free_port()
+    b = Broker(data, ["--listen", f"127.0.0.1:{port}"], env=ENV)
+    start_on_port(b, port)
+    yield b
+    if b.proc is not None and b.proc.poll() is None:
+        b.stop()
+    assert "Traceback" not in b.log_text()
+
+
+def produce(bootstrap: str, topic: str, start: int, count: int, partitions: int = PARTITIONS) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i in range(start, start + count):
+        p.produce(topic, value=b"%d" % i, partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def new_consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group,
+        "group.protocol": "consumer",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        "reconnect.backoff.max.ms": 500,
+    }
+    conf.update(extra)
+    return Consumer(conf)
+
+
+class Reader:
+    """Polls several consumers in turn, commits every record synchronously, records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.commit_errors: list[str] = []
+
+    def poll_until(self, consumers: list[Consumer], want: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(self.seen) < want and time.monotonic() < deadline:
+            for c in consumers:
+                self.poll_one(c)
+
+    def poll_one(self, c: Consumer) -> None:
+        m = c.poll(0.05)
+        if m is None or m.error():
+            return
+        self.seen.append((m.topic(), int(m.value())))
+        try:
+            c.commit(m, asynchronous=False)
+        except Exception as exc:
+            self.commit_errors.append(str(exc))
+
+    def keep_polling(self, consumers: list[Consumer], seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for c in consumers:
+                self.poll_one(c)
+
+
+def committed(bootstrap: str, group: str, topic: str) -> list[int]:
+    c = new_consumer(bootstrap, group)
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=15)
+    finally:
+        c.close()
+    return [tp.offset for tp in got]
+
+
+def describe(bootstrap: str, group: str) -> object:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return admin.describe_consumer_groups([group])[group].result(timeout=15)
+
+
+def test_members_join_and_leave_every_record_once(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 60)
+    r = Reader()
+    c1, c2 = new_consumer(boot, "eo"), new_consumer(boot, "eo")
+    for c in (c1, c2):
+        c.subscribe(["k"])
+    r.poll_until([c1, c2], 60)
+    c3 = new_consumer(boot, "eo")
+    c3.subscribe(["k"])
+    produce(boot, "k", 60, 60)
+    r.poll_until([c1, c2, c3], 120)
+    # All three members share the partitions (keep polling: revocations happen inside poll).
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and sorted(len(c.assignment()) for c in (c1, c2, c3)) != [2, 2, 2]:
+        r.keep_polling([c1, c2, c3], 0.2)
+    assert sorted(len(c.assignment()) for c in (c1, c2, c3)) == [2, 2, 2]
+    c1.close()  # leaves the group: the others take its partitions over
+    produce(boot, "k", 120, 60)
+    r.poll_until([c2, c3], 180)
+    for c in (c2, c3):
+        c.close()
+    assert r.commit_errors == []
+    assert sorted(v for _, v in r.seen) == list(range(180))  # none missed, none twice
+    assert committed(boot, "eo", "k") == [30] * PARTITIONS
+
+
+def test_broker_restart_keeps_the_group(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 60)
+    r = Reader()
+    consumers = [new_consumer(boot, "rs"), new_consumer(boot, "rs")]
+    for c in consumers:
+        c.subscribe(["k"])
+    r.poll_until(consumers, 60)
+    while sorted(len(c.assignment()) for c in consumers) != [3, 3]:
+        r.keep_polling(consumers, 0.2)
+    before = describe(boot, "rs")
+    broker.stop()
+    start_on_port(broker, broker.port)
+    produce(boot, "k", 60, 60)
+    r.poll_until(consumers, 120)
+    after = describe(boot, "rs")
+    for c in consumers:
+        c.close()
+    assert sorted(v for _, v in r.seen) == list(range(120))
+    assert committed(boot, "rs", "k") == [20] * PARTITIONS
+    # The same members carried on: the group came back from the metadata log, not rebuilt.
+    assert {m.member_id for m in after.members} == {m.member_id for m in before.members}  # type: ignore[attr-defined]
+
+
+def test_classic_and_consumer_groups_share_a_topic(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 60)
+    r_new, r_old = Reader(), Reader()
+    new = new_consumer(boot, "new-proto")
+    old = Consumer({"bootstrap.servers": boot, "group.id": "old-proto", "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    new.subscribe(["k"])
+    old.subscribe(["k"])
+    deadline = time.monotonic() + WAIT_S
+    while (len(r_new.seen) < 60 or len(r_old.seen) < 60) and time.monotonic() < deadline:
+        r_new.poll_one(new)
+        r_old.poll_one(old)
+    admin = AdminClient({"bootstrap.servers": boot})
+    listed = admin.list_consumer_groups().result(timeout=15)
+    types = {g.group_id: g.type for g in listed.valid}
+    only_new = admin.list_consumer_groups(types={ConsumerGroupType.CONSUMER}).result(timeout=15)
+    new.close()
+    old.close()
+    assert sorted(v for _, v in r_new.seen) == list(range(60))
+    assert sorted(v for _, v in r_old.seen) == list(range(60))
+    assert types["new-proto"] == ConsumerGroupType.CONSUMER and types["old-proto"] == ConsumerGroupType.CLASSIC
+    assert [g.group_id for g in only_new.valid] == ["new-proto"]
+
+
+def test_regex_subscription_takes_topics_created_later(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "rx-a", 0, 30)
+    produce(boot, "k", 0, 30)  # does not match
+    r = Reader()
+    c = new_consumer(boot, "rx", **{"topic.metadata.refresh.interval.ms": 1000})
+    c.subscribe(["^rx-.*"])
+    r.poll_until([c], 30)
+    admin = AdminClient({"bootstrap.servers": boot})
+    admin.create_topics([NewTopic("rx-b", 2)])["rx-b"].result(timeout=15)
+    produce(boot, "rx-b", 100, 10, partitions=2)
+    r.poll_until([c], 40)
+    c.close()
+    assert {t for t, _ in r.seen} == {"rx-a", "rx-b"}
+    assert sorted(v for t, v in r.seen if t == "rx-b") == list(range(100, 110))
+    assert len(r.seen) == 40
+
+
+def test_describe_shows_members_and_assignments(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 12)
+    r = Reader()
+    consumers = [new_consumer(boot, "desc", **{"client.id": f"cli-{i}"}) for i in range(2)]
+    for c in consumers:
+        c.subscribe(["k"])
+    r.poll_until(consumers, 12)
+    while sorted(len(c.assignment()) for c in consumers) != [3, 3]:
+        r.keep_polling(consumers, 0.2)
+    d = describe(boot, "desc")
+    for c in consumers:
+        c.close()
+    assert d.type == ConsumerGroupType.CONSUMER  # type: ignore[attr-defined]
+    assert {m.client_id for m in d.members} == {"cli-0", "cli-1"}  # type: ignore[attr-defined]
+    parts = sorted(tp.partition for m in d.members for tp in m.assignment.topic_partitions)  # type: ignore[attr-defined]
+    assert parts == list(range(PARTITIONS))
