@@ -296,6 +296,10 @@ class BrokerServer:
         self.metrics.connections_total += 1
         try:
             await conn.run()
+        except asyncio.CancelledError:
+            # asyncio.run cancels connections still open after shutdown(); the stream callback would
+            # log the cancellation as an error (Python 3.11) although nothing failed.
+            pass
         except Exception:
             log.exception("connection %s failed", conn.peer)
         finally:

@@ -223,11 +223,12 @@ class ConsumerProtocol:
         assigned_before = member.assigned
         updated, bump = self._update_member(member, req)
         changed |= updated
-        if self._refresh_subscription(cg) or bump:
+        topics = self.catalog()  # once per heartbeat
+        if self._refresh_subscription(cg, topics) or bump:
             cg.group_epoch += 1  # once per heartbeat, whatever changed
             changed = True
         if cg.group_epoch > cg.assignment_epoch:
-            self._compute_target(cg)
+            self._compute_target(cg, topics)
             changed = True
         state_before = member.state
         if reconcile(member, cg.assignment_epoch, cg.target.get(member.member_id, {}),
@@ -354,9 +355,8 @@ class ConsumerProtocol:
                 names.update(matched[:cap])
         return names
 
-    def _refresh_subscription(self, cg: ConsumerGroupData) -> bool:
+    def _refresh_subscription(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> bool:
         """Resolve the members' subscriptions against existing topics; True if the topic set changed."""
-        topics = self.catalog()
         wanted: set[str] = set()
         for m in cg.members.values():
             wanted |= self.member_topics(m, topics)
@@ -372,8 +372,7 @@ class ConsumerProtocol:
             return self.limits.assignors[0]
         return max(sorted(set(asked)), key=asked.count)
 
-    def _compute_target(self, cg: ConsumerGroupData) -> None:
-        topics = self.catalog()
+    def _compute_target(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> None:
         by_name = {name: tid for tid, (name, _n) in cg.subscription.items()}
         subscriptions = {
             m.member_id: frozenset(by_name[n] for n in self.member_topics(m, topics) if n in by_name)

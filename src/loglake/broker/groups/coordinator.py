@@ -121,8 +121,9 @@ class GroupCoordinator:
             if group.members or (group.consumer is not None and group.consumer.members):
                 self._unarmed.append(group)
         if self._reg.groups:
-            log.info("loaded %d consumer groups (%d resumed Stable with %d members)", len(self._reg.groups),
-                     len(self._unarmed), sum(len(g.members) for g in self._unarmed))
+            log.info("loaded %d consumer groups (%d resumed with %d members)", len(self._reg.groups),
+                     len(self._unarmed),
+                     sum(len(g.members) + (len(g.consumer.members) if g.consumer else 0) for g in self._unarmed))
         if len(self._reg.groups) > self.limits.max_groups:
             log.warning("%d stored consumer groups exceed max_groups=%d; no new group until some go",
                         len(self._reg.groups), self.limits.max_groups)
