@@ -226,3 +226,36 @@ def test_describe_shows_members_and_assignments(broker: Broker) -> None:
     assert {m.client_id for m in d.members} == {"cli-0", "cli-1"}  # type: ignore[attr-defined]
     parts = sorted(tp.partition for m in d.members for tp in m.assignment.topic_partitions)  # type: ignore[attr-defined]
     assert parts == list(range(PARTITIONS))
+
+
+def test_static_member_comes_back_without_a_rebalance(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 12)
+    r = Reader()
+    a = new_consumer(boot, "st", **{"group.instance.id": "inst-a"})
+    b = new_consumer(boot, "st", **{"group.instance.id": "inst-b"})
+    for c in (a, b):
+        c.subscribe(["k"])
+    r.poll_until([a, b], 12)
+    while sorted(len(c.assignment()) for c in (a, b)) != [3, 3]:
+        r.keep_polling([a, b], 0.2)
+    mine = {tp.partition for tp in a.assignment()}
+    theirs = {tp.partition for tp in b.assignment()}
+    a.close()  # a static member leaves with epoch -2: its partitions stay reserved for it
+    largest = 0
+    for _ in range(10):  # several heartbeat intervals of b while a is away
+        r.keep_polling([b], 0.2)
+        largest = max(largest, len(b.assignment()))
+    a2 = new_consumer(boot, "st", **{"group.instance.id": "inst-a"})
+    a2.subscribe(["k"])
+    deadline = time.monotonic() + WAIT_S
+    while not a2.assignment() and time.monotonic() < deadline:
+        r.keep_polling([a2, b], 0.2)
+    back = {tp.partition for tp in a2.assignment()}
+    still = {tp.partition for tp in b.assignment()}
+    d = describe(boot, "st")
+    for c in (a2, b):
+        c.close()
+    assert largest == 3 and still == theirs  # b was never given a's partitions
+    assert back == mine
+    assert sorted(m.group_instance_id for m in d.members) == ["inst-a", "inst-b"]  # type: ignore[attr-defined]

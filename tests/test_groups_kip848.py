@@ -10,11 +10,15 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
+from loglake.broker.config import BrokerConfig
 from loglake.broker.groups import GroupCoordinator, InMemoryGroupStore
 from loglake.broker.groups import errors as E
 from loglake.broker.groups.assignors import range_assign, uniform_assign
 from loglake.broker.groups.consumer import HeartbeatRequest, HeartbeatResult
 from loglake.broker.groups.limits import ConsumerLimits
+from loglake.errors import ConfigError
 
 G = "cg"
 T1 = "a" * 32  # topic ids
@@ -349,3 +353,18 @@ def test_describe_unknown_and_classic_groups() -> None:
         w.c.close()
 
     run(body)
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+def test_broker_settings_reach_the_coordinator_limits() -> None:
+    env = {"LOGLAKE_GROUP_CONSUMER_ASSIGNORS": "range,uniform", "LOGLAKE_GROUP_CONSUMER_MAX_SIZE": "7",
+           "LOGLAKE_GROUP_CONSUMER_MIGRATION_POLICY": "upgrade"}
+    limits = BrokerConfig.load(env=env).consumer_group_limits()
+    assert (limits.assignors, limits.max_size, limits.migration_policy) == (("range", "uniform"), 7, "upgrade")
+    assert limits.session_timeout_ms == 45_000 and limits.heartbeat_interval_ms == 5_000
+    for bad in ({"LOGLAKE_GROUP_CONSUMER_ASSIGNORS": "sticky"}, {"LOGLAKE_GROUP_CONSUMER_MIGRATION_POLICY": "x"},
+                {"LOGLAKE_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "1000"}):
+        with pytest.raises(ConfigError):
+            BrokerConfig.load(env=bad)

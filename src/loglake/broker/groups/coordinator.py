@@ -121,7 +121,7 @@ class GroupCoordinator:
             if group.members or (group.consumer is not None and group.consumer.members):
                 self._unarmed.append(group)
         if self._reg.groups:
-            log.info("loaded %d consumer groups (%d resumed with %d members)", len(self._reg.groups),
+            log.info("loaded %d consumer groups (%d resumed Stable with %d members)", len(self._reg.groups),
                      len(self._unarmed),
                      sum(len(g.members) + (len(g.consumer.members) if g.consumer else 0) for g in self._unarmed))
         if len(self._reg.groups) > self.limits.max_groups:
