@@ -18,6 +18,7 @@ from loglake.broker.groups import errors as E
 from loglake.broker.groups.assignors import range_assign, uniform_assign
 from loglake.broker.groups.consumer import HeartbeatRequest, HeartbeatResult
 from loglake.broker.groups.limits import ConsumerLimits
+from loglake.broker.groups.topic_regex import compile_subscription
 from loglake.errors import ConfigError
 
 G = "cg"
@@ -157,6 +158,7 @@ def test_errors_as_kafka_answers() -> None:
         assert (await w.join("", version=1)).error_code == E.INVALID_REQUEST  # v1: the client names itself
         assert (await w.join("A", subscribed_regex="(")).error_code == E.INVALID_REGULAR_EXPRESSION
         assert (await w.join("A", subscribed_regex="x" * 5000)).error_code == E.INVALID_REGULAR_EXPRESSION
+        assert (await w.join("A", subscribed_regex="(t+)+$")).error_code == E.INVALID_REGULAR_EXPRESSION
         for m in ("A", "B", "C"):
             assert (await w.join(m)).error_code == E.NONE
         assert (await w.join("D")).error_code == E.GROUP_MAX_SIZE_REACHED
@@ -214,6 +216,13 @@ def test_heartbeat_interval_and_session_follow_group_overrides() -> None:
 
 
 # ---- subscriptions --------------------------------------------------------------------------------
+
+
+def test_regexes_that_could_backtrack_without_bound_are_refused() -> None:
+    ok = ["^rx-.*", "rx-.*", "(foo|bar)-.*", "[a-z]+-(x|y)", "a{2,5}", "(ab){3}", "t.*"]
+    refused = ["(a+)+$", "(a|ab)*", "(a*)*", "(?=a)b", r"(a)\1", "(?>a+)+", "("]
+    assert all(compile_subscription(p) is not None for p in ok)
+    assert all(compile_subscription(p) is None for p in refused)
 
 
 def test_regex_matches_topics_created_later() -> None:

@@ -50,6 +50,7 @@ from loglake.broker.groups.group import Group, GroupState
 from loglake.broker.groups.limits import MAX_TOPIC_NAME_LENGTH, ConsumerLimits
 from loglake.broker.groups.reconcile import check_epoch, reconcile
 from loglake.broker.groups.registry import GroupRegistry
+from loglake.broker.groups.topic_regex import compile_subscription
 
 log = logging.getLogger(__name__)
 
@@ -164,15 +165,15 @@ class ConsumerProtocol:
                 return self._error(req, E.INVALID_REGULAR_EXPRESSION,
                                    f"SubscribedTopicRegex is over {self.limits.max_regex_length} characters.")
             if self._compile(req.subscribed_regex) is None:
-                return self._error(req, E.INVALID_REGULAR_EXPRESSION, "SubscribedTopicRegex does not compile.")
+                return self._error(req, E.INVALID_REGULAR_EXPRESSION,
+                                   "SubscribedTopicRegex does not compile or could backtrack without bound.")
         return None
 
     def _compile(self, pattern: str) -> re.Pattern[str] | None:
         compiled = self._regex_cache.get(pattern)
         if compiled is None:
-            try:
-                compiled = re.compile(pattern)
-            except (re.error, RecursionError, OverflowError):
+            compiled = compile_subscription(pattern)
+            if compiled is None:
                 return None
             if len(self._regex_cache) >= self.limits.max_size:
                 self._regex_cache.clear()  # bounded: at most one pattern per member is live
