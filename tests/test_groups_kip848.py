@@ -205,6 +205,33 @@ def test_expired_session_fences_the_member_and_frees_its_partitions() -> None:
     run(body)
 
 
+def test_member_that_does_not_revoke_in_time_is_removed() -> None:
+    async def body() -> None:
+        w = World()
+        a = await w.join("A", rebalance_timeout_ms=60)
+        b = await w.join("B")
+        a = await w.hb("A", 1, owned_of(a))  # asked to revoke half; never reports it
+        for _ in range(6):
+            b = await w.hb("B", b.member_epoch, {})
+            await asyncio.sleep(0.03)
+        assert (await w.hb("A", 1)).error_code == E.UNKNOWN_MEMBER_ID
+        b = await w.hb("B", b.member_epoch, {})
+        assert parts(b) == list(range(6))
+
+    run(body)
+
+
+def test_member_may_ask_for_the_range_assignor() -> None:
+    async def body() -> None:
+        w = World()
+        await w.join("A", server_assignor="range", topics=["t1", "t2"])
+        b = await w.join("B", server_assignor="range", topics=["t1", "t2"])
+        assert w.c.consumer_describe(G).assignor == "range"
+        assert b.member_epoch == 2  # waits for A to release its range
+
+    run(body)
+
+
 def test_heartbeat_interval_and_session_follow_group_overrides() -> None:
     async def body() -> None:
         w = World()
@@ -258,6 +285,11 @@ def test_group_comes_back_after_a_restart() -> None:
         again = await w2.hb("B", 2, owned_of(b))
         assert again.error_code == E.NONE and again.member_epoch == 2 and again.assignment is None
         assert w2.c.consumer_describe(G).group_epoch == 2  # no rebalance storm
+        for _ in range(10):  # B keeps heartbeating; A never comes back and is fenced
+            again = await w2.hb("B", again.member_epoch)
+            await asyncio.sleep(0.05)
+        assert (await w2.hb("A", 2)).error_code == E.UNKNOWN_MEMBER_ID
+        assert w2.c.consumer_describe(G).group_epoch == 3 and len(w2.c.consumer_describe(G).members) == 1
         w2.c.close()
 
     run(body)
