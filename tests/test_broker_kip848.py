@@ -259,3 +259,23 @@ def test_static_member_comes_back_without_a_rebalance(broker: Broker) -> None:
     assert largest == 3 and still == theirs  # b was never given a's partitions
     assert back == mine
     assert sorted(m.group_instance_id for m in d.members) == ["inst-a", "inst-b"]  # type: ignore[attr-defined]
+
+
+def test_empty_classic_group_is_taken_over_by_the_consumer_protocol(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 30)
+    r = Reader()
+    old = Consumer({"bootstrap.servers": boot, "group.id": "mig", "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    old.subscribe(["k"])
+    r.poll_until([old], 30)
+    old.close()  # the classic group is Empty now, with its committed offsets
+    produce(boot, "k", 30, 30)
+    new = new_consumer(boot, "mig")
+    new.subscribe(["k"])
+    r.poll_until([new], 60)
+    d = describe(boot, "mig")
+    new.close()
+    assert sorted(v for _, v in r.seen) == list(range(60))  # resumed from the classic group's offsets
+    assert d.type == ConsumerGroupType.CONSUMER  # type: ignore[attr-defined]
+    assert committed(boot, "mig", "k") == [10] * PARTITIONS
