@@ -71,6 +71,11 @@ def new_consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
     return Consumer(conf)
 
 
+def classic_consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                     "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+
+
 class Reader:
     """Polls several consumers in turn, commits every record synchronously, records what it saw."""
 
@@ -171,8 +176,7 @@ def test_classic_and_consumer_groups_share_a_topic(broker: Broker) -> None:
     produce(boot, "k", 0, 60)
     r_new, r_old = Reader(), Reader()
     new = new_consumer(boot, "new-proto")
-    old = Consumer({"bootstrap.servers": boot, "group.id": "old-proto", "auto.offset.reset": "earliest",
-                    "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    old = classic_consumer(boot, "old-proto")
     new.subscribe(["k"])
     old.subscribe(["k"])
     deadline = time.monotonic() + WAIT_S
@@ -265,8 +269,7 @@ def test_empty_classic_group_is_taken_over_by_the_consumer_protocol(broker: Brok
     boot = broker.bootstrap
     produce(boot, "k", 0, 30)
     r = Reader()
-    old = Consumer({"bootstrap.servers": boot, "group.id": "mig", "auto.offset.reset": "earliest",
-                    "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    old = classic_consumer(boot, "mig")
     old.subscribe(["k"])
     r.poll_until([old], 30)
     old.close()  # the classic group is Empty now, with its committed offsets

@@ -265,6 +265,21 @@ def test_regex_matches_topics_created_later() -> None:
     run(body)
 
 
+def test_new_partitions_are_assigned_and_deleted_topics_revoked() -> None:
+    async def body() -> None:
+        w = World()
+        a = await w.join("A", topics=["t1", "t2"])
+        assert len(parts(a, T2)) == 3
+        w.topics["t1"] = (T1, 8)  # CreatePartitions
+        del w.topics["t2"]  # DeleteTopics
+        a = await w.hb("A", 1, owned_of(a))
+        assert a.member_epoch == 1 and set(owned_of(a)) == {T1}  # revoke t2 first
+        a = await w.hb("A", 1, owned_of(a))
+        assert a.member_epoch == 2 and parts(a) == list(range(8))
+
+    run(body)
+
+
 # ---- persistence ----------------------------------------------------------------------------------
 
 
