@@ -55,6 +55,44 @@ def range_assign(subscriptions: Subscriptions, topics: TopicMetadata) -> dict[st
 def uniform_assign(
     subscriptions: Subscriptions, topics: TopicMetadata, current: Mapping[str, Assignment]
 ) -> dict[str, Assignment]:
+    if len(set(subscriptions.values())) == 1:
+        return _uniform_homogeneous(subscriptions, topics, current)
+    return _uniform_general(subscriptions, topics, current)
+
+
+def _uniform_homogeneous(
+    subscriptions: Subscriptions, topics: TopicMetadata, current: Mapping[str, Assignment]
+) -> dict[str, Assignment]:
+    """Every member subscribes to the same topics: exact quotas, O(P log P + M log M)."""
+    members = sorted(subscriptions)
+    subscribed = next(iter(subscriptions.values()))
+    every = [(tid, p) for tid in sorted(subscribed) if tid in topics for p in range(topics[tid][1])]
+    base, extra = divmod(len(every), len(members))
+    valid = set(every)
+    kept: dict[str, list[tuple[str, int]]] = {}
+    taken: set[tuple[str, int]] = set()
+    for m in members:
+        mine = sorted((tid, p) for tid, ps in (current.get(m) or {}).items() for p in ps)
+        kept[m] = [tp for tp in mine if tp in valid and tp not in taken]
+        taken.update(kept[m])
+    # The members keeping the most get the `extra` larger quotas: the fewest partitions move.
+    by_kept = sorted(members, key=lambda m: (-len(kept[m]), m))
+    quota = {m: base + (1 if i < extra else 0) for i, m in enumerate(by_kept)}
+    for m in members:
+        kept[m] = kept[m][: quota[m]]
+    owned = {tp for m in members for tp in kept[m]}
+    free = iter(tp for tp in every if tp not in owned)
+    out: dict[str, dict[str, set[int]]] = {m: {} for m in members}
+    for m in members:
+        for tid, p in kept[m] + [next(free) for _ in range(quota[m] - len(kept[m]))]:
+            out[m].setdefault(tid, set()).add(p)
+    return _frozen(out)
+
+
+def _uniform_general(
+    subscriptions: Subscriptions, topics: TopicMetadata, current: Mapping[str, Assignment]
+) -> dict[str, Assignment]:
+    """Members subscribe to different topics: sticky start, then greedy moves until balanced."""
     members = sorted(subscriptions)
     out: dict[str, dict[str, set[int]]] = {m: {} for m in members}
     counts = dict.fromkeys(members, 0)

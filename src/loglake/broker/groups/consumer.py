@@ -105,6 +105,11 @@ class ConsumerProtocol:
         self.catalog: TopicCatalog = catalog or (lambda: {})
         self.overrides: GroupOverrides = overrides or (lambda _group_id: {})
         self._regex_cache: dict[str, re.Pattern[str]] = {}
+        # Regex -> matching topic names, for the topic set `_matches_key` (recomputed when topics change):
+        # a heartbeat resolves every member's regex, so matching each against every topic each time
+        # would cost members x topics per heartbeat.
+        self._matches: dict[str, list[str]] = {}
+        self._matches_key: frozenset[tuple[str, tuple[str, int]]] | None = None
 
     # ---- group settings ---------------------------------------------------------------------------
 
@@ -346,20 +351,46 @@ class ConsumerProtocol:
         """Topic names the member's subscription selects among existing topics (regex: full match)."""
         names = {n for n in member.subscribed_names if n in topics}
         if member.subscribed_regex:
-            compiled = self._compile(member.subscribed_regex)
-            if compiled is not None:
-                matched = sorted(n for n in topics if compiled.fullmatch(n))
-                cap = self.limits.max_topics_per_subscription
-                if len(matched) > cap:
-                    log.warning("regex %r matches %d topics; only the first %d (by name) are subscribed",
-                                member.subscribed_regex[:80], len(matched), cap)
-                names.update(matched[:cap])
+            names.update(self._regex_topics(member.subscribed_regex, topics))
         return names
 
+    def _topics_changed(self, topics: Mapping[str, tuple[str, int]]) -> frozenset[tuple[str, tuple[str, int]]]:
+        """The key of this topic set; drops the regex matches of the previous one if it differs."""
+        key = frozenset(topics.items())
+        if key != self._matches_key:
+            self._matches.clear()
+            self._matches_key = key
+        return key
+
+    def _regex_topics(self, pattern: str, topics: Mapping[str, tuple[str, int]]) -> list[str]:
+        self._topics_changed(topics)
+        matched = self._matches.get(pattern)
+        if matched is None:
+            compiled = self._compile(pattern)
+            matched = sorted(n for n in topics if compiled.fullmatch(n)) if compiled is not None else []
+            cap = self.limits.max_topics_per_subscription
+            if len(matched) > cap:
+                log.warning("regex %r matches %d topics; only the first %d (by name) are subscribed",
+                            pattern[:80], len(matched), cap)
+                matched = matched[:cap]
+            if len(self._matches) >= self.limits.max_size:
+                self._matches.clear()  # bounded like the compiled patterns
+            self._matches[pattern] = matched
+        return matched
+
     def _refresh_subscription(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> bool:
-        """Resolve the members' subscriptions against existing topics; True if the topic set changed."""
+        """Resolve the members' subscriptions against existing topics; True if the topic set changed.
+
+        Resolved once per distinct subscription, and not at all while neither the topics nor the
+        members' subscriptions changed since the last heartbeat (`cg.resolved_key`).
+        """
+        distinct = {(m.subscribed_names, m.subscribed_regex): m for m in cg.members.values()}
+        key = (self._topics_changed(topics), frozenset(distinct))
+        if key == cg.resolved_key:
+            return False
+        cg.resolved_key = key
         wanted: set[str] = set()
-        for m in cg.members.values():
+        for m in distinct.values():
             wanted |= self.member_topics(m, topics)
         subscription: TopicMetadata = {topics[n][0]: (n, topics[n][1]) for n in wanted}
         if subscription == cg.subscription:
@@ -375,10 +406,13 @@ class ConsumerProtocol:
 
     def _compute_target(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> None:
         by_name = {name: tid for tid, (name, _n) in cg.subscription.items()}
-        subscriptions = {
-            m.member_id: frozenset(by_name[n] for n in self.member_topics(m, topics) if n in by_name)
-            for m in cg.members.values()
-        }
+        resolved: dict[tuple[tuple[str, ...], str | None], frozenset[str]] = {}  # once per distinct subscription
+        subscriptions: dict[str, frozenset[str]] = {}
+        for m in cg.members.values():
+            key = (m.subscribed_names, m.subscribed_regex)
+            if key not in resolved:
+                resolved[key] = frozenset(by_name[n] for n in self.member_topics(m, topics) if n in by_name)
+            subscriptions[m.member_id] = resolved[key]
         cg.assignor = self._choose_assignor(cg)
         cg.target = assign(cg.assignor, subscriptions, cg.subscription, cg.target)
         cg.assignment_epoch = cg.group_epoch

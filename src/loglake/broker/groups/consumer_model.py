@@ -67,6 +67,7 @@ class ConsumerGroupData:
         self.target: dict[str, Assignment] = {}  # member id -> its target assignment
         self.subscription: TopicMetadata = {}  # what the target was computed for
         self.assignor = ""  # the assignor of the current target
+        self.resolved_key: object = None  # what `subscription` was last resolved from (consumer.py; not saved)
 
     def state(self) -> str:
         """Kafka's consumer group states: Empty, Assigning, Reconciling, Stable."""
