@@ -12,6 +12,8 @@ every record must be seen exactly once across the members.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -282,3 +284,51 @@ def test_empty_classic_group_is_taken_over_by_the_consumer_protocol(broker: Brok
     assert sorted(v for _, v in r.seen) == list(range(60))  # resumed from the classic group's offsets
     assert d.type == ConsumerGroupType.CONSUMER  # type: ignore[attr-defined]
     assert committed(boot, "mig", "k") == [10] * PARTITIONS
+
+
+CHILD = """
+import sys
+from confluent_kafka import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": "crash", "group.protocol": "consumer",
+              "auto.offset.reset": "earliest", "enable.auto.commit": False})
+c.subscribe(["k"])
+said = False
+while True:
+    m = c.poll(0.1)
+    if m is not None and not m.error():
+        c.commit(m, asynchronous=False)
+    if c.assignment() and not said:
+        print("assigned", flush=True)
+        said = True
+"""
+
+
+def test_a_member_that_dies_is_fenced_after_its_session(broker: Broker) -> None:
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 60)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, boot], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "assigned"
+        r = Reader()
+        survivor = new_consumer(boot, "crash")
+        survivor.subscribe(["k"])
+        deadline = time.monotonic() + WAIT_S
+        while len(survivor.assignment()) != 3 and time.monotonic() < deadline:
+            r.keep_polling([survivor], 0.2)  # the partitions split between the two members
+        assert len(survivor.assignment()) == 3
+    finally:
+        child.kill()  # no leave: only the session timeout can free its partitions
+        child.wait()
+    produce(boot, "k", 60, 60)
+
+    def done() -> bool:
+        if len(survivor.assignment()) != PARTITIONS:
+            return False
+        return [tp.offset for tp in survivor.position(survivor.assignment())] == [20] * PARTITIONS
+
+    deadline = time.monotonic() + WAIT_S
+    while not done() and time.monotonic() < deadline:
+        r.keep_polling([survivor], 0.2)  # the dead member's partitions come once its session expires
+    survivor.close()
+    assert r.commit_errors == []
+    assert committed(boot, "crash", "k") == [20] * PARTITIONS  # every partition read to its end
