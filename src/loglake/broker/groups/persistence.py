@@ -21,6 +21,10 @@ Layout, version 1 (bytes are base64, standard alphabet with padding)::
                   "client_host": "/10.0.0.1", "session_timeout_ms": 10000,
                   "rebalance_timeout_ms": 300000, "metadata": "<base64>", "assignment": "<base64>"}]}
 
+Layout, version 2: a group of KIP-848's consumer protocol (``"version": 2, "type": "consumer"``),
+written and read by `consumer_persistence.py`, whose docstring lists its fields. `restore_group`
+reads both versions; version 1 documents written by earlier releases load unchanged.
+
 Only the chosen protocol's metadata is kept per member (as Kafka does): a member that rejoins
 with a different protocol list after a restart causes a rebalance, as it would anyway.
 
