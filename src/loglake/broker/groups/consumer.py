@@ -236,13 +236,12 @@ class ConsumerProtocol:
         if cg.group_epoch > cg.assignment_epoch:
             self._compute_target(cg, topics)
             changed = True
-        state_before = member.state
         if reconcile(member, cg.assignment_epoch, cg.target.get(member.member_id, {}),
                      cg.owners(member.member_id), owned):
             changed = True
-            if member.state is MemberState.UNREVOKED_PARTITIONS and state_before is not member.state:
+            if member.state is MemberState.UNREVOKED_PARTITIONS:  # a new revocation: a new deadline
                 self._arm_revocation(group, member)
-            elif member.state is not MemberState.UNREVOKED_PARTITIONS:
+            else:
                 self.reg.cancel(member.revocation_timer)
                 member.revocation_timer = None
         self._arm_session(group, member)
