@@ -78,7 +78,12 @@ class ErrorCode(IntEnum):
     GROUP_SUBSCRIBED_TO_TOPIC = (86, False, "The consumer group is actively subscribed to the topic.")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     UNKNOWN_TOPIC_ID = (100, True, "This server does not host this topic ID.")
+    FENCED_MEMBER_EPOCH = (110, False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")
+    UNRELEASED_INSTANCE_ID = (111, False, "The instance ID is still used by another member in the consumer group. That member must leave first.")
+    UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")
+    STALE_MEMBER_EPOCH = (113, False, "The member epoch is stale. The member must retry after receiving its updated member epoch via the ConsumerGroupHeartbeat API.")
     MISMATCHED_ENDPOINT_TYPE = (114, False, "The request was sent to an endpoint of the wrong type.")
+    INVALID_REGULAR_EXPRESSION = (128, False, "The regular expression is not valid.")
 
 
 __all__ = ["ErrorCode"]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loglake.broker.groups.limits import ConsumerLimits
 
 #: Largest request frame accepted; Kafka's socket.request.max.bytes default is 100 MiB.
 MAX_FRAME_BYTES_DEFAULT = 100 * 1024 * 1024
@@ -60,6 +63,18 @@ class BrokerConfig:
     offsets_retention_minutes: int = 10080
     #: Window of rate-limited warnings (loglake.logsafe); 0 logs every repeat.
     log_rate_limit_ms: int = LOG_RATE_LIMIT_MS_DEFAULT
+    #: KIP-848 consumer groups (Kafka's group.consumer.* names with "_" for "."); see docs/GROUPS.md.
+    group_consumer_session_timeout_ms: int = 45_000
+    group_consumer_min_session_timeout_ms: int = 45_000
+    group_consumer_max_session_timeout_ms: int = 60_000
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    group_consumer_min_heartbeat_interval_ms: int = 5_000
+    group_consumer_max_heartbeat_interval_ms: int = 15_000
+    group_consumer_max_size: int = 1000
+    #: Comma-separated server-side assignors ("uniform", "range"); the first is the default.
+    group_consumer_assignors: str = "uniform,range"
+    #: "disabled" | "upgrade" | "downgrade" | "bidirectional": which Empty groups may change protocol.
+    group_consumer_migration_policy: str = "bidirectional"
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")
@@ -84,6 +99,28 @@ class BrokerConfig:
                 f"group_max_session_timeout_ms={self.group_max_session_timeout_ms}"
             )
         self.engine_config()
+        try:
+            self.consumer_group_limits().check()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def consumer_group_limits(self) -> ConsumerLimits:
+        """The `group.consumer.*` settings as the coordinator's ConsumerLimits."""
+        from loglake.broker.groups.limits import ConsumerLimits
+
+        assignors = self.group_consumer_assignors
+        names = [a.strip() for a in assignors.split(",")] if isinstance(assignors, str) else list(assignors)
+        return ConsumerLimits(
+            session_timeout_ms=self.group_consumer_session_timeout_ms,
+            min_session_timeout_ms=self.group_consumer_min_session_timeout_ms,
+            max_session_timeout_ms=self.group_consumer_max_session_timeout_ms,
+            heartbeat_interval_ms=self.group_consumer_heartbeat_interval_ms,
+            min_heartbeat_interval_ms=self.group_consumer_min_heartbeat_interval_ms,
+            max_heartbeat_interval_ms=self.group_consumer_max_heartbeat_interval_ms,
+            max_size=self.group_consumer_max_size,
+            assignors=tuple(n for n in names if n),
+            migration_policy=self.group_consumer_migration_policy,
+        )
 
     @classmethod
     def load(cls, config_file: str | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> BrokerConfig:

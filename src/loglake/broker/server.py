@@ -328,11 +328,15 @@ class BrokerServer:
         except ModuleNotFoundError:
             log.warning("consumer groups are not available in this build")
             return None
+
         def topic_exists(name: str, partition: int) -> bool:
             try:
                 return 0 <= partition < engine.topic(name).partitions
             except UnknownTopicError:
                 return False
+
+        def topic_catalog() -> dict[str, tuple[str, int]]:
+            return {t.name: (t.topic_id, t.partitions) for t in engine.topics()}
 
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         return groups.GroupCoordinator(
@@ -342,6 +346,9 @@ class BrokerServer:
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,
             max_session_timeout_ms=self.config.group_max_session_timeout_ms,
             offsets_retention_ms=int(retention_minutes) * 60_000,
+            consumer_limits=self.config.consumer_group_limits(),
+            topic_catalog=topic_catalog,
+            group_overrides=self.ctx.group_configs.overrides,
         )
 
     async def _flush_logs(self) -> None:
@@ -362,6 +369,10 @@ class BrokerServer:
         self.metrics.connections_total += 1
         try:
             await conn.run()
+        except asyncio.CancelledError:
+            # asyncio.run cancels connections still open after shutdown(); the stream callback would
+            # log the cancellation as an error (Python 3.11) although nothing failed.
+            pass
         except Exception:
             log.exception("connection %s failed", conn.peer)
         finally:

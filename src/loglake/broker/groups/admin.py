@@ -60,16 +60,24 @@ class GroupAdmin:
 
     # ==== ListGroups / DescribeGroups =============================================================
 
-    def list_groups(self, states_filter: list[str] | None = None) -> list[tuple[str, str, str]]:
-        """(group_id, protocol_type or "", state); the filter is case-insensitive, empty = all."""
+    def list_groups(
+        self, states_filter: list[str] | None = None, types_filter: list[str] | None = None
+    ) -> list[tuple[str, str, str, str]]:
+        """(group_id, protocol_type or "", state, "classic" | "consumer"); filters are
+        case-insensitive, empty = all. A consumer-protocol group shows its KIP-848 state."""
         if self.reg.closed:
             return []
         wanted = {s.lower() for s in states_filter} if states_filter else None
-        return [
-            (g.group_id, g.protocol_type or "", g.state.value)
-            for g in self.reg.groups.values()
-            if wanted is None or g.state.value.lower() in wanted
-        ]
+        types = {t.lower() for t in types_filter} if types_filter else None
+        out = []
+        for g in self.reg.groups.values():
+            if g.consumer is not None:
+                row = (g.group_id, "consumer", g.consumer.state(), "consumer")
+            else:
+                row = (g.group_id, g.protocol_type or "", g.state.value, "classic")
+            if (wanted is None or row[2].lower() in wanted) and (types is None or row[3] in types):
+                out.append(row)
+        return out
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """DescribeGroups for one group; an unknown group is reported as state "Dead" (as Kafka < v6)."""
@@ -78,6 +86,8 @@ class GroupAdmin:
         group = self.reg.groups.get(group_id)
         if group is None:
             return GroupDescription(E.NONE, group_id, GroupState.DEAD.value, "", "")
+        if group.consumer is not None:  # Kafka: not a classic group (the handler words it per version)
+            return GroupDescription(E.GROUP_ID_NOT_FOUND, group_id, GroupState.DEAD.value, "", "")
         stable = group.is_(GroupState.STABLE)
         protocol = (group.protocol_name or "") if stable else ""
         members = [
@@ -103,7 +113,7 @@ class GroupAdmin:
                 codes[group_id] = E.GROUP_ID_NOT_FOUND
             elif group.deleting:
                 codes[group_id] = E.COORDINATOR_NOT_AVAILABLE  # retried: then GROUP_ID_NOT_FOUND
-            elif not group.is_(GroupState.EMPTY):
+            elif not group.has_no_members():
                 codes[group_id] = E.NON_EMPTY_GROUP
             else:
                 try:
@@ -182,11 +192,11 @@ class GroupAdmin:
             gone = [
                 tp for tp, e in group.offsets.items()
                 if (exists is not None and not exists(*tp))
-                or (retention is not None and group.is_(GroupState.EMPTY)
+                or (retention is not None and group.has_no_members()
                     and now - max(e.commit_ts_ms, group.empty_since_ms) >= retention)
             ]
             try:
-                if group.is_(GroupState.EMPTY) and not group.pending_members and len(gone) == len(group.offsets):
+                if group.has_no_members() and len(gone) == len(group.offsets):
                     pending.append((len(gone), self._delete(group, f"retention: {len(gone)} offsets expired")))
                 elif gone:
                     pending.append((len(gone), self._expire(group, gone)))

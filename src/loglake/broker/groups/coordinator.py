@@ -12,6 +12,8 @@ This class only wires the parts together and is the public API (docs/GROUPS.md):
     coordinator ──▶ membership (Join/Sync/Heartbeat/Leave) ──▶ rebalance (phases, timers, liveness)
                 ├─▶ offsets (OffsetCommit/OffsetFetch) ──────────▶ rebalance
                 ├─▶ admin (List/Describe/Delete, retention)
+                ├─▶ consumer (KIP-848 ConsumerGroupHeartbeat) · consumer_admin (ConsumerGroupDescribe,
+                │            commit/fetch rules) ──▶ assignors · reconcile · consumer_persistence
                 └─▶ persistence (saved state ⇄ Group) · registry (groups, store, loop) · changes
 
 At start-up it loads every group from the store: groups saved Stable resume at their
@@ -29,6 +31,19 @@ from collections.abc import Callable, Iterable
 
 from loglake.broker.groups import errors as E
 from loglake.broker.groups.admin import GroupAdmin, GroupDescription, MemberDescription
+from loglake.broker.groups.consumer import (
+    ConsumerProtocol,
+    GroupOverrides,
+    HeartbeatRequest,
+    HeartbeatResult,
+    TopicCatalog,
+)
+from loglake.broker.groups.consumer_admin import (
+    ConsumerGroupDescription,
+    describe,
+    validate_commit,
+    validate_fetch,
+)
 from loglake.broker.groups.group import Group, GroupState, JoinResult, SyncResult, join_error, sync_error
 from loglake.broker.groups.limits import (
     GROUP_MAX_SIZE_DEFAULT,
@@ -41,6 +56,7 @@ from loglake.broker.groups.limits import (
     OFFSET_METADATA_MAX_BYTES_DEFAULT,
     OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
     OFFSETS_RETENTION_MS_DEFAULT,
+    ConsumerLimits,
     CoordinatorLimits,
 )
 from loglake.broker.groups.membership import Membership
@@ -72,29 +88,43 @@ class GroupCoordinator:
         member_metadata_max_bytes: int = MEMBER_METADATA_MAX_BYTES_DEFAULT,
         offsets_retention_ms: int | None = OFFSETS_RETENTION_MS_DEFAULT,
         offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+        consumer_limits: ConsumerLimits | None = None,
+        topic_catalog: TopicCatalog | None = None,
+        group_overrides: GroupOverrides | None = None,
     ) -> None:
-        """`topic_exists(topic, partition)`: lets the periodic cleanup drop offsets of deleted topics."""
+        """`topic_exists(topic, partition)`: lets the periodic cleanup drop offsets of deleted topics.
+
+        KIP-848: `consumer_limits` holds the `group.consumer.*` settings; `topic_catalog()` maps
+        every topic name to (topic id hex, partition count); `group_overrides(group_id)` gives a
+        group's own `consumer.session.timeout.ms` / `consumer.heartbeat.interval.ms` (Kafka's
+        group config resource), {} when it has none.
+        """
         self.limits = CoordinatorLimits(
             group_max_size, max_groups, min_session_timeout_ms, max_session_timeout_ms,
             initial_rebalance_delay_ms, new_member_join_timeout_ms, offset_metadata_max_bytes,
             member_metadata_max_bytes, offsets_retention_ms, offsets_retention_check_interval_ms,
         )
         self.limits.check()
+        self.consumer_limits = consumer_limits or ConsumerLimits()
+        self.consumer_limits.check()
         self._reg = GroupRegistry(store, self.limits, loop, clock, topic_exists)
         self._rebalancer = Rebalancer(self._reg)
         self._membership = Membership(self._reg, self._rebalancer)
         self._offsets = Offsets(self._reg, self._rebalancer)
         self._admin = GroupAdmin(self._reg)
+        self._consumer = ConsumerProtocol(self._reg, self.consumer_limits, topic_catalog, group_overrides)
+        self._catalog = topic_catalog
         self._unarmed: list[Group] = []  # resumed groups whose member sessions wait for the loop
         now = self._reg.now_ms()
         for group_id, stored in store.load().items():
-            group = restore_group(group_id, stored, self.limits, now)
+            group = restore_group(group_id, stored, self.limits, now, self.consumer_limits)
             self._reg.groups[group_id] = group
-            if group.members:
+            if group.members or (group.consumer is not None and group.consumer.members):
                 self._unarmed.append(group)
         if self._reg.groups:
             log.info("loaded %d consumer groups (%d resumed Stable with %d members)", len(self._reg.groups),
-                     len(self._unarmed), sum(len(g.members) for g in self._unarmed))
+                     len(self._unarmed),
+                     sum(len(g.members) + (len(g.consumer.members) if g.consumer else 0) for g in self._unarmed))
         if len(self._reg.groups) > self.limits.max_groups:
             log.warning("%d stored consumer groups exceed max_groups=%d; no new group until some go",
                         len(self._reg.groups), self.limits.max_groups)
@@ -105,7 +135,9 @@ class GroupCoordinator:
         if self._unarmed and self._reg.running_loop() is not None:
             groups, self._unarmed = self._unarmed, []
             for group in groups:
-                if self._reg.live(group) and group.is_(GroupState.STABLE):
+                if self._reg.live(group) and group.consumer is not None:
+                    self._consumer.arm_restored(group)
+                elif self._reg.live(group) and group.is_(GroupState.STABLE):
                     self._rebalancer.start_restored(group)
         self._admin.ensure_cleanup_timer()
 
@@ -133,6 +165,11 @@ class GroupCoordinator:
         (KIP-814); `rebalance_timeout_ms`: pass the session timeout for v0.
         """
         self._start()
+        existing = self._reg.groups.get(group_id)
+        if existing is not None and existing.consumer is not None:
+            if existing.consumer.members or not self.consumer_limits.downgrade_allowed():
+                return join_error(member_id, E.INCONSISTENT_GROUP_PROTOCOL)
+            self._to_classic(existing)
         return await self._membership.join_group(
             group_id, member_id, group_instance_id, protocol_type, protocols, session_timeout_ms,
             rebalance_timeout_ms, client_id, client_host, require_known_member_id=require_known_member_id,
@@ -157,6 +194,14 @@ class GroupCoordinator:
         return await self._membership.sync_group(
             group_id, generation_id, member_id, group_instance_id, protocol_type, protocol_name, assignments
         )
+
+    def _to_classic(self, group: Group) -> None:
+        """An Empty consumer group becomes a classic group (migration policy allows a downgrade)."""
+        assert group.consumer is not None
+        group.generation_id = max(group.generation_id, group.consumer.group_epoch)
+        group.consumer = None
+        group.protocol_type = None
+        log.info("group %r: Empty consumer group converted to a classic group", group.group_id)
 
     def heartbeat(self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None) -> int:
         self._start()
@@ -184,22 +229,63 @@ class GroupCoordinator:
         *,
         topic_exists: Callable[[str, int], bool],
     ) -> list[tuple[str, int, int]]:
-        """OffsetCommit; answers once the accepted offsets are durable. Never blocks the loop."""
+        """OffsetCommit; answers once the accepted offsets are durable. Never blocks the loop.
+
+        For a consumer-protocol group `generation_id` is the member epoch (consumer_admin.py).
+        """
         self._start()
+        group = self._reg.groups.get(group_id)
+        if group is not None and group.consumer is not None and not group.deleting:
+            code = validate_commit(group.consumer, member_id, generation_id)
+            if code != E.NONE:
+                return [(t, p, code) for t, p, *_ in offsets]
+            generation_id, member_id, group_instance_id = -1, "", None  # validated: commit as admin
         return await self._offsets.commit(
             group_id, generation_id, member_id, group_instance_id, offsets, topic_exists=topic_exists
         )
 
     def fetch_offsets(
-        self, group_id: str, partitions: list[tuple[str, int]] | None
+        self,
+        group_id: str,
+        partitions: list[tuple[str, int]] | None,
+        member_id: str | None = None,
+        member_epoch: int = -1,
     ) -> tuple[int, list[OffsetFetchItem]]:
-        """OffsetFetch. `partitions=None`: every committed offset; a missing one reads offset -1."""
+        """OffsetFetch. `partitions=None`: every committed offset; a missing one reads offset -1.
+
+        `member_id`/`member_epoch` (v9) are checked for consumer-protocol groups only.
+        """
+        group = self._reg.groups.get(group_id)
+        if group is not None and group.consumer is not None and not self._reg.closed:
+            code = validate_fetch(group.consumer, member_id, member_epoch)
+            if code != E.NONE:
+                return code, []
         return self._offsets.fetch(group_id, partitions)
+
+    # ==== the consumer group protocol (KIP-848) ====================================================
+
+    async def consumer_heartbeat(self, request: HeartbeatRequest) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat; answered once any change it made is durable."""
+        self._start()
+        return await self._consumer.heartbeat(request)
+
+    def consumer_describe(self, group_id: str) -> ConsumerGroupDescription:
+        """ConsumerGroupDescribe for one group."""
+        if self._reg.closed:
+            return ConsumerGroupDescription(E.COORDINATOR_NOT_AVAILABLE, None, group_id)
+        names = {tid: name for name, (tid, _n) in (self._catalog() if self._catalog else {}).items()}
+        return describe(group_id, self._reg.groups.get(group_id), names)
 
     # ==== admin ====================================================================================
 
     def list_groups(self, states_filter: list[str] | None = None) -> list[tuple[str, str, str]]:
-        return self._admin.list_groups(states_filter)
+        return [row[:3] for row in self._admin.list_groups(states_filter)]
+
+    def list_groups_typed(
+        self, states_filter: list[str] | None = None, types_filter: list[str] | None = None
+    ) -> list[tuple[str, str, str, str]]:
+        """ListGroups v5: (group_id, protocol_type, state, group type "classic" | "consumer")."""
+        return self._admin.list_groups(states_filter, types_filter)
 
     def describe_group(self, group_id: str) -> GroupDescription:
         return self._admin.describe_group(group_id)
@@ -226,6 +312,7 @@ class GroupCoordinator:
         self._reg.closed = True
         self._admin.stop()
         for group in list(self._reg.groups.values()):
+            self._consumer.stop(group)
             for member in list(group.members.values()):
                 self._reg.cancel(member.heartbeat_timer)
                 member.heartbeat_timer = None
@@ -254,7 +341,10 @@ __all__ = [
     "MEMBER_METADATA_MAX_BYTES_DEFAULT",
     "NEW_MEMBER_JOIN_TIMEOUT_MS_DEFAULT",
     "OFFSET_METADATA_MAX_BYTES_DEFAULT",
+    "ConsumerGroupDescription",
     "GroupCoordinator",
     "GroupDescription",
+    "HeartbeatRequest",
+    "HeartbeatResult",
     "MemberDescription",
 ]

@@ -37,6 +37,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from loglake.broker.groups.changes import ChangeQueue
+from loglake.broker.groups.consumer_model import ConsumerGroupData
 from loglake.broker.groups.store import GroupOffsets
 
 
@@ -166,6 +167,17 @@ class Group:
         self.changes = ChangeQueue(group_id)  # store changes waiting for durability
         self.deleting = False  # a DeleteGroups (or retention) deletion waits for durability
         self.empty_since_ms = now_ms
+        #: Set for a group of the consumer protocol (KIP-848, consumer.py); its classic state stays Empty.
+        self.consumer: ConsumerGroupData | None = None
+
+    def has_no_members(self) -> bool:
+        """Empty in either protocol: no classic member (or pending one) and no consumer-protocol member."""
+        return (
+            self.state is GroupState.EMPTY
+            and not self.members
+            and not self.pending_members
+            and (self.consumer is None or not self.consumer.members)
+        )
 
     # ---- state -------------------------------------------------------------------------------
 

@@ -47,3 +47,62 @@ class CoordinatorLimits:
             raise ValueError("offsets_retention_check_interval_ms must be > 0")
         if self.offset_metadata_max_bytes < 0 or self.member_metadata_max_bytes < 0:
             raise ValueError("offset_metadata_max_bytes and member_metadata_max_bytes must be >= 0")
+
+
+# ---- the consumer group protocol (KIP-848) ----------------------------------------------------------
+
+CONSUMER_SESSION_TIMEOUT_MS_DEFAULT = 45_000  # group.consumer.session.timeout.ms
+CONSUMER_MIN_SESSION_TIMEOUT_MS_DEFAULT = 45_000  # group.consumer.min.session.timeout.ms
+CONSUMER_MAX_SESSION_TIMEOUT_MS_DEFAULT = 60_000  # group.consumer.max.session.timeout.ms
+CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT = 5_000  # group.consumer.heartbeat.interval.ms
+CONSUMER_MIN_HEARTBEAT_INTERVAL_MS_DEFAULT = 5_000  # group.consumer.min.heartbeat.interval.ms
+CONSUMER_MAX_HEARTBEAT_INTERVAL_MS_DEFAULT = 15_000  # group.consumer.max.heartbeat.interval.ms
+CONSUMER_MAX_SIZE_DEFAULT = 1000  # group.consumer.max.size (Kafka's default is unbounded)
+CONSUMER_ASSIGNORS_DEFAULT = ("uniform", "range")  # group.consumer.assignors; the first is the default
+CONSUMER_MIGRATION_POLICY_DEFAULT = "bidirectional"  # group.consumer.migration.policy
+MIGRATION_POLICIES = ("disabled", "upgrade", "downgrade", "bidirectional")
+KNOWN_ASSIGNORS = ("uniform", "range")
+MAX_REGEX_LENGTH = 1024  # SubscribedTopicRegex, characters (loglake limit)
+MAX_TOPICS_PER_SUBSCRIPTION = 10_000  # names subscribed by one member; topics one regex may match (loglake)
+MAX_TOPIC_NAME_LENGTH = 249  # Kafka's topic name limit; longer subscribed names are refused
+
+
+@dataclass(frozen=True)
+class ConsumerLimits:
+    """KIP-848 group settings (Kafka's `group.consumer.*` names) and loglake's bounds on maps."""
+
+    session_timeout_ms: int = CONSUMER_SESSION_TIMEOUT_MS_DEFAULT
+    min_session_timeout_ms: int = CONSUMER_MIN_SESSION_TIMEOUT_MS_DEFAULT
+    max_session_timeout_ms: int = CONSUMER_MAX_SESSION_TIMEOUT_MS_DEFAULT
+    heartbeat_interval_ms: int = CONSUMER_HEARTBEAT_INTERVAL_MS_DEFAULT
+    min_heartbeat_interval_ms: int = CONSUMER_MIN_HEARTBEAT_INTERVAL_MS_DEFAULT
+    max_heartbeat_interval_ms: int = CONSUMER_MAX_HEARTBEAT_INTERVAL_MS_DEFAULT
+    max_size: int = CONSUMER_MAX_SIZE_DEFAULT
+    assignors: tuple[str, ...] = CONSUMER_ASSIGNORS_DEFAULT
+    migration_policy: str = CONSUMER_MIGRATION_POLICY_DEFAULT
+    max_regex_length: int = MAX_REGEX_LENGTH
+    max_topics_per_subscription: int = MAX_TOPICS_PER_SUBSCRIPTION
+
+    def check(self) -> None:
+        if not 0 < self.min_session_timeout_ms <= self.session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("need 0 < group.consumer.min.session.timeout.ms <= session.timeout.ms <= max")
+        if not 0 < self.min_heartbeat_interval_ms <= self.heartbeat_interval_ms <= self.max_heartbeat_interval_ms:
+            raise ValueError("need 0 < group.consumer.min.heartbeat.interval.ms <= heartbeat.interval.ms <= max")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("group.consumer.heartbeat.interval.ms must be below group.consumer.session.timeout.ms")
+        if self.max_size < 1:
+            raise ValueError("group.consumer.max.size must be >= 1")
+        if not self.assignors or any(a not in KNOWN_ASSIGNORS for a in self.assignors):
+            raise ValueError(f"group.consumer.assignors: each must be one of {', '.join(KNOWN_ASSIGNORS)}")
+        if self.migration_policy not in MIGRATION_POLICIES:
+            raise ValueError(f"group.consumer.migration.policy must be one of {', '.join(MIGRATION_POLICIES)}")
+        if self.max_regex_length < 1 or self.max_topics_per_subscription < 1:
+            raise ValueError("max_regex_length and max_topics_per_subscription must be >= 1")
+
+    def upgrade_allowed(self) -> bool:
+        """An Empty classic group may become a consumer group."""
+        return self.migration_policy in ("upgrade", "bidirectional")
+
+    def downgrade_allowed(self) -> bool:
+        """An Empty consumer group may become a classic group."""
+        return self.migration_policy in ("downgrade", "bidirectional")

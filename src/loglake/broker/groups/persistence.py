@@ -21,6 +21,10 @@ Layout, version 1 (bytes are base64, standard alphabet with padding)::
                   "client_host": "/10.0.0.1", "session_timeout_ms": 10000,
                   "rebalance_timeout_ms": 300000, "metadata": "<base64>", "assignment": "<base64>"}]}
 
+Layout, version 2: a group of KIP-848's consumer protocol (``"version": 2, "type": "consumer"``),
+written and read by `consumer_persistence.py`, whose docstring lists its fields. `restore_group`
+reads both versions; version 1 documents written by earlier releases load unchanged.
+
 Only the chosen protocol's metadata is kept per member (as Kafka does): a member that rejoins
 with a different protocol list after a restart causes a rebalance, as it would anyway.
 
@@ -39,8 +43,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from loglake.broker.groups.consumer_persistence import (
+    CONSUMER_FORMAT_VERSION,
+    ConsumerStateError,
+    decode_consumer,
+)
 from loglake.broker.groups.group import Group, GroupState, Member
-from loglake.broker.groups.limits import CoordinatorLimits
+from loglake.broker.groups.limits import ConsumerLimits, CoordinatorLimits
 from loglake.broker.groups.store import StoredGroup
 
 log = logging.getLogger(__name__)
@@ -190,8 +199,16 @@ def decode_state(doc: Any, limits: CoordinatorLimits) -> SavedState:
     return SavedState(GroupState.STABLE, generation, protocol_type, protocol, leader, members)
 
 
-def restore_group(group_id: str, stored: StoredGroup, limits: CoordinatorLimits, now_ms: int) -> Group:
+def restore_group(
+    group_id: str,
+    stored: StoredGroup,
+    limits: CoordinatorLimits,
+    now_ms: int,
+    consumer_limits: ConsumerLimits | None = None,
+) -> Group:
     """The group as it was saved; Empty with its offsets if the state is missing or unusable.
+
+    A version 2 document (consumer_persistence.py) restores a consumer-protocol group.
 
     Member heartbeat timers are not armed here (the caller starts them, session timeout from
     the moment the loop runs): a member that does not come back expires as usual.
@@ -199,6 +216,19 @@ def restore_group(group_id: str, stored: StoredGroup, limits: CoordinatorLimits,
     group = Group(group_id, now_ms)
     group.offsets = dict(stored.offsets)
     if stored.state is None:
+        return group
+    if stored.state.get("version") == CONSUMER_FORMAT_VERSION:
+        try:
+            cg, since = decode_consumer(stored.state, consumer_limits or ConsumerLimits())
+        except ConsumerStateError as exc:
+            log.warning("group %r: saved consumer group state not usable (%s); loading it Empty with its %d "
+                        "committed offsets", group_id, exc, len(group.offsets))
+            return group
+        group.consumer = cg
+        group.protocol_type = "consumer"
+        group.generation_id = cg.group_epoch
+        if since is not None:
+            group.empty_since_ms = min(since, now_ms)
         return group
     try:
         saved = decode_state(stored.state, limits)

@@ -90,10 +90,9 @@ class GroupRegistry:
         """Drop a group that was created for a request that then failed."""
         if (
             self.groups.get(group.group_id) is group
-            and group.is_(GroupState.EMPTY)
+            and group.has_no_members()
+            and group.consumer is None
             and not group.offsets
-            and not group.members
-            and not group.pending_members
             and group.generation_id == 0
             and not group.changes
         ):

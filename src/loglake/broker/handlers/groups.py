@@ -1,5 +1,7 @@
 """Consumer-group APIs: JoinGroup (11), SyncGroup (14), Heartbeat (12), LeaveGroup (13),
 OffsetCommit (8), OffsetFetch (9), ListGroups (16), DescribeGroups (15), DeleteGroups (42).
+(KIP-848's ConsumerGroupHeartbeat and ConsumerGroupDescribe are in consumer_groups.py; OffsetCommit's
+generation carries the member epoch and OffsetFetch v9 the member id/epoch for those groups.)
 
 Thin translations between the wire and `loglake.broker.groups.GroupCoordinator`, which holds
 the state machine; it runs on the event loop, so handlers call it directly. OffsetCommit and
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE
+from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND, NONE
 from loglake.broker.protocol import DecodedRequest
 
 #: Authorized-operations value meaning "not requested / not computed".
@@ -151,13 +153,15 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     }
 
 
-def _fetch_group(ctx: Any, group_id: str, topics: Any) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
+def _fetch_group(
+    ctx: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1
+) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
     if ctx.coordinator is None:
         return COORDINATOR_NOT_AVAILABLE, []
     wanted = None
     if topics is not None:
         wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
-    code, items = ctx.coordinator.fetch_offsets(group_id, wanted)
+    code, items = ctx.coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
     return int(code), list(items)
 
 
@@ -182,7 +186,8 @@ async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if version >= 8:
         groups = []
         for group in body.groups:
-            code, items = _fetch_group(ctx, group.group_id, group.topics)
+            member = (group.member_id, group.member_epoch) if version >= 9 else (None, -1)
+            code, items = _fetch_group(ctx, group.group_id, group.topics, *member)
             groups.append({"group_id": group.group_id, "topics": _group_topics(items, version), "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     code, items = _fetch_group(ctx, body.group_id, body.topics)
@@ -194,11 +199,10 @@ async def list_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "groups": []}
     states = list(req.body.states_filter or []) if req.api_version >= 4 else None
     types = list(req.body.types_filter or []) if req.api_version >= 5 else []
-    groups = []
-    for group_id, protocol_type, state in ctx.coordinator.list_groups(states or None):
-        if types and "classic" not in [t.lower() for t in types]:
-            continue
-        groups.append({"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": "classic"})
+    groups = [
+        {"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": group_type}
+        for group_id, protocol_type, state, group_type in ctx.coordinator.list_groups_typed(states or None, types or None)
+    ]
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
 
 
@@ -209,6 +213,13 @@ async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id, "members": []})
             continue
         d = ctx.coordinator.describe_group(group_id)
+        if d.error_code == GROUP_ID_NOT_FOUND:  # a consumer-protocol group (Kafka: v6+ says so, older: Dead)
+            if req.api_version >= 6:
+                out.append({"error_code": GROUP_ID_NOT_FOUND, "group_id": group_id, "group_state": "Dead",
+                            "error_message": f"Group {group_id} is not a classic group.", "members": []})
+            else:
+                out.append({"error_code": NONE, "group_id": group_id, "group_state": "Dead", "members": []})
+            continue
         out.append(
             {
                 "error_code": d.error_code,

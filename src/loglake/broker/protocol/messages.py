@@ -81,6 +81,12 @@ from kafka.protocol.producer import (
 )
 
 from loglake.broker.protocol.errors import ResponseEncodingError
+from loglake.broker.protocol.kip848 import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+)
 
 #: api_key -> (request class, response class); the primary (unversioned) kafka-python classes.
 MESSAGES: dict[int, tuple[Any, Any]] = {
@@ -114,6 +120,8 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DescribeLogDirsRequest, DescribeLogDirsResponse),
         (OffsetDeleteRequest, OffsetDeleteResponse),
         (DescribeProducersRequest, DescribeProducersResponse),
+        (ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse),
+        (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse),
     )
 }
 

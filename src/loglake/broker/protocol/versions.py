@@ -32,6 +32,8 @@ def _r(api_key: int, name: str, lo: int, hi: int, advertised_min: int | None = N
 #: - Fetch 18: v13+ address topics by id only, so handlers must map topic ids (the engine has them)
 #:   and Metadata must return real topic ids; librdkafka 2.x sends v16, kafka-python 3 sends v12.
 #: - OffsetCommit / OffsetFetch 9: v10 is the KIP-848 topic-id form only.
+#: - ConsumerGroupHeartbeat / ConsumerGroupDescribe 68/69 (KIP-848): schemas are loglake's own
+#:   (protocol/schemas/), kafka-python 3.0.12 has none.
 SUPPORTED: dict[int, ApiVersionRange] = {
     r.api_key: r
     for r in (
@@ -63,6 +65,8 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(47, "OffsetDelete", 0, 0),
         _r(60, "DescribeCluster", 0, 2),
         _r(61, "DescribeProducers", 0, 0),
+        _r(68, "ConsumerGroupHeartbeat", 0, 1),
+        _r(69, "ConsumerGroupDescribe", 0, 1),
     )
 }
 

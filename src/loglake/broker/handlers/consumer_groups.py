@@ -1,0 +1,114 @@
+"""KIP-848 consumer group APIs: ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69).
+
+Thin translations between the wire (topic ids are UUIDs there, 32-hex strings in the
+coordinator) and `GroupCoordinator.consumer_heartbeat` / `consumer_describe`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from loglake.broker.groups.consumer import HeartbeatRequest
+from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE
+from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
+from loglake.broker.protocol import DecodedRequest
+
+MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol
+
+
+async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    if ctx.coordinator is None:
+        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "member_id": body.member_id,
+                "member_epoch": body.member_epoch}
+    owned = None
+    if body.topic_partitions is not None:
+        owned = [(t.topic_id.hex, list(t.partitions)) for t in body.topic_partitions]
+    names = body.subscribed_topic_names
+    result = await ctx.coordinator.consumer_heartbeat(
+        HeartbeatRequest(
+            group_id=body.group_id,
+            member_id=body.member_id,
+            member_epoch=body.member_epoch,
+            instance_id=body.instance_id,
+            rack_id=body.rack_id,
+            rebalance_timeout_ms=body.rebalance_timeout_ms,
+            subscribed_names=list(names) if names is not None else None,
+            subscribed_regex=getattr(body, "subscribed_topic_regex", None) if req.api_version >= 1 else None,
+            server_assignor=body.server_assignor,
+            owned=owned,
+            client_id=req.client_id or "",
+            client_host=_client_host(conn),
+            version=req.api_version,
+        )
+    )
+    assignment = None
+    if result.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": uuid.UUID(hex=tid), "partitions": sorted(parts)}
+                for tid, parts in sorted(result.assignment.items())
+            ]
+        }
+    return {
+        "throttle_time_ms": 0,
+        "error_code": result.error_code,
+        "error_message": result.error_message,
+        "member_id": result.member_id,
+        "member_epoch": result.member_epoch,
+        "heartbeat_interval_ms": result.heartbeat_interval_ms,
+        "assignment": assignment,
+    }
+
+
+def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
+    return {
+        "topic_partitions": [
+            {"topic_id": uuid.UUID(hex=tid), "topic_name": name, "partitions": parts} for tid, name, parts in described
+        ]
+    }
+
+
+async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    out = []
+    for group_id in req.body.group_ids:
+        if ctx.coordinator is None:
+            out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id})
+            continue
+        d = ctx.coordinator.consumer_describe(group_id)
+        out.append(
+            {
+                "error_code": d.error_code,
+                "error_message": d.error_message,
+                "group_id": d.group_id,
+                "group_state": d.state,
+                "group_epoch": d.group_epoch,
+                "assignment_epoch": d.assignment_epoch,
+                "assignor_name": d.assignor,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "instance_id": m.instance_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": m.member_epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": m.subscribed_names,
+                        "subscribed_topic_regex": m.subscribed_regex,
+                        "assignment": _topics(m.assignment),
+                        "target_assignment": _topics(m.target),
+                        "member_type": MEMBER_TYPE_CONSUMER,
+                    }
+                    for m in d.members
+                ],
+                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            }
+        )
+    return {"throttle_time_ms": 0, "groups": out}
+
+
+HANDLERS = {
+    68: consumer_group_heartbeat,
+    69: consumer_group_describe,
+}
