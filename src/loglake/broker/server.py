@@ -339,6 +339,8 @@ class BrokerServer:
             return {t.name: (t.topic_id, t.partitions) for t in engine.topics()}
 
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
+        group_configs = self.ctx.group_configs
+        assert group_configs is not None  # made just before the coordinator
         return groups.GroupCoordinator(
             groups.EngineGroupStore(engine),
             topic_exists=topic_exists,
@@ -348,7 +350,7 @@ class BrokerServer:
             offsets_retention_ms=int(retention_minutes) * 60_000,
             consumer_limits=self.config.consumer_group_limits(),
             topic_catalog=topic_catalog,
-            group_overrides=self.ctx.group_configs.overrides,
+            group_overrides=group_configs.overrides,
         )
 
     async def _flush_logs(self) -> None:
