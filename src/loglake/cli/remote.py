@@ -100,8 +100,8 @@ def result(future: Future[Any], what: str) -> Any:
     except Exception as exc:
         name = error_name(exc)
         message = describe_error(exc)
-        if name in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC") and "unknown topic" not in message.lower():
-            message = f"unknown topic ({message})"
+        if name in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC") and "unknown topic '" not in message:
+            message = "unknown topic"  # librdkafka's generic "Broker: Unknown topic or partition"
         raise CliError(f"{what}: {message}") from None
 
 
