@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
@@ -22,6 +24,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from loglake.cli.remote import REMOTE_TIMEOUT_S
 
 from brokerkit import Broker, free_port, serving_broker
 
@@ -103,14 +107,36 @@ def group_consumer(broker: Broker, group: str, **extra: Any) -> Consumer:
     )
 
 
+class Deadline:
+    """A bounded wait: `check()` fails the test once WAIT_S have passed (it asserts nothing about speed)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.end = time.monotonic() + WAIT_S
+
+    def check(self) -> None:
+        assert time.monotonic() < self.end, f"gave up waiting for {self.what} after {WAIT_S}s"
+
+
+def wait_inactive(broker: Broker, group: str) -> None:
+    """After a member closed: wait until the broker reports the group without members."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    deadline = Deadline(f"group {group} to become empty")
+    while admin.describe_consumer_groups([group])[group].result(30).members:
+        deadline.check()
+        time.sleep(0.1)
+
+
 def consume_part(broker: Broker, topic: str, group: str, count: int) -> dict[int, int]:
     """A group member reads `count` records and commits them; returns partition -> committed offset."""
     c = group_consumer(broker, group)
     c.subscribe([topic])
     committed: dict[int, int] = {}
     got = 0
+    deadline = Deadline(f"{count} records of {topic}")
     try:
         while got < count:
+            deadline.check()
             msg = c.poll(1.0)
             if msg is None or msg.error():
                 continue
@@ -119,6 +145,7 @@ def consume_part(broker: Broker, topic: str, group: str, count: int) -> dict[int
         c.commit(offsets=[TopicPartition(topic, p, o) for p, o in committed.items()], asynchronous=False)
     finally:
         c.close()
+    wait_inactive(broker, group)
     return committed
 
 
@@ -126,13 +153,16 @@ def first_offset_in_group(broker: Broker, topic: str, group: str, partition: int
     """Where a confluent-kafka consumer in `group` resumes on `partition`."""
     c = group_consumer(broker, group)
     c.subscribe([topic])
+    deadline = Deadline(f"a record of {topic}:{partition}")
     try:
         while True:
+            deadline.check()
             msg = c.poll(1.0)
             if msg is not None and not msg.error() and msg.partition() == partition:
                 return int(msg.offset())
     finally:
         c.close()
+        wait_inactive(broker, group)
 
 
 def describe_group(broker: Broker, group: str) -> dict[str, Any]:
@@ -328,7 +358,9 @@ def test_active_group_is_described_and_not_reset_or_deleted(broker: Broker) -> N
     c = group_consumer(broker, group, **{"client.id": "live-client"})
     c.subscribe([topic])
     try:
+        deadline = Deadline(f"group {group} to assign both partitions")
         while len(c.assignment()) < 2:
+            deadline.check()
             c.poll(0.5)
         doc = describe_group(broker, group)
         assert doc["state"] == "STABLE"
@@ -389,10 +421,20 @@ def test_configs_describe_the_broker(broker: Broker) -> None:
 
 
 def test_unreachable_bootstrap_server() -> None:
-    address = f"127.0.0.1:{free_port()}"
-    for args in (["topics", "list"], ["groups", "describe", "--group", "g"]):
+    address = f"127.0.0.1:{free_port()}"  # nothing listens: refused at once
+    for args in (["topics", "list"], ["groups", "describe", "--group", "g"], ["consume", "t"]):
         line = fails([*args, "--bootstrap-server", address])
-        assert f"cannot reach a broker at {address}" in line
+        assert f"cannot reach a broker at {address}: Connection refused" in line
+
+
+def test_silent_bootstrap_server_is_given_up_on() -> None:
+    """A socket that accepts connections but never answers: the command ends after REMOTE_TIMEOUT_S."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        line = fails(["topics", "list", "--bootstrap-server", address])
+    assert f"cannot reach a broker at {address} within {REMOTE_TIMEOUT_S:g}s" in line
 
 
 def test_unknown_topic_and_group(broker: Broker) -> None:

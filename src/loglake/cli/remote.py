@@ -10,6 +10,7 @@ client errors into one-line CliErrors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Annotated, Any
@@ -31,6 +32,11 @@ BootstrapOption = Annotated[
         show_default=False,
     ),
 ]
+
+#: One connection attempt of the first metadata request (retried until REMOTE_TIMEOUT_S).
+CONNECT_ATTEMPT_S = 1.0
+#: librdkafka's local error codes for "connection refused / reset" and "unknown host".
+_TRANSPORT, _RESOLVE = -195, -193
 
 #: librdkafka's log lines (connection refused and the like) land here instead of on stderr.
 LIBRDKAFKA_LOGGER = "loglake.cli.librdkafka"
@@ -68,6 +74,13 @@ def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "socket.connection.setup.timeout.ms": timeout_ms,
         **extra,
     }
+
+
+def _reason(text: str) -> str:
+    """"host:port/bootstrap: Connect to ipv4#... failed: Connection refused (after 0ms in state CONNECT)"
+    -> "Connection refused"."""
+    text = text.split(" (after ", 1)[0]
+    return text.rsplit(": ", 1)[-1].strip() or text
 
 
 def unreachable(bootstrap: str) -> CliError:
@@ -112,16 +125,37 @@ class Remote:
         from confluent_kafka.admin import AdminClient
 
         self.bootstrap = bootstrap
+        self._refused: list[str] = []
         try:
-            self.admin = AdminClient(client_config(bootstrap))
+            self.admin = AdminClient(client_config(bootstrap, error_cb=self._on_error))
         except Exception as exc:  # a malformed address or config
             raise CliError(f"bad --bootstrap-server {bootstrap!r}: {describe_error(exc)}") from None
-        self._metadata = self.metadata()
+        self._connect()
+
+    def _on_error(self, err: Any) -> None:
+        if err.code() in (_TRANSPORT, _RESOLVE):
+            self._refused.append(str(err.str()))
+
+    def _connect(self) -> None:
+        """The first metadata request, retried until REMOTE_TIMEOUT_S; a refused connection or an
+        unknown host ends it at once (with the reason), as nothing listens there."""
+        deadline = time.monotonic() + REMOTE_TIMEOUT_S
+        while True:
+            try:
+                self.admin.list_topics(timeout=CONNECT_ATTEMPT_S)
+                return
+            except Exception:
+                self.admin.poll(0)  # serve error_cb, and librdkafka's log lines to its (silent) logger
+            if self._refused:
+                raise CliError(f"cannot reach a broker at {self.bootstrap}: {_reason(self._refused[-1])}")
+            if time.monotonic() >= deadline:
+                raise unreachable(self.bootstrap)
 
     def metadata(self, topic: str | None = None) -> Any:
         try:
             return self.admin.list_topics(topic=topic, timeout=REMOTE_TIMEOUT_S)
         except Exception:
+            self.admin.poll(0)
             raise unreachable(self.bootstrap) from None
 
     def topic_names(self) -> list[str]:
