@@ -208,7 +208,7 @@ def test_bootstrap_server_from_the_environment(broker: Broker) -> None:
 # ---- produce / consume ----------------------------------------------------------------------------
 
 
-def test_produce_then_consume(broker: Broker) -> None:
+def test_produce_then_consume(broker: Broker, tmp_path: Path) -> None:
     topic = new_topic(broker, partitions=2)
     lines = "".join(f"k{i}:v{i}\n" for i in range(20)).encode()
     result = ok(["produce", topic, "--key-separator", ":", "--header", "src=test"], broker, input=lines)
@@ -222,6 +222,11 @@ def test_produce_then_consume(broker: Broker) -> None:
     assert again.returncode == 0
     one = [json.loads(x) for x in ok(["consume", topic, "--format", "json"], broker).stdout.splitlines()]
     assert next(r for r in one if r["value"] == "again")["partition"] == by_key["k3"]
+
+    path = tmp_path / "lines.txt"
+    path.write_text("f1\nf2\n")
+    ok(["produce", topic, "--file", str(path), "--partition", "1"], broker)
+    assert ok(["consume", topic, "--partition", "1"], broker).stdout.splitlines()[-2:] == ["f1", "f2"]
 
     p0 = ok(["consume", topic, "--partition", "0", "--format", "json"], broker).stdout.splitlines()
     assert {json.loads(x)["partition"] for x in p0} == {0}
@@ -344,6 +349,8 @@ def test_reset_offsets_dry_run_then_execute(broker: Broker) -> None:
     # --to-datetime: the first record at or after record 4's CreateTime.
     at = datetime.fromtimestamp((BASE_TS_MS + 4000) / 1000, tz=UTC).isoformat()
     ok(["groups", "reset-offsets", "--group", group, "--topic", topic, "--to-datetime", at, "--execute"], broker)
+    from_time = ok(["consume", topic, "--partition", "1", "--from", at, "-n", "1", "--format", "json"], broker)
+    assert json.loads(from_time.stdout)["offset"] == 4
     assert committed_of(describe_group(broker, group), topic) == {0: 4, 1: 4}
     ok(["groups", "reset-offsets", "--group", group, "--all-topics", "--to-latest", "--execute"], broker)
     assert committed_of(describe_group(broker, group), topic) == {0: 8, 1: 8}
@@ -447,6 +454,9 @@ def test_unknown_topic_and_group(broker: Broker) -> None:
     assert "does not exist" in fails(["groups", "describe", "--group", "no-such-group", *b])
     assert "does not exist" in fails(["groups", "delete", "--group", "no-such-group", *b])
     assert "already exists" in fails(["topics", "create", new_topic(broker), *b])
+    one = new_topic(broker)
+    assert "has no partition 3" in fails(["produce", one, "--partition", "3", *b], input=b"x\n")
+    assert "has no partition 3" in fails(["consume", one, "--partition", "3", *b])
 
 
 def test_data_dir_locked_by_the_running_broker_hints_at_bootstrap_server(broker: Broker) -> None:
