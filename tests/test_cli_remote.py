@@ -232,6 +232,8 @@ def test_produce_then_consume(broker: Broker, tmp_path: Path) -> None:
     assert {json.loads(x)["partition"] for x in p0} == {0}
     tail = ok(["consume", topic, "--partition", "0", "--from", "2", "-n", "1", "--format", "json"], broker).stdout
     assert json.loads(tail)["offset"] == 2
+    assert ok(["consume", topic, "--from", "1000"], broker).stdout == ""  # clamped to the end, as on a data dir
+    assert ok(["consume", topic, "--from", "latest"], broker).stdout == ""
 
 
 def test_produce_creates_a_missing_topic(broker: Broker) -> None:

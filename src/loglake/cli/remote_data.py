@@ -201,8 +201,9 @@ class RemoteRecords:
         if isinstance(spec, datetime):
             found = remote.offsets(topic, wanted, int(spec.timestamp() * 1000))
             starts = {p: (o if o >= 0 else OFFSET_END) for p, o in found.items()}
-        elif isinstance(spec, int):
-            starts = dict.fromkeys(wanted, spec)
+        elif isinstance(spec, int):  # clamped to the log, as the data-dir consume
+            lows, highs = remote.offsets(topic, wanted, "earliest"), remote.offsets(topic, wanted, "latest")
+            starts = {p: min(max(spec, lows[p]), highs[p]) for p in wanted}
         else:
             starts = dict.fromkeys(wanted, OFFSET_BEGINNING if spec == "earliest" else OFFSET_END)
         self.consumer.assign([TopicPartition(topic, p, starts[p]) for p in wanted])
