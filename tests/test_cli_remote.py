@@ -309,6 +309,7 @@ def test_groups_describe_lag_matches_reality(broker: Broker) -> None:
     group = f"lag-{uuid.uuid4().hex[:8]}"
     committed = consume_part(broker, topic, group, 7)
     assert group in ok(["groups", "list"], broker).stdout.split()
+    assert f"{group} EMPTY" in ok(["groups", "list", "--state"], broker).stdout.splitlines()
     doc = describe_group(broker, group)
     assert doc["state"] == "EMPTY" and doc["members"] == []
     ends = {0: 6, 1: 4}

@@ -56,12 +56,15 @@ def _known(remote: Remote, group: str) -> tuple[Any, dict[tuple[str, int], int]]
 
 
 @app.command("list")
-def list_(bootstrap: BootstrapOption = None) -> None:
-    """Group ids, one per line."""
+def list_(
+    state: Annotated[bool, typer.Option("--state", help="Also print each group's state.")] = False,
+    bootstrap: BootstrapOption = None,
+) -> None:
+    """Group ids, one per line (with --state: id and state)."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups list"))
     listing = result(remote.admin.list_consumer_groups(request_timeout=REMOTE_TIMEOUT_S), "list groups")
-    for group in sorted(g.group_id for g in listing.valid):
-        typer.echo(group)
+    for g in sorted(listing.valid, key=lambda g: g.group_id):
+        typer.echo(f"{g.group_id} {_state(g)}" if state else g.group_id)
 
 
 def group_lag(remote: Remote, group: str) -> dict[str, Any]:
