@@ -17,7 +17,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from loglake.cli.common import CliError, stderr_console, stdout_console
-from loglake.cli.remote import REMOTE_TIMEOUT_S, BootstrapOption, Remote, require_bootstrap, result
+from loglake.cli.remote import (
+    ADMIN_CALL_TIMEOUT_S,
+    REMOTE_TIMEOUT_S,
+    BootstrapOption,
+    Remote,
+    describe_error,
+    error_name,
+    require_bootstrap,
+    result,
+)
 
 app = typer.Typer(help="List, describe, reset and delete consumer groups (needs --bootstrap-server).",
                   no_args_is_help=True)
@@ -309,10 +318,8 @@ def delete(
     futures = remote.admin.delete_consumer_groups(group, request_timeout=REMOTE_TIMEOUT_S)
     for g in group:
         try:
-            futures[g].result(timeout=REMOTE_TIMEOUT_S * 3)
+            futures[g].result(timeout=ADMIN_CALL_TIMEOUT_S)
         except Exception as exc:
-            from loglake.cli.remote import describe_error, error_name
-
             name = error_name(exc)
             if name == "GROUP_ID_NOT_FOUND":
                 raise CliError(f"consumer group {g!r} does not exist") from None

@@ -20,8 +20,11 @@ import typer
 from loglake.cli.common import CliError
 
 BOOTSTRAP_ENV = "LOGLAKE_BOOTSTRAP_SERVER"
-#: How long a command waits for the broker to answer (connect, metadata, each admin call).
+#: How long a command waits for the broker to answer: connecting, a metadata request, and the
+#: request timeout of each admin request.
 REMOTE_TIMEOUT_S = 10.0
+#: The longest wait for an admin call's result (librdkafka may retry a request within it).
+ADMIN_CALL_TIMEOUT_S = 3 * REMOTE_TIMEOUT_S
 
 BootstrapOption = Annotated[
     str | None,
@@ -107,9 +110,9 @@ def error_name(exc: BaseException) -> str:
 def result(future: Future[Any], what: str) -> Any:
     """Wait (bounded) for an admin future; failures become one-line CliErrors naming `what`."""
     try:
-        return future.result(timeout=REMOTE_TIMEOUT_S * 3)
+        return future.result(timeout=ADMIN_CALL_TIMEOUT_S)
     except TimeoutError:
-        raise CliError(f"{what}: the broker did not answer within {REMOTE_TIMEOUT_S * 3:g}s") from None
+        raise CliError(f"{what}: the broker did not answer within {ADMIN_CALL_TIMEOUT_S:g}s") from None
     except Exception as exc:
         name = error_name(exc)
         message = describe_error(exc)

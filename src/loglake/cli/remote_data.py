@@ -26,7 +26,15 @@ from rich.progress import (
 )
 
 from loglake.cli.common import CliError, format_bytes, note, stderr_console
-from loglake.cli.remote import REMOTE_TIMEOUT_S, Remote, consumer, describe_error, producer, result
+from loglake.cli.remote import (
+    ADMIN_CALL_TIMEOUT_S,
+    REMOTE_TIMEOUT_S,
+    Remote,
+    consumer,
+    describe_error,
+    producer,
+    result,
+)
 from loglake.log import ConsumerRecord, StartSpec
 
 #: Input files above this size get a progress bar (when stderr is a terminal).
@@ -49,7 +57,7 @@ def ensure_topic(remote: Remote, topic: str) -> list[int]:
         return sorted(md.partitions)
     futures = remote.admin.create_topics([NewTopic(topic, num_partitions=1)], request_timeout=REMOTE_TIMEOUT_S)
     try:
-        futures[topic].result(timeout=REMOTE_TIMEOUT_S * 3)
+        futures[topic].result(timeout=ADMIN_CALL_TIMEOUT_S)
         note(f"created topic {topic} (1 partition)")
     except Exception as exc:
         if "already exists" not in describe_error(exc).lower():
@@ -228,7 +236,7 @@ class RemoteRecords:
             if msg is None:
                 if not self.assigned:
                     waited += POLL_S
-                    if waited > REMOTE_TIMEOUT_S * 3:
+                    if waited > ADMIN_CALL_TIMEOUT_S:
                         raise CliError(f"group {self.group}: no partitions of {self.topic} were assigned")
                 continue
             err = msg.error()
