@@ -277,6 +277,29 @@ def test_consume_follow_sees_a_record_produced_after_it_started(broker: Broker) 
         assert proc.stderr.read() == ""
 
 
+def test_follow_in_a_group_commits_when_stopped(broker: Broker) -> None:
+    topic = new_topic(broker)
+    group = f"fg-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loglake.cli.main", "consume", topic, "--follow", "--group", group,
+         "--bootstrap-server", broker.bootstrap],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
+    try:
+        lines = _lines(proc.stdout)
+        ok(["produce", topic], broker, input=b"one\ntwo\n")
+        assert [lines.get(timeout=WAIT_S), lines.get(timeout=WAIT_S)] == ["one\n", "two\n"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=WAIT_S) == 0
+    wait_inactive(broker, group)
+    doc = describe_group(broker, group)
+    assert committed_of(doc, topic) == {0: 2} and doc["partitions"][0]["lag"] == 0
+
+
 def test_consume_in_a_group_commits_what_it_printed(broker: Broker) -> None:
     topic = new_topic(broker)
     ok(["produce", topic], broker, input=b"".join(b"r%d\n" % i for i in range(5)))
