@@ -115,6 +115,19 @@ def test_topics_create_takes_kafkas_flush_configs(d: Path) -> None:
     assert run(["topics", "create", "fl0", "--config", "flush.messages=0"], d).exit_code == 1
 
 
+def test_topics_alter_and_add_partitions_on_a_data_dir(d: Path) -> None:
+    ok(run(["topics", "create", "orders", "--partitions", "2", "--config", "retention.ms=1000"], d))
+    ok(run(["topics", "alter", "orders", "--config", "retention.bytes=4096", "--delete-config", "retention.ms"], d))
+    described = json.loads(ok(run(["topics", "describe", "orders", "--json"], d)).stdout)
+    assert described["overrides"] == {"retention.bytes": "4096"}
+    assert "2 -> 3 partitions" in ok(run(["topics", "add-partitions", "orders", "--partitions", "3"], d)).stdout
+    described = json.loads(ok(run(["topics", "describe", "orders", "--json"], d)).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2]
+    result = run(["topics", "add-partitions", "orders", "--partitions", "2"], d)
+    assert result.exit_code == 1 and "must be larger" in result.stderr
+    assert run(["topics", "alter", "orders"], d).exit_code == 2  # nothing to change
+
+
 def test_operating_errors_are_one_red_line_and_exit_1(d: Path) -> None:
     ok(run(["topics", "create", "t"], d))
     cases = [

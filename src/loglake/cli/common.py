@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 import loglake
+from loglake.errors import DataDirLockedError
 from loglake.log import Log
 
 DEFAULT_DATA_DIR = "./loglake-data"
@@ -83,8 +84,18 @@ def open_log(data_dir: str, *, must_exist: bool, **options: Any) -> Iterator[Log
     `must_exist`: commands that only read refuse to create an empty data directory by typo.
     """
     if must_exist and not os.path.isdir(data_dir):
-        raise CliError(f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV})")
-    log = loglake.open(data_dir, **options)
+        raise CliError(
+            f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV}, "
+            f"or --bootstrap-server HOST:PORT for a running broker)"
+        )
+    try:
+        log = loglake.open(data_dir, **options)
+    except DataDirLockedError as exc:
+        # A running broker holds the directory: point at the way to reach it instead.
+        raise CliError(
+            f"{exc}; to work with the running broker use --bootstrap-server HOST:PORT "
+            "(or set LOGLAKE_BOOTSTRAP_SERVER)"
+        ) from None
     try:
         yield log
     finally:

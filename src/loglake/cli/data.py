@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -35,7 +35,8 @@ from loglake.cli.common import (
     parse_header_pairs,
     stderr_console,
 )
-from loglake.log import ConsumerRecord, Headers, Log, StartSpec
+from loglake.cli.remote import BootstrapOption
+from loglake.log import ConsumerRecord, Headers, StartSpec
 from loglake.records.batch import BATCH_HEADER_SIZE
 
 #: Input files above this size get a progress bar (when stderr is a terminal).
@@ -73,6 +74,7 @@ def produce(
     header: Annotated[list[str] | None, typer.Option("--header", "-H", help="Header k=v on every record (repeatable).")] = None,
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Records per produce_batch call.")] = 10_000,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Produce lines from stdin (or --file) as records, one record per line."""
     headers = parse_header_pairs(header)
@@ -88,6 +90,10 @@ def produce(
             src = sys.stdin.buffer
             total = 0
         interactive = _isatty(src)
+        if bootstrap:
+            from loglake.cli import remote_data
+
+            return remote_data.produce(bootstrap, topic, src, total, sep, partition, headers, interactive, file)
         log = stack.enter_context(open_log(str(data_dir), must_exist=False))
         if not log.engine.has_topic(topic):
             log.create_topic(topic, partitions=1)
@@ -227,18 +233,45 @@ def consume(
     key_separator: Annotated[
         str | None, typer.Option("--key-separator", "-k", help="With --format value: print key SEP value.")
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option("--group", "-g", help="With --bootstrap-server: consume in this group, committing what is printed."),
+    ] = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Print the records of a topic."""
     spec = parse_start(start)
     sep = key_separator.encode() if key_separator is not None else None
+    if group is not None:
+        if not bootstrap:
+            raise typer.BadParameter("needs --bootstrap-server (groups live in a running broker)", param_hint="--group")
+        if partition:
+            raise typer.BadParameter("the group assigns the partitions; drop --partition", param_hint="--group")
+        if spec not in ("earliest", "latest"):
+            raise typer.BadParameter(
+                "with --group, --from is earliest or latest (for partitions without a committed offset); "
+                "move a group with `loglake groups reset-offsets`",
+                param_hint="--from",
+            )
     out = sys.stdout.buffer
-    with _sigterm_as_interrupt(follow), open_log(str(data_dir), must_exist=True) as log:
+    with _sigterm_as_interrupt(follow), contextlib.ExitStack() as stack:
+        done: Callable[[ConsumerRecord], None] = _nothing
+        if bootstrap:
+            from loglake.cli import remote_data
+
+            remote = stack.enter_context(remote_data.records(bootstrap, topic, spec, partition, follow, group))
+            source: Iterable[ConsumerRecord] = remote
+            done = remote.done
+        else:
+            log = stack.enter_context(open_log(str(data_dir), must_exist=True))
+            source = log.consume(topic, spec, follow=follow, partitions=partition or None)
         try:
-            for data in _records(log, topic, spec, partition, follow, max_records, fmt, sep):
+            for rec, data in _records(source, max_records, fmt, sep):
                 out.write(data)
                 if follow:
                     out.flush()
+                done(rec)
             out.flush()
         except KeyboardInterrupt:
             with contextlib.suppress(OSError, ValueError):
@@ -247,23 +280,22 @@ def consume(
             _silence_stdout()
 
 
+def _nothing(rec: ConsumerRecord) -> None:
+    pass
+
+
 def _records(
-    log: Log,
-    topic: str,
-    spec: StartSpec,
-    partitions: list[int] | None,
-    follow: bool,
+    records: Iterable[ConsumerRecord],
     max_records: int | None,
     fmt: OutputFormat,
     sep: bytes | None,
-) -> Iterator[bytes]:
+) -> Iterator[tuple[ConsumerRecord, bytes]]:
     if max_records == 0:
         return
     count = 0
-    records = log.consume(topic, spec, follow=follow, partitions=partitions or None)
     try:
         for rec in records:
-            yield format_json(rec) if fmt is OutputFormat.json else format_value(rec, sep)
+            yield rec, format_json(rec) if fmt is OutputFormat.json else format_value(rec, sep)
             count += 1
             if max_records is not None and count >= max_records:
                 return

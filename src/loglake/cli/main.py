@@ -1,4 +1,7 @@
-"""The `loglake` command line: topics, produce, consume, verify, inspect, demo.
+"""The `loglake` command line: topics, produce, consume, groups, configs, verify, inspect, demo.
+
+topics, produce and consume work on a stopped data directory or, with --bootstrap-server, through
+a running broker; groups and configs always talk to a broker.
 
 Every operating error (a LoglakeError: unknown topic, bad config, locked or corrupt data
 directory) and every CliError ends the command with one red line on stderr and exit code 1;
@@ -26,7 +29,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import data, inspect, pipeline, serve, topics
+from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     CliError,
@@ -68,6 +71,8 @@ app.command("consume")(data.consume)
 app.command("inspect")(inspect.inspect)
 app.command("serve")(serve.serve)
 app.add_typer(pipeline.app, name="pipeline")
+app.add_typer(groups.app, name="groups")
+app.add_typer(configs.app, name="configs")
 
 
 def _version(value: bool) -> None:

@@ -1,4 +1,8 @@
-"""`loglake topics create|list|describe|delete`."""
+"""`loglake topics create|list|describe|alter|add-partitions|delete`.
+
+Each works on a stopped data directory (--data-dir) or, with --bootstrap-server, through a
+running broker (`loglake.cli.remote_topics`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from loglake.cli import remote_topics
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     DataDirOption,
@@ -16,8 +21,12 @@ from loglake.cli.common import (
     parse_pairs,
     stdout_console,
 )
+from loglake.cli.remote import BootstrapOption, parse_name_list
 
-app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, list, describe, alter and delete topics (a data directory or --bootstrap-server).",
+    no_args_is_help=True,
+)
 
 
 @app.command("create")
@@ -28,9 +37,12 @@ def create(
         list[str] | None, typer.Option("--config", "-c", help="Topic config k=v (repeatable).")
     ] = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Create a topic."""
     overrides = parse_pairs(config, "--config")
+    if bootstrap:
+        return remote_topics.create(bootstrap, name, partitions, overrides)
     with open_log(data_dir, must_exist=False) as log:
         info = log.create_topic(name, partitions=partitions, config=overrides)
     extra = f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
@@ -41,8 +53,10 @@ def create(
 
 
 @app.command("list")
-def list_(data_dir: DataDirOption = DEFAULT_DATA_DIR) -> None:
+def list_(data_dir: DataDirOption = DEFAULT_DATA_DIR, bootstrap: BootstrapOption = None) -> None:
     """List topic names, one per line."""
+    if bootstrap:
+        return remote_topics.list_(bootstrap)
     with open_log(data_dir, must_exist=True) as log:
         names = log.list_topics()
     for name in names:
@@ -54,8 +68,11 @@ def describe(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Partitions (log start, high watermark, segments, bytes) and effective config."""
+    if bootstrap:
+        return remote_topics.describe(bootstrap, name, as_json)
     with open_log(data_dir, must_exist=True) as log:
         d = log.describe_topic(name)
     if as_json:
@@ -114,8 +131,60 @@ def describe(
 def delete(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Delete a topic and all its data."""
+    if bootstrap:
+        return remote_topics.delete(bootstrap, name)
     with open_log(data_dir, must_exist=True) as log:
         log.delete_topic(name)
     stdout_console().print(f"deleted topic {name}", markup=False)
+
+
+@app.command("alter")
+def alter(
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    config: Annotated[
+        list[str] | None, typer.Option("--config", "-c", help="Set topic config k=v (repeatable).")
+    ] = None,
+    delete_config: Annotated[
+        list[str] | None,
+        typer.Option("--delete-config", help="Remove the topic's override of k (back to the default; repeatable)."),
+    ] = None,
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
+) -> None:
+    """Set or remove topic config overrides (other overrides are kept)."""
+    sets = parse_pairs(config, "--config")
+    deletes = parse_name_list(delete_config)
+    if not sets and not deletes:
+        raise typer.BadParameter("give at least one --config k=v or --delete-config k", param_hint="--config")
+    if bootstrap:
+        return remote_topics.alter(bootstrap, name, sets, deletes)
+    with open_log(data_dir, must_exist=True) as log:
+        overrides = dict(log.describe_topic(name).overrides)
+        overrides.update(sets)
+        for key in deletes:
+            overrides.pop(key, None)
+        log.engine.alter_topic_config(name, overrides)
+    stdout_console().print(
+        f"altered config of topic {name}: {remote_topics.change_summary(sets, deletes)}", markup=False
+    )
+
+
+@app.command("add-partitions")
+def add_partitions(
+    name: Annotated[str, typer.Argument(help="Topic name.")],
+    partitions: Annotated[
+        int, typer.Option("--partitions", "-p", min=1, help="The new total partition count (larger than today's).")
+    ],
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
+) -> None:
+    """Raise a topic's partition count to --partitions (as kafka-topics.sh --alter --partitions)."""
+    if bootstrap:
+        return remote_topics.add_partitions(bootstrap, name, partitions)
+    with open_log(data_dir, must_exist=True) as log:
+        before = len(log.describe_topic(name).partitions)
+        log.engine.create_partitions(name, partitions)
+    stdout_console().print(f"topic {name}: {before} -> {partitions} partitions", markup=False)
