@@ -7,7 +7,8 @@ run here says why on the line before it: ``<!-- doctest: skip REASON -->``.
 
 Where an example talks to a broker (``127.0.0.1:9092``, ``localhost:9092``, ``broker:9092``) it
 gets a real one started for this module; ``loglake serve`` and ``make run`` start their own on a
-free port and are stopped when the block is done; ``--follow`` runs until a short timeout.
+free port and are stopped when the block is done; ``--follow`` runs until a short timeout. A
+document is one shell session: its blocks run in order, and an ``export`` holds for the rest of it.
 """
 
 from __future__ import annotations
@@ -121,10 +122,13 @@ def _commands(code: str) -> list[str]:
     return out
 
 
-def _env() -> dict[str, str]:
+def _env(exported: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LOGLAKE_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
+    return {**env, **(exported or {})}
+
+
+_EXPORTS: dict[Path, dict[str, str]] = {}
 
 
 def _start_server(command: str, cwd: Path) -> subprocess.Popen[str]:
@@ -154,9 +158,14 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
     if block.skip:
         pytest.skip(block.skip)
     servers: list[subprocess.Popen[str]] = []
+    # A document is read as one shell session: `export K=V` holds for its later blocks too.
+    exported = _EXPORTS.setdefault(block.path, {})
     try:
         for command in _commands(_substitute(block.code, broker.bootstrap)):
             words = shlex.split(command, comments=True)
+            if words[0] == "export":
+                exported.update(w.split("=", 1) for w in words[1:] if "=" in w)  # type: ignore[misc]
+                continue
             if words[:2] == ["make", "test"]:
                 continue  # this suite is what `make test` runs
             if words[:2] == ["make", "run"]:
@@ -170,7 +179,7 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
             follow = "--follow" in words
             try:
                 result = subprocess.run(
-                    command, shell=True, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                    command, shell=True, cwd=tmp_path, env=_env(exported), capture_output=True, text=True,
                     timeout=FOLLOW_TIMEOUT_S if follow else COMMAND_TIMEOUT_S,
                 )
             except subprocess.TimeoutExpired:
