@@ -15,6 +15,7 @@ from loglake.cli.startup import (
     EXIT_ADDRESS,
     EXIT_CONFIG,
     EXIT_LOCKED,
+    EXIT_NO_SPACE,
     EXIT_NOT_A_DIRECTORY,
     EXIT_PERMISSION,
     EXIT_RESOLVE,
@@ -83,13 +84,35 @@ def test_data_dir_in_use_by_a_running_broker(tmp_path: Path) -> None:
     assert_one_line(result, EXIT_LOCKED, "in use by another loglake process")
 
 
-def test_read_only_data_dir(tmp_path: Path) -> None:
-    target = tmp_path / "ro"
+@pytest.fixture
+def small_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A tmpfs mounted with the options the test names (`@pytest.mark.parametrize` indirect)."""
+    target = tmp_path / "fs"
     target.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(target)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", request.param, "tmpfs", str(target)], capture_output=True)
     if mounted.returncode != 0:
-        pytest.skip(f"a read-only filesystem needs mount privileges here: {mounted.stderr.decode().strip()}")
+        pytest.skip(f"a filesystem of its own needs mount privileges here: {mounted.stderr.decode().strip()}")
     try:
-        assert_one_line(serve("--data-dir", str(target / "d"), "--listen", "127.0.0.1:0"), EXIT_PERMISSION, "read-only filesystem")
+        yield target
     finally:
-        subprocess.run(["umount", str(target)], check=True)
+        subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+@pytest.mark.parametrize("small_fs", ["ro,size=1m"], indirect=True)
+def test_read_only_data_dir(small_fs: Path) -> None:
+    assert_one_line(serve("--data-dir", str(small_fs / "d"), "--listen", "127.0.0.1:0"), EXIT_PERMISSION, "read-only filesystem")
+
+
+@pytest.mark.parametrize("small_fs", ["size=64m"], indirect=True)
+def test_no_room_for_the_wal_preallocation(small_fs: Path) -> None:
+    """A 64 MB filesystem cannot hold two 64 MiB WAL files: said at start-up, not at the first write."""
+    result = serve("--data-dir", str(small_fs / "d"), "--listen", "127.0.0.1:0")
+    assert_one_line(result, EXIT_NO_SPACE, "not enough space", "wal_shards x wal_file_bytes")
+    assert "hint: " in result.stderr and "wal_file_bytes" in result.stderr
+    # with smaller WAL files it fits, and takes writes
+    with serving_broker(small_fs / "d", env={"LOGLAKE_ENGINE__WAL_FILE_BYTES": str(8 << 20)}) as broker:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+        producer.produce("fits", b"x" * 1000)
+        assert producer.flush(30) == 0

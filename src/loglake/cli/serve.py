@@ -10,7 +10,7 @@ import typer
 
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
-from loglake.cli.startup import explain
+from loglake.cli.startup import check_space, explain
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,13 @@ def _serve(
     if print_config:
         sys.stdout.write(config.describe())
         return 0
+    engine = config.engine_config()
+    failure = check_space(config.data_dir, engine.wal_shards, engine.wal_file_bytes, engine.meta_log_file_bytes)
+    if failure is not None:
+        error_line(failure.message)
+        if failure.hint:
+            note(f"hint: {failure.hint}")
+        return failure.exit_code
 
     def announce(host: str, port: int) -> None:
         print(f"loglake listening on {host}:{port}", flush=True)

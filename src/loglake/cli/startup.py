@@ -17,6 +17,8 @@ Exit codes (also in README.md, "The broker"):
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import socket
 from typing import NamedTuple
 
@@ -30,6 +32,9 @@ EXIT_PERMISSION = 6
 EXIT_NOT_A_DIRECTORY = 7
 EXIT_NO_SPACE = 8
 EXIT_LOCKED = 9
+
+log = logging.getLogger("loglake.serve")
+MIB = 1024 * 1024
 
 
 class StartupFailure(NamedTuple):
@@ -49,6 +54,44 @@ def _os_error(exc: OSError, data_dir: str) -> StartupFailure | None:
         return StartupFailure(EXIT_NOT_A_DIRECTORY, f"not a directory: {where}", "--data-dir must name a directory (it is created when missing)")
     if code in (errno.ENOSPC, errno.EDQUOT):
         return StartupFailure(EXIT_NO_SPACE, f"no space left on the device of {where}", "free space there; the WAL preallocates its files (engine setting wal_file_bytes)")
+    return None
+
+
+def _free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged writer may still use on the filesystem of `path` (or of its nearest
+    existing parent); None when that cannot be told."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return None
+        probe = parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return None  # opening says "read-only filesystem", which is the real problem
+    return st.f_bavail * st.f_frsize
+
+
+def check_space(data_dir: str, wal_shards: int, wal_file_bytes: int, meta_log_file_bytes: int) -> StartupFailure | None:
+    """Is there room for what the broker preallocates (a WAL file per shard and a metadata log
+    file)? A new data directory without it cannot take a single write: a StartupFailure. A data
+    directory that already holds data still serves reads, so there it is one warning line."""
+    free = _free_bytes(data_dir)
+    needed = wal_shards * wal_file_bytes + meta_log_file_bytes
+    if free is None or free >= needed:
+        return None
+    what = (
+        f"{free // MIB} MiB free on the filesystem of {data_dir}; the broker preallocates "
+        f"{wal_shards} WAL file(s) of {wal_file_bytes // MIB} MiB (wal_shards x wal_file_bytes) and a "
+        f"{meta_log_file_bytes // MIB} MiB metadata log file"
+    )
+    hint = "free space, or lower [engine] wal_file_bytes / wal_shards (e.g. LOGLAKE_ENGINE__WAL_FILE_BYTES=8388608)"
+    if not os.path.isdir(os.path.join(data_dir, "meta")):
+        return StartupFailure(EXIT_NO_SPACE, f"not enough space: {what}", hint)
+    log.warning("not enough space: %s; writes fail with KAFKA_STORAGE_ERROR until there is room (%s)", what, hint)
     return None
 
 
@@ -91,5 +134,6 @@ __all__ = [
     "EXIT_PERMISSION",
     "EXIT_RESOLVE",
     "StartupFailure",
+    "check_space",
     "explain",
 ]
