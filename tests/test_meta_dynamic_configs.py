@@ -134,10 +134,7 @@ def test_group_config_store(tmp_path: Path) -> None:
 def test_bounds_default_to_kafkas_and_follow_broker_settings() -> None:
     assert group_config_bounds(BrokerConfig()) == GroupConfigBounds(45_000, 45_000, 60_000, 5_000, 5_000, 15_000)
 
-    class WithSettings(BrokerConfig):
-        group_consumer_max_session_timeout_ms = 90_000
-
-    assert group_config_bounds(WithSettings()).max_session_timeout_ms == 90_000
+    assert group_config_bounds(BrokerConfig(group_consumer_max_session_timeout_ms=90_000)).max_session_timeout_ms == 90_000
 
 
 def test_cleaner_io_rate_changes_at_runtime(tmp_path: Path) -> None:
