@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from loglake.engine.catalog import Catalog
+from loglake.engine.corrupt import BatchChecker
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
@@ -20,10 +21,12 @@ __all__ = ["Reader"]
 
 
 class Reader:
-    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
+    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache, checker: BatchChecker | None = None) -> None:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
+        #: checks sealed batches before they are served (loglake.engine.corrupt); None: unchecked
+        self.checker = checker
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
@@ -65,7 +68,7 @@ class Reader:
                 seg = p.segments[seg_i]
                 next_key = p.segments.key_at(seg_i + 1) if seg_i + 1 < len(p.segments) else None
             try:
-                got = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one)
+                got = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one, where=(topic, partition))
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
                 attempts += 1
@@ -112,26 +115,50 @@ class Reader:
         return self.stores.store_for(seg).get_range(seg.key, position, length)
 
     def _read_segment(
-        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None, min_one: bool = True
+        self,
+        seg: SegmentRef,
+        offset: int,
+        max_bytes: int,
+        file_ranges: bool,
+        next_key: str | None = None,
+        min_one: bool = True,
+        *,
+        where: tuple[str, int] = ("", -1),
     ) -> list[Chunk] | None:
         """Whole batches of `seg` from the one holding `offset`; [] when the segment holds none at
-        or after it (compaction); None when the first does not fit and `min_one` is off."""
+        or after it (compaction); None when the first does not fit and `min_one` is off.
+        Batches are checked first (`checker`): the good ones before a bad batch are returned, a
+        bad first batch raises CorruptBatchError."""
         index = self.indexes.get(seg)
         first = index.find_offset(offset)
         if first is None:
             return []
-        position, length, _count = index.byte_range(first, max_bytes)
+        position, length, count = index.byte_range(first, max_bytes)
         if length > max_bytes and not min_one:
             return None
         if seg.tier == "cold" and self.stores.cold_reader is not None:
-            data = self.stores.cold_reader.read_range(seg.key, position, length)
-            self.stores.cold_reader.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
+            cold = self.stores.cold_reader
+            data = cold.read_range(seg.key, position, length)
+            cold.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
+            if self.checker is not None:
+                url = f"{cold.store.url}/{seg.key}"
+                good = self.checker.check(
+                    where, seg.key, url, index, first, count, lambda pos, n: cold.read_range(seg.key, pos, n), data=data, remember=False
+                )
+                if good < count:
+                    data = data[: index.entry(first + good).position - position]
             return [data]
-        if file_ranges:
-            path = self.stores.hot.local_path(seg.key)
-            if path is not None:
-                return [FileRange(path, position, length)]
-        return [self.stores.hot.get_range(seg.key, position, length)]
+        hot = self.stores.hot
+        path = hot.local_path(seg.key)
+        if self.checker is not None:
+            good = self.checker.check(
+                where, seg.key, path or f"{hot.url}/{seg.key}", index, first, count, lambda pos, n: hot.get_range(seg.key, pos, n)
+            )
+            if good < count:
+                length = index.entry(first + good).position - position
+        if file_ranges and path is not None:
+            return [FileRange(path, position, length)]
+        return [hot.get_range(seg.key, position, length)]
 
     def read_async(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
