@@ -13,7 +13,7 @@ from loglake.engine.corrupt import BatchChecker
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
-from loglake.errors import OffsetOutOfRangeError
+from loglake.errors import CorruptionError, OffsetOutOfRangeError
 from loglake.records.batch import iter_records
 from loglake.store.base import ObjectNotFoundError
 
@@ -142,10 +142,15 @@ class Reader:
             cold.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
             if self.checker is not None:
                 url = f"{cold.store.url}/{seg.key}"
-                good = self.checker.check(
-                    where, seg.key, url, index, first, count, lambda pos, n: cold.read_range(seg.key, pos, n), data=data, remember=False
-                )
+                try:
+                    good = self.checker.check(
+                        where, seg.key, url, index, first, count, lambda pos, n: cold.read_range(seg.key, pos, n), data=data, remember=False
+                    )
+                except CorruptionError:
+                    cold.forget(seg.key)  # a repaired object is fetched again, not served from the cache
+                    raise
                 if good < count:
+                    cold.forget(seg.key)
                     data = data[: index.entry(first + good).position - position]
             return [data]
         hot = self.stores.hot
