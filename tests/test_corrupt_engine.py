@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,22 @@ def test_verify_reads_an_open_data_dir_without_its_lock_and_skips_what_goes_away
     damage(log, 0, 1)  # now partition 0's only segment
     report = verify_source(LiveSource(str(d)))
     assert not report.ok and report.bad_segments == [log.engine.segments(TOPIC, 0)[0].key]
+
+
+def test_relocation_never_uploads_a_damaged_hot_copy(tmp_path: Path) -> None:
+    bucket = tmp_path / "bucket"
+    with loglake.open(str(tmp_path / "data"), wal_shards=1, cold_store_url=f"file://{bucket}") as opened:
+        opened.create_topic(TOPIC, partitions=1, config={"hot.retain.segments": "100"})
+        for _ in range(SEALS):
+            opened.produce_batch(TOPIC, [(b"k", b"v" * 100) for _i in range(RECORDS)], partition=0)
+            opened.flush()
+        damage(opened, 1, 0)
+        engine = opened.engine
+        engine.alter_topic_config(TOPIC, {"hot.retain.segments": "0"})
+        deadline = time.monotonic() + 60  # the maintenance thread relocates too; either may move them
+        while [s.tier for s in engine.segments(TOPIC, 0)] != ["cold", "hot", "cold"] and time.monotonic() < deadline:
+            engine.relocate_due()
+        tiers = [s.tier for s in engine.segments(TOPIC, 0)]
+        assert tiers == ["cold", "hot", "cold"]  # the damaged one stays hot, its only copy
+        bad_key = engine.segments(TOPIC, 0)[1].key
+        assert not (bucket / bad_key).exists()

@@ -4,6 +4,8 @@ Segment life: sealed → hot (local folder) → relocating → cold (bucket or f
 Only "hot" and "cold" are recorded in metadata; "relocating" is the window in which both copies
 exist, and the metadata decides which one is authoritative:
 
+    0. verify the hot copy whole (every batch CRC, data CRC, chain hash): a damaged hot copy is
+       never uploaded to become the only one (it stays hot, reported as corrupt)
     1. upload the hot object to the cold store under the same key
     2. verify: the cold object's size, and its trailer (one ranged read) against the hot one's
        CRCs and chain hash
@@ -29,6 +31,7 @@ from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
 from loglake.logsafe import RateLimitedLog
 from loglake.segment.format import read_tail
+from loglake.segment.verify import verify_segment
 
 __all__ = ["Relocator"]
 
@@ -103,6 +106,9 @@ class Relocator:
         assert cold is not None
         try:
             data = self.stores.hot.get(seg.key)
+            trailer = verify_segment(data, seg.key)  # 0. never upload a damaged copy
+            if trailer.chain_hash != seg.chain_hash:
+                raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "hot copy is not the segment the metadata records")
             cold.put(seg.key, [data])  # 1. upload
             size = cold.head(seg.key)  # 2. verify
             if size != seg.size:
