@@ -112,7 +112,8 @@ class Engine:
         self._reader: Reader | None = None
         #: corrupt sealed data found while running (read checks, scrubber): marks and counters
         self.corruption = Corruption()
-        self._scrubber: Scrubber | None = None
+        #: the scrubber (loglake.engine.scrubber; its thread runs when scrub_bytes_per_second > 0)
+        self.scrubber: Scrubber | None = None
         self._closed = True
         self.recovery_report: RecoveryReport | None = None
 
@@ -234,9 +235,9 @@ class Engine:
                 self._relocator.start()
             self._maintenance.start()
             self._cleaner.start()
-        self._scrubber = Scrubber(self.catalog, stores, indexes, self._reader.checker, self.corruption, config)
+        self.scrubber = Scrubber(self.catalog, stores, indexes, self._reader.checker, self.corruption, config)
         if self._start_background and config.scrub_bytes_per_second > 0:
-            self._scrubber.start()
+            self.scrubber.start()
         return report
 
     def _start_shards(self, next_seqs: dict[str, int], files: dict[str, list[WalFile]]) -> None:
@@ -284,8 +285,8 @@ class Engine:
                 clean = True
         finally:
             self._closed = True
-            if self._scrubber is not None:
-                self._scrubber.close()
+            if self.scrubber is not None:
+                self.scrubber.close()
             if self._cleaner is not None:
                 self._cleaner.close()
             if self._maintenance is not None:
@@ -595,11 +596,6 @@ class Engine:
         """Compact (and merge) now, on the calling thread; returns how many rewrites were done."""
         self._check_open()
         return self.cleaner.run_once(force=force, topic=topic)
-
-    @property
-    def scrubber(self) -> Scrubber | None:
-        """The scrubber (loglake.engine.scrubber); `scrubber.run_pass()` scrubs now, on this thread."""
-        return self._scrubber
 
     def relocate_due(self) -> int:
         """Relocate every due segment now, on this thread (tests, tools). Returns how many moved."""
