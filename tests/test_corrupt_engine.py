@@ -107,6 +107,9 @@ def test_the_scrubber_finds_a_bad_segment_and_a_pass_over_good_data_finds_nothin
     assert (mark.topic, mark.partition, mark.offset, mark.source) == (TOPIC, 0, bad, "scrub")
     with pytest.raises(CorruptBatchError):
         log.engine.read(TOPIC, 0, bad, 1 << 20)
+    # Retention removes the bad segment: its mark goes with it.
+    log.engine.delete_records(TOPIC, 0, -1)
+    assert log.engine.corruption.marks() == [] and log.engine.corruption.readyz_lines() == []
 
 
 def _listing(root: Path) -> dict[str, tuple[int, int]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from loglake.errors import CorruptBatchError
+from loglake.errors import CorruptBatchError, LoglakeError
 from loglake.logsafe import RateLimitedLog
 from loglake.records.batch import (
     BATCH_LENGTH_OFFSET,
@@ -70,6 +70,8 @@ class Corruption:
         self.found_total: dict[str, int] = {"read": 0, "scrub": 0}
         self.reads_refused = 0
         self.repairs = 0
+        #: (topic, partition, segment key) -> whether the segment is still part of the partition
+        self.alive: Callable[[str, int, str], bool] | None = None
 
     def report(self, exc: CorruptBatchError, key: str, source: str) -> None:
         """Log (once per segment and batch), count and mark."""
@@ -100,8 +102,24 @@ class Corruption:
         return gone
 
     def marks(self) -> list[CorruptMark]:
+        """The marks of segments that still exist (`alive`, set by the engine, says which: a
+        segment retention or compaction removed takes its mark with it)."""
         with self._lock:
-            return list(self._marks.values())
+            marks = list(self._marks.values())
+        alive = self.alive
+        if alive is None:
+            return marks
+        kept: list[CorruptMark] = []
+        for m in marks:
+            try:
+                ok = alive(m.topic, m.partition, m.key)
+            except LoglakeError:  # the topic was deleted
+                ok = False
+            if ok:
+                kept.append(m)
+            else:
+                self.clear(m.key)
+        return kept
 
     def partitions(self) -> list[tuple[str, int]]:
         """Marked partitions, sorted."""

@@ -235,6 +235,7 @@ class Engine:
                 self._relocator.start()
             self._maintenance.start()
             self._cleaner.start()
+        self.corruption.alive = lambda topic, p, key: any(s.key == key for s in self.segments(topic, p))
         self.scrubber = Scrubber(self.catalog, stores, indexes, self._reader.checker, self.corruption, config)
         if self._start_background and config.scrub_bytes_per_second > 0:
             self.scrubber.start()
