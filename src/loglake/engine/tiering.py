@@ -118,15 +118,18 @@ class Relocator:
                 raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
             with p.lock:
                 i = p.segments.find_base(seg.base_offset)
-                live = (
+                same = (
                     i is not None
                     and p.segments.generation_at(i) == seg.generation  # not rewritten meanwhile
-                    and p.segments[i].tier == "hot"
                     and not p.deleted
                 )
-                fut = self.catalog.record_tier(p, seg.base_offset, "cold") if live else None
+                tier = p.segments[i].tier if same and i is not None else None
+                fut = self.catalog.record_tier(p, seg.base_offset, "cold") if tier == "hot" else None
             if fut is None:
-                cold.delete(seg.key)  # retention or a topic delete won the race
+                if tier != "cold":  # retention or a topic delete won the race
+                    cold.delete(seg.key)
+                # else another relocation of this segment switched it first: the cold object
+                # (same key, same bytes) is now the authoritative copy and must stay
                 return
             fut.result()  # 3. the authoritative switch
             seg.tier = "cold"
@@ -146,6 +149,10 @@ class Relocator:
         """Relocate everything due now, on the calling thread. Returns how many moved."""
         moved = 0
         for p, seg in self._all_due():
+            with self._lock:
+                if self._attempts.get(seg.key) == float("inf"):
+                    continue  # in flight on the pool (close() waits for it): never two at once
+                self._attempts[seg.key] = float("inf")
             self.relocate(p, seg)
             moved += seg.tier == "cold"
         return moved
