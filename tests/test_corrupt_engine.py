@@ -150,3 +150,16 @@ def test_relocation_never_uploads_a_damaged_hot_copy(tmp_path: Path) -> None:
         assert tiers == ["cold", "hot", "cold"]  # the damaged one stays hot, its only copy
         bad_key = engine.segments(TOPIC, 0)[1].key
         assert not (bucket / bad_key).exists()
+
+
+def test_a_segment_object_gone_from_under_the_metadata_is_an_error_not_out_of_range(log: loglake.Log) -> None:
+    engine = log.engine
+    seg = engine.segments(TOPIC, 0)[1]
+    path = engine.store.local_path(seg.key)
+    assert path is not None
+    os.unlink(path)
+    with pytest.raises(CorruptBatchError) as info:
+        engine.read(TOPIC, 0, seg.base_offset, 1 << 20)
+    assert "missing" in info.value.reason and info.value.kafka_code == ErrorCode.CORRUPT_MESSAGE
+    assert engine.corruption.partitions() == [(TOPIC, 0)]
+    assert offsets(engine.read(TOPIC, 0, 0, 1 << 20).chunks) == list(range(BATCHES * RECORDS))

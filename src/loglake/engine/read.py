@@ -13,7 +13,7 @@ from loglake.engine.corrupt import BatchChecker
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
-from loglake.errors import CorruptionError, OffsetOutOfRangeError
+from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError
 from loglake.records.batch import iter_records
 from loglake.store.base import ObjectNotFoundError
 
@@ -72,6 +72,8 @@ class Reader:
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
                 attempts += 1
+                if attempts == 3 and self._still_listed(p, seg):
+                    raise self._missing(topic, partition, offset, seg) from None
                 continue
             if got is None:
                 return ReadResult([], hw, start)  # the first batch does not fit and min_one is off
@@ -80,6 +82,22 @@ class Reader:
                 continue
             return ReadResult(got, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
+
+    @staticmethod
+    def _still_listed(p: Partition, seg: SegmentRef) -> bool:
+        with p.lock:
+            i = p.segments.find_base(seg.base_offset)
+            return not p.deleted and i is not None and p.segments[i].key == seg.key
+
+    def _missing(self, topic: str, partition: int, offset: int, seg: SegmentRef) -> CorruptBatchError:
+        """The metadata lists a segment whose object is gone: an error for readers (not an
+        OFFSET_OUT_OF_RANGE, which clients answer by silently resetting their position)."""
+        store = self.stores.store_for(seg)
+        exc = CorruptBatchError(topic, partition, offset, f"{store.url}/{seg.key}", 0, "segment object is missing")
+        if self.checker is not None:
+            self.checker.corruption.report(exc, seg.key, "read")
+            self.checker.corruption.refused()
+        return exc
 
     @staticmethod
     def _read_buffer(p: Partition, offset: int, hw: int, max_bytes: int, chunks: list[Chunk]) -> None:
