@@ -42,9 +42,9 @@ from loglake.cli.common import (
     stderr_console,
     stdout_console,
 )
-from loglake.engine.verify import VerifyReport, verify_source
+from loglake.engine.verify import VerifyReport, verify_data_dir, verify_source
 from loglake.engine.verify_live import LiveSource
-from loglake.errors import LoglakeError
+from loglake.errors import DataDirLockedError, LoglakeError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.store import open_store
 
@@ -158,36 +158,45 @@ def verify(
         str | None, typer.Option("--cold-store", help="Cold store URL: also walk the segments held there.")
     ] = None,
 ) -> None:
-    """Check every sealed segment's CRCs, index and hash chain; exit 1 naming the first bad one.
+    """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one.
 
-    Read-only and without the data directory's lock: safe on a running broker's directory
-    (sealed data only; segments the broker removes meanwhile are skipped).
+    On a stopped data directory it opens it as always (recovery first; an empty directory with
+    --cold-store is restored from the bucket). On a running broker's directory it reads the
+    metadata and sealed segments read-only, without the lock (segments the broker removes meanwhile
+    are skipped; unsealed data is the broker's).
     """
     console = stderr_console()
     if not os.path.isdir(data_dir):
         raise CliError(f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV})")
-    cold = open_store(cold_store, OsFileSystem()) if cold_store else None
-    try:
-        source = LiveSource(data_dir, cold)
-        with Progress(
-            TextColumn("verifying"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-            disable=as_json or not console.is_terminal,
-        ) as progress:
-            task = progress.add_task("verify", total=None)
+    with Progress(
+        TextColumn("verifying"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=as_json or not console.is_terminal,
+    ) as progress:
+        task = progress.add_task("verify", total=None)
 
-            def on_progress(done: int, total: int) -> None:
-                progress.update(task, completed=done, total=total)
+        def on_progress(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
 
-            report = verify_source(source, on_progress)
-    finally:
-        if cold is not None:
-            cold.close()
+        try:
+            log = loglake.open(data_dir, cold_store=cold_store)
+        except DataDirLockedError:
+            log = None  # a running broker holds it: read its sealed data without the lock
+        if log is not None:
+            with log:
+                report = verify_data_dir(log.engine, on_progress)
+        else:
+            cold = open_store(cold_store, OsFileSystem()) if cold_store else None
+            try:
+                report = verify_source(LiveSource(data_dir, cold), on_progress)
+            finally:
+                if cold is not None:
+                    cold.close()
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
