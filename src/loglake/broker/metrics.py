@@ -286,7 +286,7 @@ def _fetch_session_families(cache: Any) -> Iterator[Metric]:
         "loglake_fetch_session_partitions_cached", "Partitions held by all cached fetch sessions.",
         cache.partitions_cached(),
     )
-    yield _counter("loglake_fetch_sessions_created_total", "Fetch sessions created by full fetches.", stats.created)
+    yield _counter("loglake_fetch_sessions_opened_total", "Fetch sessions opened by full fetches.", stats.created)
     yield _counter(
         "loglake_fetch_sessions_closed_total", "Fetch sessions closed by their client (epoch 0 or -1, or emptied).",
         stats.closed,
@@ -300,7 +300,7 @@ def _fetch_session_families(cache: Any) -> Iterator[Metric]:
         evicted.add_metric([reason], n)
     yield evicted
     yield _counter(
-        "loglake_fetch_sessions_not_created_total",
+        "loglake_fetch_sessions_unavailable_total",
         "Full fetches that asked for a session and got none (cache full, or too many partitions).", stats.not_created,
     )
     yield _counter(
