@@ -203,7 +203,8 @@ def _trickle(bootstrap: str, topic: str, partitions: int, session: bool, seconds
 def measure(bootstrap: str, pid: int, *, quick: bool = False, partitions: int = PARTITIONS) -> dict[str, Any]:
     """Both workloads in both modes against a running broker; creates its own topic."""
     topic = f"bench-fetch-sessions-{os.getpid()}-{int(time.time())}"
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
     seconds = 3.0 if quick else 10.0
     out: dict[str, Any] = {"partitions": partitions, "fetch_version": 12, "seconds_per_run": seconds,
                            "trickle_rate": TRICKLE_RATE}
