@@ -70,6 +70,7 @@ def fetch(
     forgotten: list[int] | None = None,
     max_wait_ms: int = 0,
     min_bytes: int = 0,
+    max_bytes: int = 50 << 20,
 ) -> Any:
     """Fetch `parts` ({partition: offset}) of one topic; by name below v13, by `topic_id` from v13."""
     req_cls = FetchRequest[version]
@@ -79,7 +80,7 @@ def fetch(
                                     for p, o in parts.items()])] if parts else []
     forgot = [req_cls.ForgottenTopic(**key, partitions=forgotten)] if forgotten else []
     return client.request(req_cls(
-        max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=50 << 20, session_id=session_id,
+        max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes, session_id=session_id,
         session_epoch=epoch, topics=topics, forgotten_topics_data=forgot,
     ))
 
@@ -115,6 +116,29 @@ def test_full_fetch_creates_a_session_and_incremental_fetches_carry_changes_only
         # A partition added to the session is always answered the first time.
         inc = fetch(c, sid, 4, {6: 0}, **kw)
         assert set(returned(inc)) == {6} and returned(inc)[6][2] > 0
+
+
+def test_partitions_that_returned_data_go_to_the_back_so_none_starves(broker: Broker) -> None:
+    """With max_bytes 1 each fetch returns one batch (KIP-74); the session's order rotates, so
+    four fetches serve the four partitions, each once, and every response keeps the size rule."""
+    topic = _topic(broker, 4)
+    for p in range(4):
+        _produce(broker, topic, p, 1)
+    with RawClient(broker.bootstrap) as c:
+        full = fetch(c, 0, 0, dict.fromkeys(range(4), 0), topic=topic, max_bytes=1)
+        sid = full.session_id
+        served = [p for p, (_e, _hw, size) in returned(full).items() if size]
+        assert served == [0]
+        moved = {0: 1}
+        for epoch in range(1, 4):
+            inc = fetch(c, sid, epoch, moved, topic=topic, max_bytes=1)
+            with_data = [p for p, (_e, _hw, size) in returned(inc).items() if size]
+            assert len(with_data) == 1
+            served += with_data
+            moved = {with_data[0]: 1}
+        assert served == [0, 1, 2, 3]
+        # Everyone is caught up: an empty answer.
+        assert returned(fetch(c, sid, 4, moved, topic=topic, max_bytes=1)) == {}
 
 
 def test_incremental_fetch_long_polls_until_a_session_partition_gets_data(broker: Broker) -> None:
