@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import MetadataRequest
 
@@ -231,6 +231,15 @@ def test_idle_sessions_are_evicted(tmp_path: Path) -> None:
             assert sid != 0
             time.sleep(0.5)  # idle past the eviction time (a precondition, not a measurement)
             assert fetch(c, sid, 1, {}, topic=topic).error_code == FETCH_SESSION_ID_NOT_FOUND
+
+
+def test_describe_configs_names_the_limits_as_kafka_does(broker: Broker) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+    entries = admin.describe_configs([resource])[resource].result(30)
+    assert entries["max.incremental.fetch.session.cache.slots"].value == "1000"
+    assert entries["min.incremental.fetch.session.eviction.ms"].value == "120000"
+    assert entries["fetch_session_max_partitions"].value == "10000"
 
 
 # ---- the cache's rules, with a fake clock ------------------------------------------------------------

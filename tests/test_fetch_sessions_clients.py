@@ -95,6 +95,7 @@ def _consume(b: Broker, poll: Callable[[], list[Record]], started: threading.Eve
 def test_kafka_python_consumer_uses_sessions_and_reads_everything_once(broker: Broker) -> None:
     topic = _new_topic(broker)
     created, incremental = _metric(broker, "loglake_fetch_sessions_opened"), _metric(broker, "loglake_fetch_incremental")
+    errors = _metric(broker, "loglake_fetch_session_errors")
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100)
     consumer.assign([KTopicPartition(topic, p) for p in range(PARTITIONS)])
     consumer.seek_to_beginning()
@@ -110,6 +111,7 @@ def test_kafka_python_consumer_uses_sessions_and_reads_everything_once(broker: B
     _check(got)
     assert _metric(broker, "loglake_fetch_sessions_opened") > created
     assert _metric(broker, "loglake_fetch_incremental") > incremental
+    assert _metric(broker, "loglake_fetch_session_errors") == errors
 
 
 def test_confluent_consumer_reads_everything_once(broker: Broker) -> None:
