@@ -40,6 +40,7 @@ makes this one INVALID_FETCH_SESSION_EPOCH, as Kafka does).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import OrderedDict
@@ -49,6 +50,10 @@ from typing import Any
 
 from loglake.broker.protocol import FetchResponseData, FetchTopic
 from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog
+
+log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
 
 #: Kafka's max.incremental.fetch.session.cache.slots default.
 CACHE_SLOTS_DEFAULT = 1000
@@ -313,10 +318,15 @@ class FetchSessionCache:
                 partitions.pop((key, cached.partition), None)
                 partitions[(key, cached.partition)] = cached
         now = self._clock()
-        if len(partitions) > self.max_partitions or (
-            len(self.sessions) >= self.slots and not self._try_evict(privileged, len(partitions), now)
-        ):
+        if len(partitions) > self.max_partitions:
             self.stats.not_created += 1
+            return INVALID_SESSION_ID
+        if len(self.sessions) >= self.slots and not self._try_evict(privileged, len(partitions), now):
+            self.stats.not_created += 1
+            _limited.info(
+                "cache_full", "fetch session cache full (max_incremental_fetch_session_cache_slots=%d, none "
+                "evictable): full fetches go on without a session", self.slots,
+            )
             return INVALID_SESSION_ID
         session_id = self._new_id()
         session = FetchSession(session_id, privileged, by_id, now, now, next_epoch(INITIAL_EPOCH), partitions)
