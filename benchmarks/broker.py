@@ -763,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
             doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s))
         if not args.skip_fetch_sessions:
-            doc["fetch_sessions"] = fetch_sessions_bench.measure(broker.bootstrap, pid, quick=quick)
+            doc["fetch_sessions"] = fetch_sessions_bench.measure(broker.bootstrap, pid, quick=quick, metrics_url=metrics_url)
         if profile_s:
             size = args.profile_size
             log(f"profile: py-spy on the broker for {profile_s} s during {size} B produce ...")

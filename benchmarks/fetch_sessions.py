@@ -17,6 +17,11 @@ carry only the partitions whose fetch offset moved):
   partition and the bytes of saying "nothing new";
 * trickle: a producer writes `rate` records/s to random partitions; max_wait_ms=100, min_bytes=1
   (a consumer waiting for data). Every record written is consumed exactly once, checked.
+
+Then a real client that uses sessions: kafka-python's KafkaConsumer (enable_incremental_fetch_sessions
+on and off) assigned every partition of an idle topic, fetch_max_wait_ms=100; bytes per Fetch are
+the broker's loglake_bytes_in/out_total over its Fetch count (other requests in that window, such as
+metadata refreshes, are counted in too).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -200,8 +206,53 @@ def _trickle(bootstrap: str, topic: str, partitions: int, session: bool, seconds
     return out
 
 
-def measure(bootstrap: str, pid: int, *, quick: bool = False, partitions: int = PARTITIONS) -> dict[str, Any]:
-    """Both workloads in both modes against a running broker; creates its own topic."""
+def _broker_counters(metrics_url: str) -> dict[str, float]:
+    """Bytes in/out and Fetch requests handled, from the broker's /metrics."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    out = {"in": 0.0, "out": 0.0, "fetches": 0.0}
+    for line in text.splitlines():
+        if line.startswith("loglake_bytes_in_total "):
+            out["in"] = float(line.split()[-1])
+        elif line.startswith("loglake_bytes_out_total "):
+            out["out"] = float(line.split()[-1])
+        elif line.startswith('loglake_requests_total{api="Fetch"'):
+            out["fetches"] += float(line.split()[-1])
+    return out
+
+
+def _kafka_python_idle(bootstrap: str, metrics_url: str, topic: str, partitions: int, sessions: bool,
+                       seconds: float) -> dict[str, Any]:
+    """kafka-python's KafkaConsumer (which uses sessions unless told not to) assigned every
+    partition at its end, polling an idle topic; bytes per Fetch as the broker counted them."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100,
+                             enable_incremental_fetch_sessions=sessions)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        consumer.seek_to_end()
+        warm = time.perf_counter() + 2
+        while time.perf_counter() < warm:
+            consumer.poll(timeout_ms=100)
+        before, t0 = _broker_counters(metrics_url), time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            consumer.poll(timeout_ms=100)
+        after, elapsed = _broker_counters(metrics_url), time.perf_counter() - t0
+    finally:
+        consumer.close()
+    fetches = max(after["fetches"] - before["fetches"], 1.0)
+    return {
+        "fetches": int(fetches),
+        "fetches_per_s": fetches / elapsed,
+        "request_bytes_per_fetch": (after["in"] - before["in"]) / fetches,
+        "response_bytes_per_fetch": (after["out"] - before["out"]) / fetches,
+    }
+
+
+def measure(bootstrap: str, pid: int, *, quick: bool = False, partitions: int = PARTITIONS,
+            metrics_url: str | None = None) -> dict[str, Any]:
+    """Both workloads in both modes against a running broker; creates its own topic. With
+    `metrics_url`, also kafka-python's consumer with and without sessions on the idle topic."""
     topic = f"bench-fetch-sessions-{os.getpid()}-{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
@@ -215,6 +266,12 @@ def measure(bootstrap: str, pid: int, *, quick: bool = False, partitions: int = 
                 out[f"{workload}_{mode}"] = _idle(bootstrap, topic, partitions, session, seconds, pid)
             else:
                 out[f"{workload}_{mode}"] = _trickle(bootstrap, topic, partitions, session, seconds, TRICKLE_RATE, pid)
+    if metrics_url:
+        idle_topic = f"{topic}-idle"
+        admin.create_topics([NewTopic(idle_topic, partitions, 1)])[idle_topic].result(60)
+        for mode, session in (("sessionless", False), ("session", True)):
+            _log(f"fetch sessions: kafka-python consumer, {mode}, idle, {seconds:.0f} s ...")
+            out[f"kafka_python_{mode}"] = _kafka_python_idle(bootstrap, metrics_url, idle_topic, partitions, session, seconds)
     return out
 
 
@@ -229,6 +286,13 @@ def table(doc: dict[str, Any]) -> list[str]:
                     f"{f'{workload}, {mode}':<36}{r['polls_per_s']:>9,.0f}{r['request_bytes_per_poll']:>12,.0f}"
                     f"{r['response_bytes_per_poll']:>13,.0f}{r['broker_cpu_pct']:>11.0f}%"
                 )
+    for mode in ("sessionless", "session"):
+        r = doc.get(f"kafka_python_{mode}")
+        if r:
+            lines.append(
+                f"{f'kafka-python idle, {mode}':<36}{r['fetches_per_s']:>9,.0f}{r['request_bytes_per_fetch']:>12,.0f}"
+                f"{r['response_bytes_per_fetch']:>13,.0f}{'':>12}"
+            )
     return lines
 
 
@@ -238,11 +302,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=PARTITIONS)
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="loglake-fsess-bench-", dir=str(ROOT.parent)))
-    broker = Broker(work / "data").start()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        metrics_port = probe.getsockname()[1]
+    broker = Broker(work / "data", ["--metrics-listen", f"127.0.0.1:{metrics_port}"]).start()
     try:
         assert broker.proc is not None
         doc = {"benchmark": "fetch_sessions", "python": platform.python_version(), "cores": os.cpu_count(),
-               **measure(broker.bootstrap, broker.proc.pid, quick=args.quick, partitions=args.partitions)}
+               **measure(broker.bootstrap, broker.proc.pid, quick=args.quick, partitions=args.partitions,
+                         metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")}
     finally:
         broker.stop()
         import shutil
