@@ -68,7 +68,7 @@ def test_bad_environment_values(tmp_path: Path, env: dict[str, str], words: list
 def test_print_config_shows_every_source_and_the_precedence(tmp_path: Path) -> None:
     toml = 'max_connections = 50\nidle_timeout_ms = 5000\ndefault_partitions = 2\n[engine]\nseal_threads = 3\n[topic_defaults]\n"retention.ms" = "60000"\n'
     env = {"LOGLAKE_IDLE_TIMEOUT_MS": "7000", "LOGLAKE_DEFAULT_PARTITIONS": "4", "LOGLAKE_MEMORY_BUDGET_BYTES": "67108864", "LOGLAKE_ENGINE__WAL_SHARDS": "3"}
-    result = serve(tmp_path, "--default-partitions", "6", "--print-config", toml=toml, env=env)
+    result = serve(tmp_path, "--default-partitions", "6", "--cold-store", f"file://{tmp_path}/bucket", "--print-config", toml=toml, env=env)
     assert result.returncode == 0, result.stderr
     lines = set(result.stdout.splitlines())
     assert "max_connections = 50  # " + str(tmp_path / "broker.toml") + ":1" in lines  # file
@@ -78,6 +78,7 @@ def test_print_config_shows_every_source_and_the_precedence(tmp_path: Path) -> N
     assert "seal_threads = 3  # " + str(tmp_path / "broker.toml") + ":5" in lines
     assert "memory_budget_bytes = 67108864  # LOGLAKE_MEMORY_BUDGET_BYTES" in lines  # no longer ignored
     assert "wal_shards = 3  # LOGLAKE_ENGINE__WAL_SHARDS" in lines
+    assert f'cold_store_url = "file://{tmp_path}/bucket"  # cold_store, --cold-store' in lines
     assert '"retention.ms" = "60000"  # ' + str(tmp_path / "broker.toml") + ":7" in lines
     assert not (tmp_path / "data").exists()  # printing the configuration opens nothing
 

@@ -114,7 +114,7 @@ def test_group_config_store(tmp_path: Path) -> None:
         ):
             with pytest.raises(ConfigError, match=re.escape(message)):
                 store.alter("g1", bad, validate_only=False)
-        narrow = GroupConfigStore(engine, lambda: GroupConfigBounds(10_000, 1_000, 60_000, 5_000, 1_000, 15_000))
+        narrow = GroupConfigStore(engine, lambda: GroupConfigBounds(session_timeout_ms=10_000, min_session_timeout_ms=1_000, max_session_timeout_ms=60_000, heartbeat_interval_ms=5_000, min_heartbeat_interval_ms=1_000, max_heartbeat_interval_ms=15_000))
         with pytest.raises(ConfigError, match=re.escape("must be greater than consumer.heartbeat.interval.ms")):
             narrow.alter("g9", {SESSION_TIMEOUT: "4000"}, validate_only=False)
         with pytest.raises(ConfigResourceError):
@@ -132,7 +132,8 @@ def test_group_config_store(tmp_path: Path) -> None:
 
 
 def test_bounds_default_to_kafkas_and_follow_broker_settings() -> None:
-    assert group_config_bounds(BrokerConfig()) == GroupConfigBounds(45_000, 45_000, 60_000, 5_000, 5_000, 15_000)
+    assert group_config_bounds(BrokerConfig()) == GroupConfigBounds()
+    assert (GroupConfigBounds().session_timeout_ms, GroupConfigBounds().max_heartbeat_interval_ms) == (45_000, 15_000)  # Kafka's
 
     assert group_config_bounds(BrokerConfig(group_consumer_max_session_timeout_ms=90_000)).max_session_timeout_ms == 90_000
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from pathlib import Path
@@ -265,5 +266,30 @@ def test_full_disk_while_relocating_is_retried(tmp_path: Path) -> None:
         assert [s.tier for s in engine.segments("t", 0)][-1] == "hot"
         assert all(s.tier == "cold" for s in engine.segments("t", 0)[:-1])
         assert len(read_all(engine, "t")[0]) == 30
+    finally:
+        abandon(engine)
+
+
+def test_a_second_relocation_of_a_segment_already_switched_keeps_the_cold_copy(tmp_path: Path) -> None:
+    """Two relocations of one segment (the pool's, and close()'s relocate_due) overlapping: the
+    one that finds the segment already cold must not delete the cold object (it is the only copy)."""
+    cold = MemoryStore()
+    engine = Engine(str(tmp_path / "d"), small_config(), cold_store=cold, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1, TOPIC_CONFIG)
+        values = fill(engine, "t", 60)
+        seg = engine.segments("t", 0)[0]
+        stale = dataclasses.replace(seg)  # the second relocation's view: still hot
+        hot_bytes = engine.store.get(seg.key)
+        p = engine.catalog.partition("t", 0)
+        relocator = engine._relocator
+        assert relocator is not None
+        relocator.relocate(p, seg)  # the first one switches it to cold and deletes the hot copy
+        assert engine.segments("t", 0)[0].tier == "cold"
+        engine.store.put(seg.key, [hot_bytes])  # the second one read the hot copy before that
+        relocator.relocate(p, stale)
+        assert cold.head(seg.key) == seg.size  # the authoritative copy is still there
+        assert values_of(engine, "t") == values
     finally:
         abandon(engine)

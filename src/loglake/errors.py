@@ -124,6 +124,25 @@ class CorruptionError(LoglakeError):
         self.detail = detail
 
 
+class CorruptBatchError(CorruptionError):
+    """A sealed batch failed its check when read (CRC-32C, magic, or its index entry): the read
+    stops before it. Names the partition, the batch's first offset, and the segment.
+
+    Fetch answers CORRUPT_MESSAGE, not KAFKA_STORAGE_ERROR: librdkafka and kafka-python treat
+    KAFKA_STORAGE_ERROR as "leader moved" and silently refresh metadata and retry forever (a
+    stall), while CORRUPT_MESSAGE reaches the application as a consumer error.
+    """
+
+    kafka_code = ErrorCode.CORRUPT_MESSAGE
+
+    def __init__(self, topic: str, partition: int, offset: int, path: str, position: int, detail: str) -> None:
+        super().__init__(path, position, f"{topic}-{partition} batch at offset {offset}: {detail}")
+        self.topic = topic
+        self.partition = partition
+        self.batch_offset = offset
+        self.reason = detail
+
+
 class StorageError(LoglakeError):
     """An I/O operation failed (disk full, permission, unreachable store)."""
 

@@ -157,4 +157,7 @@ class BrokerConfig:
         engine = self.engine_config()
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         engine_values = {f.name: getattr(engine, f.name) for f in fields(engine)}
-        return render(values, engine_values, engine.topic_defaults, self.sources)
+        sources = dict(self.sources)
+        if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
+            sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"
+        return render(values, engine_values, engine.topic_defaults, sources)

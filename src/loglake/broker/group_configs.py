@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from loglake.broker.dynamic_config import (
@@ -32,6 +31,7 @@ from loglake.broker.dynamic_config import (
     ConfigResourceError,
     config_entry,
 )
+from loglake.broker.groups.limits import ConsumerLimits
 from loglake.engine import Engine
 from loglake.engine.config import ConfigType
 from loglake.errors import ConfigError
@@ -53,40 +53,20 @@ _DOCS = {
 }
 
 
-@dataclass(frozen=True)
-class GroupConfigBounds:
-    """The broker settings group configs default to and are validated against (Kafka's defaults)."""
-
-    session_timeout_ms: int = 45_000
-    min_session_timeout_ms: int = 45_000
-    max_session_timeout_ms: int = 60_000
-    heartbeat_interval_ms: int = 5_000
-    min_heartbeat_interval_ms: int = 5_000
-    max_heartbeat_interval_ms: int = 15_000
-
-    def default(self, name: str) -> int:
-        return self.session_timeout_ms if name == SESSION_TIMEOUT else self.heartbeat_interval_ms
+#: The broker settings group configs default to and are validated against: the KIP-848
+#: coordinator's own `ConsumerLimits` (Kafka's `group.consumer.*` settings and defaults).
+GroupConfigBounds = ConsumerLimits
+KAFKA_BOUNDS = ConsumerLimits()
 
 
-KAFKA_BOUNDS = GroupConfigBounds()
+def default_value(bounds: ConsumerLimits, name: str) -> int:
+    """The broker-level value a group without its own `name` gets."""
+    return bounds.session_timeout_ms if name == SESSION_TIMEOUT else bounds.heartbeat_interval_ms
 
 
-def group_config_bounds(config: Any) -> GroupConfigBounds:
-    """The bounds from the broker's KIP-848 settings (group.consumer.*), Kafka's defaults where the
-    broker has none. The one place that reads them: point it at the real settings."""
-
-    def get(field: str, default: int) -> int:
-        return int(getattr(config, field, default))
-
-    k = KAFKA_BOUNDS
-    return GroupConfigBounds(
-        get("group_consumer_session_timeout_ms", k.session_timeout_ms),
-        get("group_consumer_min_session_timeout_ms", k.min_session_timeout_ms),
-        get("group_consumer_max_session_timeout_ms", k.max_session_timeout_ms),
-        get("group_consumer_heartbeat_interval_ms", k.heartbeat_interval_ms),
-        get("group_consumer_min_heartbeat_interval_ms", k.min_heartbeat_interval_ms),
-        get("group_consumer_max_heartbeat_interval_ms", k.max_heartbeat_interval_ms),
-    )
+def group_config_bounds(config: Any) -> ConsumerLimits:
+    """The bounds from the broker's KIP-848 settings (`BrokerConfig.consumer_group_limits`)."""
+    return config.consumer_group_limits()  # type: ignore[no-any-return]
 
 
 def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
@@ -168,8 +148,8 @@ class GroupConfigStore:
         for name in GROUP_CONFIG_NAMES:
             if wanted is not None and name not in wanted:
                 continue
-            default = bounds.default(name)
-            default_source = DEFAULT_CONFIG if default == KAFKA_BOUNDS.default(name) else STATIC_BROKER_CONFIG
+            default = default_value(bounds, name)
+            default_source = DEFAULT_CONFIG if default == default_value(KAFKA_BOUNDS, name) else STATIC_BROKER_CONFIG
             layers: list[tuple[int, str, int]] = []
             if name in set_values:
                 layers.append((GROUP_CONFIG, name, set_values[name]))

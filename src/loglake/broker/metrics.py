@@ -13,7 +13,9 @@ library's global default registry, so several brokers in one process, and tests,
 Every family has HELP and TYPE, is written in one piece, and label values are escaped by the
 library. The `_created` series prometheus-client adds to counters and histograms are left out (they
 would be new metric names). The HTTP side is a minimal GET-only HTTP/1.1 responder on asyncio:
-/metrics, /healthz (process up), /readyz (recovery done and accepting connections).
+/metrics, /healthz (process up), /readyz (recovery done and accepting connections; 200 with one
+"corrupt: ..." line per corrupt segment found while running — a broker with one bad partition
+still serves every other one, so it is not taken out of rotation for it).
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class _StateCollector:
                 "loglake_cold_range_cache_misses_total", "Cold reads not in the range cache.", cold.ranges.misses
             )
             yield _gauge("loglake_cold_range_cache_bytes", "Bytes held in the cold range cache.", cold.ranges.size_bytes)
+        yield from _corruption_families(engine)
         labels = ["topic", "partition"]
         hw_family = _gauge("loglake_partition_high_watermark", "Offset of the next record of the partition.", labels=labels)
         start_family = _gauge("loglake_partition_log_start_offset", "First offset still kept.", labels=labels)
@@ -316,9 +319,49 @@ def _fetch_session_families(cache: Any) -> Iterator[Metric]:
     yield errors
 
 
+def _corruption_families(engine: Any) -> Iterator[Metric]:
+    corruption = getattr(engine, "corruption", None)
+    if corruption is None:
+        return
+    found = _counter("loglake_corruptions_found_total", "Corrupt sealed segments found, by who found them.", labels=["source"])
+    for source, n in sorted(corruption.found_total.items()):
+        found.add_metric([source], n)
+    yield found
+    yield _counter(
+        "loglake_corrupt_reads_total", "Fetches refused with CORRUPT_MESSAGE (their first batch was corrupt).",
+        corruption.reads_refused,
+    )
+    marked = _gauge(
+        "loglake_partition_corrupt_segments", "Corrupt segments of the partition not repaired yet (listed on /readyz).",
+        labels=["topic", "partition"],
+    )
+    counts: dict[tuple[str, int], int] = defaultdict(int)
+    for mark in corruption.marks():
+        counts[(mark.topic, mark.partition)] += 1
+    for (topic, partition), n in sorted(counts.items()):
+        marked.add_metric([topic, str(partition)], n)
+    yield marked
+    scrubber = getattr(engine, "scrubber", None)
+    if scrubber is not None:
+        stats = scrubber.stats
+        for name, doc, value in (
+            ("loglake_scrub_bytes_total", "Bytes of sealed segments the scrubber read.", stats.bytes_scrubbed),
+            ("loglake_scrub_segments_verified_total", "Segments the scrubber verified whole.", stats.segments_verified),
+            ("loglake_scrub_corruptions_total", "Corrupt segments (or chain breaks) the scrubber found.", stats.corruptions_found),
+            ("loglake_scrub_repairs_total", "Hot segments the scrubber replaced by a verified cold copy.", stats.repairs),
+            ("loglake_scrub_passes_total", "Scrub passes completed.", stats.passes),
+        ):
+            yield _counter(name, doc, value)
+
+
 async def serve_metrics(
-    host: str, port: int, render: Callable[[], str], ready: Callable[[], bool]
+    host: str,
+    port: int,
+    render: Callable[[], str],
+    ready: Callable[[], bool],
+    notes: Callable[[], list[str]] | None = None,
 ) -> asyncio.Server:
+    """`notes()`: lines /readyz adds while ready (corrupt partitions); they do not make it 503."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
@@ -336,7 +379,9 @@ async def serve_metrics(
             elif path.startswith("/readyz"):
                 ok = ready()
                 status = "200 OK" if ok else "503 Service Unavailable"
-                body, ctype = ("ready\n" if ok else "recovering\n"), "text/plain"
+                extra = (notes() if notes is not None else []) if ok else []
+                body = "ready\n" + "".join(f"{line}\n" for line in extra) if ok else "recovering\n"
+                ctype = "text/plain"
             else:
                 status, body, ctype = "404 Not Found", "not found\n", "text/plain"
             data = body.encode()

@@ -281,6 +281,7 @@ class BrokerServer:
                     if self.engine is not None and self.metrics.ready
                     else self.metrics.render(),
                     lambda: self.metrics.ready,
+                    lambda: self.engine.corruption.readyz_lines() if self.engine is not None else [],
                 )
             except OSError as exc:
                 raise ListenError("--metrics-listen", self.config.metrics_listen, exc) from exc

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Annotated, Any
@@ -31,6 +32,7 @@ from typer.core import TyperGroup
 import loglake
 from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics
 from loglake.cli.common import (
+    DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
     CliError,
     DataDirOption,
@@ -40,8 +42,11 @@ from loglake.cli.common import (
     stderr_console,
     stdout_console,
 )
-from loglake.engine.verify import VerifyReport, verify_data_dir
+from loglake.engine.verify import VerifyReport, verify_source
+from loglake.engine.verify_live import LiveSource
 from loglake.errors import LoglakeError
+from loglake.fs.os_fs import OsFileSystem
+from loglake.store import open_store
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -153,25 +158,36 @@ def verify(
         str | None, typer.Option("--cold-store", help="Cold store URL: also walk the segments held there.")
     ] = None,
 ) -> None:
-    """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one."""
+    """Check every sealed segment's CRCs, index and hash chain; exit 1 naming the first bad one.
+
+    Read-only and without the data directory's lock: safe on a running broker's directory
+    (sealed data only; segments the broker removes meanwhile are skipped).
+    """
     console = stderr_console()
-    options = {"cold_store": cold_store} if cold_store else {}
-    with open_log(data_dir, must_exist=True, **options) as log, Progress(
-        TextColumn("verifying"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=as_json or not console.is_terminal,
-    ) as progress:
-        task = progress.add_task("verify", total=None)
+    if not os.path.isdir(data_dir):
+        raise CliError(f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV})")
+    cold = open_store(cold_store, OsFileSystem()) if cold_store else None
+    try:
+        source = LiveSource(data_dir, cold)
+        with Progress(
+            TextColumn("verifying"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=as_json or not console.is_terminal,
+        ) as progress:
+            task = progress.add_task("verify", total=None)
 
-        def on_progress(done: int, total: int) -> None:
-            progress.update(task, completed=done, total=total)
+            def on_progress(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
 
-        report = verify_data_dir(log.engine, on_progress)
+            report = verify_source(source, on_progress)
+    finally:
+        if cold is not None:
+            cold.close()
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -341,10 +341,17 @@ class EngineConfig:
     #: ...and each of them was sealed at least this long ago (fresh segments are the ones tail
     #: readers and relocation are busy with).
     merge_min_age_ms: int = 300_000
+    #: Background scrubber: bytes per second of sealed segments re-verified (batch CRCs, data
+    #: CRC, hash chain) while the broker runs; 0 turns it off (loglake.engine.scrubber).
+    scrub_bytes_per_second: int = 0
+    #: Pause between two full scrub passes over every sealed segment.
+    scrub_interval_ms: int = 3_600_000
 
     def validate(self) -> None:
         if self.cleaner_dedupe_buffer_bytes < 1024 * 1024:
             raise ConfigError("cleaner_dedupe_buffer_bytes must be at least 1 MiB")
+        if self.scrub_bytes_per_second < 0 or self.scrub_interval_ms < 0:
+            raise ConfigError("scrub_bytes_per_second and scrub_interval_ms must be >= 0")
         if self.cleaner_io_max_bytes_per_second < 0 or self.cleaner_threads < 0 or self.cleaner_backoff_ms < 1:
             raise ConfigError("cleaner_io_max_bytes_per_second and cleaner_threads must be >= 0, cleaner_backoff_ms >= 1")
         if self.merge_min_segments == 1 or self.merge_min_segments < 0 or self.merge_min_age_ms < 0:

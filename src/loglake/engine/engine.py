@@ -35,12 +35,14 @@ from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.compaction import dirty_ratio_locked
 from loglake.engine.config import EngineConfig, TopicConfig
+from loglake.engine.corrupt import BatchChecker, Corruption
 from loglake.engine.epochs import end_offset_for, epoch_of, record_bump, write_clean_mark
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import SegmentRef
 from loglake.engine.read import Reader
 from loglake.engine.recovery import recover
+from loglake.engine.scrubber import Scrubber
 from loglake.engine.seal import Sealer
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
@@ -108,6 +110,10 @@ class Engine:
         self._sealer: Sealer | None = None
         self._appender: Appender | None = None
         self._reader: Reader | None = None
+        #: corrupt sealed data found while running (read checks, scrubber): marks and counters
+        self.corruption = Corruption()
+        #: the scrubber (loglake.engine.scrubber; its thread runs when scrub_bytes_per_second > 0)
+        self.scrubber: Scrubber | None = None
         self._closed = True
         self.recovery_report: RecoveryReport | None = None
 
@@ -193,7 +199,7 @@ class Engine:
             self.catalog, stores, self._pool, indexes, self._clock, threads=config.seal_threads, on_sealed=self._wake
         )
         self._appender = Appender(self.catalog, self._pool, self._sealer, config, self._clock, self._check_open)
-        self._reader = Reader(self.catalog, stores, indexes)
+        self._reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption))
         self._maintenance = Maintenance(
             self.catalog,
             self._meta,
@@ -229,6 +235,10 @@ class Engine:
                 self._relocator.start()
             self._maintenance.start()
             self._cleaner.start()
+        self.corruption.alive = lambda topic, p, key: any(s.key == key for s in self.segments(topic, p))
+        self.scrubber = Scrubber(self.catalog, stores, indexes, self._reader.checker, self.corruption, config)
+        if self._start_background and config.scrub_bytes_per_second > 0:
+            self.scrubber.start()
         return report
 
     def _start_shards(self, next_seqs: dict[str, int], files: dict[str, list[WalFile]]) -> None:
@@ -276,6 +286,8 @@ class Engine:
                 clean = True
         finally:
             self._closed = True
+            if self.scrubber is not None:
+                self.scrubber.close()
             if self._cleaner is not None:
                 self._cleaner.close()
             if self._maintenance is not None:

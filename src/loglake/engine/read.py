@@ -9,10 +9,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from loglake.engine.catalog import Catalog
+from loglake.engine.corrupt import BatchChecker
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
-from loglake.errors import OffsetOutOfRangeError
+from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError
 from loglake.records.batch import iter_records
 from loglake.store.base import ObjectNotFoundError
 
@@ -20,10 +21,12 @@ __all__ = ["Reader"]
 
 
 class Reader:
-    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
+    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache, checker: BatchChecker | None = None) -> None:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
+        #: checks sealed batches before they are served (loglake.engine.corrupt); None: unchecked
+        self.checker = checker
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
@@ -65,10 +68,12 @@ class Reader:
                 seg = p.segments[seg_i]
                 next_key = p.segments.key_at(seg_i + 1) if seg_i + 1 < len(p.segments) else None
             try:
-                got = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one)
+                got = self._read_segment(seg, offset, max_bytes, file_ranges, next_key, min_one, where=(topic, partition))
             except ObjectNotFoundError:
                 self.indexes.forget(seg.key)
                 attempts += 1
+                if attempts == 3 and self._still_listed(p, seg):
+                    raise self._missing(topic, partition, offset, seg) from None
                 continue
             if got is None:
                 return ReadResult([], hw, start)  # the first batch does not fit and min_one is off
@@ -77,6 +82,22 @@ class Reader:
                 continue
             return ReadResult(got, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
+
+    @staticmethod
+    def _still_listed(p: Partition, seg: SegmentRef) -> bool:
+        with p.lock:
+            i = p.segments.find_base(seg.base_offset)
+            return not p.deleted and i is not None and p.segments[i].key == seg.key
+
+    def _missing(self, topic: str, partition: int, offset: int, seg: SegmentRef) -> CorruptBatchError:
+        """The metadata lists a segment whose object is gone: an error for readers (not an
+        OFFSET_OUT_OF_RANGE, which clients answer by silently resetting their position)."""
+        store = self.stores.store_for(seg)
+        exc = CorruptBatchError(topic, partition, offset, f"{store.url}/{seg.key}", 0, "segment object is missing")
+        if self.checker is not None:
+            self.checker.corruption.report(exc, seg.key, "read")
+            self.checker.corruption.refused()
+        return exc
 
     @staticmethod
     def _read_buffer(p: Partition, offset: int, hw: int, max_bytes: int, chunks: list[Chunk]) -> None:
@@ -112,26 +133,55 @@ class Reader:
         return self.stores.store_for(seg).get_range(seg.key, position, length)
 
     def _read_segment(
-        self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool, next_key: str | None = None, min_one: bool = True
+        self,
+        seg: SegmentRef,
+        offset: int,
+        max_bytes: int,
+        file_ranges: bool,
+        next_key: str | None = None,
+        min_one: bool = True,
+        *,
+        where: tuple[str, int] = ("", -1),
     ) -> list[Chunk] | None:
         """Whole batches of `seg` from the one holding `offset`; [] when the segment holds none at
-        or after it (compaction); None when the first does not fit and `min_one` is off."""
+        or after it (compaction); None when the first does not fit and `min_one` is off.
+        Batches are checked first (`checker`): the good ones before a bad batch are returned, a
+        bad first batch raises CorruptBatchError."""
         index = self.indexes.get(seg)
         first = index.find_offset(offset)
         if first is None:
             return []
-        position, length, _count = index.byte_range(first, max_bytes)
+        position, length, count = index.byte_range(first, max_bytes)
         if length > max_bytes and not min_one:
             return None
         if seg.tier == "cold" and self.stores.cold_reader is not None:
-            data = self.stores.cold_reader.read_range(seg.key, position, length)
-            self.stores.cold_reader.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
+            cold = self.stores.cold_reader
+            data = cold.read_range(seg.key, position, length)
+            cold.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
+            if self.checker is not None:
+                url = f"{cold.store.url}/{seg.key}"
+                try:
+                    good = self.checker.check(
+                        where, seg.key, url, index, first, count, lambda pos, n: cold.read_range(seg.key, pos, n), data=data, remember=False
+                    )
+                except CorruptionError:
+                    cold.forget(seg.key)  # a repaired object is fetched again, not served from the cache
+                    raise
+                if good < count:
+                    cold.forget(seg.key)
+                    data = data[: index.entry(first + good).position - position]
             return [data]
-        if file_ranges:
-            path = self.stores.hot.local_path(seg.key)
-            if path is not None:
-                return [FileRange(path, position, length)]
-        return [self.stores.hot.get_range(seg.key, position, length)]
+        hot = self.stores.hot
+        path = hot.local_path(seg.key)
+        if self.checker is not None:
+            good = self.checker.check(
+                where, seg.key, path or f"{hot.url}/{seg.key}", index, first, count, lambda pos, n: hot.get_range(seg.key, pos, n)
+            )
+            if good < count:
+                length = index.entry(first + good).position - position
+        if file_ranges and path is not None:
+            return [FileRange(path, position, length)]
+        return [hot.get_range(seg.key, position, length)]
 
     def read_async(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True

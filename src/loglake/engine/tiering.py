@@ -4,6 +4,8 @@ Segment life: sealed → hot (local folder) → relocating → cold (bucket or f
 Only "hot" and "cold" are recorded in metadata; "relocating" is the window in which both copies
 exist, and the metadata decides which one is authoritative:
 
+    0. verify the hot copy whole (every batch CRC, data CRC, chain hash): a damaged hot copy is
+       never uploaded to become the only one (it stays hot, reported as corrupt)
     1. upload the hot object to the cold store under the same key
     2. verify: the cold object's size, and its trailer (one ranged read) against the hot one's
        CRCs and chain hash
@@ -29,6 +31,7 @@ from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
 from loglake.logsafe import RateLimitedLog
 from loglake.segment.format import read_tail
+from loglake.segment.verify import verify_segment
 
 __all__ = ["Relocator"]
 
@@ -103,6 +106,9 @@ class Relocator:
         assert cold is not None
         try:
             data = self.stores.hot.get(seg.key)
+            trailer = verify_segment(data, seg.key)  # 0. never upload a damaged copy
+            if trailer.chain_hash != seg.chain_hash:
+                raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "hot copy is not the segment the metadata records")
             cold.put(seg.key, [data])  # 1. upload
             size = cold.head(seg.key)  # 2. verify
             if size != seg.size:
@@ -112,15 +118,18 @@ class Relocator:
                 raise CorruptionError(seg.key, 0, "cold copy's trailer does not match the hot copy")
             with p.lock:
                 i = p.segments.find_base(seg.base_offset)
-                live = (
+                same = (
                     i is not None
                     and p.segments.generation_at(i) == seg.generation  # not rewritten meanwhile
-                    and p.segments[i].tier == "hot"
                     and not p.deleted
                 )
-                fut = self.catalog.record_tier(p, seg.base_offset, "cold") if live else None
+                tier = p.segments[i].tier if same and i is not None else None
+                fut = self.catalog.record_tier(p, seg.base_offset, "cold") if tier == "hot" else None
             if fut is None:
-                cold.delete(seg.key)  # retention or a topic delete won the race
+                if tier != "cold":  # retention or a topic delete won the race
+                    cold.delete(seg.key)
+                # else another relocation of this segment switched it first: the cold object
+                # (same key, same bytes) is now the authoritative copy and must stay
                 return
             fut.result()  # 3. the authoritative switch
             seg.tier = "cold"
@@ -140,6 +149,10 @@ class Relocator:
         """Relocate everything due now, on the calling thread. Returns how many moved."""
         moved = 0
         for p, seg in self._all_due():
+            with self._lock:
+                if self._attempts.get(seg.key) == float("inf"):
+                    continue  # in flight on the pool (close() waits for it): never two at once
+                self._attempts[seg.key] = float("inf")
             self.relocate(p, seg)
             moved += seg.tier == "cold"
         return moved

@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from loglake.engine.compaction import map_key
 from loglake.errors import CorruptionError, LoglakeError
@@ -40,10 +40,11 @@ from loglake.store.base import ObjectNotFoundError, cluster_prefix, parse_segmen
 if TYPE_CHECKING:
     from loglake.engine.engine import Engine
     from loglake.engine.partition import SegmentRef
+    from loglake.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VerifyError", "VerifyReport", "verify_data_dir"]
+__all__ = ["VerifyError", "VerifyReport", "VerifySource", "verify_data_dir", "verify_source"]
 
 Progress = Callable[[int, int], None]
 
@@ -101,8 +102,62 @@ def _error_json(e: VerifyError | None) -> dict[str, object] | None:
     return None if e is None else {"key": e.key, "offset": e.offset, "detail": e.detail}
 
 
+class VerifySource(Protocol):
+    """What a verification walks: an open engine (`verify_data_dir`), or a running broker's data
+    directory read without its lock (loglake.engine.verify_live)."""
+
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def store(self) -> ObjectStore: ...
+    def partitions(self) -> list[tuple[str, int]]: ...
+    def segments(self, topic: str, partition: int) -> list[SegmentRef]: ...
+    def store_for(self, seg: SegmentRef) -> ObjectStore: ...
+    def clean_end(self, topic: str, partition: int) -> int: ...
+    def chain_heads(self) -> dict[tuple[str, int], bytes]: ...
+    def refresh(self) -> None:
+        """Re-read the segment lists (a running broker changed them); an engine's are live."""
+
+
+class _EngineSource:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @property
+    def cluster_id(self) -> str:
+        return self.engine.cluster_id
+
+    @property
+    def store(self) -> ObjectStore:
+        return self.engine.store
+
+    def partitions(self) -> list[tuple[str, int]]:
+        return [(info.name, p) for info in self.engine.topics() for p in range(info.partitions)]
+
+    def segments(self, topic: str, partition: int) -> list[SegmentRef]:
+        return self.engine.segments(topic, partition)
+
+    def store_for(self, seg: SegmentRef) -> ObjectStore:
+        return self.engine.store_for(seg)
+
+    def clean_end(self, topic: str, partition: int) -> int:
+        return self.engine.catalog.partition(topic, partition).meta.clean_end
+
+    def refresh(self) -> None:
+        pass
+
+    def chain_heads(self) -> dict[tuple[str, int], bytes]:
+        """Each partition's chain head as the metadata records it (what the next seal links to)."""
+        return {(topic.name, p.index): p.chain_hash for topic, p in self.engine.catalog.partitions()}
+
+
 def verify_data_dir(engine: Engine, progress: Progress | None = None) -> VerifyReport:
-    """Verify every sealed segment of every partition of an open engine.
+    """Verify every sealed segment of every partition of an open engine (`verify_source`)."""
+    return verify_source(_EngineSource(engine), progress)
+
+
+def verify_source(engine: VerifySource, progress: Progress | None = None) -> VerifyReport:
+    """Verify every sealed segment of every partition `engine` lists.
 
     `progress(bytes_done, bytes_total)` is called as data is read (sizes from the metadata).
     Segments removed by retention while the walk runs are skipped, not reported.
@@ -110,10 +165,12 @@ def verify_data_dir(engine: Engine, progress: Progress | None = None) -> VerifyR
     started = time.perf_counter()
     report = VerifyReport()
     plan: list[tuple[str, int, list[SegmentRef]]] = []
-    for info in engine.topics():
-        for p in range(info.partitions):
-            plan.append((info.name, p, engine.segments(info.name, p)))
-    heads = _recorded_chain_heads(engine)
+    for topic_name, p in engine.partitions():
+        try:
+            plan.append((topic_name, p, engine.segments(topic_name, p)))
+        except LoglakeError:  # deleted meanwhile
+            continue
+    heads = engine.chain_heads()
     total = sum(seg.size for _, _, segs in plan for seg in segs)
     done = 0
     if progress:
@@ -180,7 +237,7 @@ def verify_data_dir(engine: Engine, progress: Progress | None = None) -> VerifyR
 
 
 def _check_segment(
-    engine: Engine, topic: str, partition: int, seg: SegmentRef, progress: Callable[[int], None]
+    engine: VerifySource, topic: str, partition: int, seg: SegmentRef, progress: Callable[[int], None]
 ) -> tuple[SegmentTrailer | None, list[VerifyError]]:
     """Full check of one object. Returns its trailer (also when the data is bad but the tail
     reads, so the chain can still be followed) and the problems found; (None, []) when the
@@ -203,8 +260,9 @@ def _check_segment(
     return trailer, errors
 
 
-def _still_listed(engine: Engine, topic: str, partition: int, seg: SegmentRef) -> bool:
+def _still_listed(engine: VerifySource, topic: str, partition: int, seg: SegmentRef) -> bool:
     try:
+        engine.refresh()
         return any(s.key == seg.key for s in engine.segments(topic, partition))
     except LoglakeError:  # the topic was deleted meanwhile
         return False
@@ -215,10 +273,10 @@ def _still_listed(engine: Engine, topic: str, partition: int, seg: SegmentRef) -
 VERIFY_KEYS_MAX = 5_000_000
 
 
-def _check_compacted(engine: Engine, topic: str, partition: int, segments: list[SegmentRef]) -> list[VerifyError]:
+def _check_compacted(engine: VerifySource, topic: str, partition: int, segments: list[SegmentRef]) -> list[VerifyError]:
     """Below the partition's clean end: every record keyed, no key twice (see the module doc)."""
     try:
-        clean_end = engine.catalog.partition(topic, partition).meta.clean_end
+        clean_end = engine.clean_end(topic, partition)
     except LoglakeError:
         return []
     seen: dict[bytes, int] = {}
@@ -299,26 +357,22 @@ def _check_metadata(seg: SegmentRef, t: SegmentTrailer) -> list[VerifyError]:
     return errors
 
 
-def _recorded_chain_heads(engine: Engine) -> dict[tuple[str, int], bytes]:
-    """Each partition's chain head as the metadata records it (what the next seal links to)."""
-    return {(topic.name, p.index): p.chain_hash for topic, p in engine.catalog.partitions()}
-
-
-def _still_last(engine: Engine, topic: str, partition: int, seg: SegmentRef) -> bool:
+def _still_last(engine: VerifySource, topic: str, partition: int, seg: SegmentRef) -> bool:
     """False when a seal appended a segment after the walk's plan was taken."""
     try:
+        engine.refresh()
         now = engine.segments(topic, partition)
     except LoglakeError:
         return False
     return bool(now) and now[-1].key == seg.key
 
 
-def _unreferenced(engine: Engine, referenced: set[str]) -> list[str]:
+def _unreferenced(engine: VerifySource, referenced: set[str]) -> list[str]:
     try:
         keys = engine.store.list(cluster_prefix(engine.cluster_id))
-        for info in engine.topics():  # segments sealed while the walk ran are referenced too
-            for p in range(info.partitions):
-                referenced.update(s.key for s in engine.segments(info.name, p))
+        engine.refresh()
+        for topic_name, p in engine.partitions():  # segments sealed while the walk ran are referenced too
+            referenced.update(s.key for s in engine.segments(topic_name, p))
     except LoglakeError:
         return []
     out: list[str] = []

@@ -10,7 +10,7 @@ import bisect
 import struct
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 __all__ = ["INDEX_ENTRY", "INDEX_ENTRY_SIZE", "IndexEntry", "SegmentIndex"]
@@ -85,6 +85,16 @@ class SegmentIndex:
     @property
     def raw(self) -> bytes:
         return self._raw
+
+    @property
+    def base_offsets(self) -> Sequence[int]:
+        """Each batch's first offset (a zero-copy column view)."""
+        return self._base_offsets
+
+    @property
+    def positions(self) -> Sequence[int]:
+        """Each batch's byte position (a zero-copy column view); batch i ends where i+1 starts."""
+        return self._positions
 
     @property
     def data_end(self) -> int:
