@@ -26,7 +26,11 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
    Broker CPU (utime+stime from /proc/<pid>/stat over wall time; 100 % = one core) and the
    benchmark process's own CPU (librdkafka threads included) are reported for every phase —
    client and broker share the machine's cores.
-3. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
+3. Fetch sessions (KIP-227), benchmarks/fetch_sessions.py: a consumer of 1,000 partitions driven
+   with raw Fetch requests, with and without a session: request and response bytes per poll,
+   polls/s and broker CPU, idle and under a trickle of writes (`--only-fetch-sessions` runs just
+   this against the broker; `--skip-fetch-sessions` leaves it out).
+4. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
    (self and total samples) are in the JSON and the table.
 """
 
@@ -62,6 +66,7 @@ from benchkit import load_benchmark  # noqa: E402
 from brokerkit import Broker  # noqa: E402
 
 engine_bench = load_benchmark("engine")
+fetch_sessions_bench = load_benchmark("fetch_sessions")
 pct = engine_bench.pct
 
 MiB = 1024 * 1024
@@ -690,6 +695,8 @@ def fmt_table(doc: dict[str, Any]) -> str:
         lines += [f"  {share:5.1f} %  {name}" for name, _c, share in prof["top_total"][:15]]
     elif prof.get("error"):
         lines += ["", f"py-spy: {prof['error']}"]
+    if doc.get("fetch_sessions"):
+        lines += ["", *fetch_sessions_bench.table(doc["fetch_sessions"])]
     return "\n".join(lines)
 
 
@@ -709,6 +716,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-seconds", type=int, help="py-spy duration (0: no profile)")
     ap.add_argument("--profile-size", type=int, default=100, help="record size of the profiled produce run")
     ap.add_argument("--skip-machine", action="store_true", help="do not measure the disk")
+    ap.add_argument("--skip-fetch-sessions", action="store_true", help="leave out the fetch-session section")
+    ap.add_argument("--only-fetch-sessions", action="store_true", help="run the fetch-session section only")
     ap.add_argument(
         "--broker-arg", action="append", default=[], help="extra `loglake serve` argument (repeatable)"
     )
@@ -717,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s]
     latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 10.0)
     profile_s = args.profile_seconds if args.profile_seconds is not None else (0 if quick else 10)
+    if args.only_fetch_sessions:
+        sizes, profile_s, args.skip_machine = [], 0, True
 
     parent = args.dir or str(ROOT.parent)
     work = Path(tempfile.mkdtemp(prefix="loglake-broker-bench-", dir=parent))
@@ -751,6 +762,8 @@ def main(argv: list[str] | None = None) -> int:
             base = args.records or (600_000 if quick else 3_000_000)
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
             doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s))
+        if not args.skip_fetch_sessions:
+            doc["fetch_sessions"] = fetch_sessions_bench.measure(broker.bootstrap, pid, quick=quick, metrics_url=metrics_url)
         if profile_s:
             size = args.profile_size
             log(f"profile: py-spy on the broker for {profile_s} s during {size} B produce ...")

@@ -75,6 +75,11 @@ class BrokerConfig:
     group_consumer_assignors: str = "uniform,range"
     #: "disabled" | "upgrade" | "downgrade" | "bidirectional": which Empty groups may change protocol.
     group_consumer_migration_policy: str = "bidirectional"
+    #: KIP-227 fetch sessions (docs/PROTOCOL.md): Kafka's max.incremental.fetch.session.cache.slots,
+    #: min.incremental.fetch.session.eviction.ms, and loglake's bound on one session's partitions.
+    max_incremental_fetch_session_cache_slots: int = 1000
+    min_incremental_fetch_session_eviction_ms: int = 120_000
+    fetch_session_max_partitions: int = 10_000
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")

@@ -14,6 +14,7 @@ from loglake.engine import Engine
 
 if TYPE_CHECKING:
     from loglake.broker.dynamic_config import BrokerConfigs
+    from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
 
 T = TypeVar("T")
@@ -31,6 +32,8 @@ class BrokerContext:
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
     group_configs: GroupConfigStore | None = None
+    #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
+    fetch_sessions: FetchSessionCache | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

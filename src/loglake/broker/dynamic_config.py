@@ -87,6 +87,10 @@ _BROKER_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
     ("group.max.session.timeout.ms", "group_max_session_timeout_ms", ConfigType.INT, "Largest session timeout a classic member may ask for."),
     ("offsets.retention.minutes", "offsets_retention_minutes", ConfigType.INT,
      "Committed offsets of a group that stayed empty this long expire."),
+    ("max.incremental.fetch.session.cache.slots", "max_incremental_fetch_session_cache_slots", ConfigType.INT,
+     "Most incremental fetch sessions (KIP-227) the broker keeps."),
+    ("min.incremental.fetch.session.eviction.ms", "min_incremental_fetch_session_eviction_ms", ConfigType.INT,
+     "Fetch sessions idle this long are evicted; younger ones are not displaced by bigger ones."),
 )
 #: EngineConfig fields with a Kafka name.
 _ENGINE_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (

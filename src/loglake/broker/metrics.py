@@ -123,6 +123,8 @@ class Metrics:
         self.connections_rejected = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
         self.ready = False
+        #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.
+        self.fetch_sessions: Any = None
         self._engine: Any = None
         self._coordinator: Any = None
         self.registry.register(_WithoutCreated(self._requests, self._latency))
@@ -169,6 +171,8 @@ class _StateCollector:
         for kind, n in sorted(m.protocol_errors.items()):
             errors.add_metric([kind], n)
         yield errors
+        if m.fetch_sessions is not None:
+            yield from _fetch_session_families(m.fetch_sessions)
         engine = m._engine
         if engine is not None:
             yield from self._engine_families(engine, m._coordinator)
@@ -274,6 +278,45 @@ class _StateCollector:
                 errors.add_metric([topic_name, str(p)], pstats["errors"])
         yield last
         yield errors
+
+
+def _fetch_session_families(cache: Any) -> Iterator[Metric]:
+    """KIP-227 fetch sessions (`loglake.broker.fetch_sessions`): Kafka's NumIncrementalFetchSessions,
+    NumIncrementalFetchPartitionsCached and IncrementalFetchSessionEvictionsPerSec, and more."""
+    stats = cache.stats
+    yield _gauge("loglake_fetch_sessions_open", "Incremental fetch sessions cached now.", len(cache.sessions))
+    yield _gauge(
+        "loglake_fetch_session_partitions_cached", "Partitions held by all cached fetch sessions.",
+        cache.partitions_cached(),
+    )
+    yield _counter("loglake_fetch_sessions_opened_total", "Fetch sessions opened by full fetches.", stats.created)
+    yield _counter(
+        "loglake_fetch_sessions_closed_total", "Fetch sessions closed by their client (epoch 0 or -1, or emptied).",
+        stats.closed,
+    )
+    evicted = _counter(
+        "loglake_fetch_sessions_evicted_total",
+        "Fetch sessions evicted: idle (past the eviction time) or displaced (by a session with more partitions).",
+        labels=["reason"],
+    )
+    for reason, n in sorted(stats.evicted.items()):
+        evicted.add_metric([reason], n)
+    yield evicted
+    yield _counter(
+        "loglake_fetch_sessions_unavailable_total",
+        "Full fetches that asked for a session and got none (cache full, or too many partitions).", stats.not_created,
+    )
+    yield _counter(
+        "loglake_fetch_incremental_total", "Fetch requests served incrementally from a session.",
+        stats.incremental_fetches,
+    )
+    errors = _counter(
+        "loglake_fetch_session_errors_total", "Fetch requests answered with a session error, by Kafka error name.",
+        labels=["error"],
+    )
+    for name, n in sorted(stats.errors.items()):
+        errors.add_metric([name], n)
+    yield errors
 
 
 def _corruption_families(engine: Any) -> Iterator[Metric]:

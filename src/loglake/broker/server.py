@@ -34,6 +34,7 @@ from typing import Any
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
+from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
@@ -309,6 +310,7 @@ class BrokerServer:
                 self.host, self.port, adv_host, adv_port,
             )
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
         self.ctx.broker_configs = BrokerConfigs(self.config, engine, (self.host, self.port, adv_host, adv_port))
         await loop.run_in_executor(None, self.ctx.broker_configs.load)

@@ -5,8 +5,12 @@ returns at least one whole batch even when it is larger than the limits, later p
 what still fits. Hot segment data goes out as file ranges (sendfile); unsealed data from memory
 buffers without copies. Before a response leaves, `fetch_limit_violations` checks it against the
 rule; a partition that breaks it (a bug) is sent without records and logged, so that a client's
-`receive.message.max.bytes` is never exceeded. No fetch sessions (KIP-227): session_id 0 tells
-clients to send full fetch requests.
+`receive.message.max.bytes` is never exceeded.
+
+Fetch sessions (KIP-227) live in `loglake.broker.fetch_sessions`: `handle` asks the session cache
+for a plan, reads the plan's partitions (an incremental fetch's are the session's, in its order)
+exactly as a full fetch, and lets the plan trim the response and stamp the session id. A
+sessionless fetch (session_id 0, epoch -1) skips all of that.
 
 A partition whose `current_leader_epoch` (v9+; -1: no check) differs from the partition's epoch
 is answered FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer), with the current leader
@@ -167,7 +171,16 @@ def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData
 
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    body = req.body
+    sessions = getattr(ctx, "fetch_sessions", None)
+    plan = sessions.begin(req.body, req.api_version) if sessions is not None else None
+    if plan is None:
+        return await _fetch(ctx, conn, req, req.body)
+    if plan.body is None:
+        return plan.error_response()
+    return plan.finish(await _fetch(ctx, conn, req, plan.body))
+
+
+async def _fetch(ctx: Any, conn: Any, req: DecodedRequest, body: Any) -> FetchResponseData:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
     while True:
