@@ -1,0 +1,110 @@
+"""Regressions for the bugs the fuzzers (tests/test_fuzz.py) found, one test each, with the seed
+and case that found them."""
+
+from __future__ import annotations
+
+import pytest
+
+from loglake.errors import CorruptionError
+from loglake.meta.snapshot import decode_snapshot, encode_snapshot
+from loglake.meta.state import (
+    PARTITIONS_PER_TOPIC_MAX,
+    MetaState,
+    capture,
+    decode_checkpoint,
+    encode_checkpoint,
+    state_from_snapshot,
+)
+
+TID = "ab" * 16
+
+
+def _topic_state() -> MetaState:
+    state = MetaState("c1")
+    state.apply("topic_created", {"name": "t", "id": TID, "partitions": 1, "config": {}, "created_ms": 1})
+    return state
+
+
+# Found by meta_records, seed 1 case 220: a record whose "config" is a list replayed as an
+# AttributeError, which the metadata log's replay does not turn into CorruptionError.
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("topic_config", {"id": TID, "config": [1, 2]}),
+        ("topic_created", {"name": "u", "id": "cd" * 16, "partitions": 1, "config": "x", "created_ms": 1}),
+        ("segment_rewritten", {"id": TID, "p": 0, "replaced": [], "segs": []}),
+        ("offset_commit", {"g": "g", "rows": 5}),
+    ],
+)
+def test_a_record_of_the_wrong_shape_is_a_value_error(kind: str, body: dict[str, object]) -> None:
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        _topic_state().apply(kind, body)
+
+
+# Found by meta_records, seed 1 case 778: "partitions": 10**12 built partitions until the case
+# was stopped (unbounded time and memory on replay of one bad record).
+@pytest.mark.parametrize(
+    ("kind", "body"),
+    [
+        ("topic_created", {"name": "u", "id": "cd" * 16, "partitions": 10**12, "config": {}, "created_ms": 1}),
+        ("partitions_added", {"id": TID, "total": 2**63}),
+        ("partitions_added", {"id": TID, "total": PARTITIONS_PER_TOPIC_MAX + 1}),
+    ],
+)
+def test_a_partition_count_over_the_limit_is_refused(kind: str, body: dict[str, object]) -> None:
+    state = _topic_state()
+    with pytest.raises(ValueError, match="partition count"):
+        state.apply(kind, body)
+    assert len(state.partitions) == 1
+
+
+def _checkpoint_with(doc_change: dict[str, object]) -> bytes:
+    img = capture(_topic_state())
+    img.doc = {**img.doc, **doc_change}
+    return b"".join(encode_checkpoint(img))
+
+
+# Found by checkpoints, seed 1 case 901: a CRC-valid checkpoint whose "groups" is null raised
+# AttributeError out of decode_checkpoint instead of CorruptionError.
+@pytest.mark.parametrize(
+    "change",
+    [{"groups": None}, {"topics": [5]}, {"topics": [{"name": "t", "id": TID, "partitions": 10**9, "config": {},
+                                                     "created_ms": 1}]}],
+)
+def test_a_checkpoint_of_the_wrong_shape_is_corruption(change: dict[str, object]) -> None:
+    with pytest.raises(CorruptionError, match="does not parse"):
+        decode_checkpoint(_checkpoint_with(change), path="ck")
+
+
+def _snapshot_payload(**change: object) -> dict[str, object]:
+    payload: dict[str, object] = {
+        "version": 1,
+        "cluster_id": "c1",
+        "extra": {},
+        "topics": {"t": {"id": TID, "partitions": 1, "config": {}, "created_ms": 1}},
+        "partitions": {f"{TID}/0": {"log_start": 0, "sealed_end": 0, "chain": "11" * 32, "producers": {},
+                                    "segments": []}},
+    }
+    payload.update(change)
+    return payload
+
+
+# Found by snapshots, seed 1 cases 13, 304 and 1786: a version-1 snapshot whose "partitions" is a
+# string, "topics" a list, or a segment row empty escaped the migration's error handling.
+@pytest.mark.parametrize(
+    "change",
+    [{"partitions": "x"}, {"topics": [1]}, {"partitions": {f"{TID}/0": {"log_start": 0, "sealed_end": 0,
+                                                                        "chain": "", "producers": True,
+                                                                        "segments": []}}},
+     {"partitions": {f"{TID}/0": {"log_start": 0, "sealed_end": 0, "chain": "", "producers": {},
+                                  "segments": [[]]}}}],
+)
+def test_a_snapshot_of_the_wrong_shape_is_a_value_error(change: dict[str, object]) -> None:
+    _seq, payload = decode_snapshot(encode_snapshot(3, _snapshot_payload(**change)), path="s")
+    with pytest.raises((KeyError, ValueError, TypeError)):
+        state_from_snapshot(payload)
+
+
+def test_good_documents_still_load() -> None:
+    decode_checkpoint(_checkpoint_with({}), path="ck")
+    assert state_from_snapshot(_snapshot_payload()).topics
