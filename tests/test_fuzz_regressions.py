@@ -105,6 +105,18 @@ def test_a_snapshot_of_the_wrong_shape_is_a_value_error(change: dict[str, object
         state_from_snapshot(payload)
 
 
+# Found by snapshots, seed 20261124 case 3885 (and segment_published records): a segment row with
+# a number outside int64 raised struct.error, which is not a ValueError, out of the replay.
+def test_a_segment_row_out_of_int64_range_is_a_value_error() -> None:
+    row = [0, 2**63, 100, 5, 5, "00" * 32, "11" * 32, 1, "hot"]
+    with pytest.raises(ValueError):
+        _topic_state().apply("segment_published", {"id": TID, "p": 0, "seg": row})
+    part = {f"{TID}/0": {"log_start": 0, "sealed_end": 0, "chain": "", "producers": {}, "segments": [row]}}
+    _seq, payload = decode_snapshot(encode_snapshot(3, _snapshot_payload(partitions=part)), path="s")
+    with pytest.raises(ValueError):
+        state_from_snapshot(payload)
+
+
 def test_good_documents_still_load() -> None:
     decode_checkpoint(_checkpoint_with({}), path="ck")
     assert state_from_snapshot(_snapshot_payload()).topics

@@ -92,8 +92,8 @@ RECORD_BYTES_MAX = 16 * 1024 * 1024
 #: is corrupt, and is refused before one partition of it is built.
 PARTITIONS_PER_TOPIC_MAX = 10_000
 #: What reading a JSON document of the wrong shape raises (a list where an object belongs, a
-#: short row): callers turn these into CorruptionError.
-DOC_SHAPE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError)
+#: short row, a number out of int64 range): callers turn these into CorruptionError.
+DOC_SHAPE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error)
 RECORD_KINDS = (
     "cluster",
     "topic_created",
@@ -260,7 +260,7 @@ class MetaState:
             raise ValueError(f"unknown metadata record kind {kind!r}")
         try:
             handler(self, body)
-        except (AttributeError, IndexError) as exc:  # a field of the wrong JSON type or length
+        except (AttributeError, IndexError, struct.error) as exc:  # a field of the wrong JSON type or length
             raise ValueError(f"{kind} record does not fit: {exc!r}") from None
 
     def _cluster(self, b: dict[str, Any]) -> None:
@@ -579,11 +579,11 @@ def _partition_count(value: Any) -> int:
 def state_from_snapshot(payload: dict[str, Any]) -> MetaState:
     """Migration: the state held by a version-1 metadata snapshot (`snapshot-*.bin`, meta.json).
 
-    A payload of the wrong shape raises KeyError, ValueError or TypeError (never AttributeError
-    or IndexError), which callers report as corruption."""
+    A payload of the wrong shape raises KeyError, ValueError or TypeError (never AttributeError,
+    IndexError or struct.error), which callers report as corruption."""
     try:
         return _state_from_snapshot(payload)
-    except (AttributeError, IndexError) as exc:
+    except (AttributeError, IndexError, struct.error) as exc:
         raise ValueError(f"snapshot payload does not fit: {exc!r}") from None
 
 
