@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from loglake.broker.protocol import MalformedRequestError, decode_request, request_class
 from loglake.errors import CorruptionError
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
 from loglake.meta.state import (
@@ -15,6 +16,7 @@ from loglake.meta.state import (
     encode_checkpoint,
     state_from_snapshot,
 )
+from test_protocol_samples import client_bytes
 
 TID = "ab" * 16
 
@@ -120,3 +122,16 @@ def test_a_segment_row_out_of_int64_range_is_a_value_error() -> None:
 def test_good_documents_still_load() -> None:
     decode_checkpoint(_checkpoint_with({}), path="ck")
     assert state_from_snapshot(_snapshot_payload()).topics
+
+
+# Found by the live-broker fuzz, seed 99: DeleteRecords v2 whose partitions array is null (a
+# compact length of 0) reached the handler as None ("'NoneType' object is not iterable", a
+# traceback in the broker log). Kafka refuses null in a non-nullable field; so does the codec now.
+def test_null_in_a_non_nullable_field_is_malformed() -> None:
+    cls = request_class(21)
+    req = cls[2](topics=[cls[2].DeleteRecordsTopic(name="t", partitions=None)], timeout_ms=1)
+    with pytest.raises(MalformedRequestError, match=r"non-nullable field topics\.partitions is null"):
+        decode_request(client_bytes(req)[4:])
+    ok = cls[2](topics=[cls[2].DeleteRecordsTopic(name="t", partitions=[])], timeout_ms=1)
+    assert decode_request(client_bytes(ok)[4:]).body.topics[0].partitions == []
+
