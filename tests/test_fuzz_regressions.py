@@ -3,6 +3,8 @@ and case that found them."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from loglake.broker.protocol import MalformedRequestError, decode_request, request_class
@@ -135,3 +137,25 @@ def test_null_in_a_non_nullable_field_is_malformed() -> None:
     ok = cls[2](topics=[cls[2].DeleteRecordsTopic(name="t", partitions=[])], timeout_ms=1)
     assert decode_request(client_bytes(ok)[4:]).body.topics[0].partitions == []
 
+
+# Found by the live-broker fuzz, seed 99: ConsumerGroupHeartbeat owning partitions of the zero
+# topic id (which kafka-python decodes as None) failed with AttributeError in the handler.
+def test_heartbeat_owning_the_zero_topic_id_is_answered() -> None:
+    from loglake.broker.handlers.consumer_groups import consumer_group_heartbeat
+
+    class Coordinator:
+        owned: object = None
+
+        async def consumer_heartbeat(self, hb: object) -> object:
+            Coordinator.owned = hb.owned  # type: ignore[attr-defined]
+            raise LookupError("stop here")
+
+    cls = request_class(68)
+    req = cls[0](group_id="g", member_id="m", member_epoch=0, instance_id=None, rack_id=None,
+                 rebalance_timeout_ms=1000, subscribed_topic_names=["t"], server_assignor=None,
+                 topic_partitions=[cls[0].TopicPartitions(topic_id=None, partitions=[0])])
+    decoded = decode_request(client_bytes(req)[4:])
+    ctx = type("Ctx", (), {"coordinator": Coordinator()})()
+    with pytest.raises(LookupError):
+        asyncio.run(consumer_group_heartbeat(ctx, type("Conn", (), {"peer": "127.0.0.1:1"})(), decoded))
+    assert Coordinator.owned == [("0" * 32, [0])]
