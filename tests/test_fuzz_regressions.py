@@ -159,3 +159,14 @@ def test_heartbeat_owning_the_zero_topic_id_is_answered() -> None:
     with pytest.raises(LookupError):
         asyncio.run(consumer_group_heartbeat(ctx, type("Conn", (), {"peer": "127.0.0.1:1"})(), decoded))
     assert Coordinator.owned == [("0" * 32, [0])]
+
+
+# Found by the live-broker fuzz, seed 99 case 1500..: ConsumerGroupHeartbeat v1 subscribing to a
+# null topic name reached the group coordinator as None (TypeError, a traceback in the log).
+def test_a_null_element_of_a_string_array_is_malformed() -> None:
+    cls = request_class(68)
+    req = cls[1](group_id="g", member_id="m", member_epoch=0, instance_id=None, rack_id=None,
+                 rebalance_timeout_ms=1000, subscribed_topic_names=["t", None], subscribed_topic_regex=None,
+                 server_assignor=None, topic_partitions=None)
+    with pytest.raises(MalformedRequestError, match=r"subscribed_topic_names\[1\] is null"):
+        decode_request(client_bytes(req)[4:])

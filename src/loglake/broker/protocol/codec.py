@@ -137,10 +137,12 @@ def _decoder(api_key: int, version: int) -> Any:
 
 
 _NullCheck = tuple[tuple[str, Any, bool], ...]
+_ELEMENTS = "elements"
 
 
 def _can_be_null(f: Any) -> bool:
-    """Fields the generated decoder reads as None for a null length (strings, bytes, arrays, structs)."""
+    """Fields the generated decoder reads as None for a null length (strings, bytes, arrays, structs),
+    or array elements it reads as None (strings, bytes)."""
     if isinstance(f, ArrayField | StructArrayField | StructField):
         return True
     return isinstance(f, SimpleField) and (isinstance(f._type, String) or f._type is Bytes)
@@ -152,7 +154,9 @@ def _null_checks(struct: Any, version: int) -> _NullCheck:
     for f in struct.fields.values():
         if not f.for_version_q(version) or (f.tag is not None and f.tagged_field_q(version)):
             continue
-        inner = _null_checks(f, version) if isinstance(f, StructArrayField | StructField) else ()
+        inner: Any = _null_checks(f, version) if isinstance(f, StructArrayField | StructField) else ()
+        if isinstance(f, ArrayField) and not isinstance(f, StructArrayField) and _can_be_null(f.array_of):
+            inner = _ELEMENTS  # an array of strings or bytes: no element may be null
         nullable = bool(f.nullable_for_version_q(version))
         if inner or (not nullable and _can_be_null(f)):
             out.append((f.name, inner, nullable))
@@ -170,7 +174,10 @@ def _null_field(obj: Any, checks: _NullCheck) -> str | None:
             if not nullable:
                 return name
             continue
-        if inner:
+        if inner is _ELEMENTS:
+            if None in value:
+                return f"{name}[{value.index(None)}]"
+        elif inner:
             for item in value if isinstance(value, list) else (value,):
                 bad = _null_field(item, inner)
                 if bad is not None:
