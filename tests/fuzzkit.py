@@ -24,7 +24,8 @@ import signal
 import time
 import traceback
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,11 +100,27 @@ def _on_alarm(_signum: int, _frame: Any) -> None:
     raise CaseHang(f"case ran over {CASE_TIME_LIMIT_S} s")
 
 
+@contextmanager
+def hang_alarm() -> Iterator[None]:
+    """SIGALRM raises CaseHang while inside; pytest-timeout's own alarm (same signal) is put back
+    after, with the time it had left."""
+    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    old_left, _interval = signal.getitimer(signal.ITIMER_REAL)
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_left > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(old_left - (time.monotonic() - t0), 0.001))
+
+
 def run_case(target: Target, seed: int, index: int, *, measure: bool = False) -> tuple[BaseException | None, int]:
-    """Run one case; returns (the disallowed exception or None, peak bytes allocated if measured)."""
+    """Run one case (inside `hang_alarm`); returns (the disallowed exception or None, peak bytes
+    allocated if measured)."""
     data = target.make(case_rng(seed, target.name, index))
     peak = 0
-    old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, CASE_TIME_LIMIT_S)
     try:
         if measure:
@@ -122,7 +139,6 @@ def run_case(target: Target, seed: int, index: int, *, measure: bool = False) ->
         return exc, peak
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
     limit = ALLOC_FACTOR * len(data) + ALLOC_SLACK_BYTES + target.alloc_extra
     if peak > limit:
         return MemoryError(f"decoder peak {peak} bytes over the bound {limit} for a {len(data)}-byte input"), peak
@@ -132,6 +148,13 @@ def run_case(target: Target, seed: int, index: int, *, measure: bool = False) ->
 def run_target(target: Target, seed: int, first: int, count: int) -> TargetResult:
     result = TargetResult(target.name, seed, first)
     t0 = time.perf_counter()
+    with hang_alarm():
+        _run_cases(target, seed, first, count, result)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _run_cases(target: Target, seed: int, first: int, count: int, result: TargetResult) -> None:
     for index in range(first, first + count):
         measure = index % ALLOC_SAMPLE_EVERY == 0
         exc, peak = run_case(target, seed, index, measure=measure)
@@ -147,8 +170,6 @@ def run_target(target: Target, seed: int, first: int, count: int) -> TargetResul
                     {"index": index, "error": f"{type(exc).__name__}: {exc}"[:500], "traceback": tb[-1500:],
                      "replay": replay_line(target.name, seed, index)}
                 )
-    result.seconds = time.perf_counter() - t0
-    return result
 
 
 def describe_failures(results: list[TargetResult]) -> str:

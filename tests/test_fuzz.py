@@ -26,6 +26,7 @@ from fuzzkit import (
     TargetResult,
     case_rng,
     describe_failures,
+    hang_alarm,
     merge_results,
     run_case,
     run_seed,
@@ -105,6 +106,38 @@ def test_fuzz_replay() -> None:
     seed = int(os.environ.get(SEED_ENV) or DEFAULT_SAMPLE_SEED)
     data = target.make(case_rng(seed, name, int(index)))
     print(f"input ({len(data)} bytes): {data[:400]!r}")
-    exc, _peak = run_case(target, seed, int(index), measure=True)
+    with hang_alarm():
+        exc, _peak = run_case(target, seed, int(index), measure=True)
     if exc is not None:
         raise exc
+
+
+def _spin(_data: bytes) -> None:
+    while True:
+        pass
+
+
+def _leak(data: bytes) -> None:
+    _held = bytearray(64 * 1024 * 1024)  # far beyond 16 x the input + 1 MiB
+    raise ValueError("after allocating")
+
+
+def test_the_fuzzer_sees_crashes_hangs_and_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each detector fires: a disallowed exception, a case that never ends, a decoder that
+    allocates far more than its input (the case index is a multiple of ALLOC_SAMPLE_EVERY)."""
+    import fuzzkit
+
+    make = lambda rng: rng.randbytes(8)  # noqa: E731
+    crash = Target("crash", make, lambda d: d[100], (ValueError,))
+    hang = Target("hang", make, _spin, (ValueError,))
+    leak = Target("leak", make, _leak, (ValueError,))
+    ok = Target("ok", make, lambda d: None, (ValueError,))
+    results = [run_target(t, 1, 0, 1) for t in (crash, leak, ok)]
+    monkeypatch.setattr(fuzzkit, "CASE_TIME_LIMIT_S", 0.05)
+    results.insert(1, run_target(hang, 1, 0, 1))
+    errors = [r.failures[0]["error"] if r.failures else None for r in results]
+    assert errors[0] is not None and errors[0].startswith("IndexError")
+    assert errors[1] is not None and errors[1].startswith("CaseHang")
+    assert errors[2] is not None and errors[2].startswith("MemoryError")
+    assert errors[3] is None
+    assert "LOGLAKE_FUZZ_SEED=1 LOGLAKE_FUZZ_CASE=crash:0" in results[0].failures[0]["replay"]
