@@ -36,7 +36,7 @@ from fuzzkit import (
 
 TARGETS: list[Target] = [*fuzz_protocol.TARGETS, *fuzz_storage.TARGETS]
 #: Cases per target in `make test`'s sample.
-SAMPLE_CASES = 4000
+SAMPLE_CASES = 10_000
 #: Cases in all in `make test-long` (the live-broker fuzz in test_fuzz_broker.py adds its own).
 LONG_CASES = 1_000_000
 #: Relative share of the long run's cases per target (cheap, wide targets get more).
