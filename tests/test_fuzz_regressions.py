@@ -4,7 +4,9 @@ and case that found them."""
 from __future__ import annotations
 
 import asyncio
+import struct
 
+import crc32c
 import pytest
 
 from loglake.broker.protocol import MalformedRequestError, decode_request, request_class
@@ -18,6 +20,11 @@ from loglake.meta.state import (
     encode_checkpoint,
     state_from_snapshot,
 )
+from loglake.records.batch import build_batch
+from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_SIZE, SegmentWriter
+from loglake.segment.index import INDEX_ENTRY_SIZE
+from loglake.segment.verify import SegmentReader
+from loglake.store.memory import MemoryStore
 from test_protocol_samples import client_bytes
 
 TID = "ab" * 16
@@ -170,3 +177,24 @@ def test_a_null_element_of_a_string_array_is_malformed() -> None:
                  server_assignor=None, topic_partitions=None)
     with pytest.raises(MalformedRequestError, match=r"subscribed_topic_names\[1\] is null"):
         decode_request(client_bytes(req)[4:])
+
+
+# Found by segments, seed 3 case 14: an index whose positions are out of order (the trailer CRC
+# made right again) gave SegmentReader a negative byte range: ValueError from the store instead
+# of CorruptionError.
+def test_segment_reader_refuses_an_index_out_of_order() -> None:
+    writer = SegmentWriter(0, bytes(32), 1)
+    for base in range(3):
+        writer.add_batch(build_batch([(1, None, b"v%d" % base, [])], base_offset=base))
+    parts, trailer, _index = writer.finish()
+    data = bytearray(b"".join(bytes(p) for p in parts))
+    tail_at = len(data) - TRAILER_SIZE
+    struct.pack_into("<Q", data, trailer.index_position + INDEX_ENTRY_SIZE + 8, 0)  # entry 1 at byte 0
+    crc = crc32c.crc32c(bytes(data[trailer.index_position : tail_at + TRAILER_CRC_OFFSET]))
+    struct.pack_into("<I", data, tail_at + TRAILER_CRC_OFFSET, crc)
+    store = MemoryStore()
+    store.put("seg", [bytes(data)])
+    reader = SegmentReader(store, "seg", chunk_bytes=1)
+    with pytest.raises(CorruptionError, match="outside the data section"):
+        for _chunk in reader.chunks():
+            pass
