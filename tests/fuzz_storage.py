@@ -31,7 +31,7 @@ from loglake.meta.state import (
     state_from_snapshot,
 )
 from loglake.records.batch import build_batch
-from loglake.segment.format import SegmentWriter
+from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_FIELD_OFFSETS, TRAILER_SIZE, SegmentWriter
 from loglake.segment.verify import SegmentReader, verify_segment
 from loglake.store.memory import MemoryStore
 from loglake.wal.frame import FrameError, decode_frame, encode_frame, find_valid_frame_after
@@ -61,6 +61,8 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
     ),
     ("topic_deleted", {"id": TID}),
 ]
+#: Trailer fields a structured segment mutation may change (not the CRC, version or magic).
+_TRAILER_FIELDS = [v for k, v in TRAILER_FIELD_OFFSETS.items() if v < TRAILER_CRC_OFFSET]
 _JSON_VALUES: list[Any] = [None, True, -1, 0, 2**63, -(2**63), 10**12, 1.5, "", "zz", "ab" * 16, [], [1, 2], {}, {"a": 1}]
 
 
@@ -164,8 +166,18 @@ def make_segment(rng: random.Random) -> bytes:
         )
         writer.add_batch(batch)
         offset += count
-    parts, _trailer, _index = writer.finish()
+    parts, trailer, _index = writer.finish()
     out = bytearray(b"".join(bytes(p) for p in parts))
+    if rng.random() < 0.5:  # an index or trailer field changed, the trailer CRC made right again
+        tail_at = len(out) - TRAILER_SIZE
+        at = rng.choice([rng.randrange(trailer.index_position, tail_at), tail_at + rng.choice(_TRAILER_FIELDS)])
+        width = rng.choice([4, 8])
+        out[at : at + width] = rng.choice([0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1]).to_bytes(8, "little")[:width]
+        index_position = struct.unpack_from("<Q", out, tail_at + 40)[0]
+        if index_position <= tail_at:
+            crc = crc32c.crc32c(bytes(out[index_position : tail_at + TRAILER_CRC_OFFSET]))
+            struct.pack_into("<I", out, tail_at + TRAILER_CRC_OFFSET, crc)
+        return bytes(out)
     for _ in range(rng.randint(1, 3)):
         _bytes_damage(rng, out)
     return bytes(out)
