@@ -312,3 +312,13 @@ def test_reads_respect_the_limit_except_by_one_first_batch(
                 assert batches, "a read with min_one returns at least one batch when there is data"
     finally:
         engine.close()
+
+
+def test_min_bytes_zero_is_answered_at_once(broker: Broker) -> None:
+    """Kafka: "if the client sets min_bytes to 0 the server will always respond immediately". Here
+    max_wait_ms is 30 s and the client's socket gives up after 10 s: only an immediate answer passes."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("minzero", 1)])["minzero"].result(10)
+    with RawClient(broker.bootstrap, timeout=10) as client:
+        resp, (size,) = _raw_fetch(client, "minzero", [(0, 0, 1 << 20)], 1 << 20, min_bytes=0, max_wait_ms=30_000)
+    assert size == 0 and resp.responses[0].partitions[0].error_code == 0  # type: ignore[attr-defined]

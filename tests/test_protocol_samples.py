@@ -33,7 +33,7 @@ from loglake.broker.protocol import SUPPORTED, request_class, response_class
 _INT_RANGES = {Int8: 7, Int16: 15, Int32: 31, Int64: 63}
 
 
-def _simple(field: Any, version: int, rng: random.Random) -> Any:
+def _simple(field: Any, version: int, rng: random.Random, element: bool = False) -> Any:
     t = field._type
     if t in _INT_RANGES:
         bits = _INT_RANGES[t]
@@ -48,7 +48,8 @@ def _simple(field: Any, version: int, rng: random.Random) -> Any:
         return None if rng.random() < 0.2 else uuid.UUID(int=rng.getrandbits(128))
     if t is BitField:
         return rng.choice([None, {0, 3}, {1}])
-    nullable = field.nullable_for_version_q(version)
+    # Array elements are never null in Kafka (nullableVersions is the array's own).
+    nullable = field.nullable_for_version_q(version) and not element
     if isinstance(t, String):
         if nullable and rng.random() < 0.2:
             return None
@@ -70,7 +71,7 @@ def _value(field: Any, version: int, rng: random.Random, depth: int) -> Any:
     if isinstance(field, ArrayField):
         if nullable and rng.random() < 0.2:
             return None
-        return [_simple(field.array_of, version, rng) for _ in range(rng.randint(0, 3))]
+        return [_simple(field.array_of, version, rng, element=True) for _ in range(rng.randint(0, 3))]
     if isinstance(field, StructField):
         if (nullable or field.tag is not None) and rng.random() < 0.3:
             return None

@@ -22,6 +22,7 @@ from loglake.meta.log import (
     META_LOG_FILE_BYTES_DEFAULT,
 )
 from loglake.meta.publish import META_PUBLISH_INTERVAL_MS_DEFAULT
+from loglake.meta.state import PARTITIONS_PER_TOPIC_MAX as _META_PARTITIONS_MAX
 from loglake.records.compression import codec_from_name
 from loglake.wal.shard import (
     WAL_FILE_BYTES_DEFAULT,
@@ -34,8 +35,9 @@ from loglake.wal.shard import (
 TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 #: Kafka's limit on topic name length.
 TOPIC_NAME_CHARS_MAX = 249
-#: Upper bound on partitions per topic: each partition owns buffers and a segment chain.
-PARTITIONS_PER_TOPIC_MAX = 10_000
+#: Upper bound on partitions per topic (each partition owns buffers and a segment chain): defined
+#: with the metadata state, whose replay refuses records above it.
+PARTITIONS_PER_TOPIC_MAX = _META_PARTITIONS_MAX
 
 
 def validate_topic_name(name: str) -> None:

@@ -88,6 +88,12 @@ PASS_MARKS_MAX = 64
 LEADER_EPOCHS_MAX = 1000
 #: Largest record body accepted (a group state with 1,000 members fits easily).
 RECORD_BYTES_MAX = 16 * 1024 * 1024
+#: Most partitions a topic may have (the engine refuses more); a record or checkpoint claiming more
+#: is corrupt, and is refused before one partition of it is built.
+PARTITIONS_PER_TOPIC_MAX = 10_000
+#: What reading a JSON document of the wrong shape raises (a list where an object belongs, a
+#: short row, a number out of int64 range): callers turn these into CorruptionError.
+DOC_SHAPE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error)
 RECORD_KINDS = (
     "cluster",
     "topic_created",
@@ -252,7 +258,10 @@ class MetaState:
         handler = _APPLY.get(kind)
         if handler is None:
             raise ValueError(f"unknown metadata record kind {kind!r}")
-        handler(self, body)
+        try:
+            handler(self, body)
+        except (AttributeError, IndexError, struct.error) as exc:  # a field of the wrong JSON type or length
+            raise ValueError(f"{kind} record does not fit: {exc!r}") from None
 
     def _cluster(self, b: dict[str, Any]) -> None:
         self.cluster_id = str(b["cluster_id"])
@@ -262,7 +271,7 @@ class MetaState:
         name = str(b["name"])
         if name in self.names:
             raise ValueError(f"topic {name!r} created twice")
-        topic = TopicMeta(name, tid, int(b["partitions"]), {str(k): str(v) for k, v in b["config"].items()}, int(b["created_ms"]))
+        topic = TopicMeta(name, tid, _partition_count(b["partitions"]), {str(k): str(v) for k, v in b["config"].items()}, int(b["created_ms"]))
         self.topics[tid] = topic
         self.names[name] = tid
         for i in range(topic.partitions):
@@ -283,7 +292,7 @@ class MetaState:
 
     def _partitions_added(self, b: dict[str, Any]) -> None:
         topic = self.topics[bytes.fromhex(b["id"])]
-        total = int(b["total"])
+        total = _partition_count(b["total"])
         for i in range(topic.partitions, total):
             self._new_partition(topic, i)
         topic.partitions = max(topic.partitions, total)
@@ -512,7 +521,7 @@ def decode_checkpoint(data: bytes, *, path: str) -> MetaState:
         doc = json.loads(data[_CK_HEADER.size : _CK_HEADER.size + json_len].decode("utf-8"))
         tables = memoryview(data)[_CK_HEADER.size + json_len :]
         return _state_from_doc(doc, seq, tables, version)
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, ValueError, TypeError) as exc:
+    except DOC_SHAPE_ERRORS as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CorruptionError(path, _CK_HEADER.size, f"checkpoint content does not parse: {exc!r}") from None
 
 
@@ -521,7 +530,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     state.seq = seq
     state.next_producer_id = int(doc["next_producer_id"])
     for t in doc["topics"]:
-        topic = TopicMeta(str(t["name"]), bytes.fromhex(t["id"]), int(t["partitions"]), dict(t["config"]), int(t["created_ms"]))
+        topic = TopicMeta(str(t["name"]), bytes.fromhex(t["id"]), _partition_count(t["partitions"]), dict(t["config"]), int(t["created_ms"]))
         state.topics[topic.topic_id] = topic
         state.names[topic.name] = topic.topic_id
     for raw in doc["partitions"]:
@@ -560,14 +569,31 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     return state
 
 
+def _partition_count(value: Any) -> int:
+    n = int(value)
+    if not 0 <= n <= PARTITIONS_PER_TOPIC_MAX:
+        raise ValueError(f"partition count {n} outside 0..{PARTITIONS_PER_TOPIC_MAX}")
+    return n
+
+
 def state_from_snapshot(payload: dict[str, Any]) -> MetaState:
-    """Migration: the state held by a version-1 metadata snapshot (`snapshot-*.bin`, meta.json)."""
+    """Migration: the state held by a version-1 metadata snapshot (`snapshot-*.bin`, meta.json).
+
+    A payload of the wrong shape raises KeyError, ValueError or TypeError (never AttributeError,
+    IndexError or struct.error), which callers report as corruption."""
+    try:
+        return _state_from_snapshot(payload)
+    except (AttributeError, IndexError, struct.error) as exc:
+        raise ValueError(f"snapshot payload does not fit: {exc!r}") from None
+
+
+def _state_from_snapshot(payload: dict[str, Any]) -> MetaState:
     state = MetaState(str(payload["cluster_id"]))
     extra = payload.get("extra", {}) or {}
     state.next_producer_id = int(extra.get("next_producer_id", 1000))
     for name, t in payload["topics"].items():
         tid = bytes.fromhex(t["id"])
-        topic = TopicMeta(str(name), tid, int(t["partitions"]), {str(k): str(v) for k, v in t["config"].items()}, int(t["created_ms"]))
+        topic = TopicMeta(str(name), tid, _partition_count(t["partitions"]), {str(k): str(v) for k, v in t["config"].items()}, int(t["created_ms"]))
         state.topics[tid] = topic
         state.names[topic.name] = tid
         for i in range(topic.partitions):

@@ -373,6 +373,15 @@ class SegmentReader:
         i, n = 0, len(self.index)
         while i < n:
             pos, length, count = self.index.byte_range(i, self.chunk_bytes)
+            if length <= 0 or pos < HEADER_SIZE or pos + length > self.trailer.index_position:
+                # positions out of order or outside the data section (the trailer CRC only says the
+                # index is as written, not that it was written right)
+                raise CorruptionError(
+                    self.key,
+                    self.trailer.index_position + i * INDEX_ENTRY_SIZE,
+                    f"index entry {i} gives bytes {pos}..{pos + length}, outside the data section "
+                    f"({HEADER_SIZE}..{self.trailer.index_position})",
+                )
             data = self.store.get_range(self.key, pos, length)
             if len(data) != length:
                 raise CorruptionError(

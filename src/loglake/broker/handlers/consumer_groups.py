@@ -14,6 +14,7 @@ from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE
 from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
 from loglake.broker.protocol import DecodedRequest
 
+ZERO_TOPIC_ID_HEX = "0" * 32
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol
 
 
@@ -24,7 +25,9 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
                 "member_epoch": body.member_epoch}
     owned = None
     if body.topic_partitions is not None:
-        owned = [(t.topic_id.hex, list(t.partitions)) for t in body.topic_partitions]
+        # kafka-python decodes the zero UUID as None: an unknown topic id, not a missing one
+        owned = [(t.topic_id.hex if t.topic_id is not None else ZERO_TOPIC_ID_HEX, list(t.partitions))
+                 for t in body.topic_partitions]
     names = body.subscribed_topic_names
     result = await ctx.coordinator.consumer_heartbeat(
         HeartbeatRequest(

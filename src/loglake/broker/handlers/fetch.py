@@ -17,7 +17,8 @@ is answered FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer), with th
 and epoch on v12+, so the client refreshes its metadata and validates its position
 (OffsetForLeaderEpoch).
 
-Long polling: a response is held until it has `min_bytes` of records or `max_wait_ms` has passed
+Long polling: a response is held until it has `min_bytes` of records (0: answered at once, as in
+Kafka) or `max_wait_ms` has passed
 (capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
 """
 
@@ -186,7 +187,8 @@ async def _fetch(ctx: Any, conn: Any, req: DecodedRequest, body: Any) -> FetchRe
     while True:
         response, total, waits = await _read_all(ctx, body, req.api_version)
         remaining = deadline - loop.time()
-        if total >= max(body.min_bytes, 1) or remaining <= 0 or not waits or conn.closing:
+        # min_bytes <= 0: answer at once, whatever there is (Kafka's rule)
+        if body.min_bytes <= 0 or total >= body.min_bytes or remaining <= 0 or not waits or conn.closing:
             return _enforce_limits(body, response)
         waiters = []
         for name, partition, offset in waits:

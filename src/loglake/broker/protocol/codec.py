@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kafka.protocol.schemas.fields.codecs import EncodeBuffer
+from kafka.protocol.schemas.fields import ArrayField, SimpleField, StructArrayField, StructField
+from kafka.protocol.schemas.fields.codecs import Bytes, EncodeBuffer, String
 from kafka.protocol.schemas.fields.codegen import CodegenContext
 
 from loglake.broker.protocol._wire import I32, WireError, read_string, skip_tagged_fields
@@ -135,6 +136,67 @@ def _decoder(api_key: int, version: int) -> Any:
     return fn
 
 
+_NullCheck = tuple[tuple[str, Any, bool], ...]
+_ELEMENTS = "elements"
+
+
+def _can_be_null(f: Any) -> bool:
+    """Fields the generated decoder reads as None for a null length (strings, bytes, arrays, structs),
+    or array elements it reads as None (strings, bytes)."""
+    if isinstance(f, ArrayField | StructArrayField | StructField):
+        return True
+    return isinstance(f, SimpleField) and (isinstance(f._type, String) or f._type is Bytes)
+
+
+def _null_checks(struct: Any, version: int) -> _NullCheck:
+    """(field, checks of its struct elements, may be null) for the fields a version carries."""
+    out = []
+    for f in struct.fields.values():
+        if not f.for_version_q(version) or (f.tag is not None and f.tagged_field_q(version)):
+            continue
+        inner: Any = _null_checks(f, version) if isinstance(f, StructArrayField | StructField) else ()
+        if isinstance(f, ArrayField) and not isinstance(f, StructArrayField) and _can_be_null(f.array_of):
+            inner = _ELEMENTS  # an array of strings or bytes: no element may be null
+        nullable = bool(f.nullable_for_version_q(version))
+        if inner or (not nullable and _can_be_null(f)):
+            out.append((f.name, inner, nullable))
+    return tuple(out)
+
+
+_null_check_cache: dict[tuple[int, int], _NullCheck] = {}
+
+
+def _null_field(obj: Any, checks: _NullCheck) -> str | None:
+    """The first non-nullable field of `obj` (recursively) that decoded as null, if any."""
+    for name, inner, nullable in checks:
+        value = getattr(obj, name, None)
+        if value is None:
+            if not nullable:
+                return name
+            continue
+        if inner is _ELEMENTS:
+            if None in value:
+                return f"{name}[{value.index(None)}]"
+        elif inner:
+            for item in value if isinstance(value, list) else (value,):
+                bad = _null_field(item, inner)
+                if bad is not None:
+                    return f"{name}.{bad}"
+    return None
+
+
+def _check_nulls(api_key: int, version: int, body: Any) -> None:
+    """Kafka refuses a request with null in a non-nullable field; kafka-python's decoder lets it
+    through (a compact length of 0), so handlers would meet None where the schema promises a list."""
+    key = (api_key, version)
+    checks = _null_check_cache.get(key)
+    if checks is None:
+        checks = _null_check_cache[key] = _null_checks(request_class(api_key)._struct, version)
+    bad = _null_field(body, checks)
+    if bad is not None:
+        raise WireError(f"non-nullable field {bad} is null")
+
+
 _TAGS_CALL = re.compile(r"(_tf\d+)\.encode_into\([^,]+, out, version=\d+\)")
 _encoders: dict[tuple[int, int], Any] = {}
 
@@ -211,6 +273,7 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
             body, pos = _decoder(api_key, api_version)(data, pos)
             # The generated code skips __init__; ApiMessage's own slots must exist for encode().
             body._header = body._min_version = body._max_version = None
+            _check_nulls(api_key, api_version, body)
             if pos > len(data):
                 raise WireError("truncated")
             # Bytes after the body are ignored, as Kafka's broker does: librdkafka's v9+
