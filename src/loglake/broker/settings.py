@@ -47,6 +47,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "group_max_session_timeout_ms": (1, INT32_MAX),
     "offsets_retention_minutes": (1, 10 * 365 * 24 * 60),
     "log_rate_limit_ms": (0, 24 * 3600 * 1000),
+    "transaction_max_timeout_ms": (1, INT32_MAX),
+    "transactional_id_expiration_ms": (1, INT32_MAX),
+    "transaction_abort_timed_out_transaction_cleanup_interval_ms": (1, INT32_MAX),
+    "transactional_ids_max": (1, 10_000_000),
 }
 
 

@@ -41,6 +41,8 @@ group_config       {g, configs} → the group's dynamic configs (Kafka's GROUP r
 leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the partition starting
                    at offset `start` (its log end when the epoch began); history entries whose
                    start is >= `start` are dropped first (those offsets were truncated)
+txn                {tid, pid, epoch, state, parts, ...} → a transactional id's state, replaced,
+                   and its partitions' open/aborted transactions (loglake.meta.txn)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -59,6 +61,14 @@ import crc32c
 from loglake.errors import CorruptionError
 from loglake.meta.producers import ProducerStates
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
+from loglake.meta.txn import (
+    apply_txn,
+    load_partition_txns,
+    load_txns,
+    partition_txn_doc,
+    trim_aborted,
+    txns_doc,
+)
 from loglake.segment.format import ZERO_HASH
 from loglake.store.base import partition_prefix
 
@@ -106,6 +116,7 @@ RECORD_KINDS = (
     "broker_config",
     "group_config",
     "leader_epoch",
+    "txn",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -173,6 +184,10 @@ class PartitionMeta:
     leader_epochs: list[list[int]] = field(default_factory=list)
     #: the current leader epoch (the last history entry's; kept as a field: Produce reads it)
     leader_epoch: int = 0
+    #: transactions: producer id -> first offset of its open transaction here (loglake.meta.txn)
+    txn_open: dict[int, int] = field(default_factory=dict)
+    #: transactions aborted here: [[producer id, first offset, abort marker offset], ...] ascending
+    aborted_txns: list[list[int]] = field(default_factory=list)
 
     def note_leader_epoch(self, epoch: int, start: int) -> None:
         """A new epoch from `start` on: entries at or past `start` are gone (truncated offsets)."""
@@ -223,6 +238,8 @@ class MetaState:
         self.broker_configs: dict[str, dict[str, str]] = {}
         #: dynamic group configs: group id -> name -> value (independent of the group's offsets)
         self.group_configs: dict[str, dict[str, str]] = {}
+        #: transactional id -> its last `txn` record body (loglake.meta.txn)
+        self.txns: dict[str, dict[str, Any]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -312,6 +329,7 @@ class MetaState:
             history = pm.leader_epochs  # epochs wholly below the log start are never asked for
             while len(history) > 1 and history[1][1] <= offset:
                 del history[0]
+            trim_aborted(pm, offset)
 
     def _segment_rewritten(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
@@ -402,6 +420,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "broker_config": MetaState._broker_config,
     "group_config": MetaState._group_config,
     "leader_epoch": MetaState._leader_epoch,
+    "txn": apply_txn,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -460,6 +479,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "clean_marks": [list(m) for m in pm.clean_marks],
                 "tombstone_ms": pm.tombstone_ms,
                 "leader_epochs": [list(e) for e in pm.leader_epochs],
+                **partition_txn_doc(pm),
             }
         )
         tables.append(raw)
@@ -478,6 +498,7 @@ def capture(state: MetaState) -> CheckpointImage:
         },
         "broker_configs": {scope: dict(c) for scope, c in state.broker_configs.items()},
         "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
+        "txns": txns_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -546,6 +567,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])
         pm.producers = ProducerStates.from_json(raw["producers"])
+        load_partition_txns(pm, raw)  # absent before transactions: none open, none aborted
     for g, gdoc in doc["groups"].items():
         gm = GroupMeta()
         for topic_name, p, offset, epoch, metadata, ts in gdoc["offsets"]:
@@ -557,6 +579,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         _replace_configs(state.broker_configs, str(scope), configs)
     for g, configs in (doc.get("group_configs") or {}).items():
         _replace_configs(state.group_configs, str(g), configs)
+    load_txns(state, doc)
     return state
 
 
