@@ -71,6 +71,12 @@ class TxnEngineMixin:
         eng._check_open()
         return txn.write_marker(eng, topic_id, partition, producer_id, producer_epoch, commit)
 
+    def wake_readers(self, topic_id: bytes, partition: int) -> None:
+        """Readers waiting on the partition look again (its last stable offset moved)."""
+        topic = self._eng().catalog.by_id.get(topic_id)
+        if topic is not None and 0 <= partition < len(topic.partitions):
+            topic.partitions[partition].wake_all()
+
     def log_end(self, topic_id: bytes, partition: int) -> int | None:
         """The partition's next offset (by topic id), None when the topic is gone."""
         topic = self._eng().catalog.by_id.get(topic_id)

@@ -391,6 +391,8 @@ class TxnCoordinator:
                 await self.groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
         txn.state = "complete_commit" if commit else "complete_abort"
         await self._record(txn, markers if not commit else None)
+        for tid_hex, index, _offset in markers:  # the LSO moved: read_committed fetches look again
+            self.engine.wake_readers(bytes.fromhex(tid_hex), index)
         txn.parts.clear()
         txn.groups.clear()
         txn.offsets.clear()
