@@ -138,6 +138,11 @@ class TxnCoordinator:
 
     async def start(self) -> None:
         """Load the recorded state; complete transactions caught in a prepare state; start the sweep."""
+        await self.start_once()
+        self._sweeper = asyncio.create_task(self._sweep_loop())
+
+    async def start_once(self) -> None:
+        """`start` without the periodic sweep (one pass of it runs)."""
         for tid, body in self.engine.txn_states().items():
             txn = Txn.from_body(body)
             self.txns[tid] = txn
@@ -151,7 +156,6 @@ class TxnCoordinator:
                 except LoglakeError as exc:
                     log.error("transaction of %r could not be completed after restart: %s", txn.tid, exc)
         await self.sweep()
-        self._sweeper = asyncio.create_task(self._sweep_loop())
 
     def close(self) -> None:
         self.closed = True
