@@ -167,8 +167,8 @@ class TxnCoordinator:
             await asyncio.sleep(self.settings.cleanup_interval_ms / 1000.0)
             try:
                 await self.sweep()
-            except LoglakeError as exc:
-                _limited.warning("sweep", "transaction sweep failed: %s", exc)
+            except Exception as exc:  # one line, and the sweep runs again next interval
+                _limited.warning("sweep", "transaction sweep failed: %r", exc)
 
     async def sweep(self) -> None:
         """Abort ongoing transactions past their timeout (bumping the epoch fences the producer);
