@@ -234,3 +234,24 @@ def test_admin_describe_and_list(broker: Broker) -> None:
     finally:
         admin.close()
     p.commit_transaction(WAIT_S)
+
+
+@pytest.mark.parametrize("durability", ["disk", "memory", "ephemeral"])
+def test_transactions_in_each_durability_class(broker: Broker, durability: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = new_name(f"txn-{durability}")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.create_topics([NewTopic(topic, PARTITIONS, 1, config={"durability": durability})])
+    futures[topic].result(WAIT_S)
+    p = txn_producer(broker, new_name("tid"))
+    p.begin_transaction()
+    for i in range(30):
+        p.produce(topic, value=b"keep-%d" % i, partition=i % PARTITIONS)
+    p.commit_transaction(WAIT_S)
+    p.begin_transaction()
+    for i in range(30):
+        p.produce(topic, value=b"drop-%d" % i, partition=i % PARTITIONS)
+    p.flush()
+    p.abort_transaction(WAIT_S)
+    assert sorted(consume(broker, topic, "read_committed", 30)) == sorted(b"keep-%d" % i for i in range(30))
