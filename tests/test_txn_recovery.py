@@ -20,6 +20,7 @@ from kafka import KafkaAdminClient
 
 from loglake.engine import Engine
 from loglake.records.batch import BatchBuilder, iter_records
+from loglake.store.memory import MemoryStore
 
 from brokerkit import serving_broker
 
@@ -194,3 +195,42 @@ def test_killed_broker_aborts_open_transaction_after_restart(tmp_path: Path) -> 
         # the open transaction is aborted after its timeout; read_committed moves past it
         assert _consume(b.bootstrap, "k", 2, "read_committed", 1) == [b"after"]
         assert len(_consume(b.bootstrap, "k", 2, "read_uncommitted", 11)) == 11
+
+
+def end_txn(engine: Engine, pid: int, parts: dict[tuple[str, int], int], commit: bool) -> None:
+    """EndTxn as the coordinator does it: prepare, markers, complete."""
+    engine.record_txn(body(engine, pid, "prepare_commit" if commit else "prepare_abort", parts)).result()
+    markers = []
+    for topic, p in parts:
+        fut = engine.write_txn_marker(engine.topic_id_of(topic), p, pid, 0, commit)
+        assert fut is not None
+        markers.append([engine.topic_id_of(topic).hex(), p, fut.result().base_offset])
+    extra = {} if commit else {"markers": markers}
+    engine.record_txn(body(engine, pid, "complete_commit" if commit else "complete_abort", parts, **extra)).result()
+
+
+def test_read_committed_over_cold_segments(tmp_path: Path) -> None:
+    """Tiered segments keep the control batches; read_committed filters the same after relocation."""
+    cold = MemoryStore()
+    engine = Engine(str(tmp_path / "d"), cold_store=cold, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1, {"segment.bytes": "4096", "hot.retain.segments": "1"})
+        kept: list[bytes] = []
+        for round_ in range(8):
+            pid = engine.allocate_producer_id()
+            parts = {("t", 0): engine.partition_info("t", 0).next_offset}
+            engine.record_txn(body(engine, pid, "ongoing", parts)).result()
+            values = [f"r{round_}-{i}-".encode() * 40 for i in range(6)]
+            for i, v in enumerate(values):
+                engine.append_batch("t", 0, txn_batch(pid, 0, i, [v])).result()
+            end_txn(engine, pid, parts, commit=round_ % 2 == 0)
+            if round_ % 2 == 0:
+                kept += values
+        engine.flush()
+        assert engine.relocate_due() > 0
+        assert any(s.tier == "cold" for s in engine.segments("t", 0))
+        assert committed_values(engine, "t", 0) == kept
+        assert len(engine.aborted_transactions("t", 0, 0, engine.partition_info("t", 0).high_watermark)) == 4
+    finally:
+        engine.close()
