@@ -13,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetFetchRequest
 from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import (
+    AddOffsetsToTxnRequest,
     AddPartitionsToTxnRequest,
     EndTxnRequest,
     InitProducerIdRequest,
     ProduceRequest,
+    TxnOffsetCommitRequest,
 )
 
 from loglake.kafka_errors import ErrorCode as E
@@ -149,3 +151,39 @@ def test_transaction_error_codes_and_isolation(broker: Broker) -> None:
         batches = [h for _pos, h in split_batches(bytes(done.records))]
         assert [(h.base_offset, h.is_transactional, h.is_control) for h in batches] == [(0, True, False), (1, True, True)]
         assert latest(c, topic, 1) == 2
+
+
+def test_txn_offsets_visible_on_commit_only(broker: Broker) -> None:
+    """TxnOffsetCommit offsets reach the group at commit; until then OffsetFetch answers the old
+    offset, or UNSTABLE_OFFSET_COMMIT with require_stable (KIP-447); an abort discards them."""
+    topic, tid, group = f"off-{uuid.uuid4().hex[:8]}", f"tid-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    OT = OffsetFetchRequest.OffsetFetchRequestTopic
+    TT = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+
+    def fetched(c: RawClient, stable: bool) -> tuple[int, int]:
+        resp = c.request(OffsetFetchRequest[7](group_id=group, topics=[OT(name=topic, partition_indexes=[0])], require_stable=stable))
+        part = resp.topics[0].partitions[0]
+        return int(part.committed_offset), int(part.error_code)
+
+    with RawClient(broker.bootstrap) as c:
+        T = MetadataRequest.MetadataRequestTopic
+        assert c.request(MetadataRequest[12](topics=[T(name=topic)], allow_auto_topic_creation=True)).topics[0].error_code == 0
+        r = init(c, tid)
+        pid, epoch = r.producer_id, r.producer_epoch
+        for commit, offset in ((False, 7), (True, 9)):
+            add_offsets = AddOffsetsToTxnRequest[3](transactional_id=tid, producer_id=pid, producer_epoch=epoch, group_id=group)
+            assert c.request(add_offsets).error_code == E.NONE
+            resp = c.request(
+                TxnOffsetCommitRequest[3](
+                    transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch,
+                    generation_id=-1, member_id="", group_instance_id=None,
+                    topics=[TT(name=topic, partitions=[TT.TxnOffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="m")])],
+                )
+            )
+            assert resp.topics[0].partitions[0].error_code == E.NONE
+            assert fetched(c, False) == (-1, E.NONE)
+            assert fetched(c, True) == (-1, E.UNSTABLE_OFFSET_COMMIT)
+            end = EndTxnRequest[3](transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit)
+            assert c.request(end).error_code == E.NONE
+        assert fetched(c, True) == (9, E.NONE)  # the aborted 7 never reached the group

@@ -82,6 +82,7 @@ class ErrorCode(IntEnum):
     FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")
     GROUP_SUBSCRIBED_TO_TOPIC = (86, False, "The consumer group is actively subscribed to the topic.")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
+    UNSTABLE_OFFSET_COMMIT = (88, True, "There are unstable offsets that need to be cleared.")
     PRODUCER_FENCED = (90, False, "There is a newer producer with the same transactionalId which fences the current one.")
     UNKNOWN_TOPIC_ID = (100, True, "This server does not host this topic ID.")
     TRANSACTIONAL_ID_NOT_FOUND = (105, False, "The transactionalId could not be found.")

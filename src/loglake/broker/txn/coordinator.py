@@ -419,6 +419,15 @@ class TxnCoordinator:
             return E.INVALID_TXN_STATE
         return E.NONE
 
+    def pending_offsets(self, group: str) -> set[PartKey]:
+        """Partitions with offsets of `group` in a transaction not yet complete (KIP-447: an
+        OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
+        out: set[PartKey] = set()
+        for txn in self.txns.values():
+            if txn.state in ("ongoing", "prepare_commit", "prepare_abort") and group in txn.offsets:
+                out.update(txn.offsets[group])
+        return out
+
     # ---- admin --------------------------------------------------------------------------------------
 
     def describe(self, tid: str) -> Txn | None:
