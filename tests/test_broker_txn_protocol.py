@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetFetchRequest
-from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
     AddPartitionsToTxnRequest,
@@ -187,3 +187,13 @@ def test_txn_offsets_visible_on_commit_only(broker: Broker) -> None:
             end = EndTxnRequest[3](transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit)
             assert c.request(end).error_code == E.NONE
         assert fetched(c, True) == (9, E.NONE)  # the aborted 7 never reached the group
+
+
+def test_find_coordinator_for_transactions(broker: Broker) -> None:
+    with RawClient(broker.bootstrap) as c:
+        one = c.request(FindCoordinatorRequest[3](key="some-tid", key_type=1))
+        assert (one.error_code, one.node_id, one.port) == (E.NONE, 0, broker.port)
+        batched = c.request(FindCoordinatorRequest[4](key_type=1, coordinator_keys=["a", "b"]))
+        assert [(k.key, k.error_code, k.port) for k in batched.coordinators] == [("a", 0, broker.port), ("b", 0, broker.port)]
+        share = c.request(FindCoordinatorRequest[4](key_type=2, coordinator_keys=["s"]))
+        assert share.coordinators[0].error_code == E.INVALID_REQUEST
