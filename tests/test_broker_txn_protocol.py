@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.protocol.admin import DescribeProducersRequest
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, OffsetFetchRequest
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
 from kafka.protocol.producer import (
@@ -124,6 +125,10 @@ def test_transaction_error_codes_and_isolation(broker: Broker) -> None:
         assert produce(c, tid, topic, 0, pid, epoch, 0) == E.NONE
         assert produce(c, tid, topic, 1, pid, epoch, 0) == E.INVALID_TXN_STATE
         assert produce(c, tid, topic, 0, pid, 0, 1) == E.INVALID_PRODUCER_EPOCH
+        # DescribeProducers: the open transaction's first offset in the partition
+        dp = c.request(DescribeProducersRequest[0](topics=[DescribeProducersRequest.TopicRequest(name=topic, partition_indexes=[0])]))
+        (prod,) = dp.topics[0].partitions[0].active_producers
+        assert (prod.producer_id, prod.current_txn_start_offset) == (pid, 0)
         # v4+: the batched form; verify_only checks membership without adding
         resp = c.request(
             A[4](transactions=[A.AddPartitionsToTxnTransaction(
