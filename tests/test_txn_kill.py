@@ -108,7 +108,10 @@ def test_consume_transform_produce_survives_kill_9(tmp_path: Path) -> None:
                 app.wait()
                 start_on_port(b, port)
         assert kills_mid_run > 0  # at least one kill landed between committed transactions
-        final = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+        try:
+            final = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(f"application did not finish: {str(exc.stderr)[-3000:]}\n{b.log_text()[-3000:]}") from None
         assert final.returncode == 0 and "done" in final.stdout, final.stderr[-3000:]
         out = read_committed(b.bootstrap, dst, INPUTS)
         assert len(out) == INPUTS and sorted(out) == sorted(b"out-in-%d" % i for i in range(INPUTS))

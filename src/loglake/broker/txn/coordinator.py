@@ -223,6 +223,8 @@ class TxnCoordinator:
                 async with txn.lock:
                     await self._record(txn)
                 return E.NONE, txn.pid, txn.epoch
+        if self._completing(txn):
+            return E.CONCURRENT_TRANSACTIONS, -1, -1
         async with txn.lock:
             if pid >= 0:  # KIP-360: a producer resuming after an error names its id and epoch
                 if pid != txn.pid:
@@ -260,6 +262,12 @@ class TxnCoordinator:
             return fenced, None
         return E.NONE, txn
 
+    @staticmethod
+    def _completing(txn: Txn) -> bool:
+        """An EndTxn (or an abort by the coordinator) is writing markers: Kafka answers
+        CONCURRENT_TRANSACTIONS and the client retries, rather than queueing behind it."""
+        return txn.lock.locked() and txn.state in ("prepare_commit", "prepare_abort")
+
     def _begin(self, txn: Txn) -> None:
         if txn.state != "ongoing":
             txn.state = "ongoing"
@@ -276,6 +284,8 @@ class TxnCoordinator:
         code, txn = self._check(tid, pid, epoch, fenced_code(2, version))
         if txn is None:
             return dict.fromkeys(parts, code)
+        if self._completing(txn):
+            return dict.fromkeys(parts, E.CONCURRENT_TRANSACTIONS)
         async with txn.lock:
             code, txn2 = self._check(tid, pid, epoch, fenced_code(2, version))
             if txn2 is not txn:
@@ -314,6 +324,8 @@ class TxnCoordinator:
         code, txn = self._check(tid, pid, epoch, fenced_code(2, version))
         if txn is None:
             return code
+        if self._completing(txn):
+            return E.CONCURRENT_TRANSACTIONS
         async with txn.lock:
             if txn.state in ("prepare_commit", "prepare_abort"):
                 return E.CONCURRENT_TRANSACTIONS
