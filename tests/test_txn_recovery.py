@@ -15,10 +15,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from kafka import KafkaAdminClient
 
 from loglake.engine import Engine
+from loglake.errors import InvalidProducerEpochError
 from loglake.records.batch import BatchBuilder, iter_records
 from loglake.store.memory import MemoryStore
 
@@ -234,3 +236,17 @@ def test_read_committed_over_cold_segments(tmp_path: Path) -> None:
         assert len(engine.aborted_transactions("t", 0, 0, engine.partition_info("t", 0).high_watermark)) == 4
     finally:
         engine.close()
+
+
+def test_marker_fences_older_epochs_in_the_partition(tmp_path: Path) -> None:
+    """A zombie's batch that reaches the engine after the marker of a newer epoch is refused."""
+    with Engine(str(tmp_path / "data")) as engine:
+        engine.create_topic("t", 1)
+        pid = engine.allocate_producer_id()
+        engine.append_batch("t", 0, txn_batch(pid, 0, 0, [b"a"])).result()
+        fut = engine.write_txn_marker(engine.topic_id_of("t"), 0, pid, 1, False)
+        assert fut is not None
+        fut.result()
+        with pytest.raises(InvalidProducerEpochError):
+            engine.append_batch("t", 0, txn_batch(pid, 0, 1, [b"zombie"]))
+        engine.append_batch("t", 0, txn_batch(pid, 2, 0, [b"next instance"])).result()

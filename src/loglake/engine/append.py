@@ -175,6 +175,8 @@ class Appender:
                         p.producers.record(
                             header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, offset
                         )
+                    elif header.producer_id >= 0 and header.is_control:
+                        p.producers.fence(header.producer_id, header.producer_epoch)
                     offset += header.last_offset_delta + 1
                 end = offset
                 item = BufferedAppend(base, end, buf, tuple(pos for pos, _ in batches), max_ts, time.monotonic())
