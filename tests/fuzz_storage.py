@@ -28,8 +28,8 @@ from loglake.meta.state import (
     decode_record,
     encode_checkpoint,
     encode_record,
-    state_from_snapshot,
 )
+from loglake.meta.state_v1 import state_from_snapshot
 from loglake.records.batch import build_batch
 from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_FIELD_OFFSETS, TRAILER_SIZE, SegmentWriter
 from loglake.segment.verify import SegmentReader, verify_segment

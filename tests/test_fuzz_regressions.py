@@ -18,8 +18,8 @@ from loglake.meta.state import (
     capture,
     decode_checkpoint,
     encode_checkpoint,
-    state_from_snapshot,
 )
+from loglake.meta.state_v1 import state_from_snapshot
 from loglake.records.batch import build_batch
 from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_SIZE, SegmentWriter
 from loglake.segment.index import INDEX_ENTRY_SIZE

@@ -80,6 +80,13 @@ class BrokerConfig:
     max_incremental_fetch_session_cache_slots: int = 1000
     min_incremental_fetch_session_eviction_ms: int = 120_000
     fetch_session_max_partitions: int = 10_000
+    #: Transactions (Kafka's names with "_" for "."; docs/TRANSACTIONS.md): the largest
+    #: transaction.timeout.ms a producer may ask for, how long an idle transactional id is kept,
+    #: how often timed-out transactions are aborted, and how many transactional ids are kept.
+    transaction_max_timeout_ms: int = 900_000
+    transactional_id_expiration_ms: int = 604_800_000
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
+    transactional_ids_max: int = 100_000
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")

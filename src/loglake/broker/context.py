@@ -28,6 +28,8 @@ class BrokerContext:
     advertised_port: int
     metrics: Metrics
     coordinator: Any = None  # loglake.broker.groups.GroupCoordinator, set by the server
+    #: loglake.broker.txn.TxnCoordinator, set by the server
+    txn: Any = None
     #: The broker's settings with their dynamic layers (DescribeConfigs/AlterConfigs on BROKER), set by the server.
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.

@@ -50,6 +50,7 @@ from loglake.broker.protocol import (
     encode_unsupported_api_versions,
 )
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
+from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.errors import ListenError, UnknownTopicError
@@ -317,6 +318,18 @@ class BrokerServer:
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.coordinator = self._make_coordinator(engine)
+        self.ctx.txn = TxnCoordinator(
+            engine,
+            self.ctx.coordinator,
+            TxnSettings(
+                self.config.transaction_max_timeout_ms,
+                self.config.transactional_id_expiration_ms,
+                self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+                self.config.transactional_ids_max,
+            ),
+            off_loop=self.ctx.off_loop,
+        )
+        await self.ctx.txn.start()  # completes transactions a crash left in a prepare state
         self._log_flusher = asyncio.create_task(self._flush_logs())
         self.metrics.ready = True
         if self.config.port_file:
@@ -399,6 +412,9 @@ class BrokerServer:
         coordinator = getattr(getattr(self, "ctx", None), "coordinator", None)
         if coordinator is not None:
             coordinator.close()
+        txn = getattr(getattr(self, "ctx", None), "txn", None)
+        if txn is not None:
+            txn.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
         if self.engine is not None:

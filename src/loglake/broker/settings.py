@@ -50,6 +50,10 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_incremental_fetch_session_cache_slots": (0, 1_000_000),
     "min_incremental_fetch_session_eviction_ms": (100, 24 * 3600 * 1000),
     "fetch_session_max_partitions": (1, 1_000_000),
+    "transaction_max_timeout_ms": (1, INT32_MAX),
+    "transactional_id_expiration_ms": (1, INT32_MAX),
+    "transaction_abort_timed_out_transaction_cleanup_interval_ms": (1, INT32_MAX),
+    "transactional_ids_max": (1, 10_000_000),
 }
 
 

@@ -83,6 +83,11 @@ class Appender:
             buf, batches = self._recompress(buf, batches, self._codec_of(config))
         return self._append(p, config, buf, batches)
 
+    def append_control(self, p: Partition, data: bytearray) -> Future[AppendResult]:
+        """Append a control batch the engine built (a transaction marker; engine/txn.py)."""
+        self._check_open()
+        return self._append(p, self.catalog.topic(p.topic).config, data, split_batches(data))
+
     @staticmethod
     def _codec_of(config: TopicConfig) -> int:
         return 0 if config.compression_type == "uncompressed" else codec_from_name(config.compression_type)
@@ -170,6 +175,8 @@ class Appender:
                         p.producers.record(
                             header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, offset
                         )
+                    elif header.producer_id >= 0 and header.is_control:
+                        p.producers.fence(header.producer_id, header.producer_epoch)
                     offset += header.last_offset_delta + 1
                 end = offset
                 item = BufferedAppend(base, end, buf, tuple(pos for pos, _ in batches), max_ts, time.monotonic())

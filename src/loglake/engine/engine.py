@@ -46,6 +46,8 @@ from loglake.engine.scrubber import Scrubber
 from loglake.engine.seal import Sealer
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
+from loglake.engine.txn import last_stable_offset
+from loglake.engine.txn_api import TxnEngineMixin
 from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport, TopicInfo
 from loglake.errors import (
     ConfigError,
@@ -70,7 +72,7 @@ __all__ = ["Engine", "RecordTuple", "TopicState", "open_engine"]
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(TxnEngineMixin):
     def __init__(
         self,
         data_dir: str,
@@ -168,6 +170,7 @@ class Engine:
             self._dir_lock.release()
             raise
         self._closed = False
+        self.drop_lost_markers()
         self.recovery_report = report
         log.info("%s", report.summary())
         return report
@@ -401,6 +404,7 @@ class Engine:
                 p.meta.clean_end,
                 dirty_ratio_locked(p) if compacted else 0.0,
                 p.meta.leader_epoch,
+                last_stable_offset(p),
             )
 
     def leader_epoch(self, name: str, partition: int, offset: int | None = None) -> int:

@@ -59,6 +59,8 @@ class PartitionInfo:
     dirty_ratio: float = 0.0
     #: the partition's current leader epoch (engine/epochs.py)
     leader_epoch: int = 0
+    #: first offset of the earliest open transaction, else the high watermark (engine/txn.py)
+    last_stable_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import meta_dir, segments_dir
 from loglake.meta.log import _CHECKPOINT_RE, checkpoint_name
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, PartitionMeta, decode_checkpoint, decode_record, state_from_snapshot
+from loglake.meta.state import MetaState, PartitionMeta, decode_checkpoint, decode_record
+from loglake.meta.state_v1 import state_from_snapshot
 from loglake.store.base import ObjectStore
 from loglake.store.local import LocalStore
 from loglake.wal.recovery import _scan, shard_dir_name

@@ -49,8 +49,8 @@ from loglake.meta.state import (
     decode_record,
     encode_checkpoint,
     encode_record,
-    state_from_snapshot,
 )
+from loglake.meta.state_v1 import state_from_snapshot
 from loglake.wal.recovery import recover_wal, shard_dir_name
 from loglake.wal.shard import Durability, WalEntry, WalShard
 

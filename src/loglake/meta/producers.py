@@ -99,6 +99,17 @@ class ProducerStates:
             return  # replaying something the metadata already knew
         entry.batches.append((first_seq, next_sequence(first_seq, count - 1), base_offset, base_offset + count - 1))
 
+    def fence(self, producer_id: int, epoch: int) -> None:
+        """A transaction marker with this epoch was appended: batches of older epochs are refused
+        from now on (a zombie's write that raced its fencing never lands after the marker)."""
+        entry = self._entries.get(producer_id)
+        if entry is None:
+            if len(self._entries) >= PRODUCERS_PER_PARTITION_MAX:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[producer_id] = ProducerEntry(epoch)
+        elif epoch > entry.epoch:
+            self._entries[producer_id] = ProducerEntry(epoch)
+
     def describe(self) -> list[tuple[int, int, int, int]]:
         """(producer id, epoch, last sequence, base offset of its newest batch or -1) of each producer."""
         return [

@@ -41,6 +41,8 @@ group_config       {g, configs} → the group's dynamic configs (Kafka's GROUP r
 leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the partition starting
                    at offset `start` (its log end when the epoch began); history entries whose
                    start is >= `start` are dropped first (those offsets were truncated)
+txn                {tid, pid, epoch, state, parts, ...} → a transactional id's state, replaced,
+                   and its partitions' open/aborted transactions (loglake.meta.txn)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -59,6 +61,14 @@ import crc32c
 from loglake.errors import CorruptionError
 from loglake.meta.producers import ProducerStates
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
+from loglake.meta.txn import (
+    apply_txn,
+    load_partition_txns,
+    load_txns,
+    partition_txn_doc,
+    trim_aborted,
+    txns_doc,
+)
 from loglake.segment.format import ZERO_HASH
 from loglake.store.base import partition_prefix
 
@@ -112,6 +122,7 @@ RECORD_KINDS = (
     "broker_config",
     "group_config",
     "leader_epoch",
+    "txn",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -179,6 +190,10 @@ class PartitionMeta:
     leader_epochs: list[list[int]] = field(default_factory=list)
     #: the current leader epoch (the last history entry's; kept as a field: Produce reads it)
     leader_epoch: int = 0
+    #: transactions: producer id -> first offset of its open transaction here (loglake.meta.txn)
+    txn_open: dict[int, int] = field(default_factory=dict)
+    #: transactions aborted here: [[producer id, first offset, abort marker offset], ...] ascending
+    aborted_txns: list[list[int]] = field(default_factory=list)
 
     def note_leader_epoch(self, epoch: int, start: int) -> None:
         """A new epoch from `start` on: entries at or past `start` are gone (truncated offsets)."""
@@ -229,6 +244,8 @@ class MetaState:
         self.broker_configs: dict[str, dict[str, str]] = {}
         #: dynamic group configs: group id -> name -> value (independent of the group's offsets)
         self.group_configs: dict[str, dict[str, str]] = {}
+        #: transactional id -> its last `txn` record body (loglake.meta.txn)
+        self.txns: dict[str, dict[str, Any]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -321,6 +338,7 @@ class MetaState:
             history = pm.leader_epochs  # epochs wholly below the log start are never asked for
             while len(history) > 1 and history[1][1] <= offset:
                 del history[0]
+            trim_aborted(pm, offset)
 
     def _segment_rewritten(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
@@ -411,6 +429,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "broker_config": MetaState._broker_config,
     "group_config": MetaState._group_config,
     "leader_epoch": MetaState._leader_epoch,
+    "txn": apply_txn,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -469,6 +488,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "clean_marks": [list(m) for m in pm.clean_marks],
                 "tombstone_ms": pm.tombstone_ms,
                 "leader_epochs": [list(e) for e in pm.leader_epochs],
+                **partition_txn_doc(pm),
             }
         )
         tables.append(raw)
@@ -487,6 +507,7 @@ def capture(state: MetaState) -> CheckpointImage:
         },
         "broker_configs": {scope: dict(c) for scope, c in state.broker_configs.items()},
         "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
+        "txns": txns_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -555,6 +576,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         pm.sealed_end = int(raw["sealed_end"])
         pm.chain_hash = bytes.fromhex(raw["chain"])
         pm.producers = ProducerStates.from_json(raw["producers"])
+        load_partition_txns(pm, raw)  # absent before transactions: none open, none aborted
     for g, gdoc in doc["groups"].items():
         gm = GroupMeta()
         for topic_name, p, offset, epoch, metadata, ts in gdoc["offsets"]:
@@ -566,6 +588,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         _replace_configs(state.broker_configs, str(scope), configs)
     for g, configs in (doc.get("group_configs") or {}).items():
         _replace_configs(state.group_configs, str(g), configs)
+    load_txns(state, doc)
     return state
 
 
@@ -574,43 +597,3 @@ def _partition_count(value: Any) -> int:
     if not 0 <= n <= PARTITIONS_PER_TOPIC_MAX:
         raise ValueError(f"partition count {n} outside 0..{PARTITIONS_PER_TOPIC_MAX}")
     return n
-
-
-def state_from_snapshot(payload: dict[str, Any]) -> MetaState:
-    """Migration: the state held by a version-1 metadata snapshot (`snapshot-*.bin`, meta.json).
-
-    A payload of the wrong shape raises KeyError, ValueError or TypeError (never AttributeError,
-    IndexError or struct.error), which callers report as corruption."""
-    try:
-        return _state_from_snapshot(payload)
-    except (AttributeError, IndexError, struct.error) as exc:
-        raise ValueError(f"snapshot payload does not fit: {exc!r}") from None
-
-
-def _state_from_snapshot(payload: dict[str, Any]) -> MetaState:
-    state = MetaState(str(payload["cluster_id"]))
-    extra = payload.get("extra", {}) or {}
-    state.next_producer_id = int(extra.get("next_producer_id", 1000))
-    for name, t in payload["topics"].items():
-        tid = bytes.fromhex(t["id"])
-        topic = TopicMeta(str(name), tid, _partition_count(t["partitions"]), {str(k): str(v) for k, v in t["config"].items()}, int(t["created_ms"]))
-        state.topics[tid] = topic
-        state.names[topic.name] = tid
-        for i in range(topic.partitions):
-            pm = state._new_partition(topic, i)
-            raw = payload["partitions"].get(f"{t['id']}/{i}")
-            if raw is None:
-                continue
-            pm.log_start = int(raw["log_start"])
-            pm.sealed_end = int(raw["sealed_end"])
-            pm.chain_hash = bytes.fromhex(raw["chain"])
-            pm.producers = ProducerStates.from_json(raw.get("producers", {}))
-            for seg in raw["segments"]:
-                pm.segments.append(SegmentRef.from_json(pm.segments.key_for(int(seg[0])), seg))
-    groups_doc = extra.get("groups")
-    if isinstance(groups_doc, dict):
-        for g, rows in (groups_doc.get("groups") or {}).items():
-            gm = state.groups.setdefault(str(g), GroupMeta())
-            for topic_name, p, offset, epoch, metadata, ts in rows:
-                gm.offsets[(str(topic_name), int(p))] = [int(offset), int(epoch), str(metadata), int(ts)]
-    return state

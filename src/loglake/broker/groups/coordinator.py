@@ -244,6 +244,13 @@ class GroupCoordinator:
             group_id, generation_id, member_id, group_instance_id, offsets, topic_exists=topic_exists
         )
 
+    async def commit_txn_offsets(
+        self, group_id: str, offsets: list[OffsetCommitItem], *, topic_exists: Callable[[str, int], bool]
+    ) -> list[tuple[str, int, int]]:
+        """A committed transaction's offsets (TxnOffsetCommit): durable on return, no member checks."""
+        self._start()
+        return await self._offsets.commit(group_id, -1, "", None, offsets, topic_exists=topic_exists, trusted=True)
+
     def fetch_offsets(
         self,
         group_id: str,

@@ -40,11 +40,13 @@ class Offsets:
         offsets: list[OffsetCommitItem],
         *,
         topic_exists: Callable[[str, int], bool],
+        trusted: bool = False,
     ) -> list[tuple[str, int, int]]:
         """OffsetCommit; answers once the accepted offsets are durable (one store record per call).
 
         generation_id -1 with member id "" and no instance id is a simple (standalone) commit,
-        allowed while the group is Empty or unknown.
+        allowed while the group is Empty or unknown. `trusted`: offsets of a committed transaction
+        (validated when TxnOffsetCommit took them), written whatever the group's state.
         """
 
         def all_(code: int) -> list[tuple[str, int, int]]:
@@ -58,7 +60,7 @@ class Offsets:
                 return all_(E.ILLEGAL_GENERATION)  # a member of a group this coordinator does not know
             if member_id or group_instance_id is not None:
                 return all_(E.UNKNOWN_MEMBER_ID)
-        else:
+        elif not trusted:
             if group.deleting:
                 return all_(E.COORDINATOR_NOT_AVAILABLE)  # retried: by then the group is gone
             error = self._validate(group, generation_id, member_id, group_instance_id)

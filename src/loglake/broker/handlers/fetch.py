@@ -17,6 +17,10 @@ is answered FENCED_LEADER_EPOCH (older) or UNKNOWN_LEADER_EPOCH (newer), with th
 and epoch on v12+, so the client refreshes its metadata and validates its position
 (OffsetForLeaderEpoch).
 
+Isolation (v4+): read_uncommitted returns everything below the high watermark; read_committed
+(isolation_level 1) only batches below the last stable offset, with the aborted transactions the
+client must filter out (engine/txn.py). Every response carries the LSO as `last_stable_offset`.
+
 Long polling: a response is held until it has `min_bytes` of records (0: answered at once, as in
 Kafka) or `max_wait_ms` has passed
 (capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
@@ -40,6 +44,7 @@ from loglake.broker.handlers.errors import (
 )
 from loglake.broker.protocol import (
     BATCH_HEAD,
+    AbortedTransaction,
     Chunk,
     DecodedRequest,
     FetchPartition,
@@ -55,6 +60,7 @@ from loglake.logsafe import RateLimitedLog
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
+READ_COMMITTED = 1
 #: Longest a fetch may wait, whatever the client asks (Kafka has no cap; a bound keeps shutdown prompt).
 FETCH_WAIT_MS_MAX = 30_000
 #: At most one log line per this many seconds about responses that broke the size rule.
@@ -78,6 +84,7 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
     waits: list[tuple[str, int, int]] = []
     out = FetchResponseData(session_id=0)
     by_id: dict[uuid.UUID, str] | None = None
+    committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
     for topic in body.topics:
         name, by_id = _resolve(ctx, topic, version, by_id)
         ftopic = FetchTopic(topic=topic.topic if version < 13 else None, topic_id=topic.topic_id if version >= 13 else None)
@@ -90,7 +97,7 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 continue
             try:
                 info = engine.partition_info(name, part.partition)
-                fp.high_watermark = fp.last_stable_offset = info.high_watermark
+                fp.high_watermark, fp.last_stable_offset = info.high_watermark, info.last_stable_offset
                 fp.log_start_offset = info.log_start_offset
                 fenced = epoch_check(info.leader_epoch, getattr(part, "current_leader_epoch", -1))
                 if fenced != NONE:
@@ -104,11 +111,19 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 # Kafka's rule: only the first partition that returns data may overstep the limits,
                 # by its first batch, so a consumer always progresses; any later partition returns
                 # nothing when its first batch does not fit in what is left (KIP-74).
-                pending = engine.read_async(
-                    name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True, min_one=total == 0
-                )
-                # Cold segments are read on the engine's cold pool; never block the event loop.
-                result = pending.result() if pending.done() else await asyncio.wrap_future(pending)
+                if committed:
+                    txn_read = engine.read_committed_async(
+                        name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True, min_one=total == 0
+                    )
+                    result, lso, aborted = txn_read.result() if txn_read.done() else await asyncio.wrap_future(txn_read)
+                    fp.aborted_transactions = [AbortedTransaction(pid, first) for pid, first in aborted]
+                else:
+                    pending = engine.read_async(
+                        name, part.partition, part.fetch_offset, max(limit, 1), file_ranges=True, min_one=total == 0
+                    )
+                    # Cold segments are read on the engine's cold pool; never block the event loop.
+                    result = pending.result() if pending.done() else await asyncio.wrap_future(pending)
+                    lso = result.high_watermark if info.last_stable_offset == info.high_watermark else info.last_stable_offset
             except OffsetOutOfRangeError as exc:
                 fp.error_code = OFFSET_OUT_OF_RANGE
                 fp.high_watermark = fp.last_stable_offset = exc.high_watermark
@@ -121,13 +136,15 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
                 fp.error_code = error_code(exc)
                 continue
             fp.error_code = NONE
-            fp.high_watermark = fp.last_stable_offset = result.high_watermark
+            fp.high_watermark, fp.last_stable_offset = result.high_watermark, lso
             fp.log_start_offset = result.log_start_offset
             fp.records = result.chunks
             if result.chunks:
                 total += result.size
             if part.fetch_offset >= result.high_watermark or result.chunks:
                 waits.append((name, part.partition, result.high_watermark))  # long-poll on its growth
+            elif committed and part.fetch_offset >= lso:
+                waits.append((name, part.partition, result.high_watermark))  # held back by an open transaction
     return out, total, waits
 
 

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, GROUP_ID_NOT_FOUND, NONE
+from loglake.broker.handlers.errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    GROUP_ID_NOT_FOUND,
+    NONE,
+    UNSTABLE_OFFSET_COMMIT,
+)
 from loglake.broker.protocol import DecodedRequest
 
 #: Authorized-operations value meaning "not requested / not computed".
@@ -154,7 +159,7 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 
 def _fetch_group(
-    ctx: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1
+    ctx: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1, require_stable: bool = False
 ) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
     if ctx.coordinator is None:
         return COORDINATOR_NOT_AVAILABLE, []
@@ -162,6 +167,8 @@ def _fetch_group(
     if topics is not None:
         wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
     code, items = ctx.coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+    if require_stable and ctx.txn is not None and (pending := ctx.txn.pending_offsets(group_id)):
+        items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if (t, p) in pending else (t, p, *rest) for t, p, *rest in items]
     return int(code), list(items)
 
 
@@ -187,10 +194,13 @@ async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         groups = []
         for group in body.groups:
             member = (group.member_id, group.member_epoch) if version >= 9 else (None, -1)
-            code, items = _fetch_group(ctx, group.group_id, group.topics, *member)
+            code, items = _fetch_group(
+                ctx, group.group_id, group.topics, member[0], member[1], require_stable=bool(body.require_stable)
+            )
             groups.append({"group_id": group.group_id, "topics": _group_topics(items, version), "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
-    code, items = _fetch_group(ctx, body.group_id, body.topics)
+    stable = bool(getattr(body, "require_stable", False)) if version >= 7 else False
+    code, items = _fetch_group(ctx, body.group_id, body.topics, require_stable=stable)
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 

@@ -1,13 +1,13 @@
-"""InitProducerId (22): a durable producer id for idempotent producers. Transactions are not
-supported: a transactional id gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients report
-as a fatal error instead of retrying forever."""
+"""InitProducerId (22): a durable producer id for idempotent producers; with a transactional id,
+the transaction coordinator's id and epoch (a new instance fences the old one and aborts its open
+transaction: loglake.broker.txn)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from loglake.broker.handlers.errors import NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, error_code
+from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE, error_code
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import LoglakeError
 from loglake.logsafe import RateLimitedLog
@@ -20,11 +20,18 @@ _limited = RateLimitedLog(log)
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     if body.transactional_id:
-        _limited.warning(
-            ("transactional", getattr(conn, "peer_host", conn.peer)),
-            "%s asked for transactional id %r: transactions are not supported", conn.peer, body.transactional_id,
-        )
-        return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
+        try:
+            code, pid, epoch = await ctx.txn.init_producer_id(
+                body.transactional_id,
+                body.transaction_timeout_ms,
+                getattr(body, "producer_id", -1),
+                getattr(body, "producer_epoch", -1),
+                req.api_version,
+            )
+        except LoglakeError as exc:
+            _limited.warning(("init_txn", getattr(conn, "peer_host", conn.peer)), "InitProducerId for %r failed: %s", body.transactional_id, exc)
+            code, pid, epoch = COORDINATOR_NOT_AVAILABLE, -1, -1
+        return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch}
     existing = getattr(body, "producer_id", -1)
     epoch = getattr(body, "producer_epoch", -1)
     try:

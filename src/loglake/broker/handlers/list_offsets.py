@@ -1,6 +1,7 @@
 """ListOffsets (2): earliest (-2), latest (-1), max timestamp (-3), or by timestamp.
 
-No transactions, so the last stable offset is the high watermark for both isolation levels.
+Latest is the high watermark at read_uncommitted and the last stable offset at read_committed
+(isolation_level 1, v2+).
 `leader_epoch` is the epoch that wrote the returned offset (for latest: the current epoch), -1
 when no offset is found.
 """
@@ -20,11 +21,11 @@ EARLIEST_LOCAL = -4  # KIP-405: first offset on local storage
 LATEST_TIERED = -5  # KIP-1005: highest offset in tiered storage
 
 
-def _lookup(ctx: Any, name: str, partition: int, ts: int) -> tuple[int, int]:
+def _lookup(ctx: Any, name: str, partition: int, ts: int, committed: bool = False) -> tuple[int, int]:
     engine = ctx.engine
     info = engine.partition_info(name, partition)
     if ts == LATEST:
-        return info.high_watermark, -1
+        return (info.last_stable_offset if committed else info.high_watermark), -1
     if ts in (EARLIEST, EARLIEST_LOCAL):
         return info.log_start_offset, -1
     if ts == LATEST_TIERED:
@@ -38,13 +39,14 @@ def _lookup(ctx: Any, name: str, partition: int, ts: int) -> tuple[int, int]:
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     topics = []
+    committed = getattr(req.body, "isolation_level", 0) == 1
     for topic in req.body.topics:
         parts = []
         for p in topic.partitions:
             entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": -1}
             try:
                 if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL, LATEST_TIERED):
-                    offset, ts = _lookup(ctx, topic.name, p.partition_index, p.timestamp)
+                    offset, ts = _lookup(ctx, topic.name, p.partition_index, p.timestamp, committed)
                 else:  # may read segments: off the event loop
                     offset, ts = await ctx.off_loop(_lookup, ctx, topic.name, p.partition_index, p.timestamp)
                 epoch = ctx.engine.leader_epoch(topic.name, p.partition_index, offset) if offset >= 0 else -1

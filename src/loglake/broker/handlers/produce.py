@@ -7,19 +7,24 @@ happen in arrival order (the connection's append lock); durability waits overlap
 A partition whose batch is refused (INVALID_RECORD, e.g. a keyless record in a compacted topic)
 gets the offending records' batch indexes in `record_errors` and a summary in `error_message`
 (both sent from v8); the request's other partitions are appended as usual.
+
+A transactional batch (attribute bit 0x10) is appended only while its producer id and epoch own
+an ongoing transaction that holds the partition (KIP-890 part 1): an older epoch gets
+INVALID_PRODUCER_EPOCH, anything else INVALID_TXN_STATE (loglake.broker.txn).
 """
 
 from __future__ import annotations
 
 import asyncio
+import struct
 from concurrent.futures import Future
 from typing import Any
 
 from loglake.broker.handlers.errors import (
     INVALID_REQUIRED_ACKS,
+    INVALID_TXN_STATE,
     NONE,
     REQUEST_TIMED_OUT,
-    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
 )
@@ -27,6 +32,23 @@ from loglake.broker.protocol import DecodedRequest
 from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
 from loglake.engine.types import AppendResult
 from loglake.errors import InvalidRecordError, LoglakeError
+
+#: Where a v2 batch keeps its attributes' low byte, and its producer id and epoch.
+_ATTR_LOW_BYTE = 22
+_TRANSACTIONAL_BIT = 0x10
+_PRODUCER = struct.Struct(">qh")
+_PRODUCER_AT = 43
+
+
+def _txn_check(ctx: Any, name: str, index: int, records: bytes) -> int:
+    """NONE, or why a transactional batch may not be appended (KIP-890 part 1)."""
+    if len(records) <= _PRODUCER_AT + _PRODUCER.size or not records[_ATTR_LOW_BYTE] & _TRANSACTIONAL_BIT:
+        return NONE
+    pid, epoch = _PRODUCER.unpack_from(records, _PRODUCER_AT)
+    if ctx.txn is None:
+        return INVALID_TXN_STATE
+    return int(ctx.txn.check_produce(pid, epoch, name, index))
+
 
 #: (topic, partition, append future or None, error code, error message, record errors)
 Pending = tuple[str, int, Future[AppendResult] | None, int, str | None, tuple[tuple[int, str], ...]]
@@ -66,8 +88,6 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     refuse = NONE
     if body.acks not in (-1, 0, 1):
         refuse = INVALID_REQUIRED_ACKS
-    elif body.transactional_id:
-        refuse = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     pool = engine.memory_pool
     async with conn.append_lock:
         for topic in body.topic_data:
@@ -79,6 +99,10 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 if part.records is None or not engine.has_topic(name):
                     code = UNKNOWN_TOPIC_OR_PARTITION if not engine.has_topic(name) else NONE
                     pending.append((name, part.index, None, code, None, ()))
+                    continue
+                refused = _txn_check(ctx, name, part.index, part.records)
+                if refused != NONE:
+                    pending.append((name, part.index, None, refused, None, ()))
                     continue
                 data = bytearray(part.records)
                 try:

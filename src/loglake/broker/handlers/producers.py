@@ -2,7 +2,7 @@
 
 Per producer: id, epoch, the last sequence appended, the max timestamp of its newest batch still
 held (-1 once retention or compaction removed it), coordinator_epoch -1 and
-current_txn_start_offset -1 (no transactions yet). Unknown topics or partitions:
+current_txn_start_offset the first offset of its open transaction here (-1: none). Unknown topics or partitions:
 UNKNOWN_TOPIC_OR_PARTITION with a message.
 """
 
@@ -26,6 +26,7 @@ def _partition(engine: Any, topic: str, index: int) -> dict[str, Any]:
         return {"partition_index": index, "error_code": UNKNOWN_TOPIC_OR_PARTITION, "error_message": str(exc)}
     except LoglakeError as exc:
         return {"partition_index": index, "error_code": error_code(exc), "error_message": str(exc)}
+    txn_open = dict(engine.catalog.partition(topic, index).meta.txn_open)
     return {
         "partition_index": index,
         "error_code": NONE,
@@ -36,8 +37,8 @@ def _partition(engine: Any, topic: str, index: int) -> dict[str, Any]:
                 "producer_epoch": s.producer_epoch,
                 "last_sequence": s.last_sequence,
                 "last_timestamp": s.last_timestamp,
-                "coordinator_epoch": -1,
-                "current_txn_start_offset": -1,
+                "coordinator_epoch": 0 if s.producer_id in txn_open else -1,
+                "current_txn_start_offset": txn_open.get(s.producer_id, -1),
             }
             for s in states
         ],

@@ -34,6 +34,8 @@ def _r(api_key: int, name: str, lo: int, hi: int, advertised_min: int | None = N
 #: - OffsetCommit / OffsetFetch 9: v10 is the KIP-848 topic-id form only.
 #: - ConsumerGroupHeartbeat / ConsumerGroupDescribe 68/69 (KIP-848): schemas are loglake's own
 #:   (protocol/schemas/), kafka-python 3.0.12 has none.
+#: - EndTxn 4: v5 is KIP-890 part 2 (an epoch bump per transaction, transaction.version 2), which
+#:   loglake does not finalize; the other transaction APIs' newest versions only add error codes.
 SUPPORTED: dict[int, ApiVersionRange] = {
     r.api_key: r
     for r in (
@@ -56,6 +58,10 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(21, "DeleteRecords", 0, 2),
         _r(22, "InitProducerId", 0, 6),
         _r(23, "OffsetForLeaderEpoch", 2, 4),
+        _r(24, "AddPartitionsToTxn", 0, 5),
+        _r(25, "AddOffsetsToTxn", 0, 4),
+        _r(26, "EndTxn", 0, 4),
+        _r(28, "TxnOffsetCommit", 0, 5),
         _r(32, "DescribeConfigs", 1, 4),
         _r(33, "AlterConfigs", 0, 2),
         _r(35, "DescribeLogDirs", 1, 5),
@@ -65,6 +71,8 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(47, "OffsetDelete", 0, 0),
         _r(60, "DescribeCluster", 0, 2),
         _r(61, "DescribeProducers", 0, 0),
+        _r(65, "DescribeTransactions", 0, 0),
+        _r(66, "ListTransactions", 0, 2),
         _r(68, "ConsumerGroupHeartbeat", 0, 1),
         _r(69, "ConsumerGroupDescribe", 0, 1),
     )

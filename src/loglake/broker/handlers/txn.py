@@ -1,0 +1,183 @@
+"""Transaction APIs: AddPartitionsToTxn (24), AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit
+(28), DescribeTransactions (65), ListTransactions (66). The state machine is
+loglake.broker.txn.TxnCoordinator; these map requests onto it and its answers onto responses.
+
+AddPartitionsToTxn v0-3 is the client form (one transaction); v4+ is the batched form (several
+transactions, `verify_only` checks membership without adding), as Kafka's brokers send it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.protocol import DecodedRequest
+from loglake.broker.txn.coordinator import Txn
+from loglake.errors import LoglakeError
+from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog
+
+log = logging.getLogger(__name__)
+_limited = RateLimitedLog(log)
+E = ErrorCode
+
+#: Kafka's names of the transaction states (DescribeTransactions, ListTransactions).
+STATE_NAMES = {
+    "empty": "Empty",
+    "ongoing": "Ongoing",
+    "prepare_commit": "PrepareCommit",
+    "prepare_abort": "PrepareAbort",
+    "complete_commit": "CompleteCommit",
+    "complete_abort": "CompleteAbort",
+    "dead": "Dead",
+}
+_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
+#: Most transactional ids one DescribeTransactions request may name.
+DESCRIBE_IDS_MAX = 10_000
+#: Longest ListTransactions transactional-id pattern accepted.
+PATTERN_CHARS_MAX = 1_000
+
+
+def _failed(what: str, exc: BaseException) -> int:
+    _limited.warning(what, "%s failed: %s", what, exc)
+    return E.COORDINATOR_NOT_AVAILABLE
+
+
+def _topic_results(codes: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index), code in codes.items():
+        by_topic.setdefault(name, []).append({"partition_index": index, "partition_error_code": code})
+    return [{"name": n, "results_by_partition": parts} for n, parts in by_topic.items()]
+
+
+async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    body = req.body
+    coord = ctx.txn
+    if req.api_version <= 3:
+        parts = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
+        try:
+            codes = await coord.add_partitions(
+                body.v3_and_below_transactional_id, body.v3_and_below_producer_id,
+                body.v3_and_below_producer_epoch, parts, req.api_version,
+            )
+        except LoglakeError as exc:
+            codes = dict.fromkeys(parts, _failed("AddPartitionsToTxn", exc))
+        return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _topic_results(codes)}
+    results = []
+    for t in body.transactions:
+        parts = [(tp.name, p) for tp in t.topics for p in tp.partitions]
+        try:
+            codes = await coord.add_partitions(
+                t.transactional_id, t.producer_id, t.producer_epoch, parts, req.api_version, verify_only=t.verify_only
+            )
+        except LoglakeError as exc:
+            codes = dict.fromkeys(parts, _failed("AddPartitionsToTxn", exc))
+        results.append({"transactional_id": t.transactional_id, "topic_results": _topic_results(codes)})
+    return {"throttle_time_ms": 0, "error_code": E.NONE, "results_by_transaction": results}
+
+
+async def add_offsets_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    b = req.body
+    try:
+        code = await ctx.txn.add_offsets(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, req.api_version)
+    except LoglakeError as exc:
+        code = _failed("AddOffsetsToTxn", exc)
+    return {"throttle_time_ms": 0, "error_code": code}
+
+
+async def end_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    b = req.body
+    try:
+        code = await ctx.txn.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, bool(b.committed), req.api_version)
+    except LoglakeError as exc:
+        code = _failed("EndTxn", exc)
+    return {"throttle_time_ms": 0, "error_code": code}
+
+
+async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    b = req.body
+    offsets = [
+        (t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
+        for t in b.topics
+        for p in t.partitions
+    ]
+    try:
+        codes = await ctx.txn.txn_offset_commit(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, offsets)
+    except LoglakeError as exc:
+        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), _failed("TxnOffsetCommit", exc))
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (name, index), code in codes.items():
+        by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
+    return {"throttle_time_ms": 0, "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()]}
+
+
+def _topics_of(txn: Txn) -> list[dict[str, Any]]:
+    by_topic: dict[str, list[int]] = {}
+    for name, index in txn.parts:
+        by_topic.setdefault(name, []).append(index)
+    return [{"topic": n, "partitions": sorted(ps)} for n, ps in by_topic.items()]
+
+
+async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    states = []
+    for tid in list(req.body.transactional_ids)[:DESCRIBE_IDS_MAX]:
+        txn = ctx.txn.describe(tid)
+        if txn is None:
+            states.append({"error_code": E.TRANSACTIONAL_ID_NOT_FOUND, "transactional_id": tid, "transaction_state": "",
+                           "transaction_timeout_ms": 0, "transaction_start_time_ms": -1, "producer_id": -1,
+                           "producer_epoch": -1, "topics": []})
+            continue
+        states.append({
+            "error_code": E.NONE,
+            "transactional_id": tid,
+            "transaction_state": STATE_NAMES[txn.state],
+            "transaction_timeout_ms": txn.timeout_ms,
+            "transaction_start_time_ms": txn.start_ms if txn.state != "empty" else -1,
+            "producer_id": txn.pid,
+            "producer_epoch": txn.epoch,
+            "topics": _topics_of(txn),
+        })
+    return {"throttle_time_ms": 0, "transaction_states": states}
+
+
+async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    b = req.body
+    wanted = list(b.state_filters or [])
+    unknown = [s for s in wanted if s not in _BY_NAME]
+    states = {_BY_NAME[s] for s in wanted if s in _BY_NAME}
+    pids = set(b.producer_id_filters or [])
+    duration = getattr(b, "duration_filter", -1)
+    pattern_text = getattr(b, "transactional_id_pattern", None)
+    pattern = None
+    if pattern_text:
+        try:
+            if len(pattern_text) > PATTERN_CHARS_MAX:
+                raise re.error("pattern too long")
+            pattern = re.compile(pattern_text)
+        except re.error:
+            return {"throttle_time_ms": 0, "error_code": E.INVALID_REQUEST, "unknown_state_filters": [], "transaction_states": []}
+    now = ctx.txn.now_ms()
+    out = []
+    for txn in ctx.txn.list():
+        if states and txn.state not in states:
+            continue
+        if pids and txn.pid not in pids:
+            continue
+        if duration is not None and duration >= 0 and (txn.state != "ongoing" or now - txn.start_ms < duration):
+            continue
+        if pattern is not None and not pattern.fullmatch(txn.tid):
+            continue
+        out.append({"transactional_id": txn.tid, "producer_id": txn.pid, "transaction_state": STATE_NAMES[txn.state]})
+    return {"throttle_time_ms": 0, "error_code": E.NONE, "unknown_state_filters": unknown, "transaction_states": out}
+
+
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+    24: add_partitions_to_txn,
+    25: add_offsets_to_txn,
+    26: end_txn,
+    28: txn_offset_commit,
+    65: describe_transactions,
+    66: list_transactions,
+}

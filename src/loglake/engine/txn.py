@@ -1,0 +1,137 @@
+"""Transactions in the engine: control markers, the last stable offset, read_committed reads.
+
+A partition's transaction state lives in its metadata (`PartitionMeta.txn_open`,
+`PartitionMeta.aborted_txns`, moved only by ``txn`` metadata records: loglake.meta.txn), so it
+survives restarts through checkpoints and the metadata log like the segment chain does.
+
+* The **last stable offset** (LSO) is the first offset of the earliest open transaction, else
+  the high watermark. An open transaction's first offset is the partition's log end when the
+  partition joined the transaction (AddPartitionsToTxn), never above its first record.
+* **Markers** are Kafka control batches (transactional + control attributes; key = version 0,
+  type 0 ABORT / 1 COMMIT; value = version 0, coordinator epoch) appended through the normal
+  append path, so the topic's durability class and the WAL apply to them as to any batch.
+* A **read_committed** read returns batches below the LSO only, and the aborted transactions
+  (producer id, first offset) whose range overlaps what it returns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from loglake.engine.partition import Partition
+from loglake.engine.types import AppendResult, Chunk, FileRange, ReadResult
+from loglake.errors import UnknownTopicError
+from loglake.records.batch import BatchBuilder
+
+if TYPE_CHECKING:
+    from loglake.engine.engine import Engine
+
+__all__ = [
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
+    "aborted_transactions",
+    "committed_view",
+    "control_batch",
+    "last_stable_offset",
+    "write_marker",
+]
+
+READ_UNCOMMITTED = "read_uncommitted"
+READ_COMMITTED = "read_committed"
+ABORT_MARKER, COMMIT_MARKER = 0, 1
+_MARKER_KEY = struct.Struct(">hh")
+_MARKER_VALUE = struct.Struct(">hi")
+_BASE_AND_LENGTH = struct.Struct(">qi")
+
+
+def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, ts_ms: int) -> bytearray:
+    """One Kafka control batch holding a COMMIT or ABORT marker record."""
+    builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True, is_control=True)
+    key = _MARKER_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
+    builder.append(ts_ms, key, _MARKER_VALUE.pack(0, coordinator_epoch), [])
+    return bytearray(builder.build())
+
+
+def write_marker(
+    engine: Engine, topic_id: bytes, partition: int, producer_id: int, producer_epoch: int, commit: bool
+) -> Future[AppendResult] | None:
+    """Append a marker to a partition (by topic id); None when the topic is gone."""
+    topic = engine.catalog.by_id.get(topic_id)
+    if topic is None or not 0 <= partition < len(topic.partitions):
+        return None
+    p = topic.partitions[partition]
+    data = control_batch(producer_id, producer_epoch, commit, 0, int(engine._clock() * 1000))
+    try:
+        return engine.appender.append_control(p, data)
+    except UnknownTopicError:
+        return None
+
+
+def last_stable_offset(p: Partition) -> int:
+    """First offset of the earliest open transaction, else the high watermark."""
+    hw = p.high_watermark
+    open_ = p.meta.txn_open
+    if not open_:
+        return hw
+    return min(min(list(open_.values()), default=hw), hw)
+
+
+def aborted_transactions(p: Partition, start: int, end: int) -> list[tuple[int, int]]:
+    """(producer id, first offset) of aborted transactions overlapping [start, end)."""
+    entries = p.meta.aborted_txns
+    if not entries or end <= start:
+        return []
+    i = bisect.bisect_left(entries, start, key=lambda e: e[2])  # markers ascending
+    return [(e[0], e[1]) for e in entries[i:] if e[1] < end]
+
+
+def _cut(chunks: list[Chunk], lso: int) -> tuple[list[Chunk], int]:
+    """Chunks holding only batches that start below `lso`; and the end offset they reach."""
+    out: list[Chunk] = []
+    end = -1
+    for chunk in chunks:
+        assert not isinstance(chunk, FileRange)
+        view = memoryview(chunk)
+        pos = 0
+        while pos + _BASE_AND_LENGTH.size <= len(view):
+            base, length = _BASE_AND_LENGTH.unpack_from(view, pos)
+            if base >= lso:
+                if pos:
+                    out.append(view[:pos])
+                return out, end
+            end = base + struct.unpack_from(">i", view, pos + 23)[0] + 1
+            pos += 12 + length
+        out.append(chunk)
+    return out, end
+
+
+def committed_view(
+    p: Partition, offset: int, result: ReadResult, reread: Callable[[], ReadResult]
+) -> tuple[ReadResult, int, list[tuple[int, int]]]:
+    """A read's result cut at the last stable offset: (result, LSO, aborted transactions in it).
+
+    The LSO is taken after the read: transactional data is appended only after its partition
+    joined the transaction, so any transaction whose records the read returned is either still
+    open (and cut off here) or complete with its aborted entry already recorded. `reread` reads
+    the same range as bytes (a cut inside a file range needs the batch headers).
+    """
+    hw = result.high_watermark
+    lso = min(last_stable_offset(p), hw)
+    chunks = result.chunks
+    if not chunks:
+        return result, lso, []
+    if lso < hw:
+        if lso <= offset:
+            return ReadResult([], hw, result.log_start_offset), lso, []
+        if any(isinstance(c, FileRange) for c in chunks):
+            chunks = reread().chunks
+        chunks, _end = _cut(chunks, lso)
+        result = ReadResult(chunks, hw, result.log_start_offset)
+        if not chunks:
+            return result, lso, []
+    # everything returned lies below the LSO; entries past the data are harmless to clients
+    return result, lso, aborted_transactions(p, offset, lso)
