@@ -316,3 +316,45 @@ def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
     assert abs(last - time.time()) < 600
     assert 0.0 <= ratio <= 1.0
     assert "# TYPE loglake_cleaner_compactions_total counter" in text
+
+
+def test_aborted_transactions_never_supersede_committed_records(broker: Broker) -> None:
+    """A compacted topic written in transactions: the cleaner maps and keeps committed records
+    only, so a key's newest *committed* value survives an aborted overwrite, and the aborted
+    records are gone for read_uncommitted readers too (Kafka's cleaner removes them)."""
+    topic = create_topic(broker, "ctxn")
+    keys = [b"k%02d" % i for i in range(20)]
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"{topic}-app", "linger.ms": 5})
+    producer.init_transactions(30)
+    committed: dict[bytes, bytes | None] = {}
+    for round_ in range(30):
+        producer.begin_transaction()
+        for k in keys:
+            producer.produce(topic, key=k, value=b"%s-r%d" % (k, round_), partition=0)
+        if round_ % 3 == 2:
+            assert producer.flush(30) == 0  # written to the log (else abort purges them unsent)
+            producer.abort_transaction(30)  # every third round's values must never win
+        else:
+            producer.commit_transaction(30)
+            committed.update({k: b"%s-r%d" % (k, round_) for k in keys})
+    # a last aborted overwrite of every key, then committed padding so it is sealed and cleaned
+    producer.begin_transaction()
+    for k in keys:
+        producer.produce(topic, key=k, value=b"aborted", partition=0)
+    assert producer.flush(30) == 0
+    producer.abort_transaction(30)
+    # committed records of other keys after it, so that the aborted overwrites are sealed and in
+    # the cleaned part, where (mapped) they would supersede every key's committed value
+    producer.begin_transaction()
+    for i in range(600):
+        producer.produce(topic, key=b"pad-%03d" % i, value=b"p", partition=0)
+        committed[b"pad-%03d" % i] = b"p"
+    producer.commit_transaction(30)
+
+    def view() -> dict[bytes, bytes | None]:
+        return {k: v for _o, k, v in read_confluent(broker, topic) if k is not None}
+
+    wait_for("compaction of the transactional topic", lambda: len(read_confluent(broker, topic)) <= len(committed) + 4)
+    got = view()
+    assert {k: got[k] for k in committed} == committed
+    assert b"aborted" not in got.values() and all(not v.endswith((b"-r2", b"-r5")) for v in got.values() if v)

@@ -280,6 +280,7 @@ class Cleaner:
                     "min_compaction_lag_ms": config.min_compaction_lag_ms,
                 },
                 chunk_segments=REWRITE_SEGMENTS_MAX,
+                aborted=[list(a) for a in p.meta.aborted_txns],
             )
         result = self._execute(job)
         counts = result.counts

@@ -63,6 +63,8 @@ class CompactJob:
     io_bytes_per_s: int
     config_params: dict[str, Any] = field(default_factory=dict)
     chunk_segments: int = 1000
+    #: the partition's aborted transactions, [producer id, first offset, marker offset]
+    aborted: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,13 +119,13 @@ def run_job(
             total.bytes_read += len(chunk)
             yield chunk
 
-    keymap, map_end = build_key_map(read, job.dirty, job.start, job.bytes_max)
+    keymap, map_end = build_key_map(read, job.dirty, job.start, job.bytes_max, job.aborted)
     run = [s for s in job.run if s.base_offset < map_end]
     marks = job.clean_marks
     counts: dict[str, int] = {}
     keep = record_filter(
         keymap, map_end, lambda offset: first_pass_ms(marks, offset), job.delete_retention_ms, job.now_ms,
-        job.retain_empty, counts, job.log_last_offset,
+        job.retain_empty, counts, job.log_last_offset, job.aborted,
     )
     params = {**job.config_params, "map_end": map_end, "keys": len(keymap.entries), "now_ms": job.now_ms}
     chunks: list[tuple[list[SegmentRef], list[tuple[SegmentRef, SegmentIndex]]]] = []

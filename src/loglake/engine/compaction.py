@@ -18,6 +18,11 @@ One pass over a partition, Kafka's cleaner reduced to its rules:
   the sealed log's last batch (consumers step over an empty batch to its last offset + 1).
 * A partition with nothing dirty gets a pass anyway once the oldest tombstone the last pass
   kept is past `delete.retention.ms` (the partition's `tombstone_ms`), so deletes do finish.
+* **Transactions** (docs/TRANSACTIONS.md): only segments wholly below the last stable offset are
+  cleaned (an open transaction's records are never touched); records of aborted transactions
+  (the partition's aborted list: producer id, first offset, marker offset) neither enter the key
+  map, so they never supersede a committed record, nor survive the rewrite, as Kafka's cleaner
+  removes them. Transaction markers (control batches) are kept.
 * Offsets never change: kept records keep theirs, and batches keep their base and last offset.
 """
 
@@ -25,15 +30,27 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
-from loglake.records.batch import ATTR_CONTROL, peek_header
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
 from loglake.records.rebuild import decode_plain, empty_batch, rebuild_batch
 
-__all__ = ["KEY_ENTRY_BYTES", "CleanPlan", "KeyMap", "build_key_map", "dirty_ratio", "first_pass_ms", "plan_clean", "record_filter"]
+__all__ = [
+    "KEY_ENTRY_BYTES",
+    "Aborted",
+    "CleanPlan",
+    "KeyMap",
+    "aborted_index",
+    "build_key_map",
+    "dirty_ratio",
+    "first_pass_ms",
+    "is_aborted",
+    "plan_clean",
+    "record_filter",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +61,25 @@ log = logging.getLogger(__name__)
 KEY_ENTRY_BYTES = 110
 #: Keys up to this long are kept as they are; longer ones as a 16-byte digest.
 KEY_INLINE_BYTES_MAX = 32
+
+
+#: A partition's aborted transactions as [producer id, first offset, marker offset] triples.
+Aborted = Iterable[Sequence[int]]
+
+
+def aborted_index(aborted: Aborted) -> dict[int, list[tuple[int, int]]]:
+    """Producer id -> its aborted offset ranges [first, marker]."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for pid, first, marker in aborted:
+        out.setdefault(int(pid), []).append((int(first), int(marker)))
+    return out
+
+
+def is_aborted(index: dict[int, list[tuple[int, int]]], attributes: int, producer_id: int, base_offset: int) -> bool:
+    """Is this batch the data of an aborted transaction?"""
+    if not attributes & ATTR_TRANSACTIONAL or attributes & ATTR_CONTROL:
+        return False
+    return any(first <= base_offset <= marker for first, marker in index.get(producer_id, ()))
 
 
 def first_pass_ms(marks: list[list[int]], offset: int) -> int | None:
@@ -109,11 +145,16 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
     with p.lock:
         segments = p.segments.slice(0)
         clean_end = p.meta.clean_end
+        stable_end = min(p.meta.txn_open.values(), default=None)  # first offset of an open transaction
     if not segments:
         return None
     lag_limit = now_ms - config.min_compaction_lag_ms
-    # only a prefix: the first segment inside the lag window ends the cleanable part
-    n = next((i for i, s in enumerate(segments) if s.max_timestamp > lag_limit), len(segments))
+    # only a prefix: the first segment inside the lag window, or reaching an open transaction,
+    # ends the cleanable part
+    n = next(
+        (i for i, s in enumerate(segments) if s.max_timestamp > lag_limit or (stable_end is not None and s.last_offset >= stable_end)),
+        len(segments),
+    )
     dirty = [s for s in segments[:n] if s.last_offset >= clean_end]
     tombstones_due = 0 <= p.meta.tombstone_ms <= now_ms - config.delete_retention_ms
     if not dirty:
@@ -130,12 +171,17 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
 
 
 def build_key_map(
-    read: Callable[[SegmentRef], Iterable[memoryview]], dirty: list[SegmentRef], start: int, bytes_max: int
+    read: Callable[[SegmentRef], Iterable[memoryview]],
+    dirty: list[SegmentRef],
+    start: int,
+    bytes_max: int,
+    aborted: Aborted = (),
 ) -> tuple[KeyMap, int]:
     """Map the dirty records' keys from offset `start` on; returns the map and the first offset
     not mapped (the pass's clean end). `read(seg)` yields a segment's data in chunks of whole
-    batches."""
+    batches. Records of `aborted` transactions are not mapped."""
     keymap = KeyMap(bytes_max)
+    index = aborted_index(aborted)
     end = start
     for seg in dirty:
         for chunk in read(seg):
@@ -144,7 +190,7 @@ def build_key_map(
                 size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
                 batch = chunk[pos : pos + size]
                 pos += size
-                mapped = _map_batch(keymap, batch, start, seg.key)
+                mapped = _map_batch(keymap, batch, start, seg.key, index)
                 if mapped is None:
                     return keymap, end
                 end = max(end, mapped)
@@ -152,11 +198,15 @@ def build_key_map(
     return keymap, end
 
 
-def _map_batch(keymap: KeyMap, batch: memoryview, start: int, where: str) -> int | None:
+def _map_batch(
+    keymap: KeyMap, batch: memoryview, start: int, where: str, aborted: dict[int, list[tuple[int, int]]] | None = None
+) -> int | None:
     """Map one batch's keys; the offset after it, or None when the map is full."""
     h = peek_header(batch)
     after = h.base_offset + h.last_offset_delta + 1
     if h.attributes & ATTR_CONTROL or after <= start:
+        return after
+    if aborted and is_aborted(aborted, h.attributes, h.producer_id, h.base_offset):
         return after
     _h, records = decode_plain(batch)
     # The common batch (every record keyed, short keys, all at or after `start`) is mapped by
@@ -192,14 +242,19 @@ def record_filter(
     retain_empty: set[tuple[int, int]],
     stats: dict[str, int],
     log_last_offset: int = -1,
+    aborted: Aborted = (),
 ) -> Callable[[memoryview], bytes | memoryview | None]:
     """The batch filter of one pass (see the module docstring for the rules)."""
     entries = keymap.entries
+    index = aborted_index(aborted)
 
     def keep_batch(batch: memoryview) -> bytes | memoryview | None:
         h = peek_header(batch)
         if h.attributes & ATTR_CONTROL:
             return batch
+        if index and is_aborted(index, h.attributes, h.producer_id, h.base_offset):
+            stats["aborted_dropped"] = stats.get("aborted_dropped", 0) + h.last_offset_delta + 1
+            return empty_batch(h) if (h.producer_id, h.base_offset) in retain_empty else None
         _h, records = decode_plain(batch)
         kept = []
         for r in records:
