@@ -30,13 +30,14 @@ from concurrent.futures import Future
 from typing import Any
 
 from loglake.engine.append import Appender, RecordTuple
+from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.compaction import dirty_ratio_locked
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import BatchChecker, Corruption
-from loglake.engine.epochs import end_offset_for, epoch_of, record_bump, write_clean_mark
+from loglake.engine.epochs import write_clean_mark
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import SegmentRef
@@ -72,7 +73,7 @@ __all__ = ["Engine", "RecordTuple", "TopicState", "open_engine"]
 log = logging.getLogger(__name__)
 
 
-class Engine(TxnEngineMixin):
+class Engine(TxnEngineMixin, BrokerMetaMixin):
     def __init__(
         self,
         data_dir: str,
@@ -407,26 +408,6 @@ class Engine(TxnEngineMixin):
                 last_stable_offset(p),
             )
 
-    def leader_epoch(self, name: str, partition: int, offset: int | None = None) -> int:
-        """The partition's current leader epoch, or the epoch that wrote `offset`."""
-        pm = self.catalog.partition(name, partition).meta
-        return pm.leader_epoch if offset is None else epoch_of(pm, offset)
-
-    def epoch_end_offset(self, name: str, partition: int, epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch: (largest epoch <= `epoch`, where it ends); engine/epochs.py."""
-        p = self.catalog.partition(name, partition)
-        with p.lock:
-            return end_offset_for(p.meta, p.next_offset, epoch)
-
-    def bump_leader_epoch(self, name: str, partition: int, reason: str) -> int:
-        """Start a new leader epoch at the partition's log end, durably (an operator accepted a
-        loss; engine/epochs.py). Consumers past the log end then see a truncation. Returns it."""
-        self._check_open()
-        p = self.catalog.partition(name, partition)
-        with p.lock:  # appends after it carry the new epoch and offsets >= its start
-            record_bump(self.catalog, p, reason).result()
-            return p.meta.leader_epoch
-
     def delete_records(self, name: str, partition: int, offset: int) -> int:
         """Kafka DeleteRecords: raise the log start offset to `offset` (-1 = high watermark).
 
@@ -473,52 +454,6 @@ class Engine(TxnEngineMixin):
         """A new producer id for InitProducerId, durable before it is handed out."""
         self._check_open()
         return self.catalog.allocate_producer_id()
-
-    # ==== consumer groups' metadata (the broker's coordinator owns the meaning) ======================
-
-    def group_metadata(self) -> dict[str, dict[str, Any]]:
-        """{group_id: {"offsets": {(topic, partition): [offset, epoch, metadata, ts]}, "state": dict | None}}"""
-        return self.catalog.group_metadata()
-
-    def commit_group_offsets(self, group_id: str, rows: list[tuple[str, int, int, int, str, int]]) -> Future[int]:
-        """Record committed offsets (topic, partition, offset, leader_epoch, metadata, commit_ts_ms)."""
-        self._check_open()
-        return self.catalog.commit_group_offsets(group_id, rows)
-
-    def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[int]:
-        self._check_open()
-        return self.catalog.expire_group_offsets(group_id, partitions)
-
-    def delete_group_metadata(self, group_id: str) -> Future[int]:
-        self._check_open()
-        return self.catalog.delete_group_metadata(group_id)
-
-    def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
-        self._check_open()
-        return self.catalog.save_group_state(group_id, state)
-
-    # ==== dynamic configs: stored for the broker; topic defaults and cleaner rate applied here ========
-
-    def dynamic_configs(self, kind: str) -> dict[str, dict[str, str]]:
-        """Stored dynamic configs: kind "broker" ({scope: {name: value}}) or "group" ({group: ...})."""
-        return self.catalog.dynamic_configs(kind)
-
-    def save_dynamic_configs(self, kind: str, key: str, configs: dict[str, str]) -> None:
-        """Replace one broker scope's or group's dynamic configs; durable on return."""
-        self._check_open()
-        self.catalog.save_dynamic_configs(kind, key, configs).result()
-
-    def set_topic_defaults(self, defaults: dict[str, str]) -> None:
-        """Topic config defaults changed at runtime: every topic without an override follows."""
-        self.config.check_topic_defaults(defaults)
-        self.catalog.set_topic_defaults(defaults)
-        self._wake()
-
-    def set_cleaner_io_rate(self, bytes_per_s: int) -> None:
-        """Change the cleaner's I/O bound (log.cleaner.io.max.bytes.per.second) at runtime."""
-        self.config.cleaner_io_max_bytes_per_second = bytes_per_s
-        if self._cleaner is not None:
-            self._cleaner.limiter.set_rate(bytes_per_s)
 
     # ==== appends and reads =========================================================================
 
