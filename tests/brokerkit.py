@@ -131,3 +131,35 @@ def serving_broker(
         if b.proc is not None and b.proc.poll() is None:
             assert b.stop() == 0
     assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
+
+
+def consume_to_end(bootstrap: str, topic: str, partitions: int, isolation: str, want: int, wait_s: float = 60.0) -> list[bytes]:
+    """Values of `topic`'s partitions from offset 0 with confluent-kafka at `isolation`, until at
+    least `want` arrived and every partition reached its end (or `wait_s` passed)."""
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "isolation.level": isolation, "enable.partition.eof": True}
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[bytes] = []
+    eof: set[int] = set()
+    deadline = time.monotonic() + wait_s
+    try:
+        while time.monotonic() < deadline and not (len(got) >= want and len(eof) == partitions):
+            m = c.poll(0.2)
+            if m is None:
+                continue
+            err = m.error()
+            if err:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    eof.add(m.partition())
+                    continue
+                raise KafkaException(err)
+            eof.discard(m.partition())
+            got.append(m.value())
+    finally:
+        c.close()
+    return got

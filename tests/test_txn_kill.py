@@ -10,12 +10,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from brokerkit import free_port, serving_broker, start_on_port
+from brokerkit import consume_to_end, free_port, serving_broker, start_on_port
 
 PARTITIONS = 3
 INPUTS = 3000
@@ -58,29 +57,7 @@ os._exit(0)
 
 
 def read_committed(bootstrap: str, topic: str, want: int) -> list[bytes]:
-    c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "isolation.level": "read_committed",
-         "enable.partition.eof": True}
-    )
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    got: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while time.monotonic() < deadline and not (len(got) >= want and len(eof) == PARTITIONS):
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                    continue
-                raise KafkaException(m.error())
-            eof.discard(m.partition())
-            got.append(m.value())
-    finally:
-        c.close()
-    return got
+    return consume_to_end(bootstrap, topic, PARTITIONS, "read_committed", want, WAIT_S)
 
 
 def test_consume_transform_produce_survives_kill_9(tmp_path: Path) -> None:

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import signal
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 from kafka import KafkaAdminClient
 
 from loglake.engine import Engine
@@ -24,7 +23,7 @@ from loglake.errors import InvalidProducerEpochError
 from loglake.records.batch import BatchBuilder, iter_records
 from loglake.store.memory import MemoryStore
 
-from brokerkit import serving_broker
+from brokerkit import consume_to_end, serving_broker
 
 WAIT_S = 60.0
 TID = "recovery-tid"
@@ -119,28 +118,7 @@ def test_engine_lso_and_aborted_ranges_survive_restart(tmp_path: Path) -> None:
 
 
 def _consume(bootstrap: str, topic: str, partitions: int, isolation: str, want: int) -> list[bytes]:
-    c = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "isolation.level": isolation, "enable.partition.eof": True}
-    )
-    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got: list[bytes] = []
-    eof: set[int] = set()
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while time.monotonic() < deadline and not (len(got) >= want and len(eof) == partitions):
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                    continue
-                raise KafkaException(m.error())
-            eof.discard(m.partition())
-            got.append(m.value())
-    finally:
-        c.close()
-    return got
+    return consume_to_end(bootstrap, topic, partitions, isolation, want, WAIT_S)
 
 
 def _crashed_in_end_txn(data: str, commit: bool) -> None:
