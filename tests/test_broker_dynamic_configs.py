@@ -174,6 +174,19 @@ def test_static_layer_and_legacy_alter_configs_replace(admin: AdminClient, broke
     assert describe(admin, TOPIC, "mm")["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
 
 
+def test_kip848_and_transaction_settings_are_described_by_kafkas_names(admin: AdminClient) -> None:
+    configs = describe(admin, BROKER, "0")
+    expected = {
+        "group.consumer.session.timeout.ms": "45000",
+        "group.consumer.heartbeat.interval.ms": "5000",
+        "group.consumer.assignors": "uniform,range",
+        "group.consumer.migration.policy": "bidirectional",
+        "transaction.max.timeout.ms": "900000",
+    }
+    assert {k: configs[k].value for k in expected} == expected
+    assert all(configs[k].is_read_only for k in expected)
+
+
 def test_read_only_unknown_and_bad_values_are_refused(admin: AdminClient, broker: Broker) -> None:
     for name, value, words in (
         ("num.partitions", "3", "Cannot update these configs dynamically"),
