@@ -177,15 +177,19 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
                 servers.append(_start_server(command, tmp_path))
                 continue
             follow = "--follow" in words
+            # its own session, so that a timeout stops the command and not only its shell
+            proc = subprocess.Popen(
+                command, shell=True, cwd=tmp_path, env=_env(exported), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True,
+            )
             try:
-                result = subprocess.run(
-                    command, shell=True, cwd=tmp_path, env=_env(exported), capture_output=True, text=True,
-                    timeout=FOLLOW_TIMEOUT_S if follow else COMMAND_TIMEOUT_S,
-                )
+                out, err = proc.communicate(timeout=FOLLOW_TIMEOUT_S if follow else COMMAND_TIMEOUT_S)
             except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.communicate(timeout=60)
                 assert follow, f"{block.id}: {command!r} did not finish in {COMMAND_TIMEOUT_S} s"
                 continue
-            assert result.returncode == 0, f"{block.id}: {command!r} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+            assert proc.returncode == 0, f"{block.id}: {command!r} exited {proc.returncode}:\n{out}\n{err}"
     finally:
         for proc in servers:
             _stop(proc)
