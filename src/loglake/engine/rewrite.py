@@ -133,11 +133,14 @@ def build(
     group: list[SegmentRef] = []
     writer: SegmentWriter | None = None
     try:
-        for seg in run:
-            reader = SegmentReader(store, seg.key, seg.size, READ_CHUNK_BYTES)
+        readers = [SegmentReader(store, seg.key, seg.size, READ_CHUNK_BYTES) for seg in run]
+        # any transaction index in the run: every output carries one (format version 3)
+        txn_index = any(r.trailer.txn_index for r in readers)
+        for seg, reader in zip(run, readers, strict=True):
             if writer is None:
                 placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
-                writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
+                writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder, txn_index=txn_index)
+            writer.aborted_txns.extend(reader.trailer.aborted_txns)
             for chunk in reader.chunks():
                 limiter.acquire(len(chunk))
                 pos, end = 0, len(chunk)

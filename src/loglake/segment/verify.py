@@ -17,10 +17,10 @@ from typing import Any
 import crc32c
 
 from loglake.errors import CorruptionError
-from loglake.records.batch import BATCH_LENGTH_OFFSET
+from loglake.records.batch import ATTR_CONTROL, BATCH_LENGTH_OFFSET
 from loglake.records.compression import codec_name
+from loglake.records.control import ABORT_MARKER, marker_of
 from loglake.segment.format import (
-    FLAG_REWRITTEN,
     HEADER,
     HEADER_CRC_OFFSET,
     HEADER_MAGIC,
@@ -63,7 +63,7 @@ def check_header(header: BytesLike, trailer: SegmentTrailer, key: str) -> None:
         raise CorruptionError(key, 0, f"bad header magic {bytes(magic)!r}")
     if version != trailer.version:
         raise CorruptionError(key, 4, f"header says format version {version}, trailer {trailer.version}")
-    if flags != (FLAG_REWRITTEN if trailer.rewritten else 0):
+    if flags != trailer.header_flags:
         raise CorruptionError(key, 6, f"header flags {flags:#06x} do not fit a version-{version} segment")
     crc = crc32c.crc32c(memoryview(header)[:HEADER_CRC_OFFSET])
     if crc != header_crc:
@@ -101,6 +101,7 @@ class _DataChecker:
         self.next_offset = trailer.base_offset
         self.max_timestamp = -1
         self.record_count = 0
+        self.aborts: set[tuple[int, int]] = set()  # (producer id, offset) of ABORT markers seen
 
     def _fail(self, offset: int, detail: str) -> CorruptionError:
         return CorruptionError(self.key, offset, detail)
@@ -160,11 +161,11 @@ class _DataChecker:
             _epoch,
             magic,
             stored_crc,
-            _attrs,
+            attrs,
             lod,
             _first_ts,
             max_ts,
-            _pid,
+            pid,
             _pepoch,
             _seq,
             count,
@@ -183,6 +184,10 @@ class _DataChecker:
             raise self._fail(
                 pos, f"batch base offset {base}, expected {self.next_offset} (offsets must be dense)"
             )
+        if self.trailer.txn_index and attrs & ATTR_CONTROL:
+            marker = marker_of(memoryview(buf)[at : at + size])
+            if marker is not None and marker[1] == ABORT_MARKER:
+                self.aborts.add((pid, base))
         i = self.n
         if i >= self.trailer.entry_count:
             raise self._fail(pos, f"more batches than the {self.trailer.entry_count} index entries")
@@ -237,6 +242,12 @@ class _DataChecker:
                 raise self._fail(t.field_position(name), f"trailer {name} is {stored}, batches give {actual}")
         if t.rewritten:
             check_provenance(t, self.key)
+        for pid, _first, marker in t.aborted_txns:
+            if (pid, marker) not in self.aborts:
+                raise self._fail(
+                    t.size - t.trailer_size,
+                    f"transaction index names an ABORT marker of producer {pid} at offset {marker}, the data has none",
+                )
         chain = self.sha.digest()
         if chain != t.chain_hash:
             raise self._fail(
@@ -503,6 +514,7 @@ def describe_segment(
         },
         "batches": batches,
         "batches_omitted": len(index) - limit,
+        **({"aborted_txns": [list(e) for e in trailer.aborted_txns]} if trailer.txn_index else {}),
     }
 
 
