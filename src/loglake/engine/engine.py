@@ -225,6 +225,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             cold_url = None
         store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
         self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
+        self._cleaner.rewriter.before_delete = self.publish_metadata
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)

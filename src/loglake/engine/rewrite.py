@@ -207,6 +207,9 @@ class Rewriter:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
+        #: called between the durable switch and the deletes: the engine publishes its metadata,
+        #: so readers of the stores' copy (Spark) stop naming the replaced objects before they go
+        self.before_delete: Callable[[], object] | None = None
 
     def swap(
         self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, SegmentIndex]], clean: dict[str, int] | None
@@ -229,6 +232,11 @@ class Rewriter:
         for ref, index in outputs:
             if ref.tier == "hot":
                 self.indexes.put(ref.key, index)
+        if self.before_delete is not None:
+            try:
+                self.before_delete()
+            except Exception as exc:  # the deletes go on: a reader of a stale copy retries
+                log.warning("publishing the metadata before deleting replaced segments failed: %s", exc)
         for seg in run:  # 5. the replaced objects go
             self.indexes.forget(seg.key)
             self.stores.delete_segment(seg.key, seg.tier)
