@@ -20,7 +20,7 @@ from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.txn import segment_aborted
 from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
-from loglake.records.control import ABORT_MARKER, marker_of
+from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
 from loglake.store.base import segment_key
 

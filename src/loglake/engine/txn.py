@@ -11,7 +11,8 @@ survives restarts through checkpoints and the metadata log like the segment chai
   type 0 ABORT / 1 COMMIT; value = version 0, coordinator epoch) appended through the normal
   append path, so the topic's durability class and the WAL apply to them as to any batch.
 * A **read_committed** read returns batches below the LSO only, and the aborted transactions
-  (producer id, first offset) whose range overlaps what it returns.
+  (producer id, first offset) whose range overlaps what it returns. Which of those batches a
+  reader keeps is loglake.records.committed (`CommittedFilter`, Kafka's consumer rule).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from loglake.engine.partition import Partition
 from loglake.engine.types import AppendResult, Chunk, FileRange, ReadResult
 from loglake.errors import UnknownTopicError
 from loglake.records.batch import BatchBuilder
-from loglake.records.control import ABORT_MARKER, COMMIT_MARKER, MARKER_KEY
+from loglake.records.committed import (
+    ABORT_MARKER,
+    COMMIT_MARKER,
+    MARKER_KEY,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+)
 
 if TYPE_CHECKING:
     from loglake.engine.engine import Engine
@@ -42,8 +49,6 @@ __all__ = [
     "write_marker",
 ]
 
-READ_UNCOMMITTED = "read_uncommitted"
-READ_COMMITTED = "read_committed"
 _MARKER_VALUE = struct.Struct(">hi")
 _BASE_AND_LENGTH = struct.Struct(">qi")
 

@@ -18,8 +18,8 @@ import crc32c
 
 from loglake.errors import CorruptionError
 from loglake.records.batch import ATTR_CONTROL, BATCH_LENGTH_OFFSET
+from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.records.compression import codec_name
-from loglake.records.control import ABORT_MARKER, marker_of
 from loglake.segment.format import (
     HEADER,
     HEADER_CRC_OFFSET,

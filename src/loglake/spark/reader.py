@@ -41,8 +41,8 @@ from loglake.records.batch import (
     LENGTH_FIELD_END,
     MAGIC_V2,
 )
+from loglake.records.committed import AbortedTxns
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
-from loglake.records.control import AbortedTxns
 from loglake.records.varint import MAX_VARINT_BYTES, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
 from loglake.spark.plan import Slice, cached_store
