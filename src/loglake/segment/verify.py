@@ -16,6 +16,7 @@ from typing import Any
 
 import crc32c
 
+from loglake import canary
 from loglake.errors import CorruptionError
 from loglake.records.batch import BATCH_LENGTH_OFFSET
 from loglake.records.compression import codec_name
@@ -237,6 +238,8 @@ class _DataChecker:
                 raise self._fail(t.field_position(name), f"trailer {name} is {stored}, batches give {actual}")
         if t.rewritten:
             check_provenance(t, self.key)
+        if canary.SKIP_CHAIN_CHECK:  # test-only mutation (loglake/canary.py)
+            return t
         chain = self.sha.digest()
         if chain != t.chain_hash:
             raise self._fail(
@@ -409,7 +412,7 @@ def verify_chain(
         raise ValueError(f"{len(trailers)} trailers but {len(keys)} keys")
     for i in range(1, len(trailers)):
         prev, cur = trailers[i - 1], trailers[i]
-        if cur.prev_hash != prev.link_hash:
+        if cur.prev_hash != prev.link_hash and not canary.SKIP_CHAIN_CHECK:  # test-only mutation (loglake/canary.py)
             raise CorruptionError(
                 keys[i],
                 cur.field_position("prev_hash"),
