@@ -43,8 +43,13 @@ class Selection:
 
 SELECTIONS: dict[str, Selection] = {
     "skip_wal_fsync": Selection(
-        ("tests/test_crash_sweep.py::test_crash_at_every_mutating_call[clean]",),
-        "a crash after an acked group finds its frames never reached the durable file",
+        (
+            "tests/test_crash_sweep.py::test_crash_at_every_mutating_call[clean]",
+            "tests/test_txn_crash_sweep.py::test_crash_at_every_mutating_call_of_a_transaction[clean]",
+        ),
+        "a crash after an acked group finds its frames never reached the durable file (records, "
+        "and the metadata log's topic and transaction records)",
+        every=True,
     ),
     "ack_before_wal_write": Selection(
         (
