@@ -107,7 +107,11 @@ def run_pytest(tests: tuple[str, ...], canary_name: str | None, *, stop_at_first
         env[canary.ENV] = canary_name
     cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *(["-x"] if stop_at_first else []), *tests]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:  # a hang is not a catch (exit code -1 in the report)
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        return Run(-1, [], [], time.perf_counter() - started, f"timed out after {RUN_TIMEOUT_S} s\n{out}")
     seconds = time.perf_counter() - started
     output = proc.stdout + proc.stderr
     return Run(proc.returncode, _FAILED.findall(proc.stdout), _ERROR.findall(proc.stdout), seconds, output)
