@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from loglake import canary
 from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
@@ -160,6 +161,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         return list(self._shards)
 
     def open(self) -> RecoveryReport:
+        canary.warn_if_active()  # test-only mutations must never run unnoticed
         self.fs.makedirs(self.data_dir)
         self._dir_lock.acquire()
         try:
