@@ -9,7 +9,9 @@ and plain phases run the same producer/consumer code with one setting changed:
   at most 5 requests in flight), then the same with a `transactional.id`: begin_transaction,
   produce() for 100 ms, commit_transaction (which waits for every delivery report and the EndTxn
   answer), begin again... The clock runs from the first produce() until the last commit returns.
-  All three in the same run, on their own topics, with the same record count.
+  All three in the same run, each on a fresh topic with the same record count, in the order
+  plain, idempotent, transactional and (full run) back again; the better run of each kind counts.
+  commit_transaction's time is split into its flush and the EndTxn round trip.
 * consume: the topic written by the transactional producer (so every record is in a committed
   transaction and there is a COMMIT marker every ~100 ms), read from the beginning with
   `isolation.level=read_uncommitted` and `read_committed`, alternating (U C C U in a full run)
