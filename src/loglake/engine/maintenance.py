@@ -1,6 +1,6 @@
 """Background maintenance: one thread, one tick every `maintenance_interval_ms` (or when woken).
 
-Each tick: age and size seals, emergency seals under memory pressure, retention, relocation
+Each tick: a free-space reading (on its own interval, loglake.engine.space), age and size seals, emergency seals under memory pressure, retention, relocation
 scheduling, a metadata checkpoint when the log passed its bound, WAL truncation, and copying
 the metadata's changes to the object stores. Every step is bounded by what changed since the
 last tick, not by the history the broker holds.
@@ -18,6 +18,7 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.seal import Sealer
+from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.meta.log import LocalMetaStore
@@ -42,6 +43,7 @@ class Maintenance:
         *,
         interval_ms: int,
         shards: Callable[[], list[WalShard]],
+        space: SpaceGuard | None = None,
     ) -> None:
         self.catalog = catalog
         self.meta = meta
@@ -52,6 +54,7 @@ class Maintenance:
         self._clock = clock
         self.interval_s = interval_ms / 1000.0
         self._shards = shards
+        self.space = space
         self.relocator: Relocator | None = None
         self.publisher: MetaPublisher | None = None
         self._thread: threading.Thread | None = None
@@ -84,6 +87,8 @@ class Maintenance:
                 log.exception("maintenance tick failed; retrying next tick")
 
     def tick(self) -> None:
+        if self.space is not None:
+            self.space.check()  # on its own interval; produce resumes here when space came back
         self._seal_due()
         self.apply_retention()
         if self.relocator is not None:

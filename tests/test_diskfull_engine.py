@@ -1,0 +1,176 @@
+"""Disk full in the engine: the free-space reserve refuses produce with StorageFullError and lets
+it back in by itself once space returns; a WAL write or fsync that hits ENOSPC stalls its shard,
+which writes the unconfirmed frames again in a fresh file once there is room (nothing
+acknowledged lost, no offset reused); EIO still fails the engine for good."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+
+import pytest
+
+import loglake
+from loglake.engine import Engine
+from loglake.errors import EngineFailedError, StorageError, StorageFullError
+from loglake.fs.faulty import FaultyFileSystem
+from loglake.kafka_errors import ErrorCode
+
+from enginekit import DATA_DIR, abandon, read_all, small_config
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+
+
+def wait_until(cond: object, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():  # type: ignore[operator]
+            return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_reserve_refuses_produce_and_writes_resume_by_themselves(caplog: pytest.LogCaptureFixture) -> None:
+    fs = FaultyFileSystem(seed=1)
+    fs.space = (500 * MIB, GIB)
+    log = loglake.open(
+        DATA_DIR, fs=fs, wal_shards=1, wal_file_bytes=64 * 1024,
+        storage_min_free_bytes=64 * MIB, storage_min_free_percent=1.0, storage_space_check_interval_ms=10,
+    )
+    caplog.set_level(logging.WARNING, logger="loglake.engine.space")
+    try:
+        acked = [log.produce("t", b"v%d" % i).offset for i in range(3)]
+        fs.space = (37 * MIB, GIB)  # below max(64 MiB, 1 % of 1 GiB)
+        time.sleep(0.05)
+        refusals = 0
+        for _ in range(50):
+            with pytest.raises(StorageFullError) as info:
+                log.produce("t", b"refused")
+            refusals += 1
+        error = info.value
+        assert isinstance(error, StorageError) and error.retriable
+        assert error.kafka_code == ErrorCode.KAFKA_STORAGE_ERROR
+        assert "37.0 MiB free on /data < reserve 64.0 MiB; produce refused" in str(error)
+        assert log.engine.space.full and log.engine.space.refused == refusals
+        # reads keep working
+        assert [v for _o, _k, v in read_all(log.engine, "t")[0]] == [b"v0", b"v1", b"v2"]
+        fs.space = (300 * MIB, GIB)
+        wait_until(lambda: _produces(log, acked))
+        acked.append(log.produce("t", b"after").offset)
+        assert acked == [0, 1, 2, 3, 4]  # dense: nothing refused took an offset
+        lines = [r.getMessage() for r in caplog.records if r.name == "loglake.engine.space"]
+        assert len(lines) == 2, lines  # one line per state change, not per refusal
+        assert lines[0].startswith("storage full: 37.0 MiB free on /data < reserve 64.0 MiB")
+        assert lines[1].startswith("storage writable again: 300.0 MiB free on /data >= reserve 64.0 MiB")
+    finally:
+        log.close()
+
+
+def _produces(log: loglake.Log, acked: list[int]) -> bool:
+    try:
+        acked.append(log.produce("t", b"probe").offset)
+    except StorageFullError:
+        return False
+    return True
+
+
+def test_percent_wins_when_larger() -> None:
+    fs = FaultyFileSystem(seed=2)
+    fs.space = (150 * MIB, 10 * GIB)  # 1.5 % free: above 64 MiB, below 2 % of 10 GiB
+    engine = Engine(DATA_DIR, small_config(storage_min_free_bytes=64 * MIB, storage_min_free_percent=2.0), fs=fs, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1)
+        with pytest.raises(StorageFullError):
+            engine.append_records("t", 0, [(None, None, b"x", [])])
+        assert engine.space.reserve_bytes == int(10 * GIB * 0.02)
+    finally:
+        abandon(engine)
+
+
+def append(engine: Engine, value: bytes) -> int:
+    return engine.append_records("t", 0, [(None, None, value, [])]).result(timeout=30).base_offset
+
+
+@pytest.mark.parametrize("failing_call", [1, 2], ids=["write", "fsync"])
+def test_wal_enospc_stalls_then_heals_without_losing_or_reusing_offsets(failing_call: int) -> None:
+    """ENOSPC on the WAL's pwritev (1st call) or its fdatasync (2nd): the append is not
+    acknowledged, produce is refused while the disk is full, and once space returns the shard
+    writes the frame again in a fresh file; after a crash every acknowledged record is there."""
+    fs = FaultyFileSystem(seed=3)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine.open()
+    engine.create_topic("t", 1)
+    assert append(engine, b"a0") == 0  # the WAL file is rolled (preallocated) by now
+    fs.set_full(True)
+    fs.fail_after(failing_call)  # the WAL write or fsync of the next append
+    fut = engine.append_records("t", 0, [(None, None, b"unconfirmed", [])])
+    with pytest.raises(StorageFullError):
+        fut.result(timeout=10)
+    shard = engine.shards[0]
+    assert shard.stalled and engine.space.full
+    with pytest.raises(StorageFullError):
+        engine.append_records("t", 0, [(None, None, b"refused", [])])
+    assert engine.partition_info("t", 0).high_watermark == 1  # not visible, not acknowledged
+    time.sleep(0.3)  # a few heal rounds fail: no room for a fresh file
+    assert shard.stalled
+    fs.set_full(False)
+    wait_until(lambda: not shard.stalled)
+    wait_until(lambda: not engine.space.full)
+    # written again with its offset (1): visible now; the next append continues densely
+    assert engine.partition_info("t", 0).high_watermark == 2
+    assert append(engine, b"a2") == 2
+    assert engine._failure is None and shard.stalls == 1
+    abandon(engine)
+    after = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs.crash(), start_background=False)
+    after.open()
+    try:
+        assert read_all(after, "t") == {0: [(0, None, b"a0"), (1, None, b"unconfirmed"), (2, None, b"a2")]}
+    finally:
+        abandon(after)
+
+
+def test_disk_class_data_written_before_a_failed_fsync_is_written_again() -> None:
+    """`disk` acknowledges after write(); when a later fsync hits ENOSPC those frames are cut
+    from the file with the rest and written again once there is room."""
+    fs = FaultyFileSystem(seed=4)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1, wal_fsync_interval_ms=60_000), fs=fs, start_background=False)
+    engine.open()
+    engine.create_topic("t", 1, {"durability": "disk"})
+    assert append(engine, b"d0") == 0
+    engine.shards[0].sync()
+    assert append(engine, b"d1") == 1  # written, acknowledged, not fsynced
+    fs.set_full(True)
+    fs.fail_after(1)  # the sync below: its fdatasync
+    with pytest.raises(StorageFullError):
+        engine.shards[0].sync()
+    fs.set_full(False)
+    wait_until(lambda: not engine.shards[0].stalled)
+    engine.shards[0].sync()
+    abandon(engine)
+    after = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs.crash(), start_background=False)
+    after.open()
+    try:
+        assert read_all(after, "t") == {0: [(0, None, b"d0"), (1, None, b"d1")]}
+    finally:
+        abandon(after)
+
+
+def test_eio_on_fsync_still_fails_the_engine() -> None:
+    fs = FaultyFileSystem(seed=5)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1)
+        append(engine, b"a0")
+        fs.fail_after(2, lambda: OSError(errno.EIO, "I/O error (injected)"))
+        fut = engine.append_records("t", 0, [(None, None, b"x", [])])
+        with pytest.raises(StorageError) as info:
+            fut.result(timeout=10)
+        assert not isinstance(info.value, StorageFullError)
+        with pytest.raises(EngineFailedError):
+            engine.append_records("t", 0, [(None, None, b"y", [])])
+    finally:
+        abandon(engine)
