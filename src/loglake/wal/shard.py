@@ -41,12 +41,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import IntEnum
 
 from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
+from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
+
+__all__ = [
+    "Durability",
+    "WalEntry",
+    "WalFile",
+    "WalShard",
+    "parse_wal_file_name",
+    "wal_file_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,80 +74,6 @@ WAL_COMMIT_DELAY_US_MAX = 500
 #: A stalled shard (disk full) tries a fresh file after this long, doubling up to the max.
 WAL_STALL_RETRY_MS = 100
 WAL_STALL_RETRY_MS_MAX = 5_000
-
-
-class Durability(IntEnum):
-    """Per-topic durability class (DESIGN.md §4)."""
-
-    FSYNC = 0  # ack after the group fdatasync
-    DISK = 1  # ack after write(); fsync on an interval
-    MEMORY = 2  # ack at enqueue; written and fsynced on the interval
-    EPHEMERAL = 3  # never written to the WAL
-
-    @classmethod
-    def parse(cls, name: str) -> Durability:
-        return cls[name.upper()]
-
-
-DoneCallback = Callable[["WalEntry", BaseException | None], None]
-
-
-class WalEntry:
-    """One append waiting for the writer. `on_done(entry, error)` runs on the writer thread."""
-
-    __slots__ = (
-        "base_offset",
-        "context",
-        "durability",
-        "end_offset",
-        "on_done",
-        "partition",
-        "payload",
-        "seq",
-        "topic_id",
-    )
-
-    def __init__(
-        self,
-        topic_id: bytes,
-        partition: int,
-        base_offset: int,
-        end_offset: int,
-        payload: BytesLike,
-        durability: Durability,
-        on_done: DoneCallback,
-        context: object = None,
-    ) -> None:
-        self.context = context  # the submitter's own bookkeeping, handed back through on_done
-        self.topic_id = topic_id
-        self.partition = partition
-        self.base_offset = base_offset
-        self.end_offset = end_offset
-        self.payload = payload
-        self.durability = durability
-        self.on_done = on_done
-        self.seq = -1
-
-
-@dataclass
-class WalFile:
-    """A WAL file and, per (topic id, partition), the end offset of its last frame there."""
-
-    path: str
-    first_seq: int
-    partitions: dict[tuple[bytes, int], int] = field(default_factory=dict)
-
-
-def wal_file_name(first_seq: int) -> str:
-    return f"wal-{first_seq:020d}.log"
-
-
-def parse_wal_file_name(name: str) -> int | None:
-    if name.startswith("wal-") and name.endswith(".log") and len(name) == 28:
-        digits = name[4:24]
-        if digits.isdigit():
-            return int(digits)
-    return None
 
 
 class WalShard:
@@ -517,9 +451,9 @@ class WalShard:
             if self._disk_full(exc):
                 self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
             raise
-        with self._cond:
+        with self._cond:  # both at once: truncation never takes the new file for a closed one
             self._files.append(WalFile(path, first_seq))
-        self._active = f
+            self._active = f
         self._active_pos = 0
         self._active_capacity = capacity
         self._synced_pos = 0
@@ -536,25 +470,32 @@ class WalShard:
     def _abandon_active(self) -> None:
         """Cut the active file back to what its last fsync covered and sync that (remove it when
         that is nothing): recovery must never find an unconfirmed frame in a closed file."""
-        f = self._active
-        if f is None:
-            return
-        self._active = None
+        with self._cond:
+            f = self._active
+            if f is None:
+                return
+            wal_file = self._files[-1]  # the active file is the newest
+            self._active = None
         self._dirty = False
         try:
             if self._synced_pos == 0:
                 f.close()
-                path = self._files[-1].path
-                self.fs.unlink(path)
+                try:
+                    self.fs.unlink(wal_file.path)
+                except FileNotFoundError:
+                    pass  # truncation took it (it named no partition)
                 self.fs.fsync_dir(self.directory)
                 with self._cond:
-                    self._files.pop()
+                    self._files = [w for w in self._files if w is not wal_file]
             else:
                 f.truncate(self._synced_pos)
                 f.datasync()
                 f.close()
         except BaseException:
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass  # closed already
             raise
 
     def _stall(self, group: list[WalEntry], ticket: int, exc: BaseException) -> bool:
