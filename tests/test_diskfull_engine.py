@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,60 @@ def test_eio_on_fsync_still_fails_the_engine() -> None:
             engine.append_records("t", 0, [(None, None, b"y", [])])
     finally:
         abandon(engine)
+
+
+def test_resume_needs_a_margin_above_the_reserve() -> None:
+    """Once full, writable again only at the reserve plus a quarter: no flapping at the edge."""
+    fs = FaultyFileSystem(seed=6)
+    fs.space = (100 * MIB, GIB)
+    engine = Engine(DATA_DIR, small_config(storage_min_free_bytes=64 * MIB, storage_min_free_percent=0.0), fs=fs, start_background=False)
+    engine.open()
+    try:
+        space = engine.space
+        assert not space.check(force=True)
+        fs.space = (63 * MIB, GIB)
+        assert space.check(force=True)
+        fs.space = (70 * MIB, GIB)  # above the reserve, below reserve + 16 MiB
+        assert space.check(force=True) and space.full_events == 1
+        fs.space = (80 * MIB, GIB)
+        assert not space.check(force=True)
+    finally:
+        abandon(engine)
+
+
+def test_startup_space_check_counts_the_reserve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loglake.cli import startup
+
+    monkeypatch.setattr(startup, "_space", lambda _path: (200 * MIB, 10 * GIB))
+    # 2 x 64 MiB WAL + 4 MiB metadata fit in 200 MiB; with a 128 MiB reserve they do not
+    assert startup.check_space(str(tmp_path / "d"), 2, 64 * MIB, 4 * MIB) is None
+    failure = startup.check_space(str(tmp_path / "d"), 2, 64 * MIB, 4 * MIB, 128 * MIB, 1.0)
+    assert failure is not None and failure.exit_code == startup.EXIT_NO_SPACE
+    assert "free-space reserve of 128 MiB" in failure.message
+    assert failure.hint is not None and "LOGLAKE_STORAGE_MIN_FREE_BYTES" in failure.hint
+    # the percentage, when larger, is what counts
+    failure = startup.check_space(str(tmp_path / "d"), 1, 1 * MIB, 1 * MIB, 0, 5.0)
+    assert failure is not None and "reserve of 512 MiB" in failure.message
+
+
+def test_failing_seals_back_off_and_log_once_per_state_change(caplog: pytest.LogCaptureFixture) -> None:
+    fs = FaultyFileSystem(seed=7)
+    engine = Engine(DATA_DIR, small_config(maintenance_interval_ms=10), fs=fs)
+    engine.open()
+    caplog.set_level(logging.DEBUG, logger="loglake.engine.seal")
+    try:
+        engine.create_topic("t", 1, {"segment.ms": "1"})
+        assert append(engine, b"before") == 0  # the WAL file is rolled while there is room
+        wait_until(lambda: engine.partition_info("t", 0).sealed_end == 1)
+        fs.set_full(True)
+        assert append(engine, b"while-full") == 1  # fits in the preallocated WAL file
+        time.sleep(1.5)  # ~150 maintenance ticks: the seal is tried a handful of times, not 150
+        failures = [r for r in caplog.records if "sealing t-0 failed" in r.getMessage()]
+        assert 3 <= len(failures) <= 8, len(failures)
+        assert [r.levelno for r in failures].count(logging.ERROR) == 1  # the rest at DEBUG
+        fs.set_full(False)
+        wait_until(lambda: engine.partition_info("t", 0).sealed_end == 2, timeout=20)
+        assert any("sealing t-0 works again" in r.getMessage() for r in caplog.records)
+        assert [v for _o, _k, v in read_all(engine, "t")[0]] == [b"before", b"while-full"]
+    finally:
+        engine.close()

@@ -13,7 +13,9 @@ Free space is one statvfs (`FileSystem.disk_space`), read
 * at once when the bytes appended since the last reading exceed the headroom it showed, and
 * while full, on a refused append at most every `FULL_RECHECK_MS`,
 
-never per record. A WAL shard whose write or fsync hit ENOSPC reports it here too (`wal_full`);
+never per record. Once full, produce resumes only at the reserve plus a quarter of it
+(`RESUME_MARGIN_DIVISOR`): a seal that lets a WAL file go frees a little, and without the margin
+the state (and the log) would flip back and forth at the edge. A WAL shard whose write or fsync hit ENOSPC reports it here too (`wal_full`);
 appends are refused until that shard has healed (`wal_healed`), whatever statvfs says.
 
 Each state change is logged once, with the numbers: ``storage full: 37.1 MiB free on /data <
@@ -30,12 +32,14 @@ from collections.abc import Callable
 from loglake.errors import StorageFullError
 from loglake.fs.base import FileSystem
 
-__all__ = ["FULL_RECHECK_MS", "SpaceGuard", "mib"]
+__all__ = ["FULL_RECHECK_MS", "RESUME_MARGIN_DIVISOR", "SpaceGuard", "mib"]
 
 log = logging.getLogger(__name__)
 
 #: While full, a refused append reads free space again at most this often.
 FULL_RECHECK_MS = 100
+#: Once full, produce resumes at the reserve plus reserve / this (a quarter more).
+RESUME_MARGIN_DIVISOR = 4
 
 
 def mib(n: int) -> str:
@@ -98,7 +102,10 @@ class SpaceGuard:
                 self.free_bytes, self.total_bytes = free, total
                 self.reserve_bytes = self.reserve_for(total)
                 self._headroom = free - self.reserve_bytes
-                self._space_full = free < self.reserve_bytes
+                # Hysteresis: once full, writable again only with a margin above the reserve, so
+                # a seal that frees a WAL file does not flip the state (and the log) back and forth.
+                threshold = self.reserve_bytes + (self.reserve_bytes // RESUME_MARGIN_DIVISOR if self._space_full else 0)
+                self._space_full = free < threshold
             now_full = self.full
         self._changed(was, now_full)
         return now_full
