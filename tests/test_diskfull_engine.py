@@ -232,3 +232,58 @@ def test_failing_seals_back_off_and_log_once_per_state_change(caplog: pytest.Log
         assert [v for _o, _k, v in read_all(engine, "t")[0]] == [b"before", b"while-full"]
     finally:
         engine.close()
+
+
+def test_metadata_log_enospc_stalls_then_heals() -> None:
+    """The metadata log is a WAL shard too: ENOSPC on its write waits for room instead of failing
+    the engine; the change is durable once written again, and shutdown while stalled does not hang."""
+    import threading
+
+    fs = FaultyFileSystem(seed=8)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine.open()
+    engine.create_topic("t", 1)
+    fs.set_full(True)
+    fs.fail_after(1)  # the metadata log's write of the next change
+    done: list[object] = []
+    creator = threading.Thread(target=lambda: done.append(engine.create_topic("u", 2)))
+    creator.start()
+    wait_until(lambda: engine.meta.shard is not None and engine.meta.shard.stalled)
+    assert engine.space.full and engine._failure is None
+    time.sleep(0.3)
+    assert not done  # waits for room, not failed
+    fs.set_full(False)
+    creator.join(timeout=15)
+    assert done and not engine.meta.shard.stalled  # type: ignore[union-attr]
+    assert append(engine, b"x") == 0
+    abandon(engine)
+    after = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs.crash(), start_background=False)
+    after.open()
+    try:
+        assert after.topic("u").partitions == 2
+        assert read_all(after, "t") == {0: [(0, None, b"x")]}
+    finally:
+        abandon(after)
+
+
+def test_close_while_stalled_does_not_hang() -> None:
+    fs = FaultyFileSystem(seed=9)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs)
+    engine.open()
+    engine.create_topic("t", 1)
+    assert append(engine, b"a0") == 0
+    fs.set_full(True)
+    # Bigger than what is left of the 64 KiB WAL file: the roll's preallocation hits ENOSPC.
+    with pytest.raises(StorageFullError):
+        engine.append_records("t", 0, [(None, None, b"l" * 70_000, [])]).result(timeout=10)
+    assert engine.shards[0].stalled
+    started = time.monotonic()
+    engine.close()  # still full: the stalled write fails, nothing waits forever
+    assert time.monotonic() - started < 10
+    fs.set_full(False)
+    after = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs.crash(), start_background=False)
+    after.open()
+    try:
+        assert read_all(after, "t") == {0: [(0, None, b"a0")]}  # the unacknowledged one is not there
+    finally:
+        abandon(after)

@@ -99,12 +99,22 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self._given_store = store
         self._given_cold_store = cold_store
         self._start_background = start_background
+        #: the free-space reserve (loglake.engine.space): produce refused while storage is full
+        self.space = SpaceGuard(
+            self.fs,
+            self.data_dir,
+            min_free_bytes=self.config.storage_min_free_bytes,
+            min_free_percent=self.config.storage_min_free_percent,
+            check_interval_ms=self.config.storage_space_check_interval_ms,
+        )
         self._meta = LocalMetaStore(
             self.fs,
             meta_dir(self.data_dir),
             checkpoint_records=self.config.meta_checkpoint_records,
             checkpoint_bytes=self.config.meta_checkpoint_bytes,
             log_file_bytes=self.config.meta_log_file_bytes,
+            on_full=self.space.wal_full,
+            on_healed=self.space.wal_healed,
         )
         self.catalog = Catalog(self._meta, self.config, clock)
         self._pool = MemoryPool(self.config.memory_budget_bytes, self.config.memory_pressure_ratio, self._on_pressure)
@@ -123,14 +133,6 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self.corruption = Corruption()
         #: the scrubber (loglake.engine.scrubber; its thread runs when scrub_bytes_per_second > 0)
         self.scrubber: Scrubber | None = None
-        #: the free-space reserve (loglake.engine.space): produce refused while storage is full
-        self.space = SpaceGuard(
-            self.fs,
-            self.data_dir,
-            min_free_bytes=self.config.storage_min_free_bytes,
-            min_free_percent=self.config.storage_min_free_percent,
-            check_interval_ms=self.config.storage_space_check_interval_ms,
-        )
         self._closed = True
         self.recovery_report: RecoveryReport | None = None
 
@@ -298,6 +300,11 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         if self._closed:
             return
         clean = False
+        # Disk full and not healed: the stalled writes fail now, or threads waiting for them
+        # (maintenance, cleaner) would never let go. Recovery replays what is durable.
+        for shard in [*self._shards, self._meta.shard]:
+            if shard is not None and shard.stalled:
+                shard.abort_stall()
         try:
             if self._failure is None:
                 try:

@@ -21,6 +21,7 @@ from loglake.engine.seal import Sealer
 from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
+from loglake.errors import StorageFullError
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
 from loglake.wal.shard import WalShard
@@ -60,6 +61,7 @@ class Maintenance:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._failing: str | None = None  # the last tick's error, while ticks fail
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="loglake-maint", daemon=True)
@@ -83,8 +85,16 @@ class Maintenance:
                 break
             try:
                 self.tick()
-            except Exception:
-                log.exception("maintenance tick failed; retrying next tick")
+            except Exception as exc:
+                # Logged once per state change (a full disk fails every tick the same way).
+                what = f"{type(exc).__name__}: {exc}"
+                if what != self._failing:
+                    log.exception("maintenance tick failed; retrying every tick, logged again when it works or fails differently")
+                    self._failing = what
+            else:
+                if self._failing is not None:
+                    log.warning("maintenance tick works again (it failed with %s)", self._failing)
+                    self._failing = None
 
     def tick(self) -> None:
         if self.space is not None:
@@ -172,7 +182,10 @@ class Maintenance:
         shards = self._shards()
         if not any(s.has_closed_files() for s in shards):
             return 0  # only active files: nothing can go
-        self.meta.sync()  # a topic deletion applied in memory is durable before its frames go
+        try:
+            self.meta.sync()  # a topic deletion applied in memory is durable before its frames go
+        except StorageFullError:
+            return 0  # the metadata log is stalled on a full disk: truncate once it has healed
         by_id = self.catalog.by_id
 
         def obsolete(topic_id: bytes, partition: int, end: int) -> bool:

@@ -99,6 +99,7 @@ class WalShard:
         self._stalled: list[tuple[WalEntry, bool]] | None = None
         self._stall_ticket = 0
         self._tries = 0  # failed heal rounds of the current stall (the backoff doubles)
+        self._aborting = False
         self.stalls = 0
         self.directory = directory
         self.file_bytes = file_bytes
@@ -171,6 +172,17 @@ class WalShard:
     def stalled(self) -> bool:
         """Disk full: waiting for room to write the frames of a failed write again."""
         return self._stalled is not None
+
+    def abort_stall(self) -> None:
+        """Shutting down while stalled: fail the frames waiting to be written again (and what is
+        queued) so that no thread waits on them forever; the shard is failed afterwards."""
+        with self._cond:
+            if self._stalled is None:
+                return
+            self._aborting = True
+            self._cond.notify_all()
+            while self._stalled is not None and self._failure is None and self._thread is not None:
+                self._idle.wait(0.1)
 
     # ---- appending -------------------------------------------------------------------------
 
@@ -335,6 +347,7 @@ class WalShard:
         )
         with self._cond:
             self._failure = error
+            self._stalled = None
             pending = list(group) + list(self._queue)
             self._queue.clear()
             self._queue_bytes = 0
@@ -537,10 +550,15 @@ class WalShard:
         """One stalled round: wait, then try a fresh file. False when the shard is stopping."""
         delay = min(WAL_STALL_RETRY_MS * 2 ** min(self._tries, 10), WAL_STALL_RETRY_MS_MAX) / 1000.0
         with self._cond:
-            if not self._stopping:
+            if not (self._stopping or self._aborting):
                 self._cond.wait(delay)
-            if self._stopping:
-                return False
+            stop = self._stopping or self._aborting
+        if stop:
+            # Nobody may wait forever for a write that will not happen now: what was never
+            # acknowledged, and everything queued, fails (the next open replays what is durable).
+            waiting = self._stalled or []
+            self._fail([e for e, acked in waiting if not acked], StorageError("wal-write", self.directory, "stopped while the disk was full"))
+            return False
         pending = self._stalled
         assert pending is not None
         entries = [e for e, _acked in pending]
