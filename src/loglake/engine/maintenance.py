@@ -21,7 +21,7 @@ from loglake.engine.seal import Sealer
 from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
-from loglake.errors import StorageFullError
+from loglake.errors import StorageError, StorageFullError
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
 from loglake.wal.shard import WalShard
@@ -89,7 +89,11 @@ class Maintenance:
                 # Logged once per state change (a full disk fails every tick the same way).
                 what = f"{type(exc).__name__}: {exc}"
                 if what != self._failing:
-                    log.exception("maintenance tick failed; retrying every tick, logged again when it works or fails differently")
+                    expected = isinstance(exc, StorageError)  # a full disk: one line, no traceback
+                    log.error(
+                        "maintenance tick failed: %s; retrying every tick, logged again when it works or fails differently",
+                        what, exc_info=None if expected else exc,
+                    )
                     self._failing = what
             else:
                 if self._failing is not None:

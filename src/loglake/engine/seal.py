@@ -99,7 +99,12 @@ class Sealer:
         delay_ms = min(SEAL_RETRY_MS * 2 ** min(count - 1, 16), SEAL_RETRY_MS_MAX)
         self._failing[key] = (count, time.monotonic() + delay_ms / 1000.0)
         if count == 1:
-            log.exception("sealing %s-%d failed; retrying with a backoff up to %d s, logged again when it works", p.topic, p.index, SEAL_RETRY_MS_MAX // 1000)
+            # One line (an ENOSPC needs no traceback); the traceback is at DEBUG.
+            log.error(
+                "sealing %s-%d failed: %s; retrying with a backoff up to %d s, logged again when it works",
+                p.topic, p.index, exc, SEAL_RETRY_MS_MAX // 1000,
+            )
+            log.debug("sealing %s-%d failed", p.topic, p.index, exc_info=exc)
         else:
             log.debug("sealing %s-%d failed again (%d times): %s", p.topic, p.index, count, exc)
 
