@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 REPORT_ENV = "LOGLAKE_LONG_REPORT"
 
 
-def record(section: str, figures: dict[str, Any]) -> None:
-    path = os.environ.get(REPORT_ENV)
+def update_report(env: str, change: Callable[[dict[str, Any]], None]) -> None:
+    """Apply `change` to the JSON document in the file named by environment variable `env` (a
+    missing or unreadable file starts empty); nothing happens when `env` is not set."""
+    path = os.environ.get(env)
     if not path:
         return
     try:
@@ -24,9 +27,15 @@ def record(section: str, figures: dict[str, Any]) -> None:
             doc = json.load(f)
     except (OSError, ValueError):
         doc = {}
-    entry = doc.get(section, {})
-    for key, value in figures.items():  # counters add up over parametrized runs, the rest is replaced
-        entry[key] = entry.get(key, 0) + value if key.endswith("_total") else value
-    doc[section] = entry
+    change(doc)
     with open(path, "w") as f:
         json.dump(doc, f, indent=2, sort_keys=True)
+
+
+def record(section: str, figures: dict[str, Any]) -> None:
+    def change(doc: dict[str, Any]) -> None:
+        entry = doc.setdefault(section, {})
+        for key, value in figures.items():  # counters add up over parametrized runs, the rest is replaced
+            entry[key] = entry.get(key, 0) + value if key.endswith("_total") else value
+
+    update_report(REPORT_ENV, change)

@@ -13,7 +13,6 @@ ones that failed and the seconds taken (merged into the file, one entry per run)
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 
 from loglake import canary
+from longreport import update_report
 
 pytestmark = pytest.mark.long
 
@@ -118,23 +118,15 @@ def run_pytest(tests: tuple[str, ...], canary_name: str | None, *, stop_at_first
 
 
 def write_report(key: str, entry: dict[str, Any]) -> None:
-    path = os.environ.get(REPORT_ENV)
-    if not path:
-        return
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        doc = {}
-    doc.setdefault("canaries", {})
-    if key == "control":
-        doc["control"] = entry
-    else:
-        doc["canaries"][key] = entry
-    names = doc["canaries"]
-    doc["all_caught"] = set(names) == set(SELECTIONS) and all(v["caught"] for v in names.values())
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
+    def change(doc: dict[str, Any]) -> None:
+        names = doc.setdefault("canaries", {})
+        if key == "control":
+            doc["control"] = entry
+        else:
+            names[key] = entry
+        doc["all_caught"] = set(names) == set(SELECTIONS) and all(v["caught"] for v in names.values())
+
+    update_report(REPORT_ENV, change)
 
 
 def test_every_canary_has_a_selection() -> None:
