@@ -294,6 +294,13 @@ class EngineConfig:
     seal_threads: int = 2
     #: How often the background tick checks age-based sealing and retention.
     maintenance_interval_ms: int = 200
+    #: How often the acknowledged ends of durability=fsync partitions are recorded in the
+    #: metadata (engine/acked.py): a loss of acknowledged data older than this is told from a
+    #: torn write at recovery.
+    acked_end_interval_ms: int = 1000
+    #: Open a data directory that lost acknowledged records (engine/acked.py): the loss is
+    #: logged, the offsets stay reserved. Off: such a directory refuses to open.
+    accept_data_loss: bool = False
     #: Topic config defaults (Kafka names), e.g. {"durability": "disk"}.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: Where sealed segments go; None = "<data_dir>/segments".

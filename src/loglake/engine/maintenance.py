@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from loglake.engine.acked import AckedRecorder
 from loglake.engine.catalog import Catalog
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
@@ -54,6 +55,7 @@ class Maintenance:
         self._shards = shards
         self.relocator: Relocator | None = None
         self.publisher: MetaPublisher | None = None
+        self.acked: AckedRecorder | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -84,6 +86,8 @@ class Maintenance:
                 log.exception("maintenance tick failed; retrying next tick")
 
     def tick(self) -> None:
+        if self.acked is not None:
+            self.acked.tick()
         self._seal_due()
         self.apply_retention()
         if self.relocator is not None:
