@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from loglake import canary
 from loglake.engine.catalog import Catalog
 from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import EngineConfig, TopicConfig
@@ -189,6 +190,8 @@ class Appender:
                 else:
                     # For `memory` the producer is answered here, not by the WAL writer.
                     waiter = None if durability == Durability.MEMORY else fut
+                    if canary.ACK_BEFORE_WAL_WRITE:  # test-only mutation (loglake/canary.py)
+                        waiter = None
                     entry = WalEntry(
                         p.topic_id, p.index, base, end, buf, durability, self._on_wal_done, (p, waiter, result)
                     )

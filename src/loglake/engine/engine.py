@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from loglake import canary
 from loglake.engine.acked import AckedRecorder, fill_losses
 from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.broker_meta import BrokerMetaMixin
@@ -161,6 +162,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         return list(self._shards)
 
     def open(self) -> RecoveryReport:
+        canary.warn_if_active()  # test-only mutations must never run unnoticed
         self.fs.makedirs(self.data_dir)
         self._dir_lock.acquire()
         try:
@@ -226,6 +228,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             cold_url = None
         store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
         self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
+        self._cleaner.rewriter.before_delete = self.publish_metadata
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)

@@ -18,7 +18,9 @@ from loglake.engine.catalog import Catalog, TopicState, producer_entries
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
-from loglake.records.batch import peek_header
+from loglake.engine.txn import segment_aborted
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
+from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
 from loglake.store.base import segment_key
 
@@ -108,16 +110,29 @@ class Sealer:
             if not items:
                 return None
             base = items[0].base_offset
-            writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000))
+            views: list[memoryview] = []
             batches: list[tuple[int, int, int, int, int]] = []
+            aborts: list[tuple[int, int]] = []  # (producer id, offset) of ABORT markers
+            transactional = False
             for item in items:
                 view = memoryview(item.data)
                 ends = [*item.batch_positions[1:], len(view)]
                 for start, end in zip(item.batch_positions, ends, strict=True):
-                    writer.add_batch(view[start:end])
+                    views.append(view[start:end])
                     h = peek_header(view, start)
                     if h.producer_id >= 0 and h.base_sequence >= 0:
                         batches.append((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset))
+                    if h.attributes & ATTR_TRANSACTIONAL:
+                        transactional = True
+                        marker = marker_of(view, start) if h.attributes & ATTR_CONTROL else None
+                        if marker is not None and marker[1] == ABORT_MARKER:
+                            aborts.append((h.producer_id, h.base_offset))
+            # a segment with transactional batches carries its transaction index (format version 3)
+            writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000), txn_index=transactional)
+            for v in views:
+                writer.add_batch(v)
+            if aborts:
+                writer.aborted_txns = segment_aborted(p, aborts, base)
             parts, trailer, index = writer.finish()
             key = segment_key(self.catalog.cluster_id, topic.name, p.topic_id.hex(), p.index, base)
             self.stores.hot.put(key, parts)

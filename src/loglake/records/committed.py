@@ -20,29 +20,43 @@ read's start offset, so a transaction that began before that offset is still fil
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import struct
 from collections.abc import Iterable, Iterator
 
-from loglake.records.batch import BatchHeader, Buffer, Record, decode_batches
+from loglake.records.batch import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchHeader,
+    Buffer,
+    Record,
+    decode_batch,
+    decode_batches,
+    peek_header,
+)
 
 __all__ = [
     "ABORT_MARKER",
     "COMMIT_MARKER",
     "ISOLATION_LEVELS",
+    "MARKER_KEY",
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
+    "AbortedTxns",
     "CommittedFilter",
     "check_isolation",
     "committed_batches",
     "control_type",
+    "marker_of",
 ]
 
 READ_UNCOMMITTED = "read_uncommitted"
 READ_COMMITTED = "read_committed"
 ISOLATION_LEVELS = (READ_UNCOMMITTED, READ_COMMITTED)
 ABORT_MARKER, COMMIT_MARKER = 0, 1
-_CONTROL_KEY = struct.Struct(">hh")
+#: A control record's key: version i16, type i16 (0 ABORT, 1 COMMIT).
+MARKER_KEY = struct.Struct(">hh")
 
 
 def check_isolation(isolation: str) -> str:
@@ -54,9 +68,9 @@ def check_isolation(isolation: str) -> str:
 
 def control_type(key: bytes | None) -> int | None:
     """The type of a control record from its key (0 ABORT, 1 COMMIT); None when the key is malformed."""
-    if key is None or len(key) < _CONTROL_KEY.size:
+    if key is None or len(key) < MARKER_KEY.size:
         return None
-    _version, kind = _CONTROL_KEY.unpack_from(key)
+    _version, kind = MARKER_KEY.unpack_from(key)
     return int(kind)
 
 
@@ -111,3 +125,46 @@ def committed_batches(
         else:
             keep = not header.is_control
         yield header, records, keep
+
+
+def marker_of(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:
+    """(producer id, marker type) of the control batch at ``buf[pos]``; None for any other batch
+    or a control record whose key is not a marker's (type -1 then would be a guess)."""
+    h = peek_header(buf, pos)
+    if h.attributes & (ATTR_CONTROL | ATTR_TRANSACTIONAL) != ATTR_CONTROL | ATTR_TRANSACTIONAL:
+        return None
+    _h, records = decode_batch(buf, pos, check_crc=False)
+    kind = control_type(records[0].key) if records else None
+    return None if kind is None else (h.producer_id, kind)
+
+
+class AbortedTxns:
+    """Which transactional batches a read_committed reader drops, from the aborted transactions
+    (producer id, first offset, ABORT marker offset) around what it reads.
+
+    A producer has at most one transaction open per partition, so its batch at offset o belongs
+    to the transaction its next marker after o ends: aborted exactly when some entry has
+    first <= o < marker. Duplicate entries (the same marker from two sources) are harmless.
+    """
+
+    def __init__(self, entries: Iterable[tuple[int, int, int]]) -> None:
+        by_pid: dict[int, list[tuple[int, int]]] = {}
+        for pid, first, marker in entries:
+            by_pid.setdefault(int(pid), []).append((int(marker), int(first)))
+        self._markers: dict[int, list[int]] = {}
+        self._firsts: dict[int, list[int]] = {}
+        for pid, items in by_pid.items():
+            items.sort()
+            self._markers[pid] = [m for m, _f in items]
+            self._firsts[pid] = [f for _m, f in items]
+
+    def __bool__(self) -> bool:
+        return bool(self._markers)
+
+    def covers(self, producer_id: int, offset: int) -> bool:
+        """Whether the transactional batch of `producer_id` at `offset` was aborted."""
+        markers = self._markers.get(producer_id)
+        if not markers:
+            return False
+        i = bisect.bisect_right(markers, offset)
+        return i < len(markers) and self._firsts[producer_id][i] <= offset

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 
+from loglake import canary
 from loglake.errors import EngineFailedError, StorageError
 from loglake.fs.base import BytesLike, File, FileSystem
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
@@ -421,7 +422,8 @@ class WalShard:
         )
         if need_sync and self._active is not None and self._dirty:
             started = time.perf_counter()
-            self._active.datasync()
+            if not canary.SKIP_WAL_FSYNC:  # test-only mutation (loglake/canary.py)
+                self._active.datasync()
             elapsed = time.perf_counter() - started
             self.fsync_seconds_total += elapsed
             self._fsync_ewma_s = elapsed if not self._fsync_ewma_s else 0.8 * self._fsync_ewma_s + 0.2 * elapsed
