@@ -126,7 +126,7 @@ def fill_losses(catalog: Catalog, appender: Appender, clock: Callable[[], float]
     for loss in find_losses(catalog):
         p = catalog.partition(loss.topic, loss.partition)
         gap = empty_batch(loss.records, p.meta.leader_epoch, int(clock() * 1000))
-        appender.append_control(p, gap).result()
+        appender.append_gap(p, gap).result()
         with p.lock:
             record_bump(catalog, p, f"accepted loss of acknowledged offsets {loss.recovered_end}..{loss.acked_end - 1}").result()
         report.leader_epochs_bumped.append(f"{p.topic}-{p.index}")

@@ -383,6 +383,8 @@ class EngineConfig:
             raise ConfigError("meta_checkpoint_records must be >= 1 and meta_checkpoint_bytes >= 4096")
         if self.meta_log_file_bytes < 64 * 1024:
             raise ConfigError("meta_log_file_bytes must be at least 64 KiB")
+        if not 10 <= self.acked_end_interval_ms <= 3_600_000:
+            raise ConfigError("acked_end_interval_ms must be in 10..3600000")
         if self.meta_publish_interval_ms < 0:
             raise ConfigError("meta_publish_interval_ms must not be negative")
         if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:

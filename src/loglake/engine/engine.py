@@ -174,6 +174,12 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             self._dir_lock.release()
             raise
         self._closed = False
+        if report.acked_lost:
+            try:
+                fill_losses(self.catalog, self.appender, self._clock, report)
+            except BaseException:
+                self.close()
+                raise
         self.drop_lost_markers()
         self.recovery_report = report
         log.info("%s", report.summary())
@@ -238,7 +244,6 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         )
         self._start_shards({n: s.next_seq for n, s in wal.shards.items()}, {n: s.files for n, s in wal.shards.items()})
         self._appender.shards = self._shards
-        fill_losses(self.catalog, self._appender, self._clock, report)
         self._maintenance.acked = AckedRecorder(self.catalog, self._meta, config.acked_end_interval_ms, self._clock)
         self._publisher.start(self._meta.replayed)
         self._maintenance.publisher = self._publisher
