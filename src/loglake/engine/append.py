@@ -23,7 +23,13 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition
 from loglake.engine.seal import Sealer
 from loglake.engine.types import AppendResult
-from loglake.errors import CorruptRecordError, EngineFailedError, RecordTooLargeError, UnknownTopicError
+from loglake.errors import (
+    CorruptRecordError,
+    EngineFailedError,
+    RecordTooLargeError,
+    StorageFullError,
+    UnknownTopicError,
+)
 from loglake.records.batch import (
     BatchBuilder,
     iter_records,
@@ -51,6 +57,8 @@ class Appender:
         config: EngineConfig,
         clock: Callable[[], float],
         check_open: Callable[[], None],
+        *,
+        admit: Callable[[int], None] = lambda size: None,
     ) -> None:
         self.catalog = catalog
         self.pool = pool
@@ -58,6 +66,8 @@ class Appender:
         self.config = config
         self._clock = clock
         self._check_open = check_open
+        #: the free-space reserve's gate (SpaceGuard.admit): StorageFullError while storage is full
+        self._admit = admit
         self.shards: list[WalShard] = []  # set once recovery started them
         #: the first WAL failure: the engine stops accepting writes
         self.failure: BaseException | None = None
@@ -73,6 +83,8 @@ class Appender:
         self._check_open()
         p = self.catalog.partition(topic, partition)
         config = self.catalog.topic(topic).config
+        if config.durability != Durability.EPHEMERAL:
+            self._admit(len(data))  # before anything is assigned or queued: nothing half-written
         batches = split_batches(data, max_batch_bytes=config.max_message_bytes)
         if not batches:
             raise CorruptRecordError(f"append to {topic}-{partition}: no record batch in {len(data)} bytes")
@@ -132,6 +144,8 @@ class Appender:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
         self._check_open()
         config = self.catalog.topic(topic).config
+        if config.durability != Durability.EPHEMERAL:
+            self._admit(0)
         if config.compacted:
             records = list(records)
             check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
@@ -247,6 +261,12 @@ class Appender:
         """WAL writer thread: the entry is durable per its class (or failed)."""
         context: tuple[Partition, Future[AppendResult] | None, AppendResult] = entry.context  # type: ignore[assignment]
         p, fut, result = context
+        if isinstance(error, StorageFullError):
+            # Disk full (wal/shard.py): the shard writes this entry again once there is room and
+            # then calls back with no error. Not acknowledged now; not a failure of the engine.
+            if fut is not None and not fut.done():
+                fut.set_exception(error)
+            return
         if error is not None:
             if self.failure is None:
                 self.failure = error
@@ -257,6 +277,6 @@ class Appender:
                 )
             return
         p.advance_hw(entry.end_offset)
-        if fut is not None:
+        if fut is not None and not fut.done():
             fut.set_result(result)
 
