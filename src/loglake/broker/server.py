@@ -269,12 +269,15 @@ class BrokerServer:
         self.port = 0
 
     def _readyz_notes(self) -> list[str]:
-        """Lines /readyz adds while ready: storage full, corrupt segments (neither makes it 503)."""
+        """Lines /readyz adds while ready: engine failed, storage full, corrupt segments, segments
+        failing reads (none makes it 503: the broker still serves reads)."""
         engine = self.engine
         if engine is None:
             return []
         full = [engine.space.describe()] if engine.space.full else []
-        return full + engine.corruption.readyz_lines()
+        failure = engine.failure
+        failed = [] if failure is None else [f"engine failed: {failure}; produce refused until restart, reads served"]
+        return failed + full + engine.corruption.readyz_lines() + engine.read_errors.readyz_lines()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

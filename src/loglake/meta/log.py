@@ -301,7 +301,7 @@ class LocalMetaStore:
         if error is not None:
             if self._failure is None:
                 self._failure = error
-                log.error("metadata log failed; metadata changes are refused until restart: %s", error)
+                log.debug("metadata log failed; metadata changes are refused until restart: %s", error)  # the shard logged it
             if not fut.done():
                 fut.set_exception(error if isinstance(error, Exception) else EngineFailedError(repr(error)))
             return
@@ -338,7 +338,13 @@ class LocalMetaStore:
                 self._since_bytes = 0
             if image.seq in self._checkpoints:
                 return image.seq
-            self._write_checkpoint_file(image)
+            try:
+                self._write_checkpoint_file(image)
+            except BaseException:
+                # Not written (EIO, ENOSPC): still due, so the next maintenance tick tries again.
+                with self._lock:
+                    self._since_records = max(self._since_records, self.checkpoint_records)
+                raise
             self._checkpoints.append(image.seq)
             self._prune(keep=self._checkpoints[-CHECKPOINTS_KEPT:])
             return image.seq
