@@ -54,7 +54,8 @@ class ReadErrors:
 
     def failed(self, topic: str, partition: int, offset: int, key: str, where: str, tier: str, exc: StorageError) -> SegmentReadError:
         """Count, log (rate-limited per segment) and return the error for the reader."""
-        cause = exc.cause if exc.cause is not None else exc
+        # An OSError says it best ("[Errno 5] ..."); a store's error says what it tried.
+        cause: BaseException | str = exc.cause if isinstance(exc.cause, OSError) else str(exc)
         now = self._clock()  # type: ignore[operator]
         with self._lock:
             self.total += 1

@@ -106,7 +106,7 @@ class Reader:
         except StorageError:
             return seg.key
         path = store.local_path(seg.key) if seg.tier == "hot" else None
-        return path or f"{store.url}/{seg.key}"
+        return path or f"{store.url.rstrip('/')}/{seg.key}"
 
     @staticmethod
     def _still_listed(p: Partition, seg: SegmentRef) -> bool:

@@ -52,8 +52,8 @@ import crc32c
 import urllib3.exceptions
 
 from loglake.errors import ConfigError, StorageError
-from loglake.logsafe import RateLimitedLog
 from loglake.fs.base import FileSystem
+from loglake.logsafe import RateLimitedLog
 from loglake.store.base import (
     BytesLike,
     InvalidObjectKeyError,
