@@ -132,31 +132,40 @@ def test_metadata_log_eio_fails_the_engine_once(op: str, caplog: pytest.LogCaptu
 
 
 @pytest.mark.parametrize("op", ["write", "sync"])
-def test_checkpoint_eio_is_retried_and_loses_nothing(op: str) -> None:
+def test_checkpoint_eio_is_retried_and_loses_nothing(op: str, caplog: pytest.LogCaptureFixture) -> None:
     """A checkpoint is a compaction of the metadata log, which still holds everything: EIO writing
-    it fails that checkpoint only (the engine keeps accepting writes), it stays due so the next
-    maintenance tick tries again, and the half-written file is never read as a checkpoint."""
+    it fails that checkpoint only (the engine keeps accepting writes; the maintenance tick goes on),
+    one ERROR line says so, it is retried after a backoff, the half-written file is never read as
+    a checkpoint, and one line says when it works again."""
+    caplog.set_level(logging.WARNING)
     fs = FaultyFileSystem(seed=13)
-    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1, meta_checkpoint_records=1), fs=fs, start_background=False)
     engine.open()
     engine.create_topic("t", 1)
     acked = {0: [b"a0"]}
     append(engine, 0, b"a0")
+    engine.meta.maybe_checkpoint()
     before = list(engine.meta.checkpoints)
     fs.fail_path("/data/meta/checkpoint", op)
-    with pytest.raises((OSError, StorageError)):
-        engine.meta.checkpoint()
-    assert engine.failure is None and engine.meta.checkpoint_due()
-    assert list(engine.meta.checkpoints) == before
-    engine.create_topic("u", 1)  # metadata changes go on in the log
+    engine.create_topic("u", 1)  # due again
+    for _ in range(5):  # what each maintenance tick does: not raised, tried after the backoff
+        assert engine.meta.maybe_checkpoint() is None
+        time.sleep(0.05)
+    assert 1 <= engine.meta.checkpoint_failures <= 3
+    assert engine.failure is None and list(engine.meta.checkpoints) == before
+    lines = errors(caplog)
+    assert len(lines) == 1 and "metadata checkpoint in /data/meta failed" in lines[0] and "Errno 5" in lines[0], lines
+    engine.create_topic("v", 1)  # metadata changes go on in the log
     acked[0].append(b"a1")
     append(engine, 0, b"a1")
     fs.clear_path_faults()
-    assert engine.meta.maybe_checkpoint() is not None  # still due: written now
+    wait_until(engine.meta.checkpoint_due, timeout=3)
+    assert engine.meta.maybe_checkpoint() is not None and engine.meta.checkpoint_failures == 0
+    assert any("metadata checkpoint in /data/meta works again" in r.getMessage() for r in caplog.records)
     abandon(engine)
     after = reopen(fs)
     try:
-        assert after.topic("u").partitions == 1
+        assert after.topic("u").partitions == 1 and after.topic("v").partitions == 1
         check_oracle(read_all(after, "t"), acked, acked)
     finally:
         abandon(after)
