@@ -9,9 +9,12 @@ from __future__ import annotations
 import errno
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from loglake.broker.metrics import Metrics
+from loglake.broker.server import BrokerServer
 from loglake.engine import Engine
 from loglake.errors import EngineFailedError, SegmentReadError, StorageError, StorageFullError
 from loglake.fs.faulty import FaultyFileSystem
@@ -41,6 +44,12 @@ def append(engine: Engine, partition: int, value: bytes, topic: str = "t") -> in
 
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def health(engine: Engine) -> tuple[str, list[str]]:
+    """What /metrics and /readyz would show for this engine."""
+    server = SimpleNamespace(engine=engine)
+    return Metrics().render(engine), BrokerServer._readyz_notes(server)  # type: ignore[arg-type]
 
 
 def check_oracle(recovered: Records, acked: dict[int, list[bytes]], written: dict[int, list[bytes]]) -> None:
@@ -90,6 +99,9 @@ def test_wal_eio_fails_the_engine_once_and_reads_go_on(op: str, caplog: pytest.L
     lines = errors(caplog)
     assert len(lines) == 1, lines
     assert "/data/wal/shard-00" in lines[0] and "Errno 5" in lines[0]
+    metrics, notes = health(engine)
+    assert "loglake_engine_failed 1.0" in metrics
+    assert len(notes) == 1 and notes[0].startswith("engine failed: ") and "/data/wal/shard-00" in notes[0]
     abandon(engine)
     after = reopen(fs)
     try:
@@ -240,6 +252,10 @@ def test_read_eio_on_one_segment_affects_only_its_readers(caplog: pytest.LogCapt
         assert engine.read_errors.total == 20
         assert len(engine.read_errors.readyz_lines()) == 1 and not engine.corruption.marks()
         assert engine.failure is None
+        metrics, notes = health(engine)
+        assert "loglake_engine_failed 0.0" in metrics and "loglake_segment_read_errors_total 20.0" in metrics
+        assert "loglake_segments_failing_reads 1.0" in metrics
+        assert notes == [f"read errors: t-0 segment /data/segments/{first.key}: [Errno 5] Input/output error (injected)"]
         assert append(engine, 0, b"writes-go-on") == 2
         fs.clear_path_faults()
         assert [v for _o, _k, v in read_all(engine, "t")[0]] == [b"s0", b"s1", b"writes-go-on"]
