@@ -302,3 +302,32 @@ def test_enospc_is_still_a_stall_not_a_failure() -> None:
         assert engine.failure is None and append(engine, 0, b"a2") == 2
     finally:
         abandon(engine)
+
+
+def test_the_scrubber_logs_unreadable_segments_once_and_marks_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """The scrubber meeting EIO on every segment (a failing disk, a cold store down): unreadable
+    is not corrupt (nothing marked, nothing "repaired"), and one line for all of them, not one
+    per segment per pass."""
+    caplog.set_level(logging.WARNING)
+    fs = FaultyFileSystem(seed=18)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 2)
+        for i in range(3):
+            for p in (0, 1):
+                append(engine, p, b"v%d" % i)
+            engine.flush()
+        assert len(engine.segments("t", 0)) == 3
+        fs.fail_path(".seg", "read")
+        scrubber = engine.scrubber
+        assert scrubber is not None
+        for _ in range(3):
+            assert scrubber.run_pass() == 0
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scrub could not read")]
+        assert len(lines) == 1, lines
+        assert not engine.corruption.marks() and scrubber.stats.repairs == 0
+        fs.clear_path_faults()
+        assert scrubber.run_pass() == 0 and scrubber.stats.segments_verified == 6
+    finally:
+        abandon(engine)
