@@ -331,3 +331,32 @@ def test_the_scrubber_logs_unreadable_segments_once_and_marks_nothing(caplog: py
         assert scrubber.run_pass() == 0 and scrubber.stats.segments_verified == 6
     finally:
         abandon(engine)
+
+
+def test_eio_during_sendfile_makes_the_next_fetch_of_that_segment_an_error() -> None:
+    """Batches verified once are served by sendfile without the engine reading them again: an EIO
+    there only cuts the broker's response (the connection goes). The broker tells the reader,
+    which forgets the verification, so the next fetch reads the file, fails, and answers
+    CORRUPT_MESSAGE instead of the client reconnecting in a silent loop."""
+    fs = FaultyFileSystem(seed=19)
+    engine = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1)
+        append(engine, 0, b"s0")
+        engine.flush()
+        seg = engine.segments("t", 0)[0]
+        first = engine.read("t", 0, 0, 1 << 20, file_ranges=True).chunks  # verified now
+        path = first[0].path  # type: ignore[union-attr]
+        fs.fail_path(seg.key, "read")
+        again = engine.read("t", 0, 0, 1 << 20, file_ranges=True).chunks
+        assert again and again[0].path == path  # type: ignore[union-attr]  # not read: sendfile would meet the EIO
+        assert engine.reader.file_range_failed(path, OSError(errno.EIO, "Input/output error (sendfile)"))
+        assert not engine.reader.file_range_failed("/elsewhere", OSError(errno.EIO, "x"))
+        with pytest.raises(SegmentReadError):
+            engine.read("t", 0, 0, 1 << 20, file_ranges=True)
+        assert engine.read_errors.total >= 2
+        fs.clear_path_faults()
+        assert engine.read("t", 0, 0, 1 << 20, file_ranges=True).chunks
+    finally:
+        abandon(engine)

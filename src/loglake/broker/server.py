@@ -23,6 +23,7 @@ again is logged once, then summarised ("... 234 more in the last 30 s").
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
 import logging
 import os
@@ -190,8 +191,15 @@ class Connection:
                 for buf in buffers:
                     if isinstance(buf, FileRange) or hasattr(buf, "path"):
                         await self.writer.drain()
-                        with open(buf.path, "rb") as fh:
-                            await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                        try:
+                            with open(buf.path, "rb") as fh:
+                                await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                        except OSError as exc:
+                            if exc.errno == errno.EIO and self.server.engine is not None:
+                                # The segment file, not the socket: the response is cut, so the
+                                # connection goes; the engine makes the next fetch an error.
+                                self.server.engine.reader.file_range_failed(buf.path, exc)
+                            raise
                         self.ctx.metrics.bytes_out += buf.length
                     else:
                         self.writer.write(buf)

@@ -99,6 +99,25 @@ class Reader:
             return ReadResult(got, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
 
+    def file_range_failed(self, path: str, exc: OSError) -> bool:
+        """The broker's sendfile of a hot segment's FileRange failed with an I/O error (EIO while
+        reading the file, not the socket). Those batches were verified earlier, so later fetches
+        would be served from the file without the engine reading it, and the client would only
+        see its connection drop, again and again. Forget the verification (the next fetch reads
+        through `get_range`, whose error is a SegmentReadError: CORRUPT_MESSAGE) and report it
+        like any read error. True when `path` is a segment of a partition."""
+        for topic, p in self.catalog.partitions():
+            with p.lock:
+                found = next((s for s in p.segments.slice(0) if s.tier == "hot" and self.stores.hot.local_path(s.key) == path), None)
+            if found is not None:
+                if self.checker is not None:
+                    self.checker.forget(found.key)
+                self.indexes.forget(found.key)
+                error = StorageError("sendfile", path, exc)
+                self.read_errors.failed(topic.name, p.index, found.base_offset, found.key, path, "hot", error)
+                return True
+        return False
+
     def _where(self, seg: SegmentRef) -> str:
         """The file or object a segment is read from, for log lines and errors."""
         try:
