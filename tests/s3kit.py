@@ -208,6 +208,14 @@ class FaultProxy:
         S3 error `code`. `path_contains` is matched against the path without the query."""
         return self._add(Fault("status", times, method, path_contains, status=status, code=code, skip=skip))
 
+    def storm(
+        self, seconds: float | None = None, status: int = 503, code: str = "ServiceUnavailable", *, method: str | None = None
+    ) -> Fault:
+        """A 5xx storm: answer every matching request with `status` for `seconds` (None: until
+        `clear`)."""
+        until = None if seconds is None else time.monotonic() + seconds
+        return self._add(Fault("status", None, method, None, status=status, code=code, until=until))
+
     def slow_down(self, times: int, *, method: str | None = None) -> Fault:
         """S3's throttling answer: 503 SlowDown."""
         return self.fail(times, 503, "SlowDown", method=method)

@@ -179,6 +179,25 @@ class StorageFullError(StorageError):
         self.reserve_bytes = reserve_bytes
 
 
+class SegmentReadError(StorageError):
+    """Reading a stored segment failed (EIO from the disk, the cold store still failing after its
+    retries). Only readers of that segment get it; the data is not known to be bad, so it is not
+    marked corrupt and the next read tries again.
+
+    Answered as CORRUPT_MESSAGE rather than KAFKA_STORAGE_ERROR: librdkafka and kafka-python
+    answer KAFKA_STORAGE_ERROR on a fetch by refreshing metadata and retrying silently, so the
+    consumer would stall without a word; CORRUPT_MESSAGE reaches the application (and the client
+    fetches the same offset again, so it resumes once the segment reads again)."""
+
+    kafka_code = ErrorCode.CORRUPT_MESSAGE
+
+    def __init__(self, topic: str, partition: int, offset: int, path: str, cause: BaseException | str) -> None:
+        super().__init__("read", path, cause, retriable=True)
+        self.topic = topic
+        self.partition = partition
+        self.read_offset = offset
+
+
 class DataDirLockedError(LoglakeError):
     """Another process holds the data directory."""
 

@@ -17,7 +17,10 @@ would be new metric names). The HTTP side is a minimal GET-only HTTP/1.1 respond
 "corrupt: ..." line per corrupt segment found while running — a broker with one bad partition
 still serves every other one, so it is not taken out of rotation for it — and a "storage full: ..."
 line while produce is refused for lack of space: reads go on and writes resume by themselves,
-so that is not a reason to take it out of rotation either; alert on `loglake_storage_full`).
+so that is not a reason to take it out of rotation either; alert on `loglake_storage_full`), an
+"engine failed: ..." line once a WAL or metadata-log I/O error stopped writes (reads go on; alert on
+`loglake_engine_failed`) and a "read errors: ..." line per segment whose reads failed with an I/O
+error in the last minute).
 """
 
 from __future__ import annotations
@@ -340,6 +343,19 @@ def _storage_families(engine: Any) -> Iterator[Metric]:
     )
     yield _counter("loglake_storage_produce_refused_total", "Producer appends refused because storage was full.", space.refused)
     yield _counter("loglake_storage_full_events_total", "Times storage went from writable to full.", space.full_events)
+    failure = getattr(engine, "failure", None)
+    yield _gauge(
+        "loglake_engine_failed", "1 once a WAL or metadata-log write or fsync failed with an I/O error other than "
+        "ENOSPC: produce is refused (KAFKA_STORAGE_ERROR) until a restart, reads of durable data go on; else 0.",
+        0 if failure is None else 1,
+    )
+    read_errors = getattr(engine, "read_errors", None)
+    if read_errors is not None:
+        yield _counter(
+            "loglake_segment_read_errors_total", "Segment reads that failed with an I/O error (EIO, the cold store "
+            "failing after its retries); those readers got CORRUPT_MESSAGE.", read_errors.total,
+        )
+        yield _gauge("loglake_segments_failing_reads", "Segments whose last read failed within the last minute (listed on /readyz).", len(read_errors.failing()))
     stalls = _counter("loglake_wal_stalls_total", "WAL writes or fsyncs that hit ENOSPC (written again once there was room), by shard.", labels=["shard"])
     for i, shard in enumerate(engine.shards):
         stalls.add_metric([str(i)], getattr(shard, "stalls", 0))

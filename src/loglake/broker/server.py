@@ -23,6 +23,7 @@ again is logged once, then summarised ("... 234 more in the last 30 s").
 from __future__ import annotations
 
 import asyncio
+import errno
 import importlib
 import logging
 import os
@@ -190,8 +191,15 @@ class Connection:
                 for buf in buffers:
                     if isinstance(buf, FileRange) or hasattr(buf, "path"):
                         await self.writer.drain()
-                        with open(buf.path, "rb") as fh:
-                            await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                        try:
+                            with open(buf.path, "rb") as fh:
+                                await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                        except OSError as exc:
+                            if exc.errno == errno.EIO and self.server.engine is not None:
+                                # The segment file, not the socket: the response is cut, so the
+                                # connection goes; the engine makes the next fetch an error.
+                                self.server.engine.reader.file_range_failed(buf.path, exc)
+                            raise
                         self.ctx.metrics.bytes_out += buf.length
                     else:
                         self.writer.write(buf)
@@ -269,12 +277,15 @@ class BrokerServer:
         self.port = 0
 
     def _readyz_notes(self) -> list[str]:
-        """Lines /readyz adds while ready: storage full, corrupt segments (neither makes it 503)."""
+        """Lines /readyz adds while ready: engine failed, storage full, corrupt segments, segments
+        failing reads (none makes it 503: the broker still serves reads)."""
         engine = self.engine
         if engine is None:
             return []
         full = [engine.space.describe()] if engine.space.full else []
-        return full + engine.corruption.readyz_lines()
+        failure = engine.failure
+        failed = [] if failure is None else [f"engine failed: {failure}; produce refused until restart, reads served"]
+        return failed + full + engine.corruption.readyz_lines() + engine.read_errors.readyz_lines()
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -270,7 +270,7 @@ class Appender:
         if error is not None:
             if self.failure is None:
                 self.failure = error
-                log.error("engine stops accepting writes: WAL failure: %s", error)
+                log.debug("engine stops accepting writes: WAL failure: %s", error)  # wal/shard.py logged it
             if fut is not None and not fut.done():
                 fut.set_exception(
                     error if isinstance(error, Exception) else EngineFailedError(f"WAL writer stopped: {error!r}")

@@ -40,6 +40,7 @@ from loglake.engine.compaction import dirty_ratio_locked
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import BatchChecker, Corruption
 from loglake.engine.epochs import write_clean_mark
+from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.maintenance import Maintenance
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import SegmentRef
@@ -133,6 +134,8 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self._reader: Reader | None = None
         #: corrupt sealed data found while running (read checks, scrubber): marks and counters
         self.corruption = Corruption()
+        #: segments whose reads fail with an I/O error (/metrics, /readyz)
+        self.read_errors = ReadErrors()
         #: the scrubber (loglake.engine.scrubber; its thread runs when scrub_bytes_per_second > 0)
         self.scrubber: Scrubber | None = None
         self._closed = True
@@ -230,7 +233,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self._appender = Appender(
             self.catalog, self._pool, self._sealer, config, self._clock, self._check_open, admit=self.space.admit
         )
-        self._reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption))
+        self._reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption), self.read_errors)
         self._maintenance = Maintenance(
             self.catalog,
             self._meta,
@@ -374,7 +377,17 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
     def _failure(self) -> BaseException | None:
         if self._appender is not None and self._appender.failure is not None:
             return self._appender.failure
+        for shard in self._shards:  # failed without a producer's entry in hand (an interval fsync)
+            if shard.failure is not None:
+                return shard.failure
         return self._meta.failure
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine stopped accepting writes for good (an I/O error other than ENOSPC on a
+        WAL or metadata-log write or fsync); None while it accepts them. Reads of what is durable
+        go on; produce answers KAFKA_STORAGE_ERROR until a restart."""
+        return self._failure
 
     def _check_open(self) -> None:
         if self._closed:

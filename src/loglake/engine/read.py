@@ -10,10 +10,11 @@ from concurrent.futures import Future
 
 from loglake.engine.catalog import Catalog
 from loglake.engine.corrupt import BatchChecker
+from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
-from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError
+from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError, StorageError
 from loglake.records.batch import iter_records
 from loglake.store.base import ObjectNotFoundError
 
@@ -21,12 +22,21 @@ __all__ = ["Reader"]
 
 
 class Reader:
-    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache, checker: BatchChecker | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        stores: Stores,
+        indexes: IndexCache,
+        checker: BatchChecker | None = None,
+        read_errors: ReadErrors | None = None,
+    ) -> None:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
         #: checks sealed batches before they are served (loglake.engine.corrupt); None: unchecked
         self.checker = checker
+        #: segments whose reads fail with an I/O error (loglake.engine.ioerrors)
+        self.read_errors = read_errors if read_errors is not None else ReadErrors()
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
@@ -75,6 +85,12 @@ class Reader:
                 if attempts == 3 and self._still_listed(p, seg):
                     raise self._missing(topic, partition, offset, seg) from None
                 continue
+            except StorageError as exc:
+                # EIO on a hot file, a cold store still failing after its retries: an error for
+                # this segment's readers only (SegmentReadError), nothing marked corrupt.
+                self.indexes.forget(seg.key)
+                raise self.read_errors.failed(topic, partition, offset, seg.key, self._where(seg), seg.tier, exc) from exc
+            self.read_errors.succeeded(seg.key)
             if got is None:
                 return ReadResult([], hw, start)  # the first batch does not fit and min_one is off
             if not got and seg.rewritten:
@@ -82,6 +98,34 @@ class Reader:
                 continue
             return ReadResult(got, hw, start)
         raise OffsetOutOfRangeError(f"offset {offset} of {topic}-{partition} moved away while reading")
+
+    def file_range_failed(self, path: str, exc: OSError) -> bool:
+        """The broker's sendfile of a hot segment's FileRange failed with an I/O error (EIO while
+        reading the file, not the socket). Those batches were verified earlier, so later fetches
+        would be served from the file without the engine reading it, and the client would only
+        see its connection drop, again and again. Forget the verification (the next fetch reads
+        through `get_range`, whose error is a SegmentReadError: CORRUPT_MESSAGE) and report it
+        like any read error. True when `path` is a segment of a partition."""
+        for topic, p in self.catalog.partitions():
+            with p.lock:
+                found = next((s for s in p.segments.slice(0) if s.tier == "hot" and self.stores.hot.local_path(s.key) == path), None)
+            if found is not None:
+                if self.checker is not None:
+                    self.checker.forget(found.key)
+                self.indexes.forget(found.key)
+                error = StorageError("sendfile", path, exc)
+                self.read_errors.failed(topic.name, p.index, found.base_offset, found.key, path, "hot", error)
+                return True
+        return False
+
+    def _where(self, seg: SegmentRef) -> str:
+        """The file or object a segment is read from, for log lines and errors."""
+        try:
+            store = self.stores.store_for(seg)
+        except StorageError:
+            return seg.key
+        path = store.local_path(seg.key) if seg.tier == "hot" else None
+        return path or f"{store.url.rstrip('/')}/{seg.key}"
 
     @staticmethod
     def _still_listed(p: Partition, seg: SegmentRef) -> bool:

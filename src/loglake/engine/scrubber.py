@@ -27,6 +27,7 @@ from loglake.engine.corrupt import BatchChecker, Corruption
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptBatchError, CorruptionError, LoglakeError
+from loglake.logsafe import RateLimitedLog
 from loglake.segment.format import SegmentTrailer
 from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader, verify_chain, verify_segment_in_store
@@ -80,6 +81,8 @@ class Scrubber:
         self._thread: threading.Thread | None = None
         self._window_start = time.monotonic()
         self._window_bytes = 0
+        #: "could not read" lines: one per tier and minute (an S3 outage would log every segment)
+        self._unreadable = RateLimitedLog(log, 60.0)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="loglake-scrub", daemon=True)
@@ -185,7 +188,7 @@ class Scrubber:
                 self.repair(topic, p, seg)
             return None
         except LoglakeError as exc:  # unreadable now (storage error): not known to be corrupt
-            log.warning("scrub could not read %s: %s", seg.key, exc)
+            self._unreadable.warning(("scrub-read", seg.tier), "scrub could not read %s: %s", seg.key, exc)
             return None
         self.stats.segments_verified += 1
         if self.corruption.is_marked(seg.key):

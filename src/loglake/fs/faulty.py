@@ -20,7 +20,8 @@ Every mutating call is counted (``mutating_calls``). With ``crash_after=k`` the 
 call does not happen: it raises `SimulatedCrash`, and every later call on this filesystem or
 its open files, from any thread, raises it too. ``fail_after`` injects an error (ENOSPC by
 default) into one mutating call without performing it; ``set_full(True)`` makes every call that
-grows a file fail with ENOSPC.
+grows a file fail with ENOSPC; ``fail_path(fragment, op)`` makes reads, writes or syncs of the
+files whose path contains `fragment` fail (EIO by default) until ``clear_path_faults()``.
 
 Mutating calls: pwrite, pwritev (one call), truncate, allocate, datasync, sync,
 open(create=True) (whether or not the file existed), rename, unlink, rmdir, makedirs,
@@ -50,6 +51,19 @@ ExcFactory = Callable[[], BaseException]
 
 def _enospc() -> BaseException:
     return OSError(errno.ENOSPC, "No space left on device (injected)")
+
+
+def _eio() -> BaseException:
+    return OSError(errno.EIO, "Input/output error (injected)")
+
+
+@dataclass
+class _PathFault:
+    fragment: str
+    op: str  # "read" | "write" | "sync"
+    factory: ExcFactory
+    times: int | None  # None: until cleared
+    hits: int = 0
 
 
 # A pending mutation: ("w", offset, data) or ("r", new_size, b"").
@@ -146,6 +160,7 @@ class FaultyFile(File):
             self._usable(write=False)
             if offset < 0:
                 raise OSError(errno.EINVAL, "negative offset")
+            self._fs._path_fault("read", self.path)
             if length <= 0:
                 return b""
             return bytes(self._inode.current[offset : offset + length])
@@ -157,6 +172,7 @@ class FaultyFile(File):
             if offset < 0:
                 raise OSError(errno.EINVAL, "negative offset")
             self._fs._mutating()
+            self._fs._path_fault("write", self.path)
             if self._fs._full and offset + len(data) > len(self._inode.current):
                 raise _enospc()
             if data:
@@ -198,6 +214,7 @@ class FaultyFile(File):
             self._fs._check_alive()
             self._usable(write=False)
             self._fs._mutating()
+            self._fs._path_fault("sync", self.path)
             self._inode.sync()
 
     def sync(self) -> None:
@@ -240,6 +257,7 @@ class FaultyFileSystem(FileSystem):
         #: What `disk_space` answers (tests set it to drive the free-space reserve); None: unknown.
         self.space: tuple[int, int] | None = None
         self._failures: dict[int, ExcFactory] = {}
+        self._path_faults: list[_PathFault] = []
         if fail_after is not None:
             self._failures[fail_after] = fail_with or _enospc
         self._next_ino = 1
@@ -274,6 +292,23 @@ class FaultyFileSystem(FileSystem):
             raise ValueError(f"fail_after needs k >= 1, got {k}")
         with self._mu:
             self._failures[self._calls + k] = exc_factory or _enospc
+
+    def fail_path(self, fragment: str, op: str, exc_factory: ExcFactory | None = None, *, times: int | None = None) -> None:
+        """Make `op` ("read": pread; "write": pwrite/pwritev; "sync": datasync/sync) on every file
+        whose path contains `fragment` raise `exc_factory()` (default EIO) without performing it,
+        `times` times or until `clear_path_faults()`. A failed write or sync still counts as a
+        mutating call (and may be the crash point)."""
+        if op not in ("read", "write", "sync"):
+            raise ValueError(f"fail_path op must be read, write or sync, not {op!r}")
+        with self._mu:
+            self._path_faults.append(_PathFault(fragment, op, exc_factory or _eio, times))
+
+    def clear_path_faults(self) -> int:
+        """Stop every `fail_path` fault; returns how many calls they failed in all."""
+        with self._mu:
+            hits = sum(f.hits for f in self._path_faults)
+            self._path_faults.clear()
+            return hits
 
     def set_full(self, full: bool) -> None:
         """While set, every write, allocate or truncate that grows a file raises ENOSPC."""
@@ -393,6 +428,12 @@ class FaultyFileSystem(FileSystem):
         factory = self._failures.pop(n, None)
         if factory is not None:
             raise factory()
+
+    def _path_fault(self, op: str, path: str) -> None:
+        for fault in self._path_faults:
+            if fault.op == op and fault.fragment in path and (fault.times is None or fault.hits < fault.times):
+                fault.hits += 1
+                raise fault.factory()
 
     def _new_ino(self) -> int:
         ino = self._next_ino

@@ -134,6 +134,10 @@ class LocalMetaStore:
         self._next_seq = 0
         self._since_records = 0
         self._since_bytes = 0
+        #: checkpoints that failed in a row (backoff before the next try; see checkpoint_due)
+        self.checkpoint_failures = 0
+        self._checkpoint_retry_at = 0.0
+        self._checkpoint_failed_before = False
         self._checkpoints: list[int] = []  # seqs of checkpoints on disk, oldest first
         self._watchers: list[Watcher] = []
         self._failure: BaseException | None = None
@@ -301,7 +305,7 @@ class LocalMetaStore:
         if error is not None:
             if self._failure is None:
                 self._failure = error
-                log.error("metadata log failed; metadata changes are refused until restart: %s", error)
+                log.debug("metadata log failed; metadata changes are refused until restart: %s", error)  # the shard logged it
             if not fut.done():
                 fut.set_exception(error if isinstance(error, Exception) else EngineFailedError(repr(error)))
             return
@@ -324,10 +328,31 @@ class LocalMetaStore:
     # ---- checkpoints -----------------------------------------------------------------------
 
     def checkpoint_due(self) -> bool:
+        if self.checkpoint_failures and time.monotonic() < self._checkpoint_retry_at:
+            return False  # the last one failed (EIO, ENOSPC): back off, the log still holds it all
         return self._since_records >= self.checkpoint_records or self._since_bytes >= self.checkpoint_bytes
 
     def maybe_checkpoint(self) -> int | None:
-        return self.checkpoint() if self.checkpoint_due() else None
+        """Checkpoint when due. A failure (EIO, ENOSPC) is logged here, once when checkpoints
+        start failing and once when one works again, and not raised: the maintenance tick goes on
+        with WAL truncation and publishing, and the checkpoint is retried after its backoff."""
+        if not self.checkpoint_due():
+            return None
+        try:
+            seq = self.checkpoint()
+        except Exception as exc:
+            if self.checkpoint_failures == 1:
+                log.error(
+                    "metadata checkpoint in %s failed: %s; the metadata log still holds every change, "
+                    "retrying with backoff", self.directory, exc,
+                )
+            else:
+                log.debug("metadata checkpoint failed again (%d): %s", self.checkpoint_failures, exc)
+            return None
+        if self._checkpoint_failed_before:
+            log.warning("metadata checkpoint in %s works again", self.directory)
+            self._checkpoint_failed_before = False
+        return seq
 
     def checkpoint(self) -> int:
         """Write the state as a checkpoint now; returns its seq."""
@@ -338,7 +363,19 @@ class LocalMetaStore:
                 self._since_bytes = 0
             if image.seq in self._checkpoints:
                 return image.seq
-            self._write_checkpoint_file(image)
+            try:
+                self._write_checkpoint_file(image)
+            except BaseException:
+                # Not written (EIO, ENOSPC): still due, tried again after a backoff (0.1 s doubling
+                # to 30 s) so that a lasting error does not fail every maintenance tick.
+                with self._lock:
+                    self._since_records = max(self._since_records, self.checkpoint_records)
+                    self.checkpoint_failures += 1
+                    delay = min(0.1 * 2 ** (self.checkpoint_failures - 1), 30.0)
+                    self._checkpoint_retry_at = time.monotonic() + delay
+                    self._checkpoint_failed_before = True
+                raise
+            self.checkpoint_failures = 0
             self._checkpoints.append(image.seq)
             self._prune(keep=self._checkpoints[-CHECKPOINTS_KEPT:])
             return image.seq

@@ -45,6 +45,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: Backoff of maintenance-driven publishes after a failure: doubling from the first to the last.
+PUBLISH_RETRY_S_MIN = 0.1
+PUBLISH_RETRY_S_MAX = 30.0
+
 #: Longest a durable change waits before it is copied to the stores.
 META_PUBLISH_INTERVAL_MS_DEFAULT = 1000
 #: Pieces after the newest published checkpoint before they are merged into one.
@@ -123,6 +127,8 @@ class MetaPublisher:
         self._pieces: list[tuple[int, int]] = []  # published after the newest published checkpoint
         self._published_checkpoints: list[int] = []
         self._last_publish = clock()
+        self._failures = 0  # failed publishes in a row
+        self._retry_at = 0.0  # no maintenance-driven publish before this (backoff after failures)
         self.puts = 0
         meta.watch(self._on_record)
 
@@ -157,13 +163,17 @@ class MetaPublisher:
         self._pieces.sort()
 
     def checkpoint_pending(self) -> bool:
-        """A local checkpoint newer than the newest one in the stores."""
+        """A local checkpoint newer than the newest one in the stores (and not backing off after a
+        failed publish)."""
+        if self._clock() < self._retry_at:
+            return False
         local = self.meta.checkpoints
         return bool(local) and (not self._published_checkpoints or self._published_checkpoints[-1] < local[-1])
 
     def due(self) -> bool:
         worth = self._significant > 0 or len(self._pending) >= LAZY_RECORDS_MAX
-        return worth and self._clock() - self._last_publish >= self.interval_s
+        now = self._clock()
+        return worth and now - self._last_publish >= self.interval_s and now >= self._retry_at
 
     def publish(self) -> bool:
         """Upload what changed; False when a store failed (retried on the next call)."""
@@ -185,8 +195,20 @@ class MetaPublisher:
                         self._significant += significant
                     raise
             except LoglakeError as exc:
-                log.warning("publishing metadata to the stores failed, will retry: %s", exc)
+                # A store failing (an S3 5xx storm) is retried with backoff, logged when it starts;
+                # the metadata is durable locally meanwhile, only its copy in the bucket lags.
+                self._failures += 1
+                delay = min(PUBLISH_RETRY_S_MIN * 2 ** (self._failures - 1), PUBLISH_RETRY_S_MAX)
+                self._retry_at = self._clock() + delay
+                if self._failures == 1:
+                    log.warning("publishing metadata to the stores failed, will retry with backoff: %s", exc)
+                else:
+                    log.debug("publishing metadata failed again (%d), next try in %.1fs: %s", self._failures, delay, exc)
                 return False
+            if self._failures:
+                log.warning("publishing metadata to the stores works again (after %d failed tries)", self._failures)
+                self._failures = 0
+                self._retry_at = 0.0
             return True
 
     def _put(self, key: str, data: bytes) -> None:

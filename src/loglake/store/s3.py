@@ -11,7 +11,8 @@ idempotent, `list` is sorted.
 Failures: boto3's own retries are disabled; each operation retries by itself under a bounded
 `RetryPolicy` (6 attempts, exponential backoff with full jitter, 0.1 s first ceiling, 5 s cap)
 on 5xx, throttling (SlowDown, 503, 429, RequestLimitExceeded, ...), timeouts and connection
-errors, logging a WARNING per retry. Final errors (403, 400, bad credentials) are raised at
+errors, logging a WARNING per retry (at most one per operation kind and attempt number every 30 s
+per store, the rest counted in a summary line: a 5xx storm does not flood the log). Final errors (403, 400, bad credentials) are raised at
 once. A missing bucket (NoSuchBucket) is not retried here but raised as retriable, so callers
 know a later try may succeed. Every raised error is an `ObjectNotFoundError` or an
 `S3StoreError` (a `StorageError`) naming the operation, the key and whether a retry can help,
@@ -52,6 +53,7 @@ import urllib3.exceptions
 
 from loglake.errors import ConfigError, StorageError
 from loglake.fs.base import FileSystem
+from loglake.logsafe import RateLimitedLog
 from loglake.store.base import (
     BytesLike,
     InvalidObjectKeyError,
@@ -253,7 +255,10 @@ class _Attempts:
             raise ObjectNotFoundError(self.key, store.url) from exc
         if verdict.action == "retry" and self.count < policy.max_attempts:
             delay = policy.delay(self.count)
-            log.warning(
+            # One line per operation kind and attempt number per interval: a 5xx storm retries
+            # every upload and read many times over, the log gets a line and a count of the rest.
+            store._retry_log.warning(
+                (self.op, self.count),
                 "s3 %s %r: attempt %d/%d failed: %s: %s; retrying in %.3fs",
                 self.op,
                 self.key,
@@ -495,6 +500,7 @@ class S3Store(ObjectStore):
         self.url = f"s3://{bucket}/{self.prefix}"
         self.endpoint_url = endpoint_url
         self.retry = retry if retry is not None else RetryPolicy()
+        self._retry_log = RateLimitedLog(log)
         self.max_concurrency = max_concurrency
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size

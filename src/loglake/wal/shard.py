@@ -340,7 +340,11 @@ class WalShard:
                 self._fail([], exc)
 
     def _fail(self, group: list[WalEntry], exc: BaseException) -> None:
-        log.error("WAL shard %s failed at seq %d: %s", self.directory, self._next_seq, exc)
+        # The one line for it (the engine and the metadata log only note it at DEBUG).
+        log.error(
+            "WAL shard %s failed at seq %d: %s; the engine refuses writes until a restart (reads go on)",
+            self.directory, self._next_seq, exc,
+        )
         error: BaseException = (
             exc
             if isinstance(exc, StorageError) or not isinstance(exc, Exception)
