@@ -6,12 +6,11 @@ One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder
 enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
 handler task for it at once; the task goes into a bounded queue (`max_inflight_per_connection`,
 so a client that pipelines without reading stops being read). Request bytes read and not yet
-answered are bounded across all connections (`queued_max_request_bytes`, `overload.RequestBytes`):
+handled are bounded across all connections (`queued_max_request_bytes`, `overload.RequestBytes`):
 while that is spent no connection starts reading a new frame, and one in the middle of a frame
 first reserves the frame's whole declared size, as Kafka's queued.max.request.bytes pool does.
-A writer loop takes tasks from
-the queue in arrival order and writes each response when its task is done — requests are
-answered in order while their work (fsync waits, long-poll fetches) overlaps.
+A writer loop takes tasks from the queue in arrival order and writes each response when its task
+is done — requests are answered in order while their work (fsync waits, long-poll fetches) overlaps.
 
 Produce requests of one connection append in arrival order: the produce handler takes the
 connection's `append_lock` while it hands batches to the engine and releases it before waiting
@@ -292,7 +291,7 @@ class BrokerServer:
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
         self.metrics = Metrics()
-        #: Request bytes read and not yet answered, all connections (queued_max_request_bytes).
+        #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
         self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes)
         self.metrics.rss_budget = lambda: overload.rss_budget(self.config).total
         #: Warnings a client can repeat at will, keyed by condition and peer address.
