@@ -23,14 +23,22 @@ run: venv
 	$(BIN)/loglake serve --data-dir $(DATA_DIR) --listen $(LISTEN)
 
 lint: venv
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
 test: lint
 	$(BIN)/pytest -q -m "not long"
 
+LONG_RUN := build/long-run
+
+# The long runs write their figures to $(LONG_RUN); docs/RELIABILITY.md's table is regenerated
+# from them (scripts/reliability_report.py) only when every long test passed.
 test-long: venv
+	rm -rf $(LONG_RUN) && mkdir -p $(LONG_RUN)
+	LOGLAKE_LONG_REPORT=$(LONG_RUN)/soak.json LOGLAKE_FUZZ_REPORT=$(LONG_RUN)/fuzz.json \
+	LOGLAKE_CANARY_REPORT=$(LONG_RUN)/canaries.json LOGLAKE_OVERLOAD_REPORT=$(LONG_RUN)/overload.json \
 	$(BIN)/pytest -q -m long
+	$(BIN)/python scripts/reliability_report.py $(LONG_RUN) --write docs/RELIABILITY.md
 
 bench: venv
 	$(BIN)/python benchmarks/engine.py

@@ -30,7 +30,12 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
    with raw Fetch requests, with and without a session: request and response bytes per poll,
    polls/s and broker CPU, idle and under a trickle of writes (`--only-fetch-sessions` runs just
    this against the broker; `--skip-fetch-sessions` leaves it out).
-4. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
+4. Transactions (benchmarks/txn_bench.py): 100 B records produced plain, idempotent and with a
+   transactional.id committing every 100 ms, in the same run; the transactional topic consumed
+   with isolation.level read_uncommitted and read_committed (and by raw Fetch at isolation
+   levels 0 and 1). `--skip-transactions` leaves it out; `--only machine,transactions,fetch-sessions`
+   runs issue 15's benchmark alone (sections: machine, sizes, transactions, fetch-sessions, profile).
+5. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
    (self and total samples) are in the JSON and the table.
 """
 
@@ -67,6 +72,7 @@ from brokerkit import Broker  # noqa: E402
 
 engine_bench = load_benchmark("engine")
 fetch_sessions_bench = load_benchmark("fetch_sessions")
+txn_bench = load_benchmark("txn_bench")
 pct = engine_bench.pct
 
 MiB = 1024 * 1024
@@ -77,6 +83,11 @@ TARGET_PRODUCE_100B_RPS = 500_000
 TARGET_PRODUCE_1K_RAW_FRACTION = 0.60
 TARGET_CONSUME_RPS = 1_000_000
 TARGET_P99_MS = 10.0
+
+# What --only can name: the disk limits, the per-record-size runs (produce, consume, raw fetch,
+# half load), the transactions section (benchmarks/txn_bench.py), fetch sessions
+# (benchmarks/fetch_sessions.py) and the py-spy profile — in the order they run.
+SECTIONS = ("machine", "sizes", "transactions", "fetch-sessions", "profile")
 
 
 def log(msg: str) -> None:
@@ -179,16 +190,19 @@ def payloads(size: int, distinct: int = 1024) -> list[bytes]:
     return [rng.randbytes(size) for _ in range(distinct)]
 
 
-def produce_throughput(bootstrap: str, topic: str, size: int, count: int, broker_pid: int) -> dict[str, Any]:
+def produce_throughput(
+    bootstrap: str, topic: str, size: int, count: int, broker_pid: int, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Records/s and MB/s until every delivery report is in. Delivery reports are requested for
-    errors only (a Python callback per record would cost the client more than the broker)."""
+    errors only (a Python callback per record would cost the client more than the broker).
+    `extra`: producer settings on top (the transactions section's idempotent run)."""
     errors: list[str] = []
 
     def on_error(err: Any, msg: Any) -> None:
         errors.append(str(err))
 
     producer = Producer(
-        producer_config(bootstrap, **{"delivery.report.only.error": True, "on_delivery": on_error})
+        producer_config(bootstrap, **{"delivery.report.only.error": True, "on_delivery": on_error, **(extra or {})})
     )
     # Warm up: metadata, connection, producer id, topic creation.
     producer.produce(topic, b"warm-up")
@@ -224,8 +238,9 @@ def produce_throughput(bootstrap: str, topic: str, size: int, count: int, broker
 
 
 def consume_throughput(
-    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int
+    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
+    """`extra`: consumer settings on top (the transactions section's isolation.level)."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -240,6 +255,7 @@ def consume_throughput(
             "fetch.max.bytes": 64 * MiB,
             "max.partition.fetch.bytes": 4 * MiB,
             "log_level": 3,
+            **(extra or {}),
         }
     )
     meter = CpuMeter(broker_pid)
@@ -279,11 +295,12 @@ def consume_throughput(
 
 
 def raw_fetch_throughput(
-    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int
+    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int, isolation_level: int = 0
 ) -> dict[str, Any]:
     """The broker's side of consuming without a client library's per-record work: Fetch v12
     requests over one socket (kafka-python's protocol codec), records counted from the batch
-    headers (record_count), nothing decoded. Partition by partition, 4 MiB per fetch."""
+    headers (record_count; control batches skipped), nothing decoded. Partition by partition,
+    4 MiB per fetch, up to the high watermark (isolation_level 1: the last stable offset)."""
     from kafka.protocol.consumer import FetchRequest
     from kafka.protocol.parser import KafkaProtocol
 
@@ -305,6 +322,7 @@ def raw_fetch_throughput(
                 max_wait_ms=0,
                 min_bytes=1,
                 max_bytes=64 * MiB,
+                isolation_level=isolation_level,
                 topics=[
                     F(
                         topic=topic,
@@ -332,11 +350,12 @@ def raw_fetch_throughput(
                 h = peek_header(records, pos)
                 if pos + h.size > len(records):
                     break  # a partial batch at the end of the response
-                got += h.record_count
+                if not h.is_control:
+                    got += h.record_count
                 nbytes += h.size
                 offset = h.base_offset + h.record_count
                 pos += h.size
-            if offset >= part.high_watermark:
+            if offset >= (part.last_stable_offset if isolation_level else part.high_watermark):
                 break
     elapsed = time.perf_counter() - started
     cpu = meter.stop()
@@ -619,6 +638,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
     for size, run in sorted(by_size.items()):
         v = run["latency"]["p99_ms"]
         add(f"produce p99 latency at half load, {size} B", v, TARGET_P99_MS, "ms", v <= TARGET_P99_MS)
+    if doc.get("transactions"):
+        txn_bench.targets(doc["transactions"], add)
     return out
 
 
@@ -644,7 +665,8 @@ def fmt_table(doc: dict[str, Any]) -> str:
             "",
         ]
     header = f"{'phase':<28}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU':>12}{'client CPU':>12}"
-    lines += [header, "-" * len(header)]
+    if doc["runs"]:
+        lines += [header, "-" * len(header)]
     for run in doc["runs"]:
         size = run["record_bytes"]
         p, c, lat = run["produce"], run["consume"], run["latency"]
@@ -675,6 +697,8 @@ def fmt_table(doc: dict[str, Any]) -> str:
                     f"    broker side, {what} {size} B: {stats['requests']:,} requests, mean {stats['mean_ms']:.2f} ms, "
                     f"p50 {stats['p50']}, p99 {stats['p99']}"
                 )
+    if doc.get("transactions"):
+        lines += ["", *txn_bench.table(doc["transactions"])]
     lines.append("")
     for t in doc["targets"]:
         value = f"{100 * t['value']:.0f} %" if t["unit"] == "fraction" else f"{t['value']:,.2f} {t['unit']}"
@@ -718,6 +742,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-machine", action="store_true", help="do not measure the disk")
     ap.add_argument("--skip-fetch-sessions", action="store_true", help="leave out the fetch-session section")
     ap.add_argument("--only-fetch-sessions", action="store_true", help="run the fetch-session section only")
+    ap.add_argument("--skip-transactions", action="store_true", help="leave out the transactions section")
+    ap.add_argument(
+        "--only",
+        help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)} "
+        "(e.g. machine,transactions,fetch-sessions)",
+    )
     ap.add_argument(
         "--broker-arg", action="append", default=[], help="extra `loglake serve` argument (repeatable)"
     )
@@ -727,7 +757,18 @@ def main(argv: list[str] | None = None) -> int:
     latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 10.0)
     profile_s = args.profile_seconds if args.profile_seconds is not None else (0 if quick else 10)
     if args.only_fetch_sessions:
-        sizes, profile_s, args.skip_machine = [], 0, True
+        args.only = ",".join(filter(None, [args.only, "fetch-sessions"]))
+    if args.only:
+        only = {s.strip() for s in args.only.split(",") if s.strip()}
+        if only - set(SECTIONS):
+            ap.error(f"--only: unknown section(s) {', '.join(sorted(only - set(SECTIONS)))}; known: {', '.join(SECTIONS)}")
+        if "sizes" not in only:
+            sizes = []
+        if "profile" not in only:
+            profile_s = 0
+        args.skip_machine |= "machine" not in only
+        args.skip_fetch_sessions |= "fetch-sessions" not in only
+        args.skip_transactions |= "transactions" not in only
 
     parent = args.dir or str(ROOT.parent)
     work = Path(tempfile.mkdtemp(prefix="loglake-broker-bench-", dir=parent))
@@ -738,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "client": f"confluent-kafka {confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}",
         "runs": [],
+        "load_average_before": os.getloadavg(),
     }
     broker: Broker | None = None
     try:
@@ -762,6 +804,10 @@ def main(argv: list[str] | None = None) -> int:
             base = args.records or (600_000 if quick else 3_000_000)
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
             doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s))
+        if not args.skip_transactions:
+            doc["transactions"] = txn_bench.measure(
+                sys.modules[__name__], broker.bootstrap, pid, metrics_url, quick=quick, count=args.records
+            )
         if not args.skip_fetch_sessions:
             doc["fetch_sessions"] = fetch_sessions_bench.measure(broker.bootstrap, pid, quick=quick, metrics_url=metrics_url)
         if profile_s:
@@ -784,6 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["broker"]["log_warnings"] = [
             line for line in broker.log_text().splitlines() if " WARNING " in line or " ERROR " in line
         ][:20]
+        doc["load_average_after"] = os.getloadavg()
         doc["targets"] = targets(doc)
     finally:
         if broker is not None and broker.proc is not None and broker.proc.poll() is None:

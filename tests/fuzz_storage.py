@@ -17,6 +17,7 @@ from typing import Any
 import crc32c
 
 from fuzzkit import Target
+from loglake.engine.txn import control_batch
 from loglake.errors import CorruptionError, CorruptRecordError
 from loglake.meta.snapshot import HEADER as SNAP_HEADER
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
@@ -160,7 +161,8 @@ def run_wal(data: bytes) -> None:
 
 
 def make_segment(rng: random.Random) -> bytes:
-    writer = SegmentWriter(0, bytes(32), 1)
+    txn = rng.random() < 0.3  # format version 3: a transaction index after an ABORT marker
+    writer = SegmentWriter(0, bytes(32), 1, txn_index=txn)
     offset = 0
     for _ in range(rng.randint(1, 4)):
         count = rng.randint(1, 4)
@@ -171,9 +173,14 @@ def make_segment(rng: random.Random) -> bytes:
         )
         writer.add_batch(batch)
         offset += count
+    if txn:
+        marker = bytearray(control_batch(7, 0, False, 0, 1_700_000_000_000))
+        struct.pack_into(">q", marker, 0, offset)  # the base offset is outside the batch CRC
+        writer.add_batch(marker)
+        writer.aborted_txns = [(7, 0, offset)]
     parts, trailer, _index = writer.finish()
     out = bytearray(b"".join(bytes(p) for p in parts))
-    if rng.random() < 0.5:  # an index or trailer field changed, the trailer CRC made right again
+    if rng.random() < 0.5 and not txn:  # an index or trailer field changed, the trailer CRC made right again
         tail_at = len(out) - TRAILER_SIZE
         at = rng.choice([rng.randrange(trailer.index_position, tail_at), tail_at + rng.choice(_TRAILER_FIELDS)])
         width = rng.choice([4, 8])

@@ -17,7 +17,6 @@ Properties checked per case:
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -28,6 +27,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from longreport import update_report
 
 SEED_ENV = "LOGLAKE_FUZZ_SEED"
 CASE_ENV = "LOGLAKE_FUZZ_CASE"
@@ -182,14 +183,10 @@ def describe_failures(results: list[TargetResult]) -> str:
 
 def write_report(kind: str, seed: int, results: list[TargetResult], seconds: float, extra: dict[str, Any] | None = None) -> None:
     """Merge this run's figures into the JSON file named by LOGLAKE_FUZZ_REPORT (if set)."""
-    path = os.environ.get(REPORT_ENV)
-    if not path:
-        return
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        doc = {}
+    update_report(REPORT_ENV, lambda doc: _merge(doc, kind, seed, results, seconds, extra))
+
+
+def _merge(doc: dict[str, Any], kind: str, seed: int, results: list[TargetResult], seconds: float, extra: dict[str, Any] | None) -> None:
     doc[kind] = {
         "seed": seed,
         "seconds": round(seconds, 1),
@@ -209,8 +206,6 @@ def write_report(kind: str, seed: int, results: list[TargetResult], seconds: flo
         **(extra or {}),
     }
     doc["cases_total"] = sum(v["cases"] for k, v in doc.items() if isinstance(v, dict) and "cases" in v)
-    with open(path, "w") as f:
-        json.dump(doc, f, indent=2)
 
 
 def merge_results(parts: list[TargetResult]) -> list[TargetResult]:

@@ -20,7 +20,7 @@ from loglake.engine.verify_live import LiveSource
 from loglake.errors import CorruptBatchError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import iter_records
-from loglake.segment.format import read_tail
+from loglake.segment.format import HEADER_SIZE, read_tail
 
 TOPIC = "t"
 SEALS = 3
@@ -112,6 +112,25 @@ def test_the_scrubber_finds_a_bad_segment_and_a_pass_over_good_data_finds_nothin
     assert log.engine.corruption.marks() == [] and log.engine.corruption.readyz_lines() == []
 
 
+def test_the_scrubber_finds_a_segment_forged_with_refixed_crcs_by_its_chain_hash(log: loglake.Log) -> None:
+    """Every batch CRC, the data CRC and the trailer CRC made right again after the damage: only
+    the SHA-256 chain hash can tell (the skip_chain_check canary's scrubber half)."""
+    from test_verify import resign  # the forger of the verify tests
+
+    engine = log.engine
+    seg = engine.segments(TOPIC, 0)[1]
+    path = engine.store.local_path(seg.key)
+    assert path is not None
+    data = bytearray(Path(path).read_bytes())
+    data[HEADER_SIZE + 80] ^= 0x01  # inside the first batch's records
+    Path(path).write_bytes(resign(bytes(data), recompute_chain=False))
+    scrubber = engine.scrubber
+    assert scrubber is not None
+    assert scrubber.run_pass() == 1
+    (mark,) = engine.corruption.marks()
+    assert mark.key == seg.key and mark.source == "scrub" and "chain hash" in mark.detail
+
+
 def _listing(root: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
 
@@ -150,6 +169,32 @@ def test_relocation_never_uploads_a_damaged_hot_copy(tmp_path: Path) -> None:
         assert tiers == ["cold", "hot", "cold"]  # the damaged one stays hot, its only copy
         bad_key = engine.segments(TOPIC, 0)[1].key
         assert not (bucket / bad_key).exists()
+
+
+def test_relocation_never_uploads_a_hot_copy_forged_with_refixed_crcs(tmp_path: Path) -> None:
+    """The check before the upload includes the chain hash (the skip_chain_check canary's
+    relocation half): a copy whose CRCs were all made right again stays hot."""
+    from test_verify import resign
+
+    bucket = tmp_path / "bucket"
+    with loglake.open(str(tmp_path / "data"), wal_shards=1, cold_store_url=f"file://{bucket}") as opened:
+        opened.create_topic(TOPIC, partitions=1, config={"hot.retain.segments": "100"})
+        for _ in range(SEALS):
+            opened.produce_batch(TOPIC, [(b"k", b"v" * 100) for _i in range(RECORDS)], partition=0)
+            opened.flush()
+        engine = opened.engine
+        seg = engine.segments(TOPIC, 0)[1]
+        path = engine.store.local_path(seg.key)
+        assert path is not None
+        data = bytearray(Path(path).read_bytes())
+        data[HEADER_SIZE + 80] ^= 0x01
+        Path(path).write_bytes(resign(bytes(data), recompute_chain=False))
+        engine.alter_topic_config(TOPIC, {"hot.retain.segments": "0"})
+        deadline = time.monotonic() + 60
+        while [s.tier for s in engine.segments(TOPIC, 0)][::2] != ["cold", "cold"] and time.monotonic() < deadline:
+            engine.relocate_due()  # until the two good ones have moved
+        assert [s.tier for s in engine.segments(TOPIC, 0)] == ["cold", "hot", "cold"]
+        assert not (bucket / seg.key).exists()
 
 
 def test_a_segment_object_gone_from_under_the_metadata_is_an_error_not_out_of_range(log: loglake.Log) -> None:

@@ -245,6 +245,13 @@ def test_compaction_and_merging_survive_kill_minus_nine(tmp_path: Path) -> None:
     assert totals[0] > 0 and totals[1] > 0, f"no compaction ({totals[0]}) or merge ({totals[1]}) ran"
     assert rewritten, "no rewritten segment was ever referenced after a kill"
     assert totals[3] == 0, f"the cleaner failed {totals[3]} times (see the children's logs)"
+    from longreport import record
+
+    record(
+        "compaction_kill9",
+        {"seed": seed, "cycles": cycle, "acked": len(acked), "lost": 0, "compaction_passes": totals[0], "merges": totals[1],
+         "orphans_removed": len(orphans), "seconds": round(seconds)},
+    )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import pytest
 import loglake
 from loglake.engine import Engine
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
+from longreport import record
 
 from enginekit import DATA_DIR, abandon, read_all, small_config
 
@@ -29,6 +30,7 @@ def test_crash_sweep_many_seeds_torn(seed: int) -> None:
 
     for k in range(1, sweep.TOTAL_CALLS + 1):
         _check_seeded(sweep, k, seed)
+    record("crash_sweep_torn", {"seeds_total": 1, "points_total": sweep.TOTAL_CALLS, "lost_total": 0})
 
 
 def _check_seeded(sweep: object, k: int, seed: int) -> None:
@@ -88,7 +90,9 @@ def test_threaded_crash_points() -> None:
     probe = FaultyFileSystem(seed=0)
     threaded_workload(probe)
     total = probe.mutating_calls
-    for trial in range(300):
+    trials = 300
+    acked_total = 0
+    for trial in range(trials):
         k = rng.randrange(1, total + 1)
         fs = FaultyFileSystem(seed=trial, crash_after=k)
         acked = threaded_workload(fs)
@@ -100,10 +104,12 @@ def test_threaded_crash_points() -> None:
             recovered = {(p, off, v) for p, recs in state.items() for off, _k, v in recs}
             lost = acked - recovered
             assert not lost, f"trial={trial} k={k}: {len(lost)} acknowledged records lost"
+            acked_total += len(acked)
             for p, recs in state.items():
                 assert [o for o, _k, _v in recs] == list(range(len(recs))), f"trial={trial}: gap in {p}"
         finally:
             abandon(engine)
+    record("threaded_crash_points", {"trials": trials, "mutating_calls": total, "acked_checked": acked_total, "lost": 0})
 
 
 @pytest.mark.timeout(3600)
@@ -120,3 +126,4 @@ def test_kill_minus_nine_200_cycles(tmp_path: Path) -> None:
             seen = {(r.partition, r.offset): r.value for r in log.consume("k")}
         lost = [key for key, value in acked.items() if seen.get(key) != value]
         assert not lost, f"cycle {cycle}: {len(lost)} acknowledged records lost"
+    record("kill9_cycles", {"cycles": 200, "acked": len(acked), "lost": 0})

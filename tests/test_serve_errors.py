@@ -110,7 +110,9 @@ def test_no_room_for_the_wal_preallocation(small_fs: Path) -> None:
     assert_one_line(result, EXIT_NO_SPACE, "not enough space", "wal_shards x wal_file_bytes")
     assert "hint: " in result.stderr and "wal_file_bytes" in result.stderr
     # with smaller WAL files it fits, and takes writes
-    with serving_broker(small_fs / "d", env={"LOGLAKE_ENGINE__WAL_FILE_BYTES": str(8 << 20)}) as broker:
+    # (and a free-space reserve that fits a 64 MB filesystem)
+    env = {"LOGLAKE_ENGINE__WAL_FILE_BYTES": str(8 << 20), "LOGLAKE_STORAGE_MIN_FREE_BYTES": str(4 << 20)}
+    with serving_broker(small_fs / "d", env=env) as broker:
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from loglake.engine.verify import verify_data_dir
 from loglake.errors import StorageError
 from loglake.fs import OsFileSystem
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
+from loglake.store.base import BytesLike
 from loglake.store.local import LocalStore
 from loglake.store.memory import MemoryStore
 
@@ -121,6 +123,32 @@ def test_upload_failures_keep_the_segment_hot_and_retry_later(tmp_path: Path) ->
         cold._faults.clear()  # the bucket is back
         assert engine.relocate_due() > 0
         assert values_of(engine, "t") == values + more
+    finally:
+        abandon(engine)
+
+
+class ShortUploads(MemoryStore):
+    """A bucket that keeps all but the last byte of every upload (and says nothing)."""
+
+    def put(self, key: str, parts: Sequence[BytesLike]) -> None:
+        data = b"".join(bytes(p) for p in parts)
+        super().put(key, [data[:-1]])
+
+
+def test_a_cold_copy_that_fails_verification_keeps_the_segment_hot_and_readable(tmp_path: Path) -> None:
+    """Step 2 (verify the cold copy) fails: no switch, and the hot copy, still the only good one,
+    stays (the delete_hot_before_cold_verified canary deletes it first)."""
+    cold = ShortUploads()
+    engine = Engine(str(tmp_path / "d"), small_config(), cold_store=cold, start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1, TOPIC_CONFIG)
+        values = fill(engine, "t", 40)
+        assert engine.relocate_due() == 0
+        segments = engine.segments("t", 0)
+        assert len(segments) > 1 and all(s.tier == "hot" for s in segments)
+        assert all(engine.store.head(s.key) == s.size for s in segments)
+        assert values_of(engine, "t") == values
     finally:
         abandon(engine)
 

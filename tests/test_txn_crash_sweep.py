@@ -4,8 +4,9 @@ FaultyFileSystem, recover the engine, start the transaction coordinator on it (w
 transaction left in a prepare state), and check that every partition ends it the same way:
 
 * committed (EndTxn answered, or its prepare record survived): no partition holds the producer
-  open, none lists it as aborted, the last stable offset is the high watermark, and a
-  read_committed read returns every recovered record of the transaction;
+  open, none lists it as aborted, the last stable offset is the high watermark, a
+  read_committed read returns every recovered record of the transaction, and every
+  acknowledged append of it was recovered;
 * not prepared: the transaction is still open (the LSO holds at its start) in every partition
   that recovered data of it, and nothing of it is readable at read_committed.
 """
@@ -37,8 +38,9 @@ def coordinator(engine: Engine) -> TxnCoordinator:
     return TxnCoordinator(engine, None, TxnSettings(), off_loop=_off_loop)
 
 
-def workload(fs: FaultyFileSystem) -> bool:
-    """Run until done or crashed; True when EndTxn(commit) was answered."""
+def workload(fs: FaultyFileSystem, acked: dict[int, list[bytes]] | None = None) -> bool:
+    """Run until done or crashed; True when EndTxn(commit) was answered. `acked` gets the values
+    of each partition's acknowledged appends."""
     engine = Engine(DATA_DIR, small_config(), fs=fs, start_background=False)
     answered = [False]
 
@@ -53,6 +55,8 @@ def workload(fs: FaultyFileSystem) -> bool:
             for i in range(3):
                 b.append(1_000 + i, None, f"v-{p}-{i}".encode() * 40, [])
             engine.append_batch(TOPIC, p, bytearray(b.build())).result()
+            if acked is not None:
+                acked.setdefault(p, []).extend(f"v-{p}-{i}".encode() * 40 for i in range(3))
         assert await coord.end_txn(TID, pid, epoch, True, 3) == 0
         answered[0] = True
 
@@ -96,12 +100,15 @@ TOTAL_CALLS = count_calls()
 
 def check(k: int, torn: bool) -> None:
     fs = FaultyFileSystem(seed=k, crash_after=k)
-    answered = workload(fs)
+    acked: dict[int, list[bytes]] = {}
+    answered = workload(fs, acked)
     after = fs.crash(torn=torn)
     engine = Engine(DATA_DIR, small_config(), fs=after, start_background=False)
     engine.open()
     try:
         if not engine.has_topic(TOPIC):
+            # only a crash before anything was acknowledged may lose the topic
+            assert not answered and not acked, f"k={k}: the topic is gone after acknowledged appends"
             return
         asyncio.run(coordinator(engine).start_once())
         state = engine.txn_states().get(TID)
@@ -115,6 +122,8 @@ def check(k: int, torn: bool) -> None:
                 assert not pm.txn_open and not pm.aborted_txns, f"k={k}: partition {p} not completed"
                 assert engine.last_stable_offset(TOPIC, p) == engine.partition_info(TOPIC, p).high_watermark
                 assert txn_values(engine, p, committed=True) == written, f"k={k}: partition {p} hides committed data"
+                lost = [v[:12] for v in acked.get(p, []) if v not in written]
+                assert not lost, f"k={k}: partition {p} lost acknowledged records of a committed transaction: {lost}"
             else:
                 assert status in (None, "empty", "ongoing"), f"k={k}: left in {status}"
                 assert txn_values(engine, p, committed=True) == [], f"k={k}: uncommitted data readable in {p}"

@@ -156,6 +156,17 @@ class StorageError(LoglakeError):
         self.retriable = retriable
 
 
+class StorageFullError(StorageError):
+    """Free space on the data directory's filesystem is below the reserve (`storage_min_free_bytes`
+    / `storage_min_free_percent`), or a WAL write hit ENOSPC: the produce is refused before any of
+    it reaches the WAL. Retriable: writes resume by themselves once space returns (no restart)."""
+
+    def __init__(self, path: str, free_bytes: int, reserve_bytes: int, detail: str = "") -> None:
+        super().__init__("produce", path, detail or f"storage full: {free_bytes} bytes free < reserve {reserve_bytes}", retriable=True)
+        self.free_bytes = free_bytes
+        self.reserve_bytes = reserve_bytes
+
+
 class DataDirLockedError(LoglakeError):
     """Another process holds the data directory."""
 

@@ -26,7 +26,8 @@ from loglake.engine.engine import Engine
 from loglake.engine.types import AppendResult, FileRange, PartitionInfo, RecoveryReport, TopicInfo
 from loglake.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicError
 from loglake.fs.base import FileSystem
-from loglake.records.batch import TIMESTAMP_LOG_APPEND_TIME, decode_batches
+from loglake.records.batch import TIMESTAMP_LOG_APPEND_TIME
+from loglake.records.committed import READ_COMMITTED, READ_UNCOMMITTED, check_isolation, committed_batches
 from loglake.records.compression import codec_from_name
 from loglake.records.partitioner import default_partition
 from loglake.store.base import ObjectStore
@@ -223,6 +224,11 @@ class Log:
         found = self.engine.offset_for_timestamp(topic, partition, _timestamp_ms(timestamp) or 0)
         return None if found is None else found[0]
 
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """Where a read_committed reader stops: the first offset of the partition's earliest open
+        transaction, else its high watermark."""
+        return self.engine.last_stable_offset(topic, partition)
+
     def consume(
         self,
         topic: str,
@@ -231,33 +237,49 @@ class Log:
         follow: bool = False,
         partitions: Sequence[int] | None = None,
         idle_timeout: float | None = None,
+        isolation: str = READ_UNCOMMITTED,
     ) -> Iterator[ConsumerRecord]:
         """Records of `topic` from `start`: 'earliest', 'latest', an offset for every partition,
-        {partition: offset}, or a datetime. Without `follow` it stops at the high watermarks it
-        saw when it started; with `follow` it waits for new data (until `idle_timeout` seconds
-        pass with none, if given)."""
+        {partition: offset}, or a datetime. Without `follow` it stops at the ends it saw when it
+        started; with `follow` it waits for new data (until `idle_timeout` seconds pass with none,
+        if given).
+
+        `isolation` is Kafka's isolation.level: 'read_uncommitted' (the default) returns every
+        data record up to the high watermark; 'read_committed' stops at the last stable offset
+        (an open transaction holds it back; 'latest' and the end are the LSO) and leaves out the
+        records of aborted transactions. Transaction markers are never returned."""
+        committed = check_isolation(isolation) == READ_COMMITTED
         info = self.engine.topic(topic)
         chosen = list(partitions) if partitions is not None else list(range(info.partitions))
-        positions = {p: self._start_offset(topic, p, start) for p in chosen}
-        stops = {p: self.engine.partition_info(topic, p).high_watermark for p in chosen}
+        positions = {p: self._start_offset(topic, p, start, committed) for p in chosen}
+        stops = {p: self._end_offset(topic, p, committed) for p in chosen}
+        idle_since = time.monotonic()
         while True:
             progressed = False
+            holds: dict[int, int] = {}  # partition -> offset to wait past (an open transaction: its high watermark)
             for p in chosen:
                 if not follow and positions[p] >= stops[p]:
                     continue
                 try:
-                    result = self.engine.read(topic, p, positions[p], CONSUME_READ_BYTES)
+                    if committed:
+                        result, lso, aborted = self.engine.read_committed(topic, p, positions[p], CONSUME_READ_BYTES)
+                    else:
+                        result = self.engine.read(topic, p, positions[p], CONSUME_READ_BYTES)
+                        lso, aborted = result.high_watermark, None
                 except OffsetOutOfRangeError as exc:
                     if positions[p] < exc.log_start_offset:
                         positions[p] = exc.log_start_offset  # retention moved the start: go on from there
                         continue
                     raise
-                for chunk in result.chunks:
-                    data = bytes(chunk) if not isinstance(chunk, FileRange) else b""
-                    for header, recs in decode_batches(data):
-                        if header.is_control:
-                            positions[p] = max(positions[p], header.last_offset + 1)
-                            continue
+                if not result.chunks:
+                    if not follow:
+                        stops[p] = positions[p]  # nothing more to read here (the end moved back?)
+                    elif committed and positions[p] >= lso:
+                        holds[p] = max(positions[p], result.high_watermark)
+                    continue
+                data = b"".join(bytes(c) for c in result.chunks if not isinstance(c, FileRange))
+                for header, recs, keep in committed_batches(data, aborted):
+                    if keep:
                         ts_type = 1 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0
                         for rec in recs:
                             if rec.offset < positions[p]:
@@ -269,26 +291,39 @@ class Log:
                             yield ConsumerRecord(
                                 topic, p, rec.offset, rec.timestamp, ts_type, rec.key, rec.value, rec.headers
                             )
-                        positions[p] = max(positions[p], min(header.last_offset + 1, result.high_watermark))
+                    positions[p] = max(positions[p], min(header.last_offset + 1, result.high_watermark))
             if not follow and all(positions[p] >= stops[p] for p in chosen):
                 return
-            if not progressed and follow:
-                waiters = [self.engine.wait_for_data(topic, p, positions[p]) for p in chosen]
-                done, _ = wait(waiters, timeout=idle_timeout if idle_timeout is not None else CONSUME_WAIT_S)
+            if progressed:
+                idle_since = time.monotonic()
+                continue
+            if follow:
+                waiters = [self.engine.wait_for_data(topic, p, holds.get(p, positions[p])) for p in chosen]
+                timeout = CONSUME_WAIT_S
+                if idle_timeout is not None:
+                    timeout = min(timeout, max(0.0, idle_since + idle_timeout - time.monotonic()))
+                wait(waiters, timeout=timeout)
                 for w in waiters:
                     w.cancel()
-                if not done and idle_timeout is not None:
+                if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
                     return
 
-    def _start_offset(self, topic: str, partition: int, start: StartSpec) -> int:
+    def _end_offset(self, topic: str, partition: int, committed: bool) -> int:
+        """Where a reader at this isolation ends now: the LSO (read_committed) or high watermark."""
+        if committed:
+            return self.engine.last_stable_offset(topic, partition)
+        return self.engine.partition_info(topic, partition).high_watermark
+
+    def _start_offset(self, topic: str, partition: int, start: StartSpec, committed: bool = False) -> int:
         pinfo = self.engine.partition_info(topic, partition)
+        end = self._end_offset(topic, partition, committed)
         if start == "earliest":
             return pinfo.log_start_offset
         if start == "latest":
-            return pinfo.high_watermark
+            return end
         if isinstance(start, datetime):
             found = self.engine.offset_for_timestamp(topic, partition, _timestamp_ms(start) or 0)
-            return pinfo.high_watermark if found is None else found[0]
+            return end if found is None or found[0] >= end else found[0]
         if isinstance(start, int):
             return max(pinfo.log_start_offset, min(start, pinfo.high_watermark))
         if isinstance(start, Mapping):

@@ -15,7 +15,9 @@ library. The `_created` series prometheus-client adds to counters and histograms
 would be new metric names). The HTTP side is a minimal GET-only HTTP/1.1 responder on asyncio:
 /metrics, /healthz (process up), /readyz (recovery done and accepting connections; 200 with one
 "corrupt: ..." line per corrupt segment found while running — a broker with one bad partition
-still serves every other one, so it is not taken out of rotation for it).
+still serves every other one, so it is not taken out of rotation for it — and a "storage full: ..."
+line while produce is refused for lack of space: reads go on and writes resume by themselves,
+so that is not a reason to take it out of rotation either; alert on `loglake_storage_full`).
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ class _StateCollector:
             )
             yield _gauge("loglake_cold_range_cache_bytes", "Bytes held in the cold range cache.", cold.ranges.size_bytes)
         yield from _corruption_families(engine)
+        yield from _storage_families(engine)
         labels = ["topic", "partition"]
         hw_family = _gauge("loglake_partition_high_watermark", "Offset of the next record of the partition.", labels=labels)
         start_family = _gauge("loglake_partition_log_start_offset", "First offset still kept.", labels=labels)
@@ -344,6 +347,30 @@ def _fetch_session_families(cache: Any) -> Iterator[Metric]:
     for name, n in sorted(stats.errors.items()):
         errors.add_metric([name], n)
     yield errors
+
+
+def _storage_families(engine: Any) -> Iterator[Metric]:
+    """The free-space reserve (loglake.engine.space): full or not, the numbers, refusals."""
+    space = getattr(engine, "space", None)
+    if space is None:
+        return
+    yield _gauge(
+        "loglake_storage_full", "1 while produce is refused because the data directory's filesystem is below the "
+        "free-space reserve (or a WAL write hit ENOSPC and has not been written again yet), else 0.",
+        1 if space.full else 0,
+    )
+    yield _gauge("loglake_storage_free_bytes", "Free bytes on the data directory's filesystem at the last reading (-1: unknown).", space.free_bytes)
+    yield _gauge("loglake_storage_total_bytes", "Size of the data directory's filesystem (-1: unknown).", space.total_bytes)
+    yield _gauge(
+        "loglake_storage_reserve_bytes", "The free-space reserve: max(storage_min_free_bytes, storage_min_free_percent).",
+        space.reserve_bytes,
+    )
+    yield _counter("loglake_storage_produce_refused_total", "Producer appends refused because storage was full.", space.refused)
+    yield _counter("loglake_storage_full_events_total", "Times storage went from writable to full.", space.full_events)
+    stalls = _counter("loglake_wal_stalls_total", "WAL writes or fsyncs that hit ENOSPC (written again once there was room), by shard.", labels=["shard"])
+    for i, shard in enumerate(engine.shards):
+        stalls.add_metric([str(i)], getattr(shard, "stalls", 0))
+    yield stalls
 
 
 def _corruption_families(engine: Any) -> Iterator[Metric]:

@@ -299,6 +299,14 @@ class BrokerServer:
         self.host = ""
         self.port = 0
 
+    def _readyz_notes(self) -> list[str]:
+        """Lines /readyz adds while ready: storage full, corrupt segments (neither makes it 503)."""
+        engine = self.engine
+        if engine is None:
+            return []
+        full = [engine.space.describe()] if engine.space.full else []
+        return full + engine.corruption.readyz_lines()
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         engine = Engine(self.config.data_dir, self.config.engine_config())
@@ -313,7 +321,7 @@ class BrokerServer:
                     if self.engine is not None and self.metrics.ready
                     else self.metrics.render(),
                     lambda: self.metrics.ready,
-                    lambda: self.engine.corruption.readyz_lines() if self.engine is not None else [],
+                    self._readyz_notes,
                 )
             except OSError as exc:
                 raise ListenError("--metrics-listen", self.config.metrics_listen, exc) from exc

@@ -179,6 +179,13 @@ class OutputFormat(enum.StrEnum):
     json = "json"
 
 
+class Isolation(enum.StrEnum):
+    """Kafka's isolation.level."""
+
+    read_uncommitted = "read_uncommitted"
+    read_committed = "read_committed"
+
+
 def parse_start(raw: str) -> StartSpec:
     """earliest | latest | an offset | an ISO-8601 time (naive times are local time)."""
     text = raw.strip()
@@ -237,10 +244,19 @@ def consume(
         str | None,
         typer.Option("--group", "-g", help="With --bootstrap-server: consume in this group, committing what is printed."),
     ] = None,
+    isolation: Annotated[
+        Isolation,
+        typer.Option(
+            "--isolation",
+            "--isolation-level",
+            help="read_committed: only committed transactions' records, up to the last stable offset.",
+        ),
+    ] = Isolation.read_uncommitted,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
 ) -> None:
-    """Print the records of a topic."""
+    """Print the records of a topic (transaction markers never; with --isolation read_committed,
+    no records of aborted or still-open transactions)."""
     spec = parse_start(start)
     sep = key_separator.encode() if key_separator is not None else None
     if group is not None:
@@ -260,12 +276,14 @@ def consume(
         if bootstrap:
             from loglake.cli import remote_data
 
-            remote = stack.enter_context(remote_data.records(bootstrap, topic, spec, partition, follow, group))
+            remote = stack.enter_context(
+                remote_data.records(bootstrap, topic, spec, partition, follow, group, isolation.value)
+            )
             source: Iterable[ConsumerRecord] = remote
             done = remote.done
         else:
             log = stack.enter_context(open_log(str(data_dir), must_exist=True))
-            source = log.consume(topic, spec, follow=follow, partitions=partition or None)
+            source = log.consume(topic, spec, follow=follow, partitions=partition or None, isolation=isolation.value)
         try:
             for rec, data in _records(source, max_records, fmt, sep):
                 out.write(data)

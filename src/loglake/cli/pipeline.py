@@ -66,6 +66,13 @@ def export(
     checkpoint: Annotated[
         str | None, typer.Option("--checkpoint", help="Checkpoint directory (default: <to>/_checkpoint).")
     ] = None,
+    isolation: Annotated[
+        str,
+        typer.Option(
+            "--isolation",
+            help="read_committed (default): committed transactions only; read_uncommitted: every record.",
+        ),
+    ] = "read_committed",
     master: MasterOption = "local[*]",
     option: OptionOption = None,
     conf: ConfOption = None,
@@ -73,6 +80,11 @@ def export(
     """Export a topic to a table partitioned by date and partition, exactly once (checkpointed)."""
     if value_schema and value_format:
         raise typer.BadParameter("give --value-schema or --value-format, not both")
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise typer.BadParameter(f"--isolation must be read_committed or read_uncommitted, not {isolation!r}")
+    source_options = parse_pairs(option, "--option")
+    if not any(k.lower() == "kafka.isolation.level" for k in source_options):
+        source_options["kafka.isolation.level"] = isolation
     spark = _spark(master, f"loglake-export-{topic}", conf)
     from loglake.spark.pipeline import export_query, watch
 
@@ -88,7 +100,7 @@ def export(
             value_schema=value_schema,
             value_format=value_format,
             continuous=continuous,
-            source_options=parse_pairs(option, "--option"),
+            source_options=source_options,
         )
 
         def progress(p: dict[str, Any]) -> None:

@@ -182,6 +182,7 @@ class RemoteRecords:
         partitions: list[int] | None,
         follow: bool,
         group: str | None,
+        isolation: str = "read_uncommitted",
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
@@ -194,7 +195,9 @@ class RemoteRecords:
             if p not in parts:
                 raise CliError(f"topic {topic!r} has no partition {p} (it has {len(parts)})")
         reset = spec if spec in ("earliest", "latest") else "earliest"
-        conf: dict[str, Any] = {"enable.partition.eof": True, "auto.offset.reset": reset}
+        # read_committed: librdkafka stops at the last stable offset (its end and partition EOF are
+        # the LSO there) and drops aborted transactions' records; markers are never delivered
+        conf: dict[str, Any] = {"enable.partition.eof": True, "auto.offset.reset": reset, "isolation.level": isolation}
         if group is not None:
             conf |= {"group.id": group, "enable.auto.commit": True, "enable.auto.offset.store": False}
         else:
@@ -267,9 +270,15 @@ class RemoteRecords:
 
 @contextlib.contextmanager
 def records(
-    bootstrap: str, topic: str, spec: StartSpec, partitions: list[int] | None, follow: bool, group: str | None
+    bootstrap: str,
+    topic: str,
+    spec: StartSpec,
+    partitions: list[int] | None,
+    follow: bool,
+    group: str | None,
+    isolation: str = "read_uncommitted",
 ) -> Iterator[RemoteRecords]:
-    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group)
+    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group, isolation)
     try:
         yield recs
     finally:

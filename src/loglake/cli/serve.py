@@ -90,7 +90,14 @@ def _serve(
         sys.stdout.write(config.describe())
         return 0
     engine = config.engine_config()
-    failure = check_space(config.data_dir, engine.wal_shards, engine.wal_file_bytes, engine.meta_log_file_bytes)
+    failure = check_space(
+        config.data_dir,
+        engine.wal_shards,
+        engine.wal_file_bytes,
+        engine.meta_log_file_bytes,
+        engine.storage_min_free_bytes,
+        engine.storage_min_free_percent,
+    )
     if failure is not None:
         error_line(failure.message)
         if failure.hint:

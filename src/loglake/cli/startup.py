@@ -57,9 +57,9 @@ def _os_error(exc: OSError, data_dir: str) -> StartupFailure | None:
     return None
 
 
-def _free_bytes(path: str) -> int | None:
-    """Bytes an unprivileged writer may still use on the filesystem of `path` (or of its nearest
-    existing parent); None when that cannot be told."""
+def _space(path: str) -> tuple[int, int] | None:
+    """(bytes an unprivileged writer may still use, total bytes) on the filesystem of `path` (or
+    of its nearest existing parent); None when that cannot be told."""
     probe = os.path.abspath(path)
     while not os.path.exists(probe):
         parent = os.path.dirname(probe)
@@ -72,23 +72,41 @@ def _free_bytes(path: str) -> int | None:
         return None
     if st.f_flag & os.ST_RDONLY:
         return None  # opening says "read-only filesystem", which is the real problem
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
-def check_space(data_dir: str, wal_shards: int, wal_file_bytes: int, meta_log_file_bytes: int) -> StartupFailure | None:
+def check_space(
+    data_dir: str,
+    wal_shards: int,
+    wal_file_bytes: int,
+    meta_log_file_bytes: int,
+    min_free_bytes: int = 0,
+    min_free_percent: float = 0.0,
+) -> StartupFailure | None:
     """Is there room for what the broker preallocates (a WAL file per shard and a metadata log
-    file)? A new data directory without it cannot take a single write: a StartupFailure. A data
-    directory that already holds data still serves reads, so there it is one warning line."""
-    free = _free_bytes(data_dir)
-    needed = wal_shards * wal_file_bytes + meta_log_file_bytes
-    if free is None or free >= needed:
+    file) on top of the free-space reserve (`storage_min_free_bytes` / `storage_min_free_percent`,
+    below which produce is refused)? A new data directory without it cannot take a single write:
+    a StartupFailure. A data directory that already holds data still serves reads, so there it
+    is one warning line."""
+    space = _space(data_dir)
+    if space is None:
+        return None
+    free, total = space
+    reserve = max(min_free_bytes, int(total * min_free_percent / 100.0))
+    needed = wal_shards * wal_file_bytes + meta_log_file_bytes + reserve
+    if free >= needed:
         return None
     what = (
         f"{free // MIB} MiB free on the filesystem of {data_dir}; the broker preallocates "
         f"{wal_shards} WAL file(s) of {wal_file_bytes // MIB} MiB (wal_shards x wal_file_bytes) and a "
-        f"{meta_log_file_bytes // MIB} MiB metadata log file"
+        f"{meta_log_file_bytes // MIB} MiB metadata log file, and keeps a free-space reserve of "
+        f"{reserve // MIB} MiB (max of storage_min_free_bytes and storage_min_free_percent of "
+        f"{total // MIB} MiB) below which produce is refused"
     )
-    hint = "free space, or lower [engine] wal_file_bytes / wal_shards (e.g. LOGLAKE_ENGINE__WAL_FILE_BYTES=8388608)"
+    hint = (
+        "free space, or lower [engine] wal_file_bytes / wal_shards (e.g. LOGLAKE_ENGINE__WAL_FILE_BYTES=8388608) "
+        "or the reserve (LOGLAKE_STORAGE_MIN_FREE_BYTES, LOGLAKE_STORAGE_MIN_FREE_PERCENT)"
+    )
     if not os.path.isdir(os.path.join(data_dir, "meta")):
         return StartupFailure(EXIT_NO_SPACE, f"not enough space: {what}", hint)
     log.warning("not enough space: %s; writes fail with KAFKA_STORAGE_ERROR until there is room (%s)", what, hint)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from loglake import canary
 from loglake.engine.catalog import Catalog
 from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import EngineConfig, TopicConfig
@@ -22,7 +23,13 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition
 from loglake.engine.seal import Sealer
 from loglake.engine.types import AppendResult
-from loglake.errors import CorruptRecordError, EngineFailedError, RecordTooLargeError, UnknownTopicError
+from loglake.errors import (
+    CorruptRecordError,
+    EngineFailedError,
+    RecordTooLargeError,
+    StorageFullError,
+    UnknownTopicError,
+)
 from loglake.records.batch import (
     BatchBuilder,
     iter_records,
@@ -49,6 +56,8 @@ class Appender:
         config: EngineConfig,
         clock: Callable[[], float],
         check_open: Callable[[], None],
+        *,
+        admit: Callable[[int], None] = lambda size: None,
     ) -> None:
         self.catalog = catalog
         self.pool = pool
@@ -56,6 +65,8 @@ class Appender:
         self.config = config
         self._clock = clock
         self._check_open = check_open
+        #: the free-space reserve's gate (SpaceGuard.admit): StorageFullError while storage is full
+        self._admit = admit
         self.shards: list[WalShard] = []  # set once recovery started them
         #: the first WAL failure: the engine stops accepting writes
         self.failure: BaseException | None = None
@@ -71,6 +82,8 @@ class Appender:
         self._check_open()
         p = self.catalog.partition(topic, partition)
         config = self.catalog.topic(topic).config
+        if config.durability != Durability.EPHEMERAL:
+            self._admit(len(data))  # before anything is assigned or queued: nothing half-written
         batches = split_batches(data, max_batch_bytes=config.max_message_bytes)
         if not batches:
             raise CorruptRecordError(f"append to {topic}-{partition}: no record batch in {len(data)} bytes")
@@ -124,6 +137,8 @@ class Appender:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
         self._check_open()
         config = self.catalog.topic(topic).config
+        if config.durability != Durability.EPHEMERAL:
+            self._admit(0)
         if config.compacted:
             records = list(records)
             check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
@@ -189,6 +204,8 @@ class Appender:
                 else:
                     # For `memory` the producer is answered here, not by the WAL writer.
                     waiter = None if durability == Durability.MEMORY else fut
+                    if canary.ACK_BEFORE_WAL_WRITE:  # test-only mutation (loglake/canary.py)
+                        waiter = None
                     entry = WalEntry(
                         p.topic_id, p.index, base, end, buf, durability, self._on_wal_done, (p, waiter, result)
                     )
@@ -237,6 +254,12 @@ class Appender:
         """WAL writer thread: the entry is durable per its class (or failed)."""
         context: tuple[Partition, Future[AppendResult] | None, AppendResult] = entry.context  # type: ignore[assignment]
         p, fut, result = context
+        if isinstance(error, StorageFullError):
+            # Disk full (wal/shard.py): the shard writes this entry again once there is room and
+            # then calls back with no error. Not acknowledged now; not a failure of the engine.
+            if fut is not None and not fut.done():
+                fut.set_exception(error)
+            return
         if error is not None:
             if self.failure is None:
                 self.failure = error
@@ -247,6 +270,6 @@ class Appender:
                 )
             return
         p.advance_hw(entry.end_offset)
-        if fut is not None:
+        if fut is not None and not fut.done():
             fut.set_result(result)
 

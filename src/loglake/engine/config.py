@@ -32,6 +32,12 @@ from loglake.wal.shard import (
     Durability,
 )
 
+#: Default free-space reserve: a new WAL file (wal_file_bytes, 64 MiB) when writes resume, plus
+#: room for seals of what the WAL holds unsealed, metadata log files (4 MiB) and a checkpoint.
+STORAGE_MIN_FREE_BYTES_DEFAULT = 128 * 1024 * 1024
+#: ...or 1 % of the filesystem, whichever is larger (big disks get a proportionate margin).
+STORAGE_MIN_FREE_PERCENT_DEFAULT = 1.0
+
 TOPIC_NAME_RE = re.compile(r"^[a-zA-Z0-9._-]+$")
 #: Kafka's limit on topic name length.
 TOPIC_NAME_CHARS_MAX = 249
@@ -349,7 +355,26 @@ class EngineConfig:
     #: Pause between two full scrub passes over every sealed segment.
     scrub_interval_ms: int = 3_600_000
 
+    #: Free-space reserve of the data directory's filesystem: below the larger of this and
+    #: `storage_min_free_percent`, produce is refused with KAFKA_STORAGE_ERROR (StorageFullError)
+    #: while seals, metadata and WAL rolls still have room (loglake.engine.space; RELIABILITY.md
+    #: "Disk full"). 0 with 0 % turns the reserve off.
+    storage_min_free_bytes: int = STORAGE_MIN_FREE_BYTES_DEFAULT
+    #: ...or this share of the filesystem, in percent, whichever is larger.
+    storage_min_free_percent: float = STORAGE_MIN_FREE_PERCENT_DEFAULT
+    #: How often free space is read (statvfs) while writable; while full, a refused produce reads
+    #: it again at most every 100 ms.
+    storage_space_check_interval_ms: int = 1_000
+
     def validate(self) -> None:
+        if not 0 <= self.storage_min_free_bytes <= 2**50:
+            raise ConfigError(f"storage_min_free_bytes={self.storage_min_free_bytes}: must be in [0, 2**50]")
+        if not 0.0 <= self.storage_min_free_percent <= 50.0:
+            raise ConfigError(f"storage_min_free_percent={self.storage_min_free_percent}: must be in [0, 50]")
+        if not 10 <= self.storage_space_check_interval_ms <= 60_000:
+            raise ConfigError(
+                f"storage_space_check_interval_ms={self.storage_space_check_interval_ms}: must be in [10, 60000]"
+            )
         if self.cleaner_dedupe_buffer_bytes < 1024 * 1024:
             raise ConfigError("cleaner_dedupe_buffer_bytes must be at least 1 MiB")
         if self.scrub_bytes_per_second < 0 or self.scrub_interval_ms < 0:

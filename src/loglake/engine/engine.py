@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from loglake import canary
 from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
@@ -45,6 +46,7 @@ from loglake.engine.read import Reader
 from loglake.engine.recovery import recover
 from loglake.engine.scrubber import Scrubber
 from loglake.engine.seal import Sealer
+from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.engine.txn import last_stable_offset
@@ -55,6 +57,7 @@ from loglake.errors import (
     EngineClosedError,
     EngineFailedError,
     OffsetOutOfRangeError,
+    StorageFullError,
     UnknownTopicError,
 )
 from loglake.fs.base import FileSystem
@@ -71,6 +74,10 @@ from loglake.wal.shard import WalFile, WalShard
 __all__ = ["Engine", "RecordTuple", "TopicState", "open_engine"]
 
 log = logging.getLogger(__name__)
+
+
+class _UncleanClose(Exception):
+    """close() could not flush (storage full): skip the clean-shutdown mark."""
 
 
 class Engine(TxnEngineMixin, BrokerMetaMixin):
@@ -93,12 +100,22 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self._given_store = store
         self._given_cold_store = cold_store
         self._start_background = start_background
+        #: the free-space reserve (loglake.engine.space): produce refused while storage is full
+        self.space = SpaceGuard(
+            self.fs,
+            self.data_dir,
+            min_free_bytes=self.config.storage_min_free_bytes,
+            min_free_percent=self.config.storage_min_free_percent,
+            check_interval_ms=self.config.storage_space_check_interval_ms,
+        )
         self._meta = LocalMetaStore(
             self.fs,
             meta_dir(self.data_dir),
             checkpoint_records=self.config.meta_checkpoint_records,
             checkpoint_bytes=self.config.meta_checkpoint_bytes,
             log_file_bytes=self.config.meta_log_file_bytes,
+            on_full=self.space.wal_full,
+            on_healed=self.space.wal_healed,
         )
         self.catalog = Catalog(self._meta, self.config, clock)
         self._pool = MemoryPool(self.config.memory_budget_bytes, self.config.memory_pressure_ratio, self._on_pressure)
@@ -160,6 +177,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         return list(self._shards)
 
     def open(self) -> RecoveryReport:
+        canary.warn_if_active()  # test-only mutations must never run unnoticed
         self.fs.makedirs(self.data_dir)
         self._dir_lock.acquire()
         try:
@@ -202,7 +220,9 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         self._sealer = Sealer(
             self.catalog, stores, self._pool, indexes, self._clock, threads=config.seal_threads, on_sealed=self._wake
         )
-        self._appender = Appender(self.catalog, self._pool, self._sealer, config, self._clock, self._check_open)
+        self._appender = Appender(
+            self.catalog, self._pool, self._sealer, config, self._clock, self._check_open, admit=self.space.admit
+        )
         self._reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption))
         self._maintenance = Maintenance(
             self.catalog,
@@ -214,6 +234,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             self._clock,
             interval_ms=config.maintenance_interval_ms,
             shards=lambda: [*self._shards, *self._retired_shards],
+            space=self.space,
         )
         if cold is not None:
             self._relocator = Relocator(self.catalog, stores, indexes, config.relocation_threads, config.relocation_retry_ms)
@@ -225,6 +246,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             cold_url = None
         store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
         self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
+        self._cleaner.rewriter.before_delete = self.publish_metadata
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)
@@ -272,6 +294,8 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             group_bytes_max=self.config.wal_group_bytes_max,
             queue_bytes_max=self.config.wal_queue_bytes_max,
             fsync_interval_ms=self.config.wal_fsync_interval_ms,
+            on_full=self.space.wal_full,
+            on_healed=self.space.wal_healed,
         )
 
     def close(self) -> None:
@@ -279,15 +303,27 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         if self._closed:
             return
         clean = False
+        # Disk full and not healed: the stalled writes fail now, or threads waiting for them
+        # (maintenance, cleaner) would never let go. Recovery replays what is durable.
+        for shard in [*self._shards, self._meta.shard]:
+            if shard is not None and shard.stalled:
+                shard.abort_stall()
         try:
             if self._failure is None:
-                self.flush()
+                try:
+                    self.flush()
+                except StorageFullError as exc:
+                    # What was acknowledged is in the WAL; the next start replays it.
+                    log.warning("closing with storage full, not sealing what the WAL holds: %s", exc)
+                    raise _UncleanClose() from None
                 # Upload what is due now (S3-primary topics expect their data in the bucket);
                 # failures are logged and the segments stay hot for the next start.
                 if self._relocator is not None and self._relocator.relocate_due():
                     self._meta.sync()
                     self.publish_metadata()
                 clean = True
+        except _UncleanClose:
+            pass
         finally:
             self._closed = True
             if self.scrubber is not None:

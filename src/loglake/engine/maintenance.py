@@ -1,6 +1,6 @@
 """Background maintenance: one thread, one tick every `maintenance_interval_ms` (or when woken).
 
-Each tick: age and size seals, emergency seals under memory pressure, retention, relocation
+Each tick: a free-space reading (on its own interval, loglake.engine.space), age and size seals, emergency seals under memory pressure, retention, relocation
 scheduling, a metadata checkpoint when the log passed its bound, WAL truncation, and copying
 the metadata's changes to the object stores. Every step is bounded by what changed since the
 last tick, not by the history the broker holds.
@@ -18,8 +18,10 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.seal import Sealer
+from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
+from loglake.errors import StorageError, StorageFullError
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
 from loglake.wal.shard import WalShard
@@ -42,6 +44,7 @@ class Maintenance:
         *,
         interval_ms: int,
         shards: Callable[[], list[WalShard]],
+        space: SpaceGuard | None = None,
     ) -> None:
         self.catalog = catalog
         self.meta = meta
@@ -52,11 +55,13 @@ class Maintenance:
         self._clock = clock
         self.interval_s = interval_ms / 1000.0
         self._shards = shards
+        self.space = space
         self.relocator: Relocator | None = None
         self.publisher: MetaPublisher | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._failing: str | None = None  # the last tick's error, while ticks fail
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="loglake-maint", daemon=True)
@@ -80,10 +85,24 @@ class Maintenance:
                 break
             try:
                 self.tick()
-            except Exception:
-                log.exception("maintenance tick failed; retrying next tick")
+            except Exception as exc:
+                # Logged once per state change (a full disk fails every tick the same way).
+                what = f"{type(exc).__name__}: {exc}"
+                if what != self._failing:
+                    expected = isinstance(exc, StorageError)  # a full disk: one line, no traceback
+                    log.error(
+                        "maintenance tick failed: %s; retrying every tick, logged again when it works or fails differently",
+                        what, exc_info=None if expected else exc,
+                    )
+                    self._failing = what
+            else:
+                if self._failing is not None:
+                    log.warning("maintenance tick works again (it failed with %s)", self._failing)
+                    self._failing = None
 
     def tick(self) -> None:
+        if self.space is not None:
+            self.space.check()  # on its own interval; produce resumes here when space came back
         self._seal_due()
         self.apply_retention()
         if self.relocator is not None:
@@ -167,7 +186,10 @@ class Maintenance:
         shards = self._shards()
         if not any(s.has_closed_files() for s in shards):
             return 0  # only active files: nothing can go
-        self.meta.sync()  # a topic deletion applied in memory is durable before its frames go
+        try:
+            self.meta.sync()  # a topic deletion applied in memory is durable before its frames go
+        except StorageFullError:
+            return 0  # the metadata log is stalled on a full disk: truncate once it has healed
         by_id = self.catalog.by_id
 
         def obsolete(topic_id: bytes, partition: int, end: int) -> bool:

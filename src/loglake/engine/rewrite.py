@@ -133,11 +133,14 @@ def build(
     group: list[SegmentRef] = []
     writer: SegmentWriter | None = None
     try:
-        for seg in run:
-            reader = SegmentReader(store, seg.key, seg.size, READ_CHUNK_BYTES)
+        readers = [SegmentReader(store, seg.key, seg.size, READ_CHUNK_BYTES) for seg in run]
+        # any transaction index in the run: every output carries one (format version 3)
+        txn_index = any(r.trailer.txn_index for r in readers)
+        for seg, reader in zip(run, readers, strict=True):
             if writer is None:
                 placeholder = Rewrite(run[-1].last_offset, seg.link_hash, seg.generation + 1, {})
-                writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder)
+                writer = SegmentWriter(seg.base_offset, seg.prev_hash, now_ms, placeholder, txn_index=txn_index)
+            writer.aborted_txns.extend(reader.trailer.aborted_txns)
             for chunk in reader.chunks():
                 limiter.acquire(len(chunk))
                 pos, end = 0, len(chunk)
@@ -204,6 +207,9 @@ class Rewriter:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
+        #: called between the durable switch and the deletes: the engine publishes its metadata,
+        #: so readers of the stores' copy (Spark) stop naming the replaced objects before they go
+        self.before_delete: Callable[[], object] | None = None
 
     def swap(
         self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, SegmentIndex]], clean: dict[str, int] | None
@@ -226,6 +232,11 @@ class Rewriter:
         for ref, index in outputs:
             if ref.tier == "hot":
                 self.indexes.put(ref.key, index)
+        if self.before_delete is not None:
+            try:
+                self.before_delete()
+            except Exception as exc:  # the deletes go on: a reader of a stale copy retries
+                log.warning("publishing the metadata before deleting replaced segments failed: %s", exc)
         for seg in run:  # 5. the replaced objects go
             self.indexes.forget(seg.key)
             self.stores.delete_segment(seg.key, seg.tier)

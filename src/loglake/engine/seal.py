@@ -11,6 +11,7 @@ its data, so recovery replays it and the next seal overwrites the object under t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -18,13 +19,19 @@ from loglake.engine.catalog import Catalog, TopicState, producer_entries
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
-from loglake.records.batch import peek_header
+from loglake.engine.txn import segment_aborted
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
+from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
 from loglake.store.base import segment_key
 
 __all__ = ["Sealer"]
 
 log = logging.getLogger(__name__)
+
+#: After a failed seal a partition's next seal waits this long, doubling up to the max.
+SEAL_RETRY_MS = 100
+SEAL_RETRY_MS_MAX = 30_000
 
 
 class Sealer:
@@ -47,6 +54,8 @@ class Sealer:
         self.threads = threads
         self._on_sealed = on_sealed  # wakes the maintenance thread (WAL truncation, checkpoints)
         self._executor: ThreadPoolExecutor | None = None
+        #: (topic id, partition) -> (failed seals in a row, monotonic time of the next try)
+        self._failing: dict[tuple[bytes, int], tuple[int, float]] = {}
 
     def start(self) -> None:
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="loglake-seal")
@@ -61,14 +70,20 @@ class Sealer:
         """Seal `p` on a seal worker: whole segments only, or (full) everything durable."""
         if self._executor is None or p.seal_scheduled:
             return
+        key = (p.topic_id, p.index)
+        failing = self._failing.get(key)
+        if failing is not None and time.monotonic() < failing[1]:
+            return  # backing off after a failed seal
         p.seal_scheduled = True
 
         def job() -> None:
             try:
                 while self.seal_partition(p, full=full):
                     pass
-            except Exception:
-                log.exception("sealing %s-%d failed; will retry", p.topic, p.index)
+            except Exception as exc:
+                self._failed(p, exc)
+            else:
+                self._succeeded(p)
             finally:
                 p.seal_scheduled = False
             self._on_sealed()
@@ -77,6 +92,33 @@ class Sealer:
             self._executor.submit(job)
         except RuntimeError:  # pool shut down
             p.seal_scheduled = False
+
+    def _failed(self, p: Partition, exc: Exception) -> None:
+        """A seal failed (a full disk, an unreachable store): retry with a backoff, and log once
+        per state change (the first failure with its traceback, then one line when it works)."""
+        key = (p.topic_id, p.index)
+        count = self._failing[key][0] + 1 if key in self._failing else 1
+        delay_ms = min(SEAL_RETRY_MS * 2 ** min(count - 1, 16), SEAL_RETRY_MS_MAX)
+        self._failing[key] = (count, time.monotonic() + delay_ms / 1000.0)
+        if count == 1:
+            # One line (an ENOSPC needs no traceback); the traceback is at DEBUG.
+            log.error(
+                "sealing %s-%d failed: %s; retrying with a backoff up to %d s, logged again when it works",
+                p.topic, p.index, exc, SEAL_RETRY_MS_MAX // 1000,
+            )
+            log.debug("sealing %s-%d failed", p.topic, p.index, exc_info=exc)
+        else:
+            log.debug("sealing %s-%d failed again (%d times): %s", p.topic, p.index, count, exc)
+
+    def _succeeded(self, p: Partition) -> None:
+        failing = self._failing.pop((p.topic_id, p.index), None)
+        if failing is not None:
+            log.warning("sealing %s-%d works again after %d failed attempt(s)", p.topic, p.index, failing[0])
+
+    @property
+    def failing_partitions(self) -> int:
+        """Partitions whose last seal failed (backing off)."""
+        return len(self._failing)
 
     def seal_all(self) -> list[Future[int]]:
         """Seal every partition's durable data now (flush, shutdown); futures of the records."""
@@ -108,16 +150,29 @@ class Sealer:
             if not items:
                 return None
             base = items[0].base_offset
-            writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000))
+            views: list[memoryview] = []
             batches: list[tuple[int, int, int, int, int]] = []
+            aborts: list[tuple[int, int]] = []  # (producer id, offset) of ABORT markers
+            transactional = False
             for item in items:
                 view = memoryview(item.data)
                 ends = [*item.batch_positions[1:], len(view)]
                 for start, end in zip(item.batch_positions, ends, strict=True):
-                    writer.add_batch(view[start:end])
+                    views.append(view[start:end])
                     h = peek_header(view, start)
                     if h.producer_id >= 0 and h.base_sequence >= 0:
                         batches.append((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset))
+                    if h.attributes & ATTR_TRANSACTIONAL:
+                        transactional = True
+                        marker = marker_of(view, start) if h.attributes & ATTR_CONTROL else None
+                        if marker is not None and marker[1] == ABORT_MARKER:
+                            aborts.append((h.producer_id, h.base_offset))
+            # a segment with transactional batches carries its transaction index (format version 3)
+            writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000), txn_index=transactional)
+            for v in views:
+                writer.add_batch(v)
+            if aborts:
+                writer.aborted_txns = segment_aborted(p, aborts, base)
             parts, trailer, index = writer.finish()
             key = segment_key(self.catalog.cluster_id, topic.name, p.topic_id.hex(), p.index, base)
             self.stores.hot.put(key, parts)

@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from loglake import canary
 from loglake.engine.catalog import Catalog
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
@@ -110,6 +111,8 @@ class Relocator:
             if trailer.chain_hash != seg.chain_hash:
                 raise CorruptionError(seg.key, trailer.field_position("chain_hash"), "hot copy is not the segment the metadata records")
             cold.put(seg.key, [data])  # 1. upload
+            if canary.DELETE_HOT_BEFORE_COLD_VERIFIED:  # test-only mutation (loglake/canary.py)
+                self.stores.hot.delete(seg.key)
             size = cold.head(seg.key)  # 2. verify
             if size != seg.size:
                 raise CorruptionError(seg.key, 0, f"cold copy has {size} bytes, hot copy {seg.size}")

@@ -11,7 +11,8 @@ survives restarts through checkpoints and the metadata log like the segment chai
   type 0 ABORT / 1 COMMIT; value = version 0, coordinator epoch) appended through the normal
   append path, so the topic's durability class and the WAL apply to them as to any batch.
 * A **read_committed** read returns batches below the LSO only, and the aborted transactions
-  (producer id, first offset) whose range overlaps what it returns.
+  (producer id, first offset) whose range overlaps what it returns. Which of those batches a
+  reader keeps is loglake.records.committed (`CommittedFilter`, Kafka's consumer rule).
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from loglake.engine.partition import Partition
 from loglake.engine.types import AppendResult, Chunk, FileRange, ReadResult
 from loglake.errors import UnknownTopicError
 from loglake.records.batch import BatchBuilder
+from loglake.records.committed import (
+    ABORT_MARKER,
+    COMMIT_MARKER,
+    MARKER_KEY,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+)
 
 if TYPE_CHECKING:
     from loglake.engine.engine import Engine
@@ -37,13 +45,10 @@ __all__ = [
     "committed_view",
     "control_batch",
     "last_stable_offset",
+    "segment_aborted",
     "write_marker",
 ]
 
-READ_UNCOMMITTED = "read_uncommitted"
-READ_COMMITTED = "read_committed"
-ABORT_MARKER, COMMIT_MARKER = 0, 1
-_MARKER_KEY = struct.Struct(">hh")
 _MARKER_VALUE = struct.Struct(">hi")
 _BASE_AND_LENGTH = struct.Struct(">qi")
 
@@ -51,7 +56,7 @@ _BASE_AND_LENGTH = struct.Struct(">qi")
 def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, ts_ms: int) -> bytearray:
     """One Kafka control batch holding a COMMIT or ABORT marker record."""
     builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True, is_control=True)
-    key = _MARKER_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
+    key = MARKER_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
     builder.append(ts_ms, key, _MARKER_VALUE.pack(0, coordinator_epoch), [])
     return bytearray(builder.build())
 
@@ -135,3 +140,31 @@ def committed_view(
             return result, lso, []
     # everything returned lies below the LSO; entries past the data are harmless to clients
     return result, lso, aborted_transactions(p, offset, lso)
+
+
+def segment_aborted(p: Partition, aborts: list[tuple[int, int]], base: int) -> list[tuple[int, int, int]]:
+    """The transaction index of a segment being sealed: (producer id, first offset, marker) for
+    each ABORT marker (producer id, marker offset) in it, oldest first.
+
+    The first offset is the aborted entry the metadata recorded for that marker; while the
+    abort is still being completed (the marker is written before the ``complete_abort`` record)
+    the open transaction's first offset; after a crash that wrote a transaction's markers twice,
+    the entry of the producer's next marker. Failing all three (data from before transactions
+    were indexed) the segment's base offset, so at least this segment's records are covered.
+    """
+    with p.lock:
+        entries = list(p.meta.aborted_txns)
+        open_ = dict(p.meta.txn_open)
+    markers = [e[2] for e in entries]
+    out: list[tuple[int, int, int]] = []
+    for pid, marker in aborts:
+        first: int | None = None
+        i = bisect.bisect_left(markers, marker)
+        for e in entries[i:]:
+            if e[0] == pid:
+                first = e[1]
+                break
+        if first is None and pid in open_ and open_[pid] <= marker:
+            first = open_[pid]
+        out.append((pid, min(marker, first if first is not None else base), marker))
+    return out

@@ -118,6 +118,12 @@ class FileSystem(abc.ABC):
         Raises BlockingIOError when another holder has it.
         """
 
+    def disk_space(self, path: str) -> tuple[int, int] | None:
+        """(bytes an unprivileged writer may still use, total bytes) of the filesystem holding
+        `path`, or None when that cannot be told. Cheap (one statvfs); the engine's free-space
+        reserve (loglake.engine.space) reads it on an interval, never per record."""
+        return None
+
     # ---- conveniences built on the primitives -------------------------------------------------
 
     def read_file(self, path: str) -> bytes:

@@ -237,6 +237,8 @@ class FaultyFileSystem(FileSystem):
         self._calls = 0
         self._dead = False
         self._full = False
+        #: What `disk_space` answers (tests set it to drive the free-space reserve); None: unknown.
+        self.space: tuple[int, int] | None = None
         self._failures: dict[int, ExcFactory] = {}
         if fail_after is not None:
             self._failures[fail_after] = fail_with or _enospc
@@ -277,6 +279,9 @@ class FaultyFileSystem(FileSystem):
         """While set, every write, allocate or truncate that grows a file raises ENOSPC."""
         with self._mu:
             self._full = full
+
+    def disk_space(self, path: str) -> tuple[int, int] | None:
+        return self.space
 
     def crash(self, torn: bool = False) -> FaultyFileSystem:
         """Kill this filesystem and return a new one holding only what was durable."""

@@ -155,6 +155,13 @@ class OsFileSystem(FileSystem):
         finally:
             os.close(fd)
 
+    def disk_space(self, path: str) -> tuple[int, int] | None:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return None
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
     def lock(self, path: str) -> FileLock:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from loglake.errors import CorruptionError, EngineFailedError
+from loglake.errors import CorruptionError, EngineFailedError, StorageFullError
 from loglake.fs.base import FileSystem
 from loglake.meta.snapshot import SnapshotStore
 from loglake.meta.state import (
@@ -113,6 +113,8 @@ class LocalMetaStore:
         checkpoint_records: int = META_CHECKPOINT_RECORDS_DEFAULT,
         checkpoint_bytes: int = META_CHECKPOINT_BYTES_DEFAULT,
         log_file_bytes: int = META_LOG_FILE_BYTES_DEFAULT,
+        on_full: Callable[[str, BaseException], None] | None = None,
+        on_healed: Callable[[str], None] | None = None,
     ) -> None:
         if checkpoint_records < 1 or checkpoint_bytes < 1:
             raise ValueError("checkpoint_records and checkpoint_bytes must be at least 1")
@@ -122,6 +124,9 @@ class LocalMetaStore:
         self.checkpoint_records = checkpoint_records
         self.checkpoint_bytes = checkpoint_bytes
         self.log_file_bytes = log_file_bytes
+        #: disk full (loglake.engine.space): the log's shard stalls and heals instead of failing
+        self._on_full = on_full
+        self._on_healed = on_healed
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()  # one checkpoint at a time (never held with _lock waiting)
         self._state = MetaState()
@@ -208,6 +213,8 @@ class LocalMetaStore:
             file_bytes=self.log_file_bytes,
             queue_bytes_max=META_LOG_QUEUE_BYTES_MAX,
             group_bytes_max=min(META_LOG_QUEUE_BYTES_MAX, 16 * 1024 * 1024),
+            on_full=self._on_full,
+            on_healed=self._on_healed,
         )
         recovered = wal.shards.get(shard_name)
         # Frame seqs continue the record seqs (a log whose files were all dropped restarts at the checkpoint).
@@ -289,6 +296,8 @@ class LocalMetaStore:
 
     def _on_durable(self, entry: WalEntry, error: BaseException | None) -> None:
         fut: Future[int] = entry.context  # type: ignore[assignment]
+        if isinstance(error, StorageFullError):
+            return  # disk full: the shard writes the record again once there is room, then calls back
         if error is not None:
             if self._failure is None:
                 self._failure = error
@@ -383,6 +392,11 @@ class LocalMetaStore:
                 except FileNotFoundError:
                     pass
         return sorted(seqs)
+
+    @property
+    def shard(self) -> WalShard | None:
+        """The log's WAL shard (None when closed)."""
+        return self._shard
 
     def close(self) -> None:
         """Write what is queued and stop the writer (the next open replays the log)."""

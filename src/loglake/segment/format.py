@@ -15,6 +15,11 @@ the replaced segments and their hashes, the rewrite's rules). Its 172-byte trail
 link_hash (the replaced range's link, which the next segment's prev_hash names), the
 generation and the provenance length; trailer_crc also covers the provenance.
 
+Format version 3 is either of those plus a transaction index: header flag TXN_INDEX, the
+version-2 trailer (generation 0 for a sealed segment), and the JSON section holds
+"aborted_txns" — [producer id, first offset, ABORT marker offset] for every ABORT marker in the
+segment (Kafka's .txnindex placement) — beside a rewrite's provenance keys.
+
 Integrity:
   * header_crc   = CRC-32C(header[0:28])
   * data_crc     = CRC-32C(header ‖ data)            -> any change in header or data
@@ -41,8 +46,15 @@ from loglake.store.base import BytesLike, ObjectStore
 FORMAT_VERSION = 1
 #: Version of rewritten segments (compaction, merging); sealing still writes FORMAT_VERSION.
 REWRITE_VERSION = 2
+#: Version of segments carrying a transaction index (sealed or rewritten): written only for
+#: segments that hold transactional batches, so other data stays byte-identical to version 1/2.
+TXN_VERSION = 3
 #: Header flag of a rewritten segment.
 FLAG_REWRITTEN = 0x1
+#: Header flag of a segment with a transaction index (version 3).
+FLAG_TXN_INDEX = 0x2
+#: The JSON key of the transaction index in a version-3 segment's JSON section.
+ABORTED_TXNS_KEY = "aborted_txns"
 #: Largest provenance section accepted on read, so a corrupt length never allocates.
 PROVENANCE_BYTES_MAX = 1 << 24
 HEADER_MAGIC = b"LLSG"
@@ -141,7 +153,9 @@ class SegmentTrailer:
     size: int
     link_hash: bytes = b""  # version 1: the chain hash
     generation: int = 0
-    provenance: dict[str, Any] | None = None  # version 2: what the rewrite replaced, and how
+    provenance: dict[str, Any] | None = None  # rewritten: what the rewrite replaced, and how
+    #: version 3: (producer id, first offset, ABORT marker offset) of each ABORT marker inside
+    aborted_txns: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.link_hash:
@@ -149,11 +163,20 @@ class SegmentTrailer:
 
     @property
     def rewritten(self) -> bool:
-        return self.version >= REWRITE_VERSION
+        return self.version == REWRITE_VERSION or self.generation > 0
+
+    @property
+    def txn_index(self) -> bool:
+        """Whether the segment carries a transaction index (version 3)."""
+        return self.version == TXN_VERSION
+
+    @property
+    def header_flags(self) -> int:
+        return (FLAG_REWRITTEN if self.rewritten else 0) | (FLAG_TXN_INDEX if self.txn_index else 0)
 
     @property
     def trailer_size(self) -> int:
-        return TRAILER_V2_SIZE if self.rewritten else TRAILER_SIZE
+        return TRAILER_V2_SIZE if self.version >= REWRITE_VERSION else TRAILER_SIZE
 
     @property
     def next_offset(self) -> int:
@@ -166,7 +189,7 @@ class SegmentTrailer:
 
     def field_position(self, name: str) -> int:
         """Absolute byte position of a trailer field in the object."""
-        if self.rewritten:
+        if self.version >= REWRITE_VERSION:
             return self.size - TRAILER_V2_SIZE + TRAILER_V2_FIELD_OFFSETS[name]
         return self.size - TRAILER_SIZE + TRAILER_FIELD_OFFSETS[name]
 
@@ -190,10 +213,13 @@ class SegmentWriter:
 
     Batches are kept by reference (not copied): the caller must not change them until the
     parts returned by `finish` have been written. CRC-32C and SHA-256 run incrementally.
-    With `rewrite`, the segment is a version-2 rewritten one (offsets may have gaps).
+    With `rewrite`, the segment is a version-2 rewritten one (offsets may have gaps). With
+    `txn_index` it is version 3 and carries `aborted_txns` (set before `finish`).
     """
 
-    def __init__(self, base_offset: int, prev_hash: bytes, created_ms: int, rewrite: Rewrite | None = None) -> None:
+    def __init__(
+        self, base_offset: int, prev_hash: bytes, created_ms: int, rewrite: Rewrite | None = None, *, txn_index: bool = False
+    ) -> None:
         if base_offset < 0:
             raise ValueError(f"base offset {base_offset} is negative")
         if len(prev_hash) != 32:
@@ -204,7 +230,12 @@ class SegmentWriter:
         self.prev_hash = bytes(prev_hash)
         self.created_ms = created_ms
         self.rewrite = rewrite
+        self.txn_index = txn_index
+        #: (producer id, first offset, ABORT marker offset), for a segment with txn_index
+        self.aborted_txns: list[tuple[int, int, int]] = []
         version, flags = (REWRITE_VERSION, FLAG_REWRITTEN) if rewrite is not None else (FORMAT_VERSION, 0)
+        if txn_index:
+            version, flags = TXN_VERSION, flags | FLAG_TXN_INDEX
         header = bytearray(HEADER.pack(HEADER_MAGIC, version, flags, base_offset, created_ms, 0, 0))
         struct.pack_into("<I", header, HEADER_CRC_OFFSET, crc32c.crc32c(header[:HEADER_CRC_OFFSET]))
         self._header = bytes(header)
@@ -222,7 +253,7 @@ class SegmentWriter:
     def size(self) -> int:
         """Bytes the finished object will have with the batches added so far (without a
         rewrite's provenance)."""
-        return self._position + len(self._index) + (TRAILER_V2_SIZE if self.rewrite else TRAILER_SIZE)
+        return self._position + len(self._index) + (TRAILER_V2_SIZE if self.rewrite or self.txn_index else TRAILER_SIZE)
 
     @property
     def batch_count(self) -> int:
@@ -313,22 +344,29 @@ class SegmentWriter:
             chain_hash,
         )
         rw = self.rewrite
-        if rw is None:
+        aborted = tuple(sorted((int(p), int(f), int(m)) for p, f, m in self.aborted_txns)) if self.txn_index else ()
+        if aborted and (aborted[0][2] < self.base_offset or aborted[-1][2] > last_offset):
+            raise ValueError(f"an aborted transaction's marker lies outside the segment: {aborted}")
+        version = TXN_VERSION if self.txn_index else FORMAT_VERSION if rw is None else REWRITE_VERSION
+        if rw is None and not self.txn_index:
             head = TRAILER.pack(*fields, 0, FORMAT_VERSION, 0, TRAILER_MAGIC)[:TRAILER_CRC_OFFSET]
             trailer_crc = crc32c.crc32c(head, crc32c.crc32c(index))
             tail = index + TRAILER.pack(*fields, trailer_crc, FORMAT_VERSION, 0, TRAILER_MAGIC)
             provenance = None
         else:
-            provenance = rw.provenance
-            prov = json.dumps(provenance, separators=(",", ":"), sort_keys=True).encode("utf-8")
-            extra = (rw.link_hash, rw.generation, len(prov))
-            head = TRAILER_V2.pack(*fields, *extra, 0, REWRITE_VERSION, 0, TRAILER_MAGIC)
+            provenance = rw.provenance if rw is not None else None
+            section: dict[str, Any] = dict(provenance or {})
+            if self.txn_index:
+                section[ABORTED_TXNS_KEY] = [list(e) for e in sorted(aborted, key=lambda e: e[2])]
+            prov = json.dumps(section, separators=(",", ":"), sort_keys=True).encode("utf-8")
+            extra = (rw.link_hash, rw.generation, len(prov)) if rw is not None else (chain_hash, 0, len(prov))
+            head = TRAILER_V2.pack(*fields, *extra, 0, version, 0, TRAILER_MAGIC)
             head = head[: TRAILER_V2_FIELD_OFFSETS["trailer_crc"]]
             trailer_crc = crc32c.crc32c(head, crc32c.crc32c(prov, crc32c.crc32c(index)))
-            tail = index + prov + TRAILER_V2.pack(*fields, *extra, trailer_crc, REWRITE_VERSION, 0, TRAILER_MAGIC)
+            tail = index + prov + TRAILER_V2.pack(*fields, *extra, trailer_crc, version, 0, TRAILER_MAGIC)
         size = index_position + len(tail)
         trailer = SegmentTrailer(
-            version=FORMAT_VERSION if rw is None else REWRITE_VERSION,
+            version=version,
             base_offset=self.base_offset,
             last_offset=last_offset,
             max_timestamp=self._max_timestamp,
@@ -344,6 +382,7 @@ class SegmentWriter:
             link_hash=rw.link_hash if rw is not None else chain_hash,
             generation=rw.generation if rw is not None else 0,
             provenance=provenance,
+            aborted_txns=tuple(sorted(aborted, key=lambda e: e[2])),
         )
         parts: list[bytes | memoryview] = [self._header, *self._batches, tail]
         self._batches = []
@@ -373,11 +412,11 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
         raise CorruptionError(
             key, object_size - 4, f"bad trailer magic {bytes(magic)!r} (truncated or not a segment)"
         )
-    if version not in (FORMAT_VERSION, REWRITE_VERSION):
+    if version not in (FORMAT_VERSION, REWRITE_VERSION, TXN_VERSION):
         raise CorruptionError(key, object_size - 8, f"unsupported segment format version {version}")
     if reserved:
         raise CorruptionError(key, object_size - 6, f"trailer reserved field is {reserved}, expected 0")
-    v2 = version == REWRITE_VERSION
+    v2 = version >= REWRITE_VERSION  # the wide trailer and a JSON section (versions 2 and 3)
     tsize = TRAILER_V2_SIZE if v2 else TRAILER_SIZE
     if object_size < HEADER_SIZE + tsize + (0 if v2 else KAFKA_HEADER_SIZE + INDEX_ENTRY_SIZE):
         raise CorruptionError(key, 0, f"object of {object_size} bytes is too small for a segment")
@@ -393,10 +432,13 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
          prev_hash, chain_hash, trailer_crc, *_end) = TRAILER.unpack_from(tail, n - tsize)
         link_hash, generation, prov_len = chain_hash, 0, 0
         crc_at = TRAILER_CRC_OFFSET
+    rewritten = version == REWRITE_VERSION or generation > 0
+    if version == REWRITE_VERSION and generation < 1:
+        raise CorruptionError(key, trailer_at + 152, f"a rewritten segment has generation {generation}")
     if prov_len > PROVENANCE_BYTES_MAX or prov_len > trailer_at - HEADER_SIZE:
         raise CorruptionError(key, trailer_at + 156, f"provenance length {prov_len} impossible for the object size")
     max_entries = (trailer_at - prov_len - HEADER_SIZE) // (INDEX_ENTRY_SIZE + KAFKA_HEADER_SIZE)
-    if not (0 if v2 else 1) <= entry_count <= max_entries:
+    if not (0 if rewritten else 1) <= entry_count <= max_entries:
         raise CorruptionError(
             key, trailer_at + 48, f"entry count {entry_count} impossible for the object size"
         )
@@ -420,6 +462,7 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
     index_len = entry_count * INDEX_ENTRY_SIZE
     index = SegmentIndex(bytes(view[:index_len]), index_position)
     provenance = None
+    aborted: tuple[tuple[int, int, int], ...] = ()
     if v2:
         try:
             provenance = json.loads(bytes(view[index_len : index_len + prov_len]).decode("utf-8"))
@@ -427,6 +470,12 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
             raise CorruptionError(key, index_position + index_len, f"provenance does not parse: {exc}") from None
         if not isinstance(provenance, dict):
             raise CorruptionError(key, index_position + index_len, "provenance is not a JSON object")
+        if version == TXN_VERSION:
+            aborted = _aborted_txns(provenance.pop(ABORTED_TXNS_KEY, None), base_offset, last_offset, key, index_position + index_len)
+            if not rewritten:
+                if provenance:
+                    raise CorruptionError(key, index_position + index_len, f"unknown keys {sorted(provenance)} in a sealed segment")
+                provenance = None
     trailer = SegmentTrailer(
         version,
         base_offset,
@@ -444,18 +493,19 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
         bytes(link_hash),
         generation,
         provenance,
+        aborted,
     )
     if not entry_count:
         if index_position != HEADER_SIZE:
             raise CorruptionError(key, trailer_at + 40, "a segment without batches has data bytes")
         return trailer, index
     first, last = index.entry(0), index.entry(-1)
-    starts_ok = first.base_offset >= base_offset if v2 else first.base_offset == base_offset
+    starts_ok = first.base_offset >= base_offset if rewritten else first.base_offset == base_offset
     if not starts_ok or first.position != HEADER_SIZE:
         raise CorruptionError(
             key, index_position, f"first index entry {first} does not start the segment at {base_offset}"
         )
-    ends_ok = last.last_offset <= last_offset if v2 else last.last_offset == last_offset
+    ends_ok = last.last_offset <= last_offset if rewritten else last.last_offset == last_offset
     if last.end != index_position or not ends_ok:
         raise CorruptionError(
             key,
@@ -463,6 +513,22 @@ def parse_tail(tail: BytesLike, object_size: int, key: str) -> tuple[SegmentTrai
             f"last index entry {last} does not end the segment",
         )
     return trailer, index
+
+
+def _aborted_txns(raw: Any, base: int, last: int, key: str, at: int) -> tuple[tuple[int, int, int], ...]:
+    """A version-3 segment's transaction index: [[producer id, first, marker], ...] in marker
+    order, every marker inside the segment, every first at or before its marker."""
+    if not isinstance(raw, list):
+        raise CorruptionError(key, at, "a version-3 segment has no list of aborted transactions")
+    out: list[tuple[int, int, int]] = []
+    for e in raw:
+        if not (isinstance(e, list) and len(e) == 3 and all(type(v) is int for v in e)):
+            raise CorruptionError(key, at, f"aborted transaction entry {e!r} is not [producer id, first, marker]")
+        pid, first, marker = e
+        if not (0 <= first <= marker and base <= marker <= last and pid >= 0) or (out and marker <= out[-1][2]):
+            raise CorruptionError(key, at, f"aborted transaction entry {e!r} does not fit the segment {base}..{last}")
+        out.append((pid, first, marker))
+    return tuple(out)
 
 
 def read_tail(store: ObjectStore, key: str, size: int | None = None) -> tuple[SegmentTrailer, SegmentIndex]:

@@ -16,11 +16,12 @@ from typing import Any
 
 import crc32c
 
+from loglake import canary
 from loglake.errors import CorruptionError
-from loglake.records.batch import BATCH_LENGTH_OFFSET
+from loglake.records.batch import ATTR_CONTROL, BATCH_LENGTH_OFFSET
+from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.records.compression import codec_name
 from loglake.segment.format import (
-    FLAG_REWRITTEN,
     HEADER,
     HEADER_CRC_OFFSET,
     HEADER_MAGIC,
@@ -63,7 +64,7 @@ def check_header(header: BytesLike, trailer: SegmentTrailer, key: str) -> None:
         raise CorruptionError(key, 0, f"bad header magic {bytes(magic)!r}")
     if version != trailer.version:
         raise CorruptionError(key, 4, f"header says format version {version}, trailer {trailer.version}")
-    if flags != (FLAG_REWRITTEN if trailer.rewritten else 0):
+    if flags != trailer.header_flags:
         raise CorruptionError(key, 6, f"header flags {flags:#06x} do not fit a version-{version} segment")
     crc = crc32c.crc32c(memoryview(header)[:HEADER_CRC_OFFSET])
     if crc != header_crc:
@@ -101,6 +102,7 @@ class _DataChecker:
         self.next_offset = trailer.base_offset
         self.max_timestamp = -1
         self.record_count = 0
+        self.aborts: set[tuple[int, int]] = set()  # (producer id, offset) of ABORT markers seen
 
     def _fail(self, offset: int, detail: str) -> CorruptionError:
         return CorruptionError(self.key, offset, detail)
@@ -160,11 +162,11 @@ class _DataChecker:
             _epoch,
             magic,
             stored_crc,
-            _attrs,
+            attrs,
             lod,
             _first_ts,
             max_ts,
-            _pid,
+            pid,
             _pepoch,
             _seq,
             count,
@@ -183,6 +185,10 @@ class _DataChecker:
             raise self._fail(
                 pos, f"batch base offset {base}, expected {self.next_offset} (offsets must be dense)"
             )
+        if self.trailer.txn_index and attrs & ATTR_CONTROL:
+            marker = marker_of(memoryview(buf)[at : at + size])
+            if marker is not None and marker[1] == ABORT_MARKER:
+                self.aborts.add((pid, base))
         i = self.n
         if i >= self.trailer.entry_count:
             raise self._fail(pos, f"more batches than the {self.trailer.entry_count} index entries")
@@ -237,6 +243,14 @@ class _DataChecker:
                 raise self._fail(t.field_position(name), f"trailer {name} is {stored}, batches give {actual}")
         if t.rewritten:
             check_provenance(t, self.key)
+        for pid, _first, marker in t.aborted_txns:
+            if (pid, marker) not in self.aborts:
+                raise self._fail(
+                    t.size - t.trailer_size,
+                    f"transaction index names an ABORT marker of producer {pid} at offset {marker}, the data has none",
+                )
+        if canary.SKIP_CHAIN_CHECK:  # test-only mutation (loglake/canary.py)
+            return t
         chain = self.sha.digest()
         if chain != t.chain_hash:
             raise self._fail(
@@ -409,7 +423,7 @@ def verify_chain(
         raise ValueError(f"{len(trailers)} trailers but {len(keys)} keys")
     for i in range(1, len(trailers)):
         prev, cur = trailers[i - 1], trailers[i]
-        if cur.prev_hash != prev.link_hash:
+        if cur.prev_hash != prev.link_hash and not canary.SKIP_CHAIN_CHECK:  # test-only mutation (loglake/canary.py)
             raise CorruptionError(
                 keys[i],
                 cur.field_position("prev_hash"),
@@ -503,6 +517,7 @@ def describe_segment(
         },
         "batches": batches,
         "batches_omitted": len(index) - limit,
+        **({"aborted_txns": [list(e) for e in trailer.aborted_txns]} if trailer.txn_index else {}),
     }
 
 

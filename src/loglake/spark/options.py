@@ -44,8 +44,12 @@ READ_OPTIONS = frozenset(
         "failondataloss",
         "includeheaders",
         "coldpath",
+        "kafka.isolation.level",
     }
 )
+#: Values of kafka.isolation.level (Spark's Kafka source passes it to its consumers; the same
+#: default: read_uncommitted).
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
 #: Options of the writer (lower-case); `kafka.*` producer settings are passed through too.
 WRITE_OPTIONS = frozenset({"topic", "includeheaders", "path"})
 #: Options Spark itself may add to a source's or sink's options; accepted and ignored.
@@ -82,6 +86,11 @@ class ReadOptions:
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    isolation: str = "read_uncommitted"
+
+    @property
+    def read_committed(self) -> bool:
+        return self.isolation == "read_committed"
 
     def matches(self, topic: str) -> bool:
         if self.subscribe:
@@ -285,7 +294,7 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
         if k.startswith("kafka."):
             raise LoglakeOptionError(
                 f"option {k!r} is not used by the loglake reader: it reads sealed segments from `path`, "
-                "not from a broker (kafka.* options are for writing)"
+                "not from a broker (of the kafka.* options it takes only kafka.isolation.level)"
             )
         raise LoglakeOptionError(
             f"unknown option {k!r} for the loglake source (known: {', '.join(sorted(READ_OPTIONS))})"
@@ -346,7 +355,17 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
         else None,
         fail_on_data_loss=parse_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         include_headers=parse_bool("includeHeaders", opts.get("includeheaders", "false")),
+        isolation=_isolation(opts.get("kafka.isolation.level", ISOLATION_LEVELS[0])),
     )
+
+
+def _isolation(value: str) -> str:
+    v = value.strip().lower()
+    if v not in ISOLATION_LEVELS:
+        raise LoglakeOptionError(
+            f"option kafka.isolation.level must be read_uncommitted or read_committed, got {value!r}"
+        )
+    return v
 
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:

@@ -88,13 +88,17 @@ def export_query(
     continuous: float | None = None,
     source_options: dict[str, str] | None = None,
 ) -> Any:
-    """Start the export streaming query (Trigger.AvailableNow, or every `continuous` seconds)."""
+    """Start the export streaming query (Trigger.AvailableNow, or every `continuous` seconds).
+
+    Reads at read_committed unless `source_options` set kafka.isolation.level."""
     from pyspark.sql import functions as F
 
     from loglake.spark.source import register
 
     register(spark)
     source_options = dict(source_options or {})
+    if not any(k.lower() == "kafka.isolation.level" for k in source_options):
+        source_options["kafka.isolation.level"] = "read_committed"  # exports land committed data only
     if value_format not in (None, "json", "binary"):
         raise LoglakeError(f"--value-format must be json or binary, not {value_format!r}")
     if value_format == "json" and value_schema is None:

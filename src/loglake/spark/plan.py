@@ -18,6 +18,7 @@ from typing import Any
 from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.publish import read_remote_state
+from loglake.meta.txn import ABORTED_TXNS_MAX
 from loglake.records.batch import decode_batch
 from loglake.segment.format import read_tail
 from loglake.spark.options import EARLIEST, LATEST, LoglakeOptionError, OffsetSpec, ReadOptions
@@ -53,8 +54,13 @@ class PartitionMeta:
     topic_id: str
     partition: int
     log_start: int
-    end: int  # sealed end: the next offset after the last visible record
+    end: int  # the next offset after the last visible record: the sealed end (read_committed: its LSO)
     segments: tuple[SegmentInfo, ...]
+    #: (producer id, first offset, ABORT marker offset) of aborted transactions, marker order
+    aborted: tuple[tuple[int, int, int], ...] = ()
+    #: the metadata dropped its oldest aborted entries (ABORTED_TXNS_MAX): older ones are only
+    #: in the segments' transaction indexes
+    aborted_trimmed: bool = False
 
     @property
     def tp(self) -> TopicPartition:
@@ -72,6 +78,9 @@ class Slice:
     size: int
     start: int
     end: int
+    #: read_committed: aborted transactions overlapping [start, end) (producer id, first,
+    #: marker); None at read_uncommitted
+    aborted: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def count(self) -> int:
@@ -102,8 +111,13 @@ def cached_store(url: str) -> ObjectStore:
     return open_store(url, _FS)
 
 
-def load_metadata(store: ObjectStore) -> Metadata:
-    """The cluster's metadata as the store's copy has it (newest checkpoint + log pieces)."""
+def load_metadata(store: ObjectStore, isolation: str = "read_uncommitted") -> Metadata:
+    """The cluster's metadata as the store's copy has it (newest checkpoint + log pieces).
+
+    At read_committed a partition ends at the last stable offset of its sealed data: the first
+    offset of the earliest transaction still open (never above the sealed end), and carries the
+    aborted transactions readers must skip."""
+    committed = isolation == "read_committed"
     remote = read_remote_state(store)
     state = remote.state
     parts: dict[TopicPartition, PartitionMeta] = {}
@@ -120,7 +134,15 @@ def load_metadata(store: ObjectStore) -> Metadata:
                 )
                 for s in pm.segments
             )
-            parts[(tm.name, p)] = PartitionMeta(tm.name, tid, p, pm.log_start, pm.sealed_end, segs)
+            end = pm.sealed_end
+            aborted: tuple[tuple[int, int, int], ...] = ()
+            if committed:
+                end = min([end, *pm.txn_open.values()])
+                aborted = tuple((int(a), int(b), int(c)) for a, b, c in pm.aborted_txns)
+            parts[(tm.name, p)] = PartitionMeta(
+                tm.name, tid, p, pm.log_start, max(end, pm.log_start), segs, aborted,
+                committed and len(pm.aborted_txns) >= ABORTED_TXNS_MAX,
+            )
     return Metadata(state.cluster_id, state.seq, topics, parts)
 
 
@@ -247,16 +269,36 @@ def check_range(pm: PartitionMeta, start: int, end: int, fail_on_data_loss: bool
 
 
 def slices_for(
-    store_url: str, pm: PartitionMeta, start: int, end: int, cold_url: str | None = None
+    store_url: str, pm: PartitionMeta, start: int, end: int, cold_url: str | None = None, *, committed: bool = False
 ) -> list[Slice]:
+    """The segment slices of offsets [start, end); at read_committed each names the aborted
+    transactions overlapping it."""
     out = []
+    aborted = list(pm.aborted)
+    if committed and pm.aborted_trimmed and start < (aborted[0][2] if aborted else end):
+        aborted = _indexed_aborted(store_url, pm, start, aborted[0][2] if aborted else end, cold_url) + aborted
     for seg in pm.segments:
         s, e = max(start, seg.base), min(end, seg.last + 1)
         if s < e:
+            mine = tuple(a for a in aborted if a[1] < e and a[2] >= s) if committed else None
             out.append(
-                Slice(store_for(seg, store_url, cold_url), pm.topic, pm.partition, seg.key, seg.size, s, e)
+                Slice(store_for(seg, store_url, cold_url), pm.topic, pm.partition, seg.key, seg.size, s, e, mine)
             )
     return out
+
+
+def _indexed_aborted(
+    store_url: str, pm: PartitionMeta, start: int, upto: int, cold_url: str | None
+) -> list[tuple[int, int, int]]:
+    """Aborted transactions with markers in [start, upto), from the transaction indexes of the
+    segments holding them (format version 3): what the metadata no longer lists."""
+    found: list[tuple[int, int, int]] = []
+    for seg in pm.segments:
+        if seg.last < start or seg.base >= upto:
+            continue
+        trailer, _index = read_tail(cached_store(store_for(seg, store_url, cold_url)), seg.key, seg.size)
+        found.extend(a for a in trailer.aborted_txns if start <= a[2] < upto)
+    return found
 
 
 def split_slices(slices: list[Slice], min_partitions: int | None) -> list[Slice]:
@@ -283,7 +325,7 @@ def split_slices(slices: list[Slice], min_partitions: int | None) -> list[Slice]
                 cuts.append(cut)
         bounds = [sl.start, *cuts, sl.end]
         out.extend(
-            Slice(sl.store_url, sl.topic, sl.partition, sl.key, sl.size, a, b)
+            Slice(sl.store_url, sl.topic, sl.partition, sl.key, sl.size, a, b, sl.aborted)
             for a, b in itertools.pairwise(bounds)
         )
     return out

@@ -14,8 +14,11 @@ Decoding is columnar, with no Python object per record:
 3. *Cut* the key and value columns out of the decompressed buffer in C: an interleaved Arrow
    binary array whose even elements are the keys (values), `take`n in one call.
 
-Control batches (transaction markers) are skipped. loglake has no transactions yet, so there is
-no aborted data to filter; when transactions land, read_committed filtering belongs here.
+Control batches (transaction markers) are skipped. At read_committed (the slice names the
+aborted transactions overlapping it) the batches of aborted transactions are skipped too: a
+transactional batch of producer P at offset o is aborted when P's next marker after o is an
+ABORT, i.e. an entry (P, first, marker) has first <= o < marker. The planner takes the entries
+from the metadata, and the segment's own transaction index (format version 3) adds its own.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from loglake.records.batch import (
     ATTR_COMPRESSION_MASK,
     ATTR_CONTROL,
     ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
     LENGTH_FIELD_END,
     MAGIC_V2,
 )
+from loglake.records.committed import AbortedTxns
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
 from loglake.records.varint import MAX_VARINT_BYTES, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
@@ -314,7 +319,8 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
     if sl.start >= sl.end:
         return
     store = cached_store(sl.store_url)
-    _trailer, index = read_tail(store, sl.key, sl.size)
+    trailer, index = read_tail(store, sl.key, sl.size)
+    aborted = None if sl.aborted is None else AbortedTxns([*sl.aborted, *trailer.aborted_txns])
     first = index.find_offset(sl.start)
     last = index.find_offset(sl.end - 1)
     if first is None:
@@ -334,7 +340,7 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
         view = memoryview(buf)
         at = 0
         for _ in range(n):
-            (base, blen, _e, magic, crc, attrs, _lod, first_ts, max_ts, _pid, _pe, _seq, count) = (
+            (base, blen, _e, magic, crc, attrs, _lod, first_ts, max_ts, pid, _pe, _seq, count) = (
                 KAFKA_HEADER.unpack_from(buf, at)
             )
             size = blen + LENGTH_FIELD_END
@@ -344,7 +350,8 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
                 raise CorruptRecordError(
                     f"{sl.key}: CRC-32C mismatch in the batch at byte {pos + at} (offset {base})"
                 )
-            if not attrs & ATTR_CONTROL and count > 0:
+            skip = aborted is not None and attrs & ATTR_TRANSACTIONAL and aborted.covers(pid, base)
+            if not attrs & ATTR_CONTROL and count > 0 and not skip:
                 codec = attrs & ATTR_COMPRESSION_MASK
                 body = view[at + KAFKA_HEADER_SIZE : at + size]
                 data = decompress(codec, body, MAX_DECOMPRESSED_BATCH_BYTES) if codec else body.tobytes()

@@ -114,7 +114,7 @@ def _plan_partitions(
     opts: ReadOptions, ranges: dict[TopicPartition, tuple[int, int]]
 ) -> list[InputPartition]:
     store = cached_store(opts.store_url)
-    meta = load_metadata(store)
+    meta = load_metadata(store, opts.isolation)
     slices: list[Slice] = []
     for tp, (lo, hi) in sorted(ranges.items()):
         if hi <= lo:
@@ -128,7 +128,7 @@ def _plan_partitions(
                 log.warning("loglake: %s; skipped", msg)
             continue
         lo, hi = check_range(pm, lo, hi, opts.fail_on_data_loss)
-        slices.extend(slices_for(opts.store_url, pm, lo, hi, opts.cold_url))
+        slices.extend(slices_for(opts.store_url, pm, lo, hi, opts.cold_url, committed=opts.read_committed))
     return [SlicePartition(s) for s in split_slices(slices, opts.min_partitions)]
 
 
@@ -139,7 +139,7 @@ class LoglakeBatchReader(DataSourceReader):
     def offset_ranges(self) -> dict[TopicPartition, tuple[int, int]]:
         opts = self.opts
         store = cached_store(opts.store_url)
-        meta = load_metadata(store)
+        meta = load_metadata(store, opts.isolation)
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         for pm in select_partitions(opts, meta):
             start = resolve_offset(
@@ -178,14 +178,14 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
 
     def _latest(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
         """(sealed end, log start) of every subscribed partition."""
-        meta = load_metadata(cached_store(self.opts.store_url))
+        meta = load_metadata(cached_store(self.opts.store_url), self.opts.isolation)
         parts = select_partitions(self.opts, meta)
         return {pm.tp: pm.end for pm in parts}, {pm.tp: pm.log_start for pm in parts}
 
     def initialOffset(self) -> OffsetDict:
         opts = self.opts
         store = cached_store(opts.store_url)
-        meta = load_metadata(store)
+        meta = load_metadata(store, opts.isolation)
         offsets = {
             pm.tp: resolve_offset(
                 opts.starting,
@@ -239,7 +239,7 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
 
     def partitions(self, start: OffsetDict, end: OffsetDict) -> Sequence[InputPartition]:
         s, e = from_offset_dict(start), from_offset_dict(end)
-        meta = load_metadata(cached_store(self.opts.store_url))
+        meta = load_metadata(cached_store(self.opts.store_url), self.opts.isolation)
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         for tp, hi in e.items():
             lo = s.get(tp)

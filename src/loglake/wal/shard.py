@@ -17,22 +17,45 @@ A write or fsync error fails the shard: the group and everything queued behind i
 StorageError and later submits are refused. Retrying an fsync after an error is not safe (the
 kernel may have dropped the dirty pages), so there is no retry; restart recovery truncates the
 unacknowledged tail.
+
+Disk full is the exception, when the shard has an `on_full` hook (the engine's WAL shards do;
+see loglake.engine.space). On ENOSPC/EDQUOT from a write, an fsync or a roll the shard *stalls*
+instead of failing: the active file is cut back to what its last successful fsync covered (or
+removed when that is nothing) and synced, so no byte of an unconfirmed write stays in a file that
+recovery reads; the frames written since that fsync plus the failed group are kept in memory.
+The failed group's entries hear `StorageFullError` at once (not acknowledged; an idempotent
+producer's retry is answered once they are durable). Then, with a backoff, the writer rolls to a
+fresh file and writes those frames again with the same sequence numbers, fsyncs, and only then
+acknowledges them (`on_done(entry, None)`) and resumes; `on_healed` says so. The failed fsync is
+never retried on the old file. A stall that does not heal before close loses only what was
+never acknowledged plus, for the `disk` and `memory` classes, their last fsync interval (their
+contract). Any other error (EIO) still fails the shard for good.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import IntEnum
 
-from loglake.errors import EngineFailedError, StorageError
+from loglake import canary
+from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
+from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
+
+__all__ = [
+    "Durability",
+    "WalEntry",
+    "WalFile",
+    "WalShard",
+    "parse_wal_file_name",
+    "wal_file_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,80 +72,9 @@ WAL_COPY_PAYLOAD_BYTES_MAX = 16 * 1024
 #: Longest a group waits for producers that were in the previous group to come back (like
 #: PostgreSQL's commit_delay). The real wait is at most half the recent fsync latency.
 WAL_COMMIT_DELAY_US_MAX = 500
-
-
-class Durability(IntEnum):
-    """Per-topic durability class (DESIGN.md §4)."""
-
-    FSYNC = 0  # ack after the group fdatasync
-    DISK = 1  # ack after write(); fsync on an interval
-    MEMORY = 2  # ack at enqueue; written and fsynced on the interval
-    EPHEMERAL = 3  # never written to the WAL
-
-    @classmethod
-    def parse(cls, name: str) -> Durability:
-        return cls[name.upper()]
-
-
-DoneCallback = Callable[["WalEntry", BaseException | None], None]
-
-
-class WalEntry:
-    """One append waiting for the writer. `on_done(entry, error)` runs on the writer thread."""
-
-    __slots__ = (
-        "base_offset",
-        "context",
-        "durability",
-        "end_offset",
-        "on_done",
-        "partition",
-        "payload",
-        "seq",
-        "topic_id",
-    )
-
-    def __init__(
-        self,
-        topic_id: bytes,
-        partition: int,
-        base_offset: int,
-        end_offset: int,
-        payload: BytesLike,
-        durability: Durability,
-        on_done: DoneCallback,
-        context: object = None,
-    ) -> None:
-        self.context = context  # the submitter's own bookkeeping, handed back through on_done
-        self.topic_id = topic_id
-        self.partition = partition
-        self.base_offset = base_offset
-        self.end_offset = end_offset
-        self.payload = payload
-        self.durability = durability
-        self.on_done = on_done
-        self.seq = -1
-
-
-@dataclass
-class WalFile:
-    """A WAL file and, per (topic id, partition), the end offset of its last frame there."""
-
-    path: str
-    first_seq: int
-    partitions: dict[tuple[bytes, int], int] = field(default_factory=dict)
-
-
-def wal_file_name(first_seq: int) -> str:
-    return f"wal-{first_seq:020d}.log"
-
-
-def parse_wal_file_name(name: str) -> int | None:
-    if name.startswith("wal-") and name.endswith(".log") and len(name) == 28:
-        digits = name[4:24]
-        if digits.isdigit():
-            return int(digits)
-    return None
+#: A stalled shard (disk full) tries a fresh file after this long, doubling up to the max.
+WAL_STALL_RETRY_MS = 100
+WAL_STALL_RETRY_MS_MAX = 5_000
 
 
 class WalShard:
@@ -136,8 +88,20 @@ class WalShard:
         queue_bytes_max: int = WAL_QUEUE_BYTES_MAX_DEFAULT,
         fsync_interval_ms: int = WAL_FSYNC_INTERVAL_MS_DEFAULT,
         clock: Callable[[], float] = time.monotonic,
+        on_full: Callable[[str, BaseException], None] | None = None,
+        on_healed: Callable[[str], None] | None = None,
     ) -> None:
         self.fs = fs
+        self._on_full = on_full
+        self._on_healed = on_healed
+        self._synced_pos = 0  # bytes of the active file its last fsync covered
+        self._unsynced: list[WalEntry] = []  # entries written (and acknowledged) since that fsync
+        #: while stalled (disk full): (entry, acknowledged already) to write again, oldest first
+        self._stalled: list[tuple[WalEntry, bool]] | None = None
+        self._stall_ticket = 0
+        self._tries = 0  # failed heal rounds of the current stall (the backoff doubles)
+        self._aborting = False
+        self.stalls = 0
         self.directory = directory
         self.file_bytes = file_bytes
         self.group_bytes_max = group_bytes_max
@@ -205,6 +169,22 @@ class WalShard:
     def failure(self) -> BaseException | None:
         return self._failure
 
+    @property
+    def stalled(self) -> bool:
+        """Disk full: waiting for room to write the frames of a failed write again."""
+        return self._stalled is not None
+
+    def abort_stall(self) -> None:
+        """Shutting down while stalled: fail the frames waiting to be written again (and what is
+        queued) so that no thread waits on them forever; the shard is failed afterwards."""
+        with self._cond:
+            if self._stalled is None:
+                return
+            self._aborting = True
+            self._cond.notify_all()
+            while self._stalled is not None and self._failure is None and self._thread is not None:
+                self._idle.wait(0.1)
+
     # ---- appending -------------------------------------------------------------------------
 
     def submit(self, entry: WalEntry) -> None:
@@ -229,7 +209,7 @@ class WalShard:
     def wait_idle(self) -> None:
         """Block until everything submitted so far has been written (and fsynced if asked)."""
         with self._cond:
-            while (self._queue or self._in_flight) and self._failure is None:
+            while (self._queue or self._in_flight) and self._failure is None and self._stalled is None:
                 self._idle.wait()
 
     def sync(self) -> None:
@@ -242,12 +222,14 @@ class WalShard:
             self._sync_requests += 1
             ticket = self._sync_requests
             self._cond.notify_all()
-            while self._sync_served < ticket and self._failure is None:
+            while self._sync_served < ticket and self._failure is None and self._stalled is None:
                 if self._thread is None:
                     return
                 self._idle.wait()
             if self._failure is not None:
                 raise EngineFailedError(f"WAL shard {self.directory} failed: {self._failure}")
+            if self._stalled is not None and self._sync_served < ticket:
+                raise StorageFullError(self.directory, -1, -1, f"WAL shard {self.directory} is stalled: no space left")
 
     # ---- truncation ------------------------------------------------------------------------
 
@@ -332,6 +314,14 @@ class WalShard:
 
     def _run(self) -> None:
         while True:
+            if self._stalled is not None:
+                try:
+                    if not self._heal():
+                        return  # stopping while stalled
+                except BaseException as exc:
+                    self._fail([e for e, acked in self._stalled or [] if not acked], exc)
+                    return
+                continue
             taken = self._take_group()
             if taken is None:
                 break
@@ -339,8 +329,9 @@ class WalShard:
             try:
                 self._write_group(group, ticket)
             except BaseException as exc:  # SimulatedCrash in tests too: fail loudly, never hang
-                self._fail(group, exc)
-                return
+                if not (self._disk_full(exc) and self._stall(group, ticket, exc)):
+                    self._fail(group, exc)
+                    return
         if self._dirty and self._active is not None and self._failure is None:
             try:
                 self._active.datasync()
@@ -357,6 +348,7 @@ class WalShard:
         )
         with self._cond:
             self._failure = error
+            self._stalled = None
             pending = list(group) + list(self._queue)
             self._queue.clear()
             self._queue_bytes = 0
@@ -372,37 +364,7 @@ class WalShard:
     def _write_group(self, group: list[WalEntry], ticket: int) -> None:
         if group:
             group_seq = self._next_seq
-            # Small frames are copied into one buffer (cheaper than an iovec each); large
-            # payloads go to pwritev as their own buffers, uncopied.
-            parts: list[BytesLike] = []
-            small = bytearray()
-            size = 0
-            for entry in group:
-                entry.seq = self._next_seq
-                self._next_seq += 1
-                frame = encode_frame(
-                    entry.seq,
-                    group_seq,
-                    entry.topic_id,
-                    entry.partition,
-                    entry.base_offset,
-                    entry.end_offset,
-                    entry.payload,
-                )
-                if len(entry.payload) <= WAL_COPY_PAYLOAD_BYTES_MAX:
-                    small += frame[0]
-                    small += frame[1]
-                    small += frame[2]
-                    small += frame[3]
-                else:
-                    small += frame[0]
-                    small += frame[1]
-                    parts.append(small)
-                    parts.append(frame[2])
-                    small = bytearray(frame[3])
-                size += len(entry.payload) + FRAME_OVERHEAD
-            if small:
-                parts.append(small)
+            parts, size = self._encode(group)
             if self._active is None or self._active_pos + size > self._active_capacity:
                 self._roll(group_seq, size)
             assert self._active is not None
@@ -421,13 +383,18 @@ class WalShard:
         )
         if need_sync and self._active is not None and self._dirty:
             started = time.perf_counter()
-            self._active.datasync()
+            if not canary.SKIP_WAL_FSYNC:  # test-only mutation (loglake/canary.py)
+                self._active.datasync()
             elapsed = time.perf_counter() - started
             self.fsync_seconds_total += elapsed
             self._fsync_ewma_s = elapsed if not self._fsync_ewma_s else 0.8 * self._fsync_ewma_s + 0.2 * elapsed
             self.fsyncs += 1
             self._dirty = False
             self._last_sync = self._clock()
+            self._synced_pos = self._active_pos
+            self._unsynced.clear()
+        elif group:
+            self._unsynced.extend(group)
         with self._cond:
             self._in_flight = 0
             self._sync_served = max(self._sync_served, ticket)
@@ -438,12 +405,50 @@ class WalShard:
             except Exception:
                 log.exception("WAL completion callback failed")
 
+    def _encode(self, group: list[WalEntry]) -> tuple[list[BytesLike], int]:
+        """The group's frames as pwritev buffers (numbered from `_next_seq` on) and their size."""
+        group_seq = self._next_seq
+        # Small frames are copied into one buffer (cheaper than an iovec each); large
+        # payloads go to pwritev as their own buffers, uncopied.
+        parts: list[BytesLike] = []
+        small = bytearray()
+        size = 0
+        for entry in group:
+            entry.seq = self._next_seq
+            self._next_seq += 1
+            frame = encode_frame(
+                entry.seq,
+                group_seq,
+                entry.topic_id,
+                entry.partition,
+                entry.base_offset,
+                entry.end_offset,
+                entry.payload,
+            )
+            if len(entry.payload) <= WAL_COPY_PAYLOAD_BYTES_MAX:
+                small += frame[0]
+                small += frame[1]
+                small += frame[2]
+                small += frame[3]
+            else:
+                small += frame[0]
+                small += frame[1]
+                parts.append(small)
+                parts.append(frame[2])
+                small = bytearray(frame[3])
+            size += len(entry.payload) + FRAME_OVERHEAD
+        if small:
+            parts.append(small)
+        return parts, size
+
     def _roll(self, first_seq: int, needed: int) -> None:
         """Close the active file (trimmed to what it holds) and start a preallocated new one."""
         if self._active is not None:
             if self._dirty:
                 self._active.datasync()
                 self._dirty = False
+            self._unsynced.clear()
+            self._synced_pos = self._active_pos
             # Trim the unused preallocated tail; if this does not reach disk, zeros remain, which
             # recovery reads as a clean end of file.
             self._active.truncate(self._active_pos)
@@ -456,11 +461,140 @@ class WalShard:
             f.allocate(capacity)
             f.datasync()
             self.fs.fsync_dir(self.directory)
-        except BaseException:
+        except BaseException as exc:
             f.close()
+            if self._disk_full(exc):
+                self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
             raise
-        with self._cond:
+        with self._cond:  # both at once: truncation never takes the new file for a closed one
             self._files.append(WalFile(path, first_seq))
-        self._active = f
+            self._active = f
         self._active_pos = 0
         self._active_capacity = capacity
+        self._synced_pos = 0
+
+    # ---- disk full: stall and heal (see the module doc) ----------------------------------------
+
+    def _disk_full(self, exc: BaseException) -> bool:
+        return (
+            self._on_full is not None
+            and isinstance(exc, OSError)
+            and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        )
+
+    def _abandon_active(self) -> None:
+        """Cut the active file back to what its last fsync covered and sync that (remove it when
+        that is nothing): recovery must never find an unconfirmed frame in a closed file."""
+        with self._cond:
+            f = self._active
+            if f is None:
+                return
+            wal_file = self._files[-1]  # the active file is the newest
+            self._active = None
+        self._dirty = False
+        try:
+            if self._synced_pos == 0:
+                f.close()
+                try:
+                    self.fs.unlink(wal_file.path)
+                except FileNotFoundError:
+                    pass  # truncation took it (it named no partition)
+                self.fs.fsync_dir(self.directory)
+                with self._cond:
+                    self._files = [w for w in self._files if w is not wal_file]
+            else:
+                f.truncate(self._synced_pos)
+                f.datasync()
+                f.close()
+        except BaseException:
+            try:
+                f.close()
+            except OSError:
+                pass  # closed already
+            raise
+
+    def _stall(self, group: list[WalEntry], ticket: int, exc: BaseException) -> bool:
+        """Disk full during `group`: keep what must be written again, tell the entries and the
+        hook. False when the active file cannot be cut back (then the shard fails)."""
+        pending = [(e, True) for e in self._unsynced] + [(e, False) for e in group]
+        try:
+            self._abandon_active()
+        except BaseException as cut:
+            log.error("WAL shard %s: disk full, and cutting back the active file failed: %s", self.directory, cut)
+            return False
+        self._unsynced = []
+        if pending:
+            self._next_seq = pending[0][0].seq
+        self.stalls += 1
+        log.error(
+            "WAL shard %s: %s; %d unconfirmed frame(s) from seq %d kept to write again in a fresh file once there is room",
+            self.directory, exc, len(pending), self._next_seq,
+        )
+        error = StorageFullError(
+            self.directory, -1, -1, f"WAL write failed ({exc}); written again once there is room"
+        )
+        with self._cond:
+            self._stalled = pending
+            self._stall_ticket = ticket
+            self._in_flight = 0
+            self._idle.notify_all()
+        assert self._on_full is not None
+        self._on_full(self.directory, exc)
+        for entry, acked in pending:
+            if not acked:
+                try:
+                    entry.on_done(entry, error)
+                except Exception:
+                    log.exception("WAL completion callback failed")
+        return True
+
+    def _heal(self) -> bool:
+        """One stalled round: wait, then try a fresh file. False when the shard is stopping."""
+        delay = min(WAL_STALL_RETRY_MS * 2 ** min(self._tries, 10), WAL_STALL_RETRY_MS_MAX) / 1000.0
+        with self._cond:
+            if not (self._stopping or self._aborting):
+                self._cond.wait(delay)
+            stop = self._stopping or self._aborting
+        if stop:
+            # Nobody may wait forever for a write that will not happen now: what was never
+            # acknowledged, and everything queued, fails (the next open replays what is durable).
+            waiting = self._stalled or []
+            self._fail([e for e, acked in waiting if not acked], StorageError("wal-write", self.directory, "stopped while the disk was full"))
+            return False
+        pending = self._stalled
+        assert pending is not None
+        entries = [e for e, _acked in pending]
+        try:
+            if entries:
+                parts, size = self._encode(entries)
+                self._roll(entries[0].seq, size)
+                assert self._active is not None
+                self._active.pwritev(0, parts)
+                self._active_pos = size
+                self._active.datasync()
+                self._synced_pos = size
+                active_map = self._files[-1].partitions
+                for entry in entries:
+                    active_map[(entry.topic_id, entry.partition)] = entry.end_offset
+        except BaseException as exc:
+            if not self._disk_full(exc):
+                raise
+            self._next_seq = entries[0].seq if entries else self._next_seq
+            self._abandon_active()
+            self._tries += 1
+            return True
+        self._tries = 0
+        with self._cond:
+            self._stalled = None
+            self._sync_served = max(self._sync_served, self._stall_ticket)
+            self._idle.notify_all()
+        log.warning("WAL shard %s: written again after the disk-full stall (%d frame(s)); writes resume", self.directory, len(entries))
+        for entry, acked in pending:
+            if not acked:
+                try:
+                    entry.on_done(entry, None)
+                except Exception:
+                    log.exception("WAL completion callback failed")
+        if self._on_healed is not None:
+            self._on_healed(self.directory)
+        return True

@@ -129,6 +129,10 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if body.acks == 0:
         return None
     waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]
+    for wait in waits:
+        # The answer reads the engine's future; the asyncio wrapper's error (a full disk, maybe
+        # after timeout_ms) is retrieved here so that asyncio does not log it as lost.
+        wait.add_done_callback(_retrieve)
     if waits:
         await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
     responses: dict[str, list[dict[str, Any]]] = {}
@@ -146,3 +150,8 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
         "throttle_time_ms": throttle_ms,
     }
+
+
+def _retrieve(wait: asyncio.Future[Any]) -> None:
+    if not wait.cancelled():
+        wait.exception()
