@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 from kafka import KafkaConsumer, TopicPartition
-from kafka.protocol.metadata import MetadataRequest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.producer import ProduceRequest
 
 from loglake.broker.config import BrokerConfig
@@ -109,6 +109,13 @@ def produce_request(topic: str, value_bytes: int, count: int) -> ProduceRequest:
     )
 
 
+def two_partition_produce(topic: str, value_bytes: int) -> ProduceRequest:
+    now = int(time.time() * 1000)
+    P = ProduceRequest.TopicProduceData
+    parts = [P.PartitionProduceData(index=i, records=build_batch([(now, None, b"v" * value_bytes, [])])) for i in (0, 1)]
+    return ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=30_000, topic_data=[P(name=topic, partition_data=parts)])
+
+
 def test_produce_under_memory_pressure_is_throttled_and_nothing_acknowledged_is_lost(tmp_path: Path) -> None:
     from test_broker_malformed import RawClient
 
@@ -159,3 +166,50 @@ def test_produce_under_memory_pressure_is_throttled_and_nothing_acknowledged_is_
         consumer.close()
         assert offsets == list(range(len(offsets))) and set(acked) <= set(offsets) and acked
     assert b.log_text().count("refusing connection") == 1
+
+
+def test_request_bytes_bound_pauses_reading_and_a_frame_in_progress_finishes(tmp_path: Path) -> None:
+    """queued_max_request_bytes = 1 MiB on the real broker. A sends the first half of a 1.2 MB
+    Produce and B the first half of another: A reserves its whole frame, which spends the bound,
+    so B's chunk and C's ApiVersions are held undecoded and nothing more is read from them. A's second half is read anyway (a frame in
+    progress finishes), A is answered, and then B and C are too; the gauge returns to 0."""
+    from test_broker_malformed import RawClient
+
+    metrics_port = free_port()
+    env = {"LOGLAKE_QUEUED_MAX_REQUEST_BYTES": str(MIB)}
+    args = ["--metrics-listen", f"127.0.0.1:{metrics_port}", "--default-partitions", "2"]
+    with serving_broker(tmp_path / "data", args, env=env) as b:
+        with RawClient(b.bootstrap) as a, RawClient(b.bootstrap) as bb, RawClient(b.bootstrap) as c:
+            a.request(MetadataRequest[1](topics=["t"]))  # auto-creates it
+            frames = []
+            for client in (a, bb):
+                client.proto.send_request(two_partition_produce("t", 600_000))  # a frame over 1 MiB
+                frames.append(client.proto.send_bytes())
+            half = len(frames[0]) // 2
+            a.sock.sendall(frames[0][:half])
+            time.sleep(0.5)
+            bb.sock.sendall(frames[1][:half])
+            time.sleep(0.5)
+            c.proto.send_request(ApiVersionsRequest[0]())
+            c.sock.sendall(c.proto.send_bytes())
+            time.sleep(0.5)
+            paused = scrape(metrics_port)
+            assert paused["loglake_request_read_paused_connections"] == 2, str({k: v for k, v in paused.items() if "request_" in k or "bytes_" in k})
+            assert paused["loglake_request_queue_bytes"] >= MIB
+            c.sock.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                c.sock.recv(1)  # not read, so not answered
+            c.sock.settimeout(10)
+            bb.sock.sendall(frames[1][half:])
+            a.sock.sendall(frames[0][half:])
+            for client in (a, bb):
+                _corr, resp = client.receive()
+                assert [p.error_code for p in resp.responses[0].partition_responses] == [0, 0]
+            _corr, versions = c.receive()
+            assert versions.error_code == 0
+        deadline = time.monotonic() + 5
+        while scrape(metrics_port)["loglake_request_queue_bytes"] != 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = scrape(metrics_port)
+        assert after["loglake_request_queue_bytes"] == 0 and after["loglake_request_read_paused_connections"] == 0
+        assert after["loglake_request_read_pauses_total"] >= 2

@@ -7,9 +7,10 @@ Three things keep a broker's memory bounded when clients send more than it can t
   full waits (up to `memory_wait_ms`, then REQUEST_TIMED_OUT, retriable);
 * `RequestBytes` bounds request frames read from sockets and not yet answered, across all
   connections (`queued_max_request_bytes`, Kafka's queued.max.request.bytes): while it is spent,
-  connections stop being read (TCP back-pressure) — except one in the middle of a frame, which
-  finishes it so that its bytes can be answered and released (without that, connections holding
-  partial frames could wait for each other forever);
+  connections stop being read (TCP back-pressure; one already waiting for data holds the chunk it
+  got undecoded) — except one in the middle of a frame, which reserves the frame's declared size
+  and finishes it so that its bytes can be handled and released (without that, connections
+  holding partial frames could wait for each other forever);
 * `max_connections` bounds connections, each holding at most `CONNECTION_BYTES` of buffers
   outside the two budgets above.
 

@@ -119,6 +119,10 @@ class Connection:
                 if not data:
                     break
                 self.ctx.metrics.bytes_in += len(data)
+                if decoder.buffered == 0 and gate.full:
+                    # It passed the gate before this arrived: hold the chunk (CONNECTION_BYTES
+                    # counts it) undecoded until there is room, and read nothing more meanwhile.
+                    await gate.wait_for_room()
                 try:
                     frames = decoder.feed(data)
                 except FrameTooLargeError as exc:
