@@ -61,6 +61,7 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
         {"tid": "app-1", "pid": 1000, "epoch": 0, "state": "complete_abort", "timeout_ms": 60000, "start_ms": 1,
          "last_ms": 2, "parts": [[TID, 0, 3]], "groups": [], "offsets": {}, "markers": [[TID, 0, 7]]},
     ),
+    ("acked", {"parts": [[TID, 0, 5], [TID, 1, 0]]}),
     (
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},

@@ -130,3 +130,29 @@ def test_the_previous_release_meta_json_is_still_read(tmp_path: Path) -> None:
     assert remote.legacy and remote.state.cluster_id == "legacy"
     seg = remote.state.partition(bytes.fromhex(tid), 0).segments[0]
     assert seg.key == f"loglake-legacy/t-{tid}/0/00000000000000000000.seg" and seg.tier == "cold"
+
+
+def test_acked_records_alone_cost_no_put(tmp_path: Path) -> None:
+    """The acknowledged-end records (one a second while producing) ride with the next real change:
+    a quiet broker whose only changes are those records does not PUT a piece per interval."""
+    from loglake.meta.publish import LAZY_RECORDS_MAX
+
+    engine, bucket = open_engine(tmp_path, meta_checkpoint_records=10_000, meta_publish_interval_ms=0)
+    try:
+        engine.create_topic("t", 1)
+        tid = engine.topic_id_of("t").hex()
+        publisher = engine._publisher
+        assert publisher is not None
+        publisher.publish()
+        for end in range(1, 50):
+            engine.meta.append("acked", {"parts": [[tid, 0, end]]}).result()
+        assert not publisher.due()  # maintenance publishes only when due: no PUT for these
+        engine.create_topic("u", 1)  # a real change: everything pending goes up, in order
+        assert publisher.due() and publisher.publish()
+        for end in range(50, 50 + LAZY_RECORDS_MAX):
+            engine.meta.append("acked", {"parts": [[tid, 0, end]]}).result()
+        assert publisher.due()  # the bound: they do not wait forever
+        assert publisher.publish()
+        assert image(read_remote_state(bucket).state) == image(engine.meta.state)
+    finally:
+        engine.close()

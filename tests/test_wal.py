@@ -97,8 +97,9 @@ def test_torn_tail_is_truncated_and_reported(tmp_path: Path) -> None:
     shard.close()
     path = shard.files()[-1].path
     size = os.path.getsize(path)
-    with open(path, "r+b") as f:
-        f.truncate(size - 10)  # the last frame loses its trailer: a torn write
+    with open(path, "r+b") as f:  # the last frame's trailer never reached the disk: a torn write
+        f.seek(size - 10)  # (zeros, as the preallocated file had; a file cut short is damage
+        f.write(bytes(10))  # instead: test_acked_end.py)
     result = recover_wal(OsFileSystem(), wal_dir)
     assert result.frames_read == 9
     assert result.bytes_truncated > 0

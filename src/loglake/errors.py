@@ -143,6 +143,18 @@ class CorruptBatchError(CorruptionError):
         self.reason = detail
 
 
+class AcknowledgedDataLossError(LoglakeError):
+    """Recovery found acknowledged records missing (engine/acked.py): the data directory was
+    damaged, not torn by a crash. `losses` names each partition and offset range. Opening with
+    EngineConfig.accept_data_loss (`loglake serve --accept-data-loss`) accepts the loss."""
+
+    def __init__(self, data_dir: str, losses: list[str]) -> None:
+        shown = "; ".join(losses[:20]) + (f"; and {len(losses) - 20} more partitions" if len(losses) > 20 else "")
+        super().__init__(f"acknowledged records are missing in {data_dir}: {shown}")
+        self.data_dir = data_dir
+        self.losses = losses
+
+
 class StorageError(LoglakeError):
     """An I/O operation failed (disk full, permission, unreachable store)."""
 

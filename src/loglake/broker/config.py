@@ -44,6 +44,10 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
 
 @dataclass
 class BrokerConfig:
+    #: `serve --accept-data-loss` only (not a dataclass field, so no setting): open a data
+    #: directory that lost acknowledged records (engine/acked.py)
+    accept_data_loss = False
+
     data_dir: str = "./loglake-data"
     cold_store: str | None = None
     listen: str = "127.0.0.1:9092"
@@ -156,7 +160,7 @@ class BrokerConfig:
             options["cold_store_url"] = self.cold_store
         topic_defaults = {**options.pop("topic_defaults", {}), **self.topic_defaults}
         try:
-            return EngineConfig.from_kwargs(**options, topic_defaults=topic_defaults)
+            return EngineConfig.from_kwargs(**options, topic_defaults=topic_defaults, accept_data_loss=self.accept_data_loss)
         except ConfigError as exc:
             named = [f"{k} from {v}" for k, v in self.sources.items() if v != "default" and k.split(".", 1)[-1] in str(exc)]
             raise ConfigError(f"{exc} ({'; '.join(named)})" if named else str(exc)) from None

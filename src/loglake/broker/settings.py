@@ -32,6 +32,9 @@ ENV_PREFIX = "LOGLAKE_"
 ENGINE_ENV_PREFIX = "LOGLAKE_ENGINE__"
 #: Fields of BrokerConfig that are not settings themselves: TOML tables, and where values came from.
 TABLES = ("engine", "topic_defaults", "sources")
+#: EngineConfig fields that are no setting: topic defaults have their own table, and accepting a
+#: loss of acknowledged data is a one-time decision (`serve --accept-data-loss`), never a default.
+NOT_SETTINGS = frozenset({"topic_defaults", "accept_data_loss"})
 INT32_MAX = 2**31 - 1
 
 #: Inclusive ranges of broker settings (engine ranges are checked by `EngineConfig.validate`).
@@ -154,7 +157,7 @@ def load_settings(
     """Read the three sources into checked values with their sources (see the module doc)."""
     out = Loaded()
     broker = {f.name: f for f in broker_fields if f.name not in TABLES}
-    engine = {f.name: f for f in fields(EngineConfig) if f.name != "topic_defaults"}
+    engine = {f.name: f for f in fields(EngineConfig) if f.name not in NOT_SETTINGS}
     for name, f in broker.items():
         out.values[name] = _default(f)
         out.sources[name] = "default"
@@ -241,7 +244,7 @@ def render(values: Mapping[str, Any], engine: Mapping[str, Any], topic_defaults:
 
     lines = [line(n, v, sources.get(n, "default")) for n, v in values.items() if n not in TABLES]
     lines += ["", "[engine]"]
-    lines += [line(n, v, sources.get(f"engine.{n}", "default")) for n, v in engine.items() if n != "topic_defaults"]
+    lines += [line(n, v, sources.get(f"engine.{n}", "default")) for n, v in engine.items() if n not in NOT_SETTINGS]
     lines += ["", "[topic_defaults]"]
     lines += [line(f'"{n}"', v, sources.get(f"topic_defaults.{n}", "default")) for n, v in sorted(topic_defaults.items())]
     return "\n".join(lines) + "\n"

@@ -42,12 +42,19 @@ def serve(
     print_config: Annotated[
         bool, typer.Option("--print-config", help="Print the effective configuration, with where each value came from, and exit.")
     ] = False,
+    accept_data_loss: Annotated[
+        bool,
+        typer.Option(
+            "--accept-data-loss",
+            help="Start although acknowledged records are missing (a damaged WAL): the loss is logged, its offsets stay reserved.",
+        ),
+    ] = False,
 ) -> None:
     """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
     try:
         code = _serve(
             data_dir, cold_store, listen, advertised_listener, port_file, metrics_listen, config_file,
-            auto_create_topics, default_partitions, print_config,
+            auto_create_topics, default_partitions, print_config, accept_data_loss,
         )
     except Exception as exc:
         failure = explain(exc, data_dir or BrokerConfig.data_dir)
@@ -72,6 +79,7 @@ def _serve(
     auto_create_topics: bool | None,
     default_partitions: int | None,
     print_config: bool = False,
+    accept_data_loss: bool = False,
 ) -> int:
     from loglake.broker.server import run_server
 
@@ -86,6 +94,7 @@ def _serve(
         auto_create_topics=auto_create_topics,
         default_partitions=default_partitions,
     )
+    config.accept_data_loss = accept_data_loss
     if print_config:
         sys.stdout.write(config.describe())
         return 0

@@ -22,7 +22,15 @@ import os
 import socket
 from typing import NamedTuple
 
-from loglake.errors import ConfigError, DataDirLockedError, ListenError, LoglakeError, StorageError
+from loglake.errors import (
+    AcknowledgedDataLossError,
+    ConfigError,
+    CorruptionError,
+    DataDirLockedError,
+    ListenError,
+    LoglakeError,
+    StorageError,
+)
 
 EXIT_ERROR = 1
 EXIT_CONFIG = 3
@@ -32,6 +40,7 @@ EXIT_PERMISSION = 6
 EXIT_NOT_A_DIRECTORY = 7
 EXIT_NO_SPACE = 8
 EXIT_LOCKED = 9
+EXIT_DATA_LOSS = 10
 
 log = logging.getLogger("loglake.serve")
 MIB = 1024 * 1024
@@ -129,6 +138,15 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
         return StartupFailure(EXIT_ADDRESS, str(exc))
     if isinstance(exc, DataDirLockedError):
         return StartupFailure(EXIT_LOCKED, str(exc))
+    wal_damage = isinstance(exc, CorruptionError) and f"{os.sep}wal{os.sep}" in exc.path
+    if isinstance(exc, AcknowledgedDataLossError) or wal_damage:
+        return StartupFailure(
+            EXIT_DATA_LOSS,
+            str(exc),
+            "acknowledged records are gone (damaged storage, not a crash). Restore the data directory from a "
+            "copy if you have one; or start once with --accept-data-loss to go on without them (their offsets "
+            "stay reserved, consumers skip them, the loss is logged)",
+        )
     if isinstance(exc, ConfigError):
         return StartupFailure(EXIT_CONFIG, str(exc))
     if isinstance(exc, StorageError) and isinstance(exc.cause, OSError):
@@ -145,6 +163,7 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
 __all__ = [
     "EXIT_ADDRESS",
     "EXIT_CONFIG",
+    "EXIT_DATA_LOSS",
     "EXIT_ERROR",
     "EXIT_LOCKED",
     "EXIT_NOT_A_DIRECTORY",

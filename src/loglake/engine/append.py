@@ -33,6 +33,7 @@ from loglake.errors import (
 from loglake.records.batch import (
     BatchBuilder,
     iter_records,
+    peek_header,
     set_log_append_time,
     set_offset_and_epoch,
     split_batches,
@@ -100,6 +101,12 @@ class Appender:
         """Append a control batch the engine built (a transaction marker; engine/txn.py)."""
         self._check_open()
         return self._append(p, self.catalog.topic(p.topic).config, data, split_batches(data))
+
+    def append_gap(self, p: Partition, data: bytearray) -> Future[AppendResult]:
+        """Append an empty batch the engine built to keep lost offsets reserved (engine/acked.py):
+        no records, so it bypasses the produce path's record-count check."""
+        self._check_open()
+        return self._append(p, self.catalog.topic(p.topic).config, data, [(0, peek_header(data))])
 
     @staticmethod
     def _codec_of(config: TopicConfig) -> int:

@@ -300,6 +300,13 @@ class EngineConfig:
     seal_threads: int = 2
     #: How often the background tick checks age-based sealing and retention.
     maintenance_interval_ms: int = 200
+    #: How often the acknowledged ends of durability=fsync partitions are recorded in the
+    #: metadata (engine/acked.py): a loss of acknowledged data older than this is told from a
+    #: torn write at recovery.
+    acked_end_interval_ms: int = 1000
+    #: Open a data directory that lost acknowledged records (engine/acked.py): the loss is
+    #: logged, the offsets stay reserved. Off: such a directory refuses to open.
+    accept_data_loss: bool = False
     #: Topic config defaults (Kafka names), e.g. {"durability": "disk"}.
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: Where sealed segments go; None = "<data_dir>/segments".
@@ -401,6 +408,8 @@ class EngineConfig:
             raise ConfigError("meta_checkpoint_records must be >= 1 and meta_checkpoint_bytes >= 4096")
         if self.meta_log_file_bytes < 64 * 1024:
             raise ConfigError("meta_log_file_bytes must be at least 64 KiB")
+        if not 10 <= self.acked_end_interval_ms <= 3_600_000:
+            raise ConfigError("acked_end_interval_ms must be in 10..3600000")
         if self.meta_publish_interval_ms < 0:
             raise ConfigError("meta_publish_interval_ms must not be negative")
         if self.cold_range_cache_bytes < 0 or self.cold_read_ahead_segments < 0:

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from loglake import canary
+from loglake.engine.acked import AckedRecorder, fill_losses
 from loglake.engine.append import Appender, RecordTuple
 from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
@@ -189,6 +190,12 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
             self._dir_lock.release()
             raise
         self._closed = False
+        if report.acked_lost:
+            try:
+                fill_losses(self.catalog, self.appender, self._clock, report)
+            except BaseException:
+                self.close()
+                raise
         self.drop_lost_markers()
         self.recovery_report = report
         log.info("%s", report.summary())
@@ -250,9 +257,13 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
         # The publisher watches from the first record on (recovery may append some).
         publish_to = [hot] + ([cold] if cold is not None else [])
         self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)
-        report, wal = recover(fs=self.fs, data_dir=self.data_dir, meta=self._meta, catalog=self.catalog, stores=stores, pool=self._pool)
+        report, wal = recover(
+            fs=self.fs, data_dir=self.data_dir, meta=self._meta, catalog=self.catalog, stores=stores, pool=self._pool,
+            accept_data_loss=config.accept_data_loss,
+        )
         self._start_shards({n: s.next_seq for n, s in wal.shards.items()}, {n: s.files for n, s in wal.shards.items()})
         self._appender.shards = self._shards
+        self._maintenance.acked = AckedRecorder(self.catalog, self._meta, config.acked_end_interval_ms, self._clock)
         self._publisher.start(self._meta.replayed)
         self._maintenance.publisher = self._publisher
         if self._start_background:

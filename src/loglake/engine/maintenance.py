@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from loglake.engine.acked import AckedRecorder
 from loglake.engine.catalog import Catalog
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
@@ -58,6 +59,7 @@ class Maintenance:
         self.space = space
         self.relocator: Relocator | None = None
         self.publisher: MetaPublisher | None = None
+        self.acked: AckedRecorder | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -101,6 +103,8 @@ class Maintenance:
                     self._failing = None
 
     def tick(self) -> None:
+        if self.acked is not None:
+            self.acked.tick()
         if self.space is not None:
             self.space.check()  # on its own interval; produce resumes here when space came back
         self._seal_due()

@@ -23,6 +23,7 @@ import time
 import uuid
 from collections import defaultdict
 
+from loglake.engine.acked import check_losses, find_losses
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
 from loglake.engine.epochs import bump_after_recovery, take_clean_mark
 from loglake.engine.memory import MemoryPool
@@ -53,6 +54,7 @@ def recover(
     catalog: Catalog,
     stores: Stores,
     pool: MemoryPool,
+    accept_data_loss: bool = False,
 ) -> tuple[RecoveryReport, WalRecovery]:
     started = time.perf_counter()
     report = RecoveryReport()
@@ -82,7 +84,7 @@ def recover(
 
     _reconcile_store(catalog, stores.hot, report)
 
-    wal = recover_wal(fs, wal_dir(data_dir))
+    wal = recover_wal(fs, wal_dir(data_dir), accept_data_loss=accept_data_loss)
     report.wal_frames_read = wal.frames_read
     report.wal_bytes_read = wal.bytes_read
     report.wal_bytes_truncated = wal.bytes_truncated
@@ -92,6 +94,9 @@ def recover(
     for _topic, p in catalog.partitions():
         p.set_hw(p.next_offset)
         p.durable_sealed_end = p.sealed_end
+    losses = find_losses(catalog)
+    check_losses(losses, accept_data_loss, data_dir)  # refuses, unless the loss is accepted
+    report.acked_lost = [str(x) for x in losses]
     bump_after_recovery(catalog, clean=report.clean_shutdown, restored=remote_state is not None, report=report)
     meta.sync()  # adoptions are durable before any WAL file behind them may go
     report.seconds = time.perf_counter() - started

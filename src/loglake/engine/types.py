@@ -101,6 +101,8 @@ class RecoveryReport:
     clean_shutdown: bool = False
     #: partitions ("topic-p") whose leader epoch recovery moved (engine/epochs.py says when)
     leader_epochs_bumped: list[str] = field(default_factory=list)
+    #: acknowledged records found missing and accepted (engine/acked.py), one line per partition
+    acked_lost: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def summary(self) -> str:
@@ -114,5 +116,6 @@ class RecoveryReport:
             + (f", damaged checkpoints skipped: {', '.join(self.meta_checkpoints_damaged)}" if self.meta_checkpoints_damaged else "")
             + (f", migrated from {self.meta_migrated_from}" if self.meta_migrated_from else "")
             + (f"; leader epoch bumped on {len(self.leader_epochs_bumped)} partitions" if self.leader_epochs_bumped else "")
+            + (f"; ACKNOWLEDGED DATA LOST (accepted): {'; '.join(self.acked_lost)}" if self.acked_lost else "")
             + (f"; restored from {self.restored_from} ({len(self.segments_lost)} segments lost)" if self.restored_from else "")
         )

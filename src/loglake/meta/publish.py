@@ -55,6 +55,12 @@ _PIECE_RE = re.compile(r"^log-(\d{20})-(\d{20})\.bin$")
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{20})\.bin$")
 _NO_TOPIC = bytes(16)
 
+#: Record kinds that alone do not make a publish due (engine/acked.py writes one a second while
+#: producing: the bucket's copy needs them only to stay contiguous)...
+LAZY_KINDS = frozenset({"acked"})
+#: ...until this many of them wait.
+LAZY_RECORDS_MAX = 1000
+
 
 def meta_prefix(cluster_id: str, prefix: str = "") -> str:
     return cluster_prefix(cluster_id, prefix) + META_DIR
@@ -109,6 +115,9 @@ class MetaPublisher:
         self._mu = threading.Lock()  # pending records (filled by the watcher under the store's lock)
         self._publish_lock = threading.Lock()
         self._pending: list[tuple[int, bytes]] = []
+        #: pending records other than ``acked`` (those are local bookkeeping: alone they wait for
+        #: the next real change, or until LAZY_RECORDS_MAX of them, instead of costing a PUT each)
+        self._significant = 0
         #: records after the newest published checkpoint, for merging pieces
         self._since_checkpoint: list[tuple[int, bytes]] = []
         self._pieces: list[tuple[int, int]] = []  # published after the newest published checkpoint
@@ -117,9 +126,11 @@ class MetaPublisher:
         self.puts = 0
         meta.watch(self._on_record)
 
-    def _on_record(self, seq: int, _kind: str, _body: dict[str, Any], raw: bytes) -> None:
+    def _on_record(self, seq: int, kind: str, _body: dict[str, Any], raw: bytes) -> None:
         with self._mu:
             self._pending.append((seq, raw))
+            if kind not in LAZY_KINDS:
+                self._significant += 1
 
     def _prefix(self) -> str:
         return meta_prefix(self.meta.state.cluster_id)
@@ -128,6 +139,7 @@ class MetaPublisher:
         """After open: upload the newest local checkpoint if missing, and the records after it."""
         with self._mu:
             self._pending[:0] = replayed
+            self._significant += len(replayed)
         if not self.stores:
             return
         mprefix = self._prefix()
@@ -150,7 +162,8 @@ class MetaPublisher:
         return bool(local) and (not self._published_checkpoints or self._published_checkpoints[-1] < local[-1])
 
     def due(self) -> bool:
-        return bool(self._pending) and self._clock() - self._last_publish >= self.interval_s
+        worth = self._significant > 0 or len(self._pending) >= LAZY_RECORDS_MAX
+        return worth and self._clock() - self._last_publish >= self.interval_s
 
     def publish(self) -> bool:
         """Upload what changed; False when a store failed (retried on the next call)."""
@@ -160,6 +173,7 @@ class MetaPublisher:
                 self._upload_checkpoints()
                 with self._mu:
                     records, self._pending = self._pending, []
+                    significant, self._significant = self._significant, 0
                 if not records:
                     return True
                 self.meta.sync()  # only durable records leave this machine
@@ -168,6 +182,7 @@ class MetaPublisher:
                 except BaseException:
                     with self._mu:
                         self._pending[:0] = records
+                        self._significant += significant
                     raise
             except LoglakeError as exc:
                 log.warning("publishing metadata to the stores failed, will retry: %s", exc)

@@ -43,6 +43,7 @@ leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the p
                    start is >= `start` are dropped first (those offsets were truncated)
 txn                {tid, pid, epoch, state, parts, ...} → a transactional id's state, replaced,
                    and its partitions' open/aborted transactions (loglake.meta.txn)
+acked              {parts: [[id, p, end], ...]} → acknowledged ends raised (loglake.meta.acked)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -59,6 +60,7 @@ from typing import Any
 import crc32c
 
 from loglake.errors import CorruptionError
+from loglake.meta.acked import apply_acked
 from loglake.meta.producers import ProducerStates
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.meta.txn import (
@@ -123,6 +125,7 @@ RECORD_KINDS = (
     "group_config",
     "leader_epoch",
     "txn",
+    "acked",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -194,6 +197,8 @@ class PartitionMeta:
     txn_open: dict[int, int] = field(default_factory=dict)
     #: transactions aborted here: [[producer id, first offset, abort marker offset], ...] ascending
     aborted_txns: list[list[int]] = field(default_factory=list)
+    #: every offset below this was acknowledged durably (loglake.meta.acked); 0 = none recorded
+    acked_end: int = 0
 
     def note_leader_epoch(self, epoch: int, start: int) -> None:
         """A new epoch from `start` on: entries at or past `start` are gone (truncated offsets)."""
@@ -430,6 +435,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "group_config": MetaState._group_config,
     "leader_epoch": MetaState._leader_epoch,
     "txn": apply_txn,
+    "acked": apply_acked,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -489,6 +495,7 @@ def capture(state: MetaState) -> CheckpointImage:
                 "tombstone_ms": pm.tombstone_ms,
                 "leader_epochs": [list(e) for e in pm.leader_epochs],
                 **partition_txn_doc(pm),
+                "acked_end": pm.acked_end,
             }
         )
         tables.append(raw)
@@ -577,6 +584,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         pm.chain_hash = bytes.fromhex(raw["chain"])
         pm.producers = ProducerStates.from_json(raw["producers"])
         load_partition_txns(pm, raw)  # absent before transactions: none open, none aborted
+        pm.acked_end = int(raw.get("acked_end", 0))  # absent before acked records: none
     for g, gdoc in doc["groups"].items():
         gm = GroupMeta()
         for topic_name, p, offset, epoch, metadata, ts in gdoc["offsets"]:

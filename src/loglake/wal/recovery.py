@@ -7,9 +7,12 @@ in sequence order. What recovery may do to a shard:
 * A bad frame (length CRC, data CRC, trailer magic) in the newest file of a shard, with no intact
   frame of a *later* group commit behind it: a torn write that was never acknowledged. The
   file is truncated there and the bytes are counted in the report.
-* A bad frame anywhere else, or with an intact later group behind it: corruption of data that
-  was once durable. Recovery stops with CorruptionError naming the file and byte offset; it never
-  skips it silently.
+* A bad frame anywhere else, or with an intact later group behind it, or a newest file that ends
+  inside a frame (cut short: a torn write never shortens a preallocated file): corruption of data
+  that was once durable. Recovery stops with CorruptionError naming the file and byte offset; it
+  never skips it silently. With `accept_data_loss` (an operator's explicit choice) the shard is
+  cut at that frame instead: the rest of the file and every later file of the shard are dropped,
+  and the engine reports per partition what was lost (engine/acked.py).
 """
 
 from __future__ import annotations
@@ -18,9 +21,21 @@ import logging
 import os
 from dataclasses import dataclass, field
 
+import crc32c
+
 from loglake.errors import CorruptionError
 from loglake.fs.base import FileSystem
-from loglake.wal.frame import Frame, FrameError, decode_frame, find_valid_frame_after
+from loglake.wal.frame import (
+    BODY_HEADER_SIZE,
+    FRAME_PAYLOAD_BYTES_MAX,
+    PREFIX,
+    PREFIX_SIZE,
+    TRAILER_SIZE,
+    Frame,
+    FrameError,
+    decode_frame,
+    find_valid_frame_after,
+)
 from loglake.wal.shard import WalFile, parse_wal_file_name
 
 log = logging.getLogger(__name__)
@@ -59,7 +74,7 @@ def shard_dir_name(index: int) -> str:
     return f"shard-{index:02d}"
 
 
-def recover_wal(fs: FileSystem, wal_dir: str) -> WalRecovery:
+def recover_wal(fs: FileSystem, wal_dir: str, *, accept_data_loss: bool = False) -> WalRecovery:
     result = WalRecovery()
     if not fs.exists(wal_dir):
         return result
@@ -67,11 +82,11 @@ def recover_wal(fs: FileSystem, wal_dir: str) -> WalRecovery:
         directory = os.path.join(wal_dir, name)
         if not name.startswith("shard-") or not fs.is_dir(directory):
             continue
-        result.shards[name] = _recover_shard(fs, directory, result)
+        result.shards[name] = _recover_shard(fs, directory, result, accept_data_loss)
     return result
 
 
-def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> ShardRecovery:
+def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery, accept: bool) -> ShardRecovery:
     shard = ShardRecovery(directory)
     names: list[tuple[int, str]] = []
     for name in fs.listdir(directory):
@@ -83,7 +98,7 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> Shard
     for i, (first_seq, name) in enumerate(names):
         path = os.path.join(directory, name)
         is_last = i == len(names) - 1
-        with fs.open(path, write=is_last) as f:
+        with fs.open(path, write=is_last or accept) as f:
             data = f.pread(0, f.size())
             result.bytes_read += len(data)
             frames, bad_at = _scan(data, path)
@@ -91,13 +106,21 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> Shard
                 raise CorruptionError(path, 0, f"first frame has seq {frames[0].seq}, file name says {first_seq}")
             if frames and i > 0 and first_seq != next_seq:
                 raise CorruptionError(path, 0, f"file starts at seq {first_seq}, the previous file ended before {next_seq}")
+            damaged = False
             if bad_at is not None:
-                _classify_bad_frame(memoryview(data), path, bad_at, is_last, frames)
+                try:
+                    _classify_bad_frame(memoryview(data), path, bad_at, is_last, frames)
+                except CorruptionError as exc:
+                    if not accept:
+                        raise
+                    damaged = True
+                    log.error("WAL %s damaged (%s): ACCEPTED (--accept-data-loss), the shard is cut at byte %d", path, exc.detail, bad_at)
                 garbage_end = len(data.rstrip(b"\0"))
                 torn = max(0, garbage_end - bad_at)
                 result.bytes_truncated += torn
                 result.truncated_files.append(path)
-                log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
+                if not damaged:
+                    log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
                 f.truncate(bad_at)
                 f.datasync()
         next_seq = max(next_seq, first_seq)
@@ -118,8 +141,30 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery) -> Shard
         result.frames_read += len(frames)
         next_seq = frames[-1].seq + 1
         shard.files.append(wal_file)
+        if damaged:
+            for _seq, later in names[i + 1 :]:
+                later_path = os.path.join(directory, later)
+                fs.unlink(later_path)
+                result.removed_files.append(later_path)
+                log.error("WAL %s dropped: it follows the damaged %s (--accept-data-loss)", later_path, path)
+            fs.fsync_dir(directory)
+            break
     shard.next_seq = next_seq
     return shard
+
+
+def _cut_short(buf: memoryview, pos: int) -> bool:
+    """Whether the file ends inside the frame at `pos`: its prefix is cut, or its length (checked
+    by the length CRC) reaches past the end."""
+    n = len(buf)
+    if n - pos < PREFIX_SIZE:
+        return True
+    body_length, length_crc = PREFIX.unpack_from(buf, pos)
+    return bool(
+        crc32c.crc32c(buf[pos : pos + 4]) == length_crc
+        and BODY_HEADER_SIZE <= body_length <= BODY_HEADER_SIZE + FRAME_PAYLOAD_BYTES_MAX
+        and pos + PREFIX_SIZE + body_length + TRAILER_SIZE > n
+    )
 
 
 def _all_zero(data: bytes, pos: int) -> bool:
@@ -152,6 +197,13 @@ def _classify_bad_frame(buf: memoryview, path: str, bad_at: int, is_last: bool, 
     """Raise CorruptionError unless the bad bytes at `bad_at` are a torn, unacknowledged write."""
     if not is_last:
         raise CorruptionError(path, bad_at, "bad WAL frame in a closed file (data that was durable is damaged)")
+    if _cut_short(buf, bad_at):
+        raise CorruptionError(
+            path,
+            bad_at,
+            "the file ends inside a frame: it was cut short (a torn write never shortens a preallocated "
+            "WAL file), so acknowledged writes after this point may be lost",
+        )
     later = find_valid_frame_after(buf, bad_at)
     if later is None:
         return
