@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from loglake.broker.overload import QUEUED_MAX_REQUEST_BYTES_DEFAULT
 from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
 
@@ -60,6 +61,9 @@ class BrokerConfig:
     max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION_DEFAULT
     idle_timeout_ms: int = IDLE_TIMEOUT_MS_DEFAULT
     max_connections: int = MAX_CONNECTIONS_DEFAULT
+    #: Kafka's queued.max.request.bytes: request bytes read and not yet handled, all connections
+    #: together; while spent, no connection is read (loglake.broker.overload, docs/RELIABILITY.md).
+    queued_max_request_bytes: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT
     group_initial_rebalance_delay_ms: int = 3000
     group_min_session_timeout_ms: int = 6000
     group_max_session_timeout_ms: int = 1_800_000
@@ -171,4 +175,7 @@ class BrokerConfig:
         sources = dict(self.sources)
         if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
             sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"
-        return render(values, engine_values, engine.topic_defaults, sources)
+        from loglake.broker.overload import rss_budget
+
+        budget = f"\n# rss budget: {rss_budget(self).describe()} (docs/RELIABILITY.md, Overload)\n"
+        return render(values, engine_values, engine.topic_defaults, sources) + budget

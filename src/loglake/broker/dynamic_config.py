@@ -78,6 +78,8 @@ _BROKER_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
      "Create unknown topics on metadata requests and produce."),
     ("num.partitions", "default_partitions", ConfigType.INT, "Partitions of auto-created topics and of CreateTopics with -1."),
     ("socket.request.max.bytes", "max_frame_bytes", ConfigType.INT, "Largest request accepted, in bytes."),
+    ("queued.max.request.bytes", "queued_max_request_bytes", ConfigType.LONG,
+     "Request bytes read and not yet handled, all connections; while spent, connections are not read."),
     ("max.connections", "max_connections", ConfigType.INT,
      "Most concurrent client connections; new ones beyond it are closed at once."),
     ("connections.max.idle.ms", "idle_timeout_ms", ConfigType.LONG, "Close connections idle this long."),

@@ -126,6 +126,12 @@ class Metrics:
         self.connections_open = 0
         self.connections_total = 0
         self.connections_rejected = 0
+        #: loglake.broker.overload.RequestBytes of the server (None: not serving), and the RSS budget.
+        self.request_bytes: Any = None
+        #: () -> the RSS budget in bytes (max_connections is dynamic, so it is computed per scrape).
+        self.rss_budget: Callable[[], int] | None = None
+        self.produce_throttled = 0
+        self.produce_throttle_ms = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
         self.ready = False
         #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.
@@ -154,6 +160,26 @@ class Metrics:
             self._engine = self._coordinator = None
 
 
+def _overload_families(m: Metrics) -> Iterator[Metric]:
+    """Back-pressure and the memory it bounds (loglake.broker.overload, docs/RELIABILITY.md)."""
+    from loglake.broker.overload import rss_bytes
+
+    gate = m.request_bytes
+    if gate is not None:
+        yield _gauge("loglake_request_queue_bytes", "Request bytes read and not yet handled, all connections.", gate.used)
+        yield _gauge("loglake_request_queue_bytes_limit", "queued_max_request_bytes.", gate.limit)
+        yield _counter(
+            "loglake_request_read_pauses_total", "Times a connection waited before reading: queued_max_request_bytes spent.",
+            gate.pauses,
+        )
+        yield _gauge("loglake_request_read_paused_connections", "Connections not read now: queued_max_request_bytes spent.", gate.paused)
+    yield _counter("loglake_produce_throttled_total", "Produce responses with throttle_time_ms above 0.", m.produce_throttled)
+    yield _counter("loglake_produce_throttle_ms_total", "Sum of throttle_time_ms of Produce responses.", m.produce_throttle_ms)
+    if m.rss_budget is not None:
+        yield _gauge("loglake_rss_budget_bytes", "The resident memory the settings bound the process to.", m.rss_budget())
+    yield _gauge("loglake_rss_bytes", "The process's resident memory now.", rss_bytes())
+
+
 class _StateCollector:
     """Everything read at scrape time: the broker's own counters, then the engine's state."""
 
@@ -170,6 +196,7 @@ class _StateCollector:
             "loglake_connections_rejected_total", "Connections closed at once because max_connections were open.",
             m.connections_rejected,
         )
+        yield from _overload_families(m)
         errors = _counter(
             "loglake_protocol_errors_total", "Connections closed for a protocol error, by kind.", labels=["kind"]
         )

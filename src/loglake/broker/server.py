@@ -5,9 +5,12 @@ Theory of operation
 One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
 enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
 handler task for it at once; the task goes into a bounded queue (`max_inflight_per_connection`,
-so a client that pipelines without reading stops being read). A writer loop takes tasks from
-the queue in arrival order and writes each response when its task is done — requests are
-answered in order while their work (fsync waits, long-poll fetches) overlaps.
+so a client that pipelines without reading stops being read). Request bytes read and not yet
+handled are bounded across all connections (`queued_max_request_bytes`, `overload.RequestBytes`):
+while that is spent no connection starts reading a new frame, and one in the middle of a frame
+first reserves the frame's whole declared size, as Kafka's queued.max.request.bytes pool does.
+A writer loop takes tasks from the queue in arrival order and writes each response when its task
+is done — requests are answered in order while their work (fsync waits, long-poll fetches) overlaps.
 
 Produce requests of one connection append in arrival order: the produce handler takes the
 connection's `append_lock` while it hands batches to the engine and releases it before waiting
@@ -32,6 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker import overload
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
@@ -60,8 +64,8 @@ from loglake.logsafe import RateLimitedLog, flush_all
 
 log = logging.getLogger("loglake.broker")
 
-#: Bytes read from a socket per call.
-READ_CHUNK_BYTES = 256 * 1024
+#: Bytes read from a socket per call (loglake.broker.overload counts it into CONNECTION_BYTES).
+READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 #: How long shutdown waits for in-flight requests before closing connections anyway.
 SHUTDOWN_GRACE_S = 10.0
 #: How often rate-limited log lines whose window is over get their summary written.
@@ -86,7 +90,7 @@ class Connection:
         #: The peer without its port: what rate-limited warnings are keyed by (reconnects share it).
         self.peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self.append_lock = asyncio.Lock()
-        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any]] | None] = asyncio.Queue(
+        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any], int] | None] = asyncio.Queue(
             self.ctx.config.max_inflight_per_connection
         )
         self.busy = 0  # requests being handled (shutdown waits for these)
@@ -95,8 +99,18 @@ class Connection:
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        gate = self.server.request_bytes
+        partial = 0  # bytes of the frame in progress counted in `gate` (its declared size once reserved)
         try:
             while not self.closing:
+                if decoder.buffered == 0:
+                    await gate.wait_for_room()
+                else:
+                    whole = decoder.buffered + decoder.bytes_needed()
+                    if partial < whole:  # reserve the rest of the frame before reading it
+                        await gate.wait_for_room()
+                        gate.add(whole - partial)
+                        partial = whole
                 idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
                 try:
                     data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
@@ -106,11 +120,19 @@ class Connection:
                 if not data:
                     break
                 self.ctx.metrics.bytes_in += len(data)
+                if decoder.buffered == 0 and gate.full:
+                    # It passed the gate before this arrived: hold the chunk (CONNECTION_BYTES
+                    # counts it) undecoded until there is room, and read nothing more meanwhile.
+                    await gate.wait_for_room()
                 try:
                     frames = decoder.feed(data)
                 except FrameTooLargeError as exc:
                     self._protocol_error("frame_too_large", exc)
                     break
+                # A completed frame's bytes are counted by _dispatch; the next one's as they arrive.
+                if frames or decoder.buffered > partial:
+                    gate.add(decoder.buffered - partial)
+                    partial = decoder.buffered
                 stop = False
                 for frame in frames:
                     if not await self._dispatch(frame):
@@ -121,10 +143,12 @@ class Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            gate.add(-partial)
             await self._queue.put(None)
             try:
                 await writer_task
             finally:
+                self._drain_queue()  # whatever the reader queued after the writer stopped
                 self._close_transport()
 
     async def _dispatch(self, frame: bytes | bytearray | memoryview) -> bool:
@@ -136,7 +160,8 @@ class Connection:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
-                await self._queue.put((None, done))
+                self.server.request_bytes.add(len(frame))
+                await self._queue.put((None, done, len(frame)))
                 return True
             self._protocol_error("unsupported_version", exc)
             return False
@@ -144,7 +169,8 @@ class Connection:
             self._protocol_error(type(exc).__name__, exc)
             return False
         task = asyncio.ensure_future(self._handle(req))
-        await self._queue.put((req, task))
+        self.server.request_bytes.add(len(frame))
+        await self._queue.put((req, task, len(frame)))
         return True
 
     async def _handle(self, req: DecodedRequest) -> list[Any] | None:
@@ -176,7 +202,7 @@ class Connection:
             item = await self._queue.get()
             if item is None:
                 return
-            req, task = item
+            req, task, size = item
             try:
                 buffers = await task
             except Exception as exc:
@@ -185,6 +211,11 @@ class Connection:
                 self.closing = True
                 self._drain_queue()
                 return
+            finally:
+                # The request is handled: its frame is released (the response is the writer's,
+                # one at a time per connection), so a client that does not read its responses
+                # holds no more than max_inflight_per_connection of them.
+                self.server.request_bytes.add(-size)
             if not buffers:
                 continue
             try:
@@ -216,6 +247,7 @@ class Connection:
             item = self._queue.get_nowait()
             if item is not None:
                 item[1].cancel()
+                self.server.request_bytes.add(-item[2])
 
     def _protocol_error(self, kind: str, exc: BaseException) -> None:
         self.ctx.metrics.protocol_errors[kind] += 1
@@ -271,6 +303,9 @@ class BrokerServer:
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
         self.metrics = Metrics()
+        #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
+        self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes)
+        self.metrics.rss_budget = lambda: overload.rss_budget(self.config).total
         #: Warnings a client can repeat at will, keyed by condition and peer address.
         self.limited = RateLimitedLog(log, config.log_rate_limit_ms / 1000.0)
         self.host = ""

@@ -45,6 +45,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "max_inflight_per_connection": (1, 10_000),
     "idle_timeout_ms": (1_000, 7 * 24 * 3600 * 1000),
     "max_connections": (1, 1_000_000),
+    "queued_max_request_bytes": (1024 * 1024, 2**40),
     "group_initial_rebalance_delay_ms": (0, 300_000),
     "group_min_session_timeout_ms": (1, INT32_MAX),
     "group_max_session_timeout_ms": (1, INT32_MAX),

@@ -11,12 +11,16 @@ gets the offending records' batch indexes in `record_errors` and a summary in `e
 A transactional batch (attribute bit 0x10) is appended only while its producer id and epoch own
 an ongoing transaction that holds the partition (KIP-890 part 1): an older epoch gets
 INVALID_PRODUCER_EPOCH, anything else INVALID_TXN_STATE (loglake.broker.txn).
+
+While memory is short (the pool under pressure, an append that waited for memory, request bytes
+spent) the response asks the client to back off with `throttle_time_ms` (loglake.broker.overload).
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -28,6 +32,7 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
 )
+from loglake.broker.overload import produce_throttle_ms
 from loglake.broker.protocol import DecodedRequest
 from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
 from loglake.engine.types import AppendResult
@@ -89,6 +94,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if body.acks not in (-1, 0, 1):
         refuse = INVALID_REQUIRED_ACKS
     pool = engine.memory_pool
+    waited_s = 0.0
     async with conn.append_lock:
         for topic in body.topic_data:
             name = topic.name
@@ -108,12 +114,18 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 try:
                     if pool.used_bytes >= pool.pressure_bytes:
                         # The append may have to wait for memory: not on the event loop.
+                        started = time.monotonic()
                         fut = await ctx.off_loop(engine.append_batch, name, part.index, data)
+                        waited_s += time.monotonic() - started
                     else:
                         fut = engine.append_batch(name, part.index, data)
                     pending.append((name, part.index, fut, NONE, None, ()))
                 except LoglakeError as exc:
                     pending.append((name, part.index, None, *_error_fields(exc)))
+    throttle_ms = produce_throttle_ms(pool, waited_s, ctx.metrics.request_bytes)
+    if throttle_ms:
+        ctx.metrics.produce_throttled += 1
+        ctx.metrics.produce_throttle_ms += throttle_ms
     if body.acks == 0:
         return None
     waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]
@@ -136,7 +148,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         responses.setdefault(name, []).append(_partition_response(req.api_version, index, code, result, message, record_errors))
     return {
         "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
-        "throttle_time_ms": 0,
+        "throttle_time_ms": throttle_ms,
     }
 
 
