@@ -36,8 +36,7 @@ from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
-from loglake.engine.compaction import dirty_ratio_locked
-from loglake.engine.config import EngineConfig, TopicConfig
+from loglake.engine.config import EngineConfig
 from loglake.engine.corrupt import BatchChecker, Corruption
 from loglake.engine.epochs import write_clean_mark
 from loglake.engine.ioerrors import ReadErrors
@@ -51,16 +50,14 @@ from loglake.engine.seal import Sealer
 from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
-from loglake.engine.txn import last_stable_offset
+from loglake.engine.topics_api import TopicsMixin
 from loglake.engine.txn_api import TxnEngineMixin
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport, TopicInfo
+from loglake.engine.types import AppendResult, ReadResult, RecoveryReport
 from loglake.errors import (
     ConfigError,
     EngineClosedError,
     EngineFailedError,
-    OffsetOutOfRangeError,
     StorageFullError,
-    UnknownTopicError,
 )
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
@@ -82,7 +79,7 @@ class _UncleanClose(Exception):
     """close() could not flush (storage full): skip the clean-shutdown mark."""
 
 
-class Engine(TxnEngineMixin, BrokerMetaMixin):
+class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
     def __init__(
         self,
         data_dir: str,
@@ -402,118 +399,6 @@ class Engine(TxnEngineMixin, BrokerMetaMixin):
 
     def _on_pressure(self) -> None:
         self._wake()
-
-    # ==== topics (durable on return) ================================================================
-
-    def create_topic(
-        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, *, validate_only: bool = False
-    ) -> TopicInfo:
-        self._check_open()
-        return self.catalog.create_topic(name, partitions, config, validate_only=validate_only)
-
-    def delete_topic(self, name: str) -> None:
-        self._check_open()
-        topic = self.catalog.delete_topic(name)
-        # The metadata no longer names the topic: its data can go. Segments first, then memory.
-        for p in topic.partitions:
-            with p.lock:
-                freed = p.buffer_bytes
-                p.buffer_pop_front(len(p.buffer))
-                segments = p.segments.slice(0)
-            self._pool.release(freed)
-            p.wake_all()
-            for seg in segments:
-                self.stores.delete_segment(seg.key, seg.tier)
-        log.info("deleted topic %s", name)
-
-    def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
-        self._check_open()
-        self.catalog.create_partitions(name, total, validate_only=validate_only)
-
-    def alter_topic_config(self, name: str, overrides: dict[str, str], *, validate_only: bool = False) -> TopicConfig:
-        """Replace the topic's overrides with `overrides` (callers merge for incremental alters)."""
-        self._check_open()
-        new = self.catalog.alter_topic_config(name, overrides, validate_only=validate_only)
-        if not validate_only:
-            self._wake()
-        return new
-
-    def topics(self) -> list[TopicInfo]:
-        with self.catalog.lock:
-            return [t.info() for t in sorted(self.catalog.topics.values(), key=lambda t: t.name)]
-
-    def topic(self, name: str) -> TopicInfo:
-        return self.catalog.topic(name).info()
-
-    def has_topic(self, name: str) -> bool:
-        return name in self.catalog.topics
-
-    def partition_info(self, name: str, partition: int) -> PartitionInfo:
-        p = self.catalog.partition(name, partition)
-        compacted = self.catalog.topic(name).config.compacted  # only those have a dirty ratio
-        with p.lock:
-            return PartitionInfo(
-                name,
-                partition,
-                p.log_start_offset,
-                p.high_watermark,
-                p.next_offset,
-                p.sealed_end,
-                len(p.segments),
-                p.segments.total_bytes(),
-                p.buffer_bytes,
-                p.meta.clean_end,
-                dirty_ratio_locked(p) if compacted else 0.0,
-                p.meta.leader_epoch,
-                last_stable_offset(p),
-            )
-
-    def delete_records(self, name: str, partition: int, offset: int) -> int:
-        """Kafka DeleteRecords: raise the log start offset to `offset` (-1 = high watermark).
-
-        Durable before it returns; whole segments below the new start are deleted.
-        Returns the new log start offset (the "low watermark").
-        """
-        self._check_open()
-        p = self.catalog.partition(name, partition)
-        with p.lock:
-            if p.deleted:
-                raise UnknownTopicError(f"topic {name!r} was deleted")
-            hw = p.high_watermark
-            target = hw if offset == -1 else offset
-            if not 0 <= target <= hw:
-                raise OffsetOutOfRangeError(
-                    f"cannot delete records of {name}-{partition} below {offset}: high watermark is {hw}",
-                    log_start_offset=p.log_start_offset,
-                    high_watermark=hw,
-                )
-            if target <= p.log_start_offset:
-                return p.log_start_offset
-            table = p.segments
-            n = 0
-            while n < len(table) and table[n].last_offset < target:
-                n += 1
-            doomed = table.slice(0, n)
-            fut = self.catalog.record_log_start(p, target)
-        fut.result()
-        for seg in doomed:
-            self._reader_indexes_forget(seg.key)
-            self.stores.delete_segment(seg.key, seg.tier)
-        return target
-
-    def _reader_indexes_forget(self, key: str) -> None:
-        if self._reader is not None:
-            self._reader.indexes.forget(key)
-
-    def segments(self, name: str, partition: int) -> list[SegmentRef]:
-        p = self.catalog.partition(name, partition)
-        with p.lock:
-            return p.segments.slice(0)
-
-    def allocate_producer_id(self) -> int:
-        """A new producer id for InitProducerId, durable before it is handed out."""
-        self._check_open()
-        return self.catalog.allocate_producer_id()
 
     # ==== appends and reads =========================================================================
 
