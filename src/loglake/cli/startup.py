@@ -8,7 +8,9 @@ The traceback goes to the log at DEBUG only.
 Exit codes (also in README.md, "The broker"):
 
     1  any other operating error          5  a host name does not resolve
-    2  usage error (a bad flag)           6  permission denied / read-only filesystem
+    2  usage error (a bad flag; a listener  6  permission denied / read-only filesystem
+       without client authentication on a
+       non-loopback address, docs/SECURITY.md)
     3  invalid configuration              7  the data directory is not a directory
     4  address in use / not on this host  8  no space left on the device
                                           9  the data directory is in use by another process
@@ -22,9 +24,17 @@ import os
 import socket
 from typing import NamedTuple
 
-from loglake.errors import ConfigError, DataDirLockedError, ListenError, LoglakeError, StorageError
+from loglake.errors import (
+    ConfigError,
+    DataDirLockedError,
+    ListenError,
+    LoglakeError,
+    StorageError,
+    UnsafeListenerError,
+)
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_ADDRESS = 4
 EXIT_RESOLVE = 5
@@ -129,6 +139,8 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
         return StartupFailure(EXIT_ADDRESS, str(exc))
     if isinstance(exc, DataDirLockedError):
         return StartupFailure(EXIT_LOCKED, str(exc))
+    if isinstance(exc, UnsafeListenerError):
+        return StartupFailure(EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):
         return StartupFailure(EXIT_CONFIG, str(exc))
     if isinstance(exc, StorageError) and isinstance(exc.cause, OSError):
@@ -151,6 +163,7 @@ __all__ = [
     "EXIT_NO_SPACE",
     "EXIT_PERMISSION",
     "EXIT_RESOLVE",
+    "EXIT_USAGE",
     "StartupFailure",
     "check_space",
     "explain",
