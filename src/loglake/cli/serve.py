@@ -56,6 +56,13 @@ def serve(
     ssl_client_auth: Annotated[
         str | None, typer.Option("--ssl-client-auth", help="Ask SSL clients for a certificate: none, requested or required.")
     ] = None,
+    ssl_principal_mapping_rules: Annotated[
+        str | None,
+        typer.Option(
+            "--ssl-principal-mapping-rules",
+            help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU] and DEFAULT, comma-separated.",
+        ),
+    ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
         typer.Option(
@@ -87,6 +94,7 @@ def serve(
         "ssl_key_password": ssl_key_password,
         "ssl_ca": ssl_ca,
         "ssl_client_auth": ssl_client_auth,
+        "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
         "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
         "auto_create_topics": auto_create_topics,
         "default_partitions": default_partitions,
