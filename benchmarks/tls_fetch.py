@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from tlskit import make_pki  # noqa: E402 - the tests' certificate generator
 
+
 def broker_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.listeners import match_advertised, parse_listeners
@@ -43,8 +43,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
-    """PLAINTEXT and SSL listeners at once; client certificates not asked for."""
-    args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", *ssl_args(pki)]
+    """PLAINTEXT and SSL listeners at once (the SSL one advertised as localhost); client
+    certificates not asked for."""
+    args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--advertised-listener", "SSL://localhost:0", *ssl_args(pki)]
     with serving_broker(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE) as b:
         yield b
 
@@ -154,6 +155,9 @@ def test_list_settings_from_env_toml_and_flags(tmp_path: Path) -> None:
     config = BrokerConfig.load(str(toml), env={})
     assert config.listen == ["127.0.0.1:0"] and config.advertised_listener == ["a.example:1"]
     assert BrokerConfig.load(env={}, listen=["127.0.0.1:1,SSL://127.0.0.1:2"], ssl_cert="c").listen == ["127.0.0.1:1", "SSL://127.0.0.1:2"]
+    shown = BrokerConfig.load(env={}, listen=["127.0.0.1:1", "SSL://127.0.0.1:2"], ssl_cert="c", ssl_key_password="pw").describe()
+    assert 'listen = ["127.0.0.1:1", "SSL://127.0.0.1:2"]  # --listen' in shown.splitlines()
+    assert "pw" not in shown and 'ssl_key_password = "(hidden)"' in shown
     with pytest.raises(ConfigError, match="ssl_client_auth='maybe'"):
         BrokerConfig.load(env={"LOGLAKE_SSL_CLIENT_AUTH": "maybe"})
 
@@ -178,7 +182,13 @@ def test_two_listeners_port_file_and_metadata_per_listener(broker: Broker, pki: 
     plain, tls = broker.ports
     assert broker.port == plain and tls != plain
     assert advertised({"bootstrap.servers": f"127.0.0.1:{plain}", "log_level": 0}) == ("127.0.0.1", plain)
-    assert advertised(ssl_conf(pki, tls)) == ("127.0.0.1", tls)
+    # matched by protocol; port 0 is the port the listener got; the certificate names localhost
+    assert advertised(ssl_conf(pki, tls)) == ("localhost", tls)
+    resource = ConfigResource(ConfigResource.Type.BROKER, "0")
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{plain}", "log_level": 0})
+    configs = admin.describe_configs([resource])[resource].result(timeout=15)
+    assert configs["listeners"].value == f"PLAINTEXT://127.0.0.1:{plain},SSL://127.0.0.1:{tls}"
+    assert configs["advertised.listeners"].value == f"PLAINTEXT://127.0.0.1:{plain},SSL://localhost:{tls}"
 
 
 def test_confluent_over_ssl(broker: Broker, pki: Pki) -> None:

@@ -62,13 +62,7 @@ from loglake.broker.protocol import (
     encode_unsupported_api_versions,
 )
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
-from loglake.broker.tls import (
-    HANDSHAKE_TIMEOUT_S,
-    PrincipalMapper,
-    SecurityContext,
-    server_context,
-    subject_dn,
-)
+from loglake.broker.tls import PrincipalMapper, SecurityContext, server_context, upgrade
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
@@ -466,8 +460,13 @@ class BrokerServer:
         advertised = next((adv for lst, adv in self.endpoints if lst.protocol == listener.protocol), self.endpoints[0][1])
         bound = next((lst for lst, _ in self.endpoints if lst.protocol == listener.protocol), listener)
         security = SecurityContext(bound, advertised)
-        if listener.tls and not await self._tls_handshake(writer, security):
-            return
+        if listener.tls:
+            try:
+                if not await self._tls_handshake(writer, security):
+                    return
+            except asyncio.CancelledError:  # shutdown during the handshake: see below
+                writer.transport.abort()
+                return
         conn = Connection(self, reader, writer, security)
         log.debug("connection %s on %s listener: principal %s", conn.peer, listener.name, security.principal)
         self._connections.add(conn)
@@ -486,49 +485,22 @@ class BrokerServer:
             self.metrics.connections_open -= 1
 
     async def _tls_handshake(self, writer: asyncio.StreamWriter, security: SecurityContext) -> bool:
-        """Upgrade an accepted connection to TLS and take its principal from the client
-        certificate; False (connection closed, one rate-limited line) when that fails."""
+        """Upgrade an accepted connection to TLS (`loglake.broker.tls.upgrade`); False, with the
+        connection closed and one rate-limited line, when that fails."""
         assert self._tls is not None
+        failure = await upgrade(writer, self._tls, security, self._principals)
+        if failure is None:
+            return True
         peer = writer.get_extra_info("peername")
-        peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.metrics.protocol_errors["tls_handshake"] += 1
+        self.limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown),
+                             "closing %s: %s", shown, failure)
         try:
-            await writer.start_tls(self._tls, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
-        except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
-            self.metrics.protocol_errors["tls_handshake"] += 1
-            why = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-            if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
-                why = f"{why}: {exc.verify_message}"  # "certificate has expired", "unable to get local issuer certificate"
-            hint = ""
-            if why in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE") or "wrong version" in str(exc):
-                hint = " (not TLS: is a PLAINTEXT client pointed at the SSL listener?)"
-            elif why in ("UNSUPPORTED_PROTOCOL", "TLSV1_ALERT_PROTOCOL_VERSION"):
-                hint = " (the client offers only TLS older than 1.2)"
-            elif "CERTIFICATE" in str(why).upper():
-                hint = " (the client certificate was not accepted: untrusted, expired or missing)"
-            self.limited.warning(("tls_handshake", peer_host), "closing %s: TLS handshake failed on the %s listener: %s%s",
-                                 shown, security.listener.name, why, hint)
-            try:
-                writer.transport.abort()
-            except Exception:
-                pass
-            return False
-        obj = writer.get_extra_info("ssl_object")
-        if obj is not None:
-            security.tls_version = obj.version()
-            cipher = obj.cipher()
-            security.cipher = cipher[0] if cipher else None
-            cert = obj.getpeercert()
-            if cert:
-                security.peer_dn = subject_dn(cert)
-                name = self._principals.name(security.peer_dn)
-                if name is None:
-                    self.limited.warning(("tls_principal", peer_host), "closing %s: no ssl_principal_mapping_rules rule matches "
-                                         "the client certificate subject %r", shown, security.peer_dn)
-                    writer.transport.abort()
-                    return False
-                security.principal = f"User:{name}"
-        return True
+            writer.transport.abort()
+        except Exception:  # already gone
+            pass
+        return False
 
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish, then seal, snapshot and release."""

@@ -16,6 +16,7 @@ connection. SASL (later) will set the principal the same way, on the same contex
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import ssl
@@ -168,6 +169,43 @@ def server_context(cert: str | None, key: str | None, password: str | None, ca: 
     return ctx
 
 
+async def upgrade(
+    writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper
+) -> str | None:
+    """TLS handshake on an accepted connection before its first Kafka byte is read; fills
+    `security` (version, cipher, peer DN, principal). None when it worked, else why not: one line
+    for the log that names the cause (not TLS at all, TLS too old, the client certificate)."""
+    where = f"the {security.listener.name} listener"
+    try:
+        await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+    except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
+        why = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+            why = f"{why}: {exc.verify_message}"  # "certificate has expired", "unable to get local issuer certificate"
+        hint = ""
+        if why in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"):
+            hint = " (not TLS: is a PLAINTEXT client pointed at the SSL listener?)"
+        elif why in ("UNSUPPORTED_PROTOCOL", "TLSV1_ALERT_PROTOCOL_VERSION"):
+            hint = " (the client offers only TLS older than 1.2)"
+        elif "CERTIFICATE" in str(why).upper():
+            hint = " (the client certificate was not accepted: untrusted, expired or missing)"
+        return f"TLS handshake failed on {where}: {why}{hint}"
+    obj = writer.get_extra_info("ssl_object")
+    if obj is None:
+        return None
+    security.tls_version = obj.version()
+    cipher = obj.cipher()
+    security.cipher = cipher[0] if cipher else None
+    cert = obj.getpeercert()
+    if cert:
+        security.peer_dn = subject_dn(cert)
+        name = mapper.name(security.peer_dn)
+        if name is None:
+            return f"no ssl_principal_mapping_rules rule matches the client certificate subject {security.peer_dn!r} on {where}"
+        security.principal = f"User:{name}"
+    return None
+
+
 __all__ = [
     "ANONYMOUS",
     "CLIENT_AUTH",
@@ -176,4 +214,5 @@ __all__ = [
     "SecurityContext",
     "server_context",
     "subject_dn",
+    "upgrade",
 ]

@@ -8,12 +8,13 @@ The traceback goes to the log at DEBUG only.
 Exit codes (also in README.md, "The broker"):
 
     1  any other operating error          5  a host name does not resolve
-    2  usage error (a bad flag; a listener  6  permission denied / read-only filesystem
-       without client authentication on a
-       non-loopback address, docs/SECURITY.md)
+    2  usage error (a bad flag)           6  permission denied / read-only filesystem
     3  invalid configuration              7  the data directory is not a directory
     4  address in use / not on this host  8  no space left on the device
                                           9  the data directory is in use by another process
+
+2 is also a listener that does not authenticate clients bound to a non-loopback address without
+--allow-unauthenticated-public-listener (`UnsafeListenerError`; docs/SECURITY.md, "Safe by default").
 """
 
 from __future__ import annotations
