@@ -44,9 +44,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
     """PLAINTEXT and SSL listeners at once (the SSL one advertised as localhost); client
-    certificates not asked for."""
-    args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--advertised-listener", "SSL://localhost:0", *ssl_args(pki)]
-    with serving_broker(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE) as b:
+    certificates asked for but not required; the default principal mapping."""
+    args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--advertised-listener", "SSL://localhost:0"]
+    args += ssl_args(pki, client_auth="requested")
+    with serving_broker(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
         yield b
 
 
@@ -195,6 +196,20 @@ def test_confluent_over_ssl(broker: Broker, pki: Pki) -> None:
     confluent_round_trip(ssl_conf(pki, broker.ports[1]))
 
 
+def test_requested_client_certificate_gives_the_full_subject_or_anonymous(broker: Broker, pki: Pki) -> None:
+    tls_talk(broker.ports[1], client_ctx(pki, pki.alice))
+    assert "on SSL listener" in wait_log(broker, "principal User:CN=alice,OU=eng,O=loglake")  # DEFAULT: Kafka's DN string
+    before = broker.log_text().count("on SSL listener: principal User:ANONYMOUS")
+    tls_talk(broker.ports[1], client_ctx(pki))
+    deadline = time.monotonic() + 10
+    while broker.log_text().count("on SSL listener: principal User:ANONYMOUS") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert broker.log_text().count("on SSL listener: principal User:ANONYMOUS") > before
+    assert "on PLAINTEXT listener: principal User:ANONYMOUS" in broker.log_text()
+    with pytest.raises((ssl.SSLError, ConnectionError)):  # requested: a certificate that does not verify is refused
+        tls_talk(broker.ports[1], client_ctx(pki, pki.untrusted))
+
+
 def test_kafka_python_over_ssl(broker: Broker, pki: Pki) -> None:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTP
@@ -268,8 +283,8 @@ def test_plaintext_bytes_to_the_tls_port_close_with_one_line(broker: Broker, pki
                 pass
         except ConnectionResetError:
             pass
-    line = wait_log(broker, "TLS handshake failed on the SSL listener")
-    assert "PLAINTEXT client" in line, line
+    line = wait_log(broker, "(not TLS: is a PLAINTEXT client pointed at the SSL listener?)")
+    assert "TLS handshake failed on the SSL listener" in line, line
     confluent_round_trip(ssl_conf(pki, broker.ports[1]), n=5)
 
 

@@ -48,7 +48,7 @@ from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
-from loglake.broker.listeners import PLAINTEXT, WILDCARD_HOSTS, Listener, match_advertised
+from loglake.broker.listeners import PLAINTEXT, WILDCARD_HOSTS, Listener, is_loopback, match_advertised
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
@@ -339,6 +339,9 @@ class BrokerServer:
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
+            if not is_loopback(mhost):
+                log.warning("--metrics-listen %s: /metrics is reachable beyond this machine without authentication "
+                            "(it names topics and groups); bind it to 127.0.0.1 unless a scraper elsewhere needs it", self.config.metrics_listen)
             try:
                 self._metrics_server = await serve_metrics(
                     mhost,
