@@ -141,6 +141,9 @@ def test_listener_parsing_and_advertised_matching() -> None:
     assert match_advertised(ls, ["SSL://b.example:19093"]) == [None, ("b.example", 19093)]
     assert match_advertised(ls, "a.example:1,b.example:2") == [("a.example", 1), ("b.example", 2)]
     assert match_advertised(ls, ["SSL://b:2", "a:1"]) == [("a", 1), ("b", 2)]
+    assert match_advertised(ls, ["b:2", "PLAINTEXT://a:1"]) == [("a", 1), ("b", 2)]  # named ones first
+    with pytest.raises(ConfigError, match="more advertised listeners than listeners"):
+        match_advertised(ls, ["a:1", "b:2", "c:3"])
     with pytest.raises(ConfigError, match="two PLAINTEXT listeners"):
         parse_listeners(["127.0.0.1:1", "PLAINTEXT://127.0.0.1:2"])
     with pytest.raises(ConfigError, match="unknown security protocol"):

@@ -7,7 +7,8 @@ protocol, so each protocol can be used by one listener at most.
 
 Advertised listeners (``--advertised-listener``) are matched to listeners **by protocol** when
 they name one (``SSL://broker.example:9093``) and **by position** when they are a bare
-``HOST:PORT`` (the first bare one goes with the first listener, and so on). A listener nothing is
+``HOST:PORT`` (after the ones that name a protocol are placed, the bare ones go, in order, to the
+listeners left, in listener order). A listener nothing is
 matched to advertises its own address; port 0 in an advertised address means the port the
 listener got.
 
@@ -111,21 +112,20 @@ def match_advertised(
     the caller puts the bound port there), else None. See the module doc for the matching rule."""
     out: list[tuple[str, int] | None] = [None] * len(listeners)
     by_protocol = {lst.protocol: i for i, lst in enumerate(listeners)}
-    position = 0
-    for item in split_list(advertised):
-        adv, named = parse_listener(item, what)
+    parsed = [(item, *parse_listener(item, what)) for item in split_list(advertised)]
+    # Entries that name a protocol first, then the bare ones in order into the listeners left.
+    for item, adv, named in sorted(parsed, key=lambda p: not p[2]):
         if named:
             index = by_protocol.get(adv.protocol)
             if index is None:
                 raise ConfigError(f"{what} {item!r}: no {adv.protocol} listener to advertise it for")
+            if out[index] is not None:
+                raise ConfigError(f"{what} {item!r}: the {adv.protocol} listener is advertised twice")
         else:
-            while position < len(listeners) and out[position] is not None:
-                position += 1
-            if position >= len(listeners):
+            free = [i for i, taken in enumerate(out) if taken is None]
+            if not free:
                 raise ConfigError(f"{what} {item!r}: more advertised listeners than listeners")
-            index = position
-        if out[index] is not None:
-            raise ConfigError(f"{what} {item!r}: the {listeners[index].protocol} listener is advertised twice")
+            index = free[0]
         out[index] = (adv.host, adv.port)
     return out
 
