@@ -460,7 +460,7 @@ class BrokerServer:
             self.limited.warning("max_connections", "refusing connection: %d connections open (max_connections)", len(self._connections))
             writer.close()
             return
-        advertised = next((adv for lst, adv in self.endpoints if lst.protocol == listener.protocol), self.endpoints[0][1])
+        advertised = next((adv for lst, adv in self.endpoints if lst.protocol == listener.protocol), (listener.host, listener.port))
         bound = next((lst for lst, _ in self.endpoints if lst.protocol == listener.protocol), listener)
         security = SecurityContext(bound, advertised)
         if listener.tls:
