@@ -18,9 +18,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 LISTEN ?= 127.0.0.1:9092
+# e.g. SERVE_FLAGS=--allow-unauthenticated-public-listener for LISTEN=0.0.0.0:9092 (docs/SECURITY.md)
+SERVE_FLAGS ?=
 
 run: venv
-	$(BIN)/loglake serve --data-dir $(DATA_DIR) --listen $(LISTEN)
+	$(BIN)/loglake serve --data-dir $(DATA_DIR) --listen $(LISTEN) $(SERVE_FLAGS)
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks scripts

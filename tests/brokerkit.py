@@ -17,12 +17,17 @@ START_TIMEOUT_S = 30.0
 
 
 class Broker:
-    def __init__(self, data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None, log_level: str = "INFO"
+    ) -> None:
         self.data_dir = data_dir
         self.extra_args = list(extra_args or [])
         self.env = env
+        self.log_level = log_level
         self.proc: subprocess.Popen[str] | None = None
         self.port = 0
+        #: Every listener's port, in listener order (from --port-file).
+        self.ports: list[int] = []
         self.log_path = data_dir.parent / f"{data_dir.name}-broker.log"
 
     @property
@@ -39,12 +44,12 @@ class Broker:
             "-m",
             "loglake.cli.main",
             "--log-level",
-            "INFO",
+            self.log_level,
             "serve",
             "--data-dir",
             str(self.data_dir),
-            "--listen",
-            "127.0.0.1:0",
+            # --listen repeats add listeners: the default one only when the test names none
+            *([] if "--listen" in self.extra_args else ["--listen", "127.0.0.1:0"]),
             "--port-file",
             str(port_file),
             *self.extra_args,
@@ -58,6 +63,7 @@ class Broker:
             line = self.proc.stdout.readline()
             if line.startswith("loglake listening on "):
                 self.port = int(line.rsplit(":", 1)[1])
+                self.ports = [int(p) for p in port_file.read_text().split()]
                 return self
             if self.proc.poll() is not None:
                 break
@@ -119,11 +125,11 @@ def running_broker(data_dir: Path, extra_args: list[str] | None = None) -> Itera
 
 @contextmanager
 def serving_broker(
-    data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    data_dir: Path, extra_args: list[str] | None = None, env: dict[str, str] | None = None, log_level: str = "INFO"
 ) -> Iterator[Broker]:
     """A broker for a test module: it must still be running at the end, stop cleanly, and have
     logged no traceback."""
-    b = Broker(data_dir, extra_args, env).start()
+    b = Broker(data_dir, extra_args, env, log_level).start()
     try:
         yield b
         assert b.proc is not None and b.proc.poll() is None, "the broker process died"

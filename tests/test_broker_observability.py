@@ -163,7 +163,7 @@ def _advertised(bootstrap: str) -> tuple[str, int]:
 
 
 def test_wildcard_listen_advertises_the_canonical_host_name(tmp_path: Path) -> None:
-    with serving_broker(tmp_path / "data", ["--listen", "0.0.0.0:0"]) as b:
+    with serving_broker(tmp_path / "data", ["--listen", "0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
         host, port = _advertised(b.bootstrap)
         assert host == canonical_host_name()
         fqdn = socket.getfqdn()
@@ -176,7 +176,7 @@ def test_wildcard_listen_advertises_the_canonical_host_name(tmp_path: Path) -> N
 
 
 def test_advertised_listener_overrides_the_wildcard(tmp_path: Path) -> None:
-    args = ["--listen", "0.0.0.0:0", "--advertised-listener", "kafka.example.internal:19092"]
+    args = ["--listen", "0.0.0.0:0", "--advertised-listener", "kafka.example.internal:19092", "--allow-unauthenticated-public-listener"]
     with serving_broker(tmp_path / "data", args) as b:
         assert _advertised(b.bootstrap) == ("kafka.example.internal", 19092)
         assert "advertising" not in b.log_text()

@@ -31,7 +31,7 @@ def serve(tmp_path: Path, *args: str, toml: str | None = None, env: dict[str, st
     ("toml", "words"),
     [
         ('default_partitions = "3"\n', ["default_partitions='3'", "broker.toml:1", "expected an integer"]),
-        ("# the port\nlisten = 29110\n", ["listen=29110", "broker.toml:2", "expected a string"]),
+        ("# the port\nlisten = 29110\n", ["listen=29110", "broker.toml:2", "expected a list of strings"]),
         ('[engine]\nmemory_budget_bytes = "1GB"\n', ["engine.memory_budget_bytes='1GB'", "broker.toml:2", "expected an integer"]),
         ("max_connections = -5\n", ["max_connections=-5", "broker.toml:1", "allowed [1, 1000000]"]),
         ("idle_timeout_ms = 0\n", ["idle_timeout_ms=0", "allowed [1000,"]),

@@ -70,7 +70,7 @@ def test_unresolvable_listen_host(tmp_path: Path) -> None:
 
 def test_foreign_listen_address(tmp_path: Path) -> None:
     # 192.0.2.0/24 is TEST-NET-1 (RFC 5737): never an address of this machine.
-    result = serve("--data-dir", str(tmp_path / "d"), "--listen", "192.0.2.77:9092")
+    result = serve("--data-dir", str(tmp_path / "d"), "--listen", "192.0.2.77:9092", "--allow-unauthenticated-public-listener")
     assert_one_line(result, EXIT_ADDRESS, "--listen", "not an address of this machine")
 
 

@@ -30,6 +30,11 @@ class ConfigError(LoglakeError):
     kafka_code = ErrorCode.INVALID_CONFIG
 
 
+class UnsafeListenerError(ConfigError):
+    """A listener without client authentication on a non-loopback address, and no explicit
+    --allow-unauthenticated-public-listener: `loglake serve` exits with the usage-error code 2."""
+
+
 class InvalidTopicError(LoglakeError):
     """The topic name breaks Kafka's naming rule."""
 

@@ -18,6 +18,7 @@ from loglake.errors import ConfigError
 
 if TYPE_CHECKING:
     from loglake.broker.groups.limits import ConsumerLimits
+    from loglake.broker.listeners import Listener
 
 #: Largest request frame accepted; Kafka's socket.request.max.bytes default is 100 MiB.
 MAX_FRAME_BYTES_DEFAULT = 100 * 1024 * 1024
@@ -32,14 +33,9 @@ LOG_RATE_LIMIT_MS_DEFAULT = 30_000
 
 
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ConfigError(f"{what} must be HOST:PORT, got {value!r}")
-    host = host.strip("[]") or "0.0.0.0"
-    number = int(port)
-    if not 0 <= number <= 65535:
-        raise ConfigError(f"{what}: port {number} out of range")
-    return host, number
+    from loglake.broker.listeners import parse_host_port as parse
+
+    return parse(value, what)
 
 
 @dataclass
@@ -50,10 +46,23 @@ class BrokerConfig:
 
     data_dir: str = "./loglake-data"
     cold_store: str | None = None
-    listen: str = "127.0.0.1:9092"
-    advertised_listener: str | None = None
+    #: Listeners, each PROTOCOL://HOST:PORT or a bare HOST:PORT (PLAINTEXT); see loglake.broker.listeners.
+    listen: list[str] = field(default_factory=lambda: ["127.0.0.1:9092"])
+    #: What Metadata advertises per listener: matched by protocol, or by position when bare HOST:PORT.
+    advertised_listener: list[str] = field(default_factory=list)
     port_file: str | None = None
     metrics_listen: str | None = None
+    #: TLS of SSL listeners (docs/SECURITY.md): PEM certificate chain, private key (and its password),
+    #: the CAs client certificates must chain to, and whether one is asked for: none|requested|required.
+    ssl_cert: str | None = None
+    ssl_key: str | None = None
+    ssl_key_password: str | None = None
+    ssl_ca: str | None = None
+    ssl_client_auth: str = "none"
+    #: Kafka's ssl.principal.mapping.rules: client certificate subject DN -> principal name.
+    ssl_principal_mapping_rules: str = "DEFAULT"
+    #: Start even when a listener without client authentication is bound to a non-loopback address.
+    allow_unauthenticated_public_listener: bool = False
     node_id: int = 0
     auto_create_topics: bool = True
     default_partitions: int = 1
@@ -108,9 +117,15 @@ class BrokerConfig:
         for name in BOUNDS:
             value = getattr(self, name)
             check_value(name, type(value), value, self.sources.get(name, "default"), from_text=False)
-        parse_host_port(self.listen, "--listen")
-        if self.advertised_listener:
-            parse_host_port(self.advertised_listener, "--advertised-listener")
+        self.listeners()
+        from loglake.broker.tls import CLIENT_AUTH, PrincipalMapper
+
+        if self.ssl_client_auth not in CLIENT_AUTH:
+            raise ConfigError(
+                f"ssl_client_auth={self.ssl_client_auth!r} (from {self.sources.get('ssl_client_auth', 'default')}): "
+                f"expected one of {', '.join(CLIENT_AUTH)}"
+            )
+        PrincipalMapper(self.ssl_principal_mapping_rules)
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
@@ -123,6 +138,24 @@ class BrokerConfig:
             self.consumer_group_limits().check()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def listeners(self) -> list[Listener]:
+        """The listeners, checked: parseable, one per protocol, SSL ones with a certificate, no SASL yet."""
+        from loglake.broker.listeners import match_advertised, parse_listeners, split_list
+
+        self.listen = split_list(self.listen)
+        self.advertised_listener = split_list(self.advertised_listener)
+        listeners = parse_listeners(self.listen, "--listen")
+        match_advertised(listeners, self.advertised_listener)
+        for lst in listeners:
+            if lst.sasl:
+                raise ConfigError(
+                    f"--listen {lst.url()}: {lst.protocol} needs SASL, which loglake does not implement yet "
+                    "(it comes later, issue 16); use PLAINTEXT or SSL (with --ssl-client-auth required for mTLS)"
+                )
+            if lst.tls and not self.ssl_cert:
+                raise ConfigError(f"--listen {lst.url()}: an SSL listener needs --ssl-cert (and --ssl-key unless the key is in that PEM file)")
+        return listeners
 
     def consumer_group_limits(self) -> ConsumerLimits:
         """The `group.consumer.*` settings as the coordinator's ConsumerLimits."""
@@ -172,6 +205,8 @@ class BrokerConfig:
         engine = self.engine_config()
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         engine_values = {f.name: getattr(engine, f.name) for f in fields(engine)}
+        if values.get("ssl_key_password"):
+            values["ssl_key_password"] = "(hidden)"
         sources = dict(self.sources)
         if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
             sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"

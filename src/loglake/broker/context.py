@@ -47,3 +47,13 @@ class BrokerContext:
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking engine work (topic admin, waits for memory) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def advertised_endpoint(ctx: BrokerContext, conn: Any) -> tuple[str, int]:
+    """The (host, port) to answer a request with: that of the listener the connection came in on
+    (Kafka answers Metadata with the endpoint of the request's listener), else the first one."""
+    security = getattr(conn, "security", None)
+    if security is not None:
+        host, port = security.advertised
+        return str(host), int(port)
+    return ctx.advertised_host, ctx.advertised_port

@@ -76,6 +76,9 @@ DYNAMIC_TOPIC_DEFAULTS = (
 _BROKER_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
     ("auto.create.topics.enable", "auto_create_topics", ConfigType.BOOLEAN,
      "Create unknown topics on metadata requests and produce."),
+    ("ssl.client.auth", "ssl_client_auth", ConfigType.STRING, "Whether SSL listeners ask for a client certificate."),
+    ("ssl.principal.mapping.rules", "ssl_principal_mapping_rules", ConfigType.STRING,
+     "How a client certificate's subject DN becomes the principal name."),
     ("num.partitions", "default_partitions", ConfigType.INT, "Partitions of auto-created topics and of CreateTopics with -1."),
     ("socket.request.max.bytes", "max_frame_bytes", ConfigType.INT, "Largest request accepted, in bytes."),
     ("queued.max.request.bytes", "queued_max_request_bytes", ConfigType.LONG,
@@ -124,7 +127,7 @@ _ENGINE_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
     ("log.cleaner.backoff.ms", "cleaner_backoff_ms", ConfigType.LONG, "Pause between cleaner passes that found nothing to do."),
 )
 #: Settings described with a null value (URLs may carry credentials).
-_SENSITIVE = frozenset({"cold_store", "engine.cold_store_url", "engine.hot_store_url"})
+_SENSITIVE = frozenset({"cold_store", "engine.cold_store_url", "engine.hot_store_url", "ssl_key_password"})
 _BROKER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(BrokerConfig)}
 _ENGINE_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(EngineConfig) if f.default is not dataclasses.MISSING
@@ -234,29 +237,32 @@ def _loglake_type(value: Any) -> ConfigType:
 class BrokerConfigs:
     """The broker's settings with their dynamic layers; applies them where they act."""
 
-    def __init__(self, config: BrokerConfig, engine: Engine, host_port: tuple[str, int, str, int]) -> None:
+    def __init__(
+        self, config: BrokerConfig, engine: Engine, host_port: tuple[str, int, str, int], endpoints: tuple[str, str] | None = None
+    ) -> None:
         self.config = config  # live: dynamic values are written into it
         self.engine = engine
         self.node = str(config.node_id)
         #: The static topic defaults (TOML [topic_defaults] and [engine] topic_defaults), before dynamic ones.
         self.static_topic_defaults = dict(engine.config.topic_defaults)
-        self.settings = self._static_settings(dataclasses.replace(config), dataclasses.replace(engine.config), host_port)
+        self.settings = self._static_settings(dataclasses.replace(config), dataclasses.replace(engine.config), host_port, endpoints)
         self.stored: dict[str, dict[str, str]] = {}
 
     # ---- what the settings are -------------------------------------------------------------------
 
     def _static_settings(
-        self, conf: BrokerConfig, econf: EngineConfig, host_port: tuple[str, int, str, int]
+        self, conf: BrokerConfig, econf: EngineConfig, host_port: tuple[str, int, str, int], endpoints: tuple[str, str] | None
     ) -> dict[str, Setting]:
         host, port, adv_host, adv_port = host_port
+        listeners, advertised = endpoints or (f"PLAINTEXT://{host}:{port}", f"PLAINTEXT://{adv_host}:{adv_port}")
         node = str(conf.node_id)
         rows = [
             Setting("broker.id", node, "0", ConfigType.INT, "This broker's id (node_id)."),
             Setting("node.id", node, "0", ConfigType.INT, "This broker's id (node_id)."),
             Setting("log.dirs", self.engine.data_dir, None, ConfigType.STRING, "The data directory (--data-dir)."),
-            Setting("listeners", f"PLAINTEXT://{host}:{port}", None, ConfigType.STRING, "Where the broker listens."),
-            Setting("advertised.listeners", f"PLAINTEXT://{adv_host}:{adv_port}",
-                    None if conf.advertised_listener else f"PLAINTEXT://{adv_host}:{adv_port}",
+            Setting("listeners", listeners, None, ConfigType.STRING, "Where the broker listens."),
+            Setting("advertised.listeners", advertised,
+                    None if conf.advertised_listener else advertised,
                     ConfigType.STRING, "The address clients are told to connect to."),
             Setting("default.replication.factor", "1", "1", ConfigType.INT, "Always 1: loglake is a single broker."),
             Setting("offsets.topic.replication.factor", "1", "1", ConfigType.SHORT, "Always 1: loglake is a single broker."),

@@ -21,16 +21,27 @@ key, an unsupported version of anything but ApiVersions) closes that connection 
 that says why; the broker and every other connection go on. Those lines are rate-limited per
 condition and peer address (`loglake.logsafe`): a client that reconnects and sends the same thing
 again is logged once, then summarised ("... 234 more in the last 30 s").
+
+Listeners (`loglake.broker.listeners`): one asyncio server per listener. On an SSL listener the
+connection is accepted as TCP and upgraded with `StreamWriter.start_tls` before the first Kafka
+byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
+client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limited log line and a
+closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
+what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
+with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
+buffered chunks (`_send_file_range`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import importlib
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -42,6 +53,7 @@ from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
+from loglake.broker.listeners import PLAINTEXT, WILDCARD_HOSTS, Listener, is_loopback, match_advertised
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
@@ -55,6 +67,7 @@ from loglake.broker.protocol import (
     encode_unsupported_api_versions,
 )
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
+from loglake.broker.tls import PrincipalMapper, SecurityContext, server_context, upgrade
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
@@ -70,8 +83,8 @@ READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 SHUTDOWN_GRACE_S = 10.0
 #: How often rate-limited log lines whose window is over get their summary written.
 LOG_FLUSH_INTERVAL_S = 1.0
-#: Listen hosts that mean "every interface": not an address a client can connect to.
-WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+#: Bytes read from a file per write when sendfile cannot be used (TLS).
+BUFFERED_SEND_BYTES = 1024 * 1024
 API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
@@ -79,7 +92,11 @@ Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]
 
 class Connection:
     def __init__(
-        self, server: BrokerServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        server: BrokerServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        security: SecurityContext | None = None,
     ) -> None:
         self.server = server
         self.ctx = server.ctx
@@ -89,6 +106,9 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         #: The peer without its port: what rate-limited warnings are keyed by (reconnects share it).
         self.peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+        #: Listener, advertised endpoint and principal of this connection (ACLs and quotas key on it).
+        self.security = security or SecurityContext.plaintext(server.ctx.advertised_host, server.ctx.advertised_port)
+        self.security.peer_host = self.peer_host
         self.append_lock = asyncio.Lock()
         self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any], int] | None] = asyncio.Queue(
             self.ctx.config.max_inflight_per_connection
@@ -223,8 +243,11 @@ class Connection:
                     if isinstance(buf, FileRange) or hasattr(buf, "path"):
                         await self.writer.drain()
                         try:
-                            with open(buf.path, "rb") as fh:
-                                await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
+                            if self.security.listener.tls:
+                                await self._send_file_range(buf)
+                            else:
+                                with open(buf.path, "rb") as fh:
+                                    await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
                         except OSError as exc:
                             if exc.errno == errno.EIO and self.server.engine is not None:
                                 # The segment file, not the socket: the response is cut, so the
@@ -233,7 +256,7 @@ class Connection:
                             raise
                         self.ctx.metrics.bytes_out += buf.length
                     else:
-                        self.writer.write(buf)
+                        self._write(buf)
                         self.ctx.metrics.bytes_out += len(buf)
                 await self.writer.drain()
             except (ConnectionError, OSError) as exc:
@@ -241,6 +264,31 @@ class Connection:
                 self.closing = True
                 self._drain_queue()
                 return
+
+    def _write(self, data: Any) -> None:
+        # A closed TLS transport (shutdown closed it while a response was on its way) fails writes
+        # with AttributeError in Python 3.11's sslproto rather than a ConnectionError: say it as one.
+        if self.writer.transport.is_closing():
+            raise ConnectionResetError("connection closed")
+        self.writer.write(data)
+
+    async def _send_file_range(self, buf: Any) -> None:
+        """A file range through TLS: no sendfile (the kernel cannot encrypt), so read it in chunks
+        off the event loop and write them (see docs/SECURITY.md for what it costs)."""
+        loop = asyncio.get_running_loop()
+        fd = await loop.run_in_executor(self.ctx.executor, os.open, buf.path, os.O_RDONLY)
+        try:
+            position, left = buf.position, buf.length
+            while left > 0:
+                chunk = await loop.run_in_executor(self.ctx.executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
+                if not chunk:
+                    raise OSError(f"{buf.path}: ended {left} bytes before the range")
+                self._write(chunk)
+                await self.writer.drain()
+                position += len(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
 
     def _drain_queue(self) -> None:
         while not self._queue.empty():
@@ -298,7 +346,7 @@ class BrokerServer:
         self.config = config
         self.engine: Engine | None = None
         self.ctx: BrokerContext
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._metrics_server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
@@ -310,6 +358,10 @@ class BrokerServer:
         self.limited = RateLimitedLog(log, config.log_rate_limit_ms / 1000.0)
         self.host = ""
         self.port = 0
+        #: Each listener as bound (its real port) with the (host, port) it advertises, in listener order.
+        self.endpoints: list[tuple[Listener, tuple[str, int]]] = []
+        self._tls: ssl.SSLContext | None = None
+        self._principals = PrincipalMapper(config.ssl_principal_mapping_rules)
 
     def _readyz_notes(self) -> list[str]:
         """Lines /readyz adds while ready: engine failed, storage full, corrupt segments, segments
@@ -324,10 +376,18 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        listeners = self.config.listeners()
+        if any(lst.tls for lst in listeners):
+            # Before anything is opened: a key that cannot be read is a configuration error.
+            c = self.config
+            self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
         engine = Engine(self.config.data_dir, self.config.engine_config())
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
+            if not is_loopback(mhost):
+                log.warning("--metrics-listen %s: /metrics is reachable beyond this machine without authentication "
+                            "(it names topics and groups); bind it to 127.0.0.1 unless a scraper elsewhere needs it", self.config.metrics_listen)
             try:
                 self._metrics_server = await serve_metrics(
                     mhost,
@@ -343,31 +403,42 @@ class BrokerServer:
         report = await loop.run_in_executor(None, engine.open)
         self.engine = engine
         del report  # the engine logs its own recovery summary
-        host, port = parse_host_port(self.config.listen, "--listen")
-        try:
-            self._server = await asyncio.start_server(self._on_connection, host, port, limit=READ_CHUNK_BYTES)
-        except OSError as exc:
-            raise ListenError("--listen", self.config.listen, exc) from exc
-        sock = self._server.sockets[0]
-        self.host, self.port = sock.getsockname()[:2]
-        adv_host, adv_port = self.host, self.port
-        if self.config.advertised_listener:
-            adv_host, adv_port = parse_host_port(self.config.advertised_listener, "--advertised-listener")
+        bound: list[Listener] = []
+        for lst in listeners:
+            try:
+                server = await asyncio.start_server(
+                    functools.partial(self._on_connection, listener=lst), lst.host, lst.port, limit=READ_CHUNK_BYTES
+                )
+            except OSError as exc:
+                raise ListenError("--listen", lst.url() if lst.protocol != PLAINTEXT else f"{lst.host}:{lst.port}", exc) from exc
+            self._servers.append(server)
+            host, port = server.sockets[0].getsockname()[:2]
+            bound.append(Listener(lst.protocol, host, port))
+        self.host, self.port = bound[0].host, bound[0].port
+        for lst, adv in zip(bound, match_advertised(listeners, self.config.advertised_listener), strict=True):
+            adv_host, adv_port = adv if adv is not None else (lst.host, lst.port)
             if adv_port == 0:
-                adv_port = self.port
-        if adv_host in WILDCARD_HOSTS:
-            # As Kafka does: a wildcard is no address to connect to; advertise the canonical host name.
-            adv_host = await loop.run_in_executor(None, canonical_host_name)
-            log.warning(
-                "listening on %s:%d: every interface is no address a client can connect to; advertising "
-                "%s:%d (this machine's canonical host name) in Metadata; set --advertised-listener "
-                "HOST:PORT if clients cannot reach that name",
-                self.host, self.port, adv_host, adv_port,
-            )
+                adv_port = lst.port
+            if adv_host in WILDCARD_HOSTS:
+                # As Kafka does: a wildcard is no address to connect to; advertise the canonical host name.
+                adv_host = await loop.run_in_executor(None, canonical_host_name)
+                log.warning(
+                    "listening on %s:%d: every interface is no address a client can connect to; advertising "
+                    "%s:%d (this machine's canonical host name) in Metadata; set --advertised-listener "
+                    "HOST:PORT if clients cannot reach that name",
+                    lst.host, lst.port, adv_host, adv_port,
+                )
+            self.endpoints.append((lst, (adv_host, adv_port)))
+        adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
-        self.ctx.broker_configs = BrokerConfigs(self.config, engine, (self.host, self.port, adv_host, adv_port))
+        self.ctx.broker_configs = BrokerConfigs(
+            self.config,
+            engine,
+            (self.host, self.port, adv_host, adv_port),
+            (",".join(lst.url() for lst, _ in self.endpoints), ",".join(lst.url(*adv) for lst, adv in self.endpoints)),
+        )
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
@@ -389,7 +460,7 @@ class BrokerServer:
         if self.config.port_file:
             tmp = f"{self.config.port_file}.tmp"
             with open(tmp, "w") as fh:
-                fh.write(f"{self.port}\n")
+                fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
 
     def _make_coordinator(self, engine: Engine) -> Any:
@@ -429,13 +500,24 @@ class BrokerServer:
             await asyncio.sleep(LOG_FLUSH_INTERVAL_S)
             flush_all()
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: Listener) -> None:
         if len(self._connections) >= self.config.max_connections:
             self.metrics.connections_rejected += 1
             self.limited.warning("max_connections", "refusing connection: %d connections open (max_connections)", len(self._connections))
             writer.close()
             return
-        conn = Connection(self, reader, writer)
+        advertised = next((adv for lst, adv in self.endpoints if lst.protocol == listener.protocol), (listener.host, listener.port))
+        bound = next((lst for lst, _ in self.endpoints if lst.protocol == listener.protocol), listener)
+        security = SecurityContext(bound, advertised)
+        if listener.tls:
+            try:
+                if not await self._tls_handshake(writer, security):
+                    return
+            except asyncio.CancelledError:  # shutdown during the handshake: see below
+                writer.transport.abort()
+                return
+        conn = Connection(self, reader, writer, security)
+        log.debug("connection %s on %s listener: principal %s", conn.peer, listener.name, security.principal)
         self._connections.add(conn)
         self.metrics.connections_open += 1
         self.metrics.connections_total += 1
@@ -451,12 +533,30 @@ class BrokerServer:
             self._connections.discard(conn)
             self.metrics.connections_open -= 1
 
+    async def _tls_handshake(self, writer: asyncio.StreamWriter, security: SecurityContext) -> bool:
+        """Upgrade an accepted connection to TLS (`loglake.broker.tls.upgrade`); False, with the
+        connection closed and one rate-limited line, when that fails."""
+        assert self._tls is not None
+        failure = await upgrade(writer, self._tls, security, self._principals)
+        if failure is None:
+            return True
+        peer = writer.get_extra_info("peername")
+        shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.metrics.protocol_errors["tls_handshake"] += 1
+        self.limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown),
+                             "closing %s: %s", shown, failure)
+        try:
+            writer.transport.abort()
+        except Exception:  # already gone
+            pass
+        return False
+
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish, then seal, snapshot and release."""
         log.info("shutting down: %d connections open", len(self._connections))
         self.metrics.ready = False
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while any(c.busy for c in self._connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -481,7 +581,7 @@ class BrokerServer:
         log.info("shutdown complete")
 
 
-def run_server(config: BrokerConfig, on_listening: Callable[[str, int], None] | None = None) -> int:
+def run_server(config: BrokerConfig, on_listening: Callable[[Listener, tuple[str, int]], None] | None = None) -> int:
     """Run the broker until SIGTERM/SIGINT; returns the process exit code."""
     import signal
 
@@ -504,7 +604,8 @@ def run_server(config: BrokerConfig, on_listening: Callable[[str, int], None] | 
             await server.shutdown()  # a half-started broker releases what it took (lock, ports)
             raise
         if on_listening is not None:
-            on_listening(server.host, server.port)
+            for listener, advertised in server.endpoints:
+                on_listening(listener, advertised)
         await stop.wait()
         await server.shutdown()
         return 0

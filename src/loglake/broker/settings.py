@@ -74,7 +74,7 @@ class Loaded:
 def _kind(f: dataclasses.Field[Any]) -> type:
     """The Python type a setting holds, from its annotation (`from __future__` makes it a string)."""
     ann = str(f.type).replace(" ", "")
-    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str), ("dict", dict)):
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str), ("dict", dict), ("list", list)):
         if ann == name or ann.startswith(f"{name}|") or ann.startswith(f"{name}[") or ann.endswith(f"|{name}"):
             return kind
     raise TypeError(f"setting {f.name}: unsupported annotation {f.type!r}")
@@ -89,7 +89,10 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def _describe(kind: type) -> str:
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table"}[kind]
+    return {
+        bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table",
+        list: "a list of strings (or one comma-separated string)",
+    }[kind]
 
 
 def _range_text(name: str) -> str:
@@ -100,6 +103,13 @@ def _range_text(name: str) -> str:
 def check_value(name: str, kind: type, value: Any, source: str, *, from_text: bool) -> Any:
     """`value` as the setting's type, or ConfigError naming setting, value, source and what is allowed."""
     shown = f"{name}={value!r} (from {source})"
+    if kind is list:
+        # A list setting (listeners): a TOML array or tuple of strings, or a comma-separated string.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            return [part.strip() for v in value for part in v.split(",") if part.strip()]
+        raise ConfigError(f"{shown}: expected {_describe(kind)}, got {type(value).__name__}")
     if from_text and kind is not str:
         text = str(value).strip()
         try:
@@ -236,6 +246,8 @@ def render(values: Mapping[str, Any], engine: Mapping[str, Any], topic_defaults:
             return f"# {name} is unset  # {source}"
         if isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, list):
+            text = "[" + ", ".join('"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' for v in value) + "]"
         elif isinstance(value, int | float):
             text = repr(value)
         else:

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
 from loglake.cli.startup import check_space, explain
+
+if TYPE_CHECKING:
+    from loglake.broker.listeners import Listener
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +26,49 @@ def serve(
         str | None, typer.Option("--cold-store", help="Cold store URL (file:///path or s3://bucket/prefix?...): enables tiering.")
     ] = None,
     listen: Annotated[
-        str | None, typer.Option("--listen", help="HOST:PORT to accept Kafka clients on; port 0 picks a free one.")
+        list[str] | None,
+        typer.Option(
+            "--listen",
+            help="Listener PROTOCOL://HOST:PORT (PLAINTEXT or SSL; a bare HOST:PORT is PLAINTEXT); repeat or comma-separate "
+            "for several; port 0 picks a free one.",
+        ),
     ] = None,
     advertised_listener: Annotated[
-        str | None, typer.Option("--advertised-listener", help="HOST:PORT put in Metadata (default: the listen address).")
+        list[str] | None,
+        typer.Option(
+            "--advertised-listener",
+            help="Address put in Metadata, per listener: PROTOCOL://HOST:PORT matches the listener of that protocol, "
+            "a bare HOST:PORT goes by position (default: the listen address).",
+        ),
     ] = None,
-    port_file: Annotated[str | None, typer.Option("--port-file", help="Write the listening port to this file.")] = None,
+    port_file: Annotated[
+        str | None, typer.Option("--port-file", help="Write the listening ports to this file, one per line in listener order.")
+    ] = None,
     metrics_listen: Annotated[
         str | None, typer.Option("--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz.")
+    ] = None,
+    ssl_cert: Annotated[str | None, typer.Option("--ssl-cert", help="PEM certificate chain of SSL listeners.")] = None,
+    ssl_key: Annotated[str | None, typer.Option("--ssl-key", help="PEM private key of --ssl-cert.")] = None,
+    ssl_key_password: Annotated[
+        str | None, typer.Option("--ssl-key-password", help="Password of an encrypted --ssl-key (env LOGLAKE_SSL_KEY_PASSWORD).")
+    ] = None,
+    ssl_ca: Annotated[str | None, typer.Option("--ssl-ca", help="PEM CA certificates client certificates must chain to.")] = None,
+    ssl_client_auth: Annotated[
+        str | None, typer.Option("--ssl-client-auth", help="Ask SSL clients for a certificate: none, requested or required.")
+    ] = None,
+    ssl_principal_mapping_rules: Annotated[
+        str | None,
+        typer.Option(
+            "--ssl-principal-mapping-rules",
+            help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU] and DEFAULT, comma-separated.",
+        ),
+    ] = None,
+    allow_unauthenticated_public_listener: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-unauthenticated-public-listener",
+            help="Start even though a listener without client authentication is on a non-loopback address.",
+        ),
     ] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="TOML file with broker settings.")] = None,
     auto_create_topics: Annotated[
@@ -51,11 +89,25 @@ def serve(
     ] = False,
 ) -> None:
     """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
+    flags: dict[str, Any] = {
+        "data_dir": data_dir,
+        "cold_store": cold_store,
+        "listen": listen or None,
+        "advertised_listener": advertised_listener or None,
+        "port_file": port_file,
+        "metrics_listen": metrics_listen,
+        "ssl_cert": ssl_cert,
+        "ssl_key": ssl_key,
+        "ssl_key_password": ssl_key_password,
+        "ssl_ca": ssl_ca,
+        "ssl_client_auth": ssl_client_auth,
+        "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
+        "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
+        "auto_create_topics": auto_create_topics,
+        "default_partitions": default_partitions,
+    }
     try:
-        code = _serve(
-            data_dir, cold_store, listen, advertised_listener, port_file, metrics_listen, config_file,
-            auto_create_topics, default_partitions, print_config, accept_data_loss,
-        )
+        code = _serve(config_file, flags, print_config, accept_data_loss)
     except Exception as exc:
         failure = explain(exc, data_dir or BrokerConfig.data_dir)
         if failure is None:
@@ -68,36 +120,17 @@ def serve(
     sys.exit(code)
 
 
-def _serve(
-    data_dir: str | None,
-    cold_store: str | None,
-    listen: str | None,
-    advertised_listener: str | None,
-    port_file: str | None,
-    metrics_listen: str | None,
-    config_file: str | None,
-    auto_create_topics: bool | None,
-    default_partitions: int | None,
-    print_config: bool = False,
-    accept_data_loss: bool = False,
-) -> int:
+def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = False, accept_data_loss: bool = False) -> int:
+    from loglake.broker.listeners import PLAINTEXT, check_exposure
     from loglake.broker.server import run_server
 
-    config = BrokerConfig.load(
-        config_file,
-        data_dir=data_dir,
-        cold_store=cold_store,
-        listen=listen,
-        advertised_listener=advertised_listener,
-        port_file=port_file,
-        metrics_listen=metrics_listen,
-        auto_create_topics=auto_create_topics,
-        default_partitions=default_partitions,
-    )
+    config = BrokerConfig.load(config_file, **flags)
     config.accept_data_loss = accept_data_loss
     if print_config:
         sys.stdout.write(config.describe())
         return 0
+    # Safe by default (docs/SECURITY.md): exit 2 before anything is opened.
+    check_exposure(config.listeners(), config.ssl_client_auth, config.allow_unauthenticated_public_listener)
     engine = config.engine_config()
     failure = check_space(
         config.data_dir,
@@ -113,7 +146,9 @@ def _serve(
             note(f"hint: {failure.hint}")
         return failure.exit_code
 
-    def announce(host: str, port: int) -> None:
-        print(f"loglake listening on {host}:{port}", flush=True)
+    def announce(listener: Listener, advertised: tuple[str, int]) -> None:
+        # One line per listener; a PLAINTEXT one as before ("HOST:PORT"), others with their protocol.
+        where = f"{listener.host}:{listener.port}"
+        print(f"loglake listening on {where if listener.protocol == PLAINTEXT else listener.url()}", flush=True)
 
     return run_server(config, announce)

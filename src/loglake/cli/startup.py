@@ -12,6 +12,9 @@ Exit codes (also in README.md, "The broker"):
     3  invalid configuration              7  the data directory is not a directory
     4  address in use / not on this host  8  no space left on the device
                                           9  the data directory is in use by another process
+
+2 is also a listener that does not authenticate clients bound to a non-loopback address without
+--allow-unauthenticated-public-listener (`UnsafeListenerError`; docs/SECURITY.md, "Safe by default").
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from loglake.errors import (
     ListenError,
     LoglakeError,
     StorageError,
+    UnsafeListenerError,
 )
 
 EXIT_ERROR = 1
+EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_ADDRESS = 4
 EXIT_RESOLVE = 5
@@ -147,6 +152,8 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
             "copy if you have one; or start once with --accept-data-loss to go on without them (their offsets "
             "stay reserved, consumers skip them, the loss is logged)",
         )
+    if isinstance(exc, UnsafeListenerError):
+        return StartupFailure(EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):
         return StartupFailure(EXIT_CONFIG, str(exc))
     if isinstance(exc, StorageError) and isinstance(exc.cause, OSError):
@@ -170,6 +177,7 @@ __all__ = [
     "EXIT_NO_SPACE",
     "EXIT_PERMISSION",
     "EXIT_RESOLVE",
+    "EXIT_USAGE",
     "StartupFailure",
     "check_space",
     "explain",

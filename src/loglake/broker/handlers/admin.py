@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker.authorized import cluster_operations
-from loglake.broker.context import BrokerContext
+from loglake.broker.context import BrokerContext, advertised_endpoint
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
 from loglake.broker.handlers.admin_topics import (
@@ -47,11 +47,12 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
             f"The request was sent to a broker endpoint, but it asked for endpoint type {endpoint_type}."
         )
         return response
+    host, port = advertised_endpoint(ctx, conn)
     response["brokers"] = [
         {
             "broker_id": ctx.node_id,
-            "host": ctx.advertised_host,
-            "port": ctx.advertised_port,
+            "host": host,
+            "port": port,
             "rack": None,
             "is_fenced": False,
         }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import INVALID_REQUEST, NONE
 from loglake.broker.protocol import DecodedRequest
 
@@ -18,7 +19,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     served = key_type in (GROUP_KEY, TRANSACTION_KEY)
     code = NONE if served else INVALID_REQUEST
     message = None if served else f"key type {key_type} is not served"
-    node, host, port = (ctx.node_id, ctx.advertised_host, ctx.advertised_port) if served else (-1, "", -1)
+    node, host, port = (ctx.node_id, *advertised_endpoint(ctx, conn)) if served else (-1, "", -1)
     if req.api_version >= 4:
         return {
             "throttle_time_ms": 0,

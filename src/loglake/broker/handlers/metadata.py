@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 
 from loglake.broker.authorized import cluster_operations, topic_operations
+from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
     NONE,
@@ -95,9 +96,10 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 topics.append({"error_code": code, "name": name, "partitions": []})
             else:
                 topics.append(_topic_entry(ctx, name, topic_ops))
+    host, port = advertised_endpoint(ctx, conn)
     return {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": ctx.node_id, "host": ctx.advertised_host, "port": ctx.advertised_port, "rack": None}],
+        "brokers": [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}],
         "cluster_id": ctx.engine.cluster_id,
         "controller_id": ctx.node_id,
         "topics": topics,
