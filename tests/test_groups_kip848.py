@@ -424,3 +424,28 @@ def test_broker_settings_reach_the_coordinator_limits() -> None:
                 {"LOGLAKE_GROUP_CONSUMER_SESSION_TIMEOUT_MS": "1000"}):
         with pytest.raises(ConfigError):
             BrokerConfig.load(env=bad)
+
+
+def test_a_commit_that_raced_the_epoch_bump_is_taken_for_partitions_still_owned() -> None:
+    """KIP-1251: assignment epoch <= the commit's epoch <= the member's epoch, for every partition
+    in the commit; anything else is STALE_MEMBER_EPOCH, as before."""
+    from loglake.broker.groups.consumer_admin import validate_commit
+
+    async def body() -> None:
+        w = World()
+        a = await w.join("A")
+        await w.join("B")
+        kept = owned_of(await w.hb("A", 1, owned_of(a)))  # A revokes half, still at epoch 1
+        assert (await w.hb("A", 1, kept)).member_epoch == 2
+        b = await w.hb("B", 2, {})
+        cg = w.c._reg.groups[G].consumer
+        assert cg is not None
+        mine, theirs = kept[T1][0], parts(b)[0]
+        assert validate_commit(cg, "A", 2, [("t1", mine)]) == E.NONE
+        assert validate_commit(cg, "A", 1, [("t1", mine)]) == E.NONE  # assigned at 1, member now at 2
+        assert validate_commit(cg, "A", 1, [("t1", mine), ("t1", theirs)]) == E.STALE_MEMBER_EPOCH
+        assert validate_commit(cg, "B", 1, [("t1", theirs)]) == E.STALE_MEMBER_EPOCH  # assigned at 2
+        assert validate_commit(cg, "A", 3, [("t1", mine)]) == E.STALE_MEMBER_EPOCH
+        assert validate_commit(cg, "A", 1, []) == E.STALE_MEMBER_EPOCH
+
+    run(body)

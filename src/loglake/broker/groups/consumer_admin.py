@@ -72,14 +72,29 @@ def describe(group_id: str, group: Group | None, names: Mapping[str, str]) -> Co
                                     cg.assignor, members)
 
 
-def validate_commit(cg: ConsumerGroupData, member_id: str, member_epoch: int) -> int:
+def validate_commit(
+    cg: ConsumerGroupData, member_id: str, member_epoch: int, partitions: list[tuple[str, int]] | None = None
+) -> int:
+    """Kafka's member-epoch check of OffsetCommit, with KIP-1251's assignment epochs: a commit at
+    an older epoch than the member's is still taken when every partition in it is owned by the
+    member since an epoch at or below the one sent (the commit raced the heartbeat that moved
+    the member on, and fences nobody: no other member owns those partitions)."""
     if member_epoch < 0 and not member_id:
         return E.NONE if not cg.members else E.UNKNOWN_MEMBER_ID
     member = cg.members.get(member_id)
     if member is None:
         return E.UNKNOWN_MEMBER_ID
-    if member_epoch != member.member_epoch:
+    if member_epoch == member.member_epoch:
+        return E.NONE
+    if member_epoch > member.member_epoch or not partitions:
         return E.STALE_MEMBER_EPOCH
+    ids = {names[0]: tid for tid, names in cg.subscription.items() if names}
+    for topic, p in partitions:
+        tid = ids.get(topic, "")
+        owned = p in member.assigned.get(tid, frozenset()) or p in member.revoking.get(tid, frozenset())
+        assigned_at = member.partition_epochs.get((tid, p))
+        if not owned or assigned_at is None or assigned_at > member_epoch:
+            return E.STALE_MEMBER_EPOCH
     return E.NONE
 
 

@@ -52,6 +52,9 @@ class ConsumerMember:
     state: MemberState = MemberState.STABLE
     assigned: Assignment = field(default_factory=dict)
     revoking: Assignment = field(default_factory=dict)
+    #: KIP-1251: the member epoch at which each partition it owns was assigned to it (not
+    #: saved: after a restart a partition counts as assigned at the member's epoch then)
+    partition_epochs: dict[tuple[str, int], int] = field(default_factory=dict)
     session_timer: asyncio.TimerHandle | None = None
     revocation_timer: asyncio.TimerHandle | None = None
 

@@ -236,7 +236,7 @@ class GroupCoordinator:
         self._start()
         group = self._reg.groups.get(group_id)
         if group is not None and group.consumer is not None and not group.deleting:
-            code = validate_commit(group.consumer, member_id, generation_id)
+            code = validate_commit(group.consumer, member_id, generation_id, [(t, p) for t, p, *_ in offsets])
             if code != E.NONE:
                 return [(t, p, code) for t, p, *_ in offsets]
             generation_id, member_id, group_instance_id = -1, "", None  # validated: commit as admin

@@ -39,6 +39,18 @@ def _still_owns_revoked(member: ConsumerMember, owned: Assignment | None) -> boo
     return any(parts & owned.get(tid, frozenset()) for tid, parts in member.revoking.items())
 
 
+def note_partition_epochs(member: ConsumerMember) -> None:
+    """KIP-1251: a partition the member owns keeps the epoch it was assigned at; one new to it
+    gets the member's epoch now."""
+    old = member.partition_epochs
+    member.partition_epochs = {
+        (tid, p): old.get((tid, p), member.member_epoch)
+        for owned in (member.assigned, member.revoking)
+        for tid, parts in owned.items()
+        for p in parts
+    }
+
+
 def reconcile(
     member: ConsumerMember,
     target_epoch: int,
@@ -80,7 +92,8 @@ def reconcile(
         member.assigned = {t: keep.get(t, frozenset()) | newly.get(t, frozenset()) for t in set(keep) | set(newly)}
         member.revoking = {}
         member.state = MemberState.UNRELEASED_PARTITIONS if pending else MemberState.STABLE
+    note_partition_epochs(member)
     return before != (member.member_epoch, member.state, member.assigned, member.revoking)
 
 
-__all__ = ["check_epoch", "reconcile"]
+__all__ = ["check_epoch", "note_partition_epochs", "reconcile"]
