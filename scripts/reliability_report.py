@@ -42,8 +42,8 @@ def _sweep(d: Doc) -> str | None:
 def _threaded(d: Doc) -> str | None:
     s = d.get("soak", {}).get("threaded_crash_points")
     return s and (
-        f"{_n(s['trials'])} random crash points of {_n(s['mutating_calls'])}, {_n(s['acked_checked'])} acknowledged "
-        f"records checked, {s['lost']} lost"
+        f"{_n(s['trials'])} trials at random points among {_n(s['mutating_calls'])} mutating calls, "
+        f"{_n(s['acked_checked'])} acknowledged records checked, {s['lost']} lost"
     )
 
 
@@ -93,7 +93,20 @@ def _overload(d: Doc) -> str | None:
     o = d.get("overload")
     if not o:
         return None
-    return ", ".join(f"{k} {_n(v)}" for k, v in o.items() if isinstance(v, (int, float, str, bool)))
+    known = ("sustainable_rate_records_s", "offered_rate_records_s", "target_rate_records_s", "recovery_ratio",
+             "max_rss_bytes", "rss_budget_bytes", "acked_records", "read_records", "throttle_events_seen_by_clients",
+             "connections_open_during_overload")
+    if not all(k in o for k in known):  # another shape: every flat figure as it is
+        return ", ".join(f"{k} {_n(v)}" for k, v in o.items() if isinstance(v, (int, float, str, bool)))
+    mib = 1024 * 1024
+    return (
+        f"sustainable {_n(o['sustainable_rate_records_s'])} records/s; offered {_n(o['offered_rate_records_s'])} of the "
+        f"{_n(o['target_rate_records_s'])} asked for (the load generator shares the cores); "
+        f"{_n(o['connections_open_during_overload'])} connections; max RSS {o['max_rss_bytes'] // mib} MiB of a "
+        f"{o['rss_budget_bytes'] // mib} MiB budget; {_n(o['acked_records'])} acknowledged, {_n(o['read_records'])} read "
+        f"back; {_n(o['throttle_events_seen_by_clients'])} throttles seen by clients; afterwards "
+        f"{round(100 * o['recovery_ratio'])} % of the sustainable rate"
+    )
 
 
 #: (scenario, how it is tested, figures, found and fixed)
