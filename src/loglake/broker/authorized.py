@@ -12,6 +12,7 @@ and None into Kafka's "not requested" value, -2147483648 (bit 31 alone).
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class AclOperation(IntEnum):
@@ -47,3 +48,14 @@ def topic_operations(topic: str) -> set[int]:
 def cluster_operations() -> set[int]:
     """The operations on the cluster the caller may perform: all of them (no authorizer)."""
     return {int(op) for op in CLUSTER_OPERATIONS}
+
+
+def cluster_allowed(ctx: Any, conn: Any, operation: AclOperation) -> bool:
+    """Whether the connection's principal may perform `operation` on the cluster resource.
+
+    The one call every cluster-level API (ACL, SCRAM credential and quota administration) makes
+    before acting; it answers CLUSTER_AUTHORIZATION_FAILED when this is False. No authorizer
+    yet: always True.
+    """
+    del ctx, conn, operation
+    return True
