@@ -1,0 +1,247 @@
+"""EtcdMetaStore against real etcd (tests/etcdkit.py), and the contract it shares with LocalMetaStore.
+
+The contract tests run over both stores: records appended are applied and replayed after a
+reopen, a checkpoint plus the log after it equals the state, watchers see every record in order.
+The etcd-only tests cover what one node never meets: two stores appending to one log, a
+conditional append with a stale guard, a checkpoint larger than one etcd request, a 3-member etcd
+losing a member, and etcd going away and coming back.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import etcdkit
+from etcdkit import EtcdCluster, needs_etcd
+from loglake.errors import EtcdUnavailableError, MetaFencedError
+from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
+from loglake.meta.etcd_client import EtcdClient
+from loglake.meta.log import LocalMetaStore
+from loglake.meta.state import MetaState, capture
+
+pytestmark = needs_etcd
+etcd1 = etcdkit.etcd1
+etcd3 = etcdkit.etcd3
+
+Opener = Callable[..., Any]
+
+
+def image(state: MetaState) -> Any:
+    img = capture(state)
+    return img.seq, img.doc, b"".join(img.tables)
+
+
+def topic_record(i: int, partitions: int = 2) -> tuple[str, dict[str, Any]]:
+    return "topic_created", {
+        "name": f"t{i}",
+        "id": f"{i:032x}",
+        "partitions": partitions,
+        "config": {},
+        "created_ms": i,
+    }
+
+
+CLUSTER = ("cluster", {"cluster_id": "c1"})
+
+
+def commit_record(group: str, offset: int) -> tuple[str, dict[str, Any]]:
+    return "offset_commit", {"g": group, "rows": [["t0", 0, offset, -1, "", offset]]}
+
+
+@pytest.fixture(params=["local", "etcd"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """A function opening a store over the same place each call (kwargs: checkpoint thresholds)."""
+    opened: list[Any] = []
+    if request.param == "local":
+
+        def open_local(**kw: Any) -> Any:
+            store = LocalMetaStore(OsFileSystem(), str(tmp_path / "meta"), **kw)
+            store.open()
+            opened.append(store)
+            return store
+
+        yield open_local
+    else:
+        cluster: EtcdCluster = request.getfixturevalue("etcd1")
+        prefix = f"/loglake-test/{uuid.uuid4().hex[:8]}"
+
+        def open_etcd(**kw: Any) -> Any:
+            store = EtcdMetaStore(EtcdClient(",".join(cluster.endpoints)), prefix, **kw)
+            store.open()
+            opened.append(store)
+            return store
+
+        yield open_etcd
+    for store in opened:
+        store.close()
+
+
+# ---- the shared contract ------------------------------------------------------------------------
+
+
+def test_records_apply_and_replay_after_reopen(opener: Opener) -> None:
+    store = opener()
+    futures = [store.append(*CLUSTER), store.append(*topic_record(0))]
+    futures += [store.append(*commit_record("g", i)) for i in range(20)]
+    assert [f.result(timeout=30) for f in futures] == list(range(22))
+    store.sync()
+    assert store.state.groups["g"].offsets[("t0", 0)][0] == 19
+    assert store.state.topic_by_name("t0") is not None
+    before = image(store.state)
+    store.close()
+    again = opener()
+    assert image(again.state) == before
+
+
+def test_checkpoint_then_log_equals_the_state(opener: Opener) -> None:
+    store = opener(checkpoint_records=5)
+    store.append(*CLUSTER)
+    for i in range(12):
+        store.append(*topic_record(i)).result(timeout=30)
+        store.append(*commit_record("g", i)).result(timeout=30)
+        store.maybe_checkpoint()
+    store.append(*commit_record("h", 99)).result(timeout=30)  # after the last checkpoint
+    before = image(store.state)
+    store.close()
+    again = opener(checkpoint_records=5)
+    assert again.report.checkpoint_seq is not None and again.report.checkpoint_seq < before[0]
+    assert image(again.state) == before
+
+
+def test_watchers_see_every_record_in_order(opener: Opener) -> None:
+    store = opener()
+    seen: list[tuple[int, str]] = []
+    store.watch(lambda seq, kind, body, raw: seen.append((seq, kind)))
+    kinds = ["cluster"]
+    store.append(*CLUSTER)
+    for i in range(10):
+        kind, body = topic_record(i) if i % 3 == 0 else commit_record("g", i)
+        kinds.append(kind)
+        store.append(kind, body)
+    store.sync()
+    assert seen == list(enumerate(kinds))
+
+
+# ---- etcd only ------------------------------------------------------------------------------
+
+
+def _etcd_store(cluster: EtcdCluster, prefix: str, **kw: Any) -> EtcdMetaStore:
+    store = EtcdMetaStore(EtcdClient(",".join(cluster.endpoints), **kw.pop("client", {})), prefix, **kw)
+    store.open()
+    return store
+
+
+def test_two_stores_appending_concurrently_serialize_without_loss_or_duplicate(etcd1: EtcdCluster) -> None:
+    a = _etcd_store(etcd1, "/c")
+    b = _etcd_store(etcd1, "/c")
+    seen: dict[str, list[tuple[int, int]]] = {"a": [], "b": []}
+    a.watch(lambda seq, kind, body, raw: seen["a"].append((seq, body["rows"][0][2])))
+    b.watch(lambda seq, kind, body, raw: seen["b"].append((seq, body["rows"][0][2])))
+    per_writer = 150
+    results: dict[str, list[Future[int]]] = {}
+
+    def writer(name: str, store: EtcdMetaStore, base: int) -> None:
+        results[name] = [store.append(*commit_record(name, base + i)) for i in range(per_writer)]
+
+    threads = [
+        threading.Thread(target=writer, args=("a", a, 0)),
+        threading.Thread(target=writer, args=("b", b, 10_000)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = sorted(f.result(timeout=60) for fs in results.values() for f in fs)
+    assert seqs == list(range(2 * per_writer))  # every record once, no gap
+    a.sync()
+    b.sync()
+    assert seen["a"] == seen["b"]  # both stores applied one order
+    values = [v for _s, v in seen["a"]]
+    assert sorted(values) == sorted(list(range(per_writer)) + list(range(10_000, 10_000 + per_writer)))
+    assert [v for v in values if v < 10_000] == list(range(per_writer))  # each writer's order kept
+    assert image(a.state) == image(b.state)
+    a.close()
+    b.close()
+
+
+def test_conditional_append_with_a_stale_guard_is_refused(etcd1: EtcdCluster) -> None:
+    leader = _etcd_store(etcd1, "/c")
+    usurper = _etcd_store(etcd1, "/c")
+    epoch_key = "epochs/t0/0"
+    leader.append_if(
+        *commit_record("g", 1), guards=[Guard(epoch_key, mod_revision=0)], sets={epoch_key: b"1"}
+    ).result(timeout=30)
+    assert leader.get_key(epoch_key)[0] == b"1"
+    # A new leader bumps the epoch; the old one still believes in epoch 1.
+    usurper.append_if(
+        *commit_record("g", 2), guards=[Guard(epoch_key, value=b"1")], sets={epoch_key: b"2"}
+    ).result(timeout=30)
+    stale = leader.append_if(*commit_record("g", 3), guards=[Guard(epoch_key, value=b"1")])
+    with pytest.raises(MetaFencedError):
+        stale.result(timeout=30)
+    leader.sync()
+    assert leader.state.groups["g"].offsets[("t0", 0)][0] == 2  # the fenced record is nowhere
+    assert leader.state.seq == 1
+    current = leader.append_if(*commit_record("g", 4), guards=[Guard(epoch_key, value=b"2")])
+    assert current.result(timeout=30) == 2
+    leader.close()
+    usurper.close()
+
+
+def test_a_checkpoint_larger_than_an_etcd_request_is_chunked(etcd1: EtcdCluster) -> None:
+    store = _etcd_store(etcd1, "/big", checkpoint_records=1_000_000)
+    store.append(*CLUSTER)
+    for i in range(40):
+        store.append(*topic_record(i, partitions=1000))
+    store.sync()
+    seq = store.checkpoint()
+    assert seq == 40
+    store.append(*commit_record("g", 1)).result(timeout=30)
+    chunks, _ = store.client.range_all(b"/big/meta/ckpt/", b"/big/meta/ckpt0")
+    assert len(chunks) >= 2 and all(len(kv.value) <= CHECKPOINT_CHUNK_BYTES for kv in chunks)
+    before = image(store.state)
+    store.close()
+    again = _etcd_store(etcd1, "/big")
+    assert again.report.checkpoint_seq == 40 and image(again.state) == before
+    again.close()
+
+
+def test_a_3_member_etcd_losing_a_member_keeps_serving_appends(etcd3: EtcdCluster) -> None:
+    store = _etcd_store(etcd3, "/c")
+    store.append(*CLUSTER).result(timeout=30)
+    etcd3.stop_member(0)  # the one the client talks to first
+    assert [store.append(*commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
+    other = _etcd_store(etcd3, "/c")  # a broker starting now opens through the two left
+    assert image(other.state) == image(store.state)
+    etcd3.start_member(0)
+    other.close()
+    store.close()
+
+
+def test_etcd_down_is_a_typed_error_and_the_store_recovers(
+    etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _etcd_store(etcd1, "/c", client={"unavailable_s": 2.0})
+    store.append(*CLUSTER).result(timeout=30)
+    etcd1.stop_member(0)
+    failed = store.append(*commit_record("g", 1))
+    with pytest.raises(EtcdUnavailableError) as info:
+        failed.result(timeout=60)
+    assert info.value.retriable
+    with pytest.raises(EtcdUnavailableError):
+        store.sync()
+    etcd1.start_member(0)
+    assert store.append(*commit_record("g", 2)).result(timeout=60) >= 1
+    store.sync()
+    assert store.state.groups["g"].offsets[("t0", 0)][0] == 2
+    unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert 1 <= len(unreachable) <= 3, [r.getMessage() for r in caplog.records]  # no flood over the outage
+    store.close()
