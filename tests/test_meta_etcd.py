@@ -245,3 +245,29 @@ def test_etcd_down_is_a_typed_error_and_the_store_recovers(
     unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
     assert 1 <= len(unreachable) <= 3, [r.getMessage() for r in caplog.records]  # no flood over the outage
     store.close()
+
+
+def test_a_commit_whose_answer_was_lost_is_recognised_not_written_twice(etcd1: EtcdCluster) -> None:
+    """The client retries a transaction whose answer it never got; the first try had committed.
+    The retry's compare fails, and the store must find its own batch in the log instead of
+    appending it a second time."""
+    store = _etcd_store(etcd1, "/c")
+    store.append(*CLUSTER).result(timeout=30)
+    real_call = store.client.call
+    lost = []
+
+    def answer_lost_once(path: str, payload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if path == "kv/txn" and not lost:
+            lost.append(real_call(path, payload, **kw))  # committed; its answer never arrives
+        return real_call(path, payload, **kw)  # the retry
+
+    store.client.call = answer_lost_once  # type: ignore[method-assign]
+    futures = [store.append(*commit_record("g", i)) for i in range(3)]
+    assert [f.result(timeout=30) for f in futures] == [1, 2, 3]
+    assert lost and lost[0]["succeeded"]
+    store.client.call = real_call  # type: ignore[method-assign]
+    store.sync()
+    records, _ = store.client.range_all(b"/c/meta/log/", b"/c/meta/log0")
+    assert len(records) == 4  # the cluster record and the three, each once
+    assert store.state.seq == 3
+    store.close()

@@ -103,6 +103,8 @@ class Membership:
         self._live: dict[int, BrokerInfo] = {}
         self._live_lock = threading.Lock()
         self._wake = threading.Event()
+        self._watch: ec.Watch | None = None
+        self._last_error = ""
 
     def key_of(self, node_id: int) -> bytes:
         return self._k_brokers + str(node_id).encode()
@@ -131,11 +133,8 @@ class Membership:
         self.lease = lease
         self._spawn(self._keepalive, "loglake-membership-keepalive")
         self._spawn(self._follow, "loglake-membership-follow")
-        self._spawn(
-            lambda: self.client.watch_wakeups(
-                self._k_brokers, prefix_end(self._k_brokers), self._stop, self._wake.set
-            ),
-            "loglake-membership-watch",
+        self._watch = self.client.watch(
+            self._k_brokers, prefix_end(self._k_brokers), self._wake.set, name="loglake-membership-watch"
         )
         self.refresh()
 
@@ -207,8 +206,10 @@ class Membership:
                 self.refresh()
             except EtcdUnavailableError:
                 pass  # logged once by the client; the live set is kept as last read
-            except Exception:
-                log.exception("broker %d: reading the live brokers failed", self.me.node_id)
+            except Exception as exc:  # a registration that does not parse: said once, not every poll
+                if str(exc) != self._last_error:
+                    log.error("broker %d: reading the live brokers failed: %s", self.me.node_id, exc)
+                    self._last_error = str(exc)
 
     # ---- stopping --------------------------------------------------------------------------------
 
@@ -217,6 +218,9 @@ class Membership:
         instead of after the TTL."""
         self._stop.set()
         self._wake.set()
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
         for t in self._threads:
             t.join(ec.WATCH_IDLE_S + 1)
         self._threads = []

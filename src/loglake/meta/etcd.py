@@ -187,8 +187,9 @@ class EtcdMetaStore:
         self._since_bytes = 0
         self._stop = threading.Event()
         self._writer: threading.Thread | None = None
-        self._watch_thread: threading.Thread | None = None
+        self._watch: ec.Watch | None = None
         self._outage_logged = False
+        self._failure: BaseException | None = None
         self.report = EtcdOpenReport()
 
     def _key(self, rel: str) -> bytes:
@@ -230,13 +231,7 @@ class EtcdMetaStore:
         self.report.seconds = time.perf_counter() - started
         self._writer = threading.Thread(target=self._run, name="loglake-meta-etcd", daemon=True)
         self._writer.start()
-        self._watch_thread = threading.Thread(
-            target=self.client.watch_wakeups,
-            args=(self._k_head, None, self._stop, self._wake),
-            name="loglake-meta-etcd-watch",
-            daemon=True,
-        )
-        self._watch_thread.start()
+        self._watch = self.client.watch(self._k_head, None, self._wake, name="loglake-meta-etcd-watch")
         return self._state
 
     def watch(self, watcher: Watcher) -> None:
@@ -268,6 +263,8 @@ class EtcdMetaStore:
         return (kv.value, kv.mod_revision) if kv is not None else (None, 0)
 
     def _submit(self, pending: _Pending) -> Future[int]:
+        if self._failure is not None:
+            raise EngineFailedError(f"metadata store failed: {self._failure}")
         if self._writer is None or self._stop.is_set():
             raise EngineFailedError("metadata store is not open")
         deadline = time.monotonic() + PENDING_WAIT_S
@@ -284,6 +281,8 @@ class EtcdMetaStore:
     def sync(self) -> None:
         """Block until every record appended so far is committed, and every record any broker
         committed before this call is applied here."""
+        if self._failure is not None:
+            raise EngineFailedError(f"metadata store failed: {self._failure}")
         marker: Future[int] = Future()
         with self._cond:
             self._pending.append(_Pending("", {}, b"", marker))  # a no-op the writer resolves in order
@@ -318,10 +317,15 @@ class EtcdMetaStore:
                         "metadata store %s: %s; metadata changes fail until it is back", self.prefix, exc
                     )
                     self._outage_logged = True
-            except Exception as exc:  # a bug or a corrupt log: fail loudly once, keep the thread
-                log.exception("metadata store %s: writer failed", self.prefix)
+            except Exception as exc:  # a corrupt log (or a bug): the store fails, as LocalMetaStore does
+                self._failure = exc
+                log.error(
+                    "metadata store %s failed; metadata changes are refused until restart: %s",
+                    self.prefix,
+                    exc,
+                )
                 self._fail_pending(exc)
-                self._stop.wait(self.poll_interval_s)
+                break
         self._fail_pending(EngineFailedError("metadata store closed"))
 
     def _fail_pending(self, exc: BaseException) -> None:
@@ -426,9 +430,21 @@ class EtcdMetaStore:
         """Apply every record after the state's seq, up to the head (read at one revision)."""
         head, revision = self.client.get(self._k_head)
         if head is None:
+            if self._state.seq >= 0:  # never deleted by loglake: someone removed the prefix
+                raise CorruptionError(
+                    self._k_head.decode(),
+                    0,
+                    f"the metadata log's head is gone (this store is at record {self._state.seq})",
+                )
             self._head_mod = 0
             return
         target = int(head.value)
+        if target < self._state.seq:
+            raise CorruptionError(
+                self._k_head.decode(),
+                0,
+                f"the metadata log's head went back from record {self._state.seq} to {target}",
+            )
         if head.mod_revision == self._head_mod and target == self._state.seq:
             return
         nxt = self._state.seq + 1
@@ -617,8 +633,9 @@ class EtcdMetaStore:
         self._wake()
         self._writer.join()
         self._writer = None
-        if self._watch_thread is not None:
-            self._watch_thread.join(ec.WATCH_IDLE_S + 1)
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
 
 
 def _holds(guard: Guard, kvs: list[ec.KeyValue]) -> bool:

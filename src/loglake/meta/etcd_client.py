@@ -11,7 +11,7 @@ adds what the metadata store and membership need and etcd3gw leaves out:
   it answers again: no line per retry.
 - the calls used, with keys and values as bytes (the gateway wants base64) and int64 fields as
   ints (the gateway sends them as strings): range (optionally at a revision), txn, put, delete,
-  leases, and a watch stream used as a wake-up (`watch_wakeups`).
+  leases, and a watch stream used as a wake-up (`watch`).
 
 Retrying a request that timed out can apply it twice only for requests that are idempotent or
 conditional: every write loglake sends is either a put of a value already decided or a
@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "EtcdClient",
     "EtcdCompactedError",
     "KeyValue",
+    "Watch",
     "b64",
     "parse_endpoints",
     "prefix_end",
@@ -279,47 +281,85 @@ class EtcdClient:
 
     # ---- watch ---------------------------------------------------------------------------------
 
-    def watch_wakeups(
-        self, key: bytes, range_end: bytes | None, stop: threading.Event, wake: Callable[[], None]
-    ) -> None:
-        """Call `wake()` whenever a key in the range changes, until `stop` is set.
+    def watch(self, key: bytes, range_end: bytes | None, wake: Callable[[], None], *, name: str) -> Watch:
+        """Call `wake()` whenever a key in the range changes, from a thread of its own, until the
+        returned watch is stopped.
 
-        Runs in the caller's thread. Used as a wake-up only: the caller re-reads what it needs
-        (so a lost event, a compaction or a reconnect never skips a change, it only delays
-        noticing it by at most WATCH_IDLE_S). Each (re)connect also wakes the caller.
+        A wake-up only: the caller re-reads what it needs, so a lost event, a compaction or a
+        reconnect never skips a change, it only delays noticing it (by at most WATCH_IDLE_S, or
+        the caller's own poll). Each (re)connect also wakes the caller.
         """
-        create: dict[str, Any] = {"key": b64(key)}
-        if range_end is not None:
-            create["range_end"] = b64(range_end)
-        index = 0
-        while not stop.is_set():
-            client = self._clients[index % len(self._clients)]
-            index += 1
-            try:
-                with client.session.post(
-                    client.get_url("watch"),
-                    json={"create_request": create},
-                    stream=True,
-                    timeout=(self.request_timeout_s, WATCH_IDLE_S),
-                ) as resp:
-                    if resp.status_code != 200:
-                        raise requests.exceptions.ConnectionError(f"HTTP {resp.status_code}")
-                    wake()
-                    for line in resp.iter_lines():
-                        if stop.is_set():
-                            return
-                        if line and b'"events"' in line:
-                            wake()
-            except (requests.exceptions.RequestException, OSError, ValueError):
-                pass  # idle timeout, a member down, a closed stream: reconnect (to the next member)
-            if stop.wait(RETRY_BACKOFF_S[0] if index % len(self._clients) else RETRY_BACKOFF_S[1]):
-                return
-            wake()
+        return Watch(self, key, range_end, wake, name)
 
     def close(self) -> None:
         self.closed = True
         for client in self._clients:
             client.session.close()
+
+
+class Watch:
+    """A watch stream used as a wake-up (see EtcdClient.watch); `stop()` closes it at once."""
+
+    def __init__(
+        self, client: EtcdClient, key: bytes, range_end: bytes | None, wake: Callable[[], None], name: str
+    ) -> None:
+        self._client = client
+        self._create: dict[str, Any] = {"key": b64(key)}
+        if range_end is not None:
+            self._create["range_end"] = b64(range_end)
+        self._wake = wake
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._response: requests.Response | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        clients = self._client._clients
+        index = 0
+        while not self._stop.is_set():
+            gw = clients[index % len(clients)]
+            index += 1
+            try:
+                resp = gw.session.post(
+                    gw.get_url("watch"),
+                    json={"create_request": self._create},
+                    stream=True,
+                    timeout=(self._client.request_timeout_s, WATCH_IDLE_S),
+                )
+                with self._lock:
+                    self._response = resp
+                if self._stop.is_set():
+                    resp.close()
+                    return
+                with resp:
+                    if resp.status_code != 200:
+                        raise requests.exceptions.ConnectionError(f"HTTP {resp.status_code}")
+                    self._wake()
+                    for line in resp.iter_lines():
+                        if self._stop.is_set():
+                            return
+                        if line and b'"events"' in line:
+                            self._wake()
+            except (requests.exceptions.RequestException, OSError, ValueError, AttributeError):
+                pass  # idle timeout, a member down, a stream closed by stop(): reconnect (to the next member)
+            finally:
+                with self._lock:
+                    self._response = None
+            if self._stop.wait(RETRY_BACKOFF_S[0] if index % len(clients) else RETRY_BACKOFF_S[1]):
+                return
+            self._wake()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            resp = self._response
+        if resp is not None:
+            try:
+                resp.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked read now
+            except (AttributeError, OSError):
+                pass  # not a plain socket (or already closed): the read times out within WATCH_IDLE_S
+        self._thread.join(WATCH_IDLE_S + self._client.request_timeout_s)
 
 
 def _short(exc: BaseException) -> str:
