@@ -15,6 +15,7 @@ from loglake.meta.etcd_client import EtcdClient
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1
+etcd3 = etcdkit.etcd3
 
 #: Test lease TTL: short so expiry tests are quick, above etcd's minimum.
 TTL_S = 2
@@ -88,5 +89,18 @@ def test_a_broker_whose_lease_is_gone_reports_it_once(etcd1: EtcdCluster) -> Non
         wait_for(lost)
         assert b.lost.is_set() and calls == [1]
         assert 5 not in b.live()
+    finally:
+        b.stop()
+
+
+def test_registration_outlives_the_loss_of_an_etcd_member(etcd3: EtcdCluster) -> None:
+    b = broker(etcd3, 4)
+    b.start()
+    try:
+        etcd3.stop_member(0)  # the member its client talks to first
+        time.sleep(TTL_S * 3)  # three TTLs: the keep-alives must have gone to the other members
+        assert not b.lost.is_set()
+        assert 4 in b.live()
+        etcd3.start_member(0)
     finally:
         b.stop()

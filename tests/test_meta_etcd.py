@@ -271,3 +271,61 @@ def test_a_commit_whose_answer_was_lost_is_recognised_not_written_twice(etcd1: E
     assert len(records) == 4  # the cluster record and the three, each once
     assert store.state.seq == 3
     store.close()
+
+
+def test_stores_appending_and_checkpointing_at_once_agree_and_reopen_to_the_same_state(
+    etcd1: EtcdCluster,
+) -> None:
+    """Three brokers append while each takes checkpoints as often as it can: the manifest swaps
+    race, logs are deleted under readers, and still every store ends with one state, which a
+    fourth store opening afterwards rebuilds exactly."""
+    stores = [_etcd_store(etcd1, "/c", checkpoint_records=7) for _ in range(3)]
+    stores[0].append(*CLUSTER).result(timeout=30)
+    futures: list[Future[int]] = []
+    lock = threading.Lock()
+
+    def work(index: int, store: EtcdMetaStore) -> None:
+        for i in range(80):
+            f = store.append(*commit_record(f"g{index}", i))
+            with lock:
+                futures.append(f)
+            if i % 5 == 0:
+                f.result(timeout=60)
+                store.maybe_checkpoint()
+
+    threads = [threading.Thread(target=work, args=(i, s)) for i, s in enumerate(stores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = sorted(f.result(timeout=60) for f in futures)
+    assert seqs == list(range(1, 241))
+    for s in stores:
+        s.sync()
+    assert image(stores[0].state) == image(stores[1].state) == image(stores[2].state)
+    for index in range(3):
+        assert stores[0].state.groups[f"g{index}"].offsets[("t0", 0)][0] == 79
+    late = _etcd_store(etcd1, "/c")
+    assert late.report.checkpoint_seq is not None and image(late.state) == image(stores[0].state)
+    for s in [*stores, late]:
+        s.close()
+
+
+def test_a_store_lagging_past_the_logs_compaction_reloads_from_the_checkpoint(
+    etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer = _etcd_store(etcd1, "/c", checkpoint_records=5)
+    writer.append(*CLUSTER).result(timeout=30)
+    laggard = _etcd_store(etcd1, "/c", poll_interval_s=3600)
+    assert laggard._watch is not None
+    laggard._watch.stop()  # deaf: it hears of nothing until it is asked to sync
+    for i in range(30):
+        writer.append(*commit_record("g", i)).result(timeout=30)
+        writer.maybe_checkpoint()  # two or more checkpoints: the log the laggard needs is gone
+    oldest, _ = writer.client.range(b"/c/meta/log/", b"/c/meta/log0", limit=1)[:2]
+    assert int(oldest[0].key.rsplit(b"/", 1)[1]) > 1
+    laggard.sync()
+    assert image(laggard.state) == image(writer.state)
+    assert len([r for r in caplog.records if "fell behind" in r.getMessage()]) == 1
+    writer.close()
+    laggard.close()

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from loglake.errors import CorruptionError, EtcdUnavailableError, NodeIdInUseError
+from loglake.errors import ConfigError, CorruptionError, EtcdUnavailableError, NodeIdInUseError
 from loglake.meta import etcd_client as ec
 from loglake.meta.etcd_client import EtcdClient, prefix_end
 
@@ -88,8 +88,16 @@ class Membership:
         on_lost: Callable[[], None] | None = None,
     ) -> None:
         if ttl_s < BROKER_LEASE_TTL_S_MIN:
-            raise ValueError(f"broker lease TTL must be at least {BROKER_LEASE_TTL_S_MIN} s")
+            raise ConfigError(f"broker lease TTL must be at least {BROKER_LEASE_TTL_S_MIN} s, not {ttl_s}")
         self.client = client
+        # Keep-alives get their own client whose requests time out within one keep-alive interval:
+        # a hung etcd member (accepting connections, answering nothing) must not hold a refresh
+        # past the TTL when another member would answer.
+        self._keepalive_client = EtcdClient(
+            client.endpoints,
+            unavailable_s=ttl_s / KEEPALIVES_PER_TTL,
+            request_timeout_s=min(client.request_timeout_s, ttl_s / KEEPALIVES_PER_TTL / 2),
+        )
         self.prefix = "/" + prefix.strip("/")
         self.me = me
         self.ttl_s = ttl_s
@@ -147,7 +155,7 @@ class Membership:
         interval = self.ttl_s / KEEPALIVES_PER_TTL
         while not self._stop.wait(interval):
             try:
-                ttl = self.client.lease_keepalive(self.lease, deadline_s=interval)
+                ttl = self._keepalive_client.lease_keepalive(self.lease)
             except EtcdUnavailableError:
                 continue  # the client logged the outage; the next refresh may still be in time
             if ttl <= 0:
@@ -227,6 +235,7 @@ class Membership:
         if revoke and self.lease and not self.lost.is_set():
             self._revoke(self.lease)
         self.lease = 0
+        self._keepalive_client.close()
 
     def _revoke(self, lease: int) -> None:
         try:

@@ -34,12 +34,12 @@ An uncertain answer (a timeout after the request was sent) may hide a commit: ea
 a random id in front of every record, and a catch-up that finds the batch in flight resolves it
 as committed instead of writing it again.
 
-Checkpoints: any store may take one when `checkpoint_records` / `checkpoint_bytes` were added
-since the last; it writes the encoded state in chunks under a name of its own, then swaps the
-manifest in a transaction (compared on the manifest's mod revision, so one of several racing
-brokers wins) that also deletes the log up to the *previous* checkpoint and older chunks: a
-broker lagging by less than one checkpoint interval still finds every record it misses. Opening
-reads the manifest and its chunks at one etcd revision, then the log after it.
+Checkpoints (loglake.meta.etcd_checkpoint): any store may take one when `checkpoint_records` /
+`checkpoint_bytes` were added since the last; chunks, then a manifest swapped in by a compare,
+which also deletes the log up to the *previous* checkpoint, so a broker lagging by less than
+one checkpoint interval still finds every record it misses (one lagging more reloads from the
+newest checkpoint). Opening reads the manifest and its chunks at one etcd revision, then the log
+after it.
 
 etcd unreachable: requests retry over every endpoint for `unavailable_s` (loglake.meta.etcd_client,
 one warning per outage); then the batch's futures fail with EtcdUnavailableError and the thread
@@ -48,7 +48,6 @@ keeps trying to catch up, so the store recovers by itself when etcd is back.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -57,9 +56,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
-
-import crc32c
+from typing import TYPE_CHECKING, Any
 
 from loglake.errors import (
     CorruptionError,
@@ -69,24 +66,21 @@ from loglake.errors import (
     MetaFencedError,
 )
 from loglake.meta import etcd_client as ec
-from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError, prefix_end
+from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
+from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError
 from loglake.meta.log import META_CHECKPOINT_BYTES_DEFAULT, META_CHECKPOINT_RECORDS_DEFAULT, Watcher
 from loglake.meta.state import (
     MetaState,
     capture,
-    decode_checkpoint,
     decode_record,
-    encode_checkpoint,
     encode_record,
 )
+from loglake.meta.store import MetaStore
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "EtcdMetaStore", "Guard", "MetaRecordRejectedError"]
 
 log = logging.getLogger(__name__)
 
-#: Size of one checkpoint chunk: under etcd's default request limit (1.5 MiB) with room for the
-#: base64 the JSON gateway adds (4/3) and the request around it.
-CHECKPOINT_CHUNK_BYTES = 1024 * 1024
 #: Records committed by one transaction (etcd's --max-txn-ops default is 128: each record is one
 #: put, plus the head and the guards)...
 TXN_RECORDS_MAX = 100
@@ -168,10 +162,9 @@ class EtcdMetaStore:
         self.checkpoint_records = checkpoint_records
         self.checkpoint_bytes = checkpoint_bytes
         self.poll_interval_s = poll_interval_s
-        self._k_head = self._key("meta/head")
-        self._k_log = self._key("meta/log/")
-        self._k_manifest = self._key("meta/checkpoint")
-        self._k_chunks = self._key("meta/ckpt/")
+        self.keys = MetaKeys(self.prefix)
+        self._k_head = self.keys.head
+        self._k_log = self.keys.log
         self._lock = threading.Lock()  # the state, watchers and counters; innermost, never held over I/O
         self._cond = threading.Condition(threading.Lock())  # the pending queue and the writer's wake-ups
         self._checkpoint_lock = threading.Lock()
@@ -190,13 +183,14 @@ class EtcdMetaStore:
         self._watch: ec.Watch | None = None
         self._outage_logged = False
         self._failure: BaseException | None = None
+        self._checkpoint_error = ""
         self.report = EtcdOpenReport()
 
     def _key(self, rel: str) -> bytes:
-        return f"{self.prefix}/{rel}".encode()
+        return self.keys.key(rel)
 
     def _log_key(self, seq: int) -> bytes:
-        return self._k_log + b"%020d" % seq
+        return self.keys.log_key(seq)
 
     # ---- MetaStore -----------------------------------------------------------------------------
 
@@ -336,8 +330,9 @@ class EtcdMetaStore:
             if not p.future.done():
                 p.future.set_exception(exc if isinstance(exc, Exception) else EngineFailedError(repr(exc)))
 
-    def _take_batch(self) -> list[_Pending]:
-        """The next records to commit together: a guarded append goes alone."""
+    def _take_batch(self) -> tuple[list[_Pending], _Pending | None]:
+        """The next records to commit together (a guarded append goes alone), or a sync marker
+        when one is next in the queue."""
         out: list[_Pending] = []
         size = 0
         with self._cond:
@@ -347,8 +342,8 @@ class EtcdMetaStore:
                     if out:
                         break
                     self._pending.popleft()
-                    p.future.set_result(self._state.seq)
-                    continue
+                    self._cond.notify_all()
+                    return [], p
                 if out and (p.guards or p.sets or out[0].guards or out[0].sets):
                     break
                 if out and (len(out) >= TXN_RECORDS_MAX or size + len(p.raw) > TXN_BYTES_MAX):
@@ -356,11 +351,22 @@ class EtcdMetaStore:
                 out.append(self._pending.popleft())
                 size += len(p.raw)
             self._cond.notify_all()
-        return out
+        return out, None
 
     def _write_pending(self) -> None:
         while True:
-            items = self._take_batch()
+            items, marker = self._take_batch()
+            if marker is not None:
+                # What other brokers committed before sync() was called is applied first.
+                try:
+                    self._catch_up(replay=False)
+                except BaseException as exc:
+                    marker.future.set_exception(
+                        exc if isinstance(exc, Exception) else EngineFailedError(repr(exc))
+                    )
+                    raise
+                marker.future.set_result(self._state.seq)
+                continue
             if not items:
                 return
             batch = _Batch(os.urandom(_BATCH_ID_BYTES), items)
@@ -538,29 +544,8 @@ class EtcdMetaStore:
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def _load_checkpoint(self) -> MetaState:
-        manifest, revision = self.client.get(self._k_manifest)
-        if manifest is None:
-            state = MetaState()
-            state.replaying = True
-            return state
-        where = self._k_manifest.decode()
-        try:
-            doc = json.loads(manifest.value)
-            name, seq, size, crc = str(doc["name"]), int(doc["seq"]), int(doc["bytes"]), int(doc["crc32c"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptionError(where, 0, f"checkpoint manifest does not parse: {exc!r}") from None
-        start = self._k_chunks + name.encode() + b"/"
-        kvs, _ = self.client.range_all(start, prefix_end(start), revision=revision)
-        data = b"".join(kv.value for kv in kvs)
-        if len(data) != size or crc32c.crc32c(data) != crc:
-            raise CorruptionError(
-                start.decode(), 0, f"checkpoint chunks hold {len(data)} bytes, the manifest says {size}"
-            )
-        state = decode_checkpoint(data, path=start.decode())
-        if state.seq != seq:
-            raise CorruptionError(where, 0, f"checkpoint holds seq {state.seq}, its manifest says {seq}")
+        state, seq = load_checkpoint(self.client, self.keys)
         self.report.checkpoint_seq = seq
-        state.replaying = True
         return state
 
     def checkpoint_due(self) -> bool:
@@ -574,6 +559,11 @@ class EtcdMetaStore:
         except (EtcdUnavailableError, EtcdCompactedError) as exc:
             log.debug("metadata checkpoint in %s failed: %s; retried at the next tick", self.prefix, exc)
             return None
+        except CorruptionError as exc:  # a damaged manifest: said once per distinct damage
+            if str(exc) != self._checkpoint_error:
+                log.error("metadata checkpoint in %s failed: %s", self.prefix, exc)
+                self._checkpoint_error = str(exc)
+            return None
 
     def checkpoint(self) -> int | None:
         """Write the state as the newest checkpoint; its seq, or None when another broker's
@@ -585,38 +575,7 @@ class EtcdMetaStore:
                 image = capture(self._state)
                 self._since_records = 0
                 self._since_bytes = 0
-            data = b"".join(encode_checkpoint(image))
-            name = f"{image.seq:020d}-{os.urandom(4).hex()}"
-            start = self._k_chunks + name.encode() + b"/"
-            chunks = [
-                data[i : i + CHECKPOINT_CHUNK_BYTES] for i in range(0, len(data), CHECKPOINT_CHUNK_BYTES)
-            ] or [b""]
-            for i, chunk in enumerate(chunks):
-                self.client.put(start + b"%06d" % i, chunk)
-            current, _ = self.client.get(self._k_manifest)
-            prev: dict[str, Any] = json.loads(current.value) if current is not None else {}
-            if prev and int(prev["seq"]) >= image.seq:
-                self.client.delete_range(start, prefix_end(start))
-                return None
-            manifest = {
-                "seq": image.seq,
-                "name": name,
-                "bytes": len(data),
-                "crc32c": crc32c.crc32c(data),
-                "chunks": len(chunks),
-            }
-            success = [ec.op_put(self._k_manifest, json.dumps(manifest).encode())]
-            if prev:
-                # Keep the previous checkpoint and the log after it (laggards catch up from there).
-                success.append(ec.op_delete(self._log_key(0), self._log_key(int(prev["seq"]) + 1)))
-                success.append(ec.op_delete(self._k_chunks, self._k_chunks + str(prev["name"]).encode()))
-            ok, _, _ = self.client.txn(
-                [ec.cmp_mod(self._k_manifest, current.mod_revision if current else 0)], success
-            )
-            if not ok:
-                self.client.delete_range(start, prefix_end(start))
-                return None
-            return image.seq
+            return write_checkpoint(self.client, self.keys, image)
 
     # ---- closing --------------------------------------------------------------------------------
 
@@ -642,3 +601,7 @@ def _holds(guard: Guard, kvs: list[ec.KeyValue]) -> bool:
     if guard.value is not None:
         return bool(kvs) and kvs[0].value == guard.value
     return (kvs[0].mod_revision if kvs else 0) == guard.mod_revision
+
+
+if TYPE_CHECKING:  # mypy checks that the store meets the seam the engine uses
+    _conforms: type[MetaStore] = EtcdMetaStore
