@@ -265,5 +265,10 @@ class MetaFencedError(LoglakeError):
     retriable = True
 
 
+class MetaRecordRejectedError(LoglakeError):
+    """A committed metadata record that did not apply to the state when its turn came (written from
+    a stale view; cluster mode): every store skips it alike, and its writer's append fails."""
+
+
 class NodeIdInUseError(LoglakeError):
     """Another live broker holds this node id's lease in the cluster (cluster mode)."""

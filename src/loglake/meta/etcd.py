@@ -64,10 +64,11 @@ from loglake.errors import (
     EtcdUnavailableError,
     LoglakeError,
     MetaFencedError,
+    MetaRecordRejectedError,
 )
 from loglake.meta import etcd_client as ec
 from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
-from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError
+from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError, Guard
 from loglake.meta.log import META_CHECKPOINT_BYTES_DEFAULT, META_CHECKPOINT_RECORDS_DEFAULT, Watcher
 from loglake.meta.state import (
     MetaState,
@@ -99,24 +100,6 @@ POLL_INTERVAL_S = 1.0
 #: Attempts to open (a checkpoint swapped or compacted away while it was being read starts over).
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
-
-
-@dataclass(frozen=True)
-class Guard:
-    """A compare in a conditional append: `key` (relative to the prefix) holds `value`, or was last
-    changed at `mod_revision` (0: the key does not exist). Exactly one of them is given."""
-
-    key: str
-    value: bytes | None = None
-    mod_revision: int | None = None
-
-    def __post_init__(self) -> None:
-        if (self.value is None) == (self.mod_revision is None):
-            raise ValueError("a Guard compares either a value or a mod revision")
-
-
-class MetaRecordRejectedError(LoglakeError):
-    """A committed record did not apply to the state when its turn came (every store skips it)."""
 
 
 @dataclass
@@ -277,6 +260,8 @@ class EtcdMetaStore:
         committed before this call is applied here."""
         if self._failure is not None:
             raise EngineFailedError(f"metadata store failed: {self._failure}")
+        if self._writer is None or self._stop.is_set():
+            raise EngineFailedError("metadata store is not open")
         marker: Future[int] = Future()
         with self._cond:
             self._pending.append(_Pending("", {}, b"", marker))  # a no-op the writer resolves in order
@@ -302,12 +287,12 @@ class EtcdMetaStore:
                 self._catch_up(replay=False)
                 self._write_pending()
                 if self._outage_logged:
-                    log.warning("metadata store %s: etcd reachable again", self.prefix)
+                    log.debug("metadata store %s: etcd reachable again", self.prefix)
                     self._outage_logged = False
             except EtcdUnavailableError as exc:
                 self._fail_pending(exc)
-                if not self._outage_logged:
-                    log.error(
+                if not self._outage_logged:  # the client logged the outage (one line); this adds detail
+                    log.debug(
                         "metadata store %s: %s; metadata changes fail until it is back", self.prefix, exc
                     )
                     self._outage_logged = True
@@ -388,11 +373,7 @@ class EtcdMetaStore:
             compare = [ec.cmp_mod(self._k_head, self._head_mod)]
             for g in first.guards:
                 key = self._key(g.key)
-                compare.append(
-                    ec.cmp_value(key, g.value)
-                    if g.value is not None
-                    else ec.cmp_mod(key, g.mod_revision or 0)
-                )
+                compare.append(g.compare(key))
             success = [ec.op_put(self._k_head, str(last).encode())]
             success += [
                 ec.op_put(self._log_key(base + i), batch.id + p.raw) for i, p in enumerate(batch.items)
@@ -409,7 +390,7 @@ class EtcdMetaStore:
                 fenced = [
                     g.key
                     for g, r in zip(first.guards, responses[1:], strict=True)
-                    if not _holds(g, ec.response_kvs(r))
+                    if not g.holds(ec.response_kvs(r))
                 ]
                 first.future.set_exception(
                     MetaFencedError(
@@ -444,7 +425,14 @@ class EtcdMetaStore:
                 )
             self._head_mod = 0
             return
-        target = int(head.value)
+        try:
+            target = int(head.value)
+        except ValueError:
+            raise CorruptionError(
+                self._k_head.decode(),
+                0,
+                f"the metadata log's head is {head.value[:40]!r}, not a record number",
+            ) from None
         if target < self._state.seq:
             raise CorruptionError(
                 self._k_head.decode(),
@@ -595,12 +583,6 @@ class EtcdMetaStore:
         if self._watch is not None:
             self._watch.stop()
             self._watch = None
-
-
-def _holds(guard: Guard, kvs: list[ec.KeyValue]) -> bool:
-    if guard.value is not None:
-        return bool(kvs) and kvs[0].value == guard.value
-    return (kvs[0].mod_revision if kvs else 0) == guard.mod_revision
 
 
 if TYPE_CHECKING:  # mypy checks that the store meets the seam the engine uses

@@ -42,6 +42,7 @@ __all__ = [
     "ETCD_UNAVAILABLE_S_DEFAULT",
     "EtcdClient",
     "EtcdCompactedError",
+    "Guard",
     "KeyValue",
     "Watch",
     "b64",
@@ -426,6 +427,34 @@ def op_delete(key: bytes, range_end: bytes | None = None) -> dict[str, Any]:
     if range_end is not None:
         req["range_end"] = b64(range_end)
     return {"request_delete_range": req}
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A compare in a conditional append (loglake.meta.etcd's `append_if`): `key` (relative to the
+    cluster prefix) holds `value`, or was last changed at `mod_revision` (0: the key does not
+    exist). Exactly one of them is given."""
+
+    key: str
+    value: bytes | None = None
+    mod_revision: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.value is None) == (self.mod_revision is None):
+            raise ValueError("a Guard compares either a value or a mod revision")
+
+    def compare(self, full_key: bytes) -> dict[str, Any]:
+        return (
+            cmp_value(full_key, self.value)
+            if self.value is not None
+            else cmp_mod(full_key, self.mod_revision or 0)
+        )
+
+    def holds(self, kvs: list[KeyValue]) -> bool:
+        """Whether the guard holds for the key's current value (`kvs` from an op_get)."""
+        if self.value is not None:
+            return bool(kvs) and kvs[0].value == self.value
+        return (kvs[0].mod_revision if kvs else 0) == self.mod_revision
 
 
 def response_kvs(response: dict[str, Any]) -> list[KeyValue]:
