@@ -3,7 +3,7 @@
 - `EtcdCluster(tmp, members=1|3)`: starts every member, waits until each answers /health, and
   `stop()` kills them all (SIGKILL after a short SIGTERM grace). `stop_member(i)` /
   `start_member(i)` take one member down and bring it back on the same ports and data, for the
-  member-loss and etcd-down tests.
+  member-loss and etcd-down tests; `pause_member(i)` / `resume_member(i)` hang one (SIGSTOP).
 - Fixtures `etcd1` (one member) and `etcd3` (three): function-scoped and always stopped in the
   fixture's teardown, also when the test failed.
 
@@ -138,6 +138,7 @@ class EtcdCluster:
         if proc is None:
             return
         with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGCONT)  # a paused member would never act on SIGTERM
             proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(STOP_GRACE_S)
@@ -145,6 +146,18 @@ class EtcdCluster:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             proc.wait()
+
+    def pause_member(self, i: int) -> None:
+        """SIGSTOP: the member keeps its sockets (connections are accepted by the kernel) but
+        answers nothing, as a hung machine would."""
+        proc = self.members[i].proc
+        if proc is not None:
+            proc.send_signal(signal.SIGSTOP)
+
+    def resume_member(self, i: int) -> None:
+        proc = self.members[i].proc
+        if proc is not None:
+            proc.send_signal(signal.SIGCONT)
 
     def start_member(self, i: int) -> None:
         """Restart a stopped member on its ports and data (it rejoins with what it had)."""

@@ -20,10 +20,10 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.errors import EtcdUnavailableError, MetaFencedError
+from loglake.errors import ConfigError, EtcdUnavailableError, MetaFencedError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
-from loglake.meta.etcd_client import EtcdClient
+from loglake.meta.etcd_client import EtcdClient, parse_cluster_url
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.state import MetaState, capture
 
@@ -130,6 +130,23 @@ def test_watchers_see_every_record_in_order(opener: Opener) -> None:
     assert seen == list(enumerate(kinds))
 
 
+def test_cluster_urls_parse_or_are_refused_with_a_config_error() -> None:
+    assert parse_cluster_url("etcd://127.0.0.1:2379,[::1]:22379/loglake/prod") == (
+        [("127.0.0.1", 2379), ("::1", 22379)],
+        "/loglake/prod",
+    )
+    for bad in (
+        "http://h:1/p",
+        "etcd://h:1",
+        "etcd://h:1/",
+        "etcd://h/p",
+        "etcd://h:99999/p",
+        "etcd://h:1/a//b",
+    ):
+        with pytest.raises(ConfigError):
+            parse_cluster_url(bad)
+
+
 # ---- etcd only ------------------------------------------------------------------------------
 
 
@@ -223,6 +240,20 @@ def test_a_3_member_etcd_losing_a_member_keeps_serving_appends(etcd3: EtcdCluste
     assert image(other.state) == image(store.state)
     etcd3.start_member(0)
     other.close()
+    store.close()
+
+
+def test_a_hung_etcd_member_is_failed_over(etcd3: EtcdCluster) -> None:
+    """A member that accepts connections and answers nothing (SIGSTOP) costs one request timeout,
+    then the client stays on a member that answers."""
+    store = _etcd_store(etcd3, "/c")
+    store.append(*CLUSTER).result(timeout=30)
+    etcd3.pause_member(0)  # the one the client talks to first
+    try:
+        assert [store.append(*commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
+        store.sync()
+    finally:
+        etcd3.resume_member(0)
     store.close()
 
 

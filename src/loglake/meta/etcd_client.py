@@ -46,6 +46,7 @@ __all__ = [
     "KeyValue",
     "Watch",
     "b64",
+    "parse_cluster_url",
     "parse_endpoints",
     "prefix_end",
 ]
@@ -107,6 +108,24 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     if not out or len(out) > ENDPOINTS_MAX:
         raise ConfigError(f"give 1 to {ENDPOINTS_MAX} etcd endpoints, not {len(out)}")
     return out
+
+
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """`etcd://HOST:PORT[,HOST:PORT...]/PREFIX` -> (endpoints, "/PREFIX"); ConfigError otherwise.
+
+    The PREFIX keeps several clusters (or test runs) apart in one etcd; it is required, so two
+    clusters never share the keyspace's root by accident.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "etcd":
+        raise ConfigError(f"cluster URL {url!r} must start with etcd://")
+    hosts, slash, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    if not slash or not prefix:
+        raise ConfigError(f"cluster URL {url!r} needs a key prefix: etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
+    if any(c in prefix for c in "\0\n") or "//" in prefix:
+        raise ConfigError(f"cluster URL {url!r}: the prefix {prefix!r} is not a clean key path")
+    return parse_endpoints(hosts), "/" + prefix
 
 
 def _kv(raw: dict[str, Any]) -> KeyValue:
