@@ -247,3 +247,28 @@ class InvalidProducerEpochError(LoglakeError):
     """A batch from an older epoch of a producer id that has since moved on (fenced)."""
 
     kafka_code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class EtcdUnavailableError(LoglakeError):
+    """No etcd endpoint answered within the deadline (cluster mode's metadata store). The call may
+    work once etcd is back; what it was doing was not committed."""
+
+    kafka_code = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+
+class MetaFencedError(LoglakeError):
+    """A conditional metadata append whose guard no longer holds (a newer leader epoch took the
+    partition): nothing was committed. Clients refresh metadata and go to the new leader."""
+
+    kafka_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class MetaRecordRejectedError(LoglakeError):
+    """A committed metadata record that did not apply to the state when its turn came (written from
+    a stale view; cluster mode): every store skips it alike, and its writer's append fails."""
+
+
+class NodeIdInUseError(LoglakeError):
+    """Another live broker holds this node id's lease in the cluster (cluster mode)."""
