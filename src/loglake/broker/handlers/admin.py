@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import cluster_operations
+from loglake.broker.authorized import AclOperation, cluster_allowed, cluster_operations
 from loglake.broker.context import BrokerContext, advertised_endpoint
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
@@ -19,7 +19,7 @@ from loglake.broker.handlers.admin_topics import (
     delete_records,
     delete_topics,
 )
-from loglake.broker.handlers.errors import NONE
+from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, NONE
 from loglake.broker.protocol import DecodedRequest
 
 #: DescribeCluster endpoint types (KIP-919).
@@ -38,9 +38,14 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
         "controller_id": ctx.node_id,
         "brokers": [],
         "authorized_operations": (
-            cluster_operations() if body.include_cluster_authorized_operations else None
+            cluster_operations(ctx, conn) if body.include_cluster_authorized_operations else None
         ),
     }
+    if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):
+        response["error_code"] = CLUSTER_AUTHORIZATION_FAILED
+        response["error_message"] = "Cluster authorization failed."
+        response["authorized_operations"] = None
+        return response
     if endpoint_type != ENDPOINT_BROKERS:
         response["error_code"] = MISMATCHED_ENDPOINT_TYPE
         response["error_message"] = (
