@@ -64,7 +64,7 @@ API_ACLS: dict[int, tuple[str, str]] = {
     49: ("AlterClientQuotas", "ALTER_CONFIGS cluster -> CLUSTER_AUTHORIZATION_FAILED (cluster_allowed)"),
     50: ("DescribeUserScramCredentials", "DESCRIBE cluster -> CLUSTER_AUTHORIZATION_FAILED (cluster_allowed)"),
     51: ("AlterUserScramCredentials", "ALTER cluster -> CLUSTER_AUTHORIZATION_FAILED (cluster_allowed)"),
-    60: ("DescribeCluster", "DESCRIBE cluster -> CLUSTER_AUTHORIZATION_FAILED"),
+    60: ("DescribeCluster", "none (as Metadata); authorized operations only with DESCRIBE cluster, else empty"),
     61: ("DescribeProducers", "READ topic -> TOPIC_AUTHORIZATION_FAILED per partition"),
     65: ("DescribeTransactions", "DESCRIBE transactional id -> TRANSACTIONAL_ID_AUTHORIZATION_FAILED per id"),
     66: ("ListTransactions", "lists only transactional ids with DESCRIBE"),

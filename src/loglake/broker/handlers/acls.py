@@ -29,6 +29,10 @@ from loglake.meta.acls import ACL_BINDINGS_MAX
 log = logging.getLogger("loglake.broker.acls")
 
 POLICY_VIOLATION: int = ErrorCode.POLICY_VIOLATION
+#: Most filters one DeleteAcls request may carry; each is matched against every binding, so this
+#: bounds one request's work (filters past it answer INVALID_REQUEST). Kafka has no such limit;
+#: a tool deletes a handful at a time.
+DELETE_FILTERS_MAX = 1_000
 _LOCK = _LoopLock()
 _DENIED = "Cluster authorization failed."
 
@@ -121,9 +125,9 @@ async def delete_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
         bindings = authz.bindings() if authz is not None else []
         gone: dict[Binding, None] = {}
         matched: list[list[Binding] | str] = []
-        for raw in filters:
+        for i, raw in enumerate(filters):
             f = _filter(raw)
-            problem = f.problem()
+            problem = f.problem() if i < DELETE_FILTERS_MAX else f"more than {DELETE_FILTERS_MAX} filters in one request"
             if problem is not None:
                 matched.append(problem)
                 continue

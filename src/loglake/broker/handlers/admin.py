@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed, cluster_operations
+from loglake.broker.authorized import CLUSTER, AclOperation, allowed, cluster_operations
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext, advertised_endpoint
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
@@ -19,7 +20,7 @@ from loglake.broker.handlers.admin_topics import (
     delete_records,
     delete_topics,
 )
-from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, NONE
+from loglake.broker.handlers.errors import NONE
 from loglake.broker.protocol import DecodedRequest
 
 #: DescribeCluster endpoint types (KIP-919).
@@ -37,15 +38,13 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
         "cluster_id": ctx.engine.cluster_id,
         "controller_id": ctx.node_id,
         "brokers": [],
+        # Kafka answers anyone (like Metadata); the operations only to a principal that may
+        # DESCRIBE the cluster, an empty set to others.
         "authorized_operations": (
-            cluster_operations(ctx, conn) if body.include_cluster_authorized_operations else None
+            (cluster_operations(ctx, conn) if allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME) else set())
+            if body.include_cluster_authorized_operations else None
         ),
     }
-    if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):
-        response["error_code"] = CLUSTER_AUTHORIZATION_FAILED
-        response["error_message"] = "Cluster authorization failed."
-        response["authorized_operations"] = None
-        return response
     if endpoint_type != ENDPOINT_BROKERS:
         response["error_code"] = MISMATCHED_ENDPOINT_TYPE
         response["error_message"] = (

@@ -133,5 +133,8 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         "topics": topics,
         "error_code": NONE,
         # v8-v10: the caller's operations on the cluster when asked (v11 dropped the field)
-        "authorized_operations": cluster_operations(ctx, conn) if cluster_ops else None,
+        "authorized_operations": (
+            (cluster_operations(ctx, conn) if allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME) else set())
+            if cluster_ops else None
+        ),
     }
