@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -581,6 +581,43 @@ def test_admin_client_create_describe_delete_round_trip(broker: Broker, pki: Pki
     with pytest.raises(KafkaException) as err:
         eve.create_acls(bindings[:1], request_timeout=15)[bindings[0]].result()
     assert err.value.args[0].code() == E.CLUSTER_AUTHORIZATION_FAILED
+
+
+def _client_conf(broker: Broker, pki: Pki, who: str) -> dict[str, Any]:
+    pair = pki.clients[who]
+    return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
+            "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key), "log_level": 0}
+
+
+def test_confluent_idempotent_producer_and_group_consumer(broker: Broker, pki: Pki, granted: None) -> None:
+    """Real clients: bob's idempotent producer (InitProducerId by WRITE on a topic, Kafka 3+) and
+    subscribing consumer (group g-bob) work; eve's consumer is told GROUP_AUTHORIZATION_FAILED."""
+    topic = f"pub-cg-{uuid.uuid4().hex[:6]}"
+    producer = Producer({**_client_conf(broker, pki, "bob"), "enable.idempotence": True})
+    for i in range(20):
+        producer.produce(topic, value=b"m%d" % i)
+    assert producer.flush(30) == 0
+    consumer = Consumer({**_client_conf(broker, pki, "bob"), "group.id": "g-bob", "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(got) < 20 and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value())
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    assert got == [b"m%d" % i for i in range(20)]
+    eve = Consumer({**_client_conf(broker, pki, "eve"), "group.id": "g-bob", "auto.offset.reset": "earliest"})
+    eve.subscribe([topic])
+    error = None
+    deadline = time.monotonic() + 30
+    while error is None and time.monotonic() < deadline:
+        msg = eve.poll(0.5)
+        if msg is not None and msg.error():
+            error = msg.error()
+    eve.close()
+    assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
 
 
 def test_acls_survive_a_restart(broker: Broker, pki: Pki, clients: dict[str, TlsClient], granted: None) -> None:
