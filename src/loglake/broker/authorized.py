@@ -22,8 +22,30 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Iterable
-from enum import IntEnum
 from typing import Any
+
+from loglake.broker.authorizer import CLUSTER_NAME, AclOperation, ResourceType, resource_type_name
+
+__all__ = [
+    "CLUSTER",
+    "CURRENT_API",
+    "GROUP",
+    "TOPIC",
+    "TRANSACTIONAL_ID",
+    "AclOperation",
+    "allowed",
+    "audit",
+    "check",
+    "cluster_allowed",
+    "cluster_operations",
+    "denied",
+    "group_operations",
+    "idempotent_write_allowed",
+    "operation_bits",
+    "operations",
+    "topic_operations",
+    "who",
+]
 
 audit_log = logging.getLogger("loglake.audit")
 
@@ -33,26 +55,6 @@ CURRENT_API: contextvars.ContextVar[str] = contextvars.ContextVar("loglake_curre
 AUDIT_NAMES_MAX = 20
 #: Longest resource name written to an audit line; longer ones are cut (names come from clients).
 AUDIT_NAME_CHARS_MAX = 256
-
-
-class AclOperation(IntEnum):
-    """org.apache.kafka.common.acl.AclOperation codes."""
-
-    UNKNOWN = 0
-    ANY = 1
-    ALL = 2
-    READ = 3
-    WRITE = 4
-    CREATE = 5
-    DELETE = 6
-    ALTER = 7
-    DESCRIBE = 8
-    CLUSTER_ACTION = 9
-    DESCRIBE_CONFIGS = 10
-    ALTER_CONFIGS = 11
-    IDEMPOTENT_WRITE = 12
-    CREATE_TOKENS = 13
-    DESCRIBE_TOKENS = 14
 
 
 _OP = AclOperation
@@ -65,11 +67,9 @@ CLUSTER_OPERATIONS = frozenset({_OP.CREATE, _OP.ALTER, _OP.DESCRIBE, _OP.CLUSTER
 #: What can be done to a group (Kafka's operations valid for the GROUP resource).
 GROUP_OPERATIONS = frozenset({_OP.READ, _OP.DESCRIBE, _OP.DELETE, _OP.DESCRIBE_CONFIGS, _OP.ALTER_CONFIGS})
 
-# Resource type codes (loglake.broker.authorizer.ResourceType, repeated to keep this module
-# free of imports the authorizer needs from it).
-TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = 2, 3, 4, 5
-_TYPE_NAMES = {TOPIC: "TOPIC", GROUP: "GROUP", CLUSTER: "CLUSTER", TRANSACTIONAL_ID: "TRANSACTIONAL_ID"}
-_CLUSTER_NAME = "kafka-cluster"
+#: The resource types handlers name, as plain ints (loglake.broker.authorizer.ResourceType).
+TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = (int(t) for t in (ResourceType.TOPIC, ResourceType.GROUP,
+                                                            ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID))
 
 
 def who(conn: Any) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def cluster_allowed(ctx: Any, conn: Any, operation: AclOperation) -> bool:
     before acting; it answers CLUSTER_AUTHORIZATION_FAILED when this is False. A denial is
     written to the audit log.
     """
-    return check(ctx, conn, int(operation), CLUSTER, _CLUSTER_NAME)
+    return check(ctx, conn, int(operation), CLUSTER, CLUSTER_NAME)
 
 
 def idempotent_write_allowed(ctx: Any, conn: Any) -> bool:
@@ -130,11 +130,11 @@ def idempotent_write_allowed(ctx: Any, conn: Any) -> bool:
     if authz is None:
         return True
     principal, host = who(conn)
-    if authz.authorize(principal, host, _OP.IDEMPOTENT_WRITE, CLUSTER, _CLUSTER_NAME):
+    if authz.authorize(principal, host, _OP.IDEMPOTENT_WRITE, CLUSTER, CLUSTER_NAME):
         return True
     if authz.authorize_any(principal, host, _OP.WRITE, TOPIC):
         return True
-    audit(conn, _OP.IDEMPOTENT_WRITE, CLUSTER, [_CLUSTER_NAME])
+    audit(conn, _OP.IDEMPOTENT_WRITE, CLUSTER, [CLUSTER_NAME])
     return False
 
 
@@ -148,7 +148,7 @@ def audit(conn: Any, operation: int, resource_type: int, names: list[str]) -> No
         op = str(operation)
     audit_log.warning(
         "DENIED principal=%s host=%s api=%s operation=%s resource_type=%s resources=%s%s",
-        principal, host, CURRENT_API.get(), op, _TYPE_NAMES.get(resource_type, str(resource_type)),
+        principal, host, CURRENT_API.get(), op, resource_type_name(resource_type),
         ",".join(repr(n) for n in shown), more,
     )
 
@@ -165,7 +165,7 @@ def topic_operations(ctx: Any, conn: Any, topic: str) -> set[int]:
 
 def cluster_operations(ctx: Any, conn: Any) -> set[int]:
     """The operations on the cluster the caller may perform (cluster_authorized_operations)."""
-    return operations(ctx, conn, CLUSTER, _CLUSTER_NAME, CLUSTER_OPERATIONS)
+    return operations(ctx, conn, CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS)
 
 
 def operation_bits(ops: set[int]) -> int:

@@ -29,14 +29,13 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from loglake.broker.authorized import AclOperation
-
 log = logging.getLogger("loglake.broker.authorizer")
 
 __all__ = [
     "CLUSTER_NAME",
     "WILDCARD",
     "AclFilter",
+    "AclOperation",
     "Authorizer",
     "Binding",
     "PatternType",
@@ -50,6 +49,26 @@ __all__ = [
 CLUSTER_NAME = "kafka-cluster"
 #: A literal resource name, principal name or host that matches every one.
 WILDCARD = "*"
+
+
+class AclOperation(IntEnum):
+    """org.apache.kafka.common.acl.AclOperation codes (ANY and UNKNOWN only in filters)."""
+
+    UNKNOWN = 0
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+    CREATE_TOKENS = 13
+    DESCRIBE_TOKENS = 14
 
 
 class ResourceType(IntEnum):
