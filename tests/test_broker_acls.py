@@ -544,6 +544,15 @@ def test_audit_line_once_per_denied_request(broker: Broker, clients: dict[str, T
     for part in ("principal=User:eve", "host=127.0.0.1", "api=Produce", "operation=WRITE", "resource_type=TOPIC",
                  "'other-t'", "'pub-t'"):
         assert part in line, line
+    # OffsetFetch v8 naming two groups eve may not describe: both refused, one line.
+    G = OffsetFetchRequest.OffsetFetchRequestGroup
+    before = len(audit_lines(broker))
+    resp = eve.request(OffsetFetchRequest[8](groups=[G(group_id="g-bob", topics=None), G(group_id="g-x", topics=None)],
+                                             require_stable=False))
+    assert [g.error_code for g in resp.groups] == [E.GROUP_AUTHORIZATION_FAILED] * 2
+    time.sleep(0.3)
+    new = audit_lines(broker)[before:]
+    assert len(new) == 1 and "api=OffsetFetch" in new[0] and "'g-bob','g-x'" in new[0], new
 
 
 def _admin(broker: Broker, pki: Pki, who: str) -> AdminClient:
