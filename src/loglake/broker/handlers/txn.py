@@ -130,14 +130,17 @@ async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         for p in t.partitions
     ]
     codes: dict[tuple[str, int], int] = {}
+    whole = None  # the error of the whole request: Kafka checks the transactional id, then the group
     if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
-        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
+        whole = int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     elif not check(ctx, conn, AclOperation.READ, GROUP, b.group_id):
-        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), int(E.GROUP_AUTHORIZATION_FAILED))
+        whole = int(E.GROUP_AUTHORIZATION_FAILED)
     elif refused := denied(ctx, conn, AclOperation.READ, TOPIC, (t for t, *_ in offsets)):
         codes = {(t, p): int(E.TOPIC_AUTHORIZATION_FAILED) for t, p, *_ in offsets if t in refused}
         offsets = [o for o in offsets if o[0] not in refused]
-    if (offsets and not codes) or any(c == E.TOPIC_AUTHORIZATION_FAILED for c in codes.values()):
+    if whole is not None:
+        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), whole)
+    elif offsets or not codes:
         try:
             codes.update(await ctx.txn.txn_offset_commit(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, offsets))
         except LoglakeError as exc:
