@@ -192,10 +192,10 @@ def _fetch_group(
     ctx: Any, conn: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1,
     require_stable: bool = False, refused_groups: set[str] | None = None,
 ) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
-    # v8+ asks for several groups: they are checked together (one audit line), `refused_groups`.
-    if group_id in refused_groups if refused_groups is not None else not check(
-        ctx, conn, AclOperation.DESCRIBE, GROUP, group_id
-    ):
+    # v8+ asks for several groups: the caller checks them together (one audit line).
+    if refused_groups is None:
+        refused_groups = set() if check(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id) else {group_id}
+    if group_id in refused_groups:
         return GROUP_AUTHORIZATION_FAILED, []
     if ctx.coordinator is None:
         return COORDINATOR_NOT_AVAILABLE, []
