@@ -488,6 +488,22 @@ def test_prefixed_and_deny_rules_and_super_users(clients: dict[str, TlsClient], 
     assert produce(admin, "other-t", batch()) == [0]
 
 
+def test_create_topics_returns_configs_only_with_describe_configs(clients: dict[str, TlsClient], granted: None) -> None:
+    bob, eve, admin = clients["bob"], clients["eve"], clients["admin"]
+    assert create_acls(admin, (TOPIC, "eve-", PREFIXED, "User:eve", 5, ALLOW)) == [0]  # CREATE only
+    T = CreateTopicsRequest.CreatableTopic
+
+    def create(c: TlsClient, name: str) -> Any:
+        resp = c.request(CreateTopicsRequest[5](topics=[T(name=name, num_partitions=1, replication_factor=1)], timeout_ms=10_000))
+        return resp.topics[0]
+
+    mine = create(eve, "eve-t")
+    assert (mine.error_code, mine.topic_config_error_code, mine.configs) == (0, E.TOPIC_AUTHORIZATION_FAILED, [])
+    assert create(eve, "pub-by-eve").error_code == E.TOPIC_AUTHORIZATION_FAILED
+    theirs = create(bob, "pub-cfg")
+    assert theirs.error_code == 0 and theirs.topic_config_error_code == 0 and theirs.configs
+
+
 def _metadata_names(c: TlsClient, names: list[str] | None, create: bool = False) -> dict[str, int]:
     topics = None if names is None else [MetadataRequest.MetadataRequestTopic(name=n) for n in names]
     resp = c.request(MetadataRequest[12](topics=topics, allow_auto_topic_creation=create, include_topic_authorized_operations=True))

@@ -36,7 +36,8 @@ API_ACLS: dict[int, tuple[str, str]] = {
     16: ("ListGroups", "DESCRIBE cluster lists every group, else only groups with DESCRIBE"),
     17: ("SaslHandshake", "none (authentication itself)"),
     18: ("ApiVersions", "none (before authentication)"),
-    19: ("CreateTopics", "CREATE cluster, else CREATE topic -> TOPIC_AUTHORIZATION_FAILED per topic"),
+    19: ("CreateTopics", "CREATE cluster, else CREATE topic -> TOPIC_AUTHORIZATION_FAILED per topic; v5+ "
+                         "configs only with DESCRIBE_CONFIGS (else topic_config_error_code)"),
     20: ("DeleteTopics", "DELETE topic -> TOPIC_AUTHORIZATION_FAILED per topic"),
     21: ("DeleteRecords", "DELETE topic -> TOPIC_AUTHORIZATION_FAILED per partition"),
     22: ("InitProducerId", "with a transactional id: WRITE it (TRANSACTIONAL_ID_AUTHORIZATION_FAILED); without "
@@ -66,7 +67,8 @@ API_ACLS: dict[int, tuple[str, str]] = {
     51: ("AlterUserScramCredentials", "ALTER cluster -> CLUSTER_AUTHORIZATION_FAILED (cluster_allowed)"),
     60: ("DescribeCluster", "none (as Metadata); authorized operations only with DESCRIBE cluster, else empty"),
     61: ("DescribeProducers", "READ topic -> TOPIC_AUTHORIZATION_FAILED per partition"),
-    65: ("DescribeTransactions", "DESCRIBE transactional id -> TRANSACTIONAL_ID_AUTHORIZATION_FAILED per id"),
+    65: ("DescribeTransactions", "DESCRIBE transactional id -> TRANSACTIONAL_ID_AUTHORIZATION_FAILED per id; "
+                                 "partitions listed only of topics with DESCRIBE"),
     66: ("ListTransactions", "lists only transactional ids with DESCRIBE"),
     68: ("ConsumerGroupHeartbeat", "READ group (GROUP_AUTHORIZATION_FAILED); DESCRIBE each subscribed topic "
                                    "(TOPIC_AUTHORIZATION_FAILED naming them)"),

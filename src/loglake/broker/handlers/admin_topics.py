@@ -128,12 +128,13 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
             if not validate_only:
                 result["topic_id"] = uuid.UUID(hex=info.topic_id)
             if req.api_version >= 5:  # the topic's partitions and configs come back
-                entries = topic_config_entries(ctx, info.config)
-                result.update(
-                    num_partitions=info.partitions,
-                    replication_factor=1,
-                    configs=[{k: e[k] for k in _CREATE_CONFIG_FIELDS} for e in entries],
-                )
+                result.update(num_partitions=info.partitions, replication_factor=1)
+                # Kafka: the configs only to a principal that may DESCRIBE_CONFIGS the topic.
+                if allowed(ctx, conn, AclOperation.DESCRIBE_CONFIGS, TOPIC, topic.name):
+                    entries = topic_config_entries(ctx, info.config)
+                    result["configs"] = [{k: e[k] for k in _CREATE_CONFIG_FIELDS} for e in entries]
+                else:
+                    result["topic_config_error_code"] = TOPIC_AUTHORIZATION_FAILED
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"CreateTopics {topic.name}")
         results.append(result)

@@ -151,9 +151,12 @@ async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()]}
 
 
-def _topics_of(txn: Txn) -> list[dict[str, Any]]:
+def _topics_of(ctx: Any, conn: Any, txn: Txn) -> list[dict[str, Any]]:
+    """The transaction's partitions, of the topics the principal may describe (as Kafka lists them)."""
     by_topic: dict[str, list[int]] = {}
     for name, index in txn.parts:
+        if not allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, name):
+            continue
         by_topic.setdefault(name, []).append(index)
     return [{"topic": n, "partitions": sorted(ps)} for n, ps in by_topic.items()]
 
@@ -182,7 +185,7 @@ async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any
             "transaction_start_time_ms": txn.start_ms if txn.state != "empty" else -1,
             "producer_id": txn.pid,
             "producer_epoch": txn.epoch,
-            "topics": _topics_of(txn),
+            "topics": _topics_of(ctx, conn, txn),
         })
     return {"throttle_time_ms": 0, "transaction_states": states}
 
