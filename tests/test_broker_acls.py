@@ -1,44 +1,23 @@
-"""ACLs on a real broker: every API refuses a principal without the right operation with Kafka's
-error code and serves one with it; the ACL APIs round trip through confluent-kafka's AdminClient;
-prefixed and deny rules, super users, Metadata filtering, the audit log, and a restart.
-
-Principals come from mTLS client certificates (tests/tlskit.py) on an SSL listener with
-ssl_client_auth=required: CN=admin is the super user, CN=bob is granted what the matrix needs,
-CN=eve nothing. With client authentication on, allow.everyone.if.no.acl.found defaults to false,
-so eve is refused everything that has no ACL for her.
+"""ACLs on a real broker, API by API: a principal without the right operation is refused with
+Kafka's error code, one with it is served (raw requests through kafka-python's protocol classes,
+so every API and version is expressible); prefixed and deny rules, super users, transactions.
+Broker and principals: tests/aclkit.py.
 """
 
 from __future__ import annotations
 
-import socket
-import ssl
-import time
-import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import (
-    AclBinding,
-    AclBindingFilter,
-    AclOperation,
-    AclPermissionType,
-    AdminClient,
-    ResourcePatternType,
-    ResourceType,
-)
 from kafka.protocol.admin import (
     AlterConfigsRequest,
-    CreateAclsRequest,
     CreatePartitionsRequest,
     CreateTopicsRequest,
     DeleteAclsRequest,
     DeleteGroupsRequest,
     DeleteRecordsRequest,
     DeleteTopicsRequest,
-    DescribeAclsRequest,
     DescribeClusterRequest,
     DescribeConfigsRequest,
     DescribeGroupsRequest,
@@ -46,7 +25,6 @@ from kafka.protocol.admin import (
     DescribeProducersRequest,
     DescribeTransactionsRequest,
     IncrementalAlterConfigsRequest,
-    ListGroupsRequest,
     ListTransactionsRequest,
 )
 from kafka.protocol.consumer import (
@@ -55,140 +33,66 @@ from kafka.protocol.consumer import (
     JoinGroupRequest,
     LeaveGroupRequest,
     ListOffsetsRequest,
-    OffsetCommitRequest,
     OffsetDeleteRequest,
     OffsetFetchRequest,
     OffsetForLeaderEpochRequest,
     SyncGroupRequest,
 )
 from kafka.protocol.metadata import FindCoordinatorRequest, MetadataRequest
-from kafka.protocol.parser import KafkaProtocol
 from kafka.protocol.producer import (
     AddOffsetsToTxnRequest,
     AddPartitionsToTxnRequest,
     EndTxnRequest,
     InitProducerIdRequest,
-    ProduceRequest,
     TxnOffsetCommitRequest,
 )
 
+from aclkit import (
+    ALLOW,
+    AUTH_ERRORS,
+    DESCRIBE,
+    LITERAL,
+    PREFIXED,
+    READ,
+    TOPIC,
+    TlsClient,
+    acl_broker,
+    acl_pki,
+    batch,
+    create_acls,
+    create_topic,
+    describe_acls,
+    grant,
+    metadata_names,
+    offset_commit,
+    open_clients,
+    produce,
+)
 from loglake.broker.protocol.kip848 import ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest
 from loglake.kafka_errors import ErrorCode as E
-from loglake.records.batch import BatchBuilder
-from tlskit import Pki, make_pki, ssl_args
+from tlskit import Pki
 
-from brokerkit import Broker, serving_broker
-
-AUTH_ERRORS = {E.TOPIC_AUTHORIZATION_FAILED, E.GROUP_AUTHORIZATION_FAILED, E.CLUSTER_AUTHORIZATION_FAILED,
-               E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
-#: Kafka's codes (confluent_kafka's enums carry the same numbers).
-TOPIC, GROUP, CLUSTER, TXN_ID = 2, 3, 4, 5
-LITERAL, PREFIXED = 3, 4
-ALL, READ, WRITE, DESCRIBE = 2, 3, 4, 8
-DENY, ALLOW = 2, 3
-MAPPING = "RULE:^CN=([^,]+),.*$/$1/,DEFAULT"
+from brokerkit import Broker
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), clients=("admin", "bob", "eve"))
+    return acl_pki(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
-    conf = tmp_path_factory.mktemp("conf") / "broker.toml"
-    conf.write_text(f'ssl_principal_mapping_rules = "{MAPPING}"\n')
-    args = ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, client_auth="required"), "--super-users", "User:admin",
-            "--config", str(conf)]
-    with serving_broker(tmp_path_factory.mktemp("acls") / "data", args) as b:
-        yield b
-
-
-class TlsClient:
-    """One TLS socket speaking the Kafka protocol through kafka-python's protocol classes, as
-    the principal of `who`'s client certificate."""
-
-    def __init__(self, port: int, pki: Pki, who: str) -> None:
-        ctx = ssl.create_default_context(cafile=str(pki.ca))
-        pair = pki.clients[who]
-        ctx.load_cert_chain(str(pair.cert), str(pair.key))
-        raw = socket.create_connection(("127.0.0.1", port), timeout=15)
-        self.sock = ctx.wrap_socket(raw, server_hostname="localhost")
-        self.proto = KafkaProtocol(client_id=f"acl-{who}")
-        self._ready: deque[tuple[int, Any]] = deque()
-
-    def request(self, request: Any) -> Any:
-        corr = self.proto.send_request(request)
-        self.sock.sendall(self.proto.send_bytes())
-        while not self._ready:
-            data = self.sock.recv(1 << 16)
-            if not data:
-                raise ConnectionError("broker closed the connection")
-            self._ready.extend(self.proto.receive_bytes(data))
-        got, response = self._ready.popleft()
-        assert got == corr
-        return response
-
-    def close(self) -> None:
-        self.sock.close()
+    yield from acl_broker(tmp_path_factory, pki)
 
 
 @pytest.fixture(scope="module")
 def clients(broker: Broker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
-    out = {who: TlsClient(broker.port, pki, who) for who in ("admin", "bob", "eve")}
-    yield out
-    for c in out.values():
-        c.close()
-
-
-def create_acls(c: TlsClient, *bindings: tuple[int, str, int, str, int, int]) -> list[int]:
-    C = CreateAclsRequest.AclCreation
-    resp = c.request(CreateAclsRequest[3](creations=[
-        C(resource_type=t, resource_name=n, resource_pattern_type=p, principal=who, host="*", operation=op, permission_type=perm)
-        for t, n, p, who, op, perm in bindings
-    ]))
-    return [r.error_code for r in resp.results]
-
-
-def create_topic(c: TlsClient, name: str, partitions: int = 1) -> int:
-    T = CreateTopicsRequest.CreatableTopic
-    resp = c.request(CreateTopicsRequest[5](topics=[T(name=name, num_partitions=partitions, replication_factor=1)], timeout_ms=10_000))
-    return int(resp.topics[0].error_code)
+    yield from open_clients(broker, pki)
 
 
 @pytest.fixture(scope="module")
 def granted(clients: dict[str, TlsClient]) -> None:
-    """bob: everything on topics prefixed pub-, but no WRITE on pub-denied; his group and
-    transactional ids; DESCRIBE on the cluster. eve: nothing."""
-    admin = clients["admin"]
-    assert create_acls(
-        admin,
-        (TOPIC, "pub-", PREFIXED, "User:bob", ALL, ALLOW),
-        (TOPIC, "pub-denied", LITERAL, "User:bob", WRITE, DENY),
-        (GROUP, "g-bob", LITERAL, "User:bob", ALL, ALLOW),
-        (TXN_ID, "tx-bob", PREFIXED, "User:bob", ALL, ALLOW),
-        (CLUSTER, "kafka-cluster", LITERAL, "User:bob", DESCRIBE, ALLOW),
-    ) == [0] * 5
-    for name in ("pub-t", "pub-denied"):
-        assert create_topic(admin, name) in (0, E.TOPIC_ALREADY_EXISTS)
-
-
-def batch(pid: int = -1, epoch: int = -1, seq: int = -1, transactional: bool = False) -> bytes:
-    b = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq, is_transactional=transactional)
-    b.append(int(time.time() * 1000), None, b"v", [])
-    return bytes(b.build())
-
-
-def produce(c: TlsClient, topic: str, records: bytes, tid: str | None = None, partitions: tuple[int, ...] = (0,)) -> list[int]:
-    P = ProduceRequest.TopicProduceData
-    resp = c.request(ProduceRequest[9](
-        transactional_id=tid, acks=-1, timeout_ms=10_000,
-        topic_data=[P(name=topic, partition_data=[P.PartitionProduceData(index=i, records=records) for i in partitions])],
-    ))
-    return [p.error_code for t in resp.responses for p in t.partition_responses]
-
-
-# ---- the matrix: (API, request, the error code of the answer) ---------------------------------------
+    grant(clients)
 
 
 def _fetch(c: TlsClient) -> int:
@@ -214,13 +118,6 @@ def _epoch(c: TlsClient) -> int:
     T = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
     resp = c.request(OffsetForLeaderEpochRequest[4](replica_id=-1, topics=[
         T(topic="pub-t", partitions=[T.OffsetForLeaderPartition(partition=0, current_leader_epoch=-1, leader_epoch=0)])]))
-    return int(resp.topics[0].partitions[0].error_code)
-
-
-def _offset_commit(c: TlsClient) -> int:
-    T = OffsetCommitRequest.OffsetCommitRequestTopic
-    resp = c.request(OffsetCommitRequest[8](group_id="g-bob", generation_id_or_member_epoch=-1, member_id="", topics=[
-        T(name="pub-t", partitions=[T.OffsetCommitRequestPartition(partition_index=0, committed_offset=0)])]))
     return int(resp.topics[0].partitions[0].error_code)
 
 
@@ -337,12 +234,6 @@ def _describe_producers(c: TlsClient) -> int:
     return int(c.request(DescribeProducersRequest[0](topics=[T(name="pub-t", partition_indexes=[0])])).topics[0].partitions[0].error_code)
 
 
-def _describe_acls(c: TlsClient) -> int:
-    return int(c.request(DescribeAclsRequest[3](
-        resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1, principal_filter=None, host_filter=None,
-        operation=1, permission_type=1)).error_code)
-
-
 def _create_acls(c: TlsClient) -> int:
     return create_acls(c, (TOPIC, "x", LITERAL, "User:x", READ, ALLOW))[0]
 
@@ -371,7 +262,7 @@ MATRIX: list[tuple[str, Callable[[TlsClient], int], int]] = [
     ("ListOffsets", _list_offsets, E.TOPIC_AUTHORIZATION_FAILED),
     ("Metadata", _metadata, E.TOPIC_AUTHORIZATION_FAILED),
     ("OffsetForLeaderEpoch", _epoch, E.TOPIC_AUTHORIZATION_FAILED),
-    ("OffsetCommit", _offset_commit, E.GROUP_AUTHORIZATION_FAILED),
+    ("OffsetCommit", offset_commit, E.GROUP_AUTHORIZATION_FAILED),
     ("OffsetFetch", _offset_fetch, E.GROUP_AUTHORIZATION_FAILED),
     ("FindCoordinator(group)", _find_group, E.GROUP_AUTHORIZATION_FAILED),
     ("FindCoordinator(txn)", _find_txn, E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
@@ -392,7 +283,7 @@ MATRIX: list[tuple[str, Callable[[TlsClient], int], int]] = [
     ("IncrementalAlterConfigs", _incremental_alter, E.TOPIC_AUTHORIZATION_FAILED),
     ("DescribeLogDirs", _log_dirs, E.CLUSTER_AUTHORIZATION_FAILED),
     ("DescribeProducers", _describe_producers, E.TOPIC_AUTHORIZATION_FAILED),
-    ("DescribeAcls", _describe_acls, E.CLUSTER_AUTHORIZATION_FAILED),
+    ("DescribeAcls", describe_acls, E.CLUSTER_AUTHORIZATION_FAILED),
     ("DeleteGroups", _delete_groups, E.GROUP_AUTHORIZATION_FAILED),
 ]
 
@@ -483,7 +374,7 @@ def test_prefixed_and_deny_rules_and_super_users(clients: dict[str, TlsClient], 
     assert produce(bob, "pub-t", batch()) == [0]  # the prefixed ALLOW ALL
     assert produce(bob, "other-t", batch()) == [E.TOPIC_AUTHORIZATION_FAILED]  # outside the prefix
     assert produce(bob, "pub-denied", batch()) == [E.TOPIC_AUTHORIZATION_FAILED]  # DENY WRITE wins over ALLOW ALL
-    assert _metadata_names(bob, ["pub-denied"]) == {"pub-denied": 0}  # ...but DESCRIBE is still allowed
+    assert metadata_names(bob, ["pub-denied"]) == {"pub-denied": 0}  # ...but DESCRIBE is still allowed
     assert produce(admin, "pub-denied", batch()) == [0]  # a super user is never refused
     assert produce(admin, "other-t", batch()) == [0]
 
@@ -504,158 +395,3 @@ def test_create_topics_returns_configs_only_with_describe_configs(clients: dict[
     assert theirs.error_code == 0 and theirs.topic_config_error_code == 0 and theirs.configs
 
 
-def _metadata_names(c: TlsClient, names: list[str] | None, create: bool = False) -> dict[str, int]:
-    topics = None if names is None else [MetadataRequest.MetadataRequestTopic(name=n) for n in names]
-    resp = c.request(MetadataRequest[12](topics=topics, allow_auto_topic_creation=create, include_topic_authorized_operations=True))
-    return {t.name: t.error_code for t in resp.topics}
-
-
-def test_metadata_lists_only_what_the_principal_may_describe(clients: dict[str, TlsClient], granted: None) -> None:
-    bob, eve, admin = clients["bob"], clients["eve"], clients["admin"]
-    assert create_topic(admin, "other-t") in (0, E.TOPIC_ALREADY_EXISTS)
-    every = _metadata_names(admin, None)
-    assert {"pub-t", "other-t"} <= set(every)
-    assert set(_metadata_names(bob, None)) == {n for n in every if n.startswith("pub-")}
-    assert _metadata_names(eve, None) == {}
-    assert _metadata_names(eve, ["pub-t"]) == {"pub-t": E.TOPIC_AUTHORIZATION_FAILED}
-    # Auto-creation needs CREATE: eve may not (whether or not the topic exists, the same answer).
-    assert _metadata_names(eve, ["pub-auto-eve"], create=True) == {"pub-auto-eve": E.TOPIC_AUTHORIZATION_FAILED}
-    assert _metadata_names(bob, ["pub-auto-bob"], create=True) == {"pub-auto-bob": 0}
-    # Authorized operations come from the ACLs: bob may do everything to pub-t but not WRITE pub-denied.
-    resp = bob.request(MetadataRequest[12](topics=[MetadataRequest.MetadataRequestTopic(name="pub-denied")],
-                                           allow_auto_topic_creation=False, include_topic_authorized_operations=True))
-    ops = resp.topics[0].authorized_operations
-    assert READ in ops and DESCRIBE in ops and WRITE not in ops
-
-
-def test_list_groups_filtered(clients: dict[str, TlsClient], granted: None) -> None:
-    bob, eve = clients["bob"], clients["eve"]
-    assert _offset_commit(bob) == 0
-    for who, c in (("bob", bob), ("eve", eve)):
-        groups = [g.group_id for g in c.request(ListGroupsRequest[4](states_filter=[])).groups]
-        assert ("g-bob" in groups) == (who == "bob")
-
-
-def audit_lines(b: Broker) -> list[str]:
-    return [line for line in b.log_text().splitlines() if "DENIED principal=" in line]
-
-
-def test_audit_line_once_per_denied_request(broker: Broker, clients: dict[str, TlsClient], granted: None) -> None:
-    eve = clients["eve"]
-    before = len(audit_lines(broker))
-    # One Produce naming two forbidden topics, three partitions: one line.
-    P = ProduceRequest.TopicProduceData
-    records = batch()
-    eve.request(ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
-        P(name="pub-t", partition_data=[P.PartitionProduceData(index=i, records=records) for i in (0, 1)]),
-        P(name="other-t", partition_data=[P.PartitionProduceData(index=0, records=records)]),
-    ]))
-    deadline = time.monotonic() + 10
-    while len(audit_lines(broker)) == before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.3)  # a second line, if any, would come right after the first
-    new = audit_lines(broker)[before:]
-    assert len(new) == 1, new
-    line = new[0]
-    for part in ("principal=User:eve", "host=127.0.0.1", "api=Produce", "operation=WRITE", "resource_type=TOPIC",
-                 "'other-t'", "'pub-t'"):
-        assert part in line, line
-    # OffsetFetch v8 naming two groups eve may not describe: both refused, one line.
-    G = OffsetFetchRequest.OffsetFetchRequestGroup
-    before = len(audit_lines(broker))
-    resp = eve.request(OffsetFetchRequest[8](groups=[G(group_id="g-bob", topics=None), G(group_id="g-x", topics=None)],
-                                             require_stable=False))
-    assert [g.error_code for g in resp.groups] == [E.GROUP_AUTHORIZATION_FAILED] * 2
-    time.sleep(0.3)
-    new = audit_lines(broker)[before:]
-    assert len(new) == 1 and "api=OffsetFetch" in new[0] and "'g-bob','g-x'" in new[0], new
-
-
-def _admin(broker: Broker, pki: Pki, who: str) -> AdminClient:
-    pair = pki.clients[who]
-    return AdminClient({"bootstrap.servers": broker.bootstrap, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
-                        "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key), "log_level": 0})
-
-
-def test_admin_client_create_describe_delete_round_trip(broker: Broker, pki: Pki, granted: None) -> None:
-    admin = _admin(broker, pki, "admin")
-    name = f"rt-{uuid.uuid4().hex[:6]}"
-    bindings = [
-        AclBinding(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, "User:carol", "*", AclOperation.READ, AclPermissionType.ALLOW),
-        AclBinding(ResourceType.TOPIC, name, ResourcePatternType.PREFIXED, "User:carol", "10.0.0.1", AclOperation.WRITE, AclPermissionType.DENY),
-        AclBinding(ResourceType.GROUP, name, ResourcePatternType.LITERAL, "User:*", "*", AclOperation.ALL, AclPermissionType.ALLOW),
-    ]
-    for fut in admin.create_acls(bindings, request_timeout=15).values():
-        assert fut.result() is None
-    match = AclBindingFilter(ResourceType.ANY, name, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY)
-    described = admin.describe_acls(match, request_timeout=15).result()
-    assert sorted(map(str, described)) == sorted(map(str, bindings))
-    # MATCH: the bindings that apply to a topic named name + "-x" (the prefixed one).
-    applies = AclBindingFilter(ResourceType.TOPIC, name + "-x", ResourcePatternType.MATCH, None, None, AclOperation.ANY, AclPermissionType.ANY)
-    assert [b.host for b in admin.describe_acls(applies, request_timeout=15).result()] == ["10.0.0.1"]
-    bad = AclBinding(ResourceType.BROKER, "not-the-cluster", ResourcePatternType.LITERAL, "User:carol", "*", AclOperation.ALTER, AclPermissionType.ALLOW)
-    with pytest.raises(KafkaException) as err:
-        admin.create_acls([bad], request_timeout=15)[bad].result()
-    assert err.value.args[0].code() == E.INVALID_REQUEST
-    only_topic = AclBindingFilter(ResourceType.TOPIC, name, ResourcePatternType.ANY, None, None, AclOperation.ANY, AclPermissionType.ANY)
-    deleted = admin.delete_acls([only_topic], request_timeout=15)[only_topic].result()
-    assert sorted(map(str, deleted)) == sorted(map(str, bindings[:2]))
-    assert [str(b) for b in admin.describe_acls(match, request_timeout=15).result()] == [str(bindings[2])]
-    # Not a super user and no ALTER on the cluster: refused.
-    eve = _admin(broker, pki, "eve")  # held: a dropped client cancels its futures
-    with pytest.raises(KafkaException) as err:
-        eve.create_acls(bindings[:1], request_timeout=15)[bindings[0]].result()
-    assert err.value.args[0].code() == E.CLUSTER_AUTHORIZATION_FAILED
-
-
-def _client_conf(broker: Broker, pki: Pki, who: str) -> dict[str, Any]:
-    pair = pki.clients[who]
-    return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
-            "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key), "log_level": 0}
-
-
-def test_confluent_idempotent_producer_and_group_consumer(broker: Broker, pki: Pki, granted: None) -> None:
-    """Real clients: bob's idempotent producer (InitProducerId by WRITE on a topic, Kafka 3+) and
-    subscribing consumer (group g-bob) work; eve's consumer is told GROUP_AUTHORIZATION_FAILED."""
-    topic = f"pub-cg-{uuid.uuid4().hex[:6]}"
-    producer = Producer({**_client_conf(broker, pki, "bob"), "enable.idempotence": True})
-    for i in range(20):
-        producer.produce(topic, value=b"m%d" % i)
-    assert producer.flush(30) == 0
-    consumer = Consumer({**_client_conf(broker, pki, "bob"), "group.id": "g-bob", "auto.offset.reset": "earliest"})
-    consumer.subscribe([topic])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 60
-    while len(got) < 20 and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and not msg.error():
-            got.append(msg.value())
-    consumer.commit(asynchronous=False)
-    consumer.close()
-    assert got == [b"m%d" % i for i in range(20)]
-    eve = Consumer({**_client_conf(broker, pki, "eve"), "group.id": "g-bob", "auto.offset.reset": "earliest"})
-    eve.subscribe([topic])
-    error = None
-    deadline = time.monotonic() + 30
-    while error is None and time.monotonic() < deadline:
-        msg = eve.poll(0.5)
-        if msg is not None and msg.error():
-            error = msg.error()
-    eve.close()
-    assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
-
-
-def test_acls_survive_a_restart(broker: Broker, pki: Pki, clients: dict[str, TlsClient], granted: None) -> None:
-    """Last in the module: the clients' connections close with the restart."""
-    for c in clients.values():
-        c.close()
-    broker.restart()
-    bob, eve = TlsClient(broker.port, pki, "bob"), TlsClient(broker.port, pki, "eve")
-    try:
-        assert produce(bob, "pub-t", batch()) == [0]
-        assert produce(bob, "pub-denied", batch()) == [E.TOPIC_AUTHORIZATION_FAILED]
-        assert produce(eve, "pub-t", batch()) == [E.TOPIC_AUTHORIZATION_FAILED]
-        assert _describe_acls(TlsClient(broker.port, pki, "admin")) == 0
-    finally:
-        bob.close()
-        eve.close()
