@@ -270,8 +270,9 @@ class Authorizer:
 
     def remove(self, bindings: Iterable[Binding]) -> None:
         for b in bindings:
-            if self._all.pop(b, 0) is not None:
+            if b not in self._all:
                 continue
+            del self._all[b]
             table = self._prefixed if b.pattern_type == PatternType.PREFIXED else self._literal
             key = (b.resource_type, b.name)
             table[key].remove(b)
@@ -300,9 +301,10 @@ class Authorizer:
         if not acls:
             return self.allow_if_no_acl
         granting = _IMPLIED_BY.get(operation, frozenset())
+        everyone = _wildcard_principal(principal)
         allowed = False
         for b in acls:
-            if b.principal != principal and b.principal != _wildcard_principal(principal):
+            if b.principal != principal and b.principal != everyone:
                 continue
             if b.host != host and b.host != WILDCARD:
                 continue
@@ -322,11 +324,12 @@ class Authorizer:
             return True
         seen = False
         allowed = False
-        for b in self._all:
+        everyone = _wildcard_principal(principal)
+        for b in self._all:  # a scan: only idempotent producers' InitProducerId asks this
             if b.resource_type != resource_type:
                 continue
             seen = True
-            if b.principal not in (principal, _wildcard_principal(principal)) or b.host not in (host, WILDCARD):
+            if b.principal not in (principal, everyone) or b.host not in (host, WILDCARD):
                 continue
             if b.operation not in (operation, AclOperation.ALL):
                 continue
