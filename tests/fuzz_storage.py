@@ -62,6 +62,8 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
          "last_ms": 2, "parts": [[TID, 0, 3]], "groups": [], "offsets": {}, "markers": [[TID, 0, 7]]},
     ),
     ("acked", {"parts": [[TID, 0, 5], [TID, 1, 0]]}),
+    ("acls", {"created": [[2, "t", 4, "User:alice", "*", 3, 3], [3, "g", 3, "User:*", "*", 2, 2]],
+              "deleted": [[3, "g", 3, "User:*", "*", 2, 2]]}),
     (
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},

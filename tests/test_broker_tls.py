@@ -47,6 +47,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
     certificates asked for but not required; the default principal mapping."""
     args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--advertised-listener", "SSL://localhost:0"]
     args += ssl_args(pki, client_auth="requested")
+    # Client authentication turns allow.everyone.if.no.acl.found off by default; these tests are
+    # about listeners and TLS, not ACLs (tests/test_broker_acls.py), so everyone may do everything.
+    args += ["--allow-everyone-if-no-acl-found"]
     with serving_broker(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
         yield b
 
@@ -57,6 +60,7 @@ def mtls(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]
     args = [
         "--listen", "SSL://127.0.0.1:0", *ssl_args(pki, client_auth="required"),
         "--config", str(_toml(tmp_path_factory.mktemp("conf"), 'ssl_principal_mapping_rules = "RULE:^CN=(.*?),OU=eng,.*$/$1/U,DEFAULT"\n')),
+        "--allow-everyone-if-no-acl-found",  # as above: TLS tests, not ACL tests
     ]
     with serving_broker(tmp_path_factory.mktemp("mtls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
         yield b

@@ -47,6 +47,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker import overload
+from loglake.broker.authorized import CURRENT_API
+from loglake.broker.authorizer import broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
@@ -196,6 +198,7 @@ class Connection:
     async def _handle(self, req: DecodedRequest) -> list[Any] | None:
         handler = HANDLERS.get(req.api_key)
         name = api_name(req.api_key)
+        CURRENT_API.set(name)  # this request's task only: the audit log names the API
         started = time.perf_counter()
         self.busy += 1
         error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless the handler's answer is made
@@ -442,6 +445,7 @@ class BrokerServer:
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
+        self.ctx.authorizer = broker_authorizer(self.config, engine)
         self.ctx.coordinator = self._make_coordinator(engine)
         self.ctx.txn = TxnCoordinator(
             engine,

@@ -70,6 +70,17 @@ def serve(
             help="Start even though a listener without client authentication is on a non-loopback address.",
         ),
     ] = None,
+    super_users: Annotated[
+        str | None,
+        typer.Option("--super-users", help="Principals every ACL allows, comma-separated: User:admin,User:ops."),
+    ] = None,
+    allow_everyone_if_no_acl_found: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-everyone-if-no-acl-found/--no-allow-everyone-if-no-acl-found",
+            help="Whether a resource no ACL names is open to everyone (default: only while no listener authenticates).",
+        ),
+    ] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="TOML file with broker settings.")] = None,
     auto_create_topics: Annotated[
         bool | None, typer.Option("--auto-create-topics/--no-auto-create-topics", help="Create topics on Metadata requests.")
@@ -103,6 +114,8 @@ def serve(
         "ssl_client_auth": ssl_client_auth,
         "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
         "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
+        "super_users": super_users,
+        "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,
         "auto_create_topics": auto_create_topics,
         "default_partitions": default_partitions,
     }

@@ -100,3 +100,16 @@ class BrokerMetaMixin:
         eng.config.cleaner_io_max_bytes_per_second = bytes_per_s
         if eng._cleaner is not None:
             eng._cleaner.limiter.set_rate(bytes_per_s)
+
+    # ==== ACL bindings (loglake.meta.acls; the broker's authorizer decides with them) ==================
+
+    def acl_bindings(self) -> list[tuple[int, str, int, str, str, int, int]]:
+        """The stored ACL bindings, in creation order."""
+        eng = self._eng()
+        return eng.catalog.acl_bindings()
+
+    def save_acls(self, created: list[list[Any]], deleted: list[list[Any]]) -> None:
+        """Record ACL bindings created and deleted, as one `acls` record; durable on return."""
+        eng = self._eng()
+        eng._check_open()
+        eng.catalog.save_acls(created, deleted).result()
