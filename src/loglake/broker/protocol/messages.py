@@ -18,6 +18,8 @@ from typing import Any
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     AlterConfigsResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,
@@ -40,6 +42,8 @@ from kafka.protocol.admin import (
     DescribeProducersResponse,
     DescribeTransactionsRequest,
     DescribeTransactionsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
     ListGroupsRequest,
@@ -91,6 +95,12 @@ from kafka.protocol.producer import (
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
 )
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from loglake.broker.protocol.errors import ResponseEncodingError
 from loglake.broker.protocol.kip848 import (
@@ -140,6 +150,10 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (TxnOffsetCommitRequest, TxnOffsetCommitResponse),
         (DescribeTransactionsRequest, DescribeTransactionsResponse),
         (ListTransactionsRequest, ListTransactionsResponse),
+        (SaslHandshakeRequest, SaslHandshakeResponse),
+        (SaslAuthenticateRequest, SaslAuthenticateResponse),
+        (DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse),
+        (AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse),
     )
 }
 
