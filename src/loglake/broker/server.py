@@ -29,7 +29,9 @@ client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limit
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
-buffered chunks (`_send_file_range`).
+buffered chunks (`_send_file_range`). On a SASL listener a connection carries a `SaslSession`
+(`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller frames, until it
+authenticates; `close_after_write` closes a connection once a refusal has been sent.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ from loglake.broker.protocol import (
 )
 from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslAuthenticator, SaslSession
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
-from loglake.broker.tls import PrincipalMapper, SecurityContext, server_context, upgrade
+from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.broker.users_inbox import serve_inbox
 from loglake.engine import Engine
@@ -527,7 +529,8 @@ class BrokerServer:
         security = SecurityContext(bound, advertised)
         if listener.tls:
             try:
-                if not await self._tls_handshake(writer, security):
+                assert self._tls is not None
+                if not await handshake_or_close(writer, self._tls, security, self._principals, self.metrics, self.limited):
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
                 writer.transport.abort()
@@ -548,24 +551,6 @@ class BrokerServer:
         finally:
             self._connections.discard(conn)
             self.metrics.connections_open -= 1
-
-    async def _tls_handshake(self, writer: asyncio.StreamWriter, security: SecurityContext) -> bool:
-        """Upgrade an accepted connection to TLS (`loglake.broker.tls.upgrade`); False, with the
-        connection closed and one rate-limited line, when that fails."""
-        assert self._tls is not None
-        failure = await upgrade(writer, self._tls, security, self._principals)
-        if failure is None:
-            return True
-        peer = writer.get_extra_info("peername")
-        shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.metrics.protocol_errors["tls_handshake"] += 1
-        self.limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown),
-                             "closing %s: %s", shown, failure)
-        try:
-            writer.transport.abort()
-        except Exception:  # already gone
-            pass
-        return False
 
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish, then seal, snapshot and release."""
