@@ -166,3 +166,27 @@ def test_credentials_survive_a_restart(broker: Broker) -> None:
         assert c.authenticate(b"\0ivan\0ivan-pw")[0] == ErrorCode.NONE
     finally:
         c.close()
+
+
+def test_users_through_bootstrap_server(broker: Broker) -> None:
+    """The same command over the Kafka protocol (Describe/AlterUserScramCredentials)."""
+    remote = ("--bootstrap-server", broker.bootstrap)  # the PLAINTEXT listener
+    users(
+        "add",
+        "judy",
+        "--password-stdin",
+        "-m",
+        "SCRAM-SHA-256",
+        "--iterations",
+        "4096",
+        *remote,
+        data_dir=broker.data_dir,
+        password="judy-pw",
+    )
+    assert scram_login(broker.ports[1], "judy", "judy-pw") == ErrorCode.NONE
+    shown = json.loads(users("list", "--json", *remote, data_dir=broker.data_dir).stdout)
+    assert shown["judy"] == {"SCRAM-SHA-256": 4096} and "alice" in shown
+    users("delete", "judy", *remote, data_dir=broker.data_dir)
+    assert "judy" not in json.loads(users("list", "--json", *remote, data_dir=broker.data_dir).stdout)
+    refused = users("delete", "judy", "-m", "SCRAM-SHA-512", *remote, data_dir=broker.data_dir, check=False)
+    assert refused.returncode == 1 and "user judy" in refused.stderr, refused.stderr

@@ -66,6 +66,8 @@ OVERFLOW_LABEL = "other"
 #: The per-broker secret fake credentials of unknown users derive from (32 random bytes, 0600).
 SECRET_FILE = ".sasl-secret"
 SECRET_BYTES = 32
+#: Longest principal shown in a log line or a metrics label (user names may be 1 KiB).
+PRINCIPAL_SHOWN_MAX = 256
 #: Longest PLAIN message field (authzid, user, password) accepted.
 PLAIN_FIELD_BYTES_MAX = 1024
 
@@ -254,10 +256,10 @@ class SaslSession:
         """Count and log a failed authentication, schedule the close; the client's message."""
         self.state = "failed"
         self._timer.cancel()
-        principal = f"User:{self.user}" if self.user else "unknown"
+        principal = f"User:{self.user}"[:PRINCIPAL_SHOWN_MAX] if self.user else "unknown"
         authenticator.stats.failed(principal, self.conn.peer_host)
         self.conn.server.limited.warning(
-            ("sasl_failed", self.conn.peer_host, self.user),
+            ("sasl_failed", self.conn.peer_host),  # not per user: a scan of names is one line a window
             "SASL authentication failed for %s from %s on the %s listener with %s: %s; closing the connection in %.0f ms",
             principal,
             self.conn.peer,

@@ -3,8 +3,10 @@
 The password is read from stdin (--password-stdin) or prompted for, salted and iterated here
 (loglake.scram), and only the derived credential goes anywhere. With the data directory free the
 command opens it and appends to its metadata log; while a broker holds it the change goes
-through the broker's inbox (loglake.broker.users_inbox), so the two never race. A broker over
-the network is reached with Kafka's AlterUserScramCredentials from any Kafka admin client.
+through the broker's inbox (loglake.broker.users_inbox), so the two never race. With
+--bootstrap-server the command talks to a broker over the Kafka protocol instead
+(DescribeUserScramCredentials / AlterUserScramCredentials through confluent-kafka's AdminClient,
+on a listener that needs no authentication: PLAINTEXT or SSL).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import os
 import sys
 import time
 import uuid
-from typing import Annotated, Any
+from concurrent.futures import Future
+from typing import Annotated, Any, cast
 
 import typer
 from rich.table import Table
@@ -29,6 +32,7 @@ from loglake.broker.users_inbox import (
     write_atomically,
 )
 from loglake.cli.common import CliError, DataDirOption, open_log, stdout_console
+from loglake.cli.remote import BootstrapOption, Remote, result
 from loglake.errors import DataDirLockedError
 from loglake.meta.scram import credential_body
 from loglake.scram import ITERATIONS_DEFAULT, ITERATIONS_MAX, ITERATIONS_MIN, MECHANISMS, make_credential
@@ -74,8 +78,11 @@ def _password(from_stdin: bool) -> str:
     return password
 
 
-def _run(data_dir: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Apply the requests to the directory itself when it is free, else through the broker's inbox."""
+def _run(data_dir: str, requests: list[dict[str, Any]], bootstrap: str | None = None) -> list[dict[str, Any]]:
+    """Apply the requests to the directory itself when it is free, else through the broker's inbox
+    (or, with `bootstrap`, through a broker's Kafka admin APIs)."""
+    if bootstrap:
+        return _via_admin(bootstrap, requests)
     try:
         with open_log(data_dir, must_exist=False) as log:
             return [apply_request(log.engine, r) for r in requests]
@@ -115,6 +122,53 @@ def _via_broker(data_dir: str, request: dict[str, Any]) -> dict[str, Any]:
     )
 
 
+def _via_admin(bootstrap: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from confluent_kafka.admin import (
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialDeletion,
+        UserScramCredentialUpsertion,
+    )
+
+    admin = Remote(bootstrap).admin
+
+    def described() -> dict[str, dict[str, int]]:
+        future = cast(
+            "Future[dict[str, Any]]", admin.describe_user_scram_credentials()
+        )  # users=None: one future
+        table = result(future, "describe SCRAM credentials")
+        return {
+            u: {
+                ScramMechanism(i.mechanism).name.replace("_", "-"): i.iterations
+                for i in d.scram_credential_infos
+            }
+            for u, d in sorted(table.items())
+        }
+
+    out: list[dict[str, Any]] = []
+    for r in requests:
+        if r["op"] == "list":
+            out.append({"ok": True, "users": described()})
+            continue
+        user = r["user"]
+        if r["op"] == "add":
+            mech = ScramMechanism[r["mechanism"].replace("-", "_")]
+            change: Any = UserScramCredentialUpsertion(
+                user, ScramCredentialInfo(mech, r["iterations"]), r["password"].encode()
+            )
+            changes = [change]
+        else:
+            have = described().get(user, {})
+            names = list(have) if r["mechanism"] is None else [r["mechanism"]]
+            changes = [UserScramCredentialDeletion(user, ScramMechanism[m.replace("-", "_")]) for m in names]
+            if not changes:
+                out.append({"ok": False, "error": f"user {user!r} has no credentials"})
+                continue
+        result(admin.alter_user_scram_credentials(changes)[user], f"user {user}")
+        out.append({"ok": True})
+    return out
+
+
 def _check(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in results:
         if not r.get("ok"):
@@ -133,20 +187,27 @@ def add(
         int, typer.Option("--iterations", min=ITERATIONS_MIN, max=ITERATIONS_MAX, help="PBKDF2 iterations.")
     ] = ITERATIONS_DEFAULT,
     data_dir: DataDirOption = "./loglake-data",
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Add a user, or set a new password (a credential per --mechanism; default SCRAM-SHA-512)."""
     mechs = _mechanisms(mechanism, ["SCRAM-SHA-512"])
     password = _password(password_stdin)
-    requests = [
-        {
-            "op": "add",
-            "user": name,
-            "mechanism": m,
-            "cred": credential_body(make_credential(m, password, iterations)),
-        }
-        for m in mechs
-    ]
-    _check(_run(data_dir, requests))
+    if bootstrap:  # the broker salts and derives (AlterUserScramCredentials carries the salted password)
+        requests = [
+            {"op": "add", "user": name, "mechanism": m, "iterations": iterations, "password": password}
+            for m in mechs
+        ]
+    else:
+        requests = [
+            {
+                "op": "add",
+                "user": name,
+                "mechanism": m,
+                "cred": credential_body(make_credential(m, password, iterations)),
+            }
+            for m in mechs
+        ]
+    _check(_run(data_dir, requests, bootstrap))
     stdout_console().print(
         f"user {name}: {', '.join(mechs)} credential set ({iterations} iterations)", markup=False
     )
@@ -157,10 +218,11 @@ def delete(
     name: Annotated[str, typer.Argument(help="User name.")],
     mechanism: MechanismOption = None,
     data_dir: DataDirOption = "./loglake-data",
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Delete a user's credentials (only those of --mechanism when given)."""
     mechs: list[str | None] = list(_mechanisms(mechanism, [])) if mechanism else [None]
-    _check(_run(data_dir, [{"op": "delete", "user": name, "mechanism": m} for m in mechs]))
+    _check(_run(data_dir, [{"op": "delete", "user": name, "mechanism": m} for m in mechs], bootstrap))
     stdout_console().print(
         f"user {name}: {', '.join(m for m in mechs if m) or 'every'} credential deleted", markup=False
     )
@@ -172,9 +234,10 @@ def list_(
         bool, typer.Option("--json", help="Print JSON: user -> mechanism -> iterations.")
     ] = False,
     data_dir: DataDirOption = "./loglake-data",
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Users with SCRAM credentials, their mechanisms and iterations (never a secret)."""
-    users: dict[str, dict[str, int]] = _check(_run(data_dir, [{"op": "list"}]))[0]["users"]
+    users: dict[str, dict[str, int]] = _check(_run(data_dir, [{"op": "list"}], bootstrap))[0]["users"]
     if as_json:
         typer.echo(json.dumps(users, indent=2))
         return
