@@ -6,7 +6,7 @@ command opens it and appends to its metadata log; while a broker holds it the ch
 through the broker's inbox (loglake.broker.users_inbox), so the two never race. With
 --bootstrap-server the command talks to a broker over the Kafka protocol instead
 (DescribeUserScramCredentials / AlterUserScramCredentials through confluent-kafka's AdminClient,
-on a listener that needs no authentication: PLAINTEXT or SSL).
+on a PLAINTEXT listener: the command has no TLS or SASL settings of its own).
 """
 
 from __future__ import annotations
