@@ -5,6 +5,7 @@ round trip with Kafka's error codes, and credentials surviving a broker restart.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,3 +191,19 @@ def test_users_through_bootstrap_server(broker: Broker) -> None:
     assert "judy" not in json.loads(users("list", "--json", *remote, data_dir=broker.data_dir).stdout)
     refused = users("delete", "judy", "-m", "SCRAM-SHA-512", *remote, data_dir=broker.data_dir, check=False)
     assert refused.returncode == 1 and "user judy" in refused.stderr, refused.stderr
+
+
+def test_inbox_answers_a_bad_request_with_an_error(broker: Broker) -> None:
+    inbox = broker.data_dir / "users-inbox"
+    (inbox / "1-garbage.request.json").write_text("{not json")
+    (inbox / "2-unknown.request.json").write_text('{"op": "drop-table"}')
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not (inbox / "2-unknown.result.json").exists():
+        time.sleep(0.1)
+    assert json.loads((inbox / "1-garbage.result.json").read_text())["ok"] is False
+    assert json.loads((inbox / "2-unknown.result.json").read_text()) == {
+        "ok": False,
+        "error": "unknown operation 'drop-table'",
+    }
+    assert not (inbox / "1-garbage.request.json").exists() and not (inbox / "2-unknown.request.json").exists()
+    assert scram_login(broker.ports[1], "alice", USERS["alice"][0]) == ErrorCode.NONE  # the broker goes on

@@ -138,3 +138,19 @@ def test_metadata_records_and_checkpoint(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(ValueError, match="SCRAM_USERS_MAX"):
         state.apply("scram_credential", _record("carol", "SCRAM-SHA-512", "c"))
     state.apply("scram_credential", _record("alice", "SCRAM-SHA-512", "new"))  # replacing is no new user
+
+
+def test_failure_labels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import loglake.broker.sasl as sasl
+
+    monkeypatch.setattr(sasl, "SASL_FAILURE_LABELS_MAX", 3)
+    stats = sasl.SaslStats()
+    for i in range(10):
+        stats.failed(f"User:scan{i}", "10.0.0.9")
+    stats.failed("User:scan0", "10.0.0.9")  # a pair already counted keeps its own label
+    assert stats.failures == {
+        ("User:scan0", "10.0.0.9"): 2,
+        ("User:scan1", "10.0.0.9"): 1,
+        ("User:scan2", "10.0.0.9"): 1,
+        (sasl.OVERFLOW_LABEL, sasl.OVERFLOW_LABEL): 7,
+    }

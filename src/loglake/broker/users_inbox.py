@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Any
 
+from loglake.errors import LoglakeError
 from loglake.meta.scram import to_credential
 from loglake.scram import MECHANISMS
 
@@ -69,8 +70,18 @@ def list_users(engine: Any) -> dict[str, dict[str, int]]:
 
 
 def apply_request(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
-    """Apply one request (from the inbox, or the command itself when it holds the directory)."""
+    """Apply one request (from the inbox, or the command itself when it holds the directory);
+    a metadata log that cannot be written (a failed engine, a full disk) is an error answer."""
+    try:
+        return _apply(engine, doc)
+    except LoglakeError as exc:
+        return {"ok": False, "error": f"not applied: {exc}"}
+
+
+def _apply(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
     op = doc.get("op")
+    if op not in ("list", "add", "delete"):
+        return {"ok": False, "error": f"unknown operation {op!r}"}
     if op == "list":
         return {"ok": True, "users": list_users(engine)}
     user, mechanism = doc.get("user"), doc.get("mechanism")
@@ -85,17 +96,16 @@ def apply_request(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
         except (ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "error": f"credential refused: {exc}"}
         return {"ok": True}
-    if op == "delete":
-        have = engine.scram_credentials().get(user, {})
-        wanted = list(have) if mechanism is None else [mechanism]
-        missing = [m for m in wanted if m not in have]
-        if not wanted or missing:
-            what = f"{missing[0]} credential" if missing else "credentials"
-            return {"ok": False, "error": f"user {user!r} has no {what}"}
-        for m in wanted:
-            engine.save_scram_credential(user, m, None)
-        return {"ok": True}
-    return {"ok": False, "error": f"unknown operation {op!r}"}
+    # delete
+    have = engine.scram_credentials().get(user, {})
+    wanted = list(have) if mechanism is None else [mechanism]
+    missing = [m for m in wanted if m not in have]
+    if not wanted or missing:
+        what = f"{missing[0]} credential" if missing else "credentials"
+        return {"ok": False, "error": f"user {user!r} has no {what}"}
+    for m in wanted:
+        engine.save_scram_credential(user, m, None)
+    return {"ok": True}
 
 
 def _answer(engine: Any, directory: str, name: str) -> None:

@@ -14,11 +14,14 @@ ServerKey derived from it (loglake.scram), never the salted password itself.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker.authorized import AclOperation, cluster_allowed
+from loglake.broker.handlers.errors import error_code
 from loglake.broker.protocol import DecodedRequest
+from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
 from loglake.scram import (
@@ -32,6 +35,7 @@ from loglake.scram import (
 
 DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 ALTER_USER_SCRAM_CREDENTIALS = 51
+log = logging.getLogger(__name__)
 _BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
 
 
@@ -178,6 +182,10 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
             results.append(
                 {"user": user, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL, "error_message": str(exc)}
             )
+            continue
+        except LoglakeError as exc:  # the metadata log cannot be written (a failed engine, a full disk)
+            log.warning("AlterUserScramCredentials for user %r not applied: %s", user[:256], exc)
+            results.append({"user": user, "error_code": error_code(exc), "error_message": str(exc)})
             continue
         results.append({"user": user, "error_code": ErrorCode.NONE, "error_message": None})
     return {"throttle_time_ms": 0, "results": results}
