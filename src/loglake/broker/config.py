@@ -73,6 +73,11 @@ class BrokerConfig:
     ssl_client_auth: str = "none"
     #: Kafka's ssl.principal.mapping.rules: client certificate subject DN -> principal name.
     ssl_principal_mapping_rules: str = "DEFAULT"
+    #: Kafka's sasl.enabled.mechanisms: what SASL listeners offer (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
+    sasl_enabled_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+    #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
+    #: authentication failed is kept (answered, then closed) before it is closed.
+    connection_failed_authentication_delay_ms: int = 100
     #: Start even when a listener without client authentication is bound to a non-loopback address.
     allow_unauthenticated_public_listener: bool = False
     #: Kafka's super.users: principals (``User:admin``) every ACL check allows (docs/SECURITY.md, ACLs).
@@ -145,6 +150,9 @@ class BrokerConfig:
             )
         PrincipalMapper(self.ssl_principal_mapping_rules)
         self.super_users = split_principals(self.super_users, self.sources.get("super_users", "default"))
+        from loglake.broker.sasl import enabled_mechanisms
+
+        enabled_mechanisms(self.sasl_enabled_mechanisms)
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
@@ -159,7 +167,7 @@ class BrokerConfig:
             raise ConfigError(str(exc)) from None
 
     def listeners(self) -> list[Listener]:
-        """The listeners, checked: parseable, one per protocol, SSL ones with a certificate, no SASL yet."""
+        """The listeners, checked: parseable, one per protocol, SSL and SASL_SSL ones with a certificate."""
         from loglake.broker.listeners import match_advertised, parse_listeners, split_list
 
         self.listen = split_list(self.listen)
@@ -167,13 +175,8 @@ class BrokerConfig:
         listeners = parse_listeners(self.listen, "--listen")
         match_advertised(listeners, self.advertised_listener)
         for lst in listeners:
-            if lst.sasl:
-                raise ConfigError(
-                    f"--listen {lst.url()}: {lst.protocol} needs SASL, which loglake does not implement yet "
-                    "(it comes later, issue 16); use PLAINTEXT or SSL (with --ssl-client-auth required for mTLS)"
-                )
             if lst.tls and not self.ssl_cert:
-                raise ConfigError(f"--listen {lst.url()}: an SSL listener needs --ssl-cert (and --ssl-key unless the key is in that PEM file)")
+                raise ConfigError(f"--listen {lst.url()}: a {lst.protocol} listener needs --ssl-cert (and --ssl-key unless the key is in that PEM file)")
         return listeners
 
     def acl_default_allow(self) -> bool:

@@ -35,6 +35,8 @@ class BrokerContext:
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
     group_configs: GroupConfigStore | None = None
+    #: loglake.broker.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
+    sasl: Any = None
     #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
     fetch_sessions: FetchSessionCache | None = None
     #: The ACL authorizer (loglake.broker.authorizer), set by the server; None allows everything.

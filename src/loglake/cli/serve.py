@@ -63,6 +63,10 @@ def serve(
             help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU] and DEFAULT, comma-separated.",
         ),
     ] = None,
+    sasl_enabled_mechanisms: Annotated[
+        str | None,
+        typer.Option("--sasl-enabled-mechanisms", help="Mechanisms SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (comma-separated)."),
+    ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
         typer.Option(
@@ -113,6 +117,7 @@ def serve(
         "ssl_ca": ssl_ca,
         "ssl_client_auth": ssl_client_auth,
         "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
+        "sasl_enabled_mechanisms": sasl_enabled_mechanisms,
         "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
         "super_users": super_users,
         "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,

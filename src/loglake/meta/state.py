@@ -46,6 +46,8 @@ txn                {tid, pid, epoch, state, parts, ...} → a transactional id's
 acked              {parts: [[id, p, end], ...]} → acknowledged ends raised (loglake.meta.acked)
 acls               {created: [binding, ...], deleted: [binding, ...]} → ACL bindings removed,
                    then added (loglake.meta.acls)
+scram_credential   {user, mechanism, cred} → the user's SCRAM credential for that mechanism
+                   set, or removed when `cred` is null (loglake.meta.scram)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -65,6 +67,7 @@ from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import acls_doc, apply_acls, load_acls
 from loglake.meta.producers import ProducerStates
+from loglake.meta.scram import apply_scram, load_scram, scram_doc
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.meta.txn import (
     apply_txn,
@@ -130,6 +133,7 @@ RECORD_KINDS = (
     "txn",
     "acked",
     "acls",
+    "scram_credential",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -257,6 +261,8 @@ class MetaState:
         self.txns: dict[str, dict[str, Any]] = {}
         #: ACL bindings, in the order they were created (loglake.meta.acls)
         self.acls: dict[tuple[int, str, int, str, str, int, int], None] = {}
+        #: user -> SCRAM mechanism -> credential doc (loglake.meta.scram)
+        self.scram: dict[str, dict[str, dict[str, Any]]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -443,6 +449,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "txn": apply_txn,
     "acked": apply_acked,
     "acls": apply_acls,
+    "scram_credential": apply_scram,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -523,6 +530,7 @@ def capture(state: MetaState) -> CheckpointImage:
         "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
         "txns": txns_doc(state),
         "acls": acls_doc(state),
+        "scram": scram_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -606,6 +614,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
         _replace_configs(state.group_configs, str(g), configs)
     load_txns(state, doc)
     load_acls(state, doc)
+    load_scram(state, doc)
     return state
 
 

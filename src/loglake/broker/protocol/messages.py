@@ -18,6 +18,8 @@ from typing import Any
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     AlterConfigsResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     CreateAclsRequest,
     CreateAclsResponse,
     CreatePartitionsRequest,
@@ -46,6 +48,8 @@ from kafka.protocol.admin import (
     DescribeProducersResponse,
     DescribeTransactionsRequest,
     DescribeTransactionsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
     ListGroupsRequest,
@@ -96,6 +100,12 @@ from kafka.protocol.producer import (
     ProduceResponse,
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
+)
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
 )
 
 from loglake.broker.protocol.errors import ResponseEncodingError
@@ -149,6 +159,10 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (TxnOffsetCommitRequest, TxnOffsetCommitResponse),
         (DescribeTransactionsRequest, DescribeTransactionsResponse),
         (ListTransactionsRequest, ListTransactionsResponse),
+        (SaslHandshakeRequest, SaslHandshakeResponse),
+        (SaslAuthenticateRequest, SaslAuthenticateResponse),
+        (DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse),
+        (AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse),
     )
 }
 
