@@ -316,3 +316,65 @@ def test_tiered_topic_into_an_s3_warehouse(tmp_path: Path, moto_endpoint: str, b
     assert data.column("offset").to_pylist() == list(range(150))
     assert data.column("value").to_pylist() == values
     assert len(table.snapshots()) == 1
+
+
+def test_racing_exports_land_a_batch_once(tmp_path: Path) -> None:
+    """Two exports that read the table at the same offsets: the second commit sees the offsets
+    moved and drops its batch (files deleted); a batch of another partition still lands, with
+    both partitions' offsets. A stale append is refused, not retried blindly by pyiceberg."""
+    import pyarrow as pa
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    from loglake.spark.iceberg import _commit, committed_offsets, load_or_create_table
+
+    schema = pa.schema(
+        [
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("offset", pa.int64()),
+            ("timestamp", pa.timestamp("us", tz="UTC")),
+            ("timestampType", pa.int32()),
+        ]
+    )
+    catalog = _catalog(tmp_path)
+    table = load_or_create_table(catalog, "lake.j", schema)
+    assert table.properties["commit.retry.num-retries"] == "0"
+
+    def files(partition: int, count: int) -> list[Any]:
+        n = range(count)
+        data = pa.table(
+            {
+                "key": [None] * count,
+                "value": [f"{partition}-{i}".encode() for i in n],
+                "topic": ["j"] * count,
+                "partition": [partition] * count,
+                "offset": list(n),
+                "timestamp": [(T0 + i) * 1000 for i in n],
+                "timestampType": [0] * count,
+            },
+            schema=schema,
+        )
+        return list(_dataframe_to_data_files(table.metadata, data, table.io))
+
+    source = {"store": "test", "topic": "j"}
+    first, second, other = files(0, 10), files(0, 10), files(1, 5)
+    stale = catalog.load_table("lake.j")
+    assert _commit(table, first, {}, {("j", 0): 10}, source, "lake.j") is not None
+    assert _commit(table, second, {}, {("j", 0): 10}, source, "lake.j") is None
+    assert not any(Path(f.file_path.removeprefix("file:")).exists() for f in second)
+    assert _commit(table, other, {}, {("j", 1): 5}, source, "lake.j") is not None
+    table = catalog.load_table("lake.j")
+    assert committed_offsets(table) == ({("j", 0): 10, ("j", 1): 5}, source)
+    assert sorted(
+        zip(*(table.scan().to_arrow().column(c).to_pylist() for c in ("partition", "offset")), strict=True)
+    ) == sorted([(0, i) for i in range(10)] + [(1, i) for i in range(5)])
+    tx = stale.transaction()
+    with tx.update_snapshot().fast_append() as app:
+        for f in files(0, 3):
+            app.append_data_file(f)
+    with pytest.raises(CommitFailedException):
+        tx.commit_transaction()
+    assert len(catalog.load_table("lake.j").snapshots()) == 2

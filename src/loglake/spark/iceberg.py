@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loglake.errors import LoglakeError
-from loglake.spark.options import parse_read_options
+from loglake.spark.options import parse_bool, parse_read_options
 from loglake.spark.plan import (
     TopicPartition,
     cached_store,
@@ -348,7 +348,7 @@ def export_iceberg(
     for k in ("subscribe", "startingoffsets", "endingoffsets", "subscribepattern", "assign"):
         if k in lower:
             raise IcebergExportError(f"option {k} is set by the Iceberg export itself (from the table)")
-    include_headers = lower.get("includeheaders", "false").lower() == "true"
+    include_headers = parse_bool("includeHeaders", lower.get("includeheaders", "false"))
     read_opts = parse_read_options({"path": path, "subscribe": topic, **options}, "batch")
     source = {"store": read_opts.store_url, "topic": topic}
     if value_format == "json" and value_schema is None:
@@ -455,12 +455,15 @@ def compact_table(
     pyiceberg writes that snapshot with the `overwrite` operation (it cannot write `replace`);
     like any commit it is optimistic: if another commit lands between plan and commit, the
     rewritten files are deleted and the whole compaction is planned again."""
-    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 
     for attempt in range(COMPACT_ATTEMPTS):
-        table = catalog.load_table(name)
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            raise IcebergExportError(f"no table {name} in the catalog") from None
         groups = _compaction_plan(table, small_file_bytes)
         if not groups:
             return CompactResult(0, 0, 0, None)
