@@ -100,6 +100,10 @@ def export(
             raise typer.BadParameter("--format iceberg needs --catalog-uri and --table")
         if checkpoint:
             raise typer.BadParameter("--format iceberg keeps its offsets in the table: no --checkpoint")
+        from loglake.spark.iceberg import catalog_properties, split_name
+
+        split_name(table)  # bad names fail here, before Spark starts
+        catalog_properties(catalog_uri, None, {})
     elif catalog_uri or table:
         raise typer.BadParameter("--catalog-uri and --table are for --format iceberg")
     if isolation not in ("read_committed", "read_uncommitted"):

@@ -91,7 +91,7 @@ def catalog_properties(uri: str, warehouse: str | None, options: Mapping[str, st
     """pyiceberg catalog properties for `--catalog-uri` (sqlite:/// = SQL catalog, http(s) = REST)
     and the warehouse, with the command's s3.* options turned into pyiceberg's S3 FileIO ones."""
     low = {k.lower(): v for k, v in options.items()}
-    if uri.startswith("sqlite:") or uri.startswith("postgresql"):
+    if uri.startswith("sqlite:"):
         props = {"type": "sql", "uri": uri}
     elif uri.startswith(("http://", "https://")):
         props = {"type": "rest", "uri": uri}
@@ -140,7 +140,7 @@ def iceberg_arrow_schema(spark_schema: Any) -> Any:
 def load_or_create_table(catalog: Any, name: str, arrow_schema: Any) -> Any:
     """The table `name`, created partitioned by day(timestamp) if missing; columns of
     `arrow_schema` it lacks are added (they read null in older rows)."""
-    from pyiceberg.exceptions import NoSuchTableError
+    from pyiceberg.exceptions import NoSuchTableError, ValidationError
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.schema import assign_fresh_schema_ids
     from pyiceberg.transforms import DayTransform
@@ -165,12 +165,18 @@ def load_or_create_table(catalog: Any, name: str, arrow_schema: Any) -> Any:
     if any(table.properties.get(k) != v for k, v in TABLE_PROPERTIES.items()):
         with table.transaction() as tx:
             tx.set_properties(TABLE_PROPERTIES)
-    have = {f.name for f in table.schema().fields}
-    missing = [f.name for f in arrow_schema if f.name not in have]
-    if missing:
-        log.info("iceberg: adding columns %s to %s", ", ".join(missing), name)
-        with table.update_schema() as upd:
-            upd.union_by_name(arrow_schema)
+    have = {f.name: str(f.field_type) for f in table.schema().fields}
+    want = {f.name: str(f.field_type) for f in catalog._convert_schema_if_needed(arrow_schema).fields}
+    changed = [n for n, t in want.items() if have.get(n) != t]
+    if changed:
+        log.info("iceberg: adding or widening columns %s of %s", ", ".join(changed), name)
+        try:
+            with table.update_schema() as upd:
+                upd.union_by_name(arrow_schema)
+        except (ValidationError, ValueError) as exc:
+            raise IcebergExportError(
+                f"table {name} cannot take the columns {', '.join(changed)} as given ({exc})"
+            ) from None
         table.refresh()
     return table
 
@@ -252,6 +258,13 @@ class IcebergExportResult:
     rows: int
     seconds: float
     snapshot_id: int | None
+
+
+def _spark_error(exc: BaseException) -> str:
+    """The line of a Spark error that says what went wrong (its last `...Error: ...` line)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln.split(":", 1)[0] or "Exception:" in ln]
+    return (named[-1] if named else lines[0] if lines else type(exc).__name__)[:500]
 
 
 def _pause_before_commit(files: list[str]) -> None:
@@ -394,7 +407,10 @@ def export_iceberg(
             table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(df.schema))
             writer = _file_writer(table.metadata.model_dump_json(), dict(table.io.properties))
             out = df.select(*[F.col(c) for c in df.columns]).mapInArrow(writer, "file binary")
-            files = [pickle.loads(r[0]) for r in out.collect()]
+            try:
+                files = [pickle.loads(r[0]) for r in out.collect()]
+            except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
+                raise IcebergExportError(f"export batch failed: {_spark_error(exc)}") from None
             n = sum(int(f.record_count) for f in files)
             _pause_before_commit([f.file_path for f in files])
             committed = _commit(table, files, before, todo, source, table_name)
