@@ -17,6 +17,7 @@ import s3kit
 from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushAck, Flusher, FlushSettings
 from loglake.cluster.flushobj import FlushIndex, ranges_by_partition, read_index
 from loglake.cluster.merge import FlushObjectRefs, MergedSegment, MergeStats, merge_partition
+from loglake.engine.txn import control_batch
 from loglake.errors import (
     BackPressureTimeoutError,
     CorruptionError,
@@ -28,7 +29,7 @@ from loglake.errors import (
 )
 from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
-from loglake.records.batch import decode_batch
+from loglake.records.batch import build_batch, decode_batch, set_base_offset
 from loglake.segment import ZERO_HASH, verify_chain, verify_segment_in_store
 from loglake.segment.verify import SegmentReader
 from loglake.store import LocalStore, MemoryStore, ObjectStore
@@ -403,3 +404,36 @@ def test_refs_keep_an_object_while_any_range_is_referenced() -> None:
     assert refs.deletable() == []  # inside the grace period for readers that looked it up before
     now[0] = 11
     assert refs.sweep(store) == [index.key] and store.head(index.key) is None
+
+
+def test_merge_of_transactional_batches_carries_the_transaction_index() -> None:
+    """An aborted transaction flushed through shared objects ends in a version-3 segment whose
+    transaction index read_committed readers use, as a sealed single-node segment would."""
+    store, commit = MemoryStore(), Committed()
+    tid = topic_ids(1)[0]
+    txn = build_batch(
+        ((1_000 + i, None, b"t%d" % i, ()) for i in range(3)),
+        base_offset=0,
+        producer_id=7,
+        producer_epoch=0,
+        base_sequence=0,
+        is_transactional=True,
+    )
+    marker = control_batch(7, 0, False, 0, 2_000)
+    set_base_offset(marker, 0, 3)
+    with flusher(store, commit) as f:
+        f.append(tid, 0, txn)
+        f.flush()
+        f.append(tid, 0, bytes(marker))
+        f.append(tid, 0, batch(4, 2, "after"))
+        f.flush()
+    ranges = ranges_by_partition([read_index(store, ix.key) for ix in commit.indexes])[(tid, 0)]
+    (seg,) = merge_partition(
+        store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH, aborted_first=lambda pid, marker: 0
+    )
+    trailer = verify_segment_in_store(store, seg.key)
+    assert trailer.txn_index and trailer.aborted_txns == ((7, 0, 3),)
+    assert (trailer.base_offset, trailer.last_offset, trailer.record_count) == (0, 5, 6)
+    # without the metadata's answer, the segment's base offset stands in (single-node's fallback)
+    (again,) = merge_partition(store, ranges[1:], cluster_id="c1", topic="t2", prev_hash=ZERO_HASH)
+    assert again.trailer.aborted_txns == ((7, 3, 3),)

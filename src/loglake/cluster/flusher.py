@@ -146,6 +146,7 @@ class Flusher:
         self._clock = clock
         self._wall_ms = wall_ms
         self._cond = threading.Condition()
+        # both bounded by buffer_bytes_max: an entry per buffered batch, per partition buffered
         self._pending: list[_Pending] = []
         self._last: dict[tuple[str, int], int] = {}  # last offset buffered per partition
         self._buffered = 0

@@ -25,6 +25,7 @@ CorruptionError naming the key and byte position; no read returns bytes a check 
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import struct
 import uuid
@@ -179,9 +180,13 @@ class FlushIndex:
     entries: tuple[FlushIndexEntry, ...]
 
     def find(self, topic_id: str, partition: int) -> FlushIndexEntry | None:
-        for e in self.entries:
-            if e.topic_id == topic_id and e.partition == partition:
-                return e
+        """The partition's entry (a binary search: entries are sorted), or None."""
+        i = bisect.bisect_left(self.entries, (topic_id, partition), key=lambda e: (e.topic_id, e.partition))
+        if i < len(self.entries) and (self.entries[i].topic_id, self.entries[i].partition) == (
+            topic_id,
+            partition,
+        ):
+            return self.entries[i]
         return None
 
 

@@ -143,6 +143,8 @@ class FlushObjectRefs:
 
     grace_s: float = DELETE_GRACE_S
     clock: Callable[[], float] = time.monotonic
+    # one entry per committed object not yet merged: bounded by the flusher's PUT rate times the
+    # merge's lag, which the caller watches (a merge that falls behind is an operator's alarm)
     _live: dict[str, set[tuple[str, int]]] = field(default_factory=dict)
     _released: dict[str, float] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
