@@ -24,6 +24,7 @@ from loglake.errors import (
     CorruptRecordError,
     EngineClosedError,
     FlushFailedError,
+    MergeConflictError,
     MetaFencedError,
     StorageError,
 )
@@ -437,3 +438,16 @@ def test_merge_of_transactional_batches_carries_the_transaction_index() -> None:
     # without the metadata's answer, the segment's base offset stands in (single-node's fallback)
     (again,) = merge_partition(store, ranges[1:], cluster_id="c1", topic="t2", prev_hash=ZERO_HASH)
     assert again.trailer.aborted_txns == ((7, 3, 3),)
+
+
+def test_a_retried_merge_keeps_its_segment_and_a_different_one_is_a_conflict() -> None:
+    store = MemoryStore()
+    _f, commit, _tids = _flushed(store, rounds=3, partitions=1)
+    (ranges,) = ranges_by_partition([read_index(store, ix.key) for ix in commit.indexes]).values()
+    stats = MergeStats()
+    (first,) = merge_partition(store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH, stats=stats)
+    (again,) = merge_partition(store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH, stats=stats)
+    assert stats.merge_puts == 1 and again.trailer == first.trailer  # the retry wrote nothing
+    with pytest.raises(MergeConflictError, match="another hash chain"):
+        merge_partition(store, ranges[:2], cluster_id="c1", topic="t", prev_hash=ZERO_HASH)
+    verify_segment_in_store(store, first.key)  # still the first merge's segment

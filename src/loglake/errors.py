@@ -290,3 +290,13 @@ class FlushFailedError(LoglakeError):
         self.cause = cause
         if isinstance(cause, LoglakeError) and cause.retriable:
             self.kafka_code = cause.kafka_code
+
+
+class MergeConflictError(LoglakeError):
+    """A merge found a different segment already at the key it was about to write (another merger
+    of the same partition got there first, or a stale one is still running): it writes nothing,
+    and the metadata decides which segment counts. Not retried: the caller re-reads the metadata."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"merged segment {key}: {detail}")
+        self.key = key

@@ -114,6 +114,7 @@ class _Pending:
     view: memoryview
     header: BatchHeader
     future: Future[FlushAck]
+    at: float  # when it was appended (the time trigger counts from the oldest)
 
 
 #: The commit callback: given the index of a flush object that is in the bucket, make it
@@ -203,7 +204,7 @@ class Flusher:
             if not self._pending:
                 self._first_at = self._clock()
                 self._cond.notify_all()
-            self._pending.append(_Pending(topic_id, partition, view, h, fut))
+            self._pending.append(_Pending(topic_id, partition, view, h, fut, self._clock()))
             self._buffered += n
             self.stats.appends += 1
             if self._buffered >= s.object_flush_bytes:
@@ -262,7 +263,7 @@ class Flusher:
             self._buffered -= size
             self._inflight += size
             if self._pending:
-                self._first_at = self._clock()
+                self._first_at = self._pending[0].at
             else:
                 self._last.clear()
             self._seq += 1

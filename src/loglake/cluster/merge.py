@@ -24,9 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loglake.cluster.flushobj import FlushIndex, FlushIndexEntry, iter_batches, read_range
+from loglake.errors import CorruptionError, MergeConflictError
 from loglake.records.batch import ATTR_TRANSACTIONAL, peek_header
 from loglake.records.committed import ABORT_MARKER, marker_of
-from loglake.segment.format import SegmentTrailer, SegmentWriter
+from loglake.segment.format import SegmentTrailer, SegmentWriter, read_tail
 from loglake.store.base import ObjectStore, segment_key
 
 #: Bound on one merged segment (and on the bytes a merge holds in memory): ranges are grouped
@@ -92,7 +93,9 @@ def merge_partition(
     """Rewrite `ranges` — (flush object key, index entry) of one partition, consecutive in
     offsets — into sealed segments chained after `prev_hash` (the partition's last segment's
     link hash, ZERO_HASH for its first). A corrupt range raises CorruptionError before any
-    segment holding it is written; `commit` runs after each segment's PUT, in order."""
+    segment holding it is written; `commit` runs after each segment's PUT, in order. A segment
+    already at the key with the same offsets and chain (an earlier attempt) is kept, not written
+    again; a different one is a MergeConflictError."""
     if not ranges:
         return []
     stats = stats if stats is not None else MergeStats()
@@ -122,8 +125,18 @@ def merge_partition(
         writer.aborted_txns = aborts
         parts, trailer, _index = writer.finish()
         key = segment_key(cluster_id, topic, topic_id, partition, base, prefix)
-        store.put(key, parts)
-        stats.merge_puts += 1
+        existing = _existing(store, key)
+        if existing is None:
+            store.put(key, parts)
+            stats.merge_puts += 1
+        elif (existing.last_offset, existing.chain_hash) == (trailer.last_offset, trailer.chain_hash):
+            trailer = existing  # a retried merge: the same batches are there already, keep them
+        else:
+            raise MergeConflictError(
+                key,
+                f"holds offsets {existing.base_offset}..{existing.last_offset} with another hash chain "
+                f"than the merge of {base}..{trailer.last_offset}; nothing written",
+            )
         stats.segments += 1
         stats.bytes_merged += trailer.size
         seg = MergedSegment(key, trailer, tuple(group))
@@ -132,6 +145,20 @@ def merge_partition(
         out.append(seg)
         prev_hash = trailer.link_hash
     return out
+
+
+def _existing(store: ObjectStore, key: str) -> SegmentTrailer | None:
+    """The trailer of a segment already at `key` (a retried merge, or another merger), else None.
+    One HEAD when there is none; it narrows, but cannot close, the window in which two mergers of
+    one partition both write: only the partition's leader merges, and its metadata switch is
+    guarded by its leader epoch, so a stale merger's segment is never referenced."""
+    size = store.head(key)
+    if size is None:
+        return None
+    try:
+        return read_tail(store, key, size)[0]
+    except CorruptionError as exc:
+        raise MergeConflictError(key, f"an unreadable object is in the way ({exc.detail})") from None
 
 
 @dataclass
