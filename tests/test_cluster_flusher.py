@@ -12,10 +12,12 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import s3kit
 from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushAck, Flusher, FlushSettings
-from loglake.cluster.flushobj import FlushIndex, ranges_by_partition, read_index
+from loglake.cluster.flushobj import FlushIndex, ranges_by_partition, read_index, read_range
 from loglake.cluster.merge import FlushObjectRefs, MergedSegment, MergeStats, merge_partition
 from loglake.engine.txn import control_batch
 from loglake.errors import (
@@ -451,3 +453,34 @@ def test_a_retried_merge_keeps_its_segment_and_a_different_one_is_a_conflict() -
     with pytest.raises(MergeConflictError, match="another hash chain"):
         merge_partition(store, ranges[:2], cluster_id="c1", topic="t", prev_hash=ZERO_HASH)
     verify_segment_in_store(store, first.key)  # still the first merge's segment
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), min_size=1, max_size=120),
+    st.integers(200, 5_000),
+)
+def test_every_append_lands_once_in_the_objects_its_future_names(
+    appends: list[tuple[int, int]], flush_bytes: int
+) -> None:
+    """Whatever the mix of partitions and the byte trigger: each future names an object whose
+    range for its partition covers its batch, and the committed ranges hold every appended
+    record exactly once, in offset order."""
+    store, commit = MemoryStore(), Committed()
+    tid = topic_ids(1)[0]
+    nxt: dict[int, int] = {}
+    futures: list[tuple[int, int, int, Future[FlushAck]]] = []
+    with flusher(store, commit, object_flush_bytes=flush_bytes) as f:
+        for p, count in appends:
+            base = nxt.get(p, 0)
+            futures.append((p, base, base + count - 1, f.append(tid, p, batch(base, count, f"p{p}"))))
+            nxt[p] = base + count
+    for p, first, last, fut in futures:
+        ack = fut.result()
+        assert ack.entry.partition == p and ack.entry.base_offset <= first and last <= ack.entry.last_offset
+    got: dict[int, list[bytes]] = {}
+    for index in commit.indexes:
+        for e in read_index(store, index.key).entries:
+            got.setdefault(e.partition, []).extend(values(read_range(store, index.key, e)))
+    assert got == {p: [f"p{p}@{i}".encode() for i in range(n)] for p, n in nxt.items()}
+    assert f.stats.puts == len(commit.indexes) == store.calls["put"]
