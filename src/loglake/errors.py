@@ -272,3 +272,31 @@ class MetaRecordRejectedError(LoglakeError):
 
 class NodeIdInUseError(LoglakeError):
     """Another live broker holds this node id's lease in the cluster (cluster mode)."""
+
+
+class FlushFailedError(LoglakeError):
+    """A flush of cluster mode's shared object failed (its PUT after the retries, or the commit of
+    its index): every append of that flush fails with this, none is acknowledged, and the appends
+    of other flushes are untouched. Retriable; the code is the commit's own when it had one (a
+    fenced leader's NOT_LEADER_OR_FOLLOWER), else REQUEST_TIMED_OUT, which every client retries."""
+
+    kafka_code: int = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+    def __init__(self, key: str, stage: str, cause: BaseException) -> None:
+        super().__init__(f"flush object {key}: {stage} failed: {cause}")
+        self.key = key
+        self.stage = stage
+        self.cause = cause
+        if isinstance(cause, LoglakeError) and cause.retriable:
+            self.kafka_code = cause.kafka_code
+
+
+class MergeConflictError(LoglakeError):
+    """A merge found a different segment already at the key it was about to write (another merger
+    of the same partition got there first, or a stale one is still running): it writes nothing,
+    and the metadata decides which segment counts. Not retried: the caller re-reads the metadata."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"merged segment {key}: {detail}")
+        self.key = key
