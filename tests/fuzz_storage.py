@@ -62,6 +62,8 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
          "last_ms": 2, "parts": [[TID, 0, 3]], "groups": [], "offsets": {}, "markers": [[TID, 0, 7]]},
     ),
     ("acked", {"parts": [[TID, 0, 5], [TID, 1, 0]]}),
+    ("client_quota", {"entity": [["user", "alice"], ["client-id", None]], "values": {"producer_byte_rate": 1024}}),
+    ("client_quota", {"entity": [["client-id", None]], "values": None}),
     (
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},

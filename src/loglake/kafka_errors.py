@@ -56,6 +56,7 @@ class ErrorCode(IntEnum):
     REBALANCE_IN_PROGRESS = (27, False, "The group is rebalancing, so a rejoin is needed.")
     INVALID_COMMIT_OFFSET_SIZE = (28, False, "The committing offset data size is not valid.")
     TOPIC_AUTHORIZATION_FAILED = (29, False, "Topic authorization failed.")
+    CLUSTER_AUTHORIZATION_FAILED = (31, False, "Cluster authorization failed.")
     UNSUPPORTED_VERSION = (35, False, "The version of API is not supported.")
     TOPIC_ALREADY_EXISTS = (36, False, "Topic with this name already exists.")
     INVALID_PARTITIONS = (37, False, "Number of partitions is below 1.")

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
+    from loglake.broker.quotas import QuotaManager
 
 T = TypeVar("T")
 
@@ -36,6 +37,8 @@ class BrokerContext:
     group_configs: GroupConfigStore | None = None
     #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
     fetch_sessions: FetchSessionCache | None = None
+    #: Client quota configs and rates (loglake.broker.quotas), set by the server.
+    quotas: QuotaManager | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

@@ -187,3 +187,14 @@ __all__ = [
     "parse_listeners",
     "split_list",
 ]
+
+
+def canonical_host_name() -> str:
+    """What a wildcard listener advertises: `socket.getfqdn()` (Kafka takes the canonical host name
+    too), or the plain host name when that resolves to a loopback name such as "localhost"."""
+    fqdn = socket.getfqdn()
+    if fqdn == "localhost" or fqdn.startswith("localhost."):
+        name = socket.gethostname()
+        if name and not name.startswith("localhost"):
+            return name
+    return fqdn

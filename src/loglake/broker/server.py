@@ -30,6 +30,9 @@ closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
 buffered chunks (`_send_file_range`).
+
+Client quotas (`loglake.broker.quotas`): a response over a quota carries `throttle_time_ms` and
+sets `muted_until`; the read loop neither reads nor hands frames to handlers before it (KIP-219).
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import functools
 import importlib
 import logging
 import os
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -53,7 +55,14 @@ from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
-from loglake.broker.listeners import PLAINTEXT, WILDCARD_HOSTS, Listener, is_loopback, match_advertised
+from loglake.broker.listeners import (
+    PLAINTEXT,
+    WILDCARD_HOSTS,
+    Listener,
+    canonical_host_name,
+    is_loopback,
+    match_advertised,
+)
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
@@ -66,6 +75,7 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
+from loglake.broker.quotas import QuotaManager, handle_request, wait_unmuted
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.broker.tls import PrincipalMapper, SecurityContext, server_context, upgrade
 from loglake.broker.txn import TxnCoordinator, TxnSettings
@@ -115,6 +125,8 @@ class Connection:
         )
         self.busy = 0  # requests being handled (shutdown waits for these)
         self.closing = False
+        #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).
+        self.muted_until = 0.0
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -131,6 +143,7 @@ class Connection:
                         await gate.wait_for_room()
                         gate.add(whole - partial)
                         partial = whole
+                await wait_unmuted(self)
                 idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
                 try:
                     data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
@@ -153,6 +166,7 @@ class Connection:
                 if frames or decoder.buffered > partial:
                     gate.add(decoder.buffered - partial)
                     partial = decoder.buffered
+                await wait_unmuted(self)  # a quota throttle set while this was read
                 stop = False
                 for frame in frames:
                     if not await self._dispatch(frame):
@@ -202,7 +216,7 @@ class Connection:
         try:
             if handler is None:  # advertised nowhere, so a client should not send it
                 raise UnknownApiError(req.api_key, req.correlation_id)
-            response = await handler(self.ctx, self, req)
+            response = await handle_request(handler, self.ctx, self, req)  # the request quota
             if response is None or not req.expects_response:
                 error = 0 if response is None else response_error(response)
                 return None
@@ -323,17 +337,6 @@ class Connection:
             pass
 
 
-def canonical_host_name() -> str:
-    """What a wildcard listener advertises: `socket.getfqdn()` (Kafka takes the canonical host name
-    too), or the plain host name when that resolves to a loopback name such as "localhost"."""
-    fqdn = socket.getfqdn()
-    if fqdn == "localhost" or fqdn.startswith("localhost."):
-        name = socket.gethostname()
-        if name and not name.startswith("localhost"):
-            return name
-    return fqdn
-
-
 def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
     from loglake.broker.protocol import decode_request as decode
 
@@ -440,6 +443,9 @@ class BrokerServer:
             (",".join(lst.url() for lst, _ in self.endpoints), ",".join(lst.url(*adv) for lst, adv in self.endpoints)),
         )
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
+        self.ctx.quotas = QuotaManager(self.config.quota_window_num, self.config.quota_window_size_seconds)
+        self.ctx.quotas.load(engine.client_quotas())
+        self.metrics.registry.register(self.ctx.quotas)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.coordinator = self._make_coordinator(engine)

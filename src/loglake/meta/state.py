@@ -44,6 +44,8 @@ leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the p
 txn                {tid, pid, epoch, state, parts, ...} → a transactional id's state, replaced,
                    and its partitions' open/aborted transactions (loglake.meta.txn)
 acked              {parts: [[id, p, end], ...]} → acknowledged ends raised (loglake.meta.acked)
+client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
+                   configs, replaced; null values remove it (loglake.meta.quotas)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -62,6 +64,7 @@ import crc32c
 from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.producers import ProducerStates
+from loglake.meta.quotas import EntityKey, apply_client_quota, client_quotas_doc, load_client_quotas
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.meta.txn import (
     apply_txn,
@@ -126,6 +129,7 @@ RECORD_KINDS = (
     "leader_epoch",
     "txn",
     "acked",
+    "client_quota",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -251,6 +255,8 @@ class MetaState:
         self.group_configs: dict[str, dict[str, str]] = {}
         #: transactional id -> its last `txn` record body (loglake.meta.txn)
         self.txns: dict[str, dict[str, Any]] = {}
+        #: client quota entity -> quota key -> value (loglake.meta.quotas)
+        self.client_quotas: dict[EntityKey, dict[str, float]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -436,6 +442,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "leader_epoch": MetaState._leader_epoch,
     "txn": apply_txn,
     "acked": apply_acked,
+    "client_quota": apply_client_quota,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -451,7 +458,7 @@ assert set(_APPLY) == set(RECORD_KINDS)
 #     20  8  tables length  u64  bytes of packed segment entries
 #     28  4  CRC-32C of bytes 0..28, the JSON and the tables
 #     32  .  JSON: cluster id, topics, partitions (with offsets into the tables), groups,
-#              dynamic broker and group configs (optional: older checkpoints lack them)
+#              dynamic broker and group configs, client quotas (optional: older checkpoints lack them)
 #     .   .  tables: every partition's packed segment entries (meta/segments.py), back to back
 
 CHECKPOINT_MAGIC = b"LLCK"
@@ -515,6 +522,7 @@ def capture(state: MetaState) -> CheckpointImage:
         "broker_configs": {scope: dict(c) for scope, c in state.broker_configs.items()},
         "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
         "txns": txns_doc(state),
+        "client_quotas": client_quotas_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -597,6 +605,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     for g, configs in (doc.get("group_configs") or {}).items():
         _replace_configs(state.group_configs, str(g), configs)
     load_txns(state, doc)
+    load_client_quotas(state, doc)
     return state
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka.protocol.admin import (
+    AlterClientQuotasRequest,
+    AlterClientQuotasResponse,
     AlterConfigsRequest,
     AlterConfigsResponse,
     CreatePartitionsRequest,
@@ -28,6 +30,8 @@ from kafka.protocol.admin import (
     DeleteRecordsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeClientQuotasRequest,
+    DescribeClientQuotasResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     DescribeConfigsRequest,
@@ -128,6 +132,8 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DeleteGroupsRequest, DeleteGroupsResponse),
         (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),
         (DescribeClusterRequest, DescribeClusterResponse),
+        (DescribeClientQuotasRequest, DescribeClientQuotasResponse),
+        (AlterClientQuotasRequest, AlterClientQuotasResponse),
         (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),
         (DescribeLogDirsRequest, DescribeLogDirsResponse),
         (OffsetDeleteRequest, OffsetDeleteResponse),
