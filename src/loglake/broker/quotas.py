@@ -493,6 +493,12 @@ def mute(conn: Any, ms: int) -> None:
 
 
 async def wait_unmuted(conn: Any) -> None:
+    """Return once `conn` is not muted. With quotas configured it first lets the requests handed
+    to handlers just before run up to their quota check, so that requests a client pipelined in
+    one read wait out the throttle the first of them earns (Kafka reads one request at a time)."""
+    quotas = getattr(getattr(conn, "ctx", None), "quotas", None)
+    if quotas is not None and quotas.configs:
+        await asyncio.sleep(0)
     while True:
         left = getattr(conn, "muted_until", 0.0) - time.monotonic()
         if left <= 0:

@@ -166,9 +166,9 @@ class Connection:
                 if frames or decoder.buffered > partial:
                     gate.add(decoder.buffered - partial)
                     partial = decoder.buffered
-                await wait_unmuted(self)  # a quota throttle set while this was read
                 stop = False
                 for frame in frames:
+                    await wait_unmuted(self)  # pipelined requests wait out a quota throttle, as in Kafka
                     if not await self._dispatch(frame):
                         stop = True
                         break
