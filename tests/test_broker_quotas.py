@@ -14,6 +14,7 @@ Kafka's 10 s it would take minutes to tell 10 % apart. The rules are the same ei
 from __future__ import annotations
 
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -29,6 +30,7 @@ from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import request_class
 from loglake.kafka_errors import ErrorCode
+from tlskit import make_pki, ssl_args
 
 from brokerkit import Broker, free_port, serving_broker
 
@@ -79,11 +81,14 @@ def _build(struct: Any, version: int, values: dict[str, Any]) -> dict[str, Any]:
 
 
 class RawConnection:
-    """One Kafka connection with a client id of our choosing; one request at a time."""
+    """One Kafka connection with a client id of our choosing (over TLS with `tls`); one request at a time."""
 
-    def __init__(self, broker: Broker, client_id: str) -> None:
+    def __init__(
+        self, broker: Broker, client_id: str, port: int | None = None, tls: ssl.SSLContext | None = None
+    ) -> None:
         self.proto = KafkaProtocol(client_id=client_id)
-        self.sock = socket.create_connection(("127.0.0.1", broker.port), timeout=TIMEOUT_S)
+        sock = socket.create_connection(("127.0.0.1", port or broker.port), timeout=TIMEOUT_S)
+        self.sock = tls.wrap_socket(sock, server_hostname="localhost") if tls is not None else sock
 
     def call(self, api_key: int, version: int, **fields: Any) -> Any:
         cls = request_class(api_key)
@@ -323,6 +328,32 @@ def test_request_percentage_throttles_and_mutes_an_open_connection(broker: Broke
     finally:
         busy.close()
         other.close()
+
+
+def test_user_quota_follows_the_mtls_principal(tmp_path: Path) -> None:
+    """A /users quota applies to the user a client certificate maps to, whatever the client id;
+    an unauthenticated connection with the same client id is another user and is not slowed."""
+    pki = make_pki(tmp_path / "pki")
+    args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--listen",
+        "SSL://127.0.0.1:0",
+        *ssl_args(pki, client_auth="requested"),
+    ]
+    with serving_broker(tmp_path / "data", args) as b:
+        user = "CN=alice,OU=eng,O=loglake"  # Kafka's DEFAULT mapping: the subject DN
+        assert alter(b, entity(user=user), {"request_percentage": 0.0001}).entries[0].error_code == 0
+        tls = ssl.create_default_context(cafile=str(pki.ca))
+        tls.load_cert_chain(str(pki.alice.cert), str(pki.alice.key))
+        alice = RawConnection(b, "shared-id", port=b.ports[1], tls=tls)
+        anonymous = RawConnection(b, "shared-id")
+        try:
+            assert all(alice.metadata().throttle_time_ms > 0 for _ in range(2))
+            assert all(anonymous.metadata().throttle_time_ms == 0 for _ in range(3))
+        finally:
+            alice.close()
+            anonymous.close()
 
 
 # ---- the admin APIs ----------------------------------------------------------------------------------------

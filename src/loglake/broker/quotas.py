@@ -416,6 +416,8 @@ class QuotaManager:
 
     def produce(self, conn: Any, req: Any) -> int:
         """Count a Produce request's bytes; the throttle time (the connection is muted for it)."""
+        if PRODUCER_BYTE_RATE not in self._enabled:
+            return 0
         user, client = identity(conn, req)
         ms = self.record(PRODUCER_BYTE_RATE, user, client, float(req.size))
         if ms:

@@ -29,7 +29,7 @@ client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limit
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
-buffered chunks (`_send_file_range`).
+buffered chunks (`loglake.broker.file_send`).
 
 Client quotas (`loglake.broker.quotas`): a response over a quota carries `throttle_time_ms` and
 sets `muted_until`; the read loop neither reads nor hands frames to handlers before it (KIP-219).
@@ -38,7 +38,6 @@ sets `muted_until`; the read loop neither reads nor hands frames to handlers bef
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import importlib
 import logging
@@ -53,6 +52,7 @@ from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
+from loglake.broker.file_send import send_file_range
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.listeners import (
@@ -93,8 +93,6 @@ READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 SHUTDOWN_GRACE_S = 10.0
 #: How often rate-limited log lines whose window is over get their summary written.
 LOG_FLUSH_INTERVAL_S = 1.0
-#: Bytes read from a file per write when sendfile cannot be used (TLS).
-BUFFERED_SEND_BYTES = 1024 * 1024
 API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
@@ -231,7 +229,6 @@ class Connection:
             self.ctx.metrics.observe(name, time.perf_counter() - started, error)
 
     async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             item = await self._queue.get()
             if item is None:
@@ -255,19 +252,7 @@ class Connection:
             try:
                 for buf in buffers:
                     if isinstance(buf, FileRange) or hasattr(buf, "path"):
-                        await self.writer.drain()
-                        try:
-                            if self.security.listener.tls:
-                                await self._send_file_range(buf)
-                            else:
-                                with open(buf.path, "rb") as fh:
-                                    await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
-                        except OSError as exc:
-                            if exc.errno == errno.EIO and self.server.engine is not None:
-                                # The segment file, not the socket: the response is cut, so the
-                                # connection goes; the engine makes the next fetch an error.
-                                self.server.engine.reader.file_range_failed(buf.path, exc)
-                            raise
+                        await send_file_range(self, buf)
                         self.ctx.metrics.bytes_out += buf.length
                     else:
                         self._write(buf)
@@ -285,24 +270,6 @@ class Connection:
         if self.writer.transport.is_closing():
             raise ConnectionResetError("connection closed")
         self.writer.write(data)
-
-    async def _send_file_range(self, buf: Any) -> None:
-        """A file range through TLS: no sendfile (the kernel cannot encrypt), so read it in chunks
-        off the event loop and write them (see docs/SECURITY.md for what it costs)."""
-        loop = asyncio.get_running_loop()
-        fd = await loop.run_in_executor(self.ctx.executor, os.open, buf.path, os.O_RDONLY)
-        try:
-            position, left = buf.position, buf.length
-            while left > 0:
-                chunk = await loop.run_in_executor(self.ctx.executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
-                if not chunk:
-                    raise OSError(f"{buf.path}: ended {left} bytes before the range")
-                self._write(chunk)
-                await self.writer.drain()
-                position += len(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
 
     def _drain_queue(self) -> None:
         while not self._queue.empty():
