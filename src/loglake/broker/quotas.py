@@ -132,7 +132,7 @@ def validate_value(key: str, value: float) -> float:
     """`value` for quota `key`, or QuotaRequestError with Kafka's message (validateQuotaKeyValue)."""
     kind = QUOTA_KEYS.get(key)
     if kind is None:
-        raise QuotaRequestError(f"Invalid configuration key {key}")
+        raise QuotaRequestError(f"Invalid configuration key {key[:ENTITY_NAME_CHARS_MAX]}")
     if not value > 0.0:  # NaN too
         raise QuotaRequestError(f"Quota {key} must be greater than 0")
     if math.isinf(value):

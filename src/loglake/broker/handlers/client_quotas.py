@@ -37,9 +37,14 @@ from loglake.broker.quotas import (
     validate_value,
 )
 from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.quotas import EntityKey
 
 log = logging.getLogger("loglake.broker.quotas")
+#: A client can send refused alterations at will: one line per peer address and window.
+_limited = RateLimitedLog(log)
+#: How much of a refusal the log line shows (an unknown key may be long).
+ERROR_SHOWN_CHARS = 300
 
 #: One alteration at a time, so two requests that change the same entity do not lose each other's keys.
 QUOTA_ALTER_LOCK = asyncio.Lock()
@@ -103,7 +108,12 @@ async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[
                 await ctx.off_loop(ctx.engine.save_client_quota, key, values)
             except QuotaRequestError as exc:
                 result["error_code"], result["error_message"] = exc.code, str(exc)
-                log.info("AlterClientQuotas from %s refused: %s", getattr(conn, "peer", "?"), exc)
+                _limited.info(
+                    ("refused", getattr(conn, "peer_host", "?")),
+                    "AlterClientQuotas from %s refused: %s",
+                    getattr(conn, "peer", "?"),
+                    str(exc)[:ERROR_SHOWN_CHARS],
+                )
                 continue
             ctx.quotas.set(key, values)
             log.info("client quotas of %s now %s", entity_text(key), values or "none")
