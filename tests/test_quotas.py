@@ -364,3 +364,33 @@ def test_timed_handler_passes_errors_and_cancellation() -> None:
             await task
 
     asyncio.run(main())
+
+
+# ---- authorization seam ----------------------------------------------------------------------------------------
+
+
+def test_admin_apis_ask_the_authorization_seam(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Describe needs DESCRIBE_CONFIGS and Alter ALTER_CONFIGS on the cluster; refused, Describe is
+    a top-level CLUSTER_AUTHORIZATION_FAILED and every Alter entry is, with nothing stored. (The
+    authorizer is being built elsewhere: the seam is replaced here by a refusing one.)"""
+    from loglake.broker.authorized import AclOperation
+    from loglake.broker.handlers import client_quotas as handlers
+
+    asked: list[AclOperation] = []
+
+    def refuse(ctx: Any, conn: Any, operation: AclOperation) -> bool:
+        asked.append(operation)
+        return False
+
+    monkeypatch.setattr(handlers, "cluster_allowed", refuse)
+    ctx = SimpleNamespace(quotas=QuotaManager())
+    req: Any = SimpleNamespace(body=SimpleNamespace(components=[], strict=False))
+    resp = asyncio.run(handlers.describe_client_quotas(ctx, None, req))
+    assert resp["error_code"] == ErrorCode.CLUSTER_AUTHORIZATION_FAILED and resp["entries"] is None
+    op = SimpleNamespace(key=PRODUCER_BYTE_RATE, value=1.0, remove=False)
+    entry = SimpleNamespace(entity=[SimpleNamespace(entity_type=U, entity_name="a")], ops=[op])
+    req = SimpleNamespace(body=SimpleNamespace(validate_only=False, entries=[entry, entry]))
+    resp = asyncio.run(handlers.alter_client_quotas(ctx, None, req))
+    assert [e["error_code"] for e in resp["entries"]] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED] * 2
+    assert not ctx.quotas.configs
+    assert asked == [AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS]
