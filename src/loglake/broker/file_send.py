@@ -43,7 +43,9 @@ async def _buffered(conn: Any, buf: Any) -> None:
     try:
         position, left = buf.position, buf.length
         while left > 0:
-            chunk = await loop.run_in_executor(executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
+            chunk = await loop.run_in_executor(
+                executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position
+            )
             if not chunk:
                 raise OSError(f"{buf.path}: ended {left} bytes before the range")
             conn._write(chunk)
