@@ -138,6 +138,13 @@ def test_throttle_time_is_kafkas() -> None:
     assert m.record(PRODUCER_BYTE_RATE, "u", "app", 1, now=50.6) == 0
 
 
+def test_byte_rate_throttle_is_bounded_by_the_whole_window() -> None:
+    """A request far over what the window holds is throttled until its samples expired, no longer."""
+    m = QuotaManager(window_num=11, window_size_s=1.0)
+    m.load({((C, "c"),): {PRODUCER_BYTE_RATE: 1.0}})
+    assert m.record(PRODUCER_BYTE_RATE, "u", "c", 100 * 1024 * 1024, now=0.0) == 11_000
+
+
 def test_request_quota_throttle_is_bounded_by_one_window() -> None:
     m = QuotaManager(window_num=11, window_size_s=1.0)
     m.load({((U, "alice"),): {REQUEST_PERCENTAGE: 1.0}})

@@ -27,7 +27,8 @@ How it is enforced
 Rates are Kafka's `Rate` over sampled windows (`Rate`: `quota_window_num` samples of
 `quota_window_size_seconds`). A request is recorded, then if the rate is over the limit the
 throttle time is Kafka's ``(rate - limit) / limit x window`` (the request quota's bounded by one
-sample window, as Kafka's ClientRequestQuotaManager does). The request is answered at once with
+sample window, as Kafka's ClientRequestQuotaManager does; any throttle by the whole quota window,
+after which every sample the request was counted in has expired). The request is answered at once with
 `throttle_time_ms` set, and the connection is muted: nothing more is read from it until the
 throttle time has passed (KIP-219; `Connection` waits before reading and before handling).
 
@@ -388,7 +389,9 @@ class QuotaManager:
         ms = round((rate - limit) / limit * window * 1000.0)
         if key == REQUEST_PERCENTAGE:  # Kafka's ClientRequestQuotaManager bounds it by one window
             ms = min(ms, int(self.window_size_s * 1000))
-        return max(ms, 0)
+        # Never past the whole quota window: by then every sample this request was counted in has
+        # expired, so the rate is under the quota whatever it was (and throttle_time_ms is an int32).
+        return max(min(ms, int(self.window_num * self.window_size_s * 1000)), 0)
 
     def unrecord(self, key: str, user: str, client_id: str, value: float) -> None:
         found = resolve(self.configs, key, user, client_id) if key in self._enabled else None
