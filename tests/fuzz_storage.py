@@ -67,6 +67,8 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
     ("scram_credential", {"user": "alice", "mechanism": "SCRAM-SHA-256",
                           "cred": {"salt": "c2FsdA==", "iterations": 4096, "stored_key": "AA==", "server_key": "AA=="}}),
     ("scram_credential", {"user": "alice", "mechanism": "SCRAM-SHA-256", "cred": None}),
+    ("client_quota", {"entity": [["user", "alice"], ["client-id", None]], "values": {"producer_byte_rate": 1024}}),
+    ("client_quota", {"entity": [["client-id", None]], "values": None}),
     (
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},

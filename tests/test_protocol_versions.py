@@ -28,6 +28,7 @@ def test_all_requested_apis_present() -> None:
     wanted |= {24, 25, 26, 28, 65, 66}  # transactions
     wanted |= {29, 30, 31}  # ACLs
     wanted |= {17, 36, 50, 51}  # SASL and SCRAM credentials
+    wanted |= {48, 49}  # client quotas
     assert set(SUPPORTED) == wanted
 
 

@@ -127,6 +127,10 @@ class BrokerConfig:
     transactional_id_expiration_ms: int = 604_800_000
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
     transactional_ids_max: int = 100_000
+    #: Client quotas (docs/SECURITY.md, "Quotas"): rates are measured over quota_window_num samples
+    #: of quota_window_size_seconds each (Kafka's quota.window.num and quota.window.size.seconds).
+    quota_window_num: int = 11
+    quota_window_size_seconds: int = 1
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")

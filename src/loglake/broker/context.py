@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
+    from loglake.broker.quotas import QuotaManager
 
 T = TypeVar("T")
 
@@ -41,6 +42,8 @@ class BrokerContext:
     fetch_sessions: FetchSessionCache | None = None
     #: The ACL authorizer (loglake.broker.authorizer), set by the server; None allows everything.
     authorizer: Authorizer | None = None
+    #: Client quota configs and rates (loglake.broker.quotas), set by the server.
+    quotas: QuotaManager | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

@@ -186,6 +186,11 @@ class FetchPlan:
     def error_response(self) -> FetchResponseData:
         return FetchResponseData(error_code=self.error, session_id=INVALID_SESSION_ID)
 
+    def throttled_session_id(self) -> int:
+        """The session id of a throttled answer (Kafka's getThrottledResponse): an incremental
+        fetch keeps its session; a full fetch creates none."""
+        return self.session.id if self.session is not None and not self._create else 0
+
     def finish(self, response: FetchResponseData) -> FetchResponseData:
         """Stamp the session id on `response` (creating the session for a full fetch), and for an
         incremental fetch keep only the partitions the client must hear about."""

@@ -29,15 +29,18 @@ client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limit
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
-buffered chunks (`_send_file_range`). On a SASL listener a connection carries a `SaslSession`
-(`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller frames, until it
-authenticates; `close_after_write` closes a connection once a refusal has been sent.
+buffered chunks (`loglake.broker.file_send`). On a SASL listener a connection carries a
+`SaslSession` (`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller
+frames, until it authenticates; `close_after_write` closes a connection once a refusal has been
+sent.
+
+Client quotas (`loglake.broker.quotas`): a response over a quota carries `throttle_time_ms` and
+sets `muted_until`; the read loop neither reads nor hands frames to handlers before it (KIP-219).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
 import functools
 import importlib
 import logging
@@ -54,6 +57,7 @@ from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
+from loglake.broker.file_send import send_file_range
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.listeners import (
@@ -76,6 +80,7 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
+from loglake.broker.quotas import QuotaManager, handle_request, wait_unmuted
 from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslAuthenticator, SaslSession
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
@@ -95,8 +100,6 @@ READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 SHUTDOWN_GRACE_S = 10.0
 #: How often rate-limited log lines whose window is over get their summary written.
 LOG_FLUSH_INTERVAL_S = 1.0
-#: Bytes read from a file per write when sendfile cannot be used (TLS).
-BUFFERED_SEND_BYTES = 1024 * 1024
 API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
@@ -130,6 +133,8 @@ class Connection:
         #: SASL state on SASL listeners (loglake.broker.sasl); seconds to wait after the next response, then close.
         self.sasl = SaslSession(self) if self.security.listener.sasl else None
         self.close_after_write: float | None = None
+        #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).
+        self.muted_until = 0.0
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -148,6 +153,7 @@ class Connection:
                         await gate.wait_for_room()
                         gate.add(whole - partial)
                         partial = whole
+                await wait_unmuted(self)
                 idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
                 try:
                     data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
@@ -172,6 +178,7 @@ class Connection:
                     partial = decoder.buffered
                 stop = False
                 for frame in frames:
+                    await wait_unmuted(self)  # pipelined requests wait out a quota throttle, as in Kafka
                     if not await self._dispatch(frame):
                         stop = True
                         break
@@ -224,7 +231,7 @@ class Connection:
         try:
             if handler is None:  # advertised nowhere, so a client should not send it
                 raise UnknownApiError(req.api_key, req.correlation_id)
-            response = await handler(self.ctx, self, req)
+            response = await handle_request(handler, self.ctx, self, req)  # the request quota
             if response is None or not req.expects_response:
                 error = 0 if response is None else response_error(response)
                 return None
@@ -239,7 +246,6 @@ class Connection:
             self.ctx.metrics.observe(name, time.perf_counter() - started, error)
 
     async def _write_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             item = await self._queue.get()
             if item is None:
@@ -263,19 +269,7 @@ class Connection:
             try:
                 for buf in buffers:
                     if isinstance(buf, FileRange) or hasattr(buf, "path"):
-                        await self.writer.drain()
-                        try:
-                            if self.security.listener.tls:
-                                await self._send_file_range(buf)
-                            else:
-                                with open(buf.path, "rb") as fh:
-                                    await loop.sendfile(self.writer.transport, fh, buf.position, buf.length)
-                        except OSError as exc:
-                            if exc.errno == errno.EIO and self.server.engine is not None:
-                                # The segment file, not the socket: the response is cut, so the
-                                # connection goes; the engine makes the next fetch an error.
-                                self.server.engine.reader.file_range_failed(buf.path, exc)
-                            raise
+                        await send_file_range(self, buf)
                         self.ctx.metrics.bytes_out += buf.length
                     else:
                         self._write(buf)
@@ -298,24 +292,6 @@ class Connection:
         if self.writer.transport.is_closing():
             raise ConnectionResetError("connection closed")
         self.writer.write(data)
-
-    async def _send_file_range(self, buf: Any) -> None:
-        """A file range through TLS: no sendfile (the kernel cannot encrypt), so read it in chunks
-        off the event loop and write them (see docs/SECURITY.md for what it costs)."""
-        loop = asyncio.get_running_loop()
-        fd = await loop.run_in_executor(self.ctx.executor, os.open, buf.path, os.O_RDONLY)
-        try:
-            position, left = buf.position, buf.length
-            while left > 0:
-                chunk = await loop.run_in_executor(self.ctx.executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
-                if not chunk:
-                    raise OSError(f"{buf.path}: ended {left} bytes before the range")
-                self._write(chunk)
-                await self.writer.drain()
-                position += len(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
 
     def _drain_queue(self) -> None:
         while not self._queue.empty():
@@ -460,6 +436,9 @@ class BrokerServer:
             (",".join(lst.url() for lst, _ in self.endpoints), ",".join(lst.url(*adv) for lst, adv in self.endpoints)),
         )
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
+        self.ctx.quotas = QuotaManager(self.config.quota_window_num, self.config.quota_window_size_seconds)
+        self.ctx.quotas.load(engine.client_quotas())
+        self.metrics.registry.register(self.ctx.quotas)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.authorizer = broker_authorizer(self.config, engine)

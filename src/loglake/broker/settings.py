@@ -59,6 +59,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "transactional_id_expiration_ms": (1, INT32_MAX),
     "transaction_abort_timed_out_transaction_cleanup_interval_ms": (1, INT32_MAX),
     "transactional_ids_max": (1, 10_000_000),
+    "quota_window_num": (2, 1000),
+    "quota_window_size_seconds": (1, 3600),
 }
 
 

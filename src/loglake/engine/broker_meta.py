@@ -1,5 +1,5 @@
 """The engine's calls for the broker's metadata (a mixin of `Engine`): leader epochs, consumer
-groups' offsets and states, dynamic broker and group configs.
+groups' offsets and states, dynamic broker and group configs, client quotas.
 
 The broker owns what these mean (its group coordinator, its dynamic config layers); the engine
 stores them durably in the metadata log and applies what concerns it (topic defaults, the
@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from loglake.engine.epochs import end_offset_for, epoch_of, record_bump
+from loglake.meta.quotas import EntityKey
 
 if TYPE_CHECKING:
     from loglake.engine.engine import Engine
@@ -143,3 +144,14 @@ class BrokerMetaMixin:
         eng = self._eng()
         eng._check_open()
         eng.catalog.meta.append("scram_credential", {"user": user, "mechanism": mechanism, "cred": cred}).result()
+    # ==== client quotas: stored for the broker (loglake.broker.quotas enforces them) ==================
+
+    def client_quotas(self) -> dict[EntityKey, dict[str, float]]:
+        """Stored client quota configs: entity -> quota key -> value (loglake.meta.quotas)."""
+        return self._eng().catalog.client_quotas()
+
+    def save_client_quota(self, key: EntityKey, values: dict[str, float] | None) -> None:
+        """Replace one client quota entity's configs (None or {} removes it); durable on return."""
+        eng = self._eng()
+        eng._check_open()
+        eng.catalog.save_client_quota(key, values).result()

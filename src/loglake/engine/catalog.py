@@ -24,6 +24,7 @@ from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, EngineConfig, TopicC
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.types import TopicInfo
 from loglake.errors import InvalidPartitionsError, TopicExistsError, UnknownTopicError
+from loglake.meta.quotas import EntityKey, client_quota_body
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
 
@@ -273,6 +274,19 @@ class Catalog:
         if kind == "broker":
             return self.meta.append("broker_config", {"scope": key, "configs": dict(configs)})
         return self.meta.append("group_config", {"g": key, "configs": dict(configs)})
+
+    def client_quotas(self) -> dict[EntityKey, dict[str, float]]:
+        """A copy of the client quota configs (loglake.meta.quotas)."""
+        read = getattr(self.meta, "read", None)
+
+        def copy(state: MetaState) -> dict[EntityKey, dict[str, float]]:
+            return {key: dict(values) for key, values in state.client_quotas.items()}
+
+        return read(copy) if read is not None else copy(self.state)
+
+    def save_client_quota(self, key: EntityKey, values: dict[str, float] | None) -> Future[int]:
+        """Replace one client quota entity's configs (None or {} removes the entity)."""
+        return self.meta.append("client_quota", client_quota_body(key, values))
 
 
     # ---- ACL bindings (loglake.meta.acls; the broker's authorizer owns their meaning) ---------

@@ -48,6 +48,8 @@ acls               {created: [binding, ...], deleted: [binding, ...]} → ACL bi
                    then added (loglake.meta.acls)
 scram_credential   {user, mechanism, cred} → the user's SCRAM credential for that mechanism
                    set, or removed when `cred` is null (loglake.meta.scram)
+client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
+                   configs, replaced; null values remove it (loglake.meta.quotas)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -67,6 +69,7 @@ from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import acls_doc, apply_acls, load_acls
 from loglake.meta.producers import ProducerStates
+from loglake.meta.quotas import EntityKey, apply_client_quota, client_quotas_doc, load_client_quotas
 from loglake.meta.scram import apply_scram, load_scram, scram_doc
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.meta.txn import (
@@ -134,6 +137,7 @@ RECORD_KINDS = (
     "acked",
     "acls",
     "scram_credential",
+    "client_quota",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -263,6 +267,8 @@ class MetaState:
         self.acls: dict[tuple[int, str, int, str, str, int, int], None] = {}
         #: user -> SCRAM mechanism -> credential doc (loglake.meta.scram)
         self.scram: dict[str, dict[str, dict[str, Any]]] = {}
+        #: client quota entity -> quota key -> value (loglake.meta.quotas)
+        self.client_quotas: dict[EntityKey, dict[str, float]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -450,6 +456,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "acked": apply_acked,
     "acls": apply_acls,
     "scram_credential": apply_scram,
+    "client_quota": apply_client_quota,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -465,7 +472,7 @@ assert set(_APPLY) == set(RECORD_KINDS)
 #     20  8  tables length  u64  bytes of packed segment entries
 #     28  4  CRC-32C of bytes 0..28, the JSON and the tables
 #     32  .  JSON: cluster id, topics, partitions (with offsets into the tables), groups,
-#              dynamic broker and group configs (optional: older checkpoints lack them)
+#              dynamic broker and group configs, client quotas (optional: older checkpoints lack them)
 #     .   .  tables: every partition's packed segment entries (meta/segments.py), back to back
 
 CHECKPOINT_MAGIC = b"LLCK"
@@ -531,6 +538,7 @@ def capture(state: MetaState) -> CheckpointImage:
         "txns": txns_doc(state),
         "acls": acls_doc(state),
         "scram": scram_doc(state),
+        "client_quotas": client_quotas_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -615,6 +623,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_txns(state, doc)
     load_acls(state, doc)
     load_scram(state, doc)
+    load_client_quotas(state, doc)
     return state
 
 

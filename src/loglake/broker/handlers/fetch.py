@@ -21,6 +21,10 @@ Isolation (v4+): read_uncommitted returns everything below the high watermark; r
 (isolation_level 1) only batches below the last stable offset, with the aborted transactions the
 client must filter out (engine/txn.py). Every response carries the LSO as `last_stable_offset`.
 
+Consumer byte-rate quotas (loglake.broker.quotas): a fetch's max_bytes is capped at what the
+quota allows in one window; a response that would go over the quota goes out empty with
+`throttle_time_ms`, its bytes not counted, and the connection is muted for that time (Kafka's rule).
+
 Long polling: a response is held until it has `min_bytes` of records (0: answered at once, as in
 Kafka) or `max_wait_ms` has passed
 (capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
@@ -56,6 +60,7 @@ from loglake.broker.protocol import (
     batch_bytes,
     fetch_limit_violations,
 )
+from loglake.broker.quotas import CONSUMER_BYTE_RATE
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
 from loglake.logsafe import RateLimitedLog
 
@@ -199,11 +204,46 @@ def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     sessions = getattr(ctx, "fetch_sessions", None)
     plan = sessions.begin(req.body, req.api_version) if sessions is not None else None
-    if plan is None:
-        return await _fetch(ctx, conn, req, req.body)
-    if plan.body is None:
+    if plan is not None and plan.body is None:
         return plan.error_response()
-    return plan.finish(await _fetch(ctx, conn, req, plan.body))
+    body = req.body if plan is None else plan.body
+    quotas = getattr(ctx, "quotas", None)
+    cap = quotas.fetch_cap(conn, req) if quotas is not None and quotas.enabled(CONSUMER_BYTE_RATE) else None
+    if cap is not None and cap < _max_bytes(body):
+        body = _QuotaCapped(body, cap)
+    response = await _fetch(ctx, conn, req, body)
+    if cap is not None and quotas is not None:
+        throttle_ms = quotas.fetched(conn, req, response_bytes(response))
+        if throttle_ms:
+            # Kafka's throttled fetch: no partitions, nothing counted; the session (if any) stays as it was.
+            return FetchResponseData(throttle_time_ms=throttle_ms, session_id=plan.throttled_session_id() if plan else 0)
+    return response if plan is None else plan.finish(response)
+
+
+class _QuotaCapped:
+    """A fetch whose max_bytes is lowered to what the consumer quota allows in one window (Kafka's
+    getMaxValueInQuotaWindow), so that one response never takes more than the quota can pay back."""
+
+    def __init__(self, body: Any, cap: int) -> None:
+        self._body = body
+        self.max_bytes = cap
+        self.min_bytes = min(int(body.min_bytes), cap)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._body, name)
+
+
+def response_bytes(response: FetchResponseData) -> int:
+    """Record bytes of a fetch response (what the consumer byte-rate quota counts)."""
+    total = 0
+    for topic in response.responses:
+        for part in topic.partitions:
+            for chunk in part.records or ():
+                if isinstance(chunk, bytes | bytearray | memoryview):
+                    total += memoryview(chunk).nbytes
+                else:
+                    total += chunk.length
+    return total
 
 
 async def _fetch(ctx: Any, conn: Any, req: DecodedRequest, body: Any) -> FetchResponseData:

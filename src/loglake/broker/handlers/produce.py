@@ -13,7 +13,8 @@ an ongoing transaction that holds the partition (KIP-890 part 1): an older epoch
 INVALID_PRODUCER_EPOCH, anything else INVALID_TXN_STATE (loglake.broker.txn).
 
 While memory is short (the pool under pressure, an append that waited for memory, request bytes
-spent) the response asks the client to back off with `throttle_time_ms` (loglake.broker.overload).
+spent) the response asks the client to back off with `throttle_time_ms` (loglake.broker.overload);
+over its producer_byte_rate quota (loglake.broker.quotas) it does too and the connection is muted.
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if throttle_ms:
         ctx.metrics.produce_throttled += 1
         ctx.metrics.produce_throttle_ms += throttle_ms
+    # The producer byte-rate quota counts the request as it came (acks=0 too: the connection is
+    # muted without an answer); the response carries the larger of the two throttles.
+    quotas = getattr(ctx, "quotas", None)
+    if quotas is not None:
+        throttle_ms = max(throttle_ms, quotas.produce(conn, req))
     if body.acks == 0:
         return None
     waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]

@@ -56,6 +56,8 @@ class DecodedRequest:
     header_version: int
     #: Produce: ProduceRequestData; others: the kafka-python request object.
     body: Any
+    #: Bytes of the request frame (after the length prefix): what a produce byte-rate quota counts.
+    size: int = 0
 
     @property
     def flexible(self) -> bool:
@@ -283,7 +285,7 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
         raise MalformedRequestError(f"{cls.name} v{api_version}: {detail}", correlation_id) from e
     except RecursionError as e:  # pragma: no cover - schemas are shallow
         raise MalformedRequestError(f"{cls.name} v{api_version}: too deep", correlation_id) from e
-    return DecodedRequest(api_key, api_version, correlation_id, client_id, 2 if flexible else 1, body)
+    return DecodedRequest(api_key, api_version, correlation_id, client_id, 2 if flexible else 1, body, len(data))
 
 
 # --- responses ------------------------------------------------------------------------------

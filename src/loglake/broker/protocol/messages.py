@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kafka.protocol.admin import (
+    AlterClientQuotasRequest,
+    AlterClientQuotasResponse,
     AlterConfigsRequest,
     AlterConfigsResponse,
     AlterUserScramCredentialsRequest,
@@ -36,6 +38,8 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse,
     DescribeAclsRequest,
     DescribeAclsResponse,
+    DescribeClientQuotasRequest,
+    DescribeClientQuotasResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     DescribeConfigsRequest,
@@ -147,6 +151,8 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DeleteGroupsRequest, DeleteGroupsResponse),
         (IncrementalAlterConfigsRequest, IncrementalAlterConfigsResponse),
         (DescribeClusterRequest, DescribeClusterResponse),
+        (DescribeClientQuotasRequest, DescribeClientQuotasResponse),
+        (AlterClientQuotasRequest, AlterClientQuotasResponse),
         (OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse),
         (DescribeLogDirsRequest, DescribeLogDirsResponse),
         (OffsetDeleteRequest, OffsetDeleteResponse),

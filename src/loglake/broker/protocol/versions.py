@@ -78,6 +78,8 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(47, "OffsetDelete", 0, 0),
         _r(50, "DescribeUserScramCredentials", 0, 0),
         _r(51, "AlterUserScramCredentials", 0, 0),
+        _r(48, "DescribeClientQuotas", 0, 1),
+        _r(49, "AlterClientQuotas", 0, 1),
         _r(60, "DescribeCluster", 0, 2),
         _r(61, "DescribeProducers", 0, 0),
         _r(65, "DescribeTransactions", 0, 0),
