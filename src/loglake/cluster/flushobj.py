@@ -36,6 +36,7 @@ import crc32c
 
 from loglake.errors import CorruptionError, CorruptRecordError, InvalidRecordError
 from loglake.records.batch import BATCH_HEADER_SIZE, BatchHeader, peek_header, validate_batch
+from loglake.store import tail as store_tail
 from loglake.store.base import BytesLike, InvalidObjectKeyError, ObjectStore, cluster_prefix
 
 FLUSH_VERSION = 1
@@ -407,25 +408,7 @@ def read_index(
     or exactly footer + index when `size` and `index_length` are known), a second one only
     when the index is bigger than the first read."""
     want = FLUSH_TAIL_READ_BYTES if index_length is None else FOOTER_SIZE + index_length
-    if size is None:
-        tail, size = store.get_tail(key, want)
-    else:
-        start = max(0, size - want)
-        tail = store.get_range(key, start, size - start)
-        if len(tail) != size - start:
-            raise CorruptionError(key, start + len(tail), f"object is shorter than the expected {size} bytes")
-    parsed = parse_footer(tail, size, key)
-    if isinstance(parsed, int):
-        more = parsed - len(tail)
-        head = store.get_range(key, size - parsed, more)
-        if len(head) != more:
-            raise CorruptionError(
-                key, size - parsed + len(head), "object changed size while reading its tail"
-            )
-        parsed = parse_footer(head + tail, size, key)
-        if isinstance(parsed, int):  # pragma: no cover - parse_footer asks for its full need at once
-            raise CorruptionError(key, size - parsed, "tail still too short after a second read")
-    return parsed
+    return store_tail.read_tail(store, key, want, size, parse_footer)
 
 
 def check_range(data: BytesLike, entry: FlushIndexEntry, key: str) -> list[BatchHeader]:

@@ -41,6 +41,7 @@ import crc32c
 from loglake.errors import CorruptionError, CorruptRecordError
 from loglake.records import batch as _records
 from loglake.segment.index import INDEX_ENTRY, INDEX_ENTRY_SIZE, SegmentIndex
+from loglake.store import tail as store_tail
 from loglake.store.base import BytesLike, ObjectStore
 
 FORMAT_VERSION = 1
@@ -534,22 +535,4 @@ def _aborted_txns(raw: Any, base: int, last: int, key: str, at: int) -> tuple[tu
 def read_tail(store: ObjectStore, key: str, size: int | None = None) -> tuple[SegmentTrailer, SegmentIndex]:
     """Trailer and index of a stored segment: one ranged read of the tail (TAIL_READ_BYTES),
     a second one only when the index is bigger. `size` (if known) saves the size lookup."""
-    if size is None:
-        tail, size = store.get_tail(key, TAIL_READ_BYTES)
-    else:
-        start = max(0, size - TAIL_READ_BYTES)
-        tail = store.get_range(key, start, size - start)
-        if len(tail) != size - start:
-            raise CorruptionError(key, start + len(tail), f"object is shorter than the expected {size} bytes")
-    parsed = parse_tail(tail, size, key)
-    if isinstance(parsed, int):
-        more = parsed - len(tail)
-        head = store.get_range(key, size - parsed, more)
-        if len(head) != more:
-            raise CorruptionError(
-                key, size - parsed + len(head), "object changed size while reading its tail"
-            )
-        parsed = parse_tail(head + tail, size, key)
-        if isinstance(parsed, int):  # pragma: no cover - parse_tail asks for its full need at once
-            raise CorruptionError(key, size - parsed, "tail still too short after a second read")
-    return parsed
+    return store_tail.read_tail(store, key, TAIL_READ_BYTES, size, parse_tail)
