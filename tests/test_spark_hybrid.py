@@ -351,3 +351,20 @@ def test_ssl_listener_read_and_write(spark: Any, broker: Broker, pki: Pki) -> No
             spark,
             {**tls, "path": str(broker.data_dir), "subscribe": topic, "kafka.ssl.truststore.location": "x"},
         ).collect()
+
+
+def test_a_broker_of_another_cluster_is_refused(broker: Broker, tmp_path: Path) -> None:
+    import loglake
+
+    with loglake.open(str(tmp_path / "other")) as log:
+        log.create_topic("t", 1)
+        log.produce("t", b"x", partition=0)
+        log.flush()
+    options = {
+        "path": str(tmp_path / "other"),
+        "subscribe": "t",
+        "kafka.bootstrap.servers": broker.bootstrap,
+        **QUIET,
+    }
+    with pytest.raises(LoglakeOptionError, match=r"serves cluster .* holds cluster"):
+        LoglakeBatchReader(parse_read_options(options, "batch")).partitions()
