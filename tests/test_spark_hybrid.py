@@ -20,6 +20,7 @@ pytest.importorskip("pyspark")
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from loglake.meta.publish import find_clusters
 from loglake.spark.options import LoglakeOptionError, parse_read_options, parse_write_options
 from loglake.spark.plan import (
     BrokerRange,
@@ -77,8 +78,10 @@ def _options(b: Broker, topic: str, **extra: str) -> dict[str, str]:
 
 
 def _sealed_end(b: Broker, topic: str, partition: int) -> int:
-    meta = load_metadata(cached_store(str(b.data_dir / "segments")))
-    pm = meta.partitions.get((topic, partition))
+    store = cached_store(str(b.data_dir / "segments"))
+    if not find_clusters(store):  # nothing published yet
+        return 0
+    pm = load_metadata(store).partitions.get((topic, partition))
     return 0 if pm is None else pm.end
 
 
@@ -289,8 +292,17 @@ def test_streaming_available_now_over_a_topic_being_produced_to(
     _exactly_once(union, 2)
 
 
+def _set_segment_ms(b: Broker, topic: str, value: str) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    entry = ConfigEntry("segment.ms", value, incremental_operation=AlterConfigOpType.SET)
+    res = ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])
+    admin = AdminClient({"bootstrap.servers": b.bootstrap, "log_level": 0})
+    admin.incremental_alter_configs([res])[res].result(WAIT_S)
+
+
 def test_read_committed_stops_at_the_last_stable_offset(spark: Any, broker: Broker) -> None:
-    topic = _topic(broker, 1, **{"segment.records": "7"})
+    topic = _topic(broker, 1)
     conf = {"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0}
     tx = Producer({**conf, "transactional.id": f"tx-{topic}"})
     plain = Producer(conf)
@@ -308,24 +320,37 @@ def test_read_committed_stops_at_the_last_stable_offset(spark: Any, broker: Brok
         elif commit is False:
             tx.abort_transaction(WAIT_S)
 
+    # sealed: a committed transaction (offsets 0-9, marker 10), plain records (11-15), an
+    # aborted transaction (16-24, marker 25)
     txn(b"committed", 10, True)
     for i in range(5):
         plain.produce(topic, value=b"plain-%02d" % i, partition=0)
         want.append(b"plain-%02d" % i)
     plain.flush(WAIT_S)
     txn(b"aborted", 9, False)
-    txn(b"late", 3, True)  # ends with a COMMIT marker: the last offsets before the open one
+    _set_segment_ms(broker, topic, "1")
+    _wait_sealed(broker, topic, 0, 26)
+    _set_segment_ms(broker, topic, "3600000")
+    # the tail: an aborted transaction (26-27, marker 28) the broker side must skip, a committed
+    # one whose COMMIT marker (32) is the last offset before the last stable offset (33, where
+    # the open transaction starts), then plain records after it
+    txn(b"tail-aborted", 2, False)
+    txn(b"late", 3, True)
     txn(b"open", 4, None)
     for i in range(3):
         plain.produce(topic, value=b"after-%02d" % i, partition=0)
     plain.flush(WAIT_S)
     try:
-        committed = _rows(
-            _read(spark, _options(broker, topic, **{"kafka.isolation.level": "read_committed"}))
-        )
-        assert sorted(v for _p, _o, v in committed) == sorted(want)
+        committed = _options(broker, topic, **{"kafka.isolation.level": "read_committed"})
+        planned = [
+            part.value for part in LoglakeBatchReader(parse_read_options(committed, "batch")).partitions()
+        ]  # type: ignore[attr-defined]
+        assert [r for r in planned if isinstance(r, BrokerRange)] == [BrokerRange(topic, 0, 26, 33)]
+        assert max(r.end for r in planned if isinstance(r, Slice)) == 26
+        rows = _rows(_read(spark, committed))
+        assert sorted(v for _p, _o, v in rows) == sorted(want)
         everything = _rows(_read(spark, _options(broker, topic)))
-        assert len(everything) == 10 + 5 + 9 + 3 + 4 + 3
+        assert len(everything) == 10 + 5 + 9 + 2 + 3 + 4 + 3
     finally:
         tx.abort_transaction(WAIT_S)
 
