@@ -393,3 +393,37 @@ def test_a_broker_of_another_cluster_is_refused(broker: Broker, tmp_path: Path) 
     }
     with pytest.raises(LoglakeOptionError, match=r"serves cluster .* holds cluster"):
         LoglakeBatchReader(parse_read_options(options, "batch")).partitions()
+
+
+def test_log_start_moved_past_a_planned_range_and_timestamps_in_the_tail(broker: Broker) -> None:
+    """DeleteRecords between planning and reading: failOnDataLoss=true fails the task naming the
+    gone offsets, false reads what is left. A starting timestamp past the sealed segments is
+    found by the broker (ListOffsets by time)."""
+    from confluent_kafka import TopicPartition
+
+    from loglake.spark.plan import DataLossError
+
+    topic = _topic(broker, 1)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "log_level": 0})
+    t0 = 1_700_000_000_000
+    for i in range(100):
+        p.produce(topic, value=b"v%03d" % i, partition=0, timestamp=t0 + i)
+    assert p.flush(WAIT_S) == 0
+    since = LoglakeBatchReader(
+        parse_read_options(_options(broker, topic, startingTimestamp=str(t0 + 37)), "batch")
+    )
+    assert since.offset_ranges() == {(topic, 0): (37, 100)}
+    strict = LoglakeBatchReader(parse_read_options(_options(broker, topic), "batch"))
+    lenient = LoglakeBatchReader(parse_read_options(_options(broker, topic, failOnDataLoss="false"), "batch"))
+    planned_strict, planned_lenient = strict.partitions(), lenient.partitions()
+    assert [part.value for part in planned_strict] == [BrokerRange(topic, 0, 0, 100)]  # type: ignore[attr-defined]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    for fut in admin.delete_records([TopicPartition(topic, 0, 60)]).values():
+        fut.result(WAIT_S)
+    with pytest.raises(DataLossError, match=r"offsets 0\.\.59 are gone"):
+        for part in planned_strict:
+            list(strict.read(part))
+    offsets = [
+        o for part in planned_lenient for b in lenient.read(part) for o in b.column("offset").to_pylist()
+    ]
+    assert offsets == list(range(60, 100))
