@@ -427,3 +427,37 @@ def test_log_start_moved_past_a_planned_range_and_timestamps_in_the_tail(broker:
         o for part in planned_lenient for b in lenient.read(part) for o in b.column("offset").to_pylist()
     ]
     assert offsets == list(range(60, 100))
+
+
+def test_a_segment_gone_since_planning_is_read_through_the_broker(broker: Broker) -> None:
+    """Segments deleted after planning (DeleteRecords, as retention would): with a broker the task
+    asks it for those offsets instead of failing on the missing object, so data loss is judged by
+    the broker's log start like any broker range."""
+    from confluent_kafka import TopicPartition
+
+    from loglake.spark.plan import DataLossError
+
+    topic = _topic(broker, 1, **{"segment.records": "20"})
+    for k in range(5):  # five segments of 20
+        _produce(broker, topic, 20 * k, 20, 1)
+        _wait_sealed(broker, topic, 0, 20 * (k + 1))
+    strict = LoglakeBatchReader(parse_read_options(_options(broker, topic), "batch"))
+    lenient = LoglakeBatchReader(parse_read_options(_options(broker, topic, failOnDataLoss="false"), "batch"))
+    planned_strict, planned_lenient = strict.partitions(), lenient.partitions()
+    slices = [part.value for part in planned_strict]  # type: ignore[attr-defined]
+    assert all(isinstance(s, Slice) for s in slices) and len(slices) >= 5
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap, "log_level": 0})
+    for fut in admin.delete_records([TopicPartition(topic, 0, 60)]).values():
+        fut.result(WAIT_S)
+    first = broker.data_dir / "segments" / slices[0].key
+    deadline = time.monotonic() + WAIT_S
+    while first.exists():
+        assert time.monotonic() < deadline, f"{first} was not deleted"
+        time.sleep(0.2)
+    with pytest.raises(DataLossError, match=r"offsets 0\.\.\d+ are gone \(log start is now 60"):
+        for part in planned_strict:
+            list(strict.read(part))
+    offsets = [
+        o for part in planned_lenient for b in lenient.read(part) for o in b.column("offset").to_pylist()
+    ]
+    assert offsets[-40:] == list(range(60, 100)) and len(offsets) == len(set(offsets))

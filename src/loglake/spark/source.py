@@ -134,9 +134,24 @@ def _read(sl: Slice | BrokerRange, opts: ReadOptions) -> Iterator[pa.RecordBatch
         yield from read_range(sl, opts)
         return
 
+    upto = sl.start  # the offsets below were yielded already
     try:
-        yield from read_slice(sl, opts.include_headers)
+        for batch in read_slice(sl, opts.include_headers):
+            if batch.num_rows:
+                upto = batch.column("offset")[-1].as_py() + 1
+            yield batch
     except ObjectNotFoundError:
+        if opts.hybrid:
+            # compaction or merging replaced the segment since planning, or retention deleted
+            # it: the broker has whatever is left of those offsets (and reports what is gone)
+            from loglake.spark.broker import read_range
+
+            log.info(
+                "loglake: segment %s is gone since planning; reading %s-%d offsets %d..%d through the broker",
+                sl.key, sl.topic, sl.partition, upto, sl.end - 1,
+            )  # fmt: skip
+            yield from read_range(BrokerRange(sl.topic, sl.partition, upto, sl.end), opts)
+            return
         msg = f"segment {sl.key} ({sl.topic}-{sl.partition} offsets {sl.start}..{sl.end - 1}) is gone (retention?)"
         if opts.fail_on_data_loss:
             raise DataLossError(msg + "; set failOnDataLoss=false to skip it") from None
