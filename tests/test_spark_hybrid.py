@@ -146,6 +146,14 @@ def test_kafka_options_map_to_librdkafka_or_are_refused() -> None:
         parse_write_options({"kafka.bootstrap.servers": "h:9", "kafka.sasl.jaas.config": "x"})
     w = parse_write_options({"kafka.bootstrap.servers": "h:9", "kafka.security.protocol": "SSL"})
     assert w.producer_config == {"security.protocol": "SSL"}
+    # names librdkafka does not know fail on the driver, before any task runs
+    from loglake.spark.broker import BrokerView
+
+    bad = parse_read_options(
+        {**base, "kafka.bootstrap.servers": "127.0.0.1:1", "kafka.no.such.setting": "1"}, "batch"
+    )
+    with pytest.raises(LoglakeOptionError, match=r"not valid librdkafka settings.*no\.such\.setting"):
+        BrokerView(bad)
 
 
 def test_the_seam_splits_a_partition_into_slices_and_one_broker_range() -> None:
