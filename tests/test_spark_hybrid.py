@@ -77,12 +77,15 @@ def _options(b: Broker, topic: str, **extra: str) -> dict[str, str]:
     }
 
 
-def _sealed_end(b: Broker, topic: str, partition: int) -> int:
+def _meta(b: Broker, topic: str, partition: int = 0) -> PartitionMeta:
+    """The store's published view of a partition (empty before the first publish)."""
     store = cached_store(str(b.data_dir / "segments"))
-    if not find_clusters(store):  # nothing published yet
-        return 0
-    pm = load_metadata(store).partitions.get((topic, partition))
-    return 0 if pm is None else pm.end
+    pm = load_metadata(store).partitions.get((topic, partition)) if find_clusters(store) else None
+    return pm or PartitionMeta(topic, "", partition, 0, 0, ())
+
+
+def _sealed_end(b: Broker, topic: str, partition: int) -> int:
+    return _meta(b, topic, partition).end
 
 
 def _wait_sealed(b: Broker, topic: str, partition: int, at_least: int) -> None:
@@ -469,3 +472,30 @@ def test_a_segment_gone_since_planning_is_read_through_the_broker(broker: Broker
         o for part in planned_lenient for b in lenient.read(part) for o in b.column("offset").to_pylist()
     ]
     assert offsets[-40:] == list(range(60, 100)) and len(offsets) == len(set(offsets))
+
+
+def test_tiered_segments_come_through_the_broker_without_cold_path(tmp_path: Path) -> None:
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    with serving_broker(tmp_path / "data", ["--cold-store", f"file://{cold}"]) as b:
+        topic = _topic(b, 1, **{"segment.records": "20", "hot.retain.segments": "1"})
+        for k in range(5):
+            _produce(b, topic, 20 * k, 20, 1)
+            _wait_sealed(b, topic, 0, 20 * (k + 1))
+        _produce(b, topic, 100, 7, 1)  # an unsealed tail too
+        deadline = time.monotonic() + WAIT_S
+        while not any(s.tier == "cold" for s in _meta(b, topic).segments):
+            assert time.monotonic() < deadline, "nothing was tiered"
+            time.sleep(0.2)
+        with pytest.raises(LoglakeOptionError, match="coldPath"):
+            LoglakeBatchReader(
+                parse_read_options({"path": str(b.data_dir), "subscribe": topic}, "batch")
+            ).partitions()
+        reader = LoglakeBatchReader(parse_read_options(_options(b, topic), "batch"))
+        parts = reader.partitions()
+        planned = [part.value for part in parts]  # type: ignore[attr-defined]
+        assert BrokerRange(topic, 0, 0, planned[0].end) == planned[0] and planned[0].end >= 20
+        offsets = sorted(
+            o for part in parts for batch in reader.read(part) for o in batch.column("offset").to_pylist()
+        )
+        assert offsets == list(range(107))

@@ -340,7 +340,15 @@ def ranges_for(
     broker still serves offsets it has sealed since."""
     seam = end if pm.seam is None else max(start, min(end, pm.seam))
     out: list[Slice | BrokerRange] = []
-    out.extend(slices_for(store_url, pm, start, seam, cold_url, committed=committed))
+    pos = start
+    if pm.seam is not None and not cold_url:
+        # no coldPath: the offsets of segments tiered to the cold store (the oldest ones) come
+        # through the broker, which reads its own cold tier
+        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == "cold"), default=start)
+        pos = max(start, min(cold_end, seam))
+        if pos > start:
+            out.append(BrokerRange(pm.topic, pm.partition, start, pos))
+    out.extend(slices_for(store_url, pm, pos, seam, cold_url, committed=committed))
     if seam < end:
         out.append(BrokerRange(pm.topic, pm.partition, seam, end))
     return out
