@@ -499,3 +499,6 @@ def test_tiered_segments_come_through_the_broker_without_cold_path(tmp_path: Pat
             o for part in parts for batch in reader.read(part) for o in batch.column("offset").to_pylist()
         )
         assert offsets == list(range(107))
+        # a timestamp lookup needs no coldPath either: the broker answers it
+        since = LoglakeBatchReader(parse_read_options(_options(b, topic, startingTimestamp="0"), "batch"))
+        assert since.offset_ranges() == {(topic, 0): (0, 107)}

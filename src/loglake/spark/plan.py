@@ -256,9 +256,12 @@ def resolve_offset(
         if ts is None:
             return default
     assert ts is not None
-    found = offset_for_timestamp(store, pm, ts, cold_url)
-    if found is None and tail is not None:
-        found = tail(pm.tp, ts)
+    if tail is not None and not cold_url and any(seg.tier == "cold" for seg in pm.segments):
+        found = tail(pm.tp, ts)  # tiered segments and no coldPath: the broker reads its cold tier
+    else:
+        found = offset_for_timestamp(store, pm, ts, cold_url)
+        if found is None and tail is not None:
+            found = tail(pm.tp, ts)
     if found is not None:
         return found
     if starting and strategy == "error":
