@@ -11,7 +11,7 @@ DATA_DIR ?= ./loglake-data
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,s3,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,s3,spark,cluster]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -35,7 +35,11 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
    with isolation.level read_uncommitted and read_committed (and by raw Fetch at isolation
    levels 0 and 1). `--skip-transactions` leaves it out; `--only machine,transactions,fetch-sessions`
    runs issue 15's benchmark alone (sections: machine, sizes, transactions, fetch-sessions, profile).
-5. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
+5. Security (benchmarks/security_bench.py, issue 16): produce and consume of 100 B records with
+   1 MB batches through PLAINTEXT and SASL_SSL/SCRAM-SHA-512 on a broker of its own, in the same
+   run, and SCRAM-SHA-512 authentications per second. `--skip-security` leaves it out;
+   `--only machine,security` runs it alone.
+6. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
    (self and total samples) are in the JSON and the table.
 """
 
@@ -73,6 +77,7 @@ from brokerkit import Broker  # noqa: E402
 engine_bench = load_benchmark("engine")
 fetch_sessions_bench = load_benchmark("fetch_sessions")
 txn_bench = load_benchmark("txn_bench")
+security_bench = load_benchmark("security_bench")
 pct = engine_bench.pct
 
 MiB = 1024 * 1024
@@ -86,8 +91,8 @@ TARGET_P99_MS = 10.0
 
 # What --only can name: the disk limits, the per-record-size runs (produce, consume, raw fetch,
 # half load), the transactions section (benchmarks/txn_bench.py), fetch sessions
-# (benchmarks/fetch_sessions.py) and the py-spy profile — in the order they run.
-SECTIONS = ("machine", "sizes", "transactions", "fetch-sessions", "profile")
+# (benchmarks/fetch_sessions.py), SASL_SSL against PLAINTEXT (benchmarks/security_bench.py) and the py-spy profile — in the order they run.
+SECTIONS = ("machine", "sizes", "transactions", "fetch-sessions", "security", "profile")
 
 
 def log(msg: str) -> None:
@@ -640,6 +645,8 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"produce p99 latency at half load, {size} B", v, TARGET_P99_MS, "ms", v <= TARGET_P99_MS)
     if doc.get("transactions"):
         txn_bench.targets(doc["transactions"], add)
+    if doc.get("security"):
+        security_bench.targets(doc["security"], add)
     return out
 
 
@@ -699,6 +706,8 @@ def fmt_table(doc: dict[str, Any]) -> str:
                 )
     if doc.get("transactions"):
         lines += ["", *txn_bench.table(doc["transactions"])]
+    if doc.get("security"):
+        lines += ["", *security_bench.table(doc["security"])]
     lines.append("")
     for t in doc["targets"]:
         value = f"{100 * t['value']:.0f} %" if t["unit"] == "fraction" else f"{t['value']:,.2f} {t['unit']}"
@@ -743,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-fetch-sessions", action="store_true", help="leave out the fetch-session section")
     ap.add_argument("--only-fetch-sessions", action="store_true", help="run the fetch-session section only")
     ap.add_argument("--skip-transactions", action="store_true", help="leave out the transactions section")
+    ap.add_argument("--skip-security", action="store_true", help="leave out the security (SASL_SSL) section")
     ap.add_argument(
         "--only",
         help=f"run only these sections, comma-separated, of: {', '.join(SECTIONS)} "
@@ -769,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         args.skip_machine |= "machine" not in only
         args.skip_fetch_sessions |= "fetch-sessions" not in only
         args.skip_transactions |= "transactions" not in only
+        args.skip_security |= "security" not in only
 
     parent = args.dir or str(ROOT.parent)
     work = Path(tempfile.mkdtemp(prefix="loglake-broker-bench-", dir=parent))
@@ -810,6 +821,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not args.skip_fetch_sessions:
             doc["fetch_sessions"] = fetch_sessions_bench.measure(broker.bootstrap, pid, quick=quick, metrics_url=metrics_url)
+        if not args.skip_security:
+            doc["security"] = security_bench.measure(sys.modules[__name__], work, quick=quick, count=args.records)
         if profile_s:
             size = args.profile_size
             log(f"profile: py-spy on the broker for {profile_s} s during {size} B produce ...")

@@ -2,10 +2,15 @@
 
     .venv/bin/python benchmarks/spark.py                 # 10M records of 100-byte values
     .venv/bin/python benchmarks/spark.py --records 1000000 --json out.json --profile
+    .venv/bin/python benchmarks/spark.py --records 1000000 --export
 
 Both reads run on local[2] in the same session and are forced to materialize every column
 (`write.format("noop")`); each is timed --repeat times and the best run is reported.
 `--profile` also runs cProfile on one segment slice's `read_slice` in this process.
+`--export` also times `pipeline export` of the whole topic both ways in the same session: the
+Parquet file sink (a streaming query with a checkpoint) and an Iceberg table (SQL catalog on
+SQLite, a warehouse directory), each into a fresh target, headers included in both; reported as
+rows/s and the Iceberg export's share of the Parquet export's rate (issue 17's target: 80 %).
 
     .venv/bin/python benchmarks/spark.py --hybrid --records 2000000
 
@@ -165,6 +170,48 @@ def hybrid(args: argparse.Namespace, work: Path, spark_session: Any) -> dict[str
     }
 
 
+def export_rates(spark: Any, data_dir: Path, work: Path, records: int, repeat: int) -> dict[str, Any]:
+    """Seconds of the best of `repeat` exports of the topic: the Parquet sink (headers always),
+    an Iceberg table without headers (its default) and with them (includeHeaders=true: Spark's
+    JVM-to-Arrow conversion of the array<struct> column for the writers is slow)."""
+    from loglake.spark.iceberg import export_iceberg
+    from loglake.spark.pipeline import export_query, watch
+
+    def parquet() -> None:
+        out = work / "export-parquet"
+        shutil.rmtree(out, ignore_errors=True)
+        q = export_query(spark, str(data_dir), TOPIC, str(out), source_options={})
+        assert watch(q, lambda _p: None).rows == records
+
+    def iceberg(headers: bool) -> None:
+        shutil.rmtree(work / "iceberg", ignore_errors=True)
+        (work / "iceberg").mkdir()
+        result = export_iceberg(
+            spark,
+            str(data_dir),
+            TOPIC,
+            catalog_uri=f"sqlite:///{work}/iceberg/catalog.db",
+            table_name="bench.t",
+            warehouse=str(work / "iceberg" / "warehouse"),
+            source_options={"includeHeaders": str(headers).lower()},
+        )
+        assert result.rows == records
+
+    parquet_s = timed(parquet, repeat)
+    iceberg_s = timed(lambda: iceberg(False), repeat)
+    headers_s = timed(lambda: iceberg(True), repeat)
+    return {
+        "export_parquet_s": round(parquet_s, 3),
+        "export_parquet_rows_per_s": round(records / parquet_s),
+        "export_iceberg_s": round(iceberg_s, 3),
+        "export_iceberg_rows_per_s": round(records / iceberg_s),
+        "export_iceberg_ratio_to_parquet": round(parquet_s / iceberg_s, 3),
+        "export_iceberg_headers_s": round(headers_s, 3),
+        "export_iceberg_headers_rows_per_s": round(records / headers_s),
+        "export_iceberg_headers_ratio_to_parquet": round(parquet_s / headers_s, 3),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=10_000_000)
@@ -180,6 +227,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--hybrid", action="store_true", help="hybrid read with a 10 %% unsealed tail vs the same data sealed"
+    )
+    ap.add_argument(
+        "--export", action="store_true", help="also time pipeline export: Parquet sink vs Iceberg table"
     )
     args = ap.parse_args()
 
@@ -240,6 +290,7 @@ def main() -> None:
             lambda: spark.read.parquet(str(parquet_dir)).write.format("noop").mode("overwrite").save(),
             args.repeat,
         )
+        exports = export_rates(spark, data_dir, work, args.records, args.repeat) if args.export else {}
         spark.stop()
         result = {
             "records": args.records,
@@ -254,7 +305,12 @@ def main() -> None:
             "parquet_s": round(parquet_s, 3),
             "parquet_records_per_s": round(args.records / parquet_s),
             "ratio_to_parquet": round(parquet_s / loglake_s, 3),
-            "targets": {"records_per_s": 2_000_000, "ratio_to_parquet": 0.25},
+            **exports,
+            "targets": {
+                "records_per_s": 2_000_000,
+                "ratio_to_parquet": 0.25,
+                "export_iceberg_ratio_to_parquet": 0.8,
+            },
         }
         print(json.dumps(result, indent=2))
         print()
@@ -262,6 +318,15 @@ def main() -> None:
         print(f"{'loglake':<10} {loglake_s:>9.3f} {result['loglake_records_per_s']:>14,}")
         print(f"{'parquet':<10} {parquet_s:>9.3f} {result['parquet_records_per_s']:>14,}")
         print(f"loglake reads at {result['ratio_to_parquet']:.0%} of the Parquet rate")
+        if exports:
+            print()
+            print(f"{'export':<10} {'seconds':>9} {'rows/s':>14}")
+            for name in ("parquet", "iceberg", "iceberg_headers"):
+                secs, rate = exports[f"export_{name}_s"], exports[f"export_{name}_rows_per_s"]
+                print(f"{name:<10} {secs:>9.3f} {rate:>14,}")
+            print(
+                f"the Iceberg export runs at {exports['export_iceberg_ratio_to_parquet']:.0%} of the Parquet export's rate"
+            )
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         if args.profile:

@@ -62,6 +62,11 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
          "last_ms": 2, "parts": [[TID, 0, 3]], "groups": [], "offsets": {}, "markers": [[TID, 0, 7]]},
     ),
     ("acked", {"parts": [[TID, 0, 5], [TID, 1, 0]]}),
+    ("acls", {"created": [[2, "t", 4, "User:alice", "*", 3, 3], [3, "g", 3, "User:*", "*", 2, 2]],
+              "deleted": [[3, "g", 3, "User:*", "*", 2, 2]]}),
+    ("scram_credential", {"user": "alice", "mechanism": "SCRAM-SHA-256",
+                          "cred": {"salt": "c2FsdA==", "iterations": 4096, "stored_key": "AA==", "server_key": "AA=="}}),
+    ("scram_credential", {"user": "alice", "mechanism": "SCRAM-SHA-256", "cred": None}),
     (
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},

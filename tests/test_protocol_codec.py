@@ -201,8 +201,8 @@ def _header(api_key: int, version: int, corr: int, client_id: bytes = b"c") -> b
 
 def test_unknown_api_and_unsupported_versions() -> None:
     with pytest.raises(UnknownApiError) as ei:
-        decode_request(_header(17, 1, 4))  # SaslHandshake: not served
-    assert (ei.value.api_key, ei.value.correlation_id) == (17, 4)
+        decode_request(_header(4, 1, 4))  # LeaderAndIsr: between brokers, never served
+    assert (ei.value.api_key, ei.value.correlation_id) == (4, 4)
     with pytest.raises(UnknownApiError):
         decode_request(_header(-3, 0, 4))
     with pytest.raises(UnsupportedVersionError) as eu:

@@ -26,6 +26,8 @@ def test_within_schema(api_key: int) -> None:
 def test_all_requested_apis_present() -> None:
     wanted = {18, 3, 0, 1, 2, 10, 11, 14, 12, 13, 8, 9, 16, 15, 42, 19, 20, 37, 32, 33, 44, 21, 22, 60, 23, 35, 47, 61, 68, 69}
     wanted |= {24, 25, 26, 28, 65, 66}  # transactions
+    wanted |= {29, 30, 31}  # ACLs
+    wanted |= {17, 36, 50, 51}  # SASL and SCRAM credentials
     assert set(SUPPORTED) == wanted
 
 

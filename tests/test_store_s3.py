@@ -247,6 +247,11 @@ def test_parse_s3_url_options() -> None:
         "s3://b/a/../c",
         "s3://b/p?part_size=1024",
         "s3://b/p?list_page_size=5000",
+        "s3://b/p?sse=aes256",
+        "s3://b/p?sse=",
+        "s3://b/p?sse=AES256&sse_kms_key_id=k",
+        "s3://b/p?sse_kms_key_id=k",
+        "s3://b/p?sse=aws:kms&sse_kms_key_id=",
     ],
 )
 def test_bad_s3_urls(url: str) -> None:
@@ -268,6 +273,36 @@ def test_open_store_s3_url(moto_endpoint: str, bucket: str, monkeypatch: pytest.
         f"s3://{bucket}?endpoint_url=http%3A%2F%2F127.0.0.1%3A{moto_endpoint.rsplit(':', 1)[1]}"
         "&region=us-east-1&path_style=true"
     )
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"sse": "AES256"}, {"ServerSideEncryption": "AES256"}),
+        (
+            {"sse": "aws:kms", "sse_kms_key_id": "alias/loglake"},
+            {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": "alias/loglake"},
+        ),
+    ],
+)
+def test_server_side_encryption_on_every_upload(
+    moto_endpoint: str, bucket: str, s3_client: Any, query: dict[str, str], expected: dict[str, str]
+) -> None:
+    """`?sse=` asks S3 to encrypt each object it stores, single PutObject and multipart alike."""
+    kw = parse_s3_url(store_url(moto_endpoint, bucket, "enc", **query))
+    assert {k: kw[k] for k in query} == query
+    store = make_store(moto_endpoint, bucket, "enc", multipart_threshold=MIN_PART_SIZE, part_size=MIN_PART_SIZE,
+                       sse=kw["sse"], sse_kms_key_id=kw.get("sse_kms_key_id"))
+    small, large = b"x" * 100, b"y" * (MIN_PART_SIZE + 10)
+    store.put("small", [small])
+    store.put("large", [large])
+    for key, body in (("small", small), ("large", large)):
+        head = s3_client.head_object(Bucket=bucket, Key=f"enc/{key}")
+        got = {k: head.get(k) for k in expected}
+        assert got == expected, (key, head)
+        assert store.get(key) == body
+    assert store.requests["CreateMultipartUpload"] == 1
     store.close()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -31,6 +31,9 @@ class Pki:
     expired: Pair  # client CN=old, expired yesterday
     untrusted: Pair  # client CN=mallory, signed by another CA
     untrusted_ca: Path
+    #: More trusted clients, CN=<name>,O=loglake, by name (`make_pki(..., clients=[...])`): the
+    #: principals of ACL tests.
+    clients: dict[str, Pair] = field(default_factory=dict)
 
 
 def _name(**parts: str) -> x509.Name:
@@ -91,7 +94,7 @@ def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey, 
     return Pair(cert_path, key_path)
 
 
-def make_pki(directory: Path) -> Pki:
+def make_pki(directory: Path, clients: tuple[str, ...] = ()) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, other_key = _key(), _key()
     ca_name, other_name = _name(O="loglake-test", CN="loglake test CA"), _name(O="elsewhere", CN="untrusted CA")
@@ -110,6 +113,10 @@ def make_pki(directory: Path) -> Pki:
         expired=_write(directory / "old", _cert(_name(O="loglake", CN="old"), old_key, ca_name, ca_key, expired=True), old_key),
         untrusted=_write(directory / "mallory", _cert(_name(CN="mallory"), mallory_key, other_name, other_key), mallory_key),
         untrusted_ca=directory / "other-ca.crt",
+        clients={
+            name: _write(directory / f"client-{name}", _cert(_name(O="loglake", CN=name), key, ca_name, ca_key), key)
+            for name, key in ((name, _key()) for name in clients)
+        },
     )
 
 

@@ -247,3 +247,56 @@ class InvalidProducerEpochError(LoglakeError):
     """A batch from an older epoch of a producer id that has since moved on (fenced)."""
 
     kafka_code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class EtcdUnavailableError(LoglakeError):
+    """No etcd endpoint answered within the deadline (cluster mode's metadata store). The call may
+    work once etcd is back; what it was doing was not committed."""
+
+    kafka_code = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+
+class MetaFencedError(LoglakeError):
+    """A conditional metadata append whose guard no longer holds (a newer leader epoch took the
+    partition): nothing was committed. Clients refresh metadata and go to the new leader."""
+
+    kafka_code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+    retriable = True
+
+
+class MetaRecordRejectedError(LoglakeError):
+    """A committed metadata record that did not apply to the state when its turn came (written from
+    a stale view; cluster mode): every store skips it alike, and its writer's append fails."""
+
+
+class NodeIdInUseError(LoglakeError):
+    """Another live broker holds this node id's lease in the cluster (cluster mode)."""
+
+
+class FlushFailedError(LoglakeError):
+    """A flush of cluster mode's shared object failed (its PUT after the retries, or the commit of
+    its index): every append of that flush fails with this, none is acknowledged, and the appends
+    of other flushes are untouched. Retriable; the code is the commit's own when it had one (a
+    fenced leader's NOT_LEADER_OR_FOLLOWER), else REQUEST_TIMED_OUT, which every client retries."""
+
+    kafka_code: int = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+    def __init__(self, key: str, stage: str, cause: BaseException) -> None:
+        super().__init__(f"flush object {key}: {stage} failed: {cause}")
+        self.key = key
+        self.stage = stage
+        self.cause = cause
+        if isinstance(cause, LoglakeError) and cause.retriable:
+            self.kafka_code = cause.kafka_code
+
+
+class MergeConflictError(LoglakeError):
+    """A merge found a different segment already at the key it was about to write (another merger
+    of the same partition got there first, or a stale one is still running): it writes nothing,
+    and the metadata decides which segment counts. Not retried: the caller re-reads the metadata."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"merged segment {key}: {detail}")
+        self.key = key

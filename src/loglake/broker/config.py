@@ -38,6 +38,18 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
     return parse(value, what)
 
 
+def split_principals(value: list[str] | str, source: str) -> list[str]:
+    """`super_users` as a list of ``Type:name`` principals (Kafka separates them with ``;``; a
+    comma works too), or ConfigError naming the bad entry."""
+    items = [value] if isinstance(value, str) else list(value)
+    out = [p.strip() for item in items for part in item.split(";") for p in part.split(",") if p.strip()]
+    for principal in out:
+        kind, sep, name = principal.partition(":")
+        if not sep or not kind or not name:
+            raise ConfigError(f"super_users={principal!r} (from {source}): expected a principal like User:admin")
+    return out
+
+
 @dataclass
 class BrokerConfig:
     #: `serve --accept-data-loss` only (not a dataclass field, so no setting): open a data
@@ -61,8 +73,19 @@ class BrokerConfig:
     ssl_client_auth: str = "none"
     #: Kafka's ssl.principal.mapping.rules: client certificate subject DN -> principal name.
     ssl_principal_mapping_rules: str = "DEFAULT"
+    #: Kafka's sasl.enabled.mechanisms: what SASL listeners offer (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
+    sasl_enabled_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+    #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
+    #: authentication failed is kept (answered, then closed) before it is closed.
+    connection_failed_authentication_delay_ms: int = 100
     #: Start even when a listener without client authentication is bound to a non-loopback address.
     allow_unauthenticated_public_listener: bool = False
+    #: Kafka's super.users: principals (``User:admin``) every ACL check allows (docs/SECURITY.md, ACLs).
+    super_users: list[str] = field(default_factory=list)
+    #: Kafka's allow.everyone.if.no.acl.found: whether a resource no ACL names is open to everyone.
+    #: Unset: true while no listener authenticates anyone (every client is User:ANONYMOUS), false
+    #: once one does (SASL_*, or SSL with ssl_client_auth requested/required); see `acl_default_allow`.
+    allow_everyone_if_no_acl_found: bool | None = None
     node_id: int = 0
     auto_create_topics: bool = True
     default_partitions: int = 1
@@ -126,6 +149,10 @@ class BrokerConfig:
                 f"expected one of {', '.join(CLIENT_AUTH)}"
             )
         PrincipalMapper(self.ssl_principal_mapping_rules)
+        self.super_users = split_principals(self.super_users, self.sources.get("super_users", "default"))
+        from loglake.broker.sasl import enabled_mechanisms
+
+        enabled_mechanisms(self.sasl_enabled_mechanisms)
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
@@ -140,7 +167,7 @@ class BrokerConfig:
             raise ConfigError(str(exc)) from None
 
     def listeners(self) -> list[Listener]:
-        """The listeners, checked: parseable, one per protocol, SSL ones with a certificate, no SASL yet."""
+        """The listeners, checked: parseable, one per protocol, SSL and SASL_SSL ones with a certificate."""
         from loglake.broker.listeners import match_advertised, parse_listeners, split_list
 
         self.listen = split_list(self.listen)
@@ -148,14 +175,18 @@ class BrokerConfig:
         listeners = parse_listeners(self.listen, "--listen")
         match_advertised(listeners, self.advertised_listener)
         for lst in listeners:
-            if lst.sasl:
-                raise ConfigError(
-                    f"--listen {lst.url()}: {lst.protocol} needs SASL, which loglake does not implement yet "
-                    "(it comes later, issue 16); use PLAINTEXT or SSL (with --ssl-client-auth required for mTLS)"
-                )
             if lst.tls and not self.ssl_cert:
-                raise ConfigError(f"--listen {lst.url()}: an SSL listener needs --ssl-cert (and --ssl-key unless the key is in that PEM file)")
+                raise ConfigError(f"--listen {lst.url()}: a {lst.protocol} listener needs --ssl-cert (and --ssl-key unless the key is in that PEM file)")
         return listeners
+
+    def acl_default_allow(self) -> bool:
+        """allow.everyone.if.no.acl.found as set, else whether no listener authenticates anyone."""
+        if self.allow_everyone_if_no_acl_found is not None:
+            return self.allow_everyone_if_no_acl_found
+        for lst in self.listeners():
+            if lst.sasl or (lst.tls and self.ssl_client_auth in ("requested", "required")):
+                return False
+        return True
 
     def consumer_group_limits(self) -> ConsumerLimits:
         """The `group.consumer.*` settings as the coordinator's ConsumerLimits."""

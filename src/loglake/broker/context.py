@@ -13,6 +13,7 @@ from loglake.broker.metrics import Metrics
 from loglake.engine import Engine
 
 if TYPE_CHECKING:
+    from loglake.broker.authorizer import Authorizer
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
@@ -34,8 +35,12 @@ class BrokerContext:
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
     group_configs: GroupConfigStore | None = None
+    #: loglake.broker.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
+    sasl: Any = None
     #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
     fetch_sessions: FetchSessionCache | None = None
+    #: The ACL authorizer (loglake.broker.authorizer), set by the server; None allows everything.
+    authorizer: Authorizer | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

@@ -170,6 +170,17 @@ def check_exposure(listeners: list[Listener], ssl_client_auth: str, allowed: boo
         )
 
 
+def canonical_host_name() -> str:
+    """What a wildcard listener advertises: `socket.getfqdn()` (Kafka takes the canonical host name
+    too), or the plain host name when that resolves to a loopback name such as "localhost"."""
+    fqdn = socket.getfqdn()
+    if fqdn == "localhost" or fqdn.startswith("localhost."):
+        name = socket.gethostname()
+        if name and not name.startswith("localhost"):
+            return name
+    return fqdn
+
+
 __all__ = [
     "PLAINTEXT",
     "SASL_PLAINTEXT",
@@ -178,6 +189,7 @@ __all__ = [
     "SSL",
     "WILDCARD_HOSTS",
     "Listener",
+    "canonical_host_name",
     "check_exposure",
     "exposed_without_authentication",
     "is_loopback",

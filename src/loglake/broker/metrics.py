@@ -34,6 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from loglake.broker.sasl import SaslStats
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,8 @@ class Metrics:
         self.produce_throttled = 0
         self.produce_throttle_ms = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
+        #: SASL failures per principal and source, successes per mechanism (loglake.broker.sasl).
+        self.sasl = SaslStats()
         self.ready = False
         #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.
         self.fetch_sessions: Any = None
@@ -203,6 +206,7 @@ class _StateCollector:
         for kind, n in sorted(m.protocol_errors.items()):
             errors.add_metric([kind], n)
         yield errors
+        yield from m.sasl.families()
         if m.fetch_sessions is not None:
             yield from _fetch_session_families(m.fetch_sessions)
         engine = m._engine

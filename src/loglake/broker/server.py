@@ -29,7 +29,9 @@ client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limit
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
-buffered chunks (`_send_file_range`).
+buffered chunks (`_send_file_range`). On a SASL listener a connection carries a `SaslSession`
+(`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller frames, until it
+authenticates; `close_after_write` closes a connection once a refusal has been sent.
 """
 
 from __future__ import annotations
@@ -40,20 +42,28 @@ import functools
 import importlib
 import logging
 import os
-import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker import overload
+from loglake.broker.authorized import CURRENT_API
+from loglake.broker.authorizer import broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
-from loglake.broker.listeners import PLAINTEXT, WILDCARD_HOSTS, Listener, is_loopback, match_advertised
+from loglake.broker.listeners import (
+    PLAINTEXT,
+    WILDCARD_HOSTS,
+    Listener,
+    canonical_host_name,
+    is_loopback,
+    match_advertised,
+)
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
 from loglake.broker.protocol import (
     DecodedRequest,
@@ -66,9 +76,11 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
+from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslAuthenticator, SaslSession
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
-from loglake.broker.tls import PrincipalMapper, SecurityContext, server_context, upgrade
+from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
 from loglake.broker.txn import TxnCoordinator, TxnSettings
+from loglake.broker.users_inbox import serve_inbox
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.errors import ListenError, UnknownTopicError
@@ -115,10 +127,15 @@ class Connection:
         )
         self.busy = 0  # requests being handled (shutdown waits for these)
         self.closing = False
+        #: SASL state on SASL listeners (loglake.broker.sasl); seconds to wait after the next response, then close.
+        self.sasl = SaslSession(self) if self.security.listener.sasl else None
+        self.close_after_write: float | None = None
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
-        decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        decoder = self.decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        if self.sasl is not None:  # until authenticated (the session lifts it)
+            decoder.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, decoder.max_frame_bytes)
         gate = self.server.request_bytes
         partial = 0  # bytes of the frame in progress counted in `gate` (its declared size once reserved)
         try:
@@ -163,6 +180,8 @@ class Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            if self.sasl is not None:
+                self.sasl.close()
             gate.add(-partial)
             await self._queue.put(None)
             try:
@@ -188,6 +207,8 @@ class Connection:
         except (UnknownApiError, MalformedRequestError, ProtocolError) as exc:
             self._protocol_error(type(exc).__name__, exc)
             return False
+        if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key)):
+            return False
         task = asyncio.ensure_future(self._handle(req))
         self.server.request_bytes.add(len(frame))
         await self._queue.put((req, task, len(frame)))
@@ -196,6 +217,7 @@ class Connection:
     async def _handle(self, req: DecodedRequest) -> list[Any] | None:
         handler = HANDLERS.get(req.api_key)
         name = api_name(req.api_key)
+        CURRENT_API.set(name)  # this request's task only: the audit log names the API
         started = time.perf_counter()
         self.busy += 1
         error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless the handler's answer is made
@@ -259,6 +281,11 @@ class Connection:
                         self._write(buf)
                         self.ctx.metrics.bytes_out += len(buf)
                 await self.writer.drain()
+                if self.close_after_write is not None:  # a refused SASL handshake or authentication
+                    await asyncio.sleep(self.close_after_write)
+                    self.closing = True
+                    self._close_transport()
+                    return
             except (ConnectionError, OSError) as exc:
                 self.server.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
                 self.closing = True
@@ -306,6 +333,8 @@ class Connection:
                 kind = "http" if "HTTP" in hint else "tls"
                 limited.warning((kind, self.peer_host), "closing %s: %s", self.peer, hint)
                 return
+            if self.sasl is not None and self.sasl.frame_too_large(exc.size):
+                return
             if exc.size > exc.limit:
                 limited.warning(
                     (kind, self.peer_host),
@@ -321,17 +350,6 @@ class Connection:
             self.writer.close()
         except Exception:  # already closed by the peer
             pass
-
-
-def canonical_host_name() -> str:
-    """What a wildcard listener advertises: `socket.getfqdn()` (Kafka takes the canonical host name
-    too), or the plain host name when that resolves to a loopback name such as "localhost"."""
-    fqdn = socket.getfqdn()
-    if fqdn == "localhost" or fqdn.startswith("localhost."):
-        name = socket.gethostname()
-        if name and not name.startswith("localhost"):
-            return name
-    return fqdn
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
@@ -350,6 +368,7 @@ class BrokerServer:
         self._metrics_server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
+        self._users_inbox: asyncio.Task[None] | None = None
         self.metrics = Metrics()
         #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
         self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes)
@@ -431,6 +450,7 @@ class BrokerServer:
             self.endpoints.append((lst, (adv_host, adv_port)))
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
         self.ctx.broker_configs = BrokerConfigs(
@@ -442,6 +462,7 @@ class BrokerServer:
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
+        self.ctx.authorizer = broker_authorizer(self.config, engine)
         self.ctx.coordinator = self._make_coordinator(engine)
         self.ctx.txn = TxnCoordinator(
             engine,
@@ -456,6 +477,7 @@ class BrokerServer:
         )
         await self.ctx.txn.start()  # completes transactions a crash left in a prepare state
         self._log_flusher = asyncio.create_task(self._flush_logs())
+        self._users_inbox = asyncio.create_task(serve_inbox(self.ctx))  # `loglake users` while we run
         self.metrics.ready = True
         if self.config.port_file:
             tmp = f"{self.config.port_file}.tmp"
@@ -511,7 +533,8 @@ class BrokerServer:
         security = SecurityContext(bound, advertised)
         if listener.tls:
             try:
-                if not await self._tls_handshake(writer, security):
+                assert self._tls is not None
+                if not await handshake_or_close(writer, self._tls, security, self._principals, self.metrics, self.limited):
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
                 writer.transport.abort()
@@ -533,30 +556,14 @@ class BrokerServer:
             self._connections.discard(conn)
             self.metrics.connections_open -= 1
 
-    async def _tls_handshake(self, writer: asyncio.StreamWriter, security: SecurityContext) -> bool:
-        """Upgrade an accepted connection to TLS (`loglake.broker.tls.upgrade`); False, with the
-        connection closed and one rate-limited line, when that fails."""
-        assert self._tls is not None
-        failure = await upgrade(writer, self._tls, security, self._principals)
-        if failure is None:
-            return True
-        peer = writer.get_extra_info("peername")
-        shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self.metrics.protocol_errors["tls_handshake"] += 1
-        self.limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown),
-                             "closing %s: %s", shown, failure)
-        try:
-            writer.transport.abort()
-        except Exception:  # already gone
-            pass
-        return False
-
     async def shutdown(self) -> None:
         """Stop accepting, let in-flight requests finish, then seal, snapshot and release."""
         log.info("shutting down: %d connections open", len(self._connections))
         self.metrics.ready = False
         for server in self._servers:
             server.close()
+        if self._users_inbox is not None:
+            self._users_inbox.cancel()
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while any(c.busy for c in self._connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)

@@ -51,6 +51,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "group_max_session_timeout_ms": (1, INT32_MAX),
     "offsets_retention_minutes": (1, 10 * 365 * 24 * 60),
     "log_rate_limit_ms": (0, 24 * 3600 * 1000),
+    "connection_failed_authentication_delay_ms": (0, 60_000),
     "max_incremental_fetch_session_cache_slots": (0, 1_000_000),
     "min_incremental_fetch_session_eviction_ms": (100, 24 * 3600 * 1000),
     "fetch_session_max_partitions": (1, 1_000_000),

@@ -206,12 +206,33 @@ async def upgrade(
     return None
 
 
+async def handshake_or_close(
+    writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper,
+    metrics: Any, limited: Any,
+) -> bool:
+    """`upgrade` an accepted connection; False, with the connection closed, one rate-limited line
+    (`limited`: the server's RateLimitedLog) and the protocol-error count, when that fails."""
+    failure = await upgrade(writer, context, security, mapper)
+    if failure is None:
+        return True
+    peer = writer.get_extra_info("peername")
+    shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+    metrics.protocol_errors["tls_handshake"] += 1
+    limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown), "closing %s: %s", shown, failure)
+    try:
+        writer.transport.abort()
+    except Exception:  # already gone
+        pass
+    return False
+
+
 __all__ = [
     "ANONYMOUS",
     "CLIENT_AUTH",
     "HANDSHAKE_TIMEOUT_S",
     "PrincipalMapper",
     "SecurityContext",
+    "handshake_or_close",
     "server_context",
     "subject_dn",
     "upgrade",

@@ -30,7 +30,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics
+from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics, users
 from loglake.cli.common import (
     DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
@@ -78,6 +78,7 @@ app.command("serve")(serve.serve)
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(groups.app, name="groups")
 app.add_typer(configs.app, name="configs")
+app.add_typer(users.app, name="users")
 
 
 def _version(value: bool) -> None:

@@ -1,4 +1,5 @@
-"""`loglake pipeline export|verify`: Spark jobs over a loglake segment store.
+"""`loglake pipeline export|verify|compact-table`: Spark jobs over a loglake segment store, and
+the small-file compaction of the Iceberg tables export lands.
 
 pyspark is imported only when a command runs (`pip install loglake[spark]`), so the rest of
 the CLI works without it.
@@ -14,7 +15,8 @@ from loglake.cli.common import CliError, error_line, parse_pairs, stderr_console
 
 app = typer.Typer(
     name="pipeline",
-    help="Spark pipelines over loglake segments: export a topic to Parquet, verify every segment.",
+    help="Spark pipelines over loglake segments: export a topic to Parquet or an Iceberg table, "
+    "verify every segment, compact an exported Iceberg table.",
     no_args_is_help=True,
 )
 
@@ -47,8 +49,20 @@ def _spark(master: str, app_name: str, conf: list[str] | None) -> Any:
 def export(
     path: PathOption,
     topic: Annotated[str, typer.Option("--topic", help="Topic to export.")],
-    to: Annotated[str, typer.Option("--to", help="Output directory or URL of the table.")],
-    fmt: Annotated[str, typer.Option("--format", help="Output format (Spark file sink).")] = "parquet",
+    to: Annotated[
+        str,
+        typer.Option("--to", help="Output directory or URL (parquet); the warehouse (iceberg)."),
+    ],
+    fmt: Annotated[
+        str, typer.Option("--format", help="parquet (Spark file sink, default) or iceberg (a table).")
+    ] = "parquet",
+    catalog_uri: Annotated[
+        str | None,
+        typer.Option("--catalog-uri", help="Iceberg catalog: sqlite:///FILE (SQL catalog) or a REST URL."),
+    ] = None,
+    table: Annotated[
+        str | None, typer.Option("--table", help="Iceberg table NAMESPACE.NAME (created if missing).")
+    ] = None,
     value_schema: Annotated[
         str | None,
         typer.Option(
@@ -77,15 +91,33 @@ def export(
     option: OptionOption = None,
     conf: ConfOption = None,
 ) -> None:
-    """Export a topic to a table partitioned by date and partition, exactly once (checkpointed)."""
+    """Export a topic exactly once: to Parquet partitioned by date and partition (checkpointed),
+    or to an Iceberg table partitioned by day(timestamp) whose snapshots record the offsets."""
     if value_schema and value_format:
         raise typer.BadParameter("give --value-schema or --value-format, not both")
+    if fmt == "iceberg":
+        if not catalog_uri or not table:
+            raise typer.BadParameter("--format iceberg needs --catalog-uri and --table")
+        if checkpoint:
+            raise typer.BadParameter("--format iceberg keeps its offsets in the table: no --checkpoint")
+        from loglake.spark.iceberg import catalog_properties, split_name
+
+        split_name(table)  # bad names fail here, before Spark starts
+        catalog_properties(catalog_uri, None, {})
+    elif catalog_uri or table:
+        raise typer.BadParameter("--catalog-uri and --table are for --format iceberg")
     if isolation not in ("read_committed", "read_uncommitted"):
         raise typer.BadParameter(f"--isolation must be read_committed or read_uncommitted, not {isolation!r}")
     source_options = parse_pairs(option, "--option")
     if not any(k.lower() == "kafka.isolation.level" for k in source_options):
         source_options["kafka.isolation.level"] = isolation
     spark = _spark(master, f"loglake-export-{topic}", conf)
+    if fmt == "iceberg":
+        assert catalog_uri and table
+        _export_iceberg(
+            spark, path, topic, to, catalog_uri, table, value_schema, value_format, continuous, source_options
+        )
+        return
     from loglake.spark.pipeline import export_query, watch
 
     out = stdout_console()
@@ -115,6 +147,77 @@ def export(
         spark.stop()
     out.print(
         f"export done: {result.rows} rows in {result.batches} micro-batches, {result.seconds:.1f}s -> {to}",
+        markup=False,
+    )
+
+
+def _export_iceberg(
+    spark: Any,
+    path: str,
+    topic: str,
+    warehouse: str,
+    catalog_uri: str,
+    table: str,
+    value_schema: str | None,
+    value_format: str | None,
+    continuous: float | None,
+    source_options: dict[str, str],
+) -> None:
+    from loglake.spark.iceberg import IcebergBatch, export_iceberg
+
+    out = stdout_console()
+
+    def progress(b: IcebergBatch) -> None:
+        rate = b.rows / b.seconds if b.seconds > 0 else 0.0
+        out.print(
+            f"batch {b.batch}: {b.rows} rows in {b.files} files ({rate:,.0f} rows/s), snapshot {b.snapshot_id}",
+            markup=False,
+        )
+
+    try:
+        result = export_iceberg(
+            spark,
+            path,
+            topic,
+            catalog_uri=catalog_uri,
+            table_name=table,
+            warehouse=warehouse,
+            value_schema=value_schema,
+            value_format=value_format,
+            continuous=continuous,
+            source_options=source_options,
+            on_batch=progress,
+        )
+    finally:
+        spark.stop()
+    out.print(
+        f"export done: {result.rows} rows in {result.batches} micro-batches, {result.seconds:.1f}s -> {table}",
+        markup=False,
+    )
+
+
+@app.command("compact-table")
+def compact_table(
+    catalog_uri: Annotated[
+        str, typer.Option("--catalog-uri", help="Iceberg catalog: sqlite:///FILE or a REST URL.")
+    ],
+    table: Annotated[str, typer.Option("--table", help="Iceberg table NAMESPACE.NAME.")],
+    option: OptionOption = None,
+) -> None:
+    """Rewrite each day partition's small files of an Iceberg table into one, in one snapshot."""
+    try:
+        from loglake.spark.iceberg import compact_table as compact
+        from loglake.spark.iceberg import open_catalog
+    except ImportError as exc:
+        raise CliError(f"compact-table needs pyiceberg: pip install 'loglake[spark]' ({exc})") from None
+    catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"))
+    result = compact(catalog, table)
+    if not result.partitions:
+        stdout_console().print(f"compact-table: nothing to compact in {table}", markup=False)
+        return
+    stdout_console().print(
+        f"compact-table: {result.files_before} files in {result.partitions} partitions -> "
+        f"{result.files_after} files, snapshot {result.snapshot_id}",
         markup=False,
     )
 

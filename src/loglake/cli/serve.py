@@ -63,11 +63,26 @@ def serve(
             help="Kafka's ssl.principal.mapping.rules: RULE:pattern/replacement/[LU] and DEFAULT, comma-separated.",
         ),
     ] = None,
+    sasl_enabled_mechanisms: Annotated[
+        str | None,
+        typer.Option("--sasl-enabled-mechanisms", help="Mechanisms SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (comma-separated)."),
+    ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
         typer.Option(
             "--allow-unauthenticated-public-listener",
             help="Start even though a listener without client authentication is on a non-loopback address.",
+        ),
+    ] = None,
+    super_users: Annotated[
+        str | None,
+        typer.Option("--super-users", help="Principals every ACL allows, comma-separated: User:admin,User:ops."),
+    ] = None,
+    allow_everyone_if_no_acl_found: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-everyone-if-no-acl-found/--no-allow-everyone-if-no-acl-found",
+            help="Whether a resource no ACL names is open to everyone (default: only while no listener authenticates).",
         ),
     ] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="TOML file with broker settings.")] = None,
@@ -102,7 +117,10 @@ def serve(
         "ssl_ca": ssl_ca,
         "ssl_client_auth": ssl_client_auth,
         "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
+        "sasl_enabled_mechanisms": sasl_enabled_mechanisms,
         "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
+        "super_users": super_users,
+        "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,
         "auto_create_topics": auto_create_topics,
         "default_partitions": default_partitions,
     }

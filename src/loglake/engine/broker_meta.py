@@ -100,3 +100,46 @@ class BrokerMetaMixin:
         eng.config.cleaner_io_max_bytes_per_second = bytes_per_s
         if eng._cleaner is not None:
             eng._cleaner.limiter.set_rate(bytes_per_s)
+
+    # ==== ACL bindings (loglake.meta.acls; the broker's authorizer decides with them) ==================
+
+    def acl_bindings(self) -> list[tuple[int, str, int, str, str, int, int]]:
+        """The stored ACL bindings, in creation order."""
+        eng = self._eng()
+        return eng.catalog.acl_bindings()
+
+    def save_acls(self, created: list[list[Any]], deleted: list[list[Any]]) -> None:
+        """Record ACL bindings created and deleted, as one `acls` record; durable on return."""
+        eng = self._eng()
+        eng._check_open()
+        eng.catalog.save_acls(created, deleted).result()
+
+    # ==== SCRAM credentials (loglake.meta.scram): the broker's SASL authenticator reads them =========
+
+    def scram_credentials(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """A copy of every stored credential: user -> mechanism -> credential doc."""
+        catalog = self._eng().catalog
+        read = getattr(catalog.meta, "read", None)
+
+        def copy(state: Any) -> dict[str, dict[str, dict[str, Any]]]:
+            return {user: {m: dict(c) for m, c in mechs.items()} for user, mechs in state.scram.items()}
+
+        return copy(catalog.state) if read is None else cast("dict[str, dict[str, dict[str, Any]]]", read(copy))
+
+    def scram_credential(self, user: str, mechanism: str) -> dict[str, Any] | None:
+        """The stored credential doc of one user and mechanism, or None."""
+        catalog = self._eng().catalog
+        read = getattr(catalog.meta, "read", None)
+
+        def one(state: Any) -> dict[str, Any] | None:
+            cred = state.scram.get(user, {}).get(mechanism)
+            return None if cred is None else dict(cred)
+
+        return one(catalog.state) if read is None else cast("dict[str, Any] | None", read(one))
+
+    def save_scram_credential(self, user: str, mechanism: str, cred: dict[str, Any] | None) -> None:
+        """Set (or with None remove) one user's credential for one mechanism; durable on return.
+        ValueError when the record is refused (too many users, a bad body): nothing was logged."""
+        eng = self._eng()
+        eng._check_open()
+        eng.catalog.meta.append("scram_credential", {"user": user, "mechanism": mechanism, "cred": cred}).result()

@@ -275,6 +275,22 @@ class Catalog:
         return self.meta.append("group_config", {"g": key, "configs": dict(configs)})
 
 
+    # ---- ACL bindings (loglake.meta.acls; the broker's authorizer owns their meaning) ---------
+
+    def acl_bindings(self) -> list[tuple[int, str, int, str, str, int, int]]:
+        """The ACL bindings, in creation order."""
+        read = getattr(self.meta, "read", None)
+
+        def copy(state: MetaState) -> list[tuple[int, str, int, str, str, int, int]]:
+            return list(state.acls)
+
+        return read(copy) if read is not None else copy(self.state)
+
+    def save_acls(self, created: list[list[Any]], deleted: list[list[Any]]) -> Future[int]:
+        """Record ACL bindings created and deleted (one `acls` record)."""
+        return self.meta.append("acls", {"created": created, "deleted": deleted})
+
+
 def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list[int]]:
     """The newest PRODUCER_BATCHES_PER_SEAL batches per producer id, oldest first."""
     per: dict[int, list[tuple[int, int, int, int, int]]] = {}

@@ -44,6 +44,10 @@ leader_epoch       {id, p, epoch, start, reason} → a new leader epoch of the p
 txn                {tid, pid, epoch, state, parts, ...} → a transactional id's state, replaced,
                    and its partitions' open/aborted transactions (loglake.meta.txn)
 acked              {parts: [[id, p, end], ...]} → acknowledged ends raised (loglake.meta.acked)
+acls               {created: [binding, ...], deleted: [binding, ...]} → ACL bindings removed,
+                   then added (loglake.meta.acls)
+scram_credential   {user, mechanism, cred} → the user's SCRAM credential for that mechanism
+                   set, or removed when `cred` is null (loglake.meta.scram)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -61,7 +65,9 @@ import crc32c
 
 from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
+from loglake.meta.acls import acls_doc, apply_acls, load_acls
 from loglake.meta.producers import ProducerStates
+from loglake.meta.scram import apply_scram, load_scram, scram_doc
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
 from loglake.meta.txn import (
     apply_txn,
@@ -126,6 +132,8 @@ RECORD_KINDS = (
     "leader_epoch",
     "txn",
     "acked",
+    "acls",
+    "scram_credential",
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -251,6 +259,10 @@ class MetaState:
         self.group_configs: dict[str, dict[str, str]] = {}
         #: transactional id -> its last `txn` record body (loglake.meta.txn)
         self.txns: dict[str, dict[str, Any]] = {}
+        #: ACL bindings, in the order they were created (loglake.meta.acls)
+        self.acls: dict[tuple[int, str, int, str, str, int, int], None] = {}
+        #: user -> SCRAM mechanism -> credential doc (loglake.meta.scram)
+        self.scram: dict[str, dict[str, dict[str, Any]]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -436,6 +448,8 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "leader_epoch": MetaState._leader_epoch,
     "txn": apply_txn,
     "acked": apply_acked,
+    "acls": apply_acls,
+    "scram_credential": apply_scram,
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -515,6 +529,8 @@ def capture(state: MetaState) -> CheckpointImage:
         "broker_configs": {scope: dict(c) for scope, c in state.broker_configs.items()},
         "group_configs": {g: dict(c) for g, c in state.group_configs.items()},
         "txns": txns_doc(state),
+        "acls": acls_doc(state),
+        "scram": scram_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -597,6 +613,8 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     for g, configs in (doc.get("group_configs") or {}).items():
         _replace_configs(state.group_configs, str(g), configs)
     load_txns(state, doc)
+    load_acls(state, doc)
+    load_scram(state, doc)
     return state
 
 

@@ -75,6 +75,17 @@ def infer_json_schema(
     return spark.read.json(spark.sparkContext.parallelize(values, 1)).schema
 
 
+def with_value_columns(df: Any, value_schema: Any) -> Any:
+    """`df` plus one column per field of `value_schema` (DDL or StructType), parsed from the JSON
+    value (null where the value is not JSON or lacks the field)."""
+    if not value_schema:
+        return df
+    from pyspark.sql import functions as F
+
+    parsed = F.from_json(F.col("value").cast("string"), value_schema)
+    return df.withColumn("__value", parsed).select("*", "__value.*").drop("__value")
+
+
 def export_query(
     spark: Any,
     path: str,
@@ -111,10 +122,7 @@ def export_query(
     )
     for k, v in source_options.items():
         reader = reader.option(k, v)
-    df = reader.load().withColumn("date", F.to_date("timestamp"))
-    if value_schema:
-        parsed = F.from_json(F.col("value").cast("string"), value_schema)
-        df = df.withColumn("__value", parsed).select("*", "__value.*").drop("__value")
+    df = with_value_columns(reader.load().withColumn("date", F.to_date("timestamp")), value_schema)
     writer = (
         df.writeStream.format(fmt)
         .option("path", to)

@@ -27,29 +27,17 @@ boto3 is imported here only; `loglake.store` does not need it unless s3:// URLs 
 
 from __future__ import annotations
 
-import base64
-import bisect
 import builtins
 import collections
-import http.client
-import io
 import logging
 import math
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import Any, TypeVar
 
-import boto3
-import botocore.config
 import botocore.exceptions
-import botocore.loaders
-import botocore.parsers
-import botocore.session
-import crc32c
-import urllib3.exceptions
 
 from loglake.errors import ConfigError, StorageError
 from loglake.fs.base import FileSystem
@@ -63,12 +51,18 @@ from loglake.store.base import (
     check_prefix,
     check_range,
 )
-from loglake.store.retry import (
-    DEFAULT_BASE_DELAY,
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_DELAY,
-    RetryPolicy,
+from loglake.store.retry import RetryPolicy
+from loglake.store.s3_errors import (
+    HANDLED_EXCEPTIONS,
+    S3StoreError,
+    ShortBodyError,
+    UnsatisfiableRangeError,
+    Verdict,
+    classify,
+    error_code,
 )
+from loglake.store.s3_url import parse_s3_url
+from loglake.store.s3_wire import PartsReader, crc32c_b64, make_client, span_of
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -108,133 +102,7 @@ DEFAULT_LIST_PAGE_SIZE = 1000
 #: Download bodies are read in chunks of this size (a reset loses at most the chunk in flight).
 READ_CHUNK = 1 * MiB
 
-#: Error codes that mean "too many requests, back off".
-_THROTTLE_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "RequestLimitExceeded",
-        "TooManyRequestsException",
-        "BandwidthLimitExceeded",
-        "ProvisionedThroughputExceededException",
-    }
-)
-#: Error codes (some sent with a 4xx status) that a later attempt can get past.
-_TRANSIENT_CODES = frozenset(
-    {
-        "InternalError",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "PriorRequestNotComplete",
-        "OperationAborted",
-        "IDPCommunicationError",
-        "XAmzContentSHA256Mismatch",
-        "BadDigest",
-        "InvalidDigest",
-    }
-)
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-
-
-class _ShortBodyError(Exception):
-    """A response body ended before (or ran past) the bytes its headers promised."""
-
-
-#: Transport-level failures: a later attempt can succeed.
-_TRANSIENT_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    botocore.exceptions.HTTPClientError,  # ReadTimeoutError, ConnectionClosedError, ResponseStreamingError
-    botocore.exceptions.ConnectionError,  # EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError
-    botocore.exceptions.IncompleteReadError,
-    botocore.exceptions.ChecksumError,
-    botocore.exceptions.CredentialRetrievalError,  # e.g. the instance metadata service hiccuped
-    botocore.exceptions.MetadataRetrievalError,
-    botocore.parsers.ResponseParserError,  # a garbled (e.g. cut-off) XML answer
-    urllib3.exceptions.HTTPError,
-    http.client.HTTPException,
-    ConnectionError,
-    TimeoutError,
-)
-#: Everything the retry loop handles (what is not transient is final).
-_HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    botocore.exceptions.ClientError,
-    botocore.exceptions.BotoCoreError,
-    OSError,
-    _ShortBodyError,
-    *_TRANSIENT_EXCEPTIONS,
-)
-
 T = TypeVar("T")
-
-
-class S3StoreError(StorageError):
-    """A failed S3 operation. `op`, `path` (the key or prefix), `retriable` and `cause` as in
-    StorageError; also `attempts` made, the S3 error `code` and HTTP `status` when known."""
-
-    def __init__(
-        self,
-        op: str,
-        key: str,
-        cause: BaseException,
-        *,
-        retriable: bool,
-        attempts: int,
-        url: str,
-        reason: str,
-    ) -> None:
-        super().__init__(op, key, cause, retriable=retriable)
-        self.attempts = attempts
-        self.code, self.status = _error_code(cause)
-        self.reason = reason
-        hint = "a later retry may succeed" if retriable else "not retriable"
-        self.args = (
-            f"s3 {op} {key!r} in {url}: {reason} after {attempts} attempt(s) ({hint}): "
-            f"{type(cause).__name__}: {cause}",
-        )
-
-
-class _Verdict(NamedTuple):
-    action: str  # "retry", "fail", "not_found" or "bucket_gone"
-    reason: str
-
-
-class _UnsatisfiableRangeError(Exception):
-    """HTTP 416: the object exists but the requested range has no byte in it."""
-
-
-def _error_code(exc: BaseException) -> tuple[str, int]:
-    if isinstance(exc, botocore.exceptions.ClientError):
-        response: Any = exc.response
-        code = str(response.get("Error", {}).get("Code", ""))
-        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        return code, status
-    return "", 0
-
-
-def _classify(exc: BaseException) -> _Verdict:
-    """What one failed attempt means for the operation."""
-    if isinstance(exc, botocore.exceptions.ClientError):
-        code, status = _error_code(exc)
-        if code == "NoSuchBucket":
-            return _Verdict("bucket_gone", "bucket does not exist (NoSuchBucket)")
-        if code in ("NoSuchKey", "NotFound", "404") or (status == 404 and code != "NoSuchUpload"):
-            return _Verdict("not_found", f"not found ({code or status})")
-        if code in _THROTTLE_CODES or status in (429, 503):
-            return _Verdict("retry", f"throttled ({code or status})")
-        if code in _TRANSIENT_CODES or status in _RETRY_STATUSES or status >= 500:
-            return _Verdict("retry", f"server error ({code or 'HTTP'} {status})")
-        return _Verdict("fail", f"request refused ({code or 'HTTP'} {status})")
-    if isinstance(exc, _ShortBodyError):
-        return _Verdict("retry", "short response body")
-    if isinstance(exc, _TRANSIENT_EXCEPTIONS):
-        return _Verdict("retry", f"transport error ({type(exc).__name__})")
-    if isinstance(exc, OSError):
-        return _Verdict("retry", f"transport error ({type(exc).__name__})")
-    return _Verdict("fail", f"client error ({type(exc).__name__})")
 
 
 class _Attempts:
@@ -250,7 +118,7 @@ class _Attempts:
         """Call in an `except` block of attempt `count`: returns when another attempt should be
         made (after the backoff sleep), else raises the operation's error from `exc`."""
         store, policy = self.store, self.store.retry
-        verdict = _Verdict("retry", "object changed during the read") if force_retry else _classify(exc)
+        verdict = Verdict("retry", "object changed during the read") if force_retry else classify(exc)
         if verdict.action == "not_found":
             raise ObjectNotFoundError(self.key, store.url) from exc
         if verdict.action == "retry" and self.count < policy.max_attempts:
@@ -278,172 +146,6 @@ class _Attempts:
         raise S3StoreError(
             self.op, self.key, exc, retriable=retriable, attempts=self.count, url=store.url, reason=reason
         ) from exc
-
-
-class _PartsReader(io.RawIOBase):
-    """A seekable read-only file over bytes [start, end) of the concatenation of `views`,
-    without copying them into one buffer (botocore reads it to sign and to send, and rewinds)."""
-
-    def __init__(self, views: Sequence[memoryview], start: int, end: int) -> None:
-        super().__init__()
-        self._views = views
-        self._offsets: list[int] = []  # absolute start of each view
-        total = 0
-        for v in views:
-            self._offsets.append(total)
-            total += len(v)
-        if not 0 <= start <= end <= total:
-            raise ValueError(f"bad span {start}..{end} of {total} bytes")
-        self._start = start
-        self._end = end
-        self._pos = start
-
-    def __len__(self) -> int:
-        return self._end - self._start
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos - self._start
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_SET:
-            pos = self._start + offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._end + offset
-        else:
-            raise ValueError(f"bad whence {whence}")
-        if pos < self._start:
-            raise ValueError("negative seek position")
-        self._pos = min(pos, self._end)
-        return self._pos - self._start
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        want = min(len(out), self._end - self._pos)
-        done = 0
-        while done < want:
-            i = bisect.bisect_right(self._offsets, self._pos) - 1
-            view = self._views[i]
-            inner = self._pos - self._offsets[i]
-            n = min(want - done, len(view) - inner)
-            if n <= 0:  # an empty view: move on to the next one
-                self._pos = self._offsets[i] + len(view)
-                continue
-            out[done : done + n] = view[inner : inner + n]
-            done += n
-            self._pos += n
-        return done
-
-
-def _crc32c_b64(views: Sequence[memoryview], start: int, end: int) -> str:
-    """Base64 of the big-endian CRC32C of bytes [start, end) of the views (S3's wire format)."""
-    crc = 0
-    pos = 0
-    for v in views:
-        lo, hi = max(start, pos), min(end, pos + len(v))
-        if lo < hi:
-            crc = crc32c.crc32c(v[lo - pos : hi - pos], crc)
-        pos += len(v)
-    return base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
-
-
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-
-
-def _span_of(response: dict[str, Any]) -> tuple[int, int, int]:
-    """(first byte, end exclusive, object size) of a GetObject response."""
-    length = int(response.get("ContentLength", 0))
-    content_range = response.get("ContentRange")
-    if not content_range:
-        return 0, length, length
-    m = _CONTENT_RANGE.match(str(content_range).strip())
-    if m is None:
-        raise _ShortBodyError(f"unparseable Content-Range {content_range!r}")
-    first, last = int(m.group(1)), int(m.group(2))
-    size = int(m.group(3)) if m.group(3) != "*" else last + 1
-    if last - first + 1 != length:
-        raise _ShortBodyError(f"Content-Range {content_range!r} disagrees with Content-Length {length}")
-    return first, last + 1, size
-
-
-_loader: Any = None
-_loader_lock = threading.Lock()
-
-
-def _shared_loader() -> Any:
-    """One botocore data loader for all stores: it caches the parsed S3 service model, which
-    otherwise costs ~0.15 s per client. (Sessions stay per store: they cache credentials.)"""
-    global _loader
-    with _loader_lock:
-        if _loader is None:
-            _loader = botocore.loaders.create_loader()
-        return _loader
-
-
-def _make_client(
-    *,
-    endpoint_url: str | None,
-    region: str | None,
-    path_style: bool,
-    profile: str | None,
-    access_key_id: str | None,
-    secret_access_key: str | None,
-    session_token: str | None,
-    connect_timeout: float,
-    read_timeout: float,
-    max_pool_connections: int,
-) -> Any:
-    core = botocore.session.Session(profile=profile)
-    core.register_component("data_loader", _shared_loader())
-    session = boto3.session.Session(
-        botocore_session=core,
-        aws_access_key_id=access_key_id,
-        aws_secret_access_key=secret_access_key,
-        aws_session_token=session_token,
-        region_name=region,
-    )
-    config = botocore.config.Config(
-        region_name=region,
-        signature_version="s3v4",
-        s3={"addressing_style": "path" if path_style else "auto"},
-        # We retry ourselves (bounded, logged, resuming downloads): one attempt per boto3 call.
-        # (botocore's "max_attempts" key counts retries, not attempts: total_max_attempts is it.)
-        retries={"mode": "standard", "total_max_attempts": 1},
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-        max_pool_connections=max_pool_connections,
-        # We send our own CRC32C with uploads; no extra trailers or response-checksum modes.
-        request_checksum_calculation="when_required",
-        response_checksum_validation="when_required",
-        user_agent_extra="loglake",
-    )
-    client = session.client("s3", endpoint_url=endpoint_url, config=config)
-    client.meta.events.register("before-parse.s3.*", _check_body_length)
-    return client
-
-
-def _check_body_length(operation_model: Any, response_dict: dict[str, Any], **_: Any) -> None:
-    """Reject a non-streaming response body shorter than its Content-Length.
-
-    botocore reads such bodies with urllib3's length check turned off, so a connection cut
-    mid-answer would otherwise parse as a shorter or even empty (!) answer: an empty
-    ListObjectsV2 page, or a CompleteMultipartUpload that seems to have succeeded.
-    """
-    body = response_dict.get("body")
-    if not isinstance(body, bytes | bytearray) or operation_model.http.get("method") == "HEAD":
-        return
-    expected = response_dict.get("headers", {}).get("content-length")
-    if expected is not None and str(expected).isdigit() and int(expected) != len(body):
-        raise _ShortBodyError(
-            f"{operation_model.name} answer has {len(body)} of the {expected} bytes its Content-Length promised"
-        )
 
 
 class S3Store(ObjectStore):
@@ -474,6 +176,8 @@ class S3Store(ObjectStore):
         multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
         part_size: int = DEFAULT_PART_SIZE,
         list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
         client: Any = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -505,11 +209,18 @@ class S3Store(ObjectStore):
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.list_page_size = list_page_size
+        #: Server-side encryption asked for on every upload (PutObject, CreateMultipartUpload);
+        #: reads need nothing (S3 decrypts SSE-S3 and SSE-KMS objects for an authorized caller).
+        self._sse_args: dict[str, str] = {}
+        if sse is not None:
+            self._sse_args["ServerSideEncryption"] = sse
+        if sse_kms_key_id is not None:
+            self._sse_args["SSEKMSKeyId"] = sse_kms_key_id
         self._sleep = sleep
         self._client: Any = client
         if self._client is None:
             try:
-                self._client = _make_client(
+                self._client = make_client(
                     endpoint_url=endpoint_url,
                     region=region,
                     path_style=path_style,
@@ -566,7 +277,7 @@ class S3Store(ObjectStore):
         while True:
             try:
                 return attempt_fn(attempts)
-            except _HANDLED_EXCEPTIONS as exc:
+            except HANDLED_EXCEPTIONS as exc:
                 attempts.failed(exc)
 
     def _call(self, op: str, key: str, api: str, **kwargs: Any) -> Any:
@@ -606,7 +317,7 @@ class S3Store(ObjectStore):
         views = [memoryview(p).cast("B") for p in parts]
         total = sum(len(v) for v in views)
         if total <= self.multipart_threshold:
-            checksum = _crc32c_b64(views, 0, total)
+            checksum = crc32c_b64(views, 0, total)
 
             def attempt(_: _Attempts) -> None:
                 with self._slots:
@@ -614,10 +325,11 @@ class S3Store(ObjectStore):
                         "PutObject",
                         Bucket=self.bucket,
                         Key=s3_key,
-                        Body=_PartsReader(views, 0, total),
+                        Body=PartsReader(views, 0, total),
                         ContentLength=total,
                         ChecksumAlgorithm="CRC32C",
                         ChecksumCRC32C=checksum,
+                        **self._sse_args,
                     )
 
             self._retrying("put", key, attempt)
@@ -628,14 +340,20 @@ class S3Store(ObjectStore):
     def _put_multipart(self, key: str, s3_key: str, views: Sequence[memoryview], total: int) -> None:
         part_size = max(self.part_size, math.ceil(total / MAX_PARTS))
         created = self._call(
-            "put", key, "CreateMultipartUpload", Bucket=self.bucket, Key=s3_key, ChecksumAlgorithm="CRC32C"
+            "put",
+            key,
+            "CreateMultipartUpload",
+            Bucket=self.bucket,
+            Key=s3_key,
+            ChecksumAlgorithm="CRC32C",
+            **self._sse_args,
         )
         upload_id = str(created["UploadId"])
         try:
             done: list[dict[str, Any]] = []
             for number, lo in enumerate(range(0, total, part_size), start=1):
                 hi = min(total, lo + part_size)
-                checksum = _crc32c_b64(views, lo, hi)
+                checksum = crc32c_b64(views, lo, hi)
 
                 def upload(
                     _: _Attempts, number: int = number, lo: int = lo, hi: int = hi, crc: str = checksum
@@ -647,7 +365,7 @@ class S3Store(ObjectStore):
                             Key=s3_key,
                             UploadId=upload_id,
                             PartNumber=number,
-                            Body=_PartsReader(views, lo, hi),
+                            Body=PartsReader(views, lo, hi),
                             ContentLength=hi - lo,
                             ChecksumAlgorithm="CRC32C",
                             ChecksumCRC32C=crc,
@@ -668,7 +386,7 @@ class S3Store(ObjectStore):
                         )
                 except botocore.exceptions.ClientError as exc:
                     # An earlier attempt may have completed it and only the answer got lost.
-                    if attempts.count > 1 and _error_code(exc)[0] == "NoSuchUpload":
+                    if attempts.count > 1 and error_code(exc)[0] == "NoSuchUpload":
                         with self._slots:
                             head = self._request("HeadObject", Bucket=self.bucket, Key=s3_key)
                         if int(head["ContentLength"]) == total:
@@ -703,7 +421,7 @@ class S3Store(ObjectStore):
 
         Resumes after a broken body with a ranged GET for the missing bytes, pinned to the
         first response's ETag; restarts whole if the object was replaced in between.
-        Raises _UnsatisfiableRangeError on HTTP 416.
+        Raises UnsatisfiableRangeError on HTTP 416.
         """
         s3_key = self._s3_key(key)
         attempts = _Attempts(self, op, key)
@@ -723,10 +441,10 @@ class S3Store(ObjectStore):
                     response = self._request("GetObject", **kwargs)
                     body = response["Body"]
                     try:
-                        span = _span_of(response)
+                        span = span_of(response)
                         if resuming:
                             if span[0] != first + len(buf) or span[1] != end:
-                                raise _ShortBodyError(f"resumed GET answered bytes {span[0]}..{span[1]}")
+                                raise ShortBodyError(f"resumed GET answered bytes {span[0]}..{span[1]}")
                         else:
                             first, end, size = span
                             etag = str(response.get("ETag") or "") or None
@@ -739,12 +457,12 @@ class S3Store(ObjectStore):
                     finally:
                         body.close()
                 if len(buf) != end - first:
-                    raise _ShortBodyError(f"got {len(buf)} of {end - first} bytes")
+                    raise ShortBodyError(f"got {len(buf)} of {end - first} bytes")
                 return bytes(buf), first, size
             except botocore.exceptions.ClientError as exc:
-                code = _error_code(exc)[0]
+                code = error_code(exc)[0]
                 if code == "InvalidRange" and not resuming:
-                    raise _UnsatisfiableRangeError(str(exc)) from exc
+                    raise UnsatisfiableRangeError(str(exc)) from exc
                 if code == "PreconditionFailed" and resuming:
                     # Replaced since the first response: start over on the new object.
                     buf.clear()
@@ -753,7 +471,7 @@ class S3Store(ObjectStore):
                     attempts.failed(exc, force_retry=True)
                     continue
                 attempts.failed(exc)
-            except _HANDLED_EXCEPTIONS as exc:
+            except HANDLED_EXCEPTIONS as exc:
                 if etag is None:
                     buf.clear()  # no usable first response (e.g. a bad Content-Range): start over
                 attempts.failed(exc)
@@ -774,7 +492,7 @@ class S3Store(ObjectStore):
             return b""
         try:
             data, first, _ = self._download("get_range", key, f"bytes={start}-{start + length - 1}")
-        except _UnsatisfiableRangeError:
+        except UnsatisfiableRangeError:
             return b""  # start at or past the end (416 is only sent for an existing object)
         return data[start - first : start - first + length]
 
@@ -789,7 +507,7 @@ class S3Store(ObjectStore):
             return b"", size
         try:
             data, first, size = self._download("get_tail", key, f"bytes=-{length}")
-        except _UnsatisfiableRangeError:
+        except UnsatisfiableRangeError:
             return b"", 0  # a suffix range is unsatisfiable only on an empty object
         start = max(0, size - length)
         return data[start - first :], size
@@ -844,93 +562,6 @@ class S3Store(ObjectStore):
 
 
 # ---- URLs -------------------------------------------------------------------------------------
-
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
-
-
-def _bool(name: str, value: str) -> bool:
-    v = value.lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ConfigError(f"s3 URL option {name}={value!r}: expected true or false")
-
-
-def _float(name: str, value: str, minimum: float) -> float:
-    try:
-        parsed = float(value)
-    except ValueError:
-        raise ConfigError(f"s3 URL option {name}={value!r}: not a number") from None
-    if not parsed >= minimum:  # also rejects nan
-        raise ConfigError(f"s3 URL option {name}={value!r}: must be >= {minimum}")
-    return parsed
-
-
-def _int(name: str, value: str, minimum: int) -> int:
-    try:
-        parsed = int(value)
-    except ValueError:
-        raise ConfigError(f"s3 URL option {name}={value!r}: not an integer") from None
-    if parsed < minimum:
-        raise ConfigError(f"s3 URL option {name}={value!r}: must be >= {minimum}")
-    return parsed
-
-
-def parse_s3_url(url: str) -> dict[str, Any]:
-    """The S3Store keyword arguments for `s3://bucket[/prefix][?option=value&...]`.
-
-    Options: endpoint_url, region, path_style, profile, connect_timeout, read_timeout,
-    max_attempts, retry_base_delay, retry_max_delay, max_concurrency, multipart_threshold,
-    part_size, list_page_size (see docs/_s3.md). Unknown options are a ConfigError.
-    """
-    parts = urlsplit(url)
-    if parts.scheme.lower() != "s3":
-        raise ConfigError(f"store URL {url!r}: not an s3:// URL")
-    bucket = parts.netloc
-    if not bucket or "@" in bucket or ":" in bucket:
-        raise ConfigError(f"store URL {url!r}: expected s3://bucket[/prefix] (no user, password or port)")
-    if parts.fragment:
-        raise ConfigError(f"store URL {url!r}: unexpected #fragment")
-    kwargs: dict[str, Any] = {"bucket": bucket, "prefix": unquote(parts.path).strip("/")}
-    retry: dict[str, Any] = {}
-    seen: set[str] = set()
-    for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
-        if name in seen:
-            raise ConfigError(f"store URL {url!r}: option {name!r} given twice")
-        seen.add(name)
-        if name in ("endpoint_url", "endpoint"):
-            if not value.startswith(("http://", "https://")):
-                raise ConfigError(f"s3 URL option {name}={value!r}: expected http(s)://host[:port]")
-            kwargs["endpoint_url"] = value
-        elif name == "region":
-            kwargs["region"] = value or None
-        elif name == "profile":
-            kwargs["profile"] = value or None
-        elif name == "path_style":
-            kwargs["path_style"] = _bool(name, value)
-        elif name in ("connect_timeout", "read_timeout"):
-            kwargs[name] = _float(name, value, 0.001)
-        elif name == "max_attempts":
-            retry["max_attempts"] = _int(name, value, 1)
-        elif name == "retry_base_delay":
-            retry["base_delay"] = _float(name, value, 0)
-        elif name == "retry_max_delay":
-            retry["max_delay"] = _float(name, value, 0)
-        elif name in ("max_concurrency", "list_page_size"):
-            kwargs[name] = _int(name, value, 1)
-        elif name in ("multipart_threshold", "part_size"):
-            kwargs[name] = _int(name, value, 0)
-        else:
-            raise ConfigError(f"store URL {url!r}: unknown s3 option {name!r}")
-    if retry:
-        kwargs["retry"] = RetryPolicy(
-            max_attempts=retry.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
-            base_delay=retry.get("base_delay", DEFAULT_BASE_DELAY),
-            max_delay=retry.get("max_delay", DEFAULT_MAX_DELAY),
-        )
-    return kwargs
 
 
 def open_s3_store(url: str, fs: FileSystem | None = None) -> S3Store:

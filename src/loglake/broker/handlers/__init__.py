@@ -40,7 +40,10 @@ def _register() -> None:
     ):
         HANDLERS[key] = module.handle
     # Admin and group APIs: modules that export a HANDLERS table of their own.
-    for name in ("admin", "groups", "consumer_groups", "leader_epoch", "log_dirs", "producers", "offset_delete", "txn"):
+    for name in (
+        "admin", "acls", "groups", "consumer_groups", "leader_epoch", "log_dirs", "producers", "offset_delete", "txn",
+        "sasl", "scram_admin",
+    ):
         try:
             module = importlib.import_module(f"loglake.broker.handlers.{name}")
         except ModuleNotFoundError as exc:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import cluster_operations
+from loglake.broker.authorized import CLUSTER, AclOperation, allowed, cluster_operations
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext, advertised_endpoint
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
@@ -37,8 +38,11 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
         "cluster_id": ctx.engine.cluster_id,
         "controller_id": ctx.node_id,
         "brokers": [],
+        # Kafka answers anyone (like Metadata); the operations only to a principal that may
+        # DESCRIBE the cluster, an empty set to others.
         "authorized_operations": (
-            cluster_operations() if body.include_cluster_authorized_operations else None
+            (cluster_operations(ctx, conn) if allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME) else set())
+            if body.include_cluster_authorized_operations else None
         ),
     }
     if endpoint_type != ENDPOINT_BROKERS:

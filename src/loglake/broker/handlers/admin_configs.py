@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from loglake.broker.authorized import CLUSTER, GROUP, TOPIC, AclOperation, denied
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, config_entry
 from loglake.broker.group_configs import parse_value
@@ -38,7 +40,13 @@ from loglake.broker.handlers.admin_common import (
     engine_call,
     failure,
 )
-from loglake.broker.handlers.errors import INVALID_REQUEST, NONE
+from loglake.broker.handlers.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    GROUP_AUTHORIZATION_FAILED,
+    INVALID_REQUEST,
+    NONE,
+    TOPIC_AUTHORIZATION_FAILED,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.engine.config import TOPIC_CONFIGS, ConfigType, TopicConfig, validate_topic_name
 from loglake.engine.types import TopicInfo
@@ -85,11 +93,35 @@ def _topic_info(ctx: BrokerContext, name: str) -> TopicInfo:
     return ctx.engine.topic(name)
 
 
+#: Config resource type -> (ACL resource type, the error a refusal answers with).
+_ACL_OF_CONFIG = {
+    RESOURCE_TOPIC: (TOPIC, TOPIC_AUTHORIZATION_FAILED),
+    RESOURCE_BROKER: (CLUSTER, CLUSTER_AUTHORIZATION_FAILED),
+    RESOURCE_BROKER_LOGGER: (CLUSTER, CLUSTER_AUTHORIZATION_FAILED),
+    RESOURCE_GROUP: (GROUP, GROUP_AUTHORIZATION_FAILED),
+}
+
+
+def _refused(ctx: BrokerContext, conn: Any, operation: int, resources: list[Any]) -> dict[tuple[int, str], int]:
+    """(config resource type, name) -> the authorization error of each resource the principal may
+    not `operation` (DESCRIBE_CONFIGS or ALTER_CONFIGS); broker resources are the cluster's."""
+    out: dict[tuple[int, str], int] = {}
+    for config_type, (acl_type, code) in _ACL_OF_CONFIG.items():
+        names = [r.resource_name for r in resources if r.resource_type == config_type]
+        if not names:
+            continue
+        acl_names = [CLUSTER_NAME] if acl_type == CLUSTER else names
+        refused = denied(ctx, conn, operation, acl_type, acl_names)
+        out.update({(config_type, n): code for n in names if (CLUSTER_NAME if acl_type == CLUSTER else n) in refused})
+    return out
+
+
 async def describe_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
     body = req.body
     synonyms = bool(getattr(body, "include_synonyms", False))
     docs = bool(getattr(body, "include_documentation", False))
     results: list[dict[str, Any]] = []
+    refused = _refused(ctx, conn, AclOperation.DESCRIBE_CONFIGS, list(body.resources))
     for res in body.resources:
         rtype, name = res.resource_type, res.resource_name
         # Kafka describes every config when the key list is null or empty.
@@ -97,6 +129,8 @@ async def describe_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
         result: dict[str, Any] = {"resource_type": rtype, "resource_name": name, "error_code": NONE,
                                   "error_message": None, "configs": []}
         try:
+            if (rtype, name) in refused:
+                raise AdminError(refused[(rtype, name)], "Authorization failed.")
             if rtype == RESOURCE_TOPIC:
                 config = _topic_info(ctx, name).config
                 result["configs"] = topic_config_entries(
@@ -189,16 +223,19 @@ def _group_value(name: str, value: str | None) -> str:
 
 
 async def _alter_resources(
-    ctx: BrokerContext, req: DecodedRequest, incremental: bool
+    ctx: BrokerContext, conn: Any, req: DecodedRequest, incremental: bool
 ) -> dict[str, Any]:
     body = req.body
     validate_only = bool(body.validate_only)
     dup = duplicates([(r.resource_type, r.resource_name) for r in body.resources])
     responses: list[dict[str, Any]] = []
+    refused = _refused(ctx, conn, AclOperation.ALTER_CONFIGS, list(body.resources))
     for res in body.resources:
         rtype, name = res.resource_type, res.resource_name
         code, message = NONE, None
         try:
+            if (rtype, name) in refused:
+                raise AdminError(refused[(rtype, name)], "Authorization failed.")
             if (rtype, name) in dup:
                 raise AdminError(INVALID_REQUEST, f"Duplicate resource in request: type {rtype}, name {name!r}")
             configs = list(res.configs)
@@ -250,8 +287,8 @@ def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[Any]) -
 
 
 async def alter_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
-    return await _alter_resources(ctx, req, incremental=False)
+    return await _alter_resources(ctx, conn, req, incremental=False)
 
 
 async def incremental_alter_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
-    return await _alter_resources(ctx, req, incremental=True)
+    return await _alter_resources(ctx, conn, req, incremental=True)

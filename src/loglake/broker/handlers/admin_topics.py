@@ -11,6 +11,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from loglake.broker.authorized import CLUSTER, TOPIC, AclOperation, allowed, denied
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import (
     INVALID_CONFIG,
@@ -27,6 +29,7 @@ from loglake.broker.handlers.admin_configs import topic_config_entries
 from loglake.broker.handlers.errors import (
     INVALID_REQUEST,
     NONE,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
@@ -107,9 +110,15 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
     validate_only = bool(getattr(body, "validate_only", False))
     dup = duplicates([t.name for t in body.topics])
     results: list[dict[str, Any]] = []
+    # CREATE on the cluster allows every topic, else CREATE on each topic (Kafka's KafkaApis).
+    refused: set[str] = set()
+    if not allowed(ctx, conn, AclOperation.CREATE, CLUSTER, CLUSTER_NAME):
+        refused = denied(ctx, conn, AclOperation.CREATE, TOPIC, [t.name for t in body.topics if t.name not in dup])
     for topic in body.topics:
         result: dict[str, Any] = {"name": topic.name, "topic_id": ZERO_UUID, "error_code": NONE, "error_message": None}
         try:
+            if topic.name in refused:
+                raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             if topic.name in dup:
                 raise AdminError(
                     INVALID_REQUEST,
@@ -119,12 +128,13 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
             if not validate_only:
                 result["topic_id"] = uuid.UUID(hex=info.topic_id)
             if req.api_version >= 5:  # the topic's partitions and configs come back
-                entries = topic_config_entries(ctx, info.config)
-                result.update(
-                    num_partitions=info.partitions,
-                    replication_factor=1,
-                    configs=[{k: e[k] for k in _CREATE_CONFIG_FIELDS} for e in entries],
-                )
+                result.update(num_partitions=info.partitions, replication_factor=1)
+                # Kafka: the configs only to a principal that may DESCRIBE_CONFIGS the topic.
+                if allowed(ctx, conn, AclOperation.DESCRIBE_CONFIGS, TOPIC, topic.name):
+                    entries = topic_config_entries(ctx, info.config)
+                    result["configs"] = [{k: e[k] for k in _CREATE_CONFIG_FIELDS} for e in entries]
+                else:
+                    result["topic_config_error_code"] = TOPIC_AUTHORIZATION_FAILED
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"CreateTopics {topic.name}")
         results.append(result)
@@ -142,6 +152,10 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         wanted = [(name, ZERO_UUID) for name in body.topic_names]
     dup = duplicates([name if name is not None else topic_id for name, topic_id in wanted])
     by_id: dict[uuid.UUID, str] | None = None
+    if any(name is None for name, _ in wanted):
+        by_id = {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
+    named = [n if n is not None else (by_id or {}).get(i) for n, i in wanted]
+    refused = denied(ctx, conn, AclOperation.DELETE, TOPIC, [n for n in named if n is not None])
     responses: list[dict[str, Any]] = []
     for name, topic_id in wanted:
         result: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
@@ -159,6 +173,8 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
                 if name is None:
                     raise AdminError(UNKNOWN_TOPIC_ID, f"Topic id {topic_id} not found.")
                 result["name"] = name
+            if name in refused:
+                raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             info = ctx.engine.topic(name)
             result["topic_id"] = uuid.UUID(hex=info.topic_id)
             await engine_call(ctx, ctx.engine.delete_topic, name)
@@ -196,9 +212,12 @@ async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) 
     validate_only = bool(body.validate_only)
     dup = duplicates([t.name for t in body.topics])
     results: list[dict[str, Any]] = []
+    refused = denied(ctx, conn, AclOperation.ALTER, TOPIC, [t.name for t in body.topics if t.name not in dup])
     for topic in body.topics:
         code, message = NONE, None
         try:
+            if topic.name in refused:
+                raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             if topic.name in dup:
                 raise AdminError(INVALID_REQUEST, f"Duplicate topic in request: {topic.name}")
             ctx.engine.topic(topic.name)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
@@ -218,10 +237,15 @@ async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) 
 async def delete_records(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
     """Raise log start offsets; durable on return, so `timeout_ms` has nothing to wait for."""
     topics: list[dict[str, Any]] = []
+    refused = denied(ctx, conn, AclOperation.DELETE, TOPIC, (t.name for t in req.body.topics))
     for topic in req.body.topics:
         partitions: list[dict[str, Any]] = []
         for part in topic.partitions:
             low, code = -1, NONE
+            if topic.name in refused:
+                partitions.append({"partition_index": part.partition_index, "low_watermark": -1,
+                                   "error_code": TOPIC_AUTHORIZATION_FAILED})
+                continue
             try:
                 if not ctx.engine.has_topic(topic.name):
                     raise AdminError(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic.name!r}")

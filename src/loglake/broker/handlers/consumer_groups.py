@@ -9,8 +9,21 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from loglake.broker.authorized import (
+    GROUP,
+    TOPIC,
+    AclOperation,
+    check,
+    denied,
+    group_operations,
+    operation_bits,
+)
 from loglake.broker.groups.consumer import HeartbeatRequest
-from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE
+from loglake.broker.handlers.errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    GROUP_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+)
 from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
 from loglake.broker.protocol import DecodedRequest
 
@@ -20,6 +33,14 @@ MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the
 
 async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
+    refused: tuple[int, str | None] | None = None
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        refused = GROUP_AUTHORIZATION_FAILED, None
+    elif body.subscribed_topic_names and (topics := denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, body.subscribed_topic_names)):
+        refused = TOPIC_AUTHORIZATION_FAILED, f"Unauthorized topics: {', '.join(sorted(topics))}"
+    if refused is not None:
+        return {"throttle_time_ms": 0, "error_code": refused[0], "error_message": refused[1],
+                "member_id": body.member_id, "member_epoch": body.member_epoch}
     if ctx.coordinator is None:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "member_id": body.member_id,
                 "member_epoch": body.member_epoch}
@@ -75,7 +96,13 @@ def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
 
 async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     out = []
+    refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, req.body.group_ids)
+    with_ops = bool(getattr(req.body, "include_authorized_operations", False))
     for group_id in req.body.group_ids:
+        if group_id in refused:
+            out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id,
+                        "error_message": "Group authorization failed."})
+            continue
         if ctx.coordinator is None:
             out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id})
             continue
@@ -105,7 +132,9 @@ async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> A
                     }
                     for m in d.members
                 ],
-                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                "authorized_operations": (
+                    operation_bits(group_operations(ctx, conn, group_id)) if with_ops else AUTHORIZED_OPERATIONS_OMITTED
+                ),
             }
         )
     return {"throttle_time_ms": 0, "groups": out}

@@ -34,9 +34,11 @@ import os
 import uuid
 from typing import Any
 
+from loglake.broker.authorized import TOPIC, AclOperation, denied
 from loglake.broker.handlers.errors import (
     NONE,
     OFFSET_OUT_OF_RANGE,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
     epoch_check,
@@ -75,9 +77,12 @@ def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | N
     return topic.topic, by_id
 
 
-async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
+async def _read_all(
+    ctx: Any, body: Any, version: int, refused: set[str] = frozenset()  # type: ignore[assignment]
+) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
     """The response, its record bytes, and where to wait for more: (topic, partition, offset) of
-    every partition read up to its high watermark."""
+    every partition read up to its high watermark. Topics in `refused` (no READ) are answered
+    TOPIC_AUTHORIZATION_FAILED."""
     engine = ctx.engine
     total = 0
     max_bytes = _max_bytes(body)
@@ -94,6 +99,9 @@ async def _read_all(ctx: Any, body: Any, version: int) -> tuple[FetchResponseDat
             ftopic.partitions.append(fp)
             if name is None:
                 fp.error_code = UNKNOWN_TOPIC_ID if version >= 13 else UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            if name in refused:
+                fp.error_code = TOPIC_AUTHORIZATION_FAILED
                 continue
             try:
                 info = engine.partition_info(name, part.partition)
@@ -201,8 +209,16 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 async def _fetch(ctx: Any, conn: Any, req: DecodedRequest, body: Any) -> FetchResponseData:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
+    # Checked once per request (not per long-poll round), so a refusal is one audit line.
+    by_id: dict[uuid.UUID, str] | None = None
+    names = []
+    for topic in body.topics:
+        name, by_id = _resolve(ctx, topic, req.api_version, by_id)
+        if name is not None:
+            names.append(name)
+    refused = denied(ctx, conn, AclOperation.READ, TOPIC, names)
     while True:
-        response, total, waits = await _read_all(ctx, body, req.api_version)
+        response, total, waits = await _read_all(ctx, body, req.api_version, refused)
         remaining = deadline - loop.time()
         # min_bytes <= 0: answer at once, whatever there is (Kafka's rule)
         if body.min_bytes <= 0 or total >= body.min_bytes or remaining <= 0 or not waits or conn.closing:

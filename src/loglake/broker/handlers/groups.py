@@ -13,10 +13,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from loglake.broker.authorized import (
+    CLUSTER,
+    GROUP,
+    TOPIC,
+    AclOperation,
+    allowed,
+    check,
+    denied,
+    group_operations,
+)
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
+    GROUP_AUTHORIZATION_FAILED,
     GROUP_ID_NOT_FOUND,
     NONE,
+    TOPIC_AUTHORIZATION_FAILED,
     UNSTABLE_OFFSET_COMMIT,
 )
 from loglake.broker.protocol import DecodedRequest
@@ -32,6 +45,8 @@ def _client_host(conn: Any) -> str:
 async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     coordinator = ctx.coordinator
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        return {"error_code": GROUP_AUTHORIZATION_FAILED, "generation_id": -1, "member_id": body.member_id}
     if coordinator is None:
         return {"error_code": COORDINATOR_NOT_AVAILABLE, "generation_id": -1, "member_id": body.member_id}
     version = req.api_version
@@ -68,6 +83,8 @@ async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        return {"error_code": GROUP_AUTHORIZATION_FAILED, "assignment": b""}
     if ctx.coordinator is None:
         return {"error_code": COORDINATOR_NOT_AVAILABLE, "assignment": b""}
     version = req.api_version
@@ -91,6 +108,8 @@ async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
     if ctx.coordinator is None:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE}
     code = ctx.coordinator.heartbeat(
@@ -104,6 +123,8 @@ async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 async def leave_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
     if ctx.coordinator is None:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "members": []}
     if req.api_version >= 3:
@@ -132,8 +153,17 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         for p in topic.partitions:
             epoch = p.committed_leader_epoch if version >= 6 else -1
             items.append((topic.name, p.partition_index, p.committed_offset, epoch, p.committed_metadata))
-    if ctx.coordinator is None:
-        results = [(t, p, COORDINATOR_NOT_AVAILABLE) for t, p, *_ in items]
+    results: list[tuple[str, int, int]] = []
+    if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
+        results, items = [(t, p, GROUP_AUTHORIZATION_FAILED) for t, p, *_ in items], []
+    elif refused := denied(ctx, conn, AclOperation.READ, TOPIC, (t for t, *_ in items)):
+        # Kafka commits the authorized partitions and refuses the others.
+        results = [(t, p, TOPIC_AUTHORIZATION_FAILED) for t, p, *_ in items if t in refused]
+        items = [item for item in items if item[0] not in refused]
+    if not items:
+        pass
+    elif ctx.coordinator is None:
+        results += [(t, p, COORDINATOR_NOT_AVAILABLE) for t, p, *_ in items]
     else:
         engine = ctx.engine
 
@@ -141,7 +171,7 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
 
         generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
-        results = await ctx.coordinator.commit_offsets(
+        results += await ctx.coordinator.commit_offsets(
             body.group_id,
             generation,
             body.member_id,
@@ -159,14 +189,27 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 
 def _fetch_group(
-    ctx: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1, require_stable: bool = False
+    ctx: Any, conn: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1,
+    require_stable: bool = False, refused_groups: set[str] | None = None,
 ) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
+    # v8+ asks for several groups: the caller checks them together (one audit line).
+    if refused_groups is None:
+        refused_groups = set() if check(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id) else {group_id}
+    if group_id in refused_groups:
+        return GROUP_AUTHORIZATION_FAILED, []
     if ctx.coordinator is None:
         return COORDINATOR_NOT_AVAILABLE, []
     wanted = None
+    refused: set[str] = set()
     if topics is not None:
-        wanted = [(t.name, p) for t in topics for p in t.partition_indexes]
+        refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.name for t in topics))
+        wanted = [(t.name, p) for t in topics for p in t.partition_indexes if t.name not in refused]
     code, items = ctx.coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+    if topics is None:  # every committed offset: only those of topics the principal may describe
+        items = [i for i in items if allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, i[0])]
+    elif refused:
+        items = list(items) + [(t.name, p, -1, -1, "", TOPIC_AUTHORIZATION_FAILED)
+                               for t in topics if t.name in refused for p in t.partition_indexes]
     if require_stable and ctx.txn is not None and (pending := ctx.txn.pending_offsets(group_id)):
         items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if (t, p) in pending else (t, p, *rest) for t, p, *rest in items]
     return int(code), list(items)
@@ -192,15 +235,17 @@ async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     version = req.api_version
     if version >= 8:
         groups = []
+        refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, [g.group_id for g in body.groups])
         for group in body.groups:
             member = (group.member_id, group.member_epoch) if version >= 9 else (None, -1)
             code, items = _fetch_group(
-                ctx, group.group_id, group.topics, member[0], member[1], require_stable=bool(body.require_stable)
+                ctx, conn, group.group_id, group.topics, member[0], member[1], require_stable=bool(body.require_stable),
+                refused_groups=refused,
             )
             groups.append({"group_id": group.group_id, "topics": _group_topics(items, version), "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     stable = bool(getattr(body, "require_stable", False)) if version >= 7 else False
-    code, items = _fetch_group(ctx, body.group_id, body.topics, require_stable=stable)
+    code, items = _fetch_group(ctx, conn, body.group_id, body.topics, require_stable=stable)
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 
@@ -209,16 +254,24 @@ async def list_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "groups": []}
     states = list(req.body.states_filter or []) if req.api_version >= 4 else None
     types = list(req.body.types_filter or []) if req.api_version >= 5 else []
+    # DESCRIBE on the cluster lists every group, else only those the principal may describe (Kafka).
+    every = allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME)
     groups = [
         {"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": group_type}
         for group_id, protocol_type, state, group_type in ctx.coordinator.list_groups_typed(states or None, types or None)
+        if every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id)
     ]
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
 
 
 async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     out = []
+    refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, req.body.groups)
+    with_ops = req.api_version >= 3 and bool(getattr(req.body, "include_authorized_operations", False))
     for group_id in req.body.groups:
+        if group_id in refused:
+            out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id, "members": []})
+            continue
         if ctx.coordinator is None:
             out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id, "members": []})
             continue
@@ -234,6 +287,7 @@ async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             {
                 "error_code": d.error_code,
                 "error_message": None,
+                "authorized_operations": group_operations(ctx, conn, group_id) if with_ops else None,
                 "group_id": d.group_id,
                 "group_state": d.state,
                 "protocol_type": d.protocol_type,
@@ -256,10 +310,13 @@ async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     names = list(req.body.groups_names)
+    refused = denied(ctx, conn, AclOperation.DELETE, GROUP, names)
+    results = [(g, GROUP_AUTHORIZATION_FAILED) for g in names if g in refused]
+    names = [g for g in names if g not in refused]
     if ctx.coordinator is None:
-        results = [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
-    else:
-        results = await ctx.coordinator.delete_groups(names)
+        results += [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
+    elif names:
+        results += await ctx.coordinator.delete_groups(names)
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 
 

@@ -7,7 +7,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE, error_code
+from loglake.broker.authorized import TRANSACTIONAL_ID, AclOperation, check, idempotent_write_allowed
+from loglake.broker.handlers.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    COORDINATOR_NOT_AVAILABLE,
+    NONE,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    error_code,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import LoglakeError
 from loglake.logsafe import RateLimitedLog
@@ -19,6 +26,10 @@ _limited = RateLimitedLog(log)
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
+    if body.transactional_id and not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, body.transactional_id):
+        return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
+    if not body.transactional_id and not idempotent_write_allowed(ctx, conn):
+        return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if body.transactional_id:
         try:
             code, pid, epoch = await ctx.txn.init_producer_id(

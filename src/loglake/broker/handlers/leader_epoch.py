@@ -15,15 +15,25 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.handlers.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, epoch_check, error_code
+from loglake.broker.authorized import TOPIC, AclOperation, denied
+from loglake.broker.handlers.errors import (
+    NONE,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    epoch_check,
+    error_code,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import LoglakeError, UnknownTopicError
 
 OFFSET_FOR_LEADER_EPOCH = 23
 
 
-def _partition(ctx: Any, topic: str, part: Any) -> dict[str, Any]:
+def _partition(ctx: Any, topic: str, part: Any, refused: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"partition": part.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
+    if topic in refused:
+        out["error_code"] = TOPIC_AUTHORIZATION_FAILED
+        return out
     engine = ctx.engine
     try:
         current = engine.leader_epoch(topic, part.partition)
@@ -40,8 +50,10 @@ def _partition(ctx: Any, topic: str, part: Any) -> dict[str, Any]:
 
 
 async def offset_for_leader_epoch(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.topic for t in req.body.topics))
     topics = [
-        {"topic": t.topic, "partitions": [_partition(ctx, t.topic, p) for p in t.partitions]} for t in req.body.topics
+        {"topic": t.topic, "partitions": [_partition(ctx, t.topic, p, refused) for p in t.partitions]}
+        for t in req.body.topics
     ]
     return {"throttle_time_ms": 0, "topics": topics}
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.handlers.errors import NONE, error_code
+from loglake.broker.authorized import TOPIC, AclOperation, denied
+from loglake.broker.handlers.errors import NONE, TOPIC_AUTHORIZATION_FAILED, error_code
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import LoglakeError
 
@@ -40,10 +41,15 @@ def _lookup(ctx: Any, name: str, partition: int, ts: int, committed: bool = Fals
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     topics = []
     committed = getattr(req.body, "isolation_level", 0) == 1
+    refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.name for t in req.body.topics))
     for topic in req.body.topics:
         parts = []
         for p in topic.partitions:
             entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": -1}
+            if topic.name in refused:
+                entry.update(error_code=TOPIC_AUTHORIZATION_FAILED, offset=-1, timestamp=-1)
+                parts.append(entry)
+                continue
             try:
                 if p.timestamp in (LATEST, EARLIEST, EARLIEST_LOCAL, LATEST_TIERED):
                     offset, ts = _lookup(ctx, topic.name, p.partition_index, p.timestamp, committed)

@@ -17,7 +17,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.handlers.errors import KAFKA_STORAGE_ERROR, NONE
+from loglake.broker.authorized import AclOperation, cluster_allowed
+from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
 from loglake.broker.protocol import DecodedRequest
 from loglake.engine.describe import TierBytes, tier_bytes
 from loglake.errors import LoglakeError
@@ -103,6 +104,8 @@ def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
 
 
 async def describe_log_dirs(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):  # Kafka: v3+ say so, older answer nothing
+        return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "results": []}
     results = await ctx.off_loop(_describe, ctx, req.body.topics)
     return {"throttle_time_ms": 0, "error_code": NONE, "results": results}
 

@@ -6,11 +6,21 @@ import logging
 import uuid
 from typing import Any
 
-from loglake.broker.authorized import cluster_operations, topic_operations
+from loglake.broker.authorized import (
+    CLUSTER,
+    TOPIC,
+    AclOperation,
+    allowed,
+    cluster_operations,
+    denied,
+    topic_operations,
+)
+from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
     NONE,
+    TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
@@ -21,12 +31,12 @@ from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError
 log = logging.getLogger(__name__)
 
 
-def _topic_entry(ctx: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
+def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
     info = ctx.engine.topic(name)
     node = ctx.node_id
     return {
         # v8+: the caller's operations on the topic when asked; None encodes "not requested"
-        "authorized_operations": topic_operations(name) if with_operations else None,
+        "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
         "error_code": NONE,
         "name": name,
         "topic_id": uuid.UUID(hex=info.topic_id),
@@ -76,10 +86,21 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     cluster_ops = 8 <= version <= 10 and bool(getattr(body, "include_cluster_authorized_operations", False))
     topics: list[dict[str, Any]] = []
     if body.topics is None or (version == 0 and not body.topics):
+        # Every topic: only those the principal may describe, silently (as Kafka lists them).
         names = [t.name for t in ctx.engine.topics()]
-        topics = [_topic_entry(ctx, n, topic_ops) for n in names]
+        topics = [_topic_entry(ctx, conn, n, topic_ops) for n in names if allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, n)]
     else:
         by_id = None
+        requested_names = [t.name for t in body.topics if t.name]
+        refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, requested_names)
+        check_create = allow_create and ctx.config.auto_create_topics and not allowed(
+            ctx, conn, AclOperation.CREATE, CLUSTER, CLUSTER_NAME
+        )
+        cannot_create = (
+            denied(ctx, conn, AclOperation.CREATE, TOPIC,
+                   [n for n in requested_names if n not in refused and not ctx.engine.has_topic(n)])
+            if check_create else set()
+        )
         for requested in body.topics:
             name = requested.name
             topic_id = getattr(requested, "topic_id", None)
@@ -90,12 +111,19 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                     topics.append({"error_code": UNKNOWN_TOPIC_ID, "name": None, "topic_id": topic_id, "partitions": []})
                     continue
             code = NONE
+            if not requested.name and not allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, name):
+                refused |= denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, [name])
+            if name in refused or name in cannot_create:
+                # Kafka: no DESCRIBE (or no CREATE for a topic to auto-create) is
+                # TOPIC_AUTHORIZATION_FAILED, whether or not the topic exists.
+                topics.append({"error_code": TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []})
+                continue
             if not ctx.engine.has_topic(name):
                 code = await ensure_topic(ctx, name) if allow_create else UNKNOWN_TOPIC_OR_PARTITION
             if code != NONE:
                 topics.append({"error_code": code, "name": name, "partitions": []})
             else:
-                topics.append(_topic_entry(ctx, name, topic_ops))
+                topics.append(_topic_entry(ctx, conn, name, topic_ops))
     host, port = advertised_endpoint(ctx, conn)
     return {
         "throttle_time_ms": 0,
@@ -105,5 +133,8 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         "topics": topics,
         "error_code": NONE,
         # v8-v10: the caller's operations on the cluster when asked (v11 dropped the field)
-        "authorized_operations": cluster_operations() if cluster_ops else None,
+        "authorized_operations": (
+            (cluster_operations(ctx, conn) if allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME) else set())
+            if cluster_ops else None
+        ),
     }

@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.handlers.errors import COORDINATOR_NOT_AVAILABLE, NONE, UNKNOWN_TOPIC_OR_PARTITION
+from loglake.broker.authorized import GROUP, TOPIC, AclOperation, check, denied
+from loglake.broker.handlers.errors import (
+    COORDINATOR_NOT_AVAILABLE,
+    GROUP_AUTHORIZATION_FAILED,
+    NONE,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import UnknownTopicError
 
@@ -28,14 +35,19 @@ def _exists(ctx: Any, topic: str, partition: int) -> bool:
 
 async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
     body = req.body
+    if not check(ctx, conn, AclOperation.DELETE, GROUP, body.group_id):
+        return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time_ms": 0, "topics": []}
     if ctx.coordinator is None:
         return {"error_code": COORDINATOR_NOT_AVAILABLE, "throttle_time_ms": 0, "topics": []}
     codes: dict[tuple[str, int], int] = {}
     wanted: list[tuple[str, int]] = []
+    refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in body.topics))
     for topic in body.topics:
         for p in topic.partitions:
             tp = (topic.name, p.partition_index)
-            if _exists(ctx, *tp):
+            if topic.name in refused:
+                codes[tp] = TOPIC_AUTHORIZATION_FAILED
+            elif _exists(ctx, *tp):
                 wanted.append(tp)
             else:
                 codes[tp] = UNKNOWN_TOPIC_OR_PARTITION

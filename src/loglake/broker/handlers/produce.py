@@ -24,11 +24,14 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
+from loglake.broker.authorized import TOPIC, TRANSACTIONAL_ID, AclOperation, check, denied
 from loglake.broker.handlers.errors import (
     INVALID_REQUIRED_ACKS,
     INVALID_TXN_STATE,
     NONE,
     REQUEST_TIMED_OUT,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
 )
@@ -95,12 +98,18 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         refuse = INVALID_REQUIRED_ACKS
     pool = engine.memory_pool
     waited_s = 0.0
+    forbidden: set[str] = set()
+    tid = getattr(body, "transactional_id", None)
+    if refuse == NONE and tid is not None and not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, tid):
+        refuse = TRANSACTIONAL_ID_AUTHORIZATION_FAILED  # Kafka refuses the whole request
+    elif refuse == NONE:
+        forbidden = denied(ctx, conn, AclOperation.WRITE, TOPIC, (t.name for t in body.topic_data))
     async with conn.append_lock:
         for topic in body.topic_data:
             name = topic.name
             for part in topic.partition_data:
-                if refuse != NONE:
-                    pending.append((name, part.index, None, refuse, None, ()))
+                if refuse != NONE or name in forbidden:
+                    pending.append((name, part.index, None, refuse or TOPIC_AUTHORIZATION_FAILED, None, ()))
                     continue
                 if part.records is None or not engine.has_topic(name):
                     code = UNKNOWN_TOPIC_OR_PARTITION if not engine.has_topic(name) else NONE

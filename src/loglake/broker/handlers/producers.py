@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.handlers.errors import NONE, UNKNOWN_TOPIC_OR_PARTITION, error_code
+from loglake.broker.authorized import TOPIC, AclOperation, denied
+from loglake.broker.handlers.errors import (
+    NONE,
+    TOPIC_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_OR_PARTITION,
+    error_code,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.engine.describe import producers
 from loglake.errors import LoglakeError, UnknownTopicError
@@ -19,7 +25,9 @@ from loglake.errors import LoglakeError, UnknownTopicError
 DESCRIBE_PRODUCERS = 61
 
 
-def _partition(engine: Any, topic: str, index: int) -> dict[str, Any]:
+def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[str, Any]:
+    if topic in refused:
+        return {"partition_index": index, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": "Authorization failed."}
     try:
         states = producers(engine.catalog, engine.reader, topic, index)
     except UnknownTopicError as exc:
@@ -45,14 +53,16 @@ def _partition(engine: Any, topic: str, index: int) -> dict[str, Any]:
     }
 
 
-def _describe(engine: Any, topics: Any) -> list[dict[str, Any]]:
+def _describe(engine: Any, topics: Any, refused: set[str]) -> list[dict[str, Any]]:
     return [
-        {"name": t.name, "partitions": [_partition(engine, t.name, p) for p in t.partition_indexes]} for t in topics
+        {"name": t.name, "partitions": [_partition(engine, t.name, p, refused) for p in t.partition_indexes]}
+        for t in topics
     ]
 
 
 async def describe_producers(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
-    return {"throttle_time_ms": 0, "topics": await ctx.off_loop(_describe, ctx.engine, req.body.topics)}
+    refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in req.body.topics))
+    return {"throttle_time_ms": 0, "topics": await ctx.off_loop(_describe, ctx.engine, req.body.topics, refused)}
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {DESCRIBE_PRODUCERS: describe_producers}

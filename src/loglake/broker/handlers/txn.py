@@ -13,6 +13,16 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker.authorized import (
+    GROUP,
+    TOPIC,
+    TRANSACTIONAL_ID,
+    AclOperation,
+    allowed,
+    check,
+    cluster_allowed,
+    denied,
+)
 from loglake.broker.protocol import DecodedRequest
 from loglake.broker.txn.coordinator import Txn
 from loglake.errors import LoglakeError
@@ -57,6 +67,14 @@ async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any
     coord = ctx.txn
     if req.api_version <= 3:
         parts = [(t.name, p) for t in body.v3_and_below_topics for p in t.partitions]
+        tid = body.v3_and_below_transactional_id
+        if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, tid):
+            codes = dict.fromkeys(parts, int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
+            return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _topic_results(codes)}
+        if refused := denied(ctx, conn, AclOperation.WRITE, TOPIC, (t for t, _ in parts)):
+            # Kafka: the forbidden partitions say why, the others were not attempted.
+            codes = {(t, p): int(E.TOPIC_AUTHORIZATION_FAILED if t in refused else E.OPERATION_NOT_ATTEMPTED) for t, p in parts}
+            return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _topic_results(codes)}
         try:
             codes = await coord.add_partitions(
                 body.v3_and_below_transactional_id, body.v3_and_below_producer_id,
@@ -65,6 +83,8 @@ async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any
         except LoglakeError as exc:
             codes = dict.fromkeys(parts, _failed("AddPartitionsToTxn", exc))
         return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _topic_results(codes)}
+    if not cluster_allowed(ctx, conn, AclOperation.CLUSTER_ACTION):  # v4+ is the brokers' batched form
+        return {"throttle_time_ms": 0, "error_code": E.CLUSTER_AUTHORIZATION_FAILED, "results_by_transaction": []}
     results = []
     for t in body.transactions:
         parts = [(tp.name, p) for tp in t.topics for p in tp.partitions]
@@ -80,6 +100,10 @@ async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any
 
 async def add_offsets_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     b = req.body
+    if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
+        return {"throttle_time_ms": 0, "error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    if not check(ctx, conn, AclOperation.READ, GROUP, b.group_id):
+        return {"throttle_time_ms": 0, "error_code": E.GROUP_AUTHORIZATION_FAILED}
     try:
         code = await ctx.txn.add_offsets(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, req.api_version)
     except LoglakeError as exc:
@@ -89,6 +113,8 @@ async def add_offsets_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 async def end_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     b = req.body
+    if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
+        return {"throttle_time_ms": 0, "error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
     try:
         code = await ctx.txn.end_txn(b.transactional_id, b.producer_id, b.producer_epoch, bool(b.committed), req.api_version)
     except LoglakeError as exc:
@@ -103,26 +129,48 @@ async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         for t in b.topics
         for p in t.partitions
     ]
-    try:
-        codes = await ctx.txn.txn_offset_commit(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, offsets)
-    except LoglakeError as exc:
-        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), _failed("TxnOffsetCommit", exc))
+    codes: dict[tuple[str, int], int] = {}
+    whole = None  # the error of the whole request: Kafka checks the transactional id, then the group
+    if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
+        whole = int(E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+    elif not check(ctx, conn, AclOperation.READ, GROUP, b.group_id):
+        whole = int(E.GROUP_AUTHORIZATION_FAILED)
+    elif refused := denied(ctx, conn, AclOperation.READ, TOPIC, (t for t, *_ in offsets)):
+        codes = {(t, p): int(E.TOPIC_AUTHORIZATION_FAILED) for t, p, *_ in offsets if t in refused}
+        offsets = [o for o in offsets if o[0] not in refused]
+    if whole is not None:
+        codes = dict.fromkeys(((t, p) for t, p, *_ in offsets), whole)
+    elif offsets or not codes:
+        try:
+            codes.update(await ctx.txn.txn_offset_commit(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, offsets))
+        except LoglakeError as exc:
+            codes.update(dict.fromkeys(((t, p) for t, p, *_ in offsets), _failed("TxnOffsetCommit", exc)))
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (name, index), code in codes.items():
         by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
     return {"throttle_time_ms": 0, "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()]}
 
 
-def _topics_of(txn: Txn) -> list[dict[str, Any]]:
+def _topics_of(ctx: Any, conn: Any, txn: Txn) -> list[dict[str, Any]]:
+    """The transaction's partitions, of the topics the principal may describe (as Kafka lists them)."""
     by_topic: dict[str, list[int]] = {}
     for name, index in txn.parts:
+        if not allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, name):
+            continue
         by_topic.setdefault(name, []).append(index)
     return [{"topic": n, "partitions": sorted(ps)} for n, ps in by_topic.items()]
 
 
 async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     states = []
-    for tid in list(req.body.transactional_ids)[:DESCRIBE_IDS_MAX]:
+    tids = list(req.body.transactional_ids)[:DESCRIBE_IDS_MAX]
+    refused = denied(ctx, conn, AclOperation.DESCRIBE, TRANSACTIONAL_ID, tids)
+    for tid in tids:
+        if tid in refused:
+            states.append({"error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "transactional_id": tid,
+                           "transaction_state": "", "transaction_timeout_ms": 0, "transaction_start_time_ms": -1,
+                           "producer_id": -1, "producer_epoch": -1, "topics": []})
+            continue
         txn = ctx.txn.describe(tid)
         if txn is None:
             states.append({"error_code": E.TRANSACTIONAL_ID_NOT_FOUND, "transactional_id": tid, "transaction_state": "",
@@ -137,7 +185,7 @@ async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any
             "transaction_start_time_ms": txn.start_ms if txn.state != "empty" else -1,
             "producer_id": txn.pid,
             "producer_epoch": txn.epoch,
-            "topics": _topics_of(txn),
+            "topics": _topics_of(ctx, conn, txn),
         })
     return {"throttle_time_ms": 0, "transaction_states": states}
 
@@ -169,6 +217,8 @@ async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             continue
         if pattern is not None and not pattern.fullmatch(txn.tid):
             continue
+        if not allowed(ctx, conn, AclOperation.DESCRIBE, TRANSACTIONAL_ID, txn.tid):
+            continue  # Kafka lists only the ids the principal may describe
         out.append({"transactional_id": txn.tid, "producer_id": txn.pid, "transaction_state": STATE_NAMES[txn.state]})
     return {"throttle_time_ms": 0, "error_code": E.NONE, "unknown_state_filters": unknown, "transaction_states": out}
 

@@ -18,16 +18,24 @@ from typing import Any
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     AlterConfigsResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
+    CreateAclsRequest,
+    CreateAclsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,
     CreateTopicsResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
     DeleteRecordsRequest,
     DeleteRecordsResponse,
     DeleteTopicsRequest,
     DeleteTopicsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
     DescribeClusterRequest,
     DescribeClusterResponse,
     DescribeConfigsRequest,
@@ -40,6 +48,8 @@ from kafka.protocol.admin import (
     DescribeProducersResponse,
     DescribeTransactionsRequest,
     DescribeTransactionsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
     ListGroupsRequest,
@@ -91,6 +101,12 @@ from kafka.protocol.producer import (
     TxnOffsetCommitRequest,
     TxnOffsetCommitResponse,
 )
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
 
 from loglake.broker.protocol.errors import ResponseEncodingError
 from loglake.broker.protocol.kip848 import (
@@ -122,6 +138,9 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (DeleteTopicsRequest, DeleteTopicsResponse),
         (DeleteRecordsRequest, DeleteRecordsResponse),
         (InitProducerIdRequest, InitProducerIdResponse),
+        (DescribeAclsRequest, DescribeAclsResponse),
+        (CreateAclsRequest, CreateAclsResponse),
+        (DeleteAclsRequest, DeleteAclsResponse),
         (DescribeConfigsRequest, DescribeConfigsResponse),
         (AlterConfigsRequest, AlterConfigsResponse),
         (CreatePartitionsRequest, CreatePartitionsResponse),
@@ -140,6 +159,10 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
         (TxnOffsetCommitRequest, TxnOffsetCommitResponse),
         (DescribeTransactionsRequest, DescribeTransactionsResponse),
         (ListTransactionsRequest, ListTransactionsResponse),
+        (SaslHandshakeRequest, SaslHandshakeResponse),
+        (SaslAuthenticateRequest, SaslAuthenticateResponse),
+        (DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse),
+        (AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse),
     )
 }
 

@@ -34,6 +34,8 @@ def _r(api_key: int, name: str, lo: int, hi: int, advertised_min: int | None = N
 #: - OffsetCommit / OffsetFetch 9: v10 is the KIP-848 topic-id form only.
 #: - ConsumerGroupHeartbeat / ConsumerGroupDescribe 68/69 (KIP-848): schemas are loglake's own
 #:   (protocol/schemas/), kafka-python 3.0.12 has none.
+#: - SaslHandshake 0 is accepted only to refuse it clearly (v0 means raw SASL tokens without
+#:   SaslAuthenticate, clients before Kafka 1.0); loglake.broker.sasl.
 #: - EndTxn 4: v5 is KIP-890 part 2 (an epoch bump per transaction, transaction.version 2), which
 #:   loglake does not finalize; the other transaction APIs' newest versions only add error codes.
 SUPPORTED: dict[int, ApiVersionRange] = {
@@ -52,6 +54,7 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(14, "SyncGroup", 0, 5),
         _r(15, "DescribeGroups", 0, 6),
         _r(16, "ListGroups", 0, 5),
+        _r(17, "SaslHandshake", 0, 1),
         _r(18, "ApiVersions", 0, 4),
         _r(19, "CreateTopics", 2, 7),
         _r(20, "DeleteTopics", 1, 6),
@@ -62,13 +65,19 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(25, "AddOffsetsToTxn", 0, 4),
         _r(26, "EndTxn", 0, 4),
         _r(28, "TxnOffsetCommit", 0, 5),
+        _r(29, "DescribeAcls", 1, 3),
+        _r(30, "CreateAcls", 1, 3),
+        _r(31, "DeleteAcls", 1, 3),
         _r(32, "DescribeConfigs", 1, 4),
         _r(33, "AlterConfigs", 0, 2),
         _r(35, "DescribeLogDirs", 1, 5),
+        _r(36, "SaslAuthenticate", 0, 2),
         _r(37, "CreatePartitions", 0, 3),
         _r(42, "DeleteGroups", 0, 2),
         _r(44, "IncrementalAlterConfigs", 0, 1),
         _r(47, "OffsetDelete", 0, 0),
+        _r(50, "DescribeUserScramCredentials", 0, 0),
+        _r(51, "AlterUserScramCredentials", 0, 0),
         _r(60, "DescribeCluster", 0, 2),
         _r(61, "DescribeProducers", 0, 0),
         _r(65, "DescribeTransactions", 0, 0),

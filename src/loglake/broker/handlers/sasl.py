@@ -1,0 +1,110 @@
+"""SaslHandshake (17) and SaslAuthenticate (36); the state machine is loglake.broker.sasl's."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.protocol import DecodedRequest
+from loglake.broker.sasl import SaslError
+from loglake.kafka_errors import ErrorCode
+
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
+
+
+def _mechanisms(ctx: Any) -> list[str]:
+    return list(ctx.sasl.mechanisms) if ctx.sasl is not None else []
+
+
+async def sasl_handshake(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    session = getattr(conn, "sasl", None)
+    enabled = _mechanisms(ctx)
+    if session is None:  # a listener without SASL: nothing to hand shake about (Kafka's answer)
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": enabled}
+    limited, where = conn.server.limited, conn.security.listener.name
+    if req.api_version == 0:
+        limited.warning(
+            ("sasl_v0", conn.peer_host),
+            "closing %s: SaslHandshake v0 on the %s listener asks for raw SASL tokens (clients before "
+            "Kafka 1.0); loglake supports SaslHandshake v1 with SaslAuthenticate only",
+            conn.peer,
+            where,
+        )
+        conn.close_after_write = 0.0
+        return {"error_code": ErrorCode.UNSUPPORTED_VERSION, "mechanisms": enabled}
+    if session.state != "handshake":
+        limited.warning(
+            ("sasl_state", conn.peer_host),
+            "closing %s: SaslHandshake in SASL state %s on the %s listener",
+            conn.peer,
+            session.state,
+            where,
+        )
+        conn.close_after_write = 0.0
+        return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": enabled}
+    mechanism = str(req.body.mechanism)
+    if mechanism not in enabled:
+        limited.warning(
+            ("sasl_mechanism", conn.peer_host),
+            "closing %s: SASL mechanism %r is not enabled on the %s listener (sasl_enabled_mechanisms: %s)",
+            conn.peer,
+            mechanism[:64],
+            where,
+            ",".join(enabled),
+        )
+        conn.close_after_write = 0.0
+        return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": enabled}
+    session.mechanism = mechanism
+    session.state = "authenticate"
+    return {"error_code": ErrorCode.NONE, "mechanisms": enabled}
+
+
+async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    session = getattr(conn, "sasl", None)
+    if session is None:
+        return {
+            "error_code": ErrorCode.ILLEGAL_SASL_STATE,
+            "error_message": "SaslAuthenticate on a listener without SASL",
+            "auth_bytes": b"",
+            "session_lifetime_ms": 0,
+        }
+    if session.state not in ("authenticate", "scram_final"):
+        conn.server.limited.warning(
+            ("sasl_state", conn.peer_host),
+            "closing %s: SaslAuthenticate in SASL state %s on the %s listener",
+            conn.peer,
+            session.state,
+            conn.security.listener.name,
+        )
+        conn.close_after_write = 0.0
+        what = "before SaslHandshake" if session.state == "handshake" else "after authentication finished"
+        return {
+            "error_code": ErrorCode.ILLEGAL_SASL_STATE,
+            "error_message": f"Unexpected SaslAuthenticate {what}",
+            "auth_bytes": b"",
+            "session_lifetime_ms": 0,
+        }
+    try:
+        answer = await session.step(ctx.sasl, bytes(req.body.auth_bytes or b""))
+    except SaslError as exc:
+        message = session.failed(ctx.sasl, str(exc))
+        return {
+            "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
+            "error_message": message,
+            "auth_bytes": b"",
+            "session_lifetime_ms": 0,
+        }
+    # session_lifetime_ms 0: no KIP-368 re-authentication (docs/SECURITY.md).
+    return {
+        "error_code": ErrorCode.NONE,
+        "error_message": None,
+        "auth_bytes": answer,
+        "session_lifetime_ms": 0,
+    }
+
+
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+    SASL_HANDSHAKE: sasl_handshake,
+    SASL_AUTHENTICATE: sasl_authenticate,
+}

@@ -1,0 +1,197 @@
+"""DescribeUserScramCredentials (50) and AlterUserScramCredentials (51), with Kafka's semantics.
+
+Describe needs DESCRIBE on the cluster, Alter needs ALTER (else CLUSTER_AUTHORIZATION_FAILED).
+Describe with users null or empty lists every user with a credential; a named user without one
+is RESOURCE_NOT_FOUND, a user named twice DUPLICATE_RESOURCE. Alter answers one result per user:
+an empty name is UNACCEPTABLE_CREDENTIAL, an unknown mechanism UNSUPPORTED_SASL_MECHANISM,
+iterations outside 4096..16384 (or an empty salt, a salted password of the wrong length)
+UNACCEPTABLE_CREDENTIAL, the same user and mechanism twice in one request DUPLICATE_RESOURCE,
+deleting a credential that does not exist RESOURCE_NOT_FOUND; a user with any error has none of
+its changes applied. The client sends the SaltedPassword; the broker stores StoredKey and
+ServerKey derived from it (loglake.scram), never the salted password itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loglake.broker.authorized import AclOperation, cluster_allowed
+from loglake.broker.handlers.errors import error_code
+from loglake.broker.protocol import DecodedRequest
+from loglake.errors import LoglakeError
+from loglake.kafka_errors import ErrorCode
+from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
+from loglake.scram import (
+    ITERATIONS_MAX,
+    ITERATIONS_MIN,
+    MECHANISM_TYPES,
+    MECHANISMS,
+    SALT_BYTES_MAX,
+    from_salted_password,
+)
+
+DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+ALTER_USER_SCRAM_CREDENTIALS = 51
+log = logging.getLogger(__name__)
+_BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
+
+
+def _infos(mechs: dict[str, dict[str, Any]]) -> list[dict[str, int]]:
+    return [
+        {"mechanism": MECHANISM_TYPES[m], "iterations": int(c["iterations"])}
+        for m, c in sorted(mechs.items())
+    ]
+
+
+async def describe_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):
+        return {
+            "throttle_time_ms": 0,
+            "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            "error_message": "Cluster authorization failed.",
+            "results": [],
+        }
+    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.engine.scram_credentials)
+    users = req.body.users
+    results = []
+    if not users:
+        results = [
+            {"user": u, "error_code": ErrorCode.NONE, "error_message": None, "credential_infos": _infos(m)}
+            for u, m in sorted(table.items())
+        ]
+    else:
+        names = [str(u.name) for u in users]
+        for name in dict.fromkeys(names):
+            if names.count(name) > 1:
+                results.append(
+                    {
+                        "user": name,
+                        "error_code": ErrorCode.DUPLICATE_RESOURCE,
+                        "credential_infos": [],
+                        "error_message": "Cannot describe SCRAM credentials for the same user twice in a single request",
+                    }
+                )
+            elif name not in table:
+                results.append(
+                    {
+                        "user": name,
+                        "error_code": ErrorCode.RESOURCE_NOT_FOUND,
+                        "credential_infos": [],
+                        "error_message": "Attempt to describe a user credential that does not exist",
+                    }
+                )
+            else:
+                results.append(
+                    {
+                        "user": name,
+                        "error_code": ErrorCode.NONE,
+                        "error_message": None,
+                        "credential_infos": _infos(table[name]),
+                    }
+                )
+    return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "error_message": None, "results": results}
+
+
+def _check_upsertion(u: Any, mechanism: str) -> tuple[int, str] | None:
+    if not u.iterations >= ITERATIONS_MIN:
+        return (
+            ErrorCode.UNACCEPTABLE_CREDENTIAL,
+            f"Too few iterations: {u.iterations} (at least {ITERATIONS_MIN})",
+        )
+    if u.iterations > ITERATIONS_MAX:
+        return (
+            ErrorCode.UNACCEPTABLE_CREDENTIAL,
+            f"Too many iterations: {u.iterations} (at most {ITERATIONS_MAX})",
+        )
+    if not 0 < len(u.salt or b"") <= SALT_BYTES_MAX:
+        return ErrorCode.UNACCEPTABLE_CREDENTIAL, f"The salt must have 1 to {SALT_BYTES_MAX} bytes"
+    if len(u.salted_password or b"") != hashlib.new(MECHANISMS[mechanism]).digest_size:
+        return ErrorCode.UNACCEPTABLE_CREDENTIAL, f"The salted password is not a {mechanism} digest"
+    return None
+
+
+async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+    body = req.body
+    changes: list[tuple[str, int, Any]] = [(str(d.name), int(d.mechanism), None) for d in body.deletions]
+    changes += [(str(u.name), int(u.mechanism), u) for u in body.upsertions]
+    users = list(dict.fromkeys(name for name, _m, _u in changes))
+    if not cluster_allowed(ctx, conn, AclOperation.ALTER):
+        return {
+            "throttle_time_ms": 0,
+            "results": [
+                {
+                    "user": u,
+                    "error_code": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    "error_message": "Cluster authorization failed.",
+                }
+                for u in users
+            ],
+        }
+    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.engine.scram_credentials)
+    errors: dict[str, tuple[int, str]] = {}
+    pairs = [(name, m) for name, m, _u in changes]
+    for name, code, upsertion in changes:
+        if name in errors:
+            continue
+        mechanism = _BY_TYPE.get(code)
+        if not name or len(name.encode("utf-8", "surrogatepass")) > USER_NAME_BYTES_MAX:
+            errors[name] = (
+                ErrorCode.UNACCEPTABLE_CREDENTIAL,
+                "Username must not be empty" if not name else "Username too long",
+            )
+        elif mechanism is None:
+            errors[name] = (ErrorCode.UNSUPPORTED_SASL_MECHANISM, f"Unknown SCRAM mechanism type {code}")
+        elif pairs.count((name, code)) > 1:
+            errors[name] = (
+                ErrorCode.DUPLICATE_RESOURCE,
+                "A user credential cannot be altered twice in the same request",
+            )
+        elif upsertion is None and mechanism not in table.get(name, {}):
+            errors[name] = (
+                ErrorCode.RESOURCE_NOT_FOUND,
+                "Attempt to delete a user credential that does not exist",
+            )
+        elif upsertion is not None and (problem := _check_upsertion(upsertion, mechanism)) is not None:
+            errors[name] = problem
+    results = []
+    for user in users:
+        if user in errors:
+            code, message = errors[user]
+            results.append({"user": user, "error_code": code, "error_message": message})
+            continue
+        try:
+            for name, code, upsertion in changes:
+                if name != user:
+                    continue
+                mechanism = _BY_TYPE[code]
+                cred = None
+                if upsertion is not None:
+                    cred = credential_body(
+                        from_salted_password(
+                            mechanism,
+                            bytes(upsertion.salted_password),
+                            bytes(upsertion.salt),
+                            int(upsertion.iterations),
+                        )
+                    )
+                await ctx.off_loop(ctx.engine.save_scram_credential, user, mechanism, cred)
+        except ValueError as exc:  # the metadata refused it (SCRAM_USERS_MAX)
+            results.append(
+                {"user": user, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL, "error_message": str(exc)}
+            )
+            continue
+        except LoglakeError as exc:  # the metadata log cannot be written (a failed engine, a full disk)
+            log.warning("AlterUserScramCredentials for user %r not applied: %s", user[:256], exc)
+            results.append({"user": user, "error_code": error_code(exc), "error_message": str(exc)})
+            continue
+        results.append({"user": user, "error_code": ErrorCode.NONE, "error_message": None})
+    return {"throttle_time_ms": 0, "results": results}
+
+
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+    DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials,
+    ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials,
+}

@@ -1,0 +1,329 @@
+"""SASL on SASL_PLAINTEXT and SASL_SSL listeners: PLAIN (RFC 4616), SCRAM-SHA-256 and -512.
+
+Theory of operation
+-------------------
+A connection accepted on a SASL listener gets a `SaslSession` (`conn.sasl`; None elsewhere).
+Until it is authenticated the connection may send only ApiVersions, SaslHandshake (v1) and
+SaslAuthenticate; anything else closes it with one log line, as Kafka does. Frames are bounded
+by `SASL_MAX_RECEIVE_BYTES` (Kafka's sasl.server.max.receive.size) until then, and the whole
+exchange must finish within `SASL_AUTHENTICATION_TIMEOUT_S` of the connection being accepted.
+
+SaslHandshake picks the mechanism (one of `sasl_enabled_mechanisms`, else
+UNSUPPORTED_SASL_MECHANISM with the enabled list); SaslAuthenticate carries the tokens: one for
+PLAIN, two for SCRAM (client-first -> server-first, client-final -> server-final). Handshake v0
+(tokens sent raw, without SaslAuthenticate, as clients before Kafka 1.0 did) is refused: the
+clients loglake is tested with all send v1. A handshake twice, or SaslAuthenticate out of order,
+is ILLEGAL_SASL_STATE and the connection is closed; on a listener without SASL both answer
+ILLEGAL_SASL_STATE and the connection stays as it was.
+
+Success sets `conn.security.principal` to ``User:NAME`` (ACLs and quotas key on it). Failure
+answers SASL_AUTHENTICATION_FAILED with Kafka's message, logs one rate-limited line naming the
+peer, the user and the reason (the client is told only that it failed), waits
+`connection_failed_authentication_delay_ms` and closes the connection. Every credential is a
+SCRAM credential in the metadata log (loglake.meta.scram); PLAIN derives the password against
+it. A user without one is answered with a fake credential derived from this broker's secret
+(`SECRET_FILE` in the data directory), so it fails exactly as a wrong password does.
+
+There is no KIP-368 re-authentication: SaslAuthenticate answers session_lifetime_ms = 0, so an
+authenticated connection stays authenticated until it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from loglake.broker.listeners import split_list
+from loglake.errors import ConfigError
+from loglake.meta.scram import to_credential
+from loglake.scram import (
+    MECHANISMS,
+    ScramCredential,
+    ScramError,
+    ScramServer,
+    fake_credential,
+    verify_password,
+)
+
+log = logging.getLogger("loglake.broker.sasl")
+
+PLAIN = "PLAIN"
+#: Every mechanism loglake implements, in the order the default enables them.
+SUPPORTED_MECHANISMS = (PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Kafka's sasl.server.max.receive.size: the largest frame read before authentication is done.
+SASL_MAX_RECEIVE_BYTES = 512 * 1024
+#: How long a connection on a SASL listener may take from accept to authenticated.
+SASL_AUTHENTICATION_TIMEOUT_S = 30.0
+#: APIs answered before authentication: ApiVersions, SaslHandshake, SaslAuthenticate.
+PRE_AUTH_APIS = frozenset({18, 17, 36})
+#: Distinct (principal, source address) label pairs of the failure counter; further ones are
+#: counted under OVERFLOW_LABEL (a scan of user names must not grow /metrics without bound).
+SASL_FAILURE_LABELS_MAX = 1000
+OVERFLOW_LABEL = "other"
+#: The per-broker secret fake credentials of unknown users derive from (32 random bytes, 0600).
+SECRET_FILE = ".sasl-secret"
+SECRET_BYTES = 32
+#: Longest principal shown in a log line or a metrics label (user names may be 1 KiB).
+PRINCIPAL_SHOWN_MAX = 256
+#: Longest PLAIN message field (authzid, user, password) accepted.
+PLAIN_FIELD_BYTES_MAX = 1024
+
+
+def enabled_mechanisms(value: str | list[str] | tuple[str, ...]) -> list[str]:
+    """`sasl_enabled_mechanisms` checked: a non-empty list of mechanisms loglake implements."""
+    names = [m.upper() for m in split_list(value)]
+    unknown = [m for m in names if m not in SUPPORTED_MECHANISMS]
+    if unknown or not names:
+        raise ConfigError(
+            f"sasl_enabled_mechanisms={value!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
+            f"loglake implements {', '.join(SUPPORTED_MECHANISMS)}"
+        )
+    return list(dict.fromkeys(names))
+
+
+def load_secret(data_dir: str) -> bytes:
+    """This broker's secret, made on first use (O_EXCL, mode 0600)."""
+    path = os.path.join(data_dir, SECRET_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with open(path, "rb") as fh:
+            secret = fh.read(SECRET_BYTES * 2)
+        if len(secret) >= SECRET_BYTES:
+            return secret[:SECRET_BYTES]
+        log.warning("%s is %d bytes (want %d): making a new one", path, len(secret), SECRET_BYTES)
+        os.unlink(path)
+        return load_secret(data_dir)
+    try:
+        secret = os.urandom(SECRET_BYTES)
+        os.write(fd, secret)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return secret
+
+
+class SaslStats:
+    """What /metrics shows of SASL: failures per principal and source, successes per mechanism."""
+
+    def __init__(self) -> None:
+        self.failures: dict[tuple[str, str], int] = {}
+        self.successes: dict[str, int] = {}
+
+    def failed(self, principal: str, source: str) -> None:
+        key = (principal, source)
+        if key not in self.failures and len(self.failures) >= SASL_FAILURE_LABELS_MAX:
+            key = (OVERFLOW_LABEL, OVERFLOW_LABEL)
+        self.failures[key] = self.failures.get(key, 0) + 1
+
+    def succeeded(self, mechanism: str) -> None:
+        self.successes[mechanism] = self.successes.get(mechanism, 0) + 1
+
+    def families(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        failures = CounterMetricFamily(
+            "loglake_sasl_authentication_failures_total",
+            f"Failed SASL authentications by principal and source address (past {SASL_FAILURE_LABELS_MAX} pairs: "
+            f"principal=source={OVERFLOW_LABEL!r}).",
+            labels=["principal", "source"],
+        )
+        for (principal, source), n in sorted(self.failures.items()):
+            failures.add_metric([principal, source], n)
+        yield failures
+        successes = CounterMetricFamily(
+            "loglake_sasl_authentications_total",
+            "Successful SASL authentications by mechanism.",
+            labels=["mechanism"],
+        )
+        for mechanism, n in sorted(self.successes.items()):
+            successes.add_metric([mechanism], n)
+        yield successes
+
+
+class SaslAuthenticator:
+    """The broker's side of SASL: enabled mechanisms, the failure delay, the credential lookup."""
+
+    def __init__(self, config: Any, engine: Any, stats: SaslStats) -> None:
+        self.mechanisms = enabled_mechanisms(config.sasl_enabled_mechanisms)
+        self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
+        self.engine = engine
+        self.stats = stats
+        self.secret = load_secret(config.data_dir)
+
+    def credential(self, user: str, mechanism: str) -> ScramCredential | None:
+        doc = self.engine.scram_credential(user, mechanism)
+        return None if doc is None else to_credential(mechanism, doc)
+
+    def credential_or_fake(self, user: str, mechanism: str) -> tuple[ScramCredential, bool]:
+        cred = self.credential(user, mechanism)
+        return (cred, True) if cred is not None else (fake_credential(self.secret, mechanism, user), False)
+
+    def check_plain(self, user: str, password: bytes) -> tuple[bool, str]:
+        """PLAIN against the user's SCRAM credential (SHA-512 if it has one, else SHA-256)."""
+        for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+            cred = self.credential(user, mechanism)
+            if cred is not None:
+                return verify_password(cred, password), "wrong password"
+        verify_password(fake_credential(self.secret, "SCRAM-SHA-512", user), password)  # the same work
+        return False, "unknown user"
+
+
+class SaslError(Exception):
+    """Authentication failed; the text is the reason for the broker's log, not for the client."""
+
+
+class SaslSession:
+    """One connection's SASL state: handshake -> authenticate (-> scram final) -> done."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.state = "handshake"
+        self.mechanism = ""
+        self.user = ""
+        self._scram: ScramServer | None = None
+        self._known = True  # whether the SCRAM user has a credential (the log says "unknown user")
+        self._timer = asyncio.get_running_loop().call_later(SASL_AUTHENTICATION_TIMEOUT_S, self._expired)
+
+    @property
+    def authenticated(self) -> bool:
+        return self.state == "done"
+
+    def _expired(self) -> None:
+        if self.authenticated or self.conn.closing:
+            return
+        self.conn.server.limited.warning(
+            ("sasl_timeout", self.conn.peer_host),
+            "closing %s: SASL authentication on the %s listener not finished within %.0f s (state %s)",
+            self.conn.peer,
+            self.conn.security.listener.name,
+            SASL_AUTHENTICATION_TIMEOUT_S,
+            self.state,
+        )
+        self.conn.ctx.metrics.protocol_errors["sasl_timeout"] += 1
+        self.conn.closing = True
+        self.conn._close_transport()
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+    def refuse_request(self, api_key: int, name: str) -> bool:
+        """Whether this request must close the connection (not allowed before authentication);
+        logs the one line."""
+        if self.authenticated or api_key in PRE_AUTH_APIS:
+            return False
+        self.conn.ctx.metrics.protocol_errors["sasl_unauthenticated_request"] += 1
+        self.conn.server.limited.warning(
+            ("sasl_unauthenticated", self.conn.peer_host),
+            "closing %s: %s request before SASL authentication on the %s listener (only ApiVersions, "
+            "SaslHandshake and SaslAuthenticate are allowed until then)",
+            self.conn.peer,
+            name,
+            self.conn.security.listener.name,
+        )
+        return True
+
+    def frame_too_large(self, size: int) -> bool:
+        """A frame over the pre-authentication bound: one log line (True) instead of the general one."""
+        if self.authenticated:
+            return False
+        self.conn.server.limited.warning(
+            ("sasl_frame_too_large", self.conn.peer_host),
+            "closing %s: a %d-byte frame before SASL authentication finished on the %s listener "
+            "(over SASL_MAX_RECEIVE_BYTES, %d: Kafka's sasl.server.max.receive.size)",
+            self.conn.peer,
+            size,
+            self.conn.security.listener.name,
+            SASL_MAX_RECEIVE_BYTES,
+        )
+        return True
+
+    def succeeded(self, authenticator: SaslAuthenticator) -> None:
+        self.state = "done"
+        self._timer.cancel()
+        self.conn.security.principal = f"User:{self.user}"
+        self.conn.security.extra["sasl_mechanism"] = self.mechanism
+        decoder = getattr(self.conn, "decoder", None)
+        if decoder is not None:
+            decoder.max_frame_bytes = self.conn.ctx.config.max_frame_bytes
+        authenticator.stats.succeeded(self.mechanism)
+        log.debug("%s authenticated as User:%s with %s", self.conn.peer, self.user, self.mechanism)
+
+    def failed(self, authenticator: SaslAuthenticator, why: str) -> str:
+        """Count and log a failed authentication, schedule the close; the client's message."""
+        self.state = "failed"
+        self._timer.cancel()
+        principal = f"User:{self.user}"[:PRINCIPAL_SHOWN_MAX] if self.user else "unknown"
+        authenticator.stats.failed(principal, self.conn.peer_host)
+        self.conn.server.limited.warning(
+            ("sasl_failed", self.conn.peer_host),  # not per user: a scan of names is one line a window
+            "SASL authentication failed for %s from %s on the %s listener with %s: %s; closing the connection in %.0f ms",
+            principal,
+            self.conn.peer,
+            self.conn.security.listener.name,
+            self.mechanism or "no mechanism",
+            why,
+            authenticator.failure_delay_s * 1000,
+        )
+        self.conn.close_after_write = authenticator.failure_delay_s
+        return f"Authentication failed during authentication due to invalid credentials with SASL mechanism {self.mechanism}"
+
+    async def step(self, authenticator: SaslAuthenticator, token: bytes) -> bytes:
+        """One SaslAuthenticate token in, the answer token out; SaslError when it failed."""
+        try:
+            if self.mechanism == PLAIN:
+                return await self._plain(authenticator, token)
+            if self._scram is None:
+                self._scram = ScramServer(self.mechanism)
+                self.user = self._scram.first(token)
+                cred, self._known = await self.conn.ctx.off_loop(
+                    authenticator.credential_or_fake, self.user, self.mechanism
+                )
+                self.state = "scram_final"
+                return self._scram.server_first(cred)
+            answer = self._scram.final(token)
+            self.succeeded(authenticator)
+            return answer
+        except ScramError as exc:
+            raise SaslError(str(exc) if self._known else "unknown user") from None
+
+    async def _plain(self, authenticator: SaslAuthenticator, token: bytes) -> bytes:
+        parts = token.split(b"\0")
+        if len(parts) != 3 or any(len(p) > PLAIN_FIELD_BYTES_MAX for p in parts):
+            raise SaslError("malformed PLAIN message (want authzid NUL user NUL password)")
+        authzid, user, password = parts
+        try:
+            self.user = user.decode("utf-8")
+            if authzid and authzid.decode("utf-8") != self.user:
+                raise SaslError("PLAIN authorization id differs from the user name (not supported)")
+        except UnicodeDecodeError:
+            raise SaslError("PLAIN user name is not UTF-8") from None
+        if not self.user or not password:
+            raise SaslError("PLAIN user name or password is empty")
+        ok, why = await self.conn.ctx.off_loop(authenticator.check_plain, self.user, password)
+        if not ok:
+            raise SaslError(why)
+        self.succeeded(authenticator)
+        return b""
+
+
+__all__ = [
+    "MECHANISMS",
+    "OVERFLOW_LABEL",
+    "PLAIN",
+    "PRE_AUTH_APIS",
+    "SASL_AUTHENTICATION_TIMEOUT_S",
+    "SASL_FAILURE_LABELS_MAX",
+    "SASL_MAX_RECEIVE_BYTES",
+    "SECRET_FILE",
+    "SUPPORTED_MECHANISMS",
+    "SaslAuthenticator",
+    "SaslError",
+    "SaslSession",
+    "SaslStats",
+    "enabled_mechanisms",
+    "load_secret",
+]

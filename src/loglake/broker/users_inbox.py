@@ -1,0 +1,164 @@
+"""How `loglake users` changes credentials of a data directory a running broker holds.
+
+The data-directory lock (loglake.meta.lock) says whether a broker runs on the directory. When it
+is free, `loglake users` opens the directory itself and appends to the metadata log. When a
+broker holds it, nothing but the broker may write the metadata log, so the command hands its
+change to the broker through an inbox directory, ``<data_dir>/users-inbox/`` (mode 0700):
+
+1. the command writes ``<id>.request.json`` (written as ``.<id>.tmp`` then renamed, so the broker
+   never reads half a request): ``{"op": "add", "user", "mechanism", "cred"}`` (cred as the
+   metadata record holds it: salt, iterations, StoredKey, ServerKey: the password never reaches
+   the disk), ``{"op": "delete", "user", "mechanism"}`` (mechanism null: every one) or
+   ``{"op": "list"}``;
+2. the broker looks every `INBOX_POLL_S`, applies at most `INBOX_REQUESTS_PER_POLL` requests
+   through its metadata log (durable before it answers), writes ``<id>.result.json``
+   (``{"ok": true, "users": {...}}`` or ``{"ok": false, "error": "..."}``, again through a
+   rename) and removes the request;
+3. the command waits at most `INBOX_WAIT_S` for the result, reads and removes it; on a timeout it
+   removes its request (if the broker has not taken it) and says the broker did not answer.
+
+Requests over `INBOX_REQUEST_BYTES_MAX` or that do not parse are answered with an error. Whoever
+can write the data directory can already change anything in it, so the inbox adds no new power.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any
+
+from loglake.errors import LoglakeError
+from loglake.meta.scram import to_credential
+from loglake.scram import MECHANISMS
+
+log = logging.getLogger("loglake.broker.users")
+
+INBOX_DIR = "users-inbox"
+#: How often the broker looks into the inbox.
+INBOX_POLL_S = 0.2
+#: Most requests the broker applies per look (the rest wait for the next one).
+INBOX_REQUESTS_PER_POLL = 100
+#: Largest request file read.
+INBOX_REQUEST_BYTES_MAX = 64 * 1024
+#: How long `loglake users` waits for the broker's answer.
+INBOX_WAIT_S = 15.0
+REQUEST_SUFFIX = ".request.json"
+RESULT_SUFFIX = ".result.json"
+
+
+def inbox_path(data_dir: str) -> str:
+    return os.path.join(data_dir, INBOX_DIR)
+
+
+def write_atomically(directory: str, name: str, doc: dict[str, Any]) -> None:
+    tmp = os.path.join(directory, f".{name}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(directory, name))
+
+
+def list_users(engine: Any) -> dict[str, dict[str, int]]:
+    """user -> mechanism -> iterations."""
+    table = engine.scram_credentials()
+    return {
+        u: {m: int(c["iterations"]) for m, c in sorted(mechs.items())} for u, mechs in sorted(table.items())
+    }
+
+
+def apply_request(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    """Apply one request (from the inbox, or the command itself when it holds the directory);
+    a metadata log that cannot be written (a failed engine, a full disk) is an error answer."""
+    try:
+        return _apply(engine, doc)
+    except LoglakeError as exc:
+        return {"ok": False, "error": f"not applied: {exc}"}
+
+
+def _apply(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
+    op = doc.get("op")
+    if op not in ("list", "add", "delete"):
+        return {"ok": False, "error": f"unknown operation {op!r}"}
+    if op == "list":
+        return {"ok": True, "users": list_users(engine)}
+    user, mechanism = doc.get("user"), doc.get("mechanism")
+    if not isinstance(user, str) or not user:
+        return {"ok": False, "error": "a user name is needed"}
+    if op == "add":
+        if mechanism not in MECHANISMS or not isinstance(doc.get("cred"), dict):
+            return {"ok": False, "error": f"add needs a mechanism ({', '.join(MECHANISMS)}) and a credential"}
+        try:
+            to_credential(str(mechanism), doc["cred"])
+            engine.save_scram_credential(user, mechanism, doc["cred"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "error": f"credential refused: {exc}"}
+        return {"ok": True}
+    # delete
+    have = engine.scram_credentials().get(user, {})
+    wanted = list(have) if mechanism is None else [mechanism]
+    missing = [m for m in wanted if m not in have]
+    if not wanted or missing:
+        what = f"{missing[0]} credential" if missing else "credentials"
+        return {"ok": False, "error": f"user {user!r} has no {what}"}
+    for m in wanted:
+        engine.save_scram_credential(user, m, None)
+    return {"ok": True}
+
+
+def _answer(engine: Any, directory: str, name: str) -> None:
+    path = os.path.join(directory, name)
+    rid = name[: -len(REQUEST_SUFFIX)]
+    try:
+        if os.path.getsize(path) > INBOX_REQUEST_BYTES_MAX:
+            result: dict[str, Any] = {"ok": False, "error": f"request over {INBOX_REQUEST_BYTES_MAX} bytes"}
+        else:
+            with open(path) as fh:
+                doc = json.load(fh)
+            result = (
+                apply_request(engine, doc)
+                if isinstance(doc, dict)
+                else {"ok": False, "error": "not a JSON object"}
+            )
+    except (OSError, ValueError) as exc:
+        result = {"ok": False, "error": f"unreadable request: {exc}"}
+    write_atomically(directory, rid + RESULT_SUFFIX, result)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    log.info(
+        "users inbox: %s %s -> %s",
+        rid,
+        "ok" if result.get("ok") else "refused",
+        result.get("error", "applied"),
+    )
+
+
+def poll_once(engine: Any, data_dir: str) -> int:
+    """Answer the requests waiting in the inbox (at most INBOX_REQUESTS_PER_POLL); how many."""
+    directory = inbox_path(data_dir)
+    try:
+        names = sorted(
+            n for n in os.listdir(directory) if n.endswith(REQUEST_SUFFIX) and not n.startswith(".")
+        )
+    except FileNotFoundError:
+        return 0
+    for name in names[:INBOX_REQUESTS_PER_POLL]:
+        _answer(engine, directory, name)
+    return min(len(names), INBOX_REQUESTS_PER_POLL)
+
+
+async def serve_inbox(ctx: Any) -> None:
+    """The broker's poller (a task of the server, cancelled at shutdown)."""
+    data_dir = ctx.config.data_dir
+    os.makedirs(inbox_path(data_dir), mode=0o700, exist_ok=True)
+    while True:
+        await asyncio.sleep(INBOX_POLL_S)
+        try:
+            await ctx.off_loop(poll_once, ctx.engine, data_dir)
+        except Exception as exc:  # a failed engine, a full disk: say so, keep polling
+            log.warning("users inbox: %s", exc)
+            await asyncio.sleep(INBOX_WAIT_S)

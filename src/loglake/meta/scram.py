@@ -1,0 +1,105 @@
+"""SCRAM credentials in the metadata: one record kind, ``scram_credential``.
+
+Body ``{user, mechanism, cred}``: `cred` is ``{salt, iterations, stored_key, server_key}`` (bytes
+in base64) to set the user's credential for that mechanism (replacing one it had), or null to
+remove it. A user with no credential left is gone. Passwords are never in a record: only what
+`loglake.scram` derives from them. Credentials are kept in checkpoints as ``scram`` (user ->
+mechanism -> cred, the same shape), so a checkpoint plus the records after it gives them back.
+
+The broker's SASL authenticator reads them through the engine's catalog; `loglake users` and
+AlterUserScramCredentials write them (docs/SECURITY.md).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING, Any
+
+from loglake.scram import ITERATIONS_MAX, ITERATIONS_MIN, MECHANISMS, SALT_BYTES_MAX, ScramCredential
+
+if TYPE_CHECKING:
+    from loglake.meta.state import MetaState
+
+__all__ = [
+    "SCRAM_USERS_MAX",
+    "USER_NAME_BYTES_MAX",
+    "apply_scram",
+    "credential_body",
+    "load_scram",
+    "scram_doc",
+    "to_credential",
+]
+
+#: Most users with SCRAM credentials a cluster keeps; a record adding one more is refused before
+#: it is logged (the whole table is in every checkpoint and in the broker's memory).
+SCRAM_USERS_MAX = 10_000
+#: Longest user name stored (bytes of UTF-8).
+USER_NAME_BYTES_MAX = 1024
+
+
+def credential_body(cred: ScramCredential) -> dict[str, Any]:
+    """A credential as the record and checkpoint hold it."""
+
+    def enc(b: bytes) -> str:
+        return base64.b64encode(b).decode("ascii")
+
+    return {
+        "salt": enc(cred.salt),
+        "iterations": cred.iterations,
+        "stored_key": enc(cred.stored_key),
+        "server_key": enc(cred.server_key),
+    }
+
+
+def to_credential(mechanism: str, doc: dict[str, Any]) -> ScramCredential:
+    return ScramCredential(
+        mechanism,
+        base64.b64decode(doc["salt"]),
+        int(doc["iterations"]),
+        base64.b64decode(doc["stored_key"]),
+        base64.b64decode(doc["server_key"]),
+    )
+
+
+def _check(user: str, mechanism: str, cred: dict[str, Any] | None) -> None:
+    """A body that could not have been written by loglake is refused (ValueError: nothing applied)."""
+    if not user or len(user.encode("utf-8", "surrogatepass")) > USER_NAME_BYTES_MAX:
+        raise ValueError(f"scram_credential: user name empty or over {USER_NAME_BYTES_MAX} bytes")
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"scram_credential: unknown mechanism {mechanism!r}")
+    if cred is not None:
+        c = to_credential(mechanism, cred)
+        if not ITERATIONS_MIN <= c.iterations <= ITERATIONS_MAX or not 0 < len(c.salt) <= SALT_BYTES_MAX:
+            raise ValueError(
+                f"scram_credential: iterations {c.iterations} or salt of {len(c.salt)} bytes out of range"
+            )
+
+
+def apply_scram(state: MetaState, b: dict[str, Any]) -> None:
+    user, mechanism, cred = str(b["user"]), str(b["mechanism"]), b["cred"]
+    _check(user, mechanism, cred)
+    table = state.scram
+    if cred is None:
+        mechs = table.get(user)
+        if mechs is not None:
+            mechs.pop(mechanism, None)
+            if not mechs:
+                del table[user]
+        return
+    if user not in table and len(table) >= SCRAM_USERS_MAX:
+        raise ValueError(
+            f"scram_credential: already {SCRAM_USERS_MAX} users with SCRAM credentials (SCRAM_USERS_MAX)"
+        )
+    table.setdefault(user, {})[mechanism] = dict(cred)
+
+
+def scram_doc(state: MetaState) -> dict[str, Any]:
+    return {user: {m: dict(c) for m, c in mechs.items()} for user, mechs in state.scram.items()}
+
+
+def load_scram(state: MetaState, doc: dict[str, Any]) -> None:
+    """Credentials of a checkpoint (absent from checkpoints written before SASL: none)."""
+    for user, mechs in (doc.get("scram") or {}).items():
+        for mechanism, cred in mechs.items():
+            _check(str(user), str(mechanism), cred)
+            state.scram.setdefault(str(user), {})[str(mechanism)] = dict(cred)

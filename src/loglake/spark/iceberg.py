@@ -1,0 +1,525 @@
+"""Topics landed as Apache Iceberg tables, exactly once, through pyiceberg (`loglake[spark]`).
+
+`loglake pipeline export --format iceberg` runs micro-batches of three steps:
+
+1. The driver reads where the table is: the newest snapshot on the main branch that carries
+   `loglake.offsets` (topic -> partition -> next offset to land) is the only resume point, so
+   there is no checkpoint directory to lose or to get out of step with the table.
+2. A Spark batch read of exactly [those offsets, the end now sealed) runs on the executors, and
+   each task writes its rows as Iceberg data files (pyiceberg's writer: field ids, day
+   partitions, column statistics) into the table's location and hands the DataFile entries
+   back to the driver.
+3. The driver commits every file of the batch in one append snapshot whose summary carries the
+   new offsets. Before each commit attempt it re-reads the table: if another writer has moved
+   the offsets of a partition this batch read, the batch is dropped (its files deleted) and the
+   next batch starts from the table again; otherwise the commit is tried on the new head.
+
+A crash before step 3 leaves data files that no snapshot names (orphans: no reader sees them)
+and the table's offsets unchanged, so the next run reads the same range again; a crash after
+it finds the new offsets. Either way every (partition, offset) is in the table once.
+
+pyiceberg's own commit retry re-applies an append blindly on a conflict, which would land a
+batch twice when two exports race; the tables made here set `commit.retry.num-retries=0` and
+this module retries instead, with the offsets checked each time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from loglake.errors import LoglakeError
+from loglake.spark.options import parse_bool, parse_read_options
+from loglake.spark.plan import (
+    TopicPartition,
+    cached_store,
+    from_offset_dict,
+    load_metadata,
+    rate_limit,
+    select_partitions,
+    to_offset_dict,
+)
+
+log = logging.getLogger("loglake.spark.iceberg")
+
+#: Snapshot summary key: JSON {topic: {partition: next offset}} of everything the table holds.
+OFFSETS_PROP = "loglake.offsets"
+#: Snapshot summary key: JSON {"store": segment store URL, "topic": topic} the offsets are of.
+SOURCE_PROP = "loglake.source"
+#: Commit attempts of one micro-batch that loses the optimistic race to other writers'
+#: commits which did not touch its offsets (e.g. compact-table); past it the export fails.
+COMMIT_ATTEMPTS = 10
+#: Most records one micro-batch reads (spread over the partitions like maxOffsetsPerTrigger):
+#: bounds the DataFile list the driver holds and the work a crash throws away.
+MAX_BATCH_RECORDS = 5_000_000
+#: Micro-batch rounds one export runs at most (one without --continuous stops as soon as it
+#: has caught up with the end it saw when it started).
+MAX_BATCHES = 10_000
+#: Table properties of the tables export creates (and sets on tables it did not create).
+TABLE_PROPERTIES = {"commit.retry.num-retries": "0"}
+#: Name of the day partition field (Iceberg's day transform of `timestamp`).
+DAY_FIELD = "timestamp_day"
+#: Test hook, and only that: when set, the driver writes the names of the batch's data files
+#: to the file it names and then sleeps (at most PAUSE_MAX_S) right before committing, so a
+#: test can kill -9 the export between "files written" and "snapshot committed".
+PAUSE_ENV = "LOGLAKE_TEST_ICEBERG_PAUSE_BEFORE_COMMIT"
+PAUSE_MAX_S = 600.0
+#: compact-table: a day partition's files are rewritten in groups of at most this many bytes
+#: (read into memory, written as one file).
+COMPACT_GROUP_BYTES = 256 * 1024 * 1024
+#: compact-table: files at least this big are left alone.
+COMPACT_SMALL_FILE_BYTES = 64 * 1024 * 1024
+#: compact-table attempts when another commit lands between its plan and its commit.
+COMPACT_ATTEMPTS = 5
+
+
+class IcebergExportError(LoglakeError):
+    """The table cannot take this export (another source's offsets, a lost commit race, ...)."""
+
+
+# ---- catalog -----------------------------------------------------------------------------------
+
+
+def catalog_properties(uri: str, warehouse: str | None, options: Mapping[str, str]) -> dict[str, str]:
+    """pyiceberg catalog properties for `--catalog-uri` (sqlite:/// = SQL catalog, http(s) = REST)
+    and the warehouse, with the command's s3.* options turned into pyiceberg's S3 FileIO ones."""
+    low = {k.lower(): v for k, v in options.items()}
+    if uri.startswith("sqlite:"):
+        props = {"type": "sql", "uri": uri}
+    elif uri.startswith(("http://", "https://")):
+        props = {"type": "rest", "uri": uri}
+    else:
+        raise IcebergExportError(
+            f"--catalog-uri must be sqlite:///FILE or an http(s) REST catalog URL, not {uri!r}"
+        )
+    if warehouse:
+        if "://" not in warehouse:
+            warehouse = os.path.abspath(warehouse)
+            os.makedirs(warehouse, exist_ok=True)
+        props["warehouse"] = warehouse
+    if "s3.endpoint_url" in low:
+        props["s3.endpoint"] = low["s3.endpoint_url"]
+    if "s3.region" in low:
+        props["s3.region"] = low["s3.region"]
+    if low.get("s3.path_style", "").lower() in ("1", "true", "yes"):
+        props["s3.force-virtual-addressing"] = "false"
+    return props
+
+
+def open_catalog(uri: str, warehouse: str | None, options: Mapping[str, str]) -> Any:
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog("loglake", **catalog_properties(uri, warehouse, options))
+
+
+def split_name(name: str) -> tuple[str, str]:
+    ns, _, table = name.rpartition(".")
+    if not ns or not table:
+        raise IcebergExportError(f"--table must be NAMESPACE.NAME, not {name!r}")
+    return ns, table
+
+
+def iceberg_arrow_schema(spark_schema: Any) -> Any:
+    """The Arrow schema of the table for a Spark schema: timestamps as UTC microseconds."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(spark_schema, timezone="UTC")
+    return pa.schema(
+        [f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f for f in schema]
+    )
+
+
+def load_or_create_table(catalog: Any, name: str, arrow_schema: Any) -> Any:
+    """The table `name`, created partitioned by day(timestamp) if missing; columns of
+    `arrow_schema` it lacks are added (they read null in older rows)."""
+    from pyiceberg.exceptions import NoSuchTableError, ValidationError
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import assign_fresh_schema_ids
+    from pyiceberg.transforms import DayTransform
+
+    ns, _ = split_name(name)
+    try:
+        table = catalog.load_table(name)
+    except NoSuchTableError:
+        catalog.create_namespace_if_not_exists(ns)
+        schema = assign_fresh_schema_ids(catalog._convert_schema_if_needed(arrow_schema))
+        spec = PartitionSpec(
+            PartitionField(
+                source_id=schema.find_field("timestamp").field_id,
+                field_id=1000,
+                transform=DayTransform(),
+                name=DAY_FIELD,
+            )
+        )
+        table = catalog.create_table_if_not_exists(
+            name, schema=schema, partition_spec=spec, properties=TABLE_PROPERTIES
+        )
+    if any(table.properties.get(k) != v for k, v in TABLE_PROPERTIES.items()):
+        with table.transaction() as tx:
+            tx.set_properties(TABLE_PROPERTIES)
+    have = {f.name: str(f.field_type) for f in table.schema().fields}
+    want = {f.name: str(f.field_type) for f in catalog._convert_schema_if_needed(arrow_schema).fields}
+    changed = [n for n, t in want.items() if have.get(n) != t]
+    if changed:
+        log.info("iceberg: adding or widening columns %s of %s", ", ".join(changed), name)
+        try:
+            with table.update_schema() as upd:
+                upd.union_by_name(arrow_schema)
+        except (ValidationError, ValueError) as exc:
+            raise IcebergExportError(
+                f"table {name} cannot take the columns {', '.join(changed)} as given ({exc})"
+            ) from None
+        table.refresh()
+    return table
+
+
+# ---- offsets in snapshot summaries ---------------------------------------------------------------
+
+
+def committed_offsets(table: Any) -> tuple[dict[TopicPartition, int], dict[str, str] | None]:
+    """(offsets, source) of the newest snapshot in the main branch's history that has them."""
+    snap = table.current_snapshot()
+    while snap is not None:
+        raw = snap.summary[OFFSETS_PROP]
+        if raw:
+            source = snap.summary[SOURCE_PROP]
+            return from_offset_dict(json.loads(raw)), (json.loads(source) if source else None)
+        snap = table.snapshot_by_id(snap.parent_snapshot_id) if snap.parent_snapshot_id else None
+    return {}, None
+
+
+def offsets_summary(offsets: Mapping[TopicPartition, int], source: Mapping[str, str]) -> dict[str, str]:
+    return {
+        OFFSETS_PROP: json.dumps(to_offset_dict(offsets), sort_keys=True),
+        SOURCE_PROP: json.dumps(dict(source), sort_keys=True),
+    }
+
+
+def _check_source(table_source: Mapping[str, str] | None, source: Mapping[str, str], name: str) -> None:
+    if table_source is not None and dict(table_source) != dict(source):
+        raise IcebergExportError(
+            f"table {name} holds offsets of {json.dumps(dict(table_source))}, not of "
+            f"{json.dumps(dict(source))}: export into another table"
+        )
+
+
+# ---- executors: Arrow batches -> Iceberg data files -------------------------------------------
+
+
+def _file_writer(metadata_json: str, io_props: dict[str, str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The mapInArrow function: a task's rows become data files of the table (one per day it
+    spans); it yields the pickled DataFile entries for the driver to commit."""
+
+    def write(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyiceberg.io import load_file_io
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        got = [b for b in batches if b.num_rows]
+        if not got:
+            return
+        data = pa.Table.from_batches(got)
+        ts = data.schema.get_field_index("timestamp")
+        data = data.set_column(ts, "timestamp", data.column(ts).cast(pa.timestamp("us", tz="UTC")))
+        metadata = TableMetadataUtil.parse_raw(metadata_json)
+        io = load_file_io(io_props, metadata.location)
+        blobs = [
+            pickle.dumps(f) for f in _dataframe_to_data_files(metadata, data, io, write_uuid=uuid.uuid4())
+        ]
+        yield pa.RecordBatch.from_pydict({"file": blobs}, schema=pa.schema([("file", pa.binary())]))
+
+    return write
+
+
+# ---- the export ----------------------------------------------------------------------------------
+
+
+@dataclass
+class IcebergBatch:
+    batch: int
+    rows: int
+    files: int
+    seconds: float
+    snapshot_id: int | None
+
+
+@dataclass
+class IcebergExportResult:
+    batches: int
+    rows: int
+    seconds: float
+    snapshot_id: int | None
+
+
+def _spark_error(exc: BaseException) -> str:
+    """The line of a Spark error that says what went wrong (its last `...Error: ...` line)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln.split(":", 1)[0] or "Exception:" in ln]
+    return (named[-1] if named else lines[0] if lines else type(exc).__name__)[:500]
+
+
+def _pause_before_commit(files: list[str]) -> None:
+    marker = os.environ.get(PAUSE_ENV)
+    if not marker:
+        return
+    with open(marker, "w") as f:
+        json.dump(files, f)
+    log.warning("iceberg: %s is set: pausing before the commit (test hook)", PAUSE_ENV)
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _commit(
+    table: Any,
+    files: list[Any],
+    before: Mapping[TopicPartition, int],
+    new: Mapping[TopicPartition, int],
+    source: Mapping[str, str],
+    name: str,
+) -> int | None:
+    """Commit `files` as one append whose summary moves the offsets to `new`. None when another
+    writer moved the offsets this batch read (nothing is committed, the files are deleted)."""
+    from pyiceberg.exceptions import CommitFailedException
+
+    for attempt in range(COMMIT_ATTEMPTS):
+        table.refresh()
+        now, table_source = committed_offsets(table)
+        _check_source(table_source, source, name)
+        if any(now.get(tp) != before.get(tp) for tp in new):
+            log.warning(
+                "iceberg: another writer landed offsets of this batch in %s; dropping its %d files",
+                name,
+                len(files),
+            )
+            for f in files:
+                try:
+                    table.io.delete(f.file_path)
+                except OSError:
+                    pass  # an orphan no snapshot names: harmless
+            return None
+        merged = {**now, **new}
+        tx = table.transaction()
+        with tx.update_snapshot(snapshot_properties=offsets_summary(merged, source)).fast_append() as app:
+            for f in files:
+                app.append_data_file(f)
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as exc:
+            log.info(
+                "iceberg: commit attempt %d on %s lost a race (%s); re-checking offsets",
+                attempt + 1,
+                name,
+                exc,
+            )
+            continue
+        snap = table.current_snapshot()
+        return int(snap.snapshot_id) if snap is not None else None
+    raise IcebergExportError(
+        f"could not commit to {name} in {COMMIT_ATTEMPTS} attempts (other writers kept winning)"
+    )
+
+
+def export_iceberg(
+    spark: Any,
+    path: str,
+    topic: str,
+    *,
+    catalog_uri: str,
+    table_name: str,
+    warehouse: str | None,
+    value_schema: Any = None,
+    value_format: str | None = None,
+    continuous: float | None = None,
+    source_options: dict[str, str] | None = None,
+    on_batch: Callable[[IcebergBatch], None] | None = None,
+    max_batch_records: int = MAX_BATCH_RECORDS,
+) -> IcebergExportResult:
+    """Land `topic` in the Iceberg table `table_name`, resuming from the table's own offsets.
+
+    Without `continuous` it runs until it has caught up with the end sealed when it started;
+    with it, a micro-batch every `continuous` seconds until interrupted."""
+    from pyspark.sql import functions as F
+
+    from loglake.spark.pipeline import infer_json_schema, with_value_columns
+    from loglake.spark.source import register, source_schema
+
+    register(spark)
+    options = {k: v for k, v in (source_options or {}).items()}
+    lower = {k.lower(): v for k, v in options.items()}
+    if "kafka.isolation.level" not in lower:
+        options["kafka.isolation.level"] = "read_committed"
+    for k in ("subscribe", "startingoffsets", "endingoffsets", "subscribepattern", "assign"):
+        if k in lower:
+            raise IcebergExportError(f"option {k} is set by the Iceberg export itself (from the table)")
+    include_headers = parse_bool("includeHeaders", lower.get("includeheaders", "false"))
+    read_opts = parse_read_options({"path": path, "subscribe": topic, **options}, "batch")
+    source = {"store": read_opts.store_url, "topic": topic}
+    if value_format == "json" and value_schema is None:
+        value_schema = infer_json_schema(spark, path, topic, options)
+    catalog = open_catalog(catalog_uri, warehouse, options)
+
+    base_schema = source_schema(include_headers)
+    empty = with_value_columns(spark.createDataFrame([], base_schema), value_schema)
+    table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(empty.schema))
+    started = time.monotonic()
+    target: dict[TopicPartition, int] | None = None
+    rows = batches = 0
+    snapshot_id: int | None = None
+    try:
+        for _ in range(MAX_BATCHES):
+            t0 = time.monotonic()
+            table.refresh()
+            before, table_source = committed_offsets(table)
+            _check_source(table_source, source, table_name)
+            meta = load_metadata(cached_store(read_opts.store_url), read_opts.isolation)
+            parts = select_partitions(read_opts, meta)
+            latest = {pm.tp: pm.end for pm in parts}
+            if target is None and not continuous:
+                target = dict(latest)  # AvailableNow: what is there now, then stop
+            if target is not None:
+                latest = {tp: min(off, target.get(tp, off)) for tp, off in latest.items()}
+            starts = {pm.tp: before.get(pm.tp, pm.log_start) for pm in parts}
+            ends = rate_limit(starts, latest, max_batch_records)
+            todo = {tp: e for tp, e in ends.items() if e > starts[tp]}
+            if not todo:
+                if not continuous:
+                    break
+                time.sleep(continuous)
+                continue
+            reader = spark.read.format("loglake").option("path", path).option("subscribe", topic)
+            for k, v in options.items():
+                reader = reader.option(k, v)
+            reader = reader.option(
+                "startingOffsets", json.dumps(to_offset_dict({tp: starts[tp] for tp in todo}))
+            )
+            reader = reader.option("endingOffsets", json.dumps(to_offset_dict(todo)))
+            df = with_value_columns(reader.load(), value_schema)
+            table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(df.schema))
+            writer = _file_writer(table.metadata.model_dump_json(), dict(table.io.properties))
+            out = df.select(*[F.col(c) for c in df.columns]).mapInArrow(writer, "file binary")
+            try:
+                files = [pickle.loads(r[0]) for r in out.collect()]
+            except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
+                raise IcebergExportError(f"export batch failed: {_spark_error(exc)}") from None
+            n = sum(int(f.record_count) for f in files)
+            _pause_before_commit([f.file_path for f in files])
+            committed = _commit(table, files, before, todo, source, table_name)
+            if committed is None:
+                continue
+            snapshot_id = committed
+            rows += n
+            if on_batch is not None:
+                on_batch(IcebergBatch(batches, n, len(files), time.monotonic() - t0, snapshot_id))
+            batches += 1
+            if continuous:
+                time.sleep(continuous)
+    except KeyboardInterrupt:
+        pass
+    return IcebergExportResult(batches, rows, time.monotonic() - started, snapshot_id)
+
+
+# ---- compact-table -------------------------------------------------------------------------------
+
+
+@dataclass
+class CompactResult:
+    partitions: int
+    files_before: int
+    files_after: int
+    snapshot_id: int | None
+
+
+def _compaction_plan(table: Any, small_file_bytes: int) -> list[list[Any]]:
+    """Groups of small live files to rewrite, each from one day partition (and one partition
+    spec), each at most COMPACT_GROUP_BYTES; a group of one file is left alone."""
+    by_partition: dict[tuple[int, Any], list[Any]] = {}
+    for task in table.scan().plan_files():
+        f = task.file
+        if f.file_size_in_bytes < small_file_bytes and not task.delete_files:
+            by_partition.setdefault((f.spec_id, f.partition), []).append(task)
+    groups: list[list[Any]] = []
+    for _, tasks in sorted(by_partition.items(), key=lambda kv: repr(kv[0])):
+        group: list[Any] = []
+        size = 0
+        for task in sorted(tasks, key=lambda t: t.file.file_path):
+            if group and size + task.file.file_size_in_bytes > COMPACT_GROUP_BYTES:
+                groups.append(group)
+                group, size = [], 0
+            group.append(task)
+            size += task.file.file_size_in_bytes
+        groups.append(group)
+    return [g for g in groups if len(g) > 1]
+
+
+def compact_table(
+    catalog: Any, name: str, *, small_file_bytes: int = COMPACT_SMALL_FILE_BYTES
+) -> CompactResult:
+    """Rewrite each day partition's small files into one, as one snapshot that removes the old
+    files and adds the new ones (rows unchanged). The snapshot carries the table's export
+    offsets forward, so an export resumes from it like from an append.
+
+    pyiceberg writes that snapshot with the `overwrite` operation (it cannot write `replace`);
+    like any commit it is optimistic: if another commit lands between plan and commit, the
+    rewritten files are deleted and the whole compaction is planned again."""
+    from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
+    from pyiceberg.expressions import AlwaysTrue
+    from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+
+    for attempt in range(COMPACT_ATTEMPTS):
+        try:
+            table = catalog.load_table(name)
+        except NoSuchTableError:
+            raise IcebergExportError(f"no table {name} in the catalog") from None
+        groups = _compaction_plan(table, small_file_bytes)
+        if not groups:
+            return CompactResult(0, 0, 0, None)
+        offsets, source = committed_offsets(table)
+        props = offsets_summary(offsets, source) if source is not None else {}
+        props["loglake.compacted-files"] = str(sum(len(g) for g in groups))
+        new_files: list[Any] = []
+        for group in groups:
+            scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+            data = scan.to_table(group)
+            new_files.extend(
+                _dataframe_to_data_files(table.metadata, data, table.io, write_uuid=uuid.uuid4())
+            )
+        tx = table.transaction()
+        with tx.update_snapshot(snapshot_properties=props).overwrite() as rewrite:
+            for group in groups:
+                for task in group:
+                    rewrite.delete_data_file(task.file)
+            for f in new_files:
+                rewrite.append_data_file(f)
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as exc:
+            log.info(
+                "iceberg: compaction attempt %d of %s lost a race (%s); planning again",
+                attempt + 1,
+                name,
+                exc,
+            )
+            for f in new_files:
+                try:
+                    table.io.delete(f.file_path)
+                except OSError:
+                    pass  # an orphan no snapshot names: harmless
+            continue
+        snap = table.current_snapshot()
+        return CompactResult(
+            len(groups),
+            sum(len(g) for g in groups),
+            len(new_files),
+            int(snap.snapshot_id) if snap is not None else None,
+        )
+    raise IcebergExportError(f"could not commit the compaction of {name} in {COMPACT_ATTEMPTS} attempts")
