@@ -502,3 +502,43 @@ def test_tiered_segments_come_through_the_broker_without_cold_path(tmp_path: Pat
         # a timestamp lookup needs no coldPath either: the broker answers it
         since = LoglakeBatchReader(parse_read_options(_options(b, topic, startingTimestamp="0"), "batch"))
         assert since.offset_ranges() == {(topic, 0): (0, 107)}
+
+
+def test_iceberg_export_lands_the_tail(spark: Any, broker: Broker, tmp_path: Path) -> None:
+    """`pipeline export --format iceberg -o kafka.bootstrap.servers=...`: the table gets records
+    nothing has sealed yet, each once; a second run adds only what came since."""
+    pytest.importorskip("pyiceberg")
+    from loglake.spark.iceberg import export_iceberg, open_catalog
+
+    topic = _topic(broker, 2)
+    _produce(broker, topic, 0, 150, 2)
+    options = {"kafka.bootstrap.servers": broker.bootstrap, **QUIET}
+
+    def export() -> int:
+        return export_iceberg(
+            spark,
+            str(broker.data_dir),
+            topic,
+            catalog_uri=f"sqlite:///{tmp_path}/catalog.db",
+            table_name="lake.tail",
+            warehouse=str(tmp_path / "warehouse"),
+            source_options=options,
+        ).rows
+
+    assert export() == 150
+    _produce(broker, topic, 150, 30, 2)
+    assert export() == 30
+    table = open_catalog(f"sqlite:///{tmp_path}/catalog.db", str(tmp_path / "warehouse"), {}).load_table(
+        "lake.tail"
+    )
+    data = table.scan().to_arrow()
+    rows = sorted(
+        zip(
+            data.column("partition").to_pylist(),
+            data.column("offset").to_pylist(),
+            data.column("value").to_pylist(),
+            strict=True,
+        )
+    )
+    assert len(rows) == 180
+    _exactly_once(rows, 2)
