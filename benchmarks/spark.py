@@ -11,6 +11,14 @@ Both reads run on local[2] in the same session and are forced to materialize eve
 Parquet file sink (a streaming query with a checkpoint) and an Iceberg table (SQL catalog on
 SQLite, a warehouse directory), each into a fresh target, headers included in both; reported as
 rows/s and the Iceberg export's share of the Parquet export's rate (issue 17's target: 80 %).
+
+    .venv/bin/python benchmarks/spark.py --hybrid --records 2000000
+
+`--hybrid` measures hybrid reads instead (kafka.bootstrap.servers): 90 % of the records are
+produced with the embedded API and sealed, a real `loglake serve` is started on the data directory
+and the last 10 % are produced through it (left unsealed: under segment.bytes, segment.records
+and segment.ms); the hybrid read of everything is timed against a store-only read of the same
+records once the broker's clean shutdown has sealed them (issue 17 target: >= 70 %).
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from loglake.records.batch import build_batch
 
 TOPIC = "bench"
 BATCH_RECORDS = 2000
+ROOT = Path(__file__).resolve().parent.parent
+#: The unsealed tail of the --hybrid run, as a fraction of the records.
+TAIL_FRACTION = 0.10
 
 
 def produce(data_dir: Path, records: int, value_bytes: int, partitions: int, codec: str) -> float:
@@ -83,6 +94,80 @@ def profile_read(data_dir: Path) -> str:
     )
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
     return out.getvalue()
+
+
+def produce_tail(bootstrap: str, first: int, records: int, value_bytes: int, partitions: int) -> float:
+    """Records [first, first + records) through the broker (confluent-kafka, acks=all)."""
+    from confluent_kafka import Producer
+
+    started = time.perf_counter()
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 1_000_000, "log_level": 0})
+    for i in range(first, first + records):
+        while True:
+            try:
+                p.produce(
+                    TOPIC, value=f"{i:020d}".encode().ljust(value_bytes, b"x"), partition=i % partitions
+                )
+                break
+            except BufferError:
+                p.poll(0.05)
+    assert p.flush(120) == 0
+    return time.perf_counter() - started
+
+
+def hybrid(args: argparse.Namespace, work: Path, spark_session: Any) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from loglake.spark.options import parse_read_options
+    from loglake.spark.plan import BrokerRange
+    from loglake.spark.source import LoglakeBatchReader
+
+    from brokerkit import Broker
+
+    data_dir = work / "hybrid-data"
+    tail = int(args.records * TAIL_FRACTION)
+    print(f"producing {args.records - tail:,} sealed records into {data_dir} ...", file=sys.stderr)
+    produce(data_dir, args.records - tail, args.value_bytes, args.partitions, args.codec)
+    broker = Broker(data_dir).start()
+    try:
+        print(f"producing {tail:,} more through {broker.bootstrap} (left unsealed) ...", file=sys.stderr)
+        produce_tail(broker.bootstrap, args.records - tail, tail, args.value_bytes, args.partitions)
+        spark = spark_session()
+        options = {"path": str(data_dir), "subscribe": TOPIC, "kafka.bootstrap.servers": broker.bootstrap}
+        planned = LoglakeBatchReader(parse_read_options(options, "batch")).partitions()
+        through_broker = sum(
+            p.value.count
+            for p in planned
+            if isinstance(p.value, BrokerRange)  # type: ignore[attr-defined]
+        )
+        assert through_broker == tail, f"{through_broker} offsets planned through the broker, {tail} unsealed"
+
+        def df(opts: dict[str, str]) -> Any:
+            return spark.read.format("loglake").options(**opts).load()
+
+        n = df(options).count()
+        assert n == args.records, f"hybrid read {n} records, produced {args.records}"
+        hybrid_s = timed(lambda: df(options).write.format("noop").mode("overwrite").save(), args.repeat)
+    finally:
+        assert broker.stop() == 0  # a clean shutdown seals the tail
+    sealed = {"path": str(data_dir), "subscribe": TOPIC}
+    n = df(sealed).count()
+    assert n == args.records, f"sealed read {n} records, produced {args.records}"
+    sealed_s = timed(lambda: df(sealed).write.format("noop").mode("overwrite").save(), args.repeat)
+    spark.stop()
+    return {
+        "records": args.records,
+        "tail_records": tail,
+        "value_bytes": args.value_bytes,
+        "partitions": args.partitions,
+        "master": args.master,
+        "cpus": os.cpu_count(),
+        "hybrid_s": round(hybrid_s, 3),
+        "hybrid_records_per_s": round(args.records / hybrid_s),
+        "sealed_s": round(sealed_s, 3),
+        "sealed_records_per_s": round(args.records / sealed_s),
+        "ratio_to_sealed": round(sealed_s / hybrid_s, 3),
+        "targets": {"ratio_to_sealed": 0.70},
+    }
 
 
 def export_rates(spark: Any, data_dir: Path, work: Path, records: int, repeat: int) -> dict[str, Any]:
@@ -141,18 +226,17 @@ def main() -> None:
         "--profile", action="store_true", help="cProfile one segment's read_slice in this process"
     )
     ap.add_argument(
+        "--hybrid", action="store_true", help="hybrid read with a 10 %% unsealed tail vs the same data sealed"
+    )
+    ap.add_argument(
         "--export", action="store_true", help="also time pipeline export: Parquet sink vs Iceberg table"
     )
     args = ap.parse_args()
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="loglake-spark-bench-"))
     data_dir, parquet_dir = work / "data", work / "parquet"
-    try:
-        if not (data_dir / "segments").exists():
-            print(f"producing {args.records:,} records into {data_dir} ...", file=sys.stderr)
-            produce_s = produce(data_dir, args.records, args.value_bytes, args.partitions, args.codec)
-        else:
-            produce_s = 0.0
+
+    def spark_session() -> Any:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
@@ -167,6 +251,30 @@ def main() -> None:
         )
         spark.sparkContext.setLogLevel("ERROR")
         loglake.spark.register(spark)
+        return spark
+
+    if args.hybrid:
+        try:
+            result = hybrid(args, work, spark_session)
+            print(json.dumps(result, indent=2))
+            print(
+                f"hybrid read (10 % tail through the broker): {result['hybrid_records_per_s']:,} records/s; "
+                f"sealed: {result['sealed_records_per_s']:,} records/s; "
+                f"hybrid reads at {result['ratio_to_sealed']:.0%} of the sealed rate"
+            )
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        finally:
+            if not args.dir:
+                shutil.rmtree(work, ignore_errors=True)
+        return
+    try:
+        if not (data_dir / "segments").exists():
+            print(f"producing {args.records:,} records into {data_dir} ...", file=sys.stderr)
+            produce_s = produce(data_dir, args.records, args.value_bytes, args.partitions, args.codec)
+        else:
+            produce_s = 0.0
+        spark = spark_session()
 
         def loglake_df() -> Any:
             return (

@@ -39,9 +39,7 @@ from loglake.errors import LoglakeError
 from loglake.spark.options import parse_bool, parse_read_options
 from loglake.spark.plan import (
     TopicPartition,
-    cached_store,
     from_offset_dict,
-    load_metadata,
     rate_limit,
     select_partitions,
     to_offset_dict,
@@ -346,12 +344,13 @@ def export_iceberg(
 ) -> IcebergExportResult:
     """Land `topic` in the Iceberg table `table_name`, resuming from the table's own offsets.
 
-    Without `continuous` it runs until it has caught up with the end sealed when it started;
+    Without `continuous` it runs until it has caught up with the end sealed when it started (with
+    kafka.bootstrap.servers in `source_options`: the broker's end, the tail read through it);
     with it, a micro-batch every `continuous` seconds until interrupted."""
     from pyspark.sql import functions as F
 
     from loglake.spark.pipeline import infer_json_schema, with_value_columns
-    from loglake.spark.source import register, source_schema
+    from loglake.spark.source import metadata, register, source_schema
 
     register(spark)
     options = {k: v for k, v in (source_options or {}).items()}
@@ -381,7 +380,8 @@ def export_iceberg(
             table.refresh()
             before, table_source = committed_offsets(table)
             _check_source(table_source, source, table_name)
-            meta = load_metadata(cached_store(read_opts.store_url), read_opts.isolation)
+            # with kafka.bootstrap.servers: the broker's end, the tail read through it (hybrid reads)
+            meta = metadata(read_opts)
             parts = select_partitions(read_opts, meta)
             latest = {pm.tp: pm.end for pm in parts}
             if target is None and not continuous:

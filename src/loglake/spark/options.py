@@ -47,6 +47,34 @@ READ_OPTIONS = frozenset(
         "kafka.isolation.level",
     }
 )
+#: Java client settings librdkafka (the client the source and sink use) does not have: refused,
+#: naming what to use instead, rather than failing in librdkafka with "No such configuration property".
+JAVA_ONLY_KAFKA = {
+    "ssl.truststore.location": "kafka.ssl.ca.location (the CA certificates as a PEM file)",
+    "ssl.truststore.password": "kafka.ssl.ca.location (a PEM file needs no password)",
+    "ssl.truststore.type": "kafka.ssl.ca.location (a PEM file)",
+    "ssl.truststore.certificates": "kafka.ssl.ca.pem",
+    "ssl.keystore.type": "kafka.ssl.keystore.location (PKCS#12) or kafka.ssl.certificate.location + kafka.ssl.key.location (PEM)",
+    "ssl.keystore.certificate.chain": "kafka.ssl.certificate.pem",
+    "ssl.keystore.key": "kafka.ssl.key.pem",
+    "ssl.protocol": "nothing: librdkafka negotiates the newest TLS version both sides support",
+    "sasl.jaas.config": "kafka.sasl.username and kafka.sasl.password (or kafka.sasl.oauthbearer.*)",
+    "sasl.login.callback.handler.class": "kafka.sasl.oauthbearer.* (librdkafka has no Java callbacks)",
+    "sasl.client.callback.handler.class": "kafka.sasl.username and kafka.sasl.password",
+    "key.deserializer": "nothing: the source returns key and value as bytes (cast them in Spark)",
+    "value.deserializer": "nothing: the source returns key and value as bytes (cast them in Spark)",
+    "key.serializer": "nothing: the sink writes key and value as given (binary or string columns)",
+    "value.serializer": "nothing: the sink writes key and value as given (binary or string columns)",
+    "interceptor.classes": "nothing: librdkafka has no Java interceptors",
+}
+#: Consumer settings the hybrid reader owns (it reads fixed offset ranges with no consumer
+#: group, as Spark's Kafka source does): refused with the option that does the job.
+READER_OWNED_KAFKA = {
+    "group.id": "no consumer group is used: each task reads its own offset range with assign()",
+    "auto.offset.reset": "use startingOffsets",
+    "enable.auto.commit": "offsets are kept in Spark's checkpoint, never committed to the broker",
+    "enable.partition.eof": "the reader needs it to finish a range",
+}
 #: Values of kafka.isolation.level (Spark's Kafka source passes it to its consumers; the same
 #: default: read_uncommitted).
 ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
@@ -87,10 +115,19 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     include_headers: bool = False
     isolation: str = "read_uncommitted"
+    #: kafka.bootstrap.servers: hybrid reads (the sealed part from the stores, the tail after it
+    #: through the broker); None: sealed segments only
+    bootstrap_servers: str | None = None
+    #: the other kafka.* options (security, timeouts, ...) as librdkafka settings, sorted
+    kafka_config: tuple[tuple[str, str], ...] = ()
 
     @property
     def read_committed(self) -> bool:
         return self.isolation == "read_committed"
+
+    @property
+    def hybrid(self) -> bool:
+        return self.bootstrap_servers is not None
 
     def matches(self, topic: str) -> bool:
         if self.subscribe:
@@ -286,16 +323,40 @@ def cold_url_from(opts: Mapping[str, str]) -> str | None:
     return store_url_from(opts, data_dir=False)
 
 
+def kafka_client_options(opts: Mapping[str, str], owned: Mapping[str, str]) -> dict[str, str]:
+    """The `kafka.*` options (lower-cased names) as librdkafka settings, without the `kafka.`
+    prefix, as Spark's Kafka source and sink pass them to their clients. Java-only names and
+    settings the caller owns are refused with what to use instead; librdkafka itself checks the
+    rest when the first client is made."""
+    out: dict[str, str] = {}
+    for k, v in opts.items():
+        if not k.startswith("kafka."):
+            continue
+        name = k[len("kafka.") :]
+        if name in JAVA_ONLY_KAFKA:
+            raise LoglakeOptionError(
+                f"option {k} is a Java client setting that librdkafka (the client loglake's Spark "
+                f"source and sink use) does not have; use {JAVA_ONLY_KAFKA[name]}"
+            )
+        if name in owned:
+            raise LoglakeOptionError(f"option {k} cannot be set: {owned[name]}")
+        out[name] = v
+    return out
+
+
 def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
     opts = _lower(options)
+    servers = opts.get("kafka.bootstrap.servers", "").strip() or None
     for k in opts:
         if k in READ_OPTIONS or k in SPARK_OPTIONS or k.startswith(S3_PREFIX):
             continue
-        if k.startswith("kafka."):
+        if k.startswith("kafka.") and servers is None:
             raise LoglakeOptionError(
-                f"option {k!r} is not used by the loglake reader: it reads sealed segments from `path`, "
-                "not from a broker (of the kafka.* options it takes only kafka.isolation.level)"
+                f"option {k!r} is used only with kafka.bootstrap.servers (hybrid reads through a broker); "
+                "without it the reader reads sealed segments from `path` and takes only kafka.isolation.level"
             )
+        if k.startswith("kafka."):
+            continue
         raise LoglakeOptionError(
             f"unknown option {k!r} for the loglake source (known: {', '.join(sorted(READ_OPTIONS))})"
         )
@@ -356,6 +417,19 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
         fail_on_data_loss=parse_bool("failOnDataLoss", opts.get("failondataloss", "true")),
         include_headers=parse_bool("includeHeaders", opts.get("includeheaders", "false")),
         isolation=_isolation(opts.get("kafka.isolation.level", ISOLATION_LEVELS[0])),
+        bootstrap_servers=servers,
+        kafka_config=tuple(
+            sorted(
+                kafka_client_options(
+                    {
+                        k: v
+                        for k, v in opts.items()
+                        if k not in ("kafka.bootstrap.servers", "kafka.isolation.level")
+                    },
+                    READER_OWNED_KAFKA,
+                ).items()
+            )
+        ),
     )
 
 
@@ -370,11 +444,9 @@ def _isolation(value: str) -> str:
 
 def parse_write_options(options: Mapping[str, Any]) -> WriteOptions:
     opts = _lower(options)
-    producer: dict[str, str] = {}
-    for k, v in opts.items():
-        if k.startswith("kafka."):
-            producer[k[len("kafka.") :]] = v
-        elif k not in WRITE_OPTIONS and k not in SPARK_OPTIONS:
+    producer = kafka_client_options(opts, {})
+    for k in opts:
+        if not k.startswith("kafka.") and k not in WRITE_OPTIONS and k not in SPARK_OPTIONS:
             raise LoglakeOptionError(
                 f"unknown option {k!r} for the loglake sink (known: kafka.bootstrap.servers, kafka.*, topic)"
             )

@@ -1,8 +1,9 @@
 """Driver-side planning: published metadata -> partitions -> offset ranges -> segment slices.
 
 No pyspark here: everything is plain Python over the object store, so it is unit-testable and
-the same code serves batch and streaming reads. Only sealed segments (what the store's copy of
-the metadata lists: loglake.meta.publish) are visible.
+the same code serves batch and streaming reads. Without a broker only sealed segments (what the
+store's copy of the metadata lists: loglake.meta.publish) are visible; hybrid reads
+(kafka.bootstrap.servers, spark/broker.py) add the tail after them as BrokerRanges.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -61,6 +62,9 @@ class PartitionMeta:
     #: the metadata dropped its oldest aborted entries (ABORTED_TXNS_MAX): older ones are only
     #: in the segments' transaction indexes
     aborted_trimmed: bool = False
+    #: hybrid reads: `end` is the broker's high watermark (read_committed: its last stable
+    #: offset) and offsets from `seam` on are read through the broker; None: segments only
+    seam: int | None = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -81,6 +85,22 @@ class Slice:
     #: read_committed: aborted transactions overlapping [start, end) (producer id, first,
     #: marker); None at read_uncommitted
     aborted: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRange:
+    """One Spark input partition of a hybrid read: offsets [start, end) of one partition, read
+    through the broker by one consumer (spark/broker.py). Offsets in it may be markers, aborted
+    or compacted away: the range ends where the consumer's position reaches `end`."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
 
     @property
     def count(self) -> int:
@@ -211,8 +231,10 @@ def resolve_offset(
     starting: bool,
     strategy: str = "error",
     cold_url: str | None = None,
+    tail: Callable[[TopicPartition, int], int | None] | None = None,
 ) -> int:
-    """The concrete offset a starting/ending spec means for one partition."""
+    """The concrete offset a starting/ending spec means for one partition. `tail` finds a
+    timestamp past the sealed segments (hybrid reads: ListOffsets by time at the broker)."""
     default = pm.log_start if starting else pm.end
     if spec.kind == "earliest":
         return pm.log_start
@@ -234,7 +256,12 @@ def resolve_offset(
         if ts is None:
             return default
     assert ts is not None
-    found = offset_for_timestamp(store, pm, ts, cold_url)
+    if tail is not None and not cold_url and any(seg.tier == "cold" for seg in pm.segments):
+        found = tail(pm.tp, ts)  # tiered segments and no coldPath: the broker reads its cold tier
+    else:
+        found = offset_for_timestamp(store, pm, ts, cold_url)
+        if found is None and tail is not None:
+            found = tail(pm.tp, ts)
     if found is not None:
         return found
     if starting and strategy == "error":
@@ -257,7 +284,8 @@ def check_range(pm: PartitionMeta, start: int, end: int, fail_on_data_loss: bool
         log.warning("loglake: %s; skipping ahead (failOnDataLoss=false)", msg)
         start = pm.log_start
     if end > pm.end:
-        msg = f"{pm.topic}-{pm.partition}: offset {end} is past the sealed end {pm.end}"
+        what = "the broker's end" if pm.seam is not None else "the sealed end"
+        msg = f"{pm.topic}-{pm.partition}: offset {end} is past {what} {pm.end}"
         if fail_on_data_loss:
             raise DataLossError(msg + " (was the topic re-created?); set failOnDataLoss=false to go on")
         log.warning("loglake: %s; reading up to %d", msg, pm.end)
@@ -301,17 +329,50 @@ def _indexed_aborted(
     return found
 
 
-def split_slices(slices: list[Slice], min_partitions: int | None) -> list[Slice]:
+def ranges_for(
+    store_url: str,
+    pm: PartitionMeta,
+    start: int,
+    end: int,
+    cold_url: str | None = None,
+    *,
+    committed: bool = False,
+) -> list[Slice | BrokerRange]:
+    """Offsets [start, end) of a partition: segment slices below the seam, one BrokerRange from
+    it. The seam is fixed here, at plan time, so a seal during the read changes nothing: the
+    broker still serves offsets it has sealed since."""
+    seam = end if pm.seam is None else max(start, min(end, pm.seam))
+    out: list[Slice | BrokerRange] = []
+    pos = start
+    if pm.seam is not None and not cold_url:
+        # no coldPath: the offsets of segments tiered to the cold store (the oldest ones) come
+        # through the broker, which reads its own cold tier
+        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == "cold"), default=start)
+        pos = max(start, min(cold_end, seam))
+        if pos > start:
+            out.append(BrokerRange(pm.topic, pm.partition, start, pos))
+    out.extend(slices_for(store_url, pm, pos, seam, cold_url, committed=committed))
+    if seam < end:
+        out.append(BrokerRange(pm.topic, pm.partition, seam, end))
+    return out
+
+
+def split_slices(slices: list[Slice | BrokerRange], min_partitions: int | None) -> list[Slice | BrokerRange]:
     """Split the biggest slices at batch boundaries (from the segment index) so there are at
-    least `min_partitions` of them where the data allows (as Kafka's range calculator)."""
+    least `min_partitions` of them where the data allows (as Kafka's range calculator). Broker
+    ranges split at any offset: each piece's consumer starts where it is told."""
     if not min_partitions or len(slices) >= min_partitions or not slices:
         return slices
     total = sum(s.count for s in slices)
-    out: list[Slice] = []
+    out: list[Slice | BrokerRange] = []
     for sl in slices:
         pieces = max(1, math.ceil(sl.count / total * min_partitions)) if total else 1
         if pieces <= 1:
             out.append(sl)
+            continue
+        if isinstance(sl, BrokerRange):
+            cut_at = sorted({sl.start + (sl.count * k) // pieces for k in range(pieces + 1)})
+            out.extend(BrokerRange(sl.topic, sl.partition, a, b) for a, b in itertools.pairwise(cut_at))
             continue
         _trailer, index = read_tail(cached_store(sl.store_url), sl.key, sl.size)
         cuts: list[int] = []
@@ -371,5 +432,5 @@ def rate_limit(
     return out
 
 
-def total_offsets(slices: Iterable[Slice]) -> int:
+def total_offsets(slices: Iterable[Slice | BrokerRange]) -> int:
     return sum(s.count for s in slices)

@@ -1,5 +1,6 @@
-"""The `loglake` Python data source: batch and streaming reads of sealed segments, writes
-through a running broker. See docs/SPARK.md."""
+"""The `loglake` Python data source: batch and streaming reads of sealed segments (and, given
+kafka.bootstrap.servers, of the live tail through the broker), writes through a running broker.
+See docs/SPARK.md."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ from loglake.spark.options import (
     parse_write_options,
 )
 from loglake.spark.plan import (
+    BrokerRange,
     DataLossError,
+    Metadata,
     OffsetDict,
     Slice,
     TopicPartition,
@@ -45,10 +48,10 @@ from loglake.spark.plan import (
     check_range,
     from_offset_dict,
     load_metadata,
+    ranges_for,
     rate_limit,
     resolve_offset,
     select_partitions,
-    slices_for,
     split_slices,
     to_offset_dict,
 )
@@ -91,19 +94,64 @@ def source_schema(include_headers: bool) -> StructType:
 
 
 class SlicePartition(InputPartition):
-    """A Spark input partition: one segment slice (small and picklable)."""
+    """A Spark input partition: one segment slice, or one range read through the broker (small
+    and picklable)."""
 
-    def __init__(self, value: Slice) -> None:
+    def __init__(self, value: Slice | BrokerRange) -> None:
         super().__init__(value)
-        self.value: Slice = value
+        self.value: Slice | BrokerRange = value
 
 
-def _read(sl: Slice, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
+def metadata(opts: ReadOptions) -> Metadata:
+    """What the query can see: the store's metadata, and with kafka.bootstrap.servers the
+    broker's ends (hybrid reads) on top of it."""
+    store = cached_store(opts.store_url)
+    if not opts.hybrid:
+        return load_metadata(store, opts.isolation)
+    from loglake.meta.publish import find_clusters
+    from loglake.spark.broker import with_broker
+
+    # a new broker may have published nothing yet: then everything is tail
+    meta = load_metadata(store, opts.isolation) if find_clusters(store) else Metadata("", 0, {}, {})
+    return with_broker(meta, opts)
+
+
+def _tail(opts: ReadOptions) -> Any:
+    """Timestamp lookups past the sealed segments (hybrid reads only)."""
+    if not opts.hybrid:
+        return None
+    from loglake.spark.broker import broker_view
+
+    return broker_view(opts).offset_for_timestamp
+
+
+def _read(sl: Slice | BrokerRange, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
     from loglake.spark.reader import read_slice
 
+    if isinstance(sl, BrokerRange):
+        from loglake.spark.broker import read_range
+
+        yield from read_range(sl, opts)
+        return
+
+    upto = sl.start  # the offsets below were yielded already
     try:
-        yield from read_slice(sl, opts.include_headers)
+        for batch in read_slice(sl, opts.include_headers):
+            if batch.num_rows:
+                upto = batch.column("offset")[-1].as_py() + 1
+            yield batch
     except ObjectNotFoundError:
+        if opts.hybrid:
+            # compaction or merging replaced the segment since planning, or retention deleted
+            # it: the broker has whatever is left of those offsets (and reports what is gone)
+            from loglake.spark.broker import read_range
+
+            log.info(
+                "loglake: segment %s is gone since planning; reading %s-%d offsets %d..%d through the broker",
+                sl.key, sl.topic, sl.partition, upto, sl.end - 1,
+            )  # fmt: skip
+            yield from read_range(BrokerRange(sl.topic, sl.partition, upto, sl.end), opts)
+            return
         msg = f"segment {sl.key} ({sl.topic}-{sl.partition} offsets {sl.start}..{sl.end - 1}) is gone (retention?)"
         if opts.fail_on_data_loss:
             raise DataLossError(msg + "; set failOnDataLoss=false to skip it") from None
@@ -111,11 +159,11 @@ def _read(sl: Slice, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
 
 
 def _plan_partitions(
-    opts: ReadOptions, ranges: dict[TopicPartition, tuple[int, int]]
+    opts: ReadOptions, ranges: dict[TopicPartition, tuple[int, int]], meta: Metadata
 ) -> list[InputPartition]:
-    store = cached_store(opts.store_url)
-    meta = load_metadata(store, opts.isolation)
-    slices: list[Slice] = []
+    """Input partitions for `ranges`. With hybrid reads the seam of each partition is fixed
+    here, from `meta`: what was sealed when it was read."""
+    slices: list[Slice | BrokerRange] = []
     for tp, (lo, hi) in sorted(ranges.items()):
         if hi <= lo:
             continue
@@ -128,18 +176,23 @@ def _plan_partitions(
                 log.warning("loglake: %s; skipped", msg)
             continue
         lo, hi = check_range(pm, lo, hi, opts.fail_on_data_loss)
-        slices.extend(slices_for(opts.store_url, pm, lo, hi, opts.cold_url, committed=opts.read_committed))
-    return [SlicePartition(s) for s in split_slices(slices, opts.min_partitions)]
+        slices.extend(ranges_for(opts.store_url, pm, lo, hi, opts.cold_url, committed=opts.read_committed))
+    planned = split_slices(slices, opts.min_partitions)
+    # broker ranges first: a record through a consumer costs several times one decoded from a
+    # segment, so they start early instead of being the last tasks of the stage
+    planned.sort(key=lambda r: not isinstance(r, BrokerRange))
+    return [SlicePartition(s) for s in planned]
 
 
 class LoglakeBatchReader(DataSourceReader):
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
 
-    def offset_ranges(self) -> dict[TopicPartition, tuple[int, int]]:
+    def offset_ranges(self, meta: Metadata | None = None) -> dict[TopicPartition, tuple[int, int]]:
         opts = self.opts
         store = cached_store(opts.store_url)
-        meta = load_metadata(store, opts.isolation)
+        meta = meta or metadata(opts)
+        tail = _tail(opts)
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         for pm in select_partitions(opts, meta):
             start = resolve_offset(
@@ -149,8 +202,9 @@ class LoglakeBatchReader(DataSourceReader):
                 starting=True,
                 strategy=opts.timestamp_strategy,
                 cold_url=opts.cold_url,
+                tail=tail,
             )
-            end = resolve_offset(opts.ending, pm, store, starting=False, cold_url=opts.cold_url)
+            end = resolve_offset(opts.ending, pm, store, starting=False, cold_url=opts.cold_url, tail=tail)
             if start > end:
                 raise LoglakeOptionError(
                     f"starting offset {start} is after ending offset {end} for {pm.topic}-{pm.partition}"
@@ -159,7 +213,8 @@ class LoglakeBatchReader(DataSourceReader):
         return ranges
 
     def partitions(self) -> Sequence[InputPartition]:
-        return _plan_partitions(self.opts, self.offset_ranges())
+        meta = metadata(self.opts)
+        return _plan_partitions(self.opts, self.offset_ranges(meta), meta)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
@@ -169,7 +224,8 @@ class LoglakeBatchReader(DataSourceReader):
 
 class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: ignore[misc]
     """Micro-batch reads. Offsets: {topic: {"partition": next offset}}; a partition's latest
-    offset is its sealed end. maxOffsetsPerTrigger is spread over partitions like Kafka's."""
+    offset is its sealed end (hybrid reads: the broker's end). maxOffsetsPerTrigger is spread
+    over partitions like Kafka's."""
 
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
@@ -177,15 +233,16 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
         self._last: dict[TopicPartition, int] | None = None
 
     def _latest(self) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-        """(sealed end, log start) of every subscribed partition."""
-        meta = load_metadata(cached_store(self.opts.store_url), self.opts.isolation)
+        """(end, log start) of every subscribed partition."""
+        meta = metadata(self.opts)
         parts = select_partitions(self.opts, meta)
         return {pm.tp: pm.end for pm in parts}, {pm.tp: pm.log_start for pm in parts}
 
     def initialOffset(self) -> OffsetDict:
         opts = self.opts
         store = cached_store(opts.store_url)
-        meta = load_metadata(store, opts.isolation)
+        meta = metadata(opts)
+        tail = _tail(opts)
         offsets = {
             pm.tp: resolve_offset(
                 opts.starting,
@@ -194,6 +251,7 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
                 starting=True,
                 strategy=opts.timestamp_strategy,
                 cold_url=opts.cold_url,
+                tail=tail,
             )
             for pm in select_partitions(opts, meta)
         }
@@ -239,7 +297,7 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
 
     def partitions(self, start: OffsetDict, end: OffsetDict) -> Sequence[InputPartition]:
         s, e = from_offset_dict(start), from_offset_dict(end)
-        meta = load_metadata(cached_store(self.opts.store_url), self.opts.isolation)
+        meta = metadata(self.opts)
         ranges: dict[TopicPartition, tuple[int, int]] = {}
         for tp, hi in e.items():
             lo = s.get(tp)
@@ -247,7 +305,7 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
                 pm = meta.partitions.get(tp)
                 lo = pm.log_start if pm is not None else hi
             ranges[tp] = (lo, hi)
-        return _plan_partitions(self.opts, ranges)
+        return _plan_partitions(self.opts, ranges, meta)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
