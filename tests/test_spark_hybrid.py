@@ -32,6 +32,7 @@ from loglake.spark.plan import (
     split_slices,
 )
 from loglake.spark.source import LoglakeBatchReader
+from saslkit import USERS, add_users
 from tlskit import Pki, make_pki, ssl_args
 
 from brokerkit import Broker, serving_broker
@@ -48,8 +49,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
-    args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", *ssl_args(pki)]
-    with serving_broker(tmp_path_factory.mktemp("hybrid") / "data", args) as b:
+    """PLAINTEXT, SSL and SASL_SSL listeners (ports in that order); the SCRAM users of saslkit."""
+    data = tmp_path_factory.mktemp("hybrid") / "data"
+    add_users(data)
+    args = [
+        "--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--listen", "SASL_SSL://127.0.0.1:0",
+        *ssl_args(pki),
+        "--allow-everyone-if-no-acl-found",  # Spark tests, not ACL tests (a SASL listener turns the default off)
+    ]
+    with serving_broker(data, args) as b:
         yield b
 
 
@@ -366,14 +374,20 @@ def test_read_committed_stops_at_the_last_stable_offset(spark: Any, broker: Brok
         tx.abort_transaction(WAIT_S)
 
 
-def test_ssl_listener_read_and_write(spark: Any, broker: Broker, pki: Pki) -> None:
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_SSL"])
+def test_secured_listener_read_and_write(spark: Any, broker: Broker, pki: Pki, protocol: str) -> None:
+    """The writer and the hybrid reader take Spark's kafka.security.protocol / kafka.ssl.* /
+    kafka.sasl.* options: over TLS, and over TLS with SCRAM-SHA-512."""
     topic = _topic(broker, 2)
     tls = {
-        "kafka.bootstrap.servers": f"127.0.0.1:{broker.ports[1]}",
-        "kafka.security.protocol": "SSL",
+        "kafka.bootstrap.servers": f"127.0.0.1:{broker.ports[1 if protocol == 'SSL' else 2]}",
+        "kafka.security.protocol": protocol,
         "kafka.ssl.ca.location": str(pki.ca),
         **QUIET,
     }
+    if protocol == "SASL_SSL":
+        tls |= {"kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": "alice",
+                "kafka.sasl.password": USERS["alice"][0]}
     df = spark.createDataFrame([(f"k{i}", f"ssl-{i}") for i in range(120)], "key string, value string")
     w = df.write.format("loglake").option("topic", topic).mode("append")
     for k, v in tls.items():
