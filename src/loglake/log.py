@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from itertools import repeat
+from typing import Any, NamedTuple
 
 from loglake.engine.compacted import check_keys
 from loglake.engine.config import EngineConfig
@@ -41,16 +42,19 @@ CONSUME_READ_BYTES = 1024 * 1024
 CONSUME_WAIT_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+# RecordMetadata and ConsumerRecord are made once per record, so they are named tuples: immutable
+# like the frozen dataclasses they were, and about 6x cheaper to create (a frozen dataclass sets
+# each field through object.__setattr__), which was the largest per-record cost of consume().
+
+
+class RecordMetadata(NamedTuple):
     topic: str
     partition: int
     offset: int
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerRecord:
+class ConsumerRecord(NamedTuple):
     topic: str
     partition: int
     offset: int
@@ -206,7 +210,8 @@ class Log:
         out: list[RecordMetadata] = []
         for p, count, fut in futures:
             r = fut.result()
-            out.extend(RecordMetadata(topic, p, r.base_offset + i, r.log_append_time) for i in range(count))
+            base, ts = r.base_offset, r.log_append_time
+            out.extend(_new(RecordMetadata, (topic, p, base + i, ts)) for i in range(count))
         return out
 
     def produce_raw(self, topic: str, partition: int, batches: bytes | bytearray) -> AppendResult:
@@ -281,6 +286,16 @@ class Log:
                 for header, recs, keep in committed_batches(data, aborted):
                     if keep:
                         ts_type = 1 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0
+                        if recs and recs[0].offset >= positions[p] and (follow or recs[-1].offset < stops[p]):
+                            # the whole batch is wanted (the usual case): no checks per record, and
+                            # the records are made by C iterators (transposed, zipped with the
+                            # constant fields), not by a Python loop
+                            positions[p] = recs[-1].offset + 1
+                            progressed = True
+                            offs, tss, keys, values, hdrs = zip(*recs, strict=True)
+                            fields = zip(repeat(topic), repeat(p), offs, tss, repeat(ts_type), keys, values, hdrs)
+                            yield from map(_new, repeat(ConsumerRecord), fields)
+                            recs = []
                         for rec in recs:
                             if rec.offset < positions[p]:
                                 continue
@@ -331,6 +346,9 @@ class Log:
                 return max(pinfo.log_start_offset, min(int(start[partition]), pinfo.high_watermark))
             return pinfo.log_start_offset
         raise ConfigError(f"start must be 'earliest', 'latest', an offset, {{partition: offset}} or a datetime: {start!r}")
+
+
+_new = tuple.__new__  # a named tuple from a ready tuple, without its __new__'s argument handling
 
 
 def _timestamp_ms(value: int | datetime | None) -> int | None:
