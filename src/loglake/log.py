@@ -197,11 +197,15 @@ class Log:
             records = list(records)
             check_keys(topic, partition, (rec[0] for rec in records))
         by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
-        for rec in records:
-            key, value = rec[0], rec[1]
-            headers: Headers = rec[2] if len(rec) > 2 else ()
-            p = self._pick_partition(info, key, partition)
-            by_partition.setdefault(p, []).append((None, key, value, list(headers)))
+        fixed = partition if partition is not None else (0 if info.partitions == 1 else None)
+        if fixed is not None:  # one partition for all: no choice to make per record
+            by_partition[fixed] = [(None, rec[0], rec[1], rec[2] if len(rec) > 2 else ()) for rec in records]
+        else:
+            for rec in records:
+                key, value = rec[0], rec[1]
+                headers: Headers = rec[2] if len(rec) > 2 else ()
+                p = self._pick_partition(info, key, partition)
+                by_partition.setdefault(p, []).append((None, key, value, headers))
         codec = codec_from_name(compression) if compression else None
         futures = [
             (p, len(recs), self.engine.append_records(topic, p, recs, compression=codec))
@@ -210,8 +214,9 @@ class Log:
         out: list[RecordMetadata] = []
         for p, count, fut in futures:
             r = fut.result()
-            base, ts = r.base_offset, r.log_append_time
-            out.extend(_new(RecordMetadata, (topic, p, base + i, ts)) for i in range(count))
+            base = r.base_offset
+            fields = zip(repeat(topic), repeat(p), range(base, base + count), repeat(r.log_append_time))
+            out.extend(map(_new, repeat(RecordMetadata), fields))
         return out
 
     def produce_raw(self, topic: str, partition: int, batches: bytes | bytearray) -> AppendResult:
