@@ -26,6 +26,7 @@ from loglake.records import (
     CRC_COVERED_START,
     LENGTH_FIELD_END,
     BatchBuilder,
+    Record,
     active_backend,
     build_batch,
     decode_batch,
@@ -243,6 +244,48 @@ def test_malformed_records_fail_the_same_way(records: list[Any], edits: list[tup
     assert ref == nat
     if ref[0] == "error":
         assert ref[1] is CorruptRecordError
+
+
+@pytest.mark.parametrize("attributes", [0x01, 0x7F, 0x80, 0xFF])
+def test_record_attributes_byte_is_ignored_by_both(attributes: int) -> None:
+    """A record's attributes byte is unused; Kafka reads one byte and ignores it. aiokafka reads it
+    as a varint (so 0x80 shifts the record's later fields); the native backend must notice and
+    give what the reference gives. Found by test_malformed_records_fail_the_same_way."""
+    records = [(-1, None, None, []), (5, b"\x00", b"k" * 10, [("h", b"v")]), (7, None, b"", [])]
+    buf = _valid_plain_batch(records)
+    pos = 61
+    for _ in records:  # every record's attributes byte, after its one-byte length varint
+        length = buf[pos] >> 1
+        buf[pos + 1] = attributes
+        pos += 1 + length
+    fix_crc(buf)
+    ref, nat = both(lambda: decode_batch(buf))
+    assert ref == nat
+    assert ref[0] == "ok"
+    assert [(r.key, r.value) for r in ref[1][1]] == [(k, v) for _t, k, v, _h in records]
+
+
+def test_a_shifted_read_that_adds_up_is_not_trusted() -> None:
+    """The case hypothesis found: the last record's attributes byte set to 0x80, and aiokafka's
+    shifted read of that record still consumed exactly its length (giving offset 1, timestamp 4
+    and an empty key instead of offset 5, timestamp -1 and key 00)."""
+    records = [
+        (-1, None, None, []),
+        (-1, None, None, [("", None), ("00\x80", b"\x00" * 8)]),
+        (8191, None, b"\x00" * 17, []),
+        (134217727, None, b"\x00\x00", []),
+        (134217727, None, b"\x00" * 25, [("0\U00010000", b"\x00" * 7)]),
+        (-1, b"\x00", None, []),
+    ]
+    buf = _valid_plain_batch(records)
+    # the last record: length 7, attributes 0, ts delta 0, offset delta 5, key 00, null value, no headers
+    assert buf[-8:] == bytes.fromhex("0e00000a02000100")
+    buf[-7] = 0x80
+    fix_crc(buf)
+    ref, nat = both(lambda: decode_batch(buf))
+    assert ref == nat
+    assert ref[0] == "ok"
+    assert ref[1][1][-1] == Record(5, -1, b"\x00", None, [])
 
 
 @pytest.mark.parametrize("count_change", [-1, 1, 1000, (1 << 31) - 1])

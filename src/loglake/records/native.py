@@ -36,6 +36,7 @@ from loglake.errors import ConfigError, InvalidRecordError
 from loglake.records import batch as _batch
 from loglake.records.batch import (
     ATTR_COMPRESSION_MASK,
+    ATTR_TIMESTAMP_TYPE,
     BATCH_HEADER_SIZE,
     HEADER,
     MAX_RECORDS_PER_BATCH,
@@ -77,6 +78,7 @@ _INT64_MAX = (1 << 63) - 1
 _TIMESTAMP = struct.Struct(">q")
 _MAX_TIMESTAMP_OFFSET = 35
 
+_offset_of = operator.itemgetter(0)
 _timestamp_of = operator.itemgetter(1)
 _record_fields = operator.attrgetter("offset", "timestamp", "key", "value", "headers")
 _new_record = functools.partial(tuple.__new__, Record)
@@ -179,7 +181,26 @@ def decode_records_native(data: bytes, h: BatchHeader, where: str) -> list[Recor
     if None in map(_timestamp_of, out):
         # aiokafka reports a timestamp of -1 as None; loglake's records keep -1
         out = [r if r.timestamp is not None else r._replace(timestamp=NO_TIMESTAMP) for r in out]
+    if not _as_produced(out, h):
+        return decode_records_py(data, h, where)
     return out
+
+
+def _as_produced(out: list[Record], h: BatchHeader) -> bool:
+    """Whether the records read are what a producer writes: offsets base .. base + last delta one
+    by one, and (CreateTime) the largest timestamp the header's. Anything else goes to the
+    reference. Why: aiokafka reads a record's attributes byte as a varint, so one with its high
+    bit set (the field is unused; Kafka reads one byte and ignores it) shifts every later field
+    of that record, and the shifted read can still add up to the record's length. A shift cannot
+    also keep the offset sequence and the maximum timestamp right except by coincidence. C-level
+    comparisons only; compacted batches (offset gaps) are decoded by the reference."""
+    n = len(out)
+    base = h.base_offset
+    if n != h.last_offset_delta + 1 or list(map(_offset_of, out)) != list(range(base, base + n)):
+        return False
+    if h.attributes & ATTR_TIMESTAMP_TYPE:
+        return True
+    return max(map(_timestamp_of, out), default=h.max_timestamp) == h.max_timestamp
 
 
 def active_backend() -> str:
