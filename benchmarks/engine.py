@@ -706,6 +706,11 @@ def fmt_table(doc: dict[str, Any]) -> str:
                 f"{w['open_seconds']:>11.2f} {c['open_seconds']:>11.2f} {w['records_recovered']:>10,} "
                 f"{rc['target']['what']:<14} {'PASS' if rc['target']['pass'] else 'FAIL'}"
             )
+    if doc.get("embedded"):
+        lines.append("")
+        from benchkit import load_benchmark
+
+        lines.extend(load_benchmark("embedded").fmt(doc["embedded"]))
     lines.append("")
     lines.append("targets:")
     for t in doc["targets"]:
@@ -714,6 +719,18 @@ def fmt_table(doc: dict[str, Any]) -> str:
         lines.append(f"  ENGINE ERROR (worked around by retrying): {e}")
     lines.append(f"total run time {doc['run_seconds']:.0f} s")
     return "\n".join(lines)
+
+
+#: The machine section when it is skipped (or only the fdatasync latency is measured).
+NO_MACHINE: dict[str, Any] = {
+    "cores": os.cpu_count(),
+    "cores_usable": os.cpu_count(),
+    "python": platform.python_version(),
+    "raw_write_one_fdatasync": {"mb_per_s": float("nan")},
+    "raw_write_fdatasync_every_4MiB": {"mb_per_s": float("nan")},
+    "raw_write_fdatasync_every_1MiB": {"mb_per_s": float("nan")},
+    "fdatasync_4KiB": {"p50_ms": float("nan"), "p99_ms": float("nan"), "fsyncs_per_s_serial": float("nan")},
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -735,6 +752,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=INT",
         help="EngineConfig override for the append cases, e.g. wal_shards=1 (for experiments; repeatable)",
     )
+    ap.add_argument("--skip-embedded", action="store_true", help="skip the embedded API vs SQLite section")
+    ap.add_argument(
+        "--only-embedded",
+        action="store_true",
+        help="only the fdatasync latency and the embedded API vs SQLite section (benchmarks/embedded.py)",
+    )
+    ap.add_argument("--profile-embedded", action="store_true", help="add cProfile tops to the embedded section")
     ap.add_argument("--crash-writer", nargs=3, metavar=("DIR", "RECORDS", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -763,9 +787,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.skip_machine:
             doc["machine"] = None
+        elif args.only_embedded:
+            log("machine: fdatasync latency, 300 x 4 KiB ...")
+            doc["machine"] = {**NO_MACHINE, "fdatasync_4KiB": fdatasync_latency(base, 300)}
         else:
             doc["machine"] = machine_limits(base, args.quick)
-        cases = [c for c in default_cases() if not args.case or any(s in c.name for s in args.case)]
+        if args.only_embedded:
+            args.skip_recovery = True
+        cases = [
+            c
+            for c in default_cases()
+            if not args.only_embedded and (not args.case or any(s in c.name for s in args.case))
+        ]
         results: list[CaseResult] = []
         for case in cases:
             log(f"append: {case.name} ...")
@@ -805,20 +838,18 @@ def main(argv: list[str] | None = None) -> int:
                         "pass": rc["target"]["pass"],
                     }
                 )
+        if not args.skip_embedded:
+            log("embedded: SQLite (WAL, synchronous=FULL) vs produce_batch / consume, both record backends ...")
+            from benchkit import load_benchmark  # benchmarks/ is sys.path[0] when run as a script
+
+            doc["embedded"] = load_benchmark("embedded").run(base, args.quick, args.profile_embedded)
+            doc["targets"].extend(doc["embedded"]["targets"])
     finally:
         shutil.rmtree(base, ignore_errors=True)
     doc["engine_errors"] = ENGINE_ERRORS
     doc["run_seconds"] = time.perf_counter() - run_started
     if doc["machine"] is None:
-        doc["machine"] = {
-            "cores": os.cpu_count(),
-            "cores_usable": os.cpu_count(),
-            "python": platform.python_version(),
-            "raw_write_one_fdatasync": {"mb_per_s": float("nan")},
-            "raw_write_fdatasync_every_4MiB": {"mb_per_s": float("nan")},
-            "raw_write_fdatasync_every_1MiB": {"mb_per_s": float("nan")},
-            "fdatasync_4KiB": {"p50_ms": float("nan"), "p99_ms": float("nan"), "fsyncs_per_s_serial": float("nan")},
-        }
+        doc["machine"] = NO_MACHINE
 
     table = fmt_table(doc)
     text = json.dumps(doc, indent=2)

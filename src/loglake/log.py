@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from itertools import repeat
+from typing import Any, NamedTuple
 
 from loglake.engine.compacted import check_keys
 from loglake.engine.config import EngineConfig
@@ -41,16 +42,19 @@ CONSUME_READ_BYTES = 1024 * 1024
 CONSUME_WAIT_S = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+# RecordMetadata and ConsumerRecord are made once per record, so they are named tuples: immutable
+# like the frozen dataclasses they were, and about 6x cheaper to create (a frozen dataclass sets
+# each field through object.__setattr__), which was the largest per-record cost of consume().
+
+
+class RecordMetadata(NamedTuple):
     topic: str
     partition: int
     offset: int
     timestamp: int
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumerRecord:
+class ConsumerRecord(NamedTuple):
     topic: str
     partition: int
     offset: int
@@ -193,11 +197,15 @@ class Log:
             records = list(records)
             check_keys(topic, partition, (rec[0] for rec in records))
         by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
-        for rec in records:
-            key, value = rec[0], rec[1]
-            headers: Headers = rec[2] if len(rec) > 2 else ()
-            p = self._pick_partition(info, key, partition)
-            by_partition.setdefault(p, []).append((None, key, value, list(headers)))
+        fixed = partition if partition is not None else (0 if info.partitions == 1 else None)
+        if fixed is not None:  # one partition for all: no choice to make per record
+            by_partition[fixed] = [(None, rec[0], rec[1], rec[2] if len(rec) > 2 else ()) for rec in records]
+        else:
+            for rec in records:
+                key, value = rec[0], rec[1]
+                headers: Headers = rec[2] if len(rec) > 2 else ()
+                p = self._pick_partition(info, key, partition)
+                by_partition.setdefault(p, []).append((None, key, value, headers))
         codec = codec_from_name(compression) if compression else None
         futures = [
             (p, len(recs), self.engine.append_records(topic, p, recs, compression=codec))
@@ -206,7 +214,9 @@ class Log:
         out: list[RecordMetadata] = []
         for p, count, fut in futures:
             r = fut.result()
-            out.extend(RecordMetadata(topic, p, r.base_offset + i, r.log_append_time) for i in range(count))
+            base = r.base_offset
+            fields = zip(repeat(topic), repeat(p), range(base, base + count), repeat(r.log_append_time))
+            out.extend(map(_new, repeat(RecordMetadata), fields))
         return out
 
     def produce_raw(self, topic: str, partition: int, batches: bytes | bytearray) -> AppendResult:
@@ -281,6 +291,16 @@ class Log:
                 for header, recs, keep in committed_batches(data, aborted):
                     if keep:
                         ts_type = 1 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0
+                        if recs and recs[0].offset >= positions[p] and (follow or recs[-1].offset < stops[p]):
+                            # the whole batch is wanted (the usual case): no checks per record, and
+                            # the records are made by C iterators (transposed, zipped with the
+                            # constant fields), not by a Python loop
+                            positions[p] = recs[-1].offset + 1
+                            progressed = True
+                            offs, tss, keys, values, hdrs = zip(*recs, strict=True)
+                            fields = zip(repeat(topic), repeat(p), offs, tss, repeat(ts_type), keys, values, hdrs)
+                            yield from map(_new, repeat(ConsumerRecord), fields)
+                            recs = []
                         for rec in recs:
                             if rec.offset < positions[p]:
                                 continue
@@ -331,6 +351,9 @@ class Log:
                 return max(pinfo.log_start_offset, min(int(start[partition]), pinfo.high_watermark))
             return pinfo.log_start_offset
         raise ConfigError(f"start must be 'earliest', 'latest', an offset, {{partition: offset}} or a datetime: {start!r}")
+
+
+_new = tuple.__new__  # a named tuple from a ready tuple, without its __new__'s argument handling
 
 
 def _timestamp_ms(value: int | datetime | None) -> int | None:

@@ -31,8 +31,8 @@ from loglake.errors import (
     UnknownTopicError,
 )
 from loglake.records.batch import (
-    BatchBuilder,
     iter_records,
+    new_builder,
     peek_header,
     set_log_append_time,
     set_offset_and_epoch,
@@ -119,7 +119,7 @@ class Appender:
             if h.is_control:
                 out.append(bytes(buf[pos : pos + h.size]))
                 continue
-            builder = BatchBuilder(
+            builder = new_builder(
                 compression=codec,
                 producer_id=h.producer_id,
                 producer_epoch=h.producer_epoch,
@@ -153,9 +153,10 @@ class Appender:
             0 if config.compression_type == "producer" else self._codec_of(config)
         )
         now = int(self._clock() * 1000)
-        builder = BatchBuilder(compression=codec)
+        builder = new_builder(compression=codec)
+        append = builder.append
         for ts, key, value, headers in records:
-            builder.append(now if ts is None else ts, key, value, headers)
+            append(now if ts is None else ts, key, value, headers)
         if len(builder) == 0:
             raise CorruptRecordError("append_records: no records")
         data = bytearray(builder.build())

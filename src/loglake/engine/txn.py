@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from loglake.engine.partition import Partition
 from loglake.engine.types import AppendResult, Chunk, FileRange, ReadResult
 from loglake.errors import UnknownTopicError
-from loglake.records.batch import BatchBuilder
+from loglake.records.batch import new_builder
 from loglake.records.committed import (
     ABORT_MARKER,
     COMMIT_MARKER,
@@ -55,7 +55,7 @@ _BASE_AND_LENGTH = struct.Struct(">qi")
 
 def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, ts_ms: int) -> bytearray:
     """One Kafka control batch holding a COMMIT or ABORT marker record."""
-    builder = BatchBuilder(producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True, is_control=True)
+    builder = new_builder(producer_id=producer_id, producer_epoch=producer_epoch, is_transactional=True, is_control=True)
     key = MARKER_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
     builder.append(ts_ms, key, _MARKER_VALUE.pack(0, coordinator_epoch), [])
     return bytearray(builder.build())

@@ -18,6 +18,7 @@ from loglake.records.batch import (
     decode_batch,
     decode_batches,
     iter_records,
+    new_builder,
     peek_header,
     set_base_offset,
     set_log_append_time,
@@ -36,6 +37,7 @@ from loglake.records.compression import (
     compress,
     decompress,
 )
+from loglake.records.native import active_backend, native_available, use_backend
 from loglake.records.partitioner import default_partition, murmur2
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "BatchBuilder",
     "BatchHeader",
     "Record",
+    "active_backend",
     "build_batch",
     "codec_from_name",
     "compress",
@@ -68,9 +71,12 @@ __all__ = [
     "default_partition",
     "iter_records",
     "murmur2",
+    "native_available",
+    "new_builder",
     "peek_header",
     "set_base_offset",
     "set_log_append_time",
     "split_batches",
+    "use_backend",
     "validate_batch",
 ]

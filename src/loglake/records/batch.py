@@ -38,7 +38,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import crc32c
@@ -428,12 +428,16 @@ class BatchBuilder:
 
     def build(self) -> bytes:
         """Serialize the batch (compressing the record section if configured) with its CRC."""
-        count = self._count
-        if count == 0:
+        if self._count == 0:
             raise InvalidRecordError("cannot build a batch without records")
-        records = b"".join(self._parts)
+        return self._finish(b"".join(self._parts))
+
+    def _finish(self, records: Buffer) -> bytes:
+        """Header, CRC and (if configured) compression around an encoded records section; shared
+        with the native builder (loglake.records.native), which encodes the records differently."""
+        count = self._count
         if self._codec:
-            records = compress(self._codec, records)
+            records = compress(self._codec, bytes(records))
         fields: list[Any] = [
             self._base_offset,
             BATCH_HEADER_SIZE + len(records) - LENGTH_FIELD_END,
@@ -459,12 +463,18 @@ class BatchBuilder:
         return header + records
 
 
+def new_builder(**builder_kwargs: Any) -> BatchBuilder:
+    """A :class:`BatchBuilder` of the record backend in use (loglake.records.native chooses it):
+    where records are built one by one, build them through this rather than the class."""
+    return _BUILDER(**builder_kwargs)
+
+
 def build_batch(
     records: Iterable[tuple[int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
     **builder_kwargs: Any,
 ) -> bytes:
     """Build one batch from ``(timestamp, key, value, headers)`` tuples."""
-    builder = BatchBuilder(**builder_kwargs)
+    builder = new_builder(**builder_kwargs)
     append = builder.append
     for timestamp, key, value, headers in records:
         append(timestamp, key, value, headers)
@@ -522,7 +532,7 @@ def _decode_headers(data: bytes, p: int, end: int, where: str) -> tuple[list[Hea
     return headers, p
 
 
-def _decode_records(data: bytes, h: BatchHeader, where: str) -> list[Record]:
+def decode_records_py(data: bytes, h: BatchHeader, where: str) -> list[Record]:
     """Decode ``h.record_count`` records filling ``data`` exactly.
 
     Hot path: one-byte varints are decoded inline; longer ones go to :func:`decode_varint`. Any
@@ -694,7 +704,7 @@ def decode_batch(
     else:
         with memoryview(buf) as view:
             data = view[start:stop].tobytes()
-    return h, _decode_records(data, h, f"batch at byte {pos}")
+    return h, _DECODE_RECORDS(data, h, f"batch at byte {pos}")
 
 
 def iter_records(batch: Buffer, pos: int = 0, *, check_crc: bool = True) -> Iterator[Record]:
@@ -730,6 +740,22 @@ def decode_batches(
         pos += h.size
 
 
+RecordsDecoder = Callable[[bytes, BatchHeader, str], list[Record]]
+
+# The record backend in use: the pure-Python reference here until loglake.records.native installs
+# the compiled one (set_backend). Module globals so that every caller of decode_batch, iter_records,
+# build_batch and new_builder follows the choice without importing the native module itself.
+_BUILDER: Callable[..., BatchBuilder] = BatchBuilder
+_DECODE_RECORDS: RecordsDecoder = decode_records_py
+
+
+def set_backend(builder: Callable[..., BatchBuilder], decoder: RecordsDecoder) -> None:
+    """Install a record backend (loglake.records.native.use_backend calls this)."""
+    global _BUILDER, _DECODE_RECORDS
+    _BUILDER = builder
+    _DECODE_RECORDS = decoder
+
+
 __all__ = [
     "ATTR_COMPRESSION_MASK",
     "ATTR_CONTROL",
@@ -748,6 +774,7 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "iter_records",
+    "new_builder",
     "peek_header",
     "set_base_offset",
     "set_log_append_time",

@@ -1,0 +1,231 @@
+"""The compiled record backend: aiokafka's Cython record codec behind loglake's own batch API.
+
+Building and decoding Kafka v2 records one by one in Python costs about 1-3 µs a record (the
+varint encoder and the record loop of :mod:`loglake.records.batch`); aiokafka's compiled
+``DefaultRecordBatchBuilder`` and ``DefaultRecordBatch`` do the per-record part in C. Only that
+part is delegated. Everything around it stays loglake's: header layout, attributes
+(transactional, control, timestamp type), partition leader epoch, base offset, the CRC and every
+compression codec (aiokafka would need its own codec packages, and loglake's snappy framing and
+decompression bounds are its own), and the header checks, CRC check and decompression of
+:func:`loglake.records.batch.decode_batch`. So a batch built here is byte for byte the batch the
+reference builder makes (tests/test_records_native.py checks it with hypothesis).
+
+Decoding: when aiokafka's reader refuses a records section (any exception) the reference decoder
+runs on the same bytes, so a malformed batch fails with the same :class:`CorruptRecordError` and
+message on both backends. aiokafka reads varints without looking at the buffer's end first, so it
+is handed a view whose memory continues into ``_PAD`` zero bytes: an overrun reads zeros, never
+memory that is not ours.
+
+Choosing: ``LOGLAKE_RECORDS=auto`` (the default; native when the compiled module imports),
+``native`` (fail at import if it does not) or ``python``; :func:`use_backend` switches at run time
+(the tests run both). Only ``aiokafka.record._crecords`` is imported, never aiokafka's pure-Python
+fallback classes, so "native" always means compiled code.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.machinery
+import operator
+import os
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from loglake.errors import ConfigError, InvalidRecordError
+from loglake.records import batch as _batch
+from loglake.records.batch import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_TIMESTAMP_TYPE,
+    BATCH_HEADER_SIZE,
+    HEADER,
+    MAX_RECORDS_PER_BATCH,
+    NO_TIMESTAMP,
+    BatchBuilder,
+    BatchHeader,
+    Record,
+    decode_records_py,
+)
+
+try:
+    from aiokafka.record._crecords import default_records as _crecords
+except ImportError:  # aiokafka missing, or installed without its compiled extensions
+    _crecords = None
+
+__all__ = [
+    "BACKENDS",
+    "ENV_VAR",
+    "NativeBatchBuilder",
+    "active_backend",
+    "decode_records_native",
+    "native_available",
+    "use_backend",
+]
+
+#: Environment variable choosing the backend at import: auto, native or python.
+ENV_VAR = "LOGLAKE_RECORDS"
+BACKENDS = ("auto", "native", "python")
+
+#: aiokafka's builder stops taking records past this many bytes (its batch_size); a v2 batch's
+#: length field is an int32, so no valid batch is bigger.
+NATIVE_BATCH_BYTES_MAX = (1 << 31) - 1
+#: Zero bytes after the records section handed to aiokafka's reader: its varint reads may run
+#: this far past the end before its bounds checks stop them (at most two bytes; 16 is margin).
+_PAD = bytes(16)
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_OFFSET = 35
+
+_offset_of = operator.itemgetter(0)
+_timestamp_of = operator.itemgetter(1)
+_record_fields = operator.attrgetter("offset", "timestamp", "key", "value", "headers")
+_new_record = functools.partial(tuple.__new__, Record)
+_active = "python"
+
+
+def native_available() -> bool:
+    """True when aiokafka's compiled record module imported (a shared object, not Python)."""
+    if _crecords is None:
+        return False
+    origin = getattr(_crecords, "__file__", "") or ""
+    return origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+class NativeBatchBuilder(BatchBuilder):
+    """:class:`BatchBuilder` whose records are encoded by aiokafka's compiled builder.
+
+    The records section comes from aiokafka; loglake's :meth:`BatchBuilder._finish` writes the
+    header, compresses and computes the CRC, so the attributes and codecs are loglake's own.
+    aiokafka takes a first timestamp of -1 (Kafka's "no timestamp") as "no record yet" and would
+    encode the next records' deltas wrongly, so a batch starting so is built by the reference.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(self, **builder_kwargs: Any) -> None:
+        super().__init__(**builder_kwargs)
+        assert _crecords is not None
+        self._native: Any = _crecords.DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, NATIVE_BATCH_BYTES_MAX)
+
+    def estimated_size(self) -> int:
+        if self._native is None:
+            return super().estimated_size()
+        return int(self._native.size())
+
+    def append(
+        self,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> int:
+        """Add a record; return its offset delta (the reference's checks, aiokafka's encoding)."""
+        native = self._native
+        if native is None:
+            return super().append(timestamp, key, value, headers)
+        delta = self._count
+        if type(timestamp) is not int:
+            raise TypeError(f"timestamp must be int, not {type(timestamp).__name__}")
+        if delta == 0:
+            if timestamp == NO_TIMESTAMP:
+                self._native = None
+                return super().append(timestamp, key, value, headers)
+            if not _INT64_MIN <= timestamp <= _INT64_MAX:
+                raise InvalidRecordError(f"timestamp {timestamp} is out of the int64 range")
+            self._first_timestamp = timestamp
+        elif not _INT64_MIN <= timestamp - self._first_timestamp <= _INT64_MAX:
+            raise InvalidRecordError(f"timestamp {timestamp} too far from the batch's first timestamp")
+        elif delta >= MAX_RECORDS_PER_BATCH:
+            raise InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
+        try:
+            done = native.append(
+                delta, timestamp, key, value, headers if type(headers) is list else list(headers)
+            )
+        except TypeError:
+            # aiokafka takes headers only as (str, bytes) tuples; the reference takes any pair and
+            # any buffer. Normalise and retry (aiokafka checks every type before writing a byte);
+            # what still fails (a key that is not bytes-like, a header key that is not str) is the
+            # caller's TypeError, as from the reference.
+            norm = [(k, None if v is None else bytes(v)) for k, v in headers]
+            done = native.append(delta, timestamp, key, value, norm)
+        if done is None:
+            raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
+        self._count = delta + 1
+        return delta
+
+    def build(self) -> bytes:
+        if self._native is None:
+            return super().build()
+        if self._count == 0:
+            raise InvalidRecordError("cannot build a batch without records")
+        built = self._native.build()
+        self._max_timestamp = _TIMESTAMP.unpack_from(built, _MAX_TIMESTAMP_OFFSET)[0]
+        with memoryview(built) as view:
+            return self._finish(view[BATCH_HEADER_SIZE:])
+
+
+def decode_records_native(data: bytes, h: BatchHeader, where: str) -> list[Record]:
+    """:func:`loglake.records.batch.decode_records_py` in compiled code; on any refusal the
+    reference decodes (and raises) instead, so errors are the same on both backends."""
+    assert _crecords is not None
+    plain = h._replace(attributes=h.attributes & ~ATTR_COMPRESSION_MASK)
+    padded = b"".join((HEADER.pack(*plain), data, _PAD))
+    try:
+        reader = _crecords.DefaultRecordBatch(memoryview(padded)[: len(padded) - len(_PAD)])
+        # map over C callables: no Python frame per record
+        out: list[Record] = list(map(_new_record, map(_record_fields, reader)))
+    except Exception:
+        return decode_records_py(data, h, where)
+    if None in map(_timestamp_of, out):
+        # aiokafka reports a timestamp of -1 as None; loglake's records keep -1
+        out = [r if r.timestamp is not None else r._replace(timestamp=NO_TIMESTAMP) for r in out]
+    if not _as_produced(out, h):
+        return decode_records_py(data, h, where)
+    return out
+
+
+def _as_produced(out: list[Record], h: BatchHeader) -> bool:
+    """Whether the records read are what a producer writes: offsets base .. base + last delta one
+    by one, and (CreateTime) the largest timestamp the header's. Anything else goes to the
+    reference. Why: aiokafka reads a record's attributes byte as a varint, so one with its high
+    bit set (the field is unused; Kafka reads one byte and ignores it) shifts every later field
+    of that record, and the shifted read can still add up to the record's length. A shift cannot
+    also keep the offset sequence and the maximum timestamp right except by coincidence. C-level
+    comparisons only; compacted batches (offset gaps) are decoded by the reference."""
+    n = len(out)
+    base = h.base_offset
+    if n != h.last_offset_delta + 1 or list(map(_offset_of, out)) != list(range(base, base + n)):
+        return False
+    if h.attributes & ATTR_TIMESTAMP_TYPE:
+        return True
+    return max(map(_timestamp_of, out), default=h.max_timestamp) == h.max_timestamp
+
+
+def active_backend() -> str:
+    """The backend in use: "native" or "python"."""
+    return _active
+
+
+def use_backend(name: str) -> str:
+    """Select the record backend: "native", "python" or "auto" (native if available). Returns the
+    one now in use. "native" without the compiled module is a ConfigError."""
+    global _active
+    if name not in BACKENDS:
+        raise ConfigError(f"{ENV_VAR}={name!r}: expected one of {', '.join(BACKENDS)}")
+    if name == "native" and not native_available():
+        raise ConfigError(
+            f"{ENV_VAR}=native but aiokafka's compiled record module is not importable "
+            "(pip install aiokafka with its binary wheel)"
+        )
+    if name == "python" or (name == "auto" and not native_available()):
+        _batch.set_backend(BatchBuilder, decode_records_py)
+        _active = "python"
+    else:
+        _batch.set_backend(NativeBatchBuilder, decode_records_native)
+        _active = "native"
+    return _active
+
+
+use_backend(os.environ.get(ENV_VAR, "auto").strip().lower() or "auto")
