@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from loglake.engine import Engine, EngineConfig
-from loglake.records.batch import iter_records, peek_header
+from loglake.records.batch import peek_header
+from loglake.records.decode import iter_records
 
 DATA_DIR = "/data"
 

@@ -20,8 +20,9 @@ from fuzzkit import Target
 from loglake.broker.protocol import SUPPORTED, FrameDecoder, ProtocolError, decode_request, request_class
 from loglake.broker.protocol.errors import FrameTooLargeError
 from loglake.errors import CorruptRecordError, InvalidRecordError, RecordTooLargeError
-from loglake.records.batch import CRC_COVERED_START, CRC_OFFSET, BatchBuilder, decode_batch, split_batches
+from loglake.records.batch import CRC_COVERED_START, CRC_OFFSET, BatchBuilder, split_batches
 from loglake.records.compression import CODEC_NAMES
+from loglake.records.decode import decode_batch
 from loglake.records.varint import encode_unsigned_varint
 from test_protocol_samples import all_versions, client_bytes, sample_request
 

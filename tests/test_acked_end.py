@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from loglake.engine.acked import empty_batch
 from loglake.errors import CorruptionError
 from loglake.fs.os_fs import OsFileSystem
-from loglake.records.batch import decode_batch
+from loglake.records.decode import decode_batch
 from loglake.wal.frame import encode_frame
 from loglake.wal.recovery import recover_wal
 

@@ -32,7 +32,8 @@ from loglake.errors import (
 )
 from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
-from loglake.records.batch import build_batch, decode_batch, set_base_offset
+from loglake.records.batch import build_batch, set_base_offset
+from loglake.records.decode import decode_batch
 from loglake.segment import ZERO_HASH, verify_chain, verify_segment_in_store
 from loglake.segment.verify import SegmentReader
 from loglake.store import LocalStore, MemoryStore, ObjectStore

@@ -31,7 +31,8 @@ from loglake.cluster.flushobj import (
 )
 from loglake.errors import CorruptionError, CorruptRecordError, InvalidRecordError
 from loglake.fs.os_fs import OsFileSystem
-from loglake.records.batch import build_batch, decode_batch
+from loglake.records.batch import build_batch
+from loglake.records.decode import decode_batch
 from loglake.store import LocalStore, MemoryStore, ObjectStore
 from loglake.store.base import InvalidObjectKeyError, parse_segment_key
 

@@ -28,8 +28,9 @@ from loglake.engine import Engine
 from loglake.engine import compaction as compaction_mod
 from loglake.engine.verify import verify_data_dir
 from loglake.fs.faulty import FaultyFileSystem
-from loglake.records.batch import iter_records, peek_header
+from loglake.records.batch import peek_header
 from loglake.records.compression import CODEC_GZIP, CODEC_NONE, CODEC_ZSTD
+from loglake.records.decode import iter_records
 
 from enginekit import DATA_DIR, read_all, small_config
 

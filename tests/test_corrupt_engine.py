@@ -19,7 +19,7 @@ from loglake.engine.verify import verify_source
 from loglake.engine.verify_live import LiveSource
 from loglake.errors import CorruptBatchError
 from loglake.kafka_errors import ErrorCode
-from loglake.records.batch import iter_records
+from loglake.records.decode import iter_records
 from loglake.segment.format import HEADER_SIZE, read_tail
 
 TOPIC = "t"

@@ -23,7 +23,8 @@ from kafka.protocol.consumer import FetchRequest
 
 from loglake.broker.protocol import FetchPartition, FetchResponseData, FetchTopic, fetch_limit_violations
 from loglake.engine.engine import open_engine
-from loglake.records.batch import build_batch, decode_batches, split_batches
+from loglake.records.batch import build_batch, split_batches
+from loglake.records.decode import decode_batches
 from test_broker_malformed import RawClient
 
 from brokerkit import Broker, serving_broker

@@ -21,7 +21,8 @@ import pytest
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
-from loglake.records.batch import BatchBuilder, iter_records, split_batches
+from loglake.records.batch import BatchBuilder, split_batches
+from loglake.records.decode import iter_records
 
 from enginekit import DATA_DIR, abandon, small_config
 

@@ -20,7 +20,8 @@ from kafka import KafkaAdminClient
 
 from loglake.engine import Engine
 from loglake.errors import InvalidProducerEpochError
-from loglake.records.batch import BatchBuilder, iter_records
+from loglake.records.batch import BatchBuilder
+from loglake.records.decode import iter_records
 from loglake.store.memory import MemoryStore
 
 from brokerkit import consume_to_end, serving_broker

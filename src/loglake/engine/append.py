@@ -31,7 +31,6 @@ from loglake.errors import (
     UnknownTopicError,
 )
 from loglake.records.batch import (
-    iter_records,
     new_builder,
     peek_header,
     set_log_append_time,
@@ -39,6 +38,7 @@ from loglake.records.batch import (
     split_batches,
 )
 from loglake.records.compression import codec_from_name
+from loglake.records.decode import iter_records
 from loglake.wal.shard import Durability, WalEntry, WalShard
 
 __all__ = ["Appender", "RecordTuple"]

@@ -15,7 +15,7 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
 from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError, StorageError
-from loglake.records.batch import iter_records
+from loglake.records.decode import iter_records
 from loglake.store.base import ObjectNotFoundError
 
 __all__ = ["Reader"]

@@ -15,9 +15,6 @@ from loglake.records.batch import (
     BatchHeader,
     Record,
     build_batch,
-    decode_batch,
-    decode_batches,
-    iter_records,
     new_builder,
     peek_header,
     set_base_offset,
@@ -37,6 +34,7 @@ from loglake.records.compression import (
     compress,
     decompress,
 )
+from loglake.records.decode import decode_batch, decode_batches, iter_records
 from loglake.records.native import active_backend, native_available, use_backend
 from loglake.records.partitioner import default_partition, murmur2
 

@@ -25,16 +25,8 @@ import heapq
 import struct
 from collections.abc import Iterable, Iterator
 
-from loglake.records.batch import (
-    ATTR_CONTROL,
-    ATTR_TRANSACTIONAL,
-    BatchHeader,
-    Buffer,
-    Record,
-    decode_batch,
-    decode_batches,
-    peek_header,
-)
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchHeader, Buffer, Record, peek_header
+from loglake.records.decode import decode_batch, decode_batches
 
 __all__ = [
     "ABORT_MARKER",

@@ -7,7 +7,7 @@ part is delegated. Everything around it stays loglake's: header layout, attribut
 (transactional, control, timestamp type), partition leader epoch, base offset, the CRC and every
 compression codec (aiokafka would need its own codec packages, and loglake's snappy framing and
 decompression bounds are its own), and the header checks, CRC check and decompression of
-:func:`loglake.records.batch.decode_batch`. So a batch built here is byte for byte the batch the
+:func:`loglake.records.decode.decode_batch`. So a batch built here is byte for byte the batch the
 reference builder makes (tests/test_records_native.py checks it with hypothesis).
 
 Decoding: when aiokafka's reader refuses a records section (any exception) the reference decoder
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loglake.errors import ConfigError, InvalidRecordError
-from loglake.records import batch as _batch
+from loglake.records import decode as _decode
 from loglake.records.batch import (
     ATTR_COMPRESSION_MASK,
     ATTR_TIMESTAMP_TYPE,
@@ -44,8 +44,8 @@ from loglake.records.batch import (
     BatchBuilder,
     BatchHeader,
     Record,
-    decode_records_py,
 )
+from loglake.records.decode import decode_records_py
 
 try:
     from aiokafka.record._crecords import default_records as _crecords
@@ -167,7 +167,7 @@ class NativeBatchBuilder(BatchBuilder):
 
 
 def decode_records_native(data: bytes, h: BatchHeader, where: str) -> list[Record]:
-    """:func:`loglake.records.batch.decode_records_py` in compiled code; on any refusal the
+    """:func:`loglake.records.decode.decode_records_py` in compiled code; on any refusal the
     reference decodes (and raises) instead, so errors are the same on both backends."""
     assert _crecords is not None
     plain = h._replace(attributes=h.attributes & ~ATTR_COMPRESSION_MASK)
@@ -220,10 +220,10 @@ def use_backend(name: str) -> str:
             "(pip install aiokafka with its binary wheel)"
         )
     if name == "python" or (name == "auto" and not native_available()):
-        _batch.set_backend(BatchBuilder, decode_records_py)
+        _decode.set_backend(BatchBuilder, decode_records_py)
         _active = "python"
     else:
-        _batch.set_backend(NativeBatchBuilder, decode_records_native)
+        _decode.set_backend(NativeBatchBuilder, decode_records_native)
         _active = "native"
     return _active
 

@@ -20,7 +20,7 @@ from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.publish import read_remote_state
 from loglake.meta.txn import ABORTED_TXNS_MAX
-from loglake.records.batch import decode_batch
+from loglake.records.decode import decode_batch
 from loglake.segment.format import read_tail
 from loglake.spark.options import EARLIEST, LATEST, LoglakeOptionError, OffsetSpec, ReadOptions
 from loglake.store import ObjectStore, open_store
