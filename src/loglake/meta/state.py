@@ -48,6 +48,8 @@ acls               {created: [binding, ...], deleted: [binding, ...]} → ACL bi
                    then added (loglake.meta.acls)
 scram_credential   {user, mechanism, cred} → the user's SCRAM credential for that mechanism
                    set, or removed when `cred` is null (loglake.meta.scram)
+plog_*             cluster partitions: leader epochs, committed flush ranges, merged segments,
+                   swept flush objects (loglake.meta.cluster)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -55,6 +57,7 @@ Unknown kinds are refused (a newer release's log is not silently half-applied).
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Callable
@@ -66,6 +69,7 @@ import crc32c
 from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import acls_doc, apply_acls, load_acls
+from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog, load_plogs, plogs_doc
 from loglake.meta.producers import ProducerStates
 from loglake.meta.scram import apply_scram, load_scram, scram_doc
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentRef, SegmentTable
@@ -134,6 +138,7 @@ RECORD_KINDS = (
     "acked",
     "acls",
     "scram_credential",
+    *PLOG_KINDS,
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -263,6 +268,8 @@ class MetaState:
         self.acls: dict[tuple[int, str, int, str, str, int, int], None] = {}
         #: user -> SCRAM mechanism -> credential doc (loglake.meta.scram)
         self.scram: dict[str, dict[str, dict[str, Any]]] = {}
+        #: cluster partitions of durability class `object` (loglake.meta.cluster)
+        self.plogs = PlogTable()
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -450,6 +457,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "acked": apply_acked,
     "acls": apply_acls,
     "scram_credential": apply_scram,
+    **{kind: functools.partial(apply_plog, kind=kind) for kind in PLOG_KINDS},
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -531,6 +539,7 @@ def capture(state: MetaState) -> CheckpointImage:
         "txns": txns_doc(state),
         "acls": acls_doc(state),
         "scram": scram_doc(state),
+        "plogs": plogs_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -615,6 +624,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_txns(state, doc)
     load_acls(state, doc)
     load_scram(state, doc)
+    load_plogs(state, doc)
     return state
 
 
