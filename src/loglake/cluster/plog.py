@@ -185,7 +185,14 @@ class ClusterPartitionLog:
                 lead.failed = error
 
     def _drain(self, tp: TP) -> None:
+        """Wait until the partition's appends in flight are settled (they fail: it is stopped);
+        buffered ones are flushed now rather than at the next trigger."""
         deadline = time.monotonic() + ACQUIRE_DRAIN_S
+        with self._lock:
+            lead = self._leads.get(tp)
+            busy = lead is not None and lead.inflight > 0
+        if busy:
+            self.flusher.flush(ACQUIRE_DRAIN_S)
         with self._lock:
             while (lead := self._leads.get(tp)) is not None and lead.inflight:
                 left = deadline - time.monotonic()
