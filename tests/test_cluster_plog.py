@@ -13,6 +13,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import etcdkit
 import s3kit
@@ -21,7 +23,7 @@ from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushSettings
 from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.plog_maint import merge, sweep
-from loglake.errors import FlushFailedError, MetaFencedError, OffsetOutOfRangeError
+from loglake.errors import FlushFailedError, LoglakeError, MetaFencedError, OffsetOutOfRangeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
 from loglake.meta.etcd import EtcdMetaStore, Guard
@@ -277,3 +279,83 @@ def test_reads_refuse_offsets_outside_the_committed_log(cluster: Cluster) -> Non
         a.log.read(t, 0, 3, 100)
     with pytest.raises(NotLeaderError):
         cluster.broker(2).log.append(t, 0, batch(0, 1, "y"))
+
+
+# ---- the property: random interleavings against a model log ---------------------------------------
+
+#: One step of a schedule: (what, broker index, partition)
+Step = tuple[str, int, int]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "append", "append", "flush", "move", "put_fails", "acquire_again"]),
+        st.integers(0, 1),
+        st.integers(0, 1),
+    ),
+    min_size=1,
+    max_size=18,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schedule=steps)
+def test_random_interleavings_keep_every_acknowledged_record_once_at_its_offset(
+    etcd1: EtcdCluster, moto_endpoint: str, bucket: str, fault_proxy: s3kit.FaultProxy, schedule: list[Step]
+) -> None:
+    """Appends, flushes, failed PUTs and leadership moves between two brokers, in any order: what
+    a reader sees afterwards is exactly the acknowledged records, each once, at its acknowledged
+    offset, with no gap — the model log is the acknowledgements."""
+    store = s3kit.make_store(fault_proxy.endpoint, bucket)
+    c = Cluster(etcd1, store)
+    try:
+        brokers = [c.broker(1), c.broker(2)]
+        (t,) = topic_ids(1, seed=len(schedule))
+        brokers[0].log.acquire(t, 0)
+        brokers[1].log.acquire(t, 1)
+        futures: list[tuple[int, Future[AppendAck], str]] = []
+        n = 0
+        for what, i, p in schedule:
+            b = brokers[i]
+            if what == "append":
+                tag = f"v{n}"
+                n += 1
+                try:
+                    futures.append((p, b.log.append(t, p, batch(0, 1 + n % 3, tag)), tag))
+                except (NotLeaderError, LoglakeError):
+                    pass  # refused up front: never acknowledged
+            elif what == "flush":
+                b.log.flusher.flush(WAIT)
+            elif what == "move":
+                b.log.acquire(t, p)
+            elif what == "acquire_again" and not b.log.leads(t, p):
+                b.log.acquire(t, p)  # a stopped partition restarts from the committed end
+            elif what == "put_fails":
+                fault_proxy.fail(1000, method="PUT")
+                try:
+                    b.log.flusher.flush(WAIT)
+                finally:
+                    fault_proxy.clear()
+        for b in brokers:
+            b.log.flusher.flush(WAIT)
+        model: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
+        for p, f, tag in futures:
+            try:
+                x = f.result(WAIT)
+            except LoglakeError as exc:
+                assert exc.retriable, exc
+                continue
+            for k in range(x.last_offset - x.base_offset + 1):
+                model[p][x.base_offset + k] = f"{tag}@{k}".encode()
+        reader = c.broker(3)
+        reader.meta.sync()
+        for p in (0, 1):
+            got = read_all(reader, t, p)
+            assert [o for o, _ in got] == list(range(len(got)))  # dense, each offset once
+            assert dict(got) == model[p]  # exactly the acknowledged records, where they were acked
+    finally:
+        c.close()
+        store.close()
