@@ -151,7 +151,7 @@ class ClusterPartitionLog:
             raise EngineFailedError(f"{topic_id}-{partition}: epoch {plog.epoch} after bumping to {old + 1}")
         with self._lock:
             self._leads[tp] = _Lead(plog.epoch, plog.end, plog.end)
-        log.info(
+        log.debug(
             "node %d leads %s-%d at epoch %d from offset %d",
             self.node_id,
             topic_id,
@@ -283,8 +283,20 @@ class ClusterPartitionLog:
                 else:
                     todo.append((e, lead, lead.epoch))
         chunks = [todo[i : i + COMMIT_PARTITIONS_MAX] for i in range(0, len(todo), COMMIT_PARTITIONS_MAX)]
+        stopped: list[tuple[TP, BaseException]] = []
         for chunk in chunks:
-            self._commit_chunk(index, chunk, refused)
+            self._commit_chunk(index, chunk, refused, stopped)
+        if stopped:  # one line per flush, however many partitions it stopped
+            (t, p), error = stopped[0]
+            log.warning(
+                "node %d stops appending to %d partition(s) of flush %s (first %s-%d: %s); they wait for acquire",
+                self.node_id,
+                len(stopped),
+                index.key,
+                t,
+                p,
+                error,
+            )
         return refused
 
     def _commit_chunk(
@@ -292,6 +304,7 @@ class ClusterPartitionLog:
         index: FlushIndex,
         chunk: list[tuple[FlushIndexEntry, _Lead, int]],
         refused: dict[TP, BaseException],
+        stopped: list[tuple[TP, BaseException]],
     ) -> None:
         while chunk:
             guards: list[Guard] = []
@@ -314,10 +327,10 @@ class ClusterPartitionLog:
                 held = [(e, lead, epoch) for e, lead, epoch in chunk if self._guards_hold(e, epoch)]
                 for e, lead, _epoch in chunk:
                     if (e, lead, _epoch) not in held:
-                        self._refuse(e, lead, exc, refused)
+                        self._refuse(e, lead, exc, refused, stopped)
                 if len(held) == len(chunk):  # raced with nothing we can see: fail them all
                     for e, lead, _epoch in chunk:
-                        self._refuse(e, lead, exc, refused)
+                        self._refuse(e, lead, exc, refused, stopped)
                     return
                 chunk = held
                 continue
@@ -326,7 +339,7 @@ class ClusterPartitionLog:
                     exc if isinstance(exc, LoglakeError) else EngineFailedError(f"commit unanswered: {exc!r}")
                 )
                 for e, lead, _epoch in chunk:
-                    self._refuse(e, lead, error, refused)
+                    self._refuse(e, lead, error, refused, stopped)
                 return
             with self._lock:
                 for e, lead, _epoch in chunk:
@@ -339,14 +352,19 @@ class ClusterPartitionLog:
         return raw_epoch == str(epoch).encode() and raw_end == str(e.base_offset).encode()
 
     def _refuse(
-        self, e: FlushIndexEntry, lead: _Lead, error: BaseException, refused: dict[TP, BaseException]
+        self,
+        e: FlushIndexEntry,
+        lead: _Lead,
+        error: BaseException,
+        refused: dict[TP, BaseException],
+        stopped: list[tuple[TP, BaseException]],
     ) -> None:
         tp = (e.topic_id, e.partition)
         refused[tp] = error
         with self._lock:
             if lead.failed is None:
                 lead.failed = _as_loglake(error)
-                log.warning("node %d stops appending to %s-%d: %s", self.node_id, tp[0], tp[1], error)
+                stopped.append((tp, error))
 
     # ---- reading ---------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import crc32c
@@ -77,7 +77,7 @@ class PlogReader:
         self._memory_size = 0
         #: (topic id, partition) -> sorted [(base, last, bytes)]; bounded by memory_bytes in all
         self._memory: dict[tuple[str, int], list[tuple[int, int, bytes]]] = {}
-        self._memory_order: list[tuple[str, int, int]] = []  # insertion order, for dropping the oldest
+        self._memory_order: deque[tuple[str, int, int]] = deque()  # insertion order, for dropping the oldest
         self.gets = 0  # ranged GETs this reader made (tests and benchmarks count them)
 
     def remember(self, topic_id: str, partition: int, base: int, last: int, data: bytes) -> None:
@@ -90,7 +90,7 @@ class PlogReader:
             self._memory_order.append((topic_id, partition, base))
             self._memory_size += len(data)
             while self._memory_size > self._memory_bytes_max and self._memory_order:
-                tid, p, b = self._memory_order.pop(0)
+                tid, p, b = self._memory_order.popleft()
                 rows = self._memory.get((tid, p), [])
                 i = bisect.bisect_left(rows, b, key=lambda r: r[0])
                 if i < len(rows) and rows[i][0] == b:
