@@ -73,6 +73,11 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
         "segment_rewritten",
         {"id": TID, "p": 0, "replaced": [[0, 0]], "segs": [[*_SEG[:9], 1, "22" * 32]], "clean": {"end": 5, "ms": 9}},
     ),
+    ("plog_leader", {"id": TID, "p": 0, "epoch": 1, "leader": 1}),
+    ("plog_commit", {"key": "f1", "ranges": [[TID, 0, 1, 0, 4, 32, 400, 5, 9, 7, 1]]}),
+    ("plog_merged", {"id": TID, "p": 0, "epoch": 1, "ms": 5, "n": 1,
+                     "seg": ["s0", 0, 4, 500, 432, 3, "00" * 32, 5, 9]}),
+    ("plog_swept", {"keys": ["f1", "f2"]}),
     ("topic_deleted", {"id": TID}),
 ]
 #: Trailer fields a structured segment mutation may change (not the CRC, version or magic).

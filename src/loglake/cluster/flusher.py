@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -118,8 +118,10 @@ class _Pending:
 
 
 #: The commit callback: given the index of a flush object that is in the bucket, make it
-#: visible (the next step: one etcd transaction guarded by leader epochs); raise to fail it.
-CommitFn = Callable[[FlushIndex], None]
+#: visible (loglake.cluster.plog: etcd transactions guarded by leader epochs); raise to fail
+#: the whole flush, or return {(topic id, partition): error} for the partitions whose ranges
+#: were not committed (their appends fail; the others are acknowledged).
+CommitFn = Callable[[FlushIndex], Mapping[tuple[str, int], BaseException] | None]
 
 
 class Flusher:
@@ -264,6 +266,10 @@ class Flusher:
             self._inflight += size
             if self._pending:
                 self._first_at = self._pending[0].at
+                # a partition with nothing buffered may start again at another offset (its
+                # leader reused offsets after a failed flush)
+                left = {(p.topic_id, p.partition) for p in self._pending}
+                self._last = {k: v for k, v in self._last.items() if k in left}
             else:
                 self._last.clear()
             self._seq += 1
@@ -297,7 +303,7 @@ class Flusher:
         try:
             self._put(key, parts)
             stage = "commit"
-            self._commit(index)
+            refused = self._commit(index) or {}
         except Exception as exc:  # any failure of the store or the callback fails this flush only
             self._fail(taken, FlushFailedError(key, stage, exc))
             return
@@ -309,7 +315,11 @@ class Flusher:
             log.info("flush objects of node %d are written and committed again (%s)", self.node_id, key)
         by_partition = {(e.topic_id, e.partition): e for e in index.entries}
         for p in taken:
-            p.future.set_result(FlushAck(key, by_partition[(p.topic_id, p.partition)]))
+            cause = refused.get((p.topic_id, p.partition))
+            if cause is not None:
+                p.future.set_exception(FlushFailedError(key, "commit", cause))
+            else:
+                p.future.set_result(FlushAck(key, by_partition[(p.topic_id, p.partition)]))
 
     def _put(self, key: str, parts: list[bytes | memoryview]) -> None:
         policy = self.settings.put_retry

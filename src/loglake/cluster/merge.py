@@ -88,6 +88,7 @@ def merge_partition(
     segment_bytes: int = MERGE_SEGMENT_BYTES,
     stats: MergeStats | None = None,
     aborted_first: AbortedFirst | None = None,
+    generation: int = 0,
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
 ) -> list[MergedSegment]:
     """Rewrite `ranges` — (flush object key, index entry) of one partition, consecutive in
@@ -95,7 +96,9 @@ def merge_partition(
     link hash, ZERO_HASH for its first). A corrupt range raises CorruptionError before any
     segment holding it is written; `commit` runs after each segment's PUT, in order. A segment
     already at the key with the same offsets and chain (an earlier attempt) is kept, not written
-    again; a different one is a MergeConflictError."""
+    again; a different one is a MergeConflictError. `generation` goes into the key
+    (`<base>-g<n>.seg`): cluster mode passes the leader epoch, so a merger that lost leadership
+    never writes the key its successor's merge writes."""
     if not ranges:
         return []
     stats = stats if stats is not None else MergeStats()
@@ -124,7 +127,7 @@ def merge_partition(
                     aborts.append((h.producer_id, min(first, h.base_offset), h.base_offset))
         writer.aborted_txns = aborts
         parts, trailer, _index = writer.finish()
-        key = segment_key(cluster_id, topic, topic_id, partition, base, prefix)
+        key = segment_key(cluster_id, topic, topic_id, partition, base, prefix, generation)
         existing = _existing(store, key)
         if existing is None:
             store.put(key, parts)

@@ -50,6 +50,8 @@ scram_credential   {user, mechanism, cred} → the user's SCRAM credential for t
                    set, or removed when `cred` is null (loglake.meta.scram)
 client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
                    configs, replaced; null values remove it (loglake.meta.quotas)
+plog_*             cluster partitions: leader epochs, committed flush ranges, merged segments,
+                   swept flush objects (loglake.meta.cluster)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -57,6 +59,7 @@ Unknown kinds are refused (a newer release's log is not silently half-applied).
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Callable
@@ -68,6 +71,7 @@ import crc32c
 from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import acls_doc, apply_acls, load_acls
+from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog, load_plogs, plogs_doc
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import EntityKey, apply_client_quota, client_quotas_doc, load_client_quotas
 from loglake.meta.scram import apply_scram, load_scram, scram_doc
@@ -138,6 +142,7 @@ RECORD_KINDS = (
     "acls",
     "scram_credential",
     "client_quota",
+    *PLOG_KINDS,
 )
 _KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
 
@@ -269,6 +274,8 @@ class MetaState:
         self.scram: dict[str, dict[str, dict[str, Any]]] = {}
         #: client quota entity -> quota key -> value (loglake.meta.quotas)
         self.client_quotas: dict[EntityKey, dict[str, float]] = {}
+        #: cluster partitions of durability class `object` (loglake.meta.cluster)
+        self.plogs = PlogTable()
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -457,6 +464,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     "acls": apply_acls,
     "scram_credential": apply_scram,
     "client_quota": apply_client_quota,
+    **{kind: functools.partial(apply_plog, kind=kind) for kind in PLOG_KINDS},
 }
 assert set(_APPLY) == set(RECORD_KINDS)
 
@@ -539,6 +547,7 @@ def capture(state: MetaState) -> CheckpointImage:
         "acls": acls_doc(state),
         "scram": scram_doc(state),
         "client_quotas": client_quotas_doc(state),
+        "plogs": plogs_doc(state),
     }
     return CheckpointImage(state.seq, doc, tables)
 
@@ -624,6 +633,7 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_acls(state, doc)
     load_scram(state, doc)
     load_client_quotas(state, doc)
+    load_plogs(state, doc)
     return state
 
 

@@ -1,0 +1,164 @@
+"""Merge and sweep for cluster partitions, wired to the metadata records (loglake.meta.cluster).
+
+**Merge.** Only the partition's leader merges: `merge` rewrites the partition's committed ranges
+into sealed segments (loglake.cluster.merge) keyed `<base>-g<epoch>.seg`, and switches the
+metadata with a `plog_merged` record guarded by the leader's epoch key. A merger that lost
+leadership may still finish a PUT, but under its own epoch's key — never the key its successor
+writes — and its switch is fenced, so its segment is never referenced.
+
+**Sweep.** Two kinds of flush objects go:
+  * unreferenced: every range in it was switched to a merged segment; it is deleted once
+    DELETE_GRACE_S has passed since the switch, for readers that looked a range up just before;
+  * orphaned: listed under `flush/` but named by no committed range — its commit failed, was
+    fenced, or its answer was lost — and older than ORPHAN_GRACE_S (its header's time), which is
+    far longer than any commit may take.
+Either way a `plog_swept` record naming the keys is committed *before* anything is deleted: it
+refuses to apply if a key became referenced meanwhile (nothing is deleted then), and it
+condemns orphans, so a commit of one landing later still is refused by every broker. A delete
+that fails leaves an orphan the next sweep finds again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loglake.cluster.flushobj import FlushIndexEntry, check_header, flush_prefix
+from loglake.cluster.merge import DELETE_GRACE_S, MergedSegment, MergeStats, merge_partition
+from loglake.cluster.plog import COMMIT_WAIT_S, ClusterPartitionLog, NotLeaderError
+from loglake.errors import CorruptionError, MetaFencedError
+from loglake.meta.cluster import Plog, epoch_key
+from loglake.meta.etcd import Guard
+from loglake.meta.state import MetaState
+from loglake.segment.format import HEADER_SIZE, ZERO_HASH
+
+__all__ = ["ORPHAN_GRACE_S", "SWEEP_KEYS_PER_RECORD", "SweepReport", "merge", "sweep"]
+
+log = logging.getLogger(__name__)
+
+#: Age (by the object's header time) past which a flush object no committed range names is
+#: swept: a commit is answered or failed within the store's `unavailable_s` (15 s) plus the
+#: commit wait, so ten minutes leaves ample room for clock skew between brokers.
+ORPHAN_GRACE_S = 600.0
+#: Keys named by one `plog_swept` record (a record stays far below etcd's request limit).
+SWEEP_KEYS_PER_RECORD = 1000
+#: Flush objects looked at by one sweep (the rest wait for the next).
+SWEEP_LIST_MAX = 100_000
+
+
+def merge(
+    plog: ClusterPartitionLog,
+    topic_id: str,
+    partition: int,
+    topic: str,
+    *,
+    stats: MergeStats | None = None,
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+) -> list[MergedSegment]:
+    """Merge the partition's committed ranges into segments and switch the metadata to them.
+    NotLeaderError when this broker does not lead it; MetaFencedError when it lost the epoch."""
+    if not plog.leads(topic_id, partition):
+        raise NotLeaderError(
+            f"node {plog.node_id} does not lead {topic_id}-{partition}; only the leader merges"
+        )
+    tid = bytes.fromhex(topic_id)
+    current: Plog = plog.meta.read(lambda s: s.plogs.part(tid, partition))
+    epoch, ranges = current.epoch, list(current.ranges)
+    prev = bytes.fromhex(current.segments[-1].link) if current.segments else ZERO_HASH
+    inputs = [
+        (
+            r.key,
+            FlushIndexEntry(
+                topic_id, partition, r.base, r.last, r.pos, r.length, r.count, r.max_ts, r.batches, r.crc
+            ),
+        )
+        for r in ranges
+    ]
+
+    def switch(seg: MergedSegment) -> None:
+        t = seg.trailer
+        body = {
+            "id": topic_id,
+            "p": partition,
+            "epoch": epoch,
+            "ms": wall_ms(),
+            "n": len(seg.sources),
+            "seg": [seg.key, t.base_offset, t.last_offset, t.size, t.index_position, t.data_crc,
+                    t.link_hash.hex(), t.record_count, t.max_timestamp],
+        }  # fmt: skip
+        guard = Guard(epoch_key(topic_id, partition), value=str(epoch).encode())
+        try:
+            plog.meta.append_if("plog_merged", body, [guard]).result(COMMIT_WAIT_S)
+        except MetaFencedError:
+            plog._stop(
+                (topic_id, partition), NotLeaderError(f"{topic_id}-{partition}: fenced during a merge")
+            )
+            raise
+
+    return merge_partition(
+        plog.store,
+        inputs,
+        cluster_id=plog.cluster_id,
+        topic=topic,
+        prev_hash=prev,
+        prefix=plog.prefix,
+        commit=switch,
+        stats=stats,
+        generation=epoch,
+        wall_ms=wall_ms,
+    )
+
+
+@dataclass
+class SweepReport:
+    unreferenced: list[str]
+    orphans: list[str]
+    refused: int = 0  # keys whose sweep record did not apply (they became referenced)
+
+
+def sweep(
+    plog: ClusterPartitionLog,
+    *,
+    delete_grace_s: float = DELETE_GRACE_S,
+    orphan_grace_s: float = ORPHAN_GRACE_S,
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+) -> SweepReport:
+    """Delete unreferenced flush objects past their grace and orphans past theirs."""
+    now = wall_ms()
+    plog.meta.sync()  # see every commit and switch made so far
+
+    def view(state: MetaState) -> tuple[list[str], set[str]]:
+        t = state.plogs
+        free = [k for k, ms in t.free.items() if now - ms >= delete_grace_s * 1000]
+        return free, set(t.objects) | set(t.free) | set(t.condemned)
+
+    free, known = plog.meta.read(view)
+    orphans = []
+    for key in plog.store.list(flush_prefix(plog.cluster_id, plog.prefix))[:SWEEP_LIST_MAX]:
+        if key in known:
+            continue
+        try:
+            _node, _seq, created_ms = check_header(plog.store.get_range(key, 0, HEADER_SIZE), key)
+        except CorruptionError as exc:
+            log.warning("flush object %s has no readable header (%s); left for an operator", key, exc.detail)
+            continue
+        if now - created_ms >= orphan_grace_s * 1000:
+            orphans.append(key)
+    report = SweepReport([], [])
+    keys = free + orphans
+    for i in range(0, len(keys), SWEEP_KEYS_PER_RECORD):
+        part = keys[i : i + SWEEP_KEYS_PER_RECORD]
+        try:
+            plog.meta.append("plog_swept", {"keys": part}).result(COMMIT_WAIT_S)
+        except Exception as exc:  # became referenced (refused) or etcd away: delete nothing of these
+            log.info(
+                "sweep of %d flush objects not committed (%s); retried at the next sweep", len(part), exc
+            )
+            report.refused += len(part)
+            continue
+        for key in part:
+            plog.store.delete(key)
+            (report.orphans if key in orphans else report.unreferenced).append(key)
+    return report

@@ -1,0 +1,309 @@
+"""Cluster partitions in the metadata: leader epochs, committed flush ranges, merged segments.
+
+Durability class `object` (loglake.cluster.plog) keeps a partition's log as metadata records in
+the shared log (docs/FORMAT.md, "Cluster partition records"). Every store applies them in log
+order, and applying is deterministic, so these checks are the last word on what is committed:
+a record that does not fit when its turn comes is skipped by every broker alike.
+
+=============  ==================================================================================
+kind           body -> effect
+=============  ==================================================================================
+plog_leader    {id, p, epoch, leader} -> the partition's leader epoch and leader; `epoch` must be
+               above the current one (two brokers racing for one epoch: the first in the log wins)
+plog_commit    {key, ranges: [[id, p, epoch, base, last, pos, len, count, max_ts, crc, batches],
+               ...]} -> flush-object ranges committed: each range's epoch must be its
+               partition's current epoch and its base the partition's committed end (no gap, no
+               overlap); the object must not have been swept. All or nothing.
+plog_merged    {id, p, epoch, ms, n, seg: [key, base, last, size, index_pos, data_crc, link,
+               count, max_ts]} -> the partition's first `n` ranges are replaced by the segment
+               (same offsets); a flush object with no range left becomes unreferenced at `ms`
+plog_swept     {keys} -> flush objects about to be deleted: unreferenced ones leave the free
+               list; never-committed ones (orphans) are condemned, so a late commit of one is
+               refused. A key still referenced refuses the whole record.
+=============  ==================================================================================
+
+Bounds: RANGES_PER_PARTITION_MAX unmerged ranges per partition (a commit past it is refused:
+the leader must merge first), FREE_OBJECTS_MAX and CONDEMNED_MAX keys (oldest dropped first:
+a dropped free key is an orphan to the sweep, found again by listing; a dropped condemned key
+is long past any commit's lifetime).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loglake.meta.state import MetaState
+
+__all__ = [
+    "CONDEMNED_MAX",
+    "FREE_OBJECTS_MAX",
+    "PLOG_KINDS",
+    "RANGES_PER_PARTITION_MAX",
+    "Plog",
+    "PlogRange",
+    "PlogSegment",
+    "PlogTable",
+    "end_key",
+    "epoch_key",
+]
+
+#: Unmerged flush ranges one partition may hold; the merge keeps it far below (one range per
+#: flush, 2 flushes/s: 10,000 is over an hour of unmerged data).
+RANGES_PER_PARTITION_MAX = 10_000
+#: Unreferenced flush objects remembered for the sweep (oldest forgotten first; listing finds them).
+FREE_OBJECTS_MAX = 100_000
+#: Swept orphans remembered so a late commit of one is refused (oldest forgotten first).
+CONDEMNED_MAX = 100_000
+
+PLOG_KINDS = ("plog_leader", "plog_commit", "plog_merged", "plog_swept")
+
+TP = tuple[bytes, int]
+
+
+def epoch_key(topic_id: str, partition: int) -> str:
+    """etcd key (relative to the cluster prefix) holding the partition's leader epoch."""
+    return f"plog/{topic_id}/{partition}/epoch"
+
+
+def end_key(topic_id: str, partition: int) -> str:
+    """etcd key holding the partition's committed end offset (set with every commit)."""
+    return f"plog/{topic_id}/{partition}/end"
+
+
+@dataclass(frozen=True, slots=True)
+class PlogRange:
+    """One committed range: a partition's batches inside a flush object."""
+
+    key: str
+    base: int
+    last: int
+    pos: int
+    length: int
+    count: int
+    max_ts: int
+    crc: int
+    batches: int
+
+    def row(self) -> list[Any]:
+        return [
+            self.key,
+            self.base,
+            self.last,
+            self.pos,
+            self.length,
+            self.count,
+            self.max_ts,
+            self.crc,
+            self.batches,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class PlogSegment:
+    """A merged segment (single-node format) holding offsets base..last."""
+
+    key: str
+    base: int
+    last: int
+    size: int
+    index_pos: int
+    data_crc: int
+    link: str  # link hash, hex: the next segment's prev hash
+    count: int
+    max_ts: int
+
+    def row(self) -> list[Any]:
+        return [
+            self.key,
+            self.base,
+            self.last,
+            self.size,
+            self.index_pos,
+            self.data_crc,
+            self.link,
+            self.count,
+            self.max_ts,
+        ]
+
+
+def _range(row: Any) -> PlogRange:
+    key, base, last, pos, length, count, max_ts, crc, batches = row
+    r = PlogRange(
+        str(key), int(base), int(last), int(pos), int(length), int(count), int(max_ts), int(crc), int(batches)
+    )
+    if r.last < r.base or r.pos < 0 or r.length <= 0:
+        raise ValueError(f"range {row!r} is empty or negative")
+    return r
+
+
+def _segment(row: Any) -> PlogSegment:
+    key, base, last, size, index_pos, data_crc, link, count, max_ts = row
+    s = PlogSegment(
+        str(key),
+        int(base),
+        int(last),
+        int(size),
+        int(index_pos),
+        int(data_crc),
+        str(link),
+        int(count),
+        int(max_ts),
+    )
+    if s.last < s.base or not 0 < s.index_pos <= s.size:
+        raise ValueError(f"segment {row!r} is empty or out of bounds")
+    return s
+
+
+@dataclass(eq=False)
+class Plog:
+    """One cluster partition: epoch and leader, committed end, merged segments then ranges."""
+
+    epoch: int = 0
+    leader: int = -1
+    end: int = 0  # every offset below is committed
+    segments: list[PlogSegment] = field(default_factory=list)
+    ranges: list[PlogRange] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class PlogTable:
+    parts: dict[TP, Plog] = field(default_factory=dict)
+    #: flush object -> partitions with a committed range in it
+    objects: dict[str, set[TP]] = field(default_factory=dict)
+    #: flush objects no range references any more -> since when (ms, the merger's clock)
+    free: dict[str, int] = field(default_factory=dict)
+    #: orphans the sweep condemned: a commit naming one is refused
+    condemned: dict[str, None] = field(default_factory=dict)
+
+    def part(self, topic_id: bytes, partition: int) -> Plog:
+        return self.parts.setdefault((topic_id, partition), Plog())
+
+
+def _tp(b: dict[str, Any]) -> TP:
+    return bytes.fromhex(str(b["id"])), int(b["p"])
+
+
+def apply_plog(state: MetaState, b: dict[str, Any], *, kind: str) -> None:
+    t = state.plogs
+    if kind == "plog_leader":
+        plog = t.part(*_tp(b))
+        epoch = int(b["epoch"])
+        if epoch <= plog.epoch:
+            raise ValueError(f"leader epoch {epoch} is not above the current {plog.epoch}")
+        plog.epoch, plog.leader = epoch, int(b["leader"])
+    elif kind == "plog_commit":
+        _commit(t, str(b["key"]), b["ranges"])
+    elif kind == "plog_merged":
+        _merged(t, b)
+    elif kind == "plog_swept":
+        keys = [str(k) for k in b["keys"]]
+        held = [k for k in keys if k in t.objects]
+        if held:
+            raise ValueError(f"sweep names {held[0]}, which committed ranges still reference")
+        for k in keys:
+            if t.free.pop(k, None) is None:
+                t.condemned[k] = None
+        _trim(t.condemned, CONDEMNED_MAX)
+    else:  # pragma: no cover - the dispatch table lists exactly PLOG_KINDS
+        raise ValueError(kind)
+
+
+def _commit(t: PlogTable, key: str, rows: Any) -> None:
+    if key in t.condemned:
+        raise ValueError(f"flush object {key} was swept as an orphan; its commit is refused")
+    checked: list[tuple[TP, Plog, PlogRange]] = []
+    seen: set[TP] = set()
+    for row in rows:
+        tid, p, epoch, *rest = row
+        tp = (bytes.fromhex(str(tid)), int(p))
+        plog = t.parts.get(tp)
+        r = _range([key, *rest])
+        if plog is None or int(epoch) != plog.epoch or tp in seen:
+            raise ValueError(
+                f"{tid}-{p}: range of epoch {epoch} but the partition is at {plog.epoch if plog else 0}"
+            )
+        if r.base != plog.end:
+            raise ValueError(f"{tid}-{p}: range at {r.base} does not continue the committed end {plog.end}")
+        if len(plog.ranges) >= RANGES_PER_PARTITION_MAX:
+            raise ValueError(f"{tid}-{p}: {RANGES_PER_PARTITION_MAX} unmerged ranges; merge first")
+        seen.add(tp)
+        checked.append((tp, plog, r))
+    if not checked:
+        raise ValueError("commit without ranges")
+    for tp, plog, r in checked:  # every range fits: apply them all
+        plog.ranges.append(r)
+        plog.end = r.last + 1
+        t.objects.setdefault(key, set()).add(tp)
+    t.free.pop(key, None)
+
+
+def _merged(t: PlogTable, b: dict[str, Any]) -> None:
+    tp = _tp(b)
+    plog = t.parts.get(tp)
+    n = int(b["n"])
+    seg = _segment(b["seg"])
+    if plog is None or int(b["epoch"]) != plog.epoch:
+        raise ValueError(f"merge of epoch {b['epoch']} but the partition is at {plog.epoch if plog else 0}")
+    if not 0 < n <= len(plog.ranges) or (seg.base, seg.last) != (
+        plog.ranges[0].base,
+        plog.ranges[n - 1].last,
+    ):
+        raise ValueError(f"merged segment {seg.base}..{seg.last} is not the partition's first {n} ranges")
+    gone, plog.ranges = plog.ranges[:n], plog.ranges[n:]
+    plog.segments.append(seg)
+    ms = int(b["ms"])
+    for r in gone:
+        holders = t.objects.get(r.key)
+        if holders is None:
+            continue
+        holders.discard(tp)
+        if not holders:
+            del t.objects[r.key]
+            t.free[r.key] = ms
+    _trim(t.free, FREE_OBJECTS_MAX)
+
+
+def _trim(table: dict[str, Any], bound: int) -> None:
+    while len(table) > bound:
+        del table[next(iter(table))]
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+
+def plogs_doc(state: MetaState) -> dict[str, Any]:
+    t = state.plogs
+    return {
+        "parts": [
+            [
+                tid.hex(),
+                p,
+                pl.epoch,
+                pl.leader,
+                pl.end,
+                [s.row() for s in pl.segments],
+                [r.row() for r in pl.ranges],
+            ]
+            for (tid, p), pl in t.parts.items()
+        ],
+        "free": dict(t.free),
+        "condemned": list(t.condemned),
+    }
+
+
+def load_plogs(state: MetaState, doc: dict[str, Any]) -> None:
+    """The cluster partitions of a checkpoint (absent before cluster mode: none)."""
+    raw = doc.get("plogs")
+    if not raw:
+        return
+    t = state.plogs
+    for tid, p, epoch, leader, end, segs, ranges in raw["parts"]:
+        tp = (bytes.fromhex(str(tid)), int(p))
+        pl = Plog(int(epoch), int(leader), int(end), [_segment(s) for s in segs], [_range(r) for r in ranges])
+        t.parts[tp] = pl
+        for r in pl.ranges:
+            t.objects.setdefault(r.key, set()).add(tp)
+    t.free = {str(k): int(v) for k, v in raw["free"].items()}
+    t.condemned = dict.fromkeys(str(k) for k in raw["condemned"])

@@ -1,0 +1,361 @@
+"""The partition log of durability class `object` over real etcd (tests/etcdkit.py) and moto S3
+(tests/s3kit.py): several `ClusterPartitionLog`s in one process stand for brokers, each with its
+own EtcdMetaStore. Appends are acknowledged only after their range is committed in etcd; one PUT
+carries many partitions; a leadership move fences the old leader's pending and later appends and
+the new leader continues at exactly the committed end; a commit that cannot reach etcd fails its
+appends and nothing of it becomes visible; merge and sweep keep every record readable once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import etcdkit
+import s3kit
+from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushSettings
+from loglake.cluster.flushobj import flush_prefix
+from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
+from loglake.cluster.plog_maint import merge, sweep
+from loglake.errors import FlushFailedError, LoglakeError, MetaFencedError, OffsetOutOfRangeError
+from loglake.kafka_errors import ErrorCode
+from loglake.meta.cluster import epoch_key
+from loglake.meta.etcd import EtcdMetaStore, Guard
+from loglake.meta.etcd_client import EtcdClient
+from loglake.records.decode import decode_batch
+from loglake.store.base import ObjectStore
+from loglake.store.retry import RetryPolicy
+from test_cluster_flushobj import batch, iter_batches, topic_ids
+
+pytestmark = needs_etcd
+etcd1 = etcdkit.etcd1
+moto_endpoint = s3kit.moto_endpoint
+s3_client = s3kit.s3_client
+bucket = s3kit.bucket
+fault_proxy = s3kit.fault_proxy
+_proxy_server = s3kit._proxy_server
+
+FAST = RetryPolicy(max_attempts=FLUSH_PUT_ATTEMPTS, base_delay=0.001, max_delay=0.005)
+#: Flushes happen when a test says so (the time trigger is an hour away).
+MANUAL = FlushSettings(object_flush_ms=3_600_000, put_retry=FAST)
+CLUSTER_ID = "c1"
+WAIT = 60
+
+
+@dataclass
+class Broker:
+    node_id: int
+    meta: EtcdMetaStore
+    log: ClusterPartitionLog
+
+    def close(self) -> None:
+        self.log.close()
+        self.meta.close()
+
+
+class Cluster:
+    """Brokers over one etcd prefix and one bucket."""
+
+    def __init__(self, etcd: EtcdCluster, store: ObjectStore, *, unavailable_s: float = 15.0) -> None:
+        self.etcd = etcd
+        self.store = store
+        self.prefix = f"/plog-test/{uuid.uuid4().hex[:8]}"
+        self.unavailable_s = unavailable_s
+        self.brokers: list[Broker] = []
+
+    def broker(self, node_id: int, store: ObjectStore | None = None) -> Broker:
+        meta = EtcdMetaStore(
+            EtcdClient(",".join(self.etcd.endpoints), unavailable_s=self.unavailable_s), self.prefix
+        )
+        meta.open()
+        plog = ClusterPartitionLog(
+            meta, store or self.store, cluster_id=CLUSTER_ID, node_id=node_id, settings=MANUAL
+        )
+        b = Broker(node_id, meta, plog)
+        self.brokers.append(b)
+        return b
+
+    def close(self) -> None:
+        for b in self.brokers:
+            b.close()
+
+
+@pytest.fixture
+def store(moto_endpoint: str, bucket: str) -> Iterator[ObjectStore]:
+    s = s3kit.make_store(moto_endpoint, bucket)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def cluster(etcd1: EtcdCluster, store: ObjectStore) -> Iterator[Cluster]:
+    c = Cluster(etcd1, store)
+    yield c
+    c.close()
+
+
+def read_all(b: Broker, tid: str, p: int, start: int = 0) -> list[tuple[int, bytes]]:
+    """(offset, value) of every committed record from `start`, in order, as `b` reads them."""
+    out: list[tuple[int, bytes]] = []
+    offset = start
+    while True:
+        data = b.log.read(tid, p, offset, 1 << 20)
+        if not data:
+            return out
+        for view in iter_batches(data):
+            h, records = decode_batch(bytes(view))
+            for i, r in enumerate(records):
+                out.append((h.base_offset + i, r.value or b""))
+            offset = h.last_offset + 1
+
+
+def ack(f: Future[AppendAck]) -> AppendAck:
+    return f.result(WAIT)
+
+
+def test_appends_ack_after_commit_and_many_partitions_share_one_put(cluster: Cluster) -> None:
+    a = cluster.broker(1)
+    watcher = cluster.broker(2)
+    tids = topic_ids(2)
+    parts = [(t, p) for t in tids for p in range(40)]  # 80 partitions: two commit transactions
+    for t, p in parts:
+        assert a.log.acquire(t, p) == 1
+    futures = {tp: a.log.append(*tp, batch(0, 3, f"{tp[0][:4]}-{tp[1]}")) for tp in parts}
+    assert not any(f.done() for f in futures.values())  # nothing is acknowledged before the flush
+    a.log.flusher.flush(WAIT)
+    acks = {tp: ack(f) for tp, f in futures.items()}
+    assert a.log.flusher.stats.puts == 1 and a.log.flusher.stats.objects == 1
+    assert {x.key for x in acks.values()} == {next(iter(acks.values())).key}
+    # acknowledged means committed: another broker's store sees every range once it catches up
+    watcher.meta.sync()
+    for (t, p), x in acks.items():
+        assert (x.base_offset, x.last_offset, x.leader_epoch) == (0, 2, 1)
+        assert watcher.log.committed_end(t, p) == 3
+        assert read_all(watcher, t, p) == [(i, f"{t[:4]}-{p}@{i}".encode()) for i in range(3)]
+    # a second flush continues every partition at its committed end
+    second = a.log.append(tids[0], 5, batch(0, 2, "second"))
+    a.log.flusher.flush(WAIT)
+    again = ack(second)
+    assert (again.base_offset, again.last_offset) == (3, 4)
+    assert a.log.flusher.stats.objects == 2
+
+
+def test_leadership_move_fences_the_old_leader_and_the_new_one_continues(cluster: Cluster) -> None:
+    a, b = cluster.broker(1), cluster.broker(2)
+    (t,) = topic_ids(1)
+    a.log.acquire(t, 0)
+    acked: dict[int, bytes] = {}
+    for i in range(3):
+        f = a.log.append(t, 0, batch(0, 4, f"a{i}"))
+        a.log.flusher.flush(WAIT)
+        x = ack(f)
+        for off in range(x.base_offset, x.last_offset + 1):
+            acked[off] = f"a{i}@{off - x.base_offset}".encode()
+    end = max(acked) + 1
+    pending = a.log.append(t, 0, batch(0, 5, "lost"))  # buffered, not flushed: B takes over now
+    assert b.log.acquire(t, 0) == 2
+    stale_bump = Guard(epoch_key(t, 0), value=b"1")  # A's stale view loses a bump race cleanly
+    with pytest.raises(MetaFencedError):
+        a.meta.append_if("plog_leader", {"id": t, "p": 0, "epoch": 2, "leader": 1}, [stale_bump]).result(WAIT)
+    a.log.flusher.flush(WAIT)
+    with pytest.raises(FlushFailedError) as info:
+        pending.result(WAIT)
+    assert info.value.kafka_code == ErrorCode.NOT_LEADER_OR_FOLLOWER and info.value.retriable
+    with pytest.raises((NotLeaderError, MetaFencedError)):
+        a.log.append(t, 0, batch(0, 1, "later"))
+    assert not a.log.leads(t, 0)
+    x = b.log.append(t, 0, batch(0, 2, "b"))
+    b.log.flusher.flush(WAIT)
+    got = ack(x)
+    assert (got.base_offset, got.leader_epoch) == (end, 2)  # exactly A's committed end
+    acked[end], acked[end + 1] = b"b@0", b"b@1"
+    records = read_all(b, t, 0)
+    assert [o for o, _ in records] == list(range(end + 2))  # once each, no gap
+    assert dict(records) == acked
+    assert not any(v.startswith(b"lost") or v.startswith(b"later") for _, v in records)
+
+
+def test_a_commit_etcd_never_got_fails_its_appends_and_stays_invisible(
+    etcd1: EtcdCluster, store: ObjectStore
+) -> None:
+    c = Cluster(etcd1, store, unavailable_s=2.0)
+    try:
+        a = c.broker(1)
+        (t,) = topic_ids(1)
+        a.log.acquire(t, 0)
+        first = a.log.append(t, 0, batch(0, 3, "kept"))
+        a.log.flusher.flush(WAIT)
+        assert ack(first).last_offset == 2
+        doomed = a.log.append(t, 0, batch(0, 3, "doomed"))
+        etcd1.stop_member(0)
+        try:
+            a.log.flusher.flush(WAIT)
+            with pytest.raises(FlushFailedError) as info:
+                doomed.result(WAIT)
+            assert info.value.retriable
+            with pytest.raises(Exception) as refused:  # stopped until re-acquired
+                a.log.append(t, 0, batch(0, 1, "refused"))
+            assert getattr(refused.value, "retriable", False)
+        finally:
+            etcd1.start_member(0)
+        assert a.log.acquire(t, 0) == 2  # the truth from etcd: the end is still 3
+        again = a.log.append(t, 0, batch(0, 2, "again"))
+        a.log.flusher.flush(WAIT)
+        assert ack(again).base_offset == 3  # the failed append's offsets are reused
+        other = c.broker(2)
+        other.meta.sync()
+        values = [v for _, v in read_all(other, t, 0)]
+        assert values == [b"kept@0", b"kept@1", b"kept@2", b"again@0", b"again@1"]
+        # the object of the failed flush is in the bucket, named by nothing: an orphan
+        listed = store.list(flush_prefix(CLUSTER_ID))
+        assert len(listed) == 3
+    finally:
+        c.close()
+
+
+def test_merge_then_read_gives_the_same_records_and_sweep_deletes_only_unreferenced(cluster: Cluster) -> None:
+    a = cluster.broker(1)
+    tids = topic_ids(2)
+    parts = [(t, p) for t in tids for p in range(2)]
+    for tp in parts:
+        a.log.acquire(*tp)
+    for i in range(4):
+        fs = [a.log.append(*tp, batch(0, 3, f"r{i}")) for tp in parts]
+        a.log.flusher.flush(WAIT)
+        for f in fs:
+            ack(f)
+    reader = cluster.broker(2)
+    reader.meta.sync()
+    before = {tp: read_all(reader, *tp) for tp in parts}
+    assert all(len(v) == 12 for v in before.values())
+    # an orphan: a flush whose commit was fenced (B took partition 0 of the first topic)
+    thief = cluster.broker(3)
+    doomed = a.log.append(tids[0], 0, batch(0, 1, "orphan"))
+    thief.log.acquire(tids[0], 0)
+    a.log.flusher.flush(WAIT)
+    with pytest.raises(FlushFailedError):
+        doomed.result(WAIT)
+    with pytest.raises(NotLeaderError):  # only the leader merges
+        merge(a.log, tids[0], 0, "topic0")
+    merged = []
+    for t, p in parts:
+        owner = thief if (t, p) == (tids[0], 0) else a
+        merged += merge(owner.log, t, p, f"topic{tids.index(t)}")
+    assert len(merged) == 4
+    reader.meta.sync()
+    gets = reader.log.reader.gets
+    for tp in parts:
+        assert read_all(reader, *tp) == before[tp]
+    assert reader.log.reader.gets > gets  # the segments were read from the bucket
+    # sweep: the four flush objects are unreferenced now, plus one orphan; a fresh commit stays
+    fresh = a.log.append(tids[1], 1, batch(0, 1, "fresh"))
+    a.log.flusher.flush(WAIT)
+    keep = ack(fresh).key
+    none_yet = sweep(a.log)  # inside both graces: nothing goes
+    assert none_yet.unreferenced == [] and none_yet.orphans == []
+    report = sweep(a.log, delete_grace_s=0, orphan_grace_s=0)
+    assert len(report.unreferenced) == 4 and len(report.orphans) == 1
+    assert cluster.store.list(flush_prefix(CLUSTER_ID)) == [keep]
+    assert read_all(reader, tids[1], 1)[-1] == (12, b"fresh@0")
+    for tp in parts:
+        assert read_all(reader, *tp)[:12] == before[tp]
+
+
+def test_reads_refuse_offsets_outside_the_committed_log(cluster: Cluster) -> None:
+    a = cluster.broker(1)
+    (t,) = topic_ids(1)
+    a.log.acquire(t, 0)
+    f = a.log.append(t, 0, batch(0, 2, "x"))
+    a.log.flusher.flush(WAIT)
+    ack(f)
+    assert a.log.read(t, 0, 2, 100) == b""
+    with pytest.raises(OffsetOutOfRangeError):
+        a.log.read(t, 0, 3, 100)
+    with pytest.raises(NotLeaderError):
+        cluster.broker(2).log.append(t, 0, batch(0, 1, "y"))
+
+
+# ---- the property: random interleavings against a model log ---------------------------------------
+
+#: One step of a schedule: (what, broker index, partition)
+Step = tuple[str, int, int]
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "append", "append", "flush", "move", "put_fails", "acquire_again"]),
+        st.integers(0, 1),
+        st.integers(0, 1),
+    ),
+    min_size=1,
+    max_size=18,
+)
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schedule=steps)
+def test_random_interleavings_keep_every_acknowledged_record_once_at_its_offset(
+    etcd1: EtcdCluster, moto_endpoint: str, bucket: str, fault_proxy: s3kit.FaultProxy, schedule: list[Step]
+) -> None:
+    """Appends, flushes, failed PUTs and leadership moves between two brokers, in any order: what
+    a reader sees afterwards is exactly the acknowledged records, each once, at its acknowledged
+    offset, with no gap — the model log is the acknowledgements."""
+    store = s3kit.make_store(fault_proxy.endpoint, bucket)
+    c = Cluster(etcd1, store)
+    try:
+        brokers = [c.broker(1), c.broker(2)]
+        (t,) = topic_ids(1, seed=len(schedule))
+        brokers[0].log.acquire(t, 0)
+        brokers[1].log.acquire(t, 1)
+        futures: list[tuple[int, Future[AppendAck], str]] = []
+        n = 0
+        for what, i, p in schedule:
+            b = brokers[i]
+            if what == "append":
+                tag = f"v{n}"
+                n += 1
+                try:
+                    futures.append((p, b.log.append(t, p, batch(0, 1 + n % 3, tag)), tag))
+                except (NotLeaderError, LoglakeError):
+                    pass  # refused up front: never acknowledged
+            elif what == "flush":
+                b.log.flusher.flush(WAIT)
+            elif what == "move":
+                b.log.acquire(t, p)
+            elif what == "acquire_again" and not b.log.leads(t, p):
+                b.log.acquire(t, p)  # a stopped partition restarts from the committed end
+            elif what == "put_fails":
+                fault_proxy.fail(1000, method="PUT")
+                try:
+                    b.log.flusher.flush(WAIT)
+                finally:
+                    fault_proxy.clear()
+        for b in brokers:
+            b.log.flusher.flush(WAIT)
+        model: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
+        for p, f, tag in futures:
+            try:
+                x = f.result(WAIT)
+            except LoglakeError as exc:
+                assert exc.retriable, exc
+                continue
+            for k in range(x.last_offset - x.base_offset + 1):
+                model[p][x.base_offset + k] = f"{tag}@{k}".encode()
+        reader = c.broker(3)
+        reader.meta.sync()
+        for p in (0, 1):
+            got = read_all(reader, t, p)
+            assert [o for o, _ in got] == list(range(len(got)))  # dense, each offset once
+            assert dict(got) == model[p]  # exactly the acknowledged records, where they were acked
+    finally:
+        c.close()
+        store.close()

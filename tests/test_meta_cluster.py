@@ -1,0 +1,82 @@
+"""The cluster-partition records (loglake.meta.cluster) applied to MetaState directly: what every
+store decides alike when a record's turn comes — stale epochs, gaps, swept objects, merges that
+do not match — and that a checkpoint carries all of it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from loglake.meta.cluster import RANGES_PER_PARTITION_MAX
+from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+
+T = "ab" * 16
+
+
+def rng(epoch: int, base: int, last: int, p: int = 0) -> list[Any]:
+    return [T, p, epoch, base, last, 32, 100 * (last - base + 1), last - base + 1, 5, 7, 1]
+
+
+def led(epoch: int = 1) -> MetaState:
+    s = MetaState("c")
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": epoch, "leader": 1})
+    return s
+
+
+def test_a_commit_must_carry_the_current_epoch_and_continue_the_end() -> None:
+    s = led()
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4)]})
+    with pytest.raises(ValueError, match="does not continue"):
+        s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 6, 7)]})  # a gap
+    with pytest.raises(ValueError, match="does not continue"):
+        s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 3, 7)]})  # an overlap
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 2, "leader": 2})
+    with pytest.raises(ValueError, match="epoch"):
+        s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 5, 7)]})  # the old leader, fenced
+    with pytest.raises(ValueError, match="not above"):
+        s.apply("plog_leader", {"id": T, "p": 0, "epoch": 2, "leader": 1})  # a lost bump race
+    plog = s.plogs.part(bytes.fromhex(T), 0)
+    assert (plog.epoch, plog.leader, plog.end, len(plog.ranges)) == (2, 2, 5, 1)
+
+
+def test_a_commit_is_all_or_nothing() -> None:
+    s = led()
+    s.apply("plog_leader", {"id": T, "p": 1, "epoch": 1, "leader": 1})
+    with pytest.raises(ValueError):
+        s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4), rng(1, 3, 4, p=1)]})
+    assert s.plogs.part(bytes.fromhex(T), 0).end == 0 and not s.plogs.objects
+
+
+def test_merge_frees_objects_and_sweep_condemns_orphans() -> None:
+    s = led()
+    s.apply("plog_leader", {"id": T, "p": 1, "epoch": 1, "leader": 1})
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4), rng(1, 0, 1, p=1)]})
+    s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 5, 9)]})
+    seg = ["s0", 0, 9, 900, 800, 3, "00" * 32, 10, 5]
+    with pytest.raises(ValueError, match="first 1 ranges"):
+        s.apply("plog_merged", {"id": T, "p": 0, "epoch": 1, "ms": 10, "n": 1, "seg": seg})
+    with pytest.raises(ValueError, match="epoch"):
+        s.apply("plog_merged", {"id": T, "p": 0, "epoch": 0, "ms": 10, "n": 2, "seg": seg})
+    s.apply("plog_merged", {"id": T, "p": 0, "epoch": 1, "ms": 10, "n": 2, "seg": seg})
+    assert s.plogs.free == {"k2": 10}  # k1 still holds partition 1's range
+    with pytest.raises(ValueError, match="still reference"):
+        s.apply("plog_swept", {"keys": ["k2", "k1"]})
+    s.apply("plog_swept", {"keys": ["k2", "orphan"]})
+    assert s.plogs.free == {} and list(s.plogs.condemned) == ["orphan"]
+    with pytest.raises(ValueError, match="swept"):  # a commit landing after its object was swept
+        s.apply("plog_commit", {"key": "orphan", "ranges": [rng(1, 2, 3, p=1)]})
+    image = capture(s)
+    again = capture(decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck"))
+    assert again.doc["plogs"] == image.doc["plogs"]
+    restored = decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck")
+    assert restored.plogs.objects == s.plogs.objects
+
+
+def test_unmerged_ranges_are_bounded_per_partition() -> None:
+    s = led()
+    plog = s.plogs.part(bytes.fromhex(T), 0)
+    for i in range(RANGES_PER_PARTITION_MAX):
+        s.apply("plog_commit", {"key": f"k{i}", "ranges": [rng(1, i, i)]})
+    with pytest.raises(ValueError, match="merge first"):
+        s.apply("plog_commit", {"key": "one-more", "ranges": [rng(1, plog.end, plog.end)]})
