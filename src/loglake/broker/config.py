@@ -7,6 +7,7 @@ Reading, type and range checks live in `loglake.broker.settings`.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -50,6 +51,9 @@ def split_principals(value: list[str] | str, source: str) -> list[str]:
     return out
 
 
+#: Event loops a broker can run on (setting `event_loop`).
+EVENT_LOOPS = ("asyncio", "uvloop")
+
 @dataclass
 class BrokerConfig:
     #: `serve --accept-data-loss` only (not a dataclass field, so no setting): open a data
@@ -86,6 +90,9 @@ class BrokerConfig:
     #: Unset: true while no listener authenticates anyone (every client is User:ANONYMOUS), false
     #: once one does (SASL_*, or SSL with ssl_client_auth requested/required); see `acl_default_allow`.
     allow_everyone_if_no_acl_found: bool | None = None
+    #: The event loop: "asyncio" (the standard library's) or "uvloop" (libuv's, from the `fast`
+    #: extra). An explicit choice: a broker's behaviour does not change because a package appeared.
+    event_loop: str = "asyncio"
     node_id: int = 0
     auto_create_topics: bool = True
     default_partitions: int = 1
@@ -153,6 +160,16 @@ class BrokerConfig:
                 f"expected one of {', '.join(CLIENT_AUTH)}"
             )
         PrincipalMapper(self.ssl_principal_mapping_rules)
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigError(
+                f"event_loop={self.event_loop!r} (from {self.sources.get('event_loop', 'default')}): "
+                f"expected one of {', '.join(EVENT_LOOPS)}"
+            )
+        if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ConfigError(
+                f"event_loop=uvloop (from {self.sources.get('event_loop', 'default')}) needs the uvloop "
+                "package: pip install 'loglake[fast]'"
+            )
         self.super_users = split_principals(self.super_users, self.sources.get("super_users", "default"))
         from loglake.broker.sasl import enabled_mechanisms
 

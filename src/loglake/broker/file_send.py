@@ -14,19 +14,27 @@ import errno
 import os
 from typing import Any
 
-#: Bytes read from a file per write when sendfile cannot be used (TLS).
+#: Bytes read from a file per write when sendfile cannot be used (TLS, or an event loop without it).
 BUFFERED_SEND_BYTES = 1024 * 1024
+#: Whether the running event loop implements `loop.sendfile` (uvloop does not); learnt on first use.
+_sendfile_works = [True]
 
 
 async def send_file_range(conn: Any, buf: Any) -> None:
     """Write `buf` (a FileRange: path, position, length) to the connection, after what is queued."""
     await conn.writer.drain()
     try:
-        if conn.security.listener.tls:
+        if conn.security.listener.tls or not _sendfile_works[0]:
             await _buffered(conn, buf)
         else:
-            with open(buf.path, "rb") as fh:
-                await asyncio.get_running_loop().sendfile(conn.writer.transport, fh, buf.position, buf.length)
+            try:
+                with open(buf.path, "rb") as fh:
+                    await asyncio.get_running_loop().sendfile(conn.writer.transport, fh, buf.position, buf.length)
+            except NotImplementedError:
+                # uvloop has no loop.sendfile (it raises before sending a byte): copy through
+                # user space from now on, as on TLS.
+                _sendfile_works[0] = False
+                await _buffered(conn, buf)
     except OSError as exc:
         engine = conn.server.engine
         if exc.errno == errno.EIO and engine is not None:

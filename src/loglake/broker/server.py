@@ -571,12 +571,11 @@ def run_server(config: BrokerConfig, on_listening: Callable[[Listener, tuple[str
     """Run the broker until SIGTERM/SIGINT; returns the process exit code."""
     import signal
 
-    try:
+    if config.event_loop == "uvloop":  # validate() checked that it is installed
         import uvloop
 
         uvloop.install()
-    except ImportError:
-        pass
+    log.info("event loop: %s", config.event_loop)
 
     async def main() -> int:
         server = BrokerServer(config)

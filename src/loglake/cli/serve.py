@@ -67,6 +67,10 @@ def serve(
         str | None,
         typer.Option("--sasl-enabled-mechanisms", help="Mechanisms SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 (comma-separated)."),
     ] = None,
+    event_loop: Annotated[
+        str | None,
+        typer.Option("--event-loop", help="asyncio (default) or uvloop (needs the fast extra: pip install 'loglake[fast]')."),
+    ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
         typer.Option(
@@ -119,6 +123,7 @@ def serve(
         "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
         "sasl_enabled_mechanisms": sasl_enabled_mechanisms,
         "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
+        "event_loop": event_loop,
         "super_users": super_users,
         "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,
         "auto_create_topics": auto_create_topics,
