@@ -23,6 +23,7 @@ from the metadata, and the segment's own transaction index (format version 3) ad
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -54,6 +55,10 @@ MAX_BATCH_ROWS = 128 * 1024
 MAX_BATCH_DATA = 64 * 1024 * 1024
 #: Batches with at least this many records try the uniform-size fast path.
 UNIFORM_MIN_RECORDS = 32
+#: Distinct batch record counts whose offset-delta sizes are kept, and the largest count kept
+#: (64 arrays of at most 8 B * 16 Ki = 128 KiB each: 8 MiB at most).
+DELTA_SIZES_CACHED = 64
+DELTA_SIZES_MAX_COUNT = 16 * 1024
 
 HEADER_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
@@ -164,6 +169,21 @@ def _zigzag_size(x: NDArray) -> NDArray:
     return 1 + (z >= 1 << 7).astype(np.int64) + (z >= 1 << 14) + (z >= 1 << 21) + (z >= 1 << 28)
 
 
+def _delta_sizes(count: int) -> NDArray:
+    """Bytes of the offset-delta varints 0..count-1; producers use few distinct batch sizes, so
+    the arrays of all but huge batches are computed once."""
+    if count > DELTA_SIZES_MAX_COUNT:
+        return _zigzag_size(np.arange(count, dtype=np.int64))
+    return _cached_delta_sizes(count)
+
+
+@functools.lru_cache(maxsize=DELTA_SIZES_CACHED)
+def _cached_delta_sizes(count: int) -> NDArray:
+    sizes = _zigzag_size(np.arange(count, dtype=np.int64))
+    sizes.flags.writeable = False  # shared by every batch of `count` records
+    return sizes
+
+
 def _uniform(data: Buffer, count: int, shift: int) -> tuple[NDArray, NDArray, NDArray] | None:
     """Record starts when the records differ only by the size of their offset delta (the usual
     case: same-size keys, values, headers and timestamps), verified; else None. With the starts
@@ -174,7 +194,7 @@ def _uniform(data: Buffer, count: int, shift: int) -> tuple[NDArray, NDArray, ND
         return None
     u = np.frombuffer(data, np.uint8)
     first_len, _ = varints(u, np.zeros(1, np.int64), MAX_VARINT_BYTES)
-    body = int(first_len[0]) + _zigzag_size(np.arange(count, dtype=np.int64)) - 1
+    body = int(first_len[0]) + _delta_sizes(count) - 1
     sizes = _zigzag_size(body) + body
     ends = np.cumsum(sizes)
     if int(ends[-1]) != n:
