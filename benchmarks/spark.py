@@ -3,10 +3,14 @@
     .venv/bin/python benchmarks/spark.py                 # 10M records of 100-byte values
     .venv/bin/python benchmarks/spark.py --records 1000000 --json out.json --profile
     .venv/bin/python benchmarks/spark.py --records 1000000 --export
+    .venv/bin/python benchmarks/spark.py --handoff       # also Spark's Python-to-JVM hand-off alone
 
 Both reads run on local[2] in the same session and are forced to materialize every column
 (`write.format("noop")`); each is timed --repeat times and the best run is reported.
 `--profile` also runs cProfile on one segment slice's `read_slice` in this process.
+`--handoff` also times a source whose tasks yield one prebuilt RecordBatch (the reader's first
+batch of the topic) over and over: Spark's hand-off of Arrow batches into the JVM and rows there,
+with no decoding; the loglake read's time beyond it is `read()`'s.
 `--export` also times `pipeline export` of the whole topic both ways in the same session: the
 Parquet file sink (a streaming query with a checkpoint) and an Iceberg table (SQL catalog on
 SQLite, a warehouse directory), each into a fresh target, headers included in both; reported as
@@ -94,6 +98,49 @@ def profile_read(data_dir: Path) -> str:
     )
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
     return out.getvalue()
+
+
+def handoff_rate(spark: Any, data_dir: Path, records: int, repeat: int) -> tuple[float, int]:
+    """(seconds, rows): how long Spark takes to move about `records` rows from Python workers into the JVM with no decoding:
+    a data source whose tasks yield one prebuilt RecordBatch (the loglake reader's own first
+    batch of the topic, so the same schema, sizes and batch length) over and over. What a loglake
+    read costs beyond this is `read()`'s decoding."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from loglake.spark.source import source_schema
+
+    path, tasks = str(data_dir), 2
+
+    class PrebuiltReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(tasks)]
+
+        def read(self, partition: InputPartition) -> Any:
+            from loglake.spark.options import parse_read_options
+            from loglake.spark.plan import cached_store, load_metadata, select_partitions, slices_for
+            from loglake.spark.reader import read_slice
+
+            opts = parse_read_options({"path": path, "subscribe": TOPIC}, "batch")
+            pm = select_partitions(opts, load_metadata(cached_store(opts.store_url)))[0]
+            batch = next(read_slice(slices_for(opts.store_url, pm, pm.log_start, pm.end)[0], False))
+            for _ in range(records // tasks // batch.num_rows):
+                yield batch
+
+    class Prebuilt(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "loglake_bench_prebuilt"
+
+        def schema(self) -> Any:
+            return source_schema(False)
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return PrebuiltReader()
+
+    spark.dataSource.register(Prebuilt)
+    df = spark.read.format("loglake_bench_prebuilt").load()
+    rows = df.count()
+    return timed(lambda: df.write.format("noop").mode("overwrite").save(), repeat), rows
 
 
 def produce_tail(bootstrap: str, first: int, records: int, value_bytes: int, partitions: int) -> float:
@@ -231,6 +278,11 @@ def main() -> None:
     ap.add_argument(
         "--export", action="store_true", help="also time pipeline export: Parquet sink vs Iceberg table"
     )
+    ap.add_argument(
+        "--handoff",
+        action="store_true",
+        help="also time Spark's Python-to-JVM hand-off alone (a source yielding a prebuilt batch)",
+    )
     args = ap.parse_args()
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="loglake-spark-bench-"))
@@ -291,6 +343,10 @@ def main() -> None:
             args.repeat,
         )
         exports = export_rates(spark, data_dir, work, args.records, args.repeat) if args.export else {}
+        if args.handoff:
+            handoff_s, handoff_rows = handoff_rate(spark, data_dir, args.records, args.repeat)
+            exports["handoff_s"] = round(handoff_s, 3)
+            exports["handoff_rows_per_s"] = round(handoff_rows / handoff_s)
         spark.stop()
         result = {
             "records": args.records,
@@ -318,7 +374,12 @@ def main() -> None:
         print(f"{'loglake':<10} {loglake_s:>9.3f} {result['loglake_records_per_s']:>14,}")
         print(f"{'parquet':<10} {parquet_s:>9.3f} {result['parquet_records_per_s']:>14,}")
         print(f"loglake reads at {result['ratio_to_parquet']:.0%} of the Parquet rate")
-        if exports:
+        if "handoff_s" in exports:
+            print(
+                f"hand-off alone (prebuilt batches, no decoding): {exports['handoff_s']:.3f} s, "
+                f"{exports['handoff_rows_per_s']:,} rows/s"
+            )
+        if "export_parquet_s" in exports:
             print()
             print(f"{'export':<10} {'seconds':>9} {'rows/s':>14}")
             for name in ("parquet", "iceberg", "iceberg_headers"):

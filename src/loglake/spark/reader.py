@@ -23,6 +23,7 @@ from the metadata, and the segment's own transaction index (format version 3) ad
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Iterator
 from typing import Any
@@ -43,7 +44,7 @@ from loglake.records.batch import (
 )
 from loglake.records.committed import AbortedTxns
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
-from loglake.records.varint import MAX_VARINT_BYTES, decode_varint
+from loglake.records.varint import MAX_VARINT_BYTES, Buffer, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
 from loglake.spark.plan import Slice, cached_store
 
@@ -54,6 +55,10 @@ MAX_BATCH_ROWS = 128 * 1024
 MAX_BATCH_DATA = 64 * 1024 * 1024
 #: Batches with at least this many records try the uniform-size fast path.
 UNIFORM_MIN_RECORDS = 32
+#: Distinct batch record counts whose offset-delta sizes are kept, and the largest count kept
+#: (64 arrays of at most 8 B * 16 Ki = 128 KiB each: 8 MiB at most).
+DELTA_SIZES_CACHED = 64
+DELTA_SIZES_MAX_COUNT = 16 * 1024
 
 HEADER_TYPE = pa.list_(
     pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
@@ -98,10 +103,16 @@ def varints(u: NDArray, pos: NDArray, max_bytes: int) -> tuple[NDArray, NDArray]
         return np.zeros(0, np.int64), pos
     if int(pos.max()) >= u.size or int(pos.min()) < 0:
         raise CorruptRecordError("a record field runs past the end of its batch")
-    b = u[pos].astype(np.uint64)
-    val = b & np.uint64(0x7F)
+    # varints of up to 9 bytes (63 bits) are decoded in int64, which numpy does faster than
+    # uint64 (no casts in the shifts); only varlongs (10 bytes) need the unsigned path
+    wide = 7 * max_bytes > 63
+    b = u.take(pos)
+    val = b.astype(np.uint64 if wide else np.int64)
     nxt = pos + 1
     active = np.flatnonzero(b >= 0x80)
+    if active.size == 0:  # all one byte (small lengths, deltas): no 7-bit masking needed
+        return (val >> 1) ^ -(val & 1) if not wide else _unzigzag(val), nxt
+    val &= 0x7F
     shift = 7
     while active.size:
         if shift >= 7 * max_bytes:
@@ -109,16 +120,23 @@ def varints(u: NDArray, pos: NDArray, max_bytes: int) -> tuple[NDArray, NDArray]
         q = nxt[active]
         if int(q.max()) >= u.size:
             raise CorruptRecordError("truncated varint at the end of a batch")
-        bk = u[q].astype(np.uint64)
-        val[active] |= (bk & np.uint64(0x7F)) << np.uint64(shift)
+        bk = u.take(q)
+        if wide:
+            val[active] |= (bk & np.uint64(0x7F)).astype(np.uint64) << np.uint64(shift)
+        else:
+            val[active] |= (bk & 0x7F).astype(np.int64) << shift
         nxt[active] = q + 1
         active = active[bk >= 0x80]
         shift += 7
-    signed = (val >> np.uint64(1)).view(np.int64) ^ -((val & np.uint64(1)).view(np.int64))
-    return signed, nxt
+    return (_unzigzag(val) if wide else (val >> 1) ^ -(val & 1)), nxt
 
 
-def _hop(data: bytes, count: int, shift: int) -> NDArray:
+def _unzigzag(val: NDArray) -> NDArray:
+    """Signed values of unsigned 64-bit zigzag codes."""
+    return (val >> np.uint64(1)).view(np.int64) ^ -((val & np.uint64(1)).view(np.int64))
+
+
+def _hop(data: Buffer, count: int, shift: int) -> NDArray:
     """Start positions (+ shift) of `count` records filling `data`, by hopping length varints."""
     out = array("q")
     app = out.append
@@ -151,15 +169,32 @@ def _zigzag_size(x: NDArray) -> NDArray:
     return 1 + (z >= 1 << 7).astype(np.int64) + (z >= 1 << 14) + (z >= 1 << 21) + (z >= 1 << 28)
 
 
-def _uniform(data: bytes, count: int, shift: int) -> NDArray | None:
+def _delta_sizes(count: int) -> NDArray:
+    """Bytes of the offset-delta varints 0..count-1; producers use few distinct batch sizes, so
+    the arrays of all but huge batches are computed once."""
+    if count > DELTA_SIZES_MAX_COUNT:
+        return _zigzag_size(np.arange(count, dtype=np.int64))
+    return _cached_delta_sizes(count)
+
+
+@functools.lru_cache(maxsize=DELTA_SIZES_CACHED)
+def _cached_delta_sizes(count: int) -> NDArray:
+    sizes = _zigzag_size(np.arange(count, dtype=np.int64))
+    sizes.flags.writeable = False  # shared by every batch of `count` records
+    return sizes
+
+
+def _uniform(data: Buffer, count: int, shift: int) -> tuple[NDArray, NDArray, NDArray] | None:
     """Record starts when the records differ only by the size of their offset delta (the usual
-    case: same-size keys, values, headers and timestamps), verified; else None."""
+    case: same-size keys, values, headers and timestamps), verified; else None. With the starts
+    (+ shift) come the record lengths and the positions (+ shift) after the length varints,
+    decoded by the verification, so that `build` need not decode them again."""
     n = len(data)
     if count < UNIFORM_MIN_RECORDS or n < count * 7:
         return None
     u = np.frombuffer(data, np.uint8)
     first_len, _ = varints(u, np.zeros(1, np.int64), MAX_VARINT_BYTES)
-    body = int(first_len[0]) + _zigzag_size(np.arange(count, dtype=np.int64)) - 1
+    body = int(first_len[0]) + _delta_sizes(count) - 1
     sizes = _zigzag_size(body) + body
     ends = np.cumsum(sizes)
     if int(ends[-1]) != n:
@@ -168,7 +203,7 @@ def _uniform(data: bytes, count: int, shift: int) -> NDArray | None:
     length, after = varints(u, starts, MAX_VARINT_BYTES)
     if not bool(np.array_equal(after + length, ends)):
         return None
-    return starts + shift
+    return starts + shift, length, after + shift
 
 
 def _binary_column(u_buf: pa.Buffer, starts: NDArray, lengths: NDArray) -> pa.Array:
@@ -228,25 +263,36 @@ def _decode_headers(data: bytes, p: int, end: int) -> list[tuple[str, bytes | No
 
 
 class _Pending:
-    """Decompressed record sections of consecutive Kafka batches, decoded together."""
+    """Decompressed record sections of consecutive Kafka batches, decoded together.
+
+    An uncompressed section is a view into the chunk read from the store: `build` copies all
+    sections once into one buffer (copying each batch body out first, then joining, was two)."""
 
     def __init__(self) -> None:
-        self.sections: list[bytes] = []
+        self.sections: list[Buffer] = []
         self.size = 0
         self.rows = 0
         self.starts: list[NDArray] = []
+        self.lengths: list[NDArray] = []
+        self.afters: list[NDArray] = []
         self.counts: list[int] = []
         self.bases: list[int] = []
         self.first_ts: list[int] = []
         self.max_ts: list[int] = []
         self.types: list[int] = []
 
-    def add(self, data: bytes, count: int, base: int, first_ts: int, max_ts: int, ts_type: int) -> None:
-        starts = _uniform(data, count, self.size)
-        if starts is None:
+    def add(self, data: Buffer, count: int, base: int, first_ts: int, max_ts: int, ts_type: int) -> None:
+        located = _uniform(data, count, self.size)
+        if located is None:
             starts = _hop(data, count, self.size)
+            length, after = varints(np.frombuffer(data, np.uint8), starts - self.size, MAX_VARINT_BYTES)
+            after += self.size
+        else:
+            starts, length, after = located
         self.sections.append(data)
         self.starts.append(starts)
+        self.lengths.append(length)
+        self.afters.append(after)
         self.size += len(data)
         self.rows += count
         self.counts.append(count)
@@ -258,11 +304,13 @@ class _Pending:
     def build(
         self, schema: pa.Schema, topic: str, partition: int, lo: int, hi: int, headers: bool
     ) -> pa.RecordBatch | None:
-        data = self.sections[0] if len(self.sections) == 1 else b"".join(self.sections)
+        data = b"".join(self.sections)  # bytes (one copy of views; a lone bytes object is kept)
         u = np.frombuffer(data, np.uint8)
-        starts = np.concatenate(self.starts) if len(self.starts) > 1 else self.starts[0]
+        many = len(self.starts) > 1
+        starts = np.concatenate(self.starts) if many else self.starts[0]
+        length = np.concatenate(self.lengths) if many else self.lengths[0]
+        p = np.concatenate(self.afters) if many else self.afters[0]
         n = starts.size
-        length, p = varints(u, starts, MAX_VARINT_BYTES)
         ends = p + length
         expected = np.empty(n, np.int64)
         expected[:-1] = starts[1:]
@@ -354,7 +402,7 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
             if not attrs & ATTR_CONTROL and count > 0 and not skip:
                 codec = attrs & ATTR_COMPRESSION_MASK
                 body = view[at + KAFKA_HEADER_SIZE : at + size]
-                data = decompress(codec, body, MAX_DECOMPRESSED_BATCH_BYTES) if codec else body.tobytes()
+                data = decompress(codec, body, MAX_DECOMPRESSED_BATCH_BYTES) if codec else body
                 try:
                     pending.add(data, count, base, first_ts, max_ts, 1 if attrs & ATTR_TIMESTAMP_TYPE else 0)
                 except CorruptRecordError as exc:
