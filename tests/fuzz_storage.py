@@ -19,17 +19,10 @@ import crc32c
 from fuzzkit import Target
 from loglake.engine.txn import control_batch
 from loglake.errors import CorruptionError, CorruptRecordError
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import HEADER as SNAP_HEADER
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
-from loglake.meta.state import (
-    RECORD_KINDS,
-    MetaState,
-    capture,
-    decode_checkpoint,
-    decode_record,
-    encode_checkpoint,
-    encode_record,
-)
+from loglake.meta.state import RECORD_KINDS, MetaState, decode_record, encode_record
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.records.batch import build_batch
 from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_FIELD_OFFSETS, TRAILER_SIZE, SegmentWriter

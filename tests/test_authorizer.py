@@ -22,7 +22,8 @@ from loglake.broker.authorizer import (
 from loglake.broker.config import BrokerConfig
 from loglake.broker.handlers import HANDLERS
 from loglake.errors import ConfigError
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 
 T, G, C, X = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED

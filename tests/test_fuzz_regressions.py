@@ -11,14 +11,9 @@ import pytest
 
 from loglake.broker.protocol import MalformedRequestError, decode_request, request_class
 from loglake.errors import CorruptionError
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
-from loglake.meta.state import (
-    PARTITIONS_PER_TOPIC_MAX,
-    MetaState,
-    capture,
-    decode_checkpoint,
-    encode_checkpoint,
-)
+from loglake.meta.state import PARTITIONS_PER_TOPIC_MAX, MetaState
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.records.batch import build_batch
 from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_SIZE, SegmentWriter

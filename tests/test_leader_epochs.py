@@ -8,15 +8,9 @@ from pathlib import Path
 from loglake.engine import Engine, EngineConfig
 from loglake.engine.epochs import end_offset_for
 from loglake.fs.faulty import FaultyFileSystem
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.segments import SegmentTable
-from loglake.meta.state import (
-    LEADER_EPOCHS_MAX,
-    MetaState,
-    PartitionMeta,
-    capture,
-    decode_checkpoint,
-    encode_checkpoint,
-)
+from loglake.meta.state import LEADER_EPOCHS_MAX, MetaState, PartitionMeta
 from loglake.records import build_batch, peek_header
 
 from enginekit import DATA_DIR, abandon, small_config

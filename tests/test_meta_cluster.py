@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.cluster import RANGES_PER_PARTITION_MAX
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 
 T = "ab" * 16
 

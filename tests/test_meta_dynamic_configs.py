@@ -19,7 +19,8 @@ from loglake.broker.group_configs import (
 )
 from loglake.engine import Engine
 from loglake.errors import ConfigError
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 
 from enginekit import small_config
 

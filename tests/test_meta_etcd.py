@@ -22,10 +22,11 @@ import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
 from loglake.errors import ConfigError, EtcdUnavailableError, MetaFencedError
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.checkpoint import capture
 from loglake.meta.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
 from loglake.meta.etcd_client import EtcdClient, parse_cluster_url
 from loglake.meta.log import LocalMetaStore
-from loglake.meta.state import MetaState, capture
+from loglake.meta.state import MetaState
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1

@@ -16,10 +16,11 @@ import pytest
 from loglake.engine import Engine
 from loglake.errors import CorruptionError
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.log import LocalMetaStore, checkpoint_name
 from loglake.meta.segments import SegmentRef, SegmentTable
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint, encode_record
+from loglake.meta.state import MetaState, encode_record
 from loglake.wal.frame import FrameError, decode_frame, encode_frame
 
 from enginekit import DATA_DIR, abandon, read_all, small_config

@@ -8,8 +8,8 @@ from typing import Any
 
 from loglake.engine import Engine, EngineConfig
 from loglake.fs import OsFileSystem
+from loglake.meta.checkpoint import capture
 from loglake.meta.publish import META_PUBLISH_PIECES_MAX, read_remote_state
-from loglake.meta.state import capture
 from loglake.store.local import LocalStore
 
 

@@ -31,8 +31,9 @@ from loglake.broker.quotas import (
     validate_value,
 )
 from loglake.kafka_errors import ErrorCode
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.quotas import client_quota_body
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 
 U, C = "user", "client-id"
 

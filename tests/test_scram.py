@@ -9,7 +9,8 @@ import base64
 import pytest
 
 import loglake.meta.scram as meta_scram
-from loglake.meta.state import MetaState, capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 from loglake.scram import (
     MECHANISMS,
     ScramError,

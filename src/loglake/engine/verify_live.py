@@ -21,10 +21,11 @@ from loglake.engine.partition import SegmentRef
 from loglake.errors import CorruptionError, StorageError, UnknownTopicError
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.checkpoint import decode_checkpoint
 from loglake.meta.layout import meta_dir, segments_dir
 from loglake.meta.log import _CHECKPOINT_RE, checkpoint_name
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, PartitionMeta, decode_checkpoint, decode_record
+from loglake.meta.state import MetaState, PartitionMeta, decode_record
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.store.base import ObjectStore
 from loglake.store.local import LocalStore

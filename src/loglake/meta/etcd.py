@@ -67,15 +67,11 @@ from loglake.errors import (
     MetaRecordRejectedError,
 )
 from loglake.meta import etcd_client as ec
+from loglake.meta.checkpoint import capture
 from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
 from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError, Guard
 from loglake.meta.log import META_CHECKPOINT_BYTES_DEFAULT, META_CHECKPOINT_RECORDS_DEFAULT, Watcher
-from loglake.meta.state import (
-    MetaState,
-    capture,
-    decode_record,
-    encode_record,
-)
+from loglake.meta.state import MetaState, decode_record, encode_record
 from loglake.meta.store import MetaStore
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "EtcdMetaStore", "Guard", "MetaRecordRejectedError"]

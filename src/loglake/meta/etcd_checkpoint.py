@@ -22,8 +22,9 @@ import crc32c
 
 from loglake.errors import CorruptionError
 from loglake.meta import etcd_client as ec
+from loglake.meta.checkpoint import CheckpointImage, decode_checkpoint, encode_checkpoint
 from loglake.meta.etcd_client import EtcdClient, prefix_end
-from loglake.meta.state import CheckpointImage, MetaState, decode_checkpoint, encode_checkpoint
+from loglake.meta.state import MetaState
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "MetaKeys", "load_checkpoint", "write_checkpoint"]
 

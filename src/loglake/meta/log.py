@@ -41,15 +41,9 @@ from typing import Any
 
 from loglake.errors import CorruptionError, EngineFailedError, StorageFullError
 from loglake.fs.base import FileSystem
+from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import (
-    MetaState,
-    capture,
-    decode_checkpoint,
-    decode_record,
-    encode_checkpoint,
-    encode_record,
-)
+from loglake.meta.state import MetaState, decode_record, encode_record
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.wal.recovery import recover_wal, shard_dir_name
 from loglake.wal.shard import Durability, WalEntry, WalShard

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from loglake.errors import CorruptionError, LoglakeError
+from loglake.meta.checkpoint import decode_checkpoint
 from loglake.meta.log import LocalMetaStore, checkpoint_name
-from loglake.meta.state import MetaState, decode_checkpoint, decode_record
+from loglake.meta.state import MetaState, decode_record
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.store.base import ObjectStore, cluster_prefix
 from loglake.wal.frame import FrameError, decode_frame, encode_frame
