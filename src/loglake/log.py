@@ -28,7 +28,7 @@ from loglake.engine.types import AppendResult, FileRange, PartitionInfo, Recover
 from loglake.errors import ConfigError, OffsetOutOfRangeError, UnknownTopicError
 from loglake.fs.base import FileSystem
 from loglake.records.batch import TIMESTAMP_LOG_APPEND_TIME
-from loglake.records.committed import READ_COMMITTED, READ_UNCOMMITTED, check_isolation, committed_batches
+from loglake.records.committed import READ_COMMITTED, READ_UNCOMMITTED, check_isolation, committed_columns
 from loglake.records.compression import codec_from_name
 from loglake.records.partitioner import default_partition
 from loglake.store.base import ObjectStore
@@ -288,29 +288,36 @@ class Log:
                         holds[p] = max(positions[p], result.high_watermark)
                     continue
                 data = b"".join(bytes(c) for c in result.chunks if not isinstance(c, FileRange))
-                for header, recs, keep in committed_batches(data, aborted):
+                for header, cols, keep in committed_columns(data, aborted):
                     if keep:
                         ts_type = 1 if header.timestamp_type == TIMESTAMP_LOG_APPEND_TIME else 0
-                        if recs and recs[0].offset >= positions[p] and (follow or recs[-1].offset < stops[p]):
+                        offs = cols.offsets
+                        if offs and offs[0] >= positions[p] and (follow or offs[-1] < stops[p]):
                             # the whole batch is wanted (the usual case): no checks per record, and
-                            # the records are made by C iterators (transposed, zipped with the
-                            # constant fields), not by a Python loop
-                            positions[p] = recs[-1].offset + 1
+                            # the records are made in one C-level zip of the decoded columns with
+                            # the constant fields, not by a Python loop
+                            positions[p] = offs[-1] + 1
                             progressed = True
-                            offs, tss, keys, values, hdrs = zip(*recs, strict=True)
-                            fields = zip(repeat(topic), repeat(p), offs, tss, repeat(ts_type), keys, values, hdrs)
-                            yield from map(_new, repeat(ConsumerRecord), fields)
-                            recs = []
-                        for rec in recs:
-                            if rec.offset < positions[p]:
-                                continue
-                            if not follow and rec.offset >= stops[p]:
-                                break
-                            positions[p] = rec.offset + 1
-                            progressed = True
-                            yield ConsumerRecord(
-                                topic, p, rec.offset, rec.timestamp, ts_type, rec.key, rec.value, rec.headers
+                            fields = zip(
+                                repeat(topic),
+                                repeat(p),
+                                offs,
+                                cols.timestamps,
+                                repeat(ts_type),
+                                cols.keys,
+                                cols.values,
+                                cols.headers,
                             )
+                            yield from map(_new, repeat(ConsumerRecord), fields)
+                        else:
+                            for off, ts, key, value, hdrs in zip(*cols, strict=True):
+                                if off < positions[p]:
+                                    continue
+                                if not follow and off >= stops[p]:
+                                    break
+                                positions[p] = off + 1
+                                progressed = True
+                                yield ConsumerRecord(topic, p, off, ts, ts_type, key, value, hdrs)
                     positions[p] = max(positions[p], min(header.last_offset + 1, result.high_watermark))
             if not follow and all(positions[p] >= stops[p] for p in chosen):
                 return

@@ -26,7 +26,7 @@ import struct
 from collections.abc import Iterable, Iterator
 
 from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, BatchHeader, Buffer, Record, peek_header
-from loglake.records.decode import decode_batch, decode_batches
+from loglake.records.decode import RecordColumns, decode_batch, decode_batches, decode_batches_columns
 
 __all__ = [
     "ABORT_MARKER",
@@ -39,6 +39,7 @@ __all__ = [
     "CommittedFilter",
     "check_isolation",
     "committed_batches",
+    "committed_columns",
     "control_type",
     "marker_of",
 ]
@@ -117,6 +118,20 @@ def committed_batches(
         else:
             keep = not header.is_control
         yield header, records, keep
+
+
+def committed_columns(
+    buf: Buffer, aborted: Iterable[tuple[int, int]] | None, *, check_crc: bool = True
+) -> Iterator[tuple[BatchHeader, RecordColumns, bool]]:
+    """:func:`committed_batches` with each batch's records as columns (the embedded API's consume,
+    which makes its own record objects from them): the same batches, the same `keep`."""
+    flt = CommittedFilter(aborted) if aborted is not None else None
+    for header, columns in decode_batches_columns(buf, check_crc=check_crc):
+        if flt is not None:
+            keep = flt.keep(header, columns.keys[0] if header.is_control and columns.keys else None)
+        else:
+            keep = not header.is_control
+        yield header, columns, keep
 
 
 def marker_of(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:

@@ -6,7 +6,8 @@ Headers, validation, patching and building are in loglake.records.batch; this mo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from loglake.errors import CorruptRecordError
 from loglake.records import batch as _batch
@@ -27,7 +28,52 @@ from loglake.records.batch import (
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
 from loglake.records.varint import MAX_VARINT_BYTES, MAX_VARLONG_BYTES, decode_varint
 
-__all__ = ["RecordsDecoder", "decode_batch", "decode_batches", "decode_records_py", "iter_records", "set_backend"]
+__all__ = [
+    "ColumnsDecoder",
+    "RecordColumns",
+    "RecordsDecoder",
+    "columns_of",
+    "decode_batch",
+    "decode_batch_columns",
+    "decode_batches",
+    "decode_batches_columns",
+    "decode_columns_py",
+    "decode_records_py",
+    "iter_records",
+    "set_backend",
+]
+
+
+class RecordColumns(NamedTuple):
+    """A batch's records as one sequence per field, in record order (the i-th record is
+    ``offsets[i], timestamps[i], keys[i], values[i], headers[i]``).
+
+    Why columns: a reader that makes its own record objects (the embedded API's ConsumerRecord)
+    builds them in one C-level zip over the columns and the fields it adds itself, instead of
+    decoding into a Record first and unpacking each one again; the compiled backend fills the
+    columns straight from aiokafka's records, one C-level pass per field."""
+
+    offsets: Sequence[int]
+    timestamps: Sequence[int]
+    keys: Sequence[bytes | None]
+    values: Sequence[bytes | None]
+    headers: Sequence[list[Header]]
+
+
+_NO_COLUMNS = RecordColumns((), (), (), (), ())
+
+
+def columns_of(records: Sequence[Record]) -> RecordColumns:
+    """The columns of decoded records (the reference's way to columns)."""
+    if not records:
+        return _NO_COLUMNS
+    offsets, timestamps, keys, values, headers = zip(*records, strict=True)
+    return RecordColumns(offsets, timestamps, keys, values, headers)
+
+
+def decode_columns_py(data: bytes, h: BatchHeader, where: str) -> RecordColumns:
+    """:func:`decode_records_py` as columns: the same records, the same errors."""
+    return columns_of(decode_records_py(data, h, where))
 
 
 def _decode_headers(data: bytes, p: int, end: int, where: str) -> tuple[list[Header], int]:
@@ -229,14 +275,10 @@ def decode_records_py(data: bytes, h: BatchHeader, where: str) -> list[Record]:
     return out
 
 
-def decode_batch(
-    buf: Buffer,
-    pos: int = 0,
-    *,
-    check_crc: bool = True,
-    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
-) -> tuple[BatchHeader, list[Record]]:
-    """Validate the batch at ``buf[pos]`` (CRC unless ``check_crc=False``) and decode all its records."""
+def _records_section(
+    buf: Buffer, pos: int, check_crc: bool, max_decompressed_bytes: int
+) -> tuple[BatchHeader, bytes]:
+    """Header of the batch at ``buf[pos]`` and its records section (decompressed), checked."""
     h = peek_header(buf, pos)
     _check_fits(buf, pos, h)
     if check_crc:
@@ -246,11 +288,33 @@ def decode_batch(
     codec = h.attributes & ATTR_COMPRESSION_MASK
     if codec:
         with memoryview(buf) as view:
-            data = decompress(codec, view[start:stop], max_decompressed_bytes)
-    else:
-        with memoryview(buf) as view:
-            data = view[start:stop].tobytes()
+            return h, decompress(codec, view[start:stop], max_decompressed_bytes)
+    with memoryview(buf) as view:
+        return h, view[start:stop].tobytes()
+
+
+def decode_batch(
+    buf: Buffer,
+    pos: int = 0,
+    *,
+    check_crc: bool = True,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
+) -> tuple[BatchHeader, list[Record]]:
+    """Validate the batch at ``buf[pos]`` (CRC unless ``check_crc=False``) and decode all its records."""
+    h, data = _records_section(buf, pos, check_crc, max_decompressed_bytes)
     return h, _DECODE_RECORDS(data, h, f"batch at byte {pos}")
+
+
+def decode_batch_columns(
+    buf: Buffer,
+    pos: int = 0,
+    *,
+    check_crc: bool = True,
+    max_decompressed_bytes: int = MAX_DECOMPRESSED_BATCH_BYTES,
+) -> tuple[BatchHeader, RecordColumns]:
+    """:func:`decode_batch` with the records as :class:`RecordColumns` (same checks, same errors)."""
+    h, data = _records_section(buf, pos, check_crc, max_decompressed_bytes)
+    return h, _DECODE_COLUMNS(data, h, f"batch at byte {pos}")
 
 
 def iter_records(batch: Buffer, pos: int = 0, *, check_crc: bool = True) -> Iterator[Record]:
@@ -263,6 +327,22 @@ def iter_records(batch: Buffer, pos: int = 0, *, check_crc: bool = True) -> Iter
     return iter(decode_batch(batch, pos, check_crc=check_crc)[1])
 
 
+def _batch_positions(buf: Buffer, allow_partial_tail: bool) -> Iterator[int]:
+    """Where each whole batch in ``buf`` starts (a partial tail ends the walk when allowed; else
+    it is left to the decoder, which raises CorruptRecordError on it)."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        if allow_partial_tail:
+            left = end - pos
+            if left < BATCH_HEADER_SIZE:
+                return
+            if peek_header(buf, pos).size > left:
+                return
+        yield pos
+        pos += peek_header(buf, pos).size
+
+
 def decode_batches(
     buf: Buffer, *, check_crc: bool = True, allow_partial_tail: bool = False
 ) -> Iterator[tuple[BatchHeader, list[Record]]]:
@@ -271,31 +351,33 @@ def decode_batches(
     A trailing partial batch raises CorruptRecordError, unless ``allow_partial_tail`` (as in a Fetch
     response, which a broker may cut in the middle of a batch), when it is skipped.
     """
-    pos = 0
-    end = len(buf)
-    while pos < end:
-        if allow_partial_tail:
-            left = end - pos
-            if left < BATCH_HEADER_SIZE:
-                return
-            h = peek_header(buf, pos)
-            if h.size > left:
-                return
-        h, records = decode_batch(buf, pos, check_crc=check_crc)
-        yield h, records
-        pos += h.size
+    for pos in _batch_positions(buf, allow_partial_tail):
+        yield decode_batch(buf, pos, check_crc=check_crc)
+
+
+def decode_batches_columns(
+    buf: Buffer, *, check_crc: bool = True, allow_partial_tail: bool = False
+) -> Iterator[tuple[BatchHeader, RecordColumns]]:
+    """:func:`decode_batches` with each batch's records as :class:`RecordColumns`."""
+    for pos in _batch_positions(buf, allow_partial_tail):
+        yield decode_batch_columns(buf, pos, check_crc=check_crc)
 
 
 RecordsDecoder = Callable[[bytes, BatchHeader, str], list[Record]]
+ColumnsDecoder = Callable[[bytes, BatchHeader, str], RecordColumns]
 
 # The records decoder in use: the pure-Python reference until loglake.records.native installs the
 # compiled one. A module global so that every caller of decode_batch and iter_records follows the
 # choice without importing the native module itself.
 _DECODE_RECORDS: RecordsDecoder = decode_records_py
+_DECODE_COLUMNS: ColumnsDecoder = decode_columns_py
 
 
-def set_backend(builder: Callable[..., BatchBuilder], decoder: RecordsDecoder) -> None:
-    """Install a record backend, builder and decoder together (loglake.records.native.use_backend)."""
-    global _DECODE_RECORDS
+def set_backend(
+    builder: Callable[..., BatchBuilder], decoder: RecordsDecoder, columns_decoder: ColumnsDecoder
+) -> None:
+    """Install a record backend, builder and decoders together (loglake.records.native.use_backend)."""
+    global _DECODE_RECORDS, _DECODE_COLUMNS
     _batch.set_builder(builder)
     _DECODE_RECORDS = decoder
+    _DECODE_COLUMNS = columns_decoder

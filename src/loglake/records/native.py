@@ -45,7 +45,7 @@ from loglake.records.batch import (
     BatchHeader,
     Record,
 )
-from loglake.records.decode import decode_records_py
+from loglake.records.decode import RecordColumns, decode_columns_py, decode_records_py
 
 try:
     from aiokafka.record._crecords import default_records as _crecords
@@ -57,6 +57,7 @@ __all__ = [
     "ENV_VAR",
     "NativeBatchBuilder",
     "active_backend",
+    "decode_columns_native",
     "decode_records_native",
     "native_available",
     "use_backend",
@@ -81,6 +82,11 @@ _MAX_TIMESTAMP_OFFSET = 35
 _offset_of = operator.itemgetter(0)
 _timestamp_of = operator.itemgetter(1)
 _record_fields = operator.attrgetter("offset", "timestamp", "key", "value", "headers")
+_offset_attr = operator.attrgetter("offset")
+_timestamp_attr = operator.attrgetter("timestamp")
+_key_attr = operator.attrgetter("key")
+_value_attr = operator.attrgetter("value")
+_headers_attr = operator.attrgetter("headers")
 _new_record = functools.partial(tuple.__new__, Record)
 _active = "python"
 
@@ -166,27 +172,56 @@ class NativeBatchBuilder(BatchBuilder):
             return self._finish(view[BATCH_HEADER_SIZE:])
 
 
-def decode_records_native(data: bytes, h: BatchHeader, where: str) -> list[Record]:
-    """:func:`loglake.records.decode.decode_records_py` in compiled code; on any refusal the
-    reference decodes (and raises) instead, so errors are the same on both backends."""
+def _native_reader(data: bytes, h: BatchHeader) -> Any:
+    """aiokafka's reader over ``data`` (an uncompressed records section) behind ``h``, its memory
+    padded with ``_PAD`` (see the module docstring)."""
     assert _crecords is not None
     plain = h._replace(attributes=h.attributes & ~ATTR_COMPRESSION_MASK)
     padded = b"".join((HEADER.pack(*plain), data, _PAD))
+    return _crecords.DefaultRecordBatch(memoryview(padded)[: len(padded) - len(_PAD)])
+
+
+def decode_records_native(data: bytes, h: BatchHeader, where: str) -> list[Record]:
+    """:func:`loglake.records.decode.decode_records_py` in compiled code; on any refusal the
+    reference decodes (and raises) instead, so errors are the same on both backends."""
     try:
-        reader = _crecords.DefaultRecordBatch(memoryview(padded)[: len(padded) - len(_PAD)])
         # map over C callables: no Python frame per record
-        out: list[Record] = list(map(_new_record, map(_record_fields, reader)))
+        out: list[Record] = list(map(_new_record, map(_record_fields, _native_reader(data, h))))
     except Exception:
         return decode_records_py(data, h, where)
     if None in map(_timestamp_of, out):
         # aiokafka reports a timestamp of -1 as None; loglake's records keep -1
         out = [r if r.timestamp is not None else r._replace(timestamp=NO_TIMESTAMP) for r in out]
-    if not _as_produced(out, h):
+    if not _as_produced(list(map(_offset_of, out)), list(map(_timestamp_of, out)), h):
         return decode_records_py(data, h, where)
     return out
 
 
-def _as_produced(out: list[Record], h: BatchHeader) -> bool:
+def decode_columns_native(data: bytes, h: BatchHeader, where: str) -> RecordColumns:
+    """:func:`loglake.records.decode.decode_columns_py` in compiled code: the columns are read
+    straight off aiokafka's records, one C-level pass per field, with no loglake ``Record`` in
+    between (the embedded API's consume builds its ConsumerRecords from them). The same trust
+    check and the same fallback to the reference as :func:`decode_records_native`."""
+    try:
+        recs = list(_native_reader(data, h))
+        offsets = list(map(_offset_attr, recs))
+        timestamps = list(map(_timestamp_attr, recs))
+    except Exception:
+        return decode_columns_py(data, h, where)
+    if None in timestamps:  # aiokafka reports a timestamp of -1 as None; loglake keeps -1
+        timestamps = [NO_TIMESTAMP if t is None else t for t in timestamps]
+    if not _as_produced(offsets, timestamps, h):
+        return decode_columns_py(data, h, where)
+    return RecordColumns(
+        offsets,
+        timestamps,
+        list(map(_key_attr, recs)),
+        list(map(_value_attr, recs)),
+        list(map(_headers_attr, recs)),
+    )
+
+
+def _as_produced(offsets: list[int], timestamps: list[int], h: BatchHeader) -> bool:
     """Whether the records read are what a producer writes: offsets base .. base + last delta one
     by one, and (CreateTime) the largest timestamp the header's. Anything else goes to the
     reference. Why: aiokafka reads a record's attributes byte as a varint, so one with its high
@@ -194,13 +229,13 @@ def _as_produced(out: list[Record], h: BatchHeader) -> bool:
     of that record, and the shifted read can still add up to the record's length. A shift cannot
     also keep the offset sequence and the maximum timestamp right except by coincidence. C-level
     comparisons only; compacted batches (offset gaps) are decoded by the reference."""
-    n = len(out)
+    n = len(offsets)
     base = h.base_offset
-    if n != h.last_offset_delta + 1 or list(map(_offset_of, out)) != list(range(base, base + n)):
+    if n != h.last_offset_delta + 1 or offsets != list(range(base, base + n)):
         return False
     if h.attributes & ATTR_TIMESTAMP_TYPE:
         return True
-    return max(map(_timestamp_of, out), default=h.max_timestamp) == h.max_timestamp
+    return max(timestamps, default=h.max_timestamp) == h.max_timestamp
 
 
 def active_backend() -> str:
@@ -220,10 +255,10 @@ def use_backend(name: str) -> str:
             "(pip install aiokafka with its binary wheel)"
         )
     if name == "python" or (name == "auto" and not native_available()):
-        _decode.set_backend(BatchBuilder, decode_records_py)
+        _decode.set_backend(BatchBuilder, decode_records_py, decode_columns_py)
         _active = "python"
     else:
-        _decode.set_backend(NativeBatchBuilder, decode_records_native)
+        _decode.set_backend(NativeBatchBuilder, decode_records_native, decode_columns_native)
         _active = "native"
     return _active
 
