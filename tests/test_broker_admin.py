@@ -29,6 +29,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import SUPPORTED, request_class
+from loglake.cli.remote_raw import build as _build
 from loglake.engine.config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 
 from brokerkit import Broker, running_broker
@@ -99,16 +100,6 @@ def produce(
     assert producer.flush(TIMEOUT) == 0
     return reports
 
-
-def _build(struct: Any, version: int, values: dict[str, Any]) -> dict[str, Any]:
-    """Field values with nested dicts turned into kafka-python's struct classes."""
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        field = struct.fields[name]
-        if value is not None and field.is_struct_array():
-            value = [field.data_class(**_build(field, version, v), version=version) for v in value]
-        out[name] = value
-    return out
 
 
 def raw_call(broker: Broker, api_key: int, version: int, **fields: Any) -> Any:

@@ -29,6 +29,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import request_class
+from loglake.cli.remote_raw import build as _build
 from loglake.kafka_errors import ErrorCode
 from tlskit import make_pki, ssl_args
 
@@ -69,15 +70,6 @@ def scrape(broker: Broker) -> str:
     ) as resp:
         return str(resp.read().decode())
 
-
-def _build(struct: Any, version: int, values: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        field = struct.fields[name]
-        if value is not None and field.is_struct_array():
-            value = [field.data_class(**_build(field, version, v), version=version) for v in value]
-        out[name] = value
-    return out
 
 
 class RawConnection:

@@ -1,4 +1,4 @@
-"""SCRAM (RFC 5802, RFC 7677) credentials and the server side of one SCRAM exchange.
+"""SCRAM (RFC 5802, RFC 7677) credentials and both sides of one SCRAM exchange.
 
 A stored credential never holds a password: per user and mechanism it is the salt, the iteration
 count, ``StoredKey = H(HMAC(SaltedPassword, "Client Key"))`` and ``ServerKey =
@@ -14,6 +14,11 @@ whose text says what was wrong, for the broker's log; the client only learns tha
 failed. A user with no credential gets a fake one derived from a per-broker secret (`fake_credential`):
 the same salt every time for that name and the same work, so an unknown user cannot be told
 from a wrong password.
+
+`ScramClient` is the other side, for the CLI's own requests to a SASL listener: it refuses a
+server that asks for fewer than `ITERATIONS_MIN` or more than `ITERATIONS_MAX` iterations (a
+weak or a costly derivation) and checks the server's signature, so a server that does not know
+the credential cannot pass for the broker.
 
 This module imports nothing of loglake: the broker, the metadata state and the CLI use it.
 """
@@ -35,6 +40,7 @@ __all__ = [
     "MECHANISM_TYPES",
     "SALT_BYTES",
     "SCRAM_FIELD_BYTES_MAX",
+    "ScramClient",
     "ScramCredential",
     "ScramError",
     "ScramServer",
@@ -257,3 +263,62 @@ class ScramServer:
         if not hmac.compare_digest(hashlib.new(h, client_key).digest(), cred.stored_key):
             raise ScramError("wrong password (client proof does not match)")
         return f"v={_b64(hmac.digest(cred.server_key, auth_message, h))}".encode("ascii")
+
+
+def _sasl_escape(user: str) -> str:
+    """The inverse of `_saslname`: "," and "=" escaped as RFC 5802 wants them in n=."""
+    return user.replace("=", "=3D").replace(",", "=2C")
+
+
+class ScramClient:
+    """One SCRAM exchange, client side: `first()` is the client-first message, `final(server_first)`
+    the client-final one, and `verify(server_final)` checks the server's signature."""
+
+    def __init__(self, mechanism: str, user: str, password: str, client_nonce: str | None = None) -> None:
+        _hash(mechanism)
+        self.mechanism = mechanism
+        self._password = password.encode("utf-8")
+        self._bare = f"n={_sasl_escape(user)},r={client_nonce or secrets.token_urlsafe(24)}"
+        self._client_nonce = self._bare.rsplit(",r=", 1)[1]
+        self._server_signature = b""
+
+    def first(self) -> bytes:
+        return ("n,," + self._bare).encode("utf-8")
+
+    def final(self, server_first: bytes) -> bytes:
+        try:
+            text = server_first.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ScramError("server-first message is not UTF-8") from None
+        if text.startswith("e="):
+            raise ScramError(f"the server refused: {text[2:]}")
+        nonce, salt_b64, iterations_text = _attributes(text, "rsi", "server-first message")
+        if not nonce.startswith(self._client_nonce) or nonce == self._client_nonce:
+            raise ScramError("server-first nonce does not extend ours")
+        if not iterations_text.isdigit() or not ITERATIONS_MIN <= int(iterations_text) <= ITERATIONS_MAX:
+            raise ScramError(
+                f"the server asks for {iterations_text[:12]} iterations, outside {ITERATIONS_MIN}..{ITERATIONS_MAX}"
+            )
+        salt = _unb64(salt_b64, "salt (s=)")
+        h = MECHANISMS[self.mechanism]
+        salted = salted_password(self.mechanism, self._password, salt, int(iterations_text))
+        client_key = hmac.digest(salted, b"Client Key", h)
+        without_proof = f"c={_b64(b'n,,')},r={nonce}"
+        auth_message = f"{self._bare},{text},{without_proof}".encode()
+        signature = hmac.digest(hashlib.new(h, client_key).digest(), auth_message, h)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        self._server_signature = hmac.digest(hmac.digest(salted, b"Server Key", h), auth_message, h)
+        return f"{without_proof},p={_b64(proof)}".encode("ascii")
+
+    def verify(self, server_final: bytes) -> None:
+        try:
+            text = server_final.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ScramError("server-final message is not UTF-8") from None
+        if text.startswith("e="):
+            raise ScramError(f"the server refused: {text[2:]}")
+        if not self._server_signature:
+            raise ScramError("server-final message before server-first")
+        (value,) = _attributes(text, "v", "server-final message")
+        if not hmac.compare_digest(_unb64(value, "server signature (v=)"), self._server_signature):
+            raise ScramError("the server's signature does not match: it does not hold this user's credential")

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from loglake.cli import remote_quotas
+from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import stdout_console
 from loglake.cli.remote import (
     REMOTE_TIMEOUT_S,
@@ -89,6 +90,7 @@ def describe(
     all_: Annotated[bool, typer.Option("--all", help="Every config, not only those set on the entity.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON: name -> {value, source}.")] = False,
     bootstrap: BootstrapOption = None,
+    _command_config: CommandConfigOption = None,
     entity_default: EntityDefaultOption = False,
 ) -> None:
     """Configs set on a topic or broker (--all: every config with its source), or client quotas."""
@@ -132,6 +134,7 @@ def alter(
         list[str] | None, typer.Option("--delete-config", help="k[,k2] to remove (back to the default); repeatable.")
     ] = None,
     bootstrap: BootstrapOption = None,
+    _command_config: CommandConfigOption = None,
     entity_default: EntityDefaultOption = False,
 ) -> None:
     """Set and remove configs of a topic or broker (IncrementalAlterConfigs), or client quotas (AlterClientQuotas)."""

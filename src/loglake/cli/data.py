@@ -25,6 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     CliError,
@@ -75,6 +76,7 @@ def produce(
     batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1, help="Records per produce_batch call.")] = 10_000,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Produce lines from stdin (or --file) as records, one record per line."""
     headers = parse_header_pairs(header)
@@ -254,6 +256,7 @@ def consume(
     ] = Isolation.read_uncommitted,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Print the records of a topic (transaction markers never; with --isolation read_committed,
     no records of aborted or still-open transactions)."""

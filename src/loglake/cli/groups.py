@@ -16,6 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import CliError, stderr_console, stdout_console
 from loglake.cli.remote import (
     ADMIN_CALL_TIMEOUT_S,
@@ -68,6 +69,7 @@ def _known(remote: Remote, group: str) -> tuple[Any, dict[tuple[str, int], int]]
 def list_(
     state: Annotated[bool, typer.Option("--state", help="Also print each group's state.")] = False,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Group ids, one per line (with --state: id and state)."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups list"))
@@ -127,6 +129,7 @@ def describe(
     group: GroupOption,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """State, members (client id, host, assignment), and committed offset, log end and lag per partition."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups describe"))
@@ -221,6 +224,7 @@ def reset_offsets(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only print the plan (the default).")] = False,
     execute: Annotated[bool, typer.Option("--execute", help="Commit the new offsets.")] = False,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Move a group's committed offsets; the group must have no active members."""
     chosen: list[tuple[str, Any]] = [
@@ -312,6 +316,7 @@ def _commit(remote: Remote, group: str, plan: list[tuple[str, int, int | None, i
 def delete(
     group: Annotated[list[str], typer.Option("--group", "-g", help="Consumer group id (repeatable).")],
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Delete groups and their committed offsets (only groups without active members)."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups delete"))

@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
+from loglake.cli import command_config
 from loglake.cli.common import CliError
 
 BOOTSTRAP_ENV = "LOGLAKE_BOOTSTRAP_SERVER"
@@ -40,6 +41,8 @@ BootstrapOption = Annotated[
 CONNECT_ATTEMPT_S = 1.0
 #: librdkafka's local error codes for "connection refused / reset" and "unknown host".
 _TRANSPORT, _RESOLVE = -195, -193
+#: ... and for a failed SASL login or TLS handshake: retrying will not help either.
+_AUTHENTICATION, _SSL = -169, -181
 
 #: librdkafka's log lines (connection refused and the like) land here instead of on stderr.
 LIBRDKAFKA_LOGGER = "loglake.cli.librdkafka"
@@ -67,6 +70,8 @@ def _ignore_error(err: Any) -> None:
 
 
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    """A confluent-kafka config: ours, then `--command-config`'s settings (TLS, SASL, tuning), then
+    what the caller needs for its client (group id, callbacks)."""
     timeout_ms = int(REMOTE_TIMEOUT_S * 1000)
     return {
         "bootstrap.servers": bootstrap,
@@ -75,8 +80,16 @@ def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
         "error_cb": _ignore_error,
         "socket.timeout.ms": timeout_ms,
         "socket.connection.setup.timeout.ms": timeout_ms,
+        **command_config.client_settings(),
         **extra,
     }
+
+
+def _bad_settings(bootstrap: str, exc: BaseException) -> CliError:
+    """A client librdkafka refused to make: a malformed address, or a setting of --command-config."""
+    src = command_config.source()
+    where = f"--bootstrap-server {bootstrap!r}" + (f" or --command-config {src}" if src else "")
+    return CliError(f"bad {where}: {describe_error(exc)}")
 
 
 def _reason(text: str) -> str:
@@ -84,6 +97,13 @@ def _reason(text: str) -> str:
     -> "Connection refused"."""
     text = text.split(" (after ", 1)[0]
     return text.rsplit(": ", 1)[-1].strip() or text
+
+
+def _denial(text: str) -> str:
+    """librdkafka's "sasl_ssl://127.0.0.1:9093/bootstrap: SASL authentication error: ... (after 3ms
+    in state AUTH_REQ)" -> from "SASL"/"SSL" on, without the broker prefix and the state."""
+    text = text.split(" (after ", 1)[0]
+    return text.split("/bootstrap: ", 1)[-1].strip() or text
 
 
 def unreachable(bootstrap: str) -> CliError:
@@ -129,15 +149,18 @@ class Remote:
 
         self.bootstrap = bootstrap
         self._refused: list[str] = []
+        self._denied: list[str] = []
         try:
             self.admin = AdminClient(client_config(bootstrap, error_cb=self._on_error))
         except Exception as exc:  # a malformed address or config
-            raise CliError(f"bad --bootstrap-server {bootstrap!r}: {describe_error(exc)}") from None
+            raise _bad_settings(bootstrap, exc) from None
         self._connect()
 
     def _on_error(self, err: Any) -> None:
         if err.code() in (_TRANSPORT, _RESOLVE):
             self._refused.append(str(err.str()))
+        elif err.code() in (_AUTHENTICATION, _SSL):
+            self._denied.append(str(err.str()))
 
     def _connect(self) -> None:
         """The first metadata request, retried until REMOTE_TIMEOUT_S; a refused connection or an
@@ -149,6 +172,8 @@ class Remote:
                 return
             except Exception:
                 self.admin.poll(0)  # serve error_cb, and librdkafka's log lines to its (silent) logger
+            if self._denied:
+                raise CliError(f"the broker at {self.bootstrap} refused the connection: {_denial(self._denied[-1])}")
             if self._refused:
                 raise CliError(f"cannot reach a broker at {self.bootstrap}: {_reason(self._refused[-1])}")
             if time.monotonic() >= deadline:
@@ -200,13 +225,19 @@ class Remote:
 def consumer(bootstrap: str, **extra: Any) -> Any:
     from confluent_kafka import Consumer
 
-    return Consumer(client_config(bootstrap, **extra))
+    try:
+        return Consumer(client_config(bootstrap, **extra))
+    except Exception as exc:
+        raise _bad_settings(bootstrap, exc) from None
 
 
 def producer(bootstrap: str, **extra: Any) -> Any:
     from confluent_kafka import Producer
 
-    return Producer(client_config(bootstrap, **extra))
+    try:
+        return Producer(client_config(bootstrap, **extra))
+    except Exception as exc:
+        raise _bad_settings(bootstrap, exc) from None
 
 
 def parse_config_list(values: Iterable[str] | None, what: str) -> dict[str, str]:

@@ -1,9 +1,8 @@
 """`loglake configs` for client quotas: DescribeClientQuotas / AlterClientQuotas over the Kafka protocol.
 
 Neither confluent-kafka's nor kafka-python's AdminClient has the client quota APIs, so these
-commands send the two requests themselves, encoded with the same kafka-python message classes
-the broker's codec uses, on one plain TCP connection to the bootstrap broker (PLAINTEXT
-listeners; the other `--bootstrap-server` commands have no TLS options either).
+commands send the two requests themselves (`loglake.cli.remote_raw`: one connection to the
+bootstrap broker, with TLS and SASL from `--command-config` like the other commands).
 
 Entities are named as kafka-configs names them: ``--entity-type users --entity-name alice``,
 ``--entity-type clients --entity-default``, or both types paired with names by position;
@@ -12,63 +11,23 @@ Entities are named as kafka-configs names them: ``--entity-type users --entity-n
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
-from kafka.protocol.parser import KafkaProtocol
-
-from loglake.broker.protocol.messages import request_class
 from loglake.cli.common import CliError
-from loglake.cli.remote import REMOTE_TIMEOUT_S, unreachable
-from loglake.kafka_errors import ErrorCode
+from loglake.cli.remote_raw import Connection
+from loglake.cli.remote_raw import error_name as _error
 
 #: The versions sent (both APIs' newest; the broker supports 0-1).
 DESCRIBE_VERSION = ALTER_VERSION = 1
-#: Largest response read (a describe of CLIENT_QUOTA_ENTITIES_MAX entities fits).
-RESPONSE_BYTES_MAX = 64 * 1024 * 1024
 DEFAULT_NAME = "<default>"
 #: kafka-configs' entity types -> Kafka's quota entity types.
 ENTITY_TYPES = {"users": "user", "clients": "client-id"}
 
 
-def _build(struct: Any, version: int, values: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        field = struct.fields[name]
-        if value is not None and field.is_struct_array():
-            value = [field.data_class(**_build(field, version, v), version=version) for v in value]
-        out[name] = value
-    return out
-
-
 def call(bootstrap: str, api_key: int, version: int, **fields: Any) -> Any:
-    """Send one request to the bootstrap broker; its decoded response (CliError if unreachable)."""
-    host, _, port = bootstrap.split(",")[0].strip().rpartition(":")
-    if not host or not port.isdigit():
-        raise CliError(f"bad --bootstrap-server {bootstrap!r}: want HOST:PORT")
-    cls = request_class(api_key)
-    proto = KafkaProtocol(client_id="loglake-cli")
-    proto.send_request(cls[version](**_build(cls._struct, version, fields)))
-    received = 0
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=REMOTE_TIMEOUT_S) as sock:
-            sock.sendall(proto.send_bytes())
-            while received < RESPONSE_BYTES_MAX:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                received += len(data)
-                responses = proto.receive_bytes(data)
-                if responses:
-                    return responses[0][1]
-    except OSError:
-        raise unreachable(bootstrap) from None
-    raise CliError(f"{bootstrap} closed the connection without answering {cls.name}")
-
-
-def _error(code: int) -> str:
-    member = ErrorCode._value2member_map_.get(code)
-    return member.name if member is not None else f"error {code}"
+    """Send one request to the bootstrap broker (over TLS/SASL as --command-config says)."""
+    with Connection(bootstrap, "loglake configs --entity-type users/clients") as conn:
+        return conn.request(api_key, version, **fields)
 
 
 def entity_parts(types: list[str], names: list[str], default: bool) -> list[tuple[str, str | None]]:

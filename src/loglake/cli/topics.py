@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from loglake.cli import remote_topics
+from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
     DataDirOption,
@@ -38,6 +39,7 @@ def create(
     ] = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Create a topic."""
     overrides = parse_pairs(config, "--config")
@@ -53,7 +55,11 @@ def create(
 
 
 @app.command("list")
-def list_(data_dir: DataDirOption = DEFAULT_DATA_DIR, bootstrap: BootstrapOption = None) -> None:
+def list_(
+    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    bootstrap: BootstrapOption = None,
+    _command_config: CommandConfigOption = None,
+) -> None:
     """List topic names, one per line."""
     if bootstrap:
         return remote_topics.list_(bootstrap)
@@ -69,6 +75,7 @@ def describe(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Partitions (log start, high watermark, segments, bytes) and effective config."""
     if bootstrap:
@@ -132,6 +139,7 @@ def delete(
     name: Annotated[str, typer.Argument(help="Topic name.")],
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Delete a topic and all its data."""
     if bootstrap:
@@ -153,6 +161,7 @@ def alter(
     ] = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Set or remove topic config overrides (other overrides are kept)."""
     sets = parse_pairs(config, "--config")
@@ -180,6 +189,7 @@ def add_partitions(
     ],
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Raise a topic's partition count to --partitions (as kafka-topics.sh --alter --partitions)."""
     if bootstrap:

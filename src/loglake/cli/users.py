@@ -31,6 +31,7 @@ from loglake.broker.users_inbox import (
     inbox_path,
     write_atomically,
 )
+from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import CliError, DataDirOption, open_log, stdout_console
 from loglake.cli.remote import BootstrapOption, Remote, result
 from loglake.errors import DataDirLockedError
@@ -188,6 +189,7 @@ def add(
     ] = ITERATIONS_DEFAULT,
     data_dir: DataDirOption = "./loglake-data",
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Add a user, or set a new password (a credential per --mechanism; default SCRAM-SHA-512)."""
     mechs = _mechanisms(mechanism, ["SCRAM-SHA-512"])
@@ -219,6 +221,7 @@ def delete(
     mechanism: MechanismOption = None,
     data_dir: DataDirOption = "./loglake-data",
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Delete a user's credentials (only those of --mechanism when given)."""
     mechs: list[str | None] = list(_mechanisms(mechanism, [])) if mechanism else [None]
@@ -235,6 +238,7 @@ def list_(
     ] = False,
     data_dir: DataDirOption = "./loglake-data",
     bootstrap: BootstrapOption = None,
+_command_config: CommandConfigOption = None,
 ) -> None:
     """Users with SCRAM credentials, their mechanisms and iterations (never a secret)."""
     users: dict[str, dict[str, int]] = _check(_run(data_dir, [{"op": "list"}], bootstrap))[0]["users"]
