@@ -13,6 +13,7 @@ from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoin
 from loglake.meta.state import MetaState
 from loglake.scram import (
     MECHANISMS,
+    ScramClient,
     ScramError,
     ScramServer,
     fake_credential,
@@ -51,6 +52,15 @@ def _exchange(mechanism: str, v: dict[str, str]) -> ScramServer:
 def test_rfc7677_sha256_vector() -> None:
     server = _exchange("SCRAM-SHA-256", RFC7677)
     assert server.final(RFC7677["client_final"].encode()).decode() == RFC7677["server_final"]
+
+
+def test_rfc7677_sha256_vector_client_side() -> None:
+    client = ScramClient("SCRAM-SHA-256", "user", "pencil", client_nonce="rOprNGfwEbeRWgbNEkqO")
+    assert client.first().decode() == RFC7677["client_first"]
+    assert client.final(RFC7677["server_first"].encode()).decode() == RFC7677["client_final"]
+    client.verify(RFC7677["server_final"].encode())  # raises when the signature differs
+    with pytest.raises(ScramError, match="signature"):
+        client.verify(b"v=" + base64.b64encode(b"\0" * 32))
 
 
 def test_rfc5802_sha1_vector(monkeypatch: pytest.MonkeyPatch) -> None:
