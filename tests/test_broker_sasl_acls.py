@@ -9,11 +9,12 @@ and consumes that topic and is still refused another one.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -24,6 +25,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from loglake.cli import command_config
+from loglake.cli.remote_raw import Connection
 from saslkit import add_users, confluent_conf
 
 from brokerkit import Broker, serving_broker
@@ -99,3 +102,42 @@ def test_a_scram_principal_gets_what_its_bindings_allow(broker: Broker) -> None:
     with pytest.raises(KafkaException) as refused:
         refusal.result(CALL_TIMEOUT_S)
     assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED
+
+
+
+def test_a_regex_subscription_gets_only_topics_the_member_may_describe(broker: Broker) -> None:
+    """KIP-848 ConsumerGroupHeartbeat v1 with SubscribedTopicRegex, sent as bob over SCRAM: the
+    regex matches two topics, bob may describe one, so the group assigns him only that one (Kafka
+    narrows resolved regexes the same way). Sent raw, because librdkafka resolves a regex itself
+    against the (already narrowed) Metadata and sends names instead."""
+    admin = AdminClient(conf(broker, "alice"))
+    for f in admin.create_topics([NewTopic(t, 2) for t in ("rxa-open", "rxa-secret")]).values():
+        f.result(CALL_TIMEOUT_S)
+
+    def allow(rtype: ResourceType, name: str, op: AclOperation) -> AclBinding:
+        return AclBinding(rtype, name, ResourcePatternType.LITERAL, "User:bob", "*", op, AclPermissionType.ALLOW)
+
+    for f in admin.create_acls(
+        [allow(ResourceType.TOPIC, "rxa-open", AclOperation.READ), allow(ResourceType.GROUP, "rxa-g", AclOperation.READ)]
+    ).values():
+        f.result(CALL_TIMEOUT_S)
+    described = admin.describe_topics(TopicCollection(["rxa-open", "rxa-secret"]))
+    names = {}
+    for name, f in described.items():
+        tid = f.result(CALL_TIMEOUT_S).topic_id
+        bits = (tid.get_most_significant_bits() << 64) | (tid.get_least_significant_bits() & (2**64 - 1))
+        names[uuid.UUID(int=bits & (2**128 - 1))] = name
+    bob = confluent_conf(broker.ports[0], "SASL_PLAINTEXT", "SCRAM-SHA-256", user="bob")
+    command_config.use({k: v for k, v in bob.items() if k.startswith(("sasl.", "security."))})
+    try:
+        with Connection(f"127.0.0.1:{broker.ports[0]}", "test") as conn:
+            resp = conn.request(
+                68, 1, group_id="rxa-g", member_id=uuid.uuid4().hex[:22], member_epoch=0, instance_id=None,
+                rack_id=None, rebalance_timeout_ms=30_000, subscribed_topic_names=[],
+                subscribed_topic_regex="rxa-.*", server_assignor=None, topic_partitions=None,
+            )
+    finally:
+        command_config.use({})
+    assert resp.error_code == 0, resp
+    assigned = {names.get(tp.topic_id, str(tp.topic_id)): sorted(tp.partitions) for tp in resp.assignment.topic_partitions}
+    assert assigned == {"rxa-open": [0, 1]}, (assigned, names)

@@ -265,6 +265,71 @@ def test_regex_matches_topics_created_later() -> None:
     run(body)
 
 
+def test_regex_matches_are_narrowed_to_topics_the_member_may_describe() -> None:
+    """With ACLs on, a regex selects only what the heartbeat's principal may DESCRIBE; an ACL change
+    (the filter's generation) re-resolves it on the next heartbeat, even when another member names
+    the topic, so the group's topic set stays the same."""
+
+    async def body() -> None:
+        w = World()
+        may: dict[str, set[str]] = {"User:alice": {"t1", "t2"}, "User:bob": {"t1"}}
+        gen = [0]
+        asked: list[str] = []
+
+        def describable(principal: str, host: str, names: list[str]) -> list[str]:
+            asked.append(principal)
+            return [n for n in names if n in may.get(principal, set())]
+
+        w.c.set_topic_filter(describable, lambda: gen[0])
+        alice = ("User:alice", "127.0.0.1")
+        bob = ("User:bob", "127.0.0.1")
+        b = await w.join("B", subscribed_regex="t.*", principal=bob)
+        assert owned_of(b) == {T1: list(range(6))}  # alone, and still never t2
+        owned: dict[str, dict[str, list[int]]] = {"B": owned_of(b)}
+        calls = len(asked)
+        b = await w.hb("B", b.member_epoch, owned["B"], principal=bob)
+        assert len(asked) == calls  # decisions cached while neither topics nor ACLs change
+
+        epochs = {"B": b.member_epoch}
+        who = {"A": alice, "B": bob, "C": None}
+
+        async def beat(m: str) -> None:
+            r = await w.hb(m, epochs[m], owned[m], principal=who[m])
+            assert r.error_code == E.NONE, r
+            epochs[m] = r.member_epoch
+            if r.assignment is not None:
+                owned[m] = owned_of(r)
+
+        for m, r in (("A", await w.join("A", subscribed_regex="t.*", principal=alice)),
+                     ("C", await w.join("C", ["t2"]))):
+            epochs[m], owned[m] = r.member_epoch, owned_of(r) if r.assignment is not None else {}
+        for _ in range(4):
+            for m in "ABC":
+                await beat(m)
+        assert T2 not in owned["B"]
+        assert len(owned["A"].get(T2, [])) + len(owned["C"].get(T2, [])) == 3
+        assert owned["A"].get(T2), owned  # alice shares t2 with carol
+        # alice loses t2 (carol still names it, so the group's topics do not change)
+        may["User:alice"] = {"t1"}
+        gen[0] += 1
+        for _ in range(4):
+            for m in "ABC":
+                await beat(m)
+        assert T2 not in owned["A"] and T2 not in owned["B"]
+        assert owned["C"].get(T2) == [0, 1, 2]
+
+    run(body)
+
+
+def test_without_a_filter_a_regex_takes_every_match() -> None:
+    async def body() -> None:
+        w = World()
+        a = await w.join("A", subscribed_regex="t.*", principal=("User:x", ""))
+        assert set(owned_of(a)) == {T1, T2}
+
+    run(body)
+
+
 def test_new_partitions_are_assigned_and_deleted_topics_revoked() -> None:
     async def body() -> None:
         w = World()

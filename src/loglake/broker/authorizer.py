@@ -245,6 +245,9 @@ class Authorizer:
         self._prefixed: dict[tuple[int, str], list[Binding]] = {}
         #: the lengths of the prefixes bound per resource type, so a lookup only tries those
         self._prefix_lengths: dict[int, dict[int, int]] = {}
+        #: bumped by every change of the bindings: caches of decisions (the group coordinator's
+        #: regex subscriptions) compare it to know theirs are stale
+        self.generation = 0
         self.add(bindings)
 
     def __len__(self) -> int:
@@ -260,6 +263,7 @@ class Authorizer:
         for b in bindings:
             if b in self._all:
                 continue
+            self.generation += 1
             self._all[b] = None
             if b.pattern_type == PatternType.PREFIXED:
                 self._prefixed.setdefault((b.resource_type, b.name), []).append(b)
@@ -272,6 +276,7 @@ class Authorizer:
         for b in bindings:
             if b not in self._all:
                 continue
+            self.generation += 1
             del self._all[b]
             table = self._prefixed if b.pattern_type == PatternType.PREFIXED else self._literal
             key = (b.resource_type, b.name)

@@ -51,8 +51,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker import overload
-from loglake.broker.authorized import CURRENT_API
-from loglake.broker.authorizer import broker_authorizer
+from loglake.broker.authorized import CURRENT_API, TOPIC
+from loglake.broker.authorizer import AclOperation, broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
@@ -443,6 +443,15 @@ class BrokerServer:
         self.ctx.group_configs.load()
         self.ctx.authorizer = broker_authorizer(self.config, engine)
         self.ctx.coordinator = self._make_coordinator(engine)
+        authz = self.ctx.authorizer
+        if authz is not None and hasattr(self.ctx.coordinator, "set_topic_filter"):
+            # KIP-848 regex subscriptions select only the topics the member may DESCRIBE
+            self.ctx.coordinator.set_topic_filter(
+                lambda principal, host, names: [
+                    n for n in names if authz.authorize(principal, host, AclOperation.DESCRIBE, TOPIC, n)
+                ],
+                lambda: authz.generation,
+            )
         self.ctx.txn = TxnCoordinator(
             engine,
             self.ctx.coordinator,

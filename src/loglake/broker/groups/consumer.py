@@ -31,6 +31,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from loglake.broker.groups import errors as E
 from loglake.broker.groups.assignors import assign
@@ -76,6 +77,13 @@ class HeartbeatRequest:
     client_id: str = ""
     client_host: str = ""
     version: int = 1
+    #: (principal, host) of the connection when ACLs are on: a regex subscription then selects only
+    #: the topics this principal may DESCRIBE (Kafka filters resolved regexes the same way)
+    principal: tuple[str, str] | None = None
+
+
+#: (principal, host, topic names) -> the names of those it may DESCRIBE.
+TopicFilter = Callable[[str, str, list[str]], list[str]]
 
 
 @dataclass
@@ -110,6 +118,13 @@ class ConsumerProtocol:
         # would cost members x topics per heartbeat.
         self._matches: dict[str, list[str]] = {}
         self._matches_key: frozenset[tuple[str, tuple[str, int]]] | None = None
+        #: set by the broker when ACLs are on (`set_topic_filter`); narrows regex matches per member
+        self.topic_filter: TopicFilter | None = None
+        self.filter_generation: Callable[[], int] = lambda: 0
+        #: (principal, host, regex) -> its matches it may describe; dropped with `_matches` and
+        #: when the filter's generation moves (an ACL was created or deleted)
+        self._allowed: dict[tuple[str, str, str], list[str]] = {}
+        self._allowed_generation = 0
 
     # ---- group settings ---------------------------------------------------------------------------
 
@@ -299,6 +314,7 @@ class ConsumerProtocol:
                                f"The consumer group has reached its maximum capacity of {self.limits.max_size} members.")
         member = ConsumerMember(
             member_id=req.member_id or _new_member_id(),
+            principal=req.principal,
             instance_id=req.instance_id,
             rack_id=req.rack_id,
             client_id=req.client_id,
@@ -331,6 +347,8 @@ class ConsumerProtocol:
         if req.rebalance_timeout_ms > 0:
             member.rebalance_timeout_ms = req.rebalance_timeout_ms
         member.client_id, member.client_host = req.client_id, req.client_host
+        if req.principal is not None:
+            member.principal = req.principal
         if req.server_assignor is not None:
             member.server_assignor = req.server_assignor
         if req.subscribed_names is not None:
@@ -350,14 +368,41 @@ class ConsumerProtocol:
         """Topic names the member's subscription selects among existing topics (regex: full match)."""
         names = {n for n in member.subscribed_names if n in topics}
         if member.subscribed_regex:
-            names.update(self._regex_topics(member.subscribed_regex, topics))
+            matched = self._regex_topics(member.subscribed_regex, topics)
+            if self.topic_filter is not None and member.principal is not None:
+                matched = self._describable(member.principal, member.subscribed_regex, matched)
+            names.update(matched)
         return names
+
+    def _describable(self, who: tuple[str, str], pattern: str, matched: list[str]) -> list[str]:
+        """`matched` narrowed to what `who` may DESCRIBE (names given explicitly are checked by the
+        handler instead: those it may not describe are refused with TOPIC_AUTHORIZATION_FAILED)."""
+        generation = self.filter_generation()
+        if generation != self._allowed_generation:
+            self._allowed.clear()
+            self._allowed_generation = generation
+        key = (who[0], who[1], pattern)
+        allowed = self._allowed.get(key)
+        if allowed is None:
+            assert self.topic_filter is not None
+            allowed = self.topic_filter(who[0], who[1], matched)
+            if len(self._allowed) >= self.limits.max_size:
+                self._allowed.clear()  # bounded like the matches themselves
+            self._allowed[key] = allowed
+        return allowed
+
+    def subscription_key(self, m: ConsumerMember) -> tuple[Any, ...]:
+        """What a member's resolved topics depend on: its names and regex, and, for a regex when
+        ACLs narrow it, who the member is."""
+        who = m.principal if m.subscribed_regex and self.topic_filter is not None else None
+        return (m.subscribed_names, m.subscribed_regex, who)
 
     def _topics_changed(self, topics: Mapping[str, tuple[str, int]]) -> frozenset[tuple[str, tuple[str, int]]]:
         """The key of this topic set; drops the regex matches of the previous one if it differs."""
         key = frozenset(topics.items())
         if key != self._matches_key:
             self._matches.clear()
+            self._allowed.clear()
             self._matches_key = key
         return key
 
@@ -383,16 +428,19 @@ class ConsumerProtocol:
         Resolved once per distinct subscription, and not at all while neither the topics nor the
         members' subscriptions changed since the last heartbeat (`cg.resolved_key`).
         """
-        distinct = {(m.subscribed_names, m.subscribed_regex): m for m in cg.members.values()}
-        key = (self._topics_changed(topics), frozenset(distinct))
+        distinct = {self.subscription_key(m): m for m in cg.members.values()}
+        key = (self._topics_changed(topics), frozenset(distinct), self.filter_generation())
         if key == cg.resolved_key:
             return False
         cg.resolved_key = key
-        wanted: set[str] = set()
-        for m in distinct.values():
-            wanted |= self.member_topics(m, topics)
+        per_key = {k: frozenset(self.member_topics(m, topics)) for k, m in distinct.items()}
+        wanted: set[str] = set().union(*per_key.values())
         subscription: TopicMetadata = {topics[n][0]: (n, topics[n][1]) for n in wanted}
-        if subscription == cg.subscription:
+        # One member's topics may change while the union stays (an ACL taken from a regex member
+        # on a topic another member names): that needs a new target too.
+        narrowed = cg.resolved_sets is not None and per_key.keys() == cg.resolved_sets.keys() and per_key != cg.resolved_sets
+        cg.resolved_sets = per_key
+        if subscription == cg.subscription and not narrowed:
             return False
         cg.subscription = subscription
         return True
@@ -405,10 +453,10 @@ class ConsumerProtocol:
 
     def _compute_target(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> None:
         by_name = {name: tid for tid, (name, _n) in cg.subscription.items()}
-        resolved: dict[tuple[tuple[str, ...], str | None], frozenset[str]] = {}  # once per distinct subscription
+        resolved: dict[tuple[Any, ...], frozenset[str]] = {}  # once per distinct subscription
         subscriptions: dict[str, frozenset[str]] = {}
         for m in cg.members.values():
-            key = (m.subscribed_names, m.subscribed_regex)
+            key = self.subscription_key(m)
             if key not in resolved:
                 resolved[key] = frozenset(by_name[n] for n in self.member_topics(m, topics) if n in by_name)
             subscriptions[m.member_id] = resolved[key]

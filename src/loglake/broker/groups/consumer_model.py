@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 #: topic id (hex) -> partitions
 Assignment = dict[str, frozenset[int]]
@@ -47,6 +48,9 @@ class ConsumerMember:
     subscribed_names: tuple[str, ...] = ()
     subscribed_regex: str | None = None
     server_assignor: str | None = None
+    #: (principal, host) of the member's last heartbeat, which its regex matches are narrowed to
+    #: (topics it may DESCRIBE); None until a heartbeat since this broker started (not saved)
+    principal: tuple[str, str] | None = None
     member_epoch: int = 0
     previous_epoch: int = -1
     state: MemberState = MemberState.STABLE
@@ -71,6 +75,8 @@ class ConsumerGroupData:
         self.subscription: TopicMetadata = {}  # what the target was computed for
         self.assignor = ""  # the assignor of the current target
         self.resolved_key: object = None  # what `subscription` was last resolved from (consumer.py; not saved)
+        #: each distinct subscription's resolved topic names at `resolved_key` (not saved)
+        self.resolved_sets: dict[Any, frozenset[str]] | None = None
 
     def state(self) -> str:
         """Kafka's consumer group states: Empty, Assigning, Reconciling, Stable."""

@@ -37,6 +37,7 @@ from loglake.broker.groups.consumer import (
     HeartbeatRequest,
     HeartbeatResult,
     TopicCatalog,
+    TopicFilter,
 )
 from loglake.broker.groups.consumer_admin import (
     ConsumerGroupDescription,
@@ -129,6 +130,12 @@ class GroupCoordinator:
             log.warning("%d stored consumer groups exceed max_groups=%d; no new group until some go",
                         len(self._reg.groups), self.limits.max_groups)
         self._start()
+
+    def set_topic_filter(self, topic_filter: TopicFilter, generation: Callable[[], int]) -> None:
+        """Narrow KIP-848 regex subscriptions to the topics each member may DESCRIBE (the broker's
+        ACLs); `generation()` moves whenever a decision may have changed."""
+        self._consumer.topic_filter = topic_filter
+        self._consumer.filter_generation = generation
 
     def _start(self) -> None:
         """Arm what needs the event loop, once it runs: resumed sessions and the cleanup timer."""

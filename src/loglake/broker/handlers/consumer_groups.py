@@ -17,6 +17,7 @@ from loglake.broker.authorized import (
     denied,
     group_operations,
     operation_bits,
+    who,
 )
 from loglake.broker.groups.consumer import HeartbeatRequest
 from loglake.broker.handlers.errors import (
@@ -65,6 +66,7 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
             client_id=req.client_id or "",
             client_host=_client_host(conn),
             version=req.api_version,
+            principal=who(conn) if getattr(ctx, "authorizer", None) is not None else None,
         )
     )
     assignment = None
