@@ -71,7 +71,6 @@ def scrape(broker: Broker) -> str:
         return str(resp.read().decode())
 
 
-
 class RawConnection:
     """One Kafka connection with a client id of our choosing (over TLS with `tls`); one request at a time."""
 
@@ -482,3 +481,45 @@ def test_malformed_alterations_get_kafkas_error_codes(broker: Broker) -> None:
         (("user", "fine"),): {"producer_byte_rate": 10.0}
     }
     assert described(describe(broker, [("user", 0, "a")])) == {}
+
+
+def _create(conn: RawConnection, version: int, name: str, partitions: int) -> Any:
+    topic = {"name": name, "num_partitions": partitions, "replication_factor": 1, "assignments": [], "configs": []}
+    return conn.call(19, version, topics=[topic], timeout_ms=10_000, validate_only=False)
+
+
+def test_controller_mutation_rate_throttles_topic_creation_and_deletion(broker: Broker) -> None:
+    """KIP-599: 0.5 partitions/s with this broker's 2-second window is a bucket of 1 partition. A
+    4-partition topic is still admitted (the bucket is not below zero before it) and leaves it
+    3 below: 6 s to wait. Until then a strict request (CreateTopics v6+, DeleteTopics v5+) fails
+    with THROTTLING_QUOTA_EXCEEDED; an older version is admitted and only throttled; another
+    client id is not slowed."""
+    rate = {"controller_mutation_rate": 0.5}
+    for client in ("mut-new", "mut-old"):
+        assert alter(broker, entity(client_id=client), rate).entries[0].error_code == 0
+    try:
+        new, again, old, other = (RawConnection(broker, c) for c in ("mut-new", "mut-new", "mut-old", "mut-free"))
+        first = _create(new, 7, "mut-a", 4)
+        assert first.topics[0].error_code == 0
+        assert 5000 < first.throttle_time_ms <= 6000, first.throttle_time_ms
+        refused = _create(again, 7, "mut-b", 1)  # a new connection: the first one is muted
+        assert refused.topics[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED
+        assert refused.throttle_time_ms > 0
+        fresh = RawConnection(broker, "mut-new")  # `again` is muted until the bucket is back at zero
+        gone = fresh.call(20, 6, topics=[{"name": "mut-a", "topic_id": None}], timeout_ms=10_000)
+        assert gone.responses[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED
+        # permissive (CreateTopics v5): admitted, counted and throttled
+        assert _create(old, 5, "mut-c", 4).topics[0].error_code == 0
+        late = _create(RawConnection(broker, "mut-old"), 5, "mut-d", 1)
+        assert late.topics[0].error_code == 0 and late.throttle_time_ms > 0
+        for i in range(3):
+            free = _create(other, 7, f"mut-free-{i}", 4)
+            assert free.topics[0].error_code == 0 and free.throttle_time_ms == 0
+        meta = other.call(3, 12, topics=None, allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        names = {t.name for t in meta.topics}
+        for conn in (new, again, old, other, fresh):
+            conn.close()
+        assert {"mut-a", "mut-c", "mut-d"} <= names and "mut-b" not in names
+    finally:
+        for client in ("mut-new", "mut-old"):
+            alter(broker, entity(client_id=client), {"controller_mutation_rate": None})

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from loglake.broker.mutation_quota import MutationQuotas
 from loglake.broker.protocol.fetch import FetchResponseData
 from loglake.broker.quotas import (
+    CLIENT_ID,
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
     REQUEST_PERCENTAGE,
@@ -402,3 +404,42 @@ def test_admin_apis_ask_the_authorization_seam(monkeypatch: pytest.MonkeyPatch) 
     assert [e["error_code"] for e in resp["entries"]] == [ErrorCode.CLUSTER_AUTHORIZATION_FAILED] * 2
     assert not ctx.quotas.configs
     assert asked == [AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS]
+
+
+# ---- controller_mutation_rate (KIP-599): a token bucket ----------------------------------------------
+
+
+class _Req:
+    def __init__(self, api_key: int, version: int, client_id: str = "c") -> None:
+        self.api_key, self.api_version, self.client_id = api_key, version, client_id
+
+
+class _Conn:
+    security = None
+    muted_until = 0.0
+
+
+def test_mutation_bucket_bursts_a_window_refills_at_the_rate_and_admits_while_not_below_zero() -> None:
+    now = [100.0]
+    q = QuotaManager(window_num=11, window_size_s=1.0)
+    q.set(((CLIENT_ID, "c"),), {"controller_mutation_rate": 2.0})
+    mq = MutationQuotas(q, clock=lambda: now[0])
+    gate = mq.gate(_Conn(), _Req(19, 7))
+    assert gate is not None and gate.strict
+    assert gate.admit(22) and gate.bucket.tokens == 0  # the burst: 2/s x 11 windows of 1 s
+    assert gate.admit(10)  # not below zero before it: admitted, and now 10 below
+    assert not gate.admit(1)  # strict: refused while below zero
+    assert gate.bucket.throttle_ms() == 5000  # 10 partitions at 2/s
+    now[0] += 4.0
+    assert not mq.gate(_Conn(), _Req(19, 7)).admit(1)  # still 2 below
+    now[0] += 1.0
+    late = mq.gate(_Conn(), _Req(19, 7))
+    assert late.admit(1) and late.bucket.throttle_ms() == 500
+    old = mq.gate(_Conn(), _Req(19, 5))  # CreateTopics v5: permissive
+    assert not old.strict and old.admit(4) and old.admit(4)
+    assert mq.gate(_Conn(), _Req(19, 7, client_id="other")) is None  # no quota for this client id
+    response = old.finish({"throttle_time_ms": 0})
+    assert response["throttle_time_ms"] == old.bucket.throttle_ms() > 0
+    assert old.admit(3, validate_only=True) and old.bucket.tokens == -9  # checked, not counted
+    q.set(((CLIENT_ID, "c"),), None)
+    assert mq.gate(_Conn(), _Req(19, 7)) is None

@@ -90,6 +90,7 @@ class ErrorCode(IntEnum):
     GROUP_SUBSCRIBED_TO_TOPIC = (86, False, "The consumer group is actively subscribed to the topic.")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     UNSTABLE_OFFSET_COMMIT = (88, True, "There are unstable offsets that need to be cleared.")
+    THROTTLING_QUOTA_EXCEEDED = (89, True, "The throttling quota has been exceeded.")
     PRODUCER_FENCED = (90, False, "There is a newer producer with the same transactionalId which fences the current one.")
     RESOURCE_NOT_FOUND = (91, False, "A request illegally referred to a resource that does not exist.")
     DUPLICATE_RESOURCE = (92, False, "A request illegally referred to the same resource twice.")

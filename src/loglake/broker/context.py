@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
+    from loglake.broker.mutation_quota import MutationQuotas
     from loglake.broker.quotas import QuotaManager
 
 T = TypeVar("T")
@@ -44,6 +45,8 @@ class BrokerContext:
     authorizer: Authorizer | None = None
     #: Client quota configs and rates (loglake.broker.quotas), set by the server.
     quotas: QuotaManager | None = None
+    #: controller_mutation_rate token buckets (loglake.broker.mutation_quota), set by the server.
+    mutation_quotas: MutationQuotas | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

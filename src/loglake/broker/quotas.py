@@ -40,8 +40,8 @@ throttle time has passed (KIP-219; `Connection` waits before reading and before 
 * ``request_percentage``: the time the event loop spent on the client's requests, in percent of
   one thread per second (100 = a whole core), for every API but the SASL handshakes. Work a
   request hands to the I/O threads (disk reads of cold segments, fsync waits) is not counted;
-* ``controller_mutation_rate``: accepted and stored as Kafka does; loglake does not throttle
-  topic creation and deletion by it (docs/SECURITY.md).
+* ``controller_mutation_rate``: partitions created and deleted per second, a token bucket
+  (loglake.broker.mutation_quota, Kafka's KIP-599).
 
 Every response whose version has `throttle_time_ms` carries the larger of the quota throttle and
 anything already there (Produce's memory-pressure throttle, loglake.broker.overload).
@@ -80,7 +80,8 @@ QUOTA_KEYS: dict[str, type] = {
     REQUEST_PERCENTAGE: float,
     CONTROLLER_MUTATION_RATE: float,
 }
-#: Keys loglake measures and throttles (controller_mutation_rate is stored only).
+#: Keys measured on windowed rates here (controller_mutation_rate is a token bucket:
+#: loglake.broker.mutation_quota).
 ENFORCED_KEYS = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
 #: Most quota entities kept (each is a metadata record and a checkpoint entry); setting a further
 #: one is refused with POLICY_VIOLATION.

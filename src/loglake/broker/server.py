@@ -69,6 +69,7 @@ from loglake.broker.listeners import (
     match_advertised,
 )
 from loglake.broker.metrics import Metrics, response_error, serve_metrics
+from loglake.broker.mutation_quota import MutationQuotas
 from loglake.broker.protocol import (
     DecodedRequest,
     FrameDecoder,
@@ -439,6 +440,7 @@ class BrokerServer:
         self.ctx.quotas = QuotaManager(self.config.quota_window_num, self.config.quota_window_size_seconds)
         self.ctx.quotas.load(engine.client_quotas())
         self.metrics.registry.register(self.ctx.quotas)
+        self.ctx.mutation_quotas = MutationQuotas(self.ctx.quotas)
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.authorizer = broker_authorizer(self.config, engine)

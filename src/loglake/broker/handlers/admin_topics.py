@@ -33,11 +33,15 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
+from loglake.broker.mutation_quota import gate
 from loglake.broker.protocol import DecodedRequest
 from loglake.engine.config import validate_topic_name
 from loglake.engine.types import TopicInfo
+from loglake.kafka_errors import ErrorCode
 
 ZERO_UUID = uuid.UUID(int=0)
+THROTTLING_QUOTA_EXCEEDED: int = ErrorCode.THROTTLING_QUOTA_EXCEEDED
+_THROTTLED = "The throttling quota has been exceeded."
 #: CreateTopics v5+ echoes these fields of each config entry.
 _CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sensitive")
 
@@ -93,13 +97,15 @@ def _topic_configs(topic: Any) -> dict[str, str]:
     return configs
 
 
-async def _create_one(ctx: BrokerContext, topic: Any, validate_only: bool) -> TopicInfo:
+async def _create_one(ctx: BrokerContext, topic: Any, validate_only: bool, quota: Any) -> TopicInfo:
     name = topic.name
     validate_topic_name(name)
     if ctx.engine.has_topic(name):
         raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
     partitions = _partition_count(ctx, topic)
     configs = _topic_configs(topic)
+    if quota is not None and not quota.admit(partitions, validate_only):
+        raise AdminError(THROTTLING_QUOTA_EXCEEDED, _THROTTLED)
     return await engine_call(
         ctx, ctx.engine.create_topic, name, partitions, configs, validate_only=validate_only
     )
@@ -112,6 +118,7 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
     results: list[dict[str, Any]] = []
     # CREATE on the cluster allows every topic, else CREATE on each topic (Kafka's KafkaApis).
     refused: set[str] = set()
+    quota = gate(ctx, conn, req)
     if not allowed(ctx, conn, AclOperation.CREATE, CLUSTER, CLUSTER_NAME):
         refused = denied(ctx, conn, AclOperation.CREATE, TOPIC, [t.name for t in body.topics if t.name not in dup])
     for topic in body.topics:
@@ -124,7 +131,7 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
                     INVALID_REQUEST,
                     f"Create topics request from client contains multiple entries for the following topics: {topic.name}",
                 )
-            info = await _create_one(ctx, topic, validate_only)
+            info = await _create_one(ctx, topic, validate_only, quota)
             if not validate_only:
                 result["topic_id"] = uuid.UUID(hex=info.topic_id)
             if req.api_version >= 5:  # the topic's partitions and configs come back
@@ -138,7 +145,8 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"CreateTopics {topic.name}")
         results.append(result)
-    return {"throttle_time_ms": 0, "topics": results}
+    response = {"throttle_time_ms": 0, "topics": results}
+    return quota.finish(response) if quota is not None else response
 
 
 # ---- DeleteTopics ---------------------------------------------------------------------------------
@@ -156,6 +164,7 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         by_id = {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
     named = [n if n is not None else (by_id or {}).get(i) for n, i in wanted]
     refused = denied(ctx, conn, AclOperation.DELETE, TOPIC, [n for n in named if n is not None])
+    quota = gate(ctx, conn, req)
     responses: list[dict[str, Any]] = []
     for name, topic_id in wanted:
         result: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
@@ -177,11 +186,14 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
                 raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             info = ctx.engine.topic(name)
             result["topic_id"] = uuid.UUID(hex=info.topic_id)
+            if quota is not None and not quota.admit(info.partitions):
+                raise AdminError(THROTTLING_QUOTA_EXCEEDED, _THROTTLED)
             await engine_call(ctx, ctx.engine.delete_topic, name)
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"DeleteTopics {name or topic_id}")
         responses.append(result)
-    return {"throttle_time_ms": 0, "responses": responses}
+    response = {"throttle_time_ms": 0, "responses": responses}
+    return quota.finish(response) if quota is not None else response
 
 
 # ---- CreatePartitions -----------------------------------------------------------------------------
@@ -213,6 +225,7 @@ async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) 
     dup = duplicates([t.name for t in body.topics])
     results: list[dict[str, Any]] = []
     refused = denied(ctx, conn, AclOperation.ALTER, TOPIC, [t.name for t in body.topics if t.name not in dup])
+    quota = gate(ctx, conn, req)
     for topic in body.topics:
         code, message = NONE, None
         try:
@@ -220,15 +233,19 @@ async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) 
                 raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
             if topic.name in dup:
                 raise AdminError(INVALID_REQUEST, f"Duplicate topic in request: {topic.name}")
-            ctx.engine.topic(topic.name)  # UNKNOWN_TOPIC_OR_PARTITION before anything else
+            current = ctx.engine.topic(topic.name).partitions  # UNKNOWN_TOPIC_OR_PARTITION before anything else
             _check_assignments(ctx, topic.name, topic.count, topic.assignments)
+            added = topic.count - current
+            if quota is not None and added > 0 and not quota.admit(added, validate_only):
+                raise AdminError(THROTTLING_QUOTA_EXCEEDED, _THROTTLED)
             await engine_call(
                 ctx, ctx.engine.create_partitions, topic.name, topic.count, validate_only=validate_only
             )
         except Exception as exc:
             code, message = failure(exc, f"CreatePartitions {topic.name}")
         results.append({"name": topic.name, "error_code": code, "error_message": message})
-    return {"throttle_time_ms": 0, "results": results}
+    response = {"throttle_time_ms": 0, "results": results}
+    return quota.finish(response) if quota is not None else response
 
 
 # ---- DeleteRecords --------------------------------------------------------------------------------
