@@ -87,16 +87,16 @@ class ClusterCatalog(Catalog):
                 while len(topic.partitions) < count:
                     topic.partitions.append(self._new_partition(topic, metas[len(topic.partitions)]))
                 topics[name] = topic
-            for tid, topic in list(self.by_id.items()):
+            for topic in self.by_id.values():
                 if topics.get(topic.name) is not topic:
                     for p in topic.partitions:
                         with p.lock:
                             p.deleted = True
                         p.wake_all()
-                    del self.by_id[tid]
-            self.topics.clear()
-            self.topics.update(topics)
-            self.by_id.update({t.topic_id: t for t in topics.values()})
+            # Swapped, not changed in place: readers without the lock (`name in topics`) see the
+            # old map or the new one, never a half-built one.
+            self.topics = topics
+            self.by_id = {t.topic_id: t for t in topics.values()}
 
     # ---- lookups see other brokers' changes ---------------------------------------------------
 

@@ -40,7 +40,7 @@ from loglake.engine.engine import Engine
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.space import SpaceGuard
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport, TopicInfo
 from loglake.errors import (
     ClusterUnsupportedError,
     ConfigError,
@@ -581,6 +581,16 @@ class ClusterEngine(Engine):
                 if found is None or rec.timestamp > found[1]:
                     found = (rec.offset, rec.timestamp)
         return found
+
+    # ==== topics: other brokers change them too ===========================================================
+
+    def topics(self) -> list[TopicInfo]:
+        self.cluster_catalog.refresh()
+        return super().topics()
+
+    def has_topic(self, name: str) -> bool:
+        self.cluster_catalog.refresh()
+        return super().has_topic(name)
 
     # ==== refused in cluster mode ======================================================================
 
