@@ -123,6 +123,10 @@ class ClusterCatalog(Catalog):
                 f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}"
             )
         topic_config = TopicConfig.parse(config, self.config.topic_defaults)
+        if not validate_only:
+            # See every record committed so far first: two brokers auto-creating one topic on
+            # Metadata is common, and a create another broker already committed is no error.
+            self.etcd.sync()
         self.refresh()
         if name in self.topics:
             raise TopicExistsError(f"topic {name!r} already exists")

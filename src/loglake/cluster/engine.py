@@ -322,9 +322,20 @@ class ClusterEngine(Engine):
         self.plog.release(topic_id, partition)
 
     def leads(self, topic_id: str, partition: int) -> bool:
+        """Whether this broker leads the partition: acquired, not stopped, and its epoch is still
+        the partition's in the shared state — another broker's later acquire (its view of the live
+        set differed for a moment) shows there first, before any commit of ours is fenced."""
         with self._ready_lock:
             ready = (topic_id, partition) in self._ready
-        return ready and self.plog is not None and self.plog.leads(topic_id, partition)
+        if not ready or self.plog is None or not self.plog.leads(topic_id, partition):
+            return False
+        tid = bytes.fromhex(topic_id)
+
+        def epoch(s: MetaState) -> int:
+            pl = s.plogs.parts.get((tid, partition))
+            return pl.epoch if pl is not None else 0
+
+        return bool(self.plog.epoch_of(topic_id, partition) == self.etcd.read(epoch))
 
     # ==== appends ==================================================================================
 
@@ -346,7 +357,7 @@ class ClusterEngine(Engine):
             with self._ready_lock:
                 states = self._producers.get(tp) if tp in self._ready else None
                 inflight = self._inflight.setdefault(tp, {})
-            if states is None or not self.plog.leads(tid, partition):
+            if states is None or not self.leads(tid, partition):
                 raise NotLeaderError(f"node {self.cluster.node_id} does not lead {topic}-{partition}")
             for _pos, h in batches:
                 if h.producer_id >= 0 and h.base_sequence >= 0:

@@ -243,8 +243,9 @@ class Leadership:
                 merged += 1
             except LoglakeError as exc:
                 log.info("node %d: merging %s-%d: %s (next round)", self.node_id, name, p, exc)
-        if not self._stop.is_set():
-            sweep(plog)
+        live = self.membership.known
+        if not self._stop.is_set() and live and self.node_id == min(live):
+            sweep(plog)  # one sweeper (the lowest live node id): sweeps racing on the same keys waste work
         return merged
 
     # ---- the view the handlers use -------------------------------------------------------------------
