@@ -179,6 +179,9 @@ def test_metadata_lists_every_broker_and_spreads_leaders(cluster: Cluster) -> No
     for n in NODES:
         md = AdminClient({"bootstrap.servers": cluster.bootstrap(n)}).list_topics(timeout=10)
         assert {b.id: b.port for b in md.brokers.values()} == {m: cluster.brokers[m].port for m in NODES}
+    a3 = AdminClient({"bootstrap.servers": cluster.bootstrap(3)})  # kept: its futures die with it
+    described = a3.describe_cluster().result(30)
+    assert sorted(n.id for n in described.nodes) == list(NODES)
     if Path(KCAT).exists():
         out = subprocess.run(
             [KCAT, "-b", cluster.bootstrap(2), "-L"], capture_output=True, text=True, timeout=30
