@@ -191,6 +191,19 @@ def test_metadata_lists_every_broker_and_spreads_leaders(cluster: Cluster) -> No
             assert f"broker {n} at 127.0.0.1:{cluster.brokers[n].port}" in out.stdout
 
 
+def test_a_node_id_held_by_a_live_broker_is_refused(cluster: Cluster) -> None:
+    args = cluster_args(cluster.etcd.endpoints, cluster.prefix, cluster.store_url, 2)
+    twin = Broker(cluster.tmp / "twin-of-2", args)
+    with pytest.raises(RuntimeError, match="did not start"):
+        twin.start()
+    assert twin.proc is not None and twin.proc.wait(30) == 1
+    assert "node id 2 is held by a live broker" in twin.log_text() + (
+        twin.proc.stdout.read() if twin.proc.stdout else ""
+    )
+    assert "Traceback" not in twin.log_text()
+    assert cluster.leaders("spread", via=2)  # the live node 2 serves on
+
+
 def test_produce_and_consume_with_three_clients(cluster: Cluster) -> None:
     create_topic(cluster, "rw", 12)
     cluster.wait_leaders("rw", set(NODES), 12)
