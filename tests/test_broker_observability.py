@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.producer import ProduceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loglake.broker.server import canonical_host_name
+from loglake.broker.listeners import canonical_host_name
 from loglake.records import build_batch
 from test_broker_malformed import RawClient
 

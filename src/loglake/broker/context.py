@@ -47,6 +47,9 @@ class BrokerContext:
     quotas: QuotaManager | None = None
     #: controller_mutation_rate token buckets (loglake.broker.mutation_quota), set by the server.
     mutation_quotas: MutationQuotas | None = None
+    #: Cluster mode's view of the cluster (loglake.cluster.leadership.Leadership: live brokers,
+    #: partition leaders, group coordinators), set by the server; None on a single-node broker.
+    cluster: Any = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

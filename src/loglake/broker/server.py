@@ -1,41 +1,10 @@
-"""The asyncio shell around the sans-IO protocol codec.
+"""The broker process: listeners, the context every handler gets, start-up and shutdown.
 
-Theory of operation
--------------------
-One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
-enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
-handler task for it at once; the task goes into a bounded queue (`max_inflight_per_connection`,
-so a client that pipelines without reading stops being read). Request bytes read and not yet
-handled are bounded across all connections (`queued_max_request_bytes`, `overload.RequestBytes`):
-while that is spent no connection starts reading a new frame, and one in the middle of a frame
-first reserves the frame's whole declared size, as Kafka's queued.max.request.bytes pool does.
-A writer loop takes tasks from the queue in arrival order and writes each response when its task
-is done — requests are answered in order while their work (fsync waits, long-poll fetches) overlaps.
-
-Produce requests of one connection append in arrival order: the produce handler takes the
-connection's `append_lock` while it hands batches to the engine and releases it before waiting
-for durability.
-
-Anything a client sends that cannot be answered (a frame over the limit, garbage, an unknown API
-key, an unsupported version of anything but ApiVersions) closes that connection with a log line
-that says why; the broker and every other connection go on. Those lines are rate-limited per
-condition and peer address (`loglake.logsafe`): a client that reconnects and sends the same thing
-again is logged once, then summarised ("... 234 more in the last 30 s").
-
-Listeners (`loglake.broker.listeners`): one asyncio server per listener. On an SSL listener the
-connection is accepted as TCP and upgraded with `StreamWriter.start_tls` before the first Kafka
-byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
-client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limited log line and a
-closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
-what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
-with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
-buffered chunks (`loglake.broker.file_send`). On a SASL listener a connection carries a
-`SaslSession` (`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller
-frames, until it authenticates; `close_after_write` closes a connection once a refusal has been
-sent.
-
-Client quotas (`loglake.broker.quotas`): a response over a quota carries `throttle_time_ms` and
-sets `muted_until`; the read loop neither reads nor hands frames to handlers before it (KIP-219).
+`BrokerServer.start` opens the engine (single-node, or cluster mode's over etcd and the bucket:
+`loglake.broker.cluster`), builds what the handlers share (`BrokerContext`: group and transaction
+coordinators, authorizer, quotas, fetch sessions) and starts one asyncio server per listener;
+every accepted socket becomes a `loglake.broker.connection.Connection`, whose docstring tells how
+requests are read, handled and answered.
 """
 
 from __future__ import annotations
@@ -47,19 +16,18 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from loglake.broker import overload
-from loglake.broker.authorized import CURRENT_API, TOPIC
+from loglake.broker import cluster, overload
+from loglake.broker.authorized import TOPIC
 from loglake.broker.authorizer import AclOperation, broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
+from loglake.broker.connection import Connection
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
-from loglake.broker.file_send import send_file_range
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
-from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.listeners import (
     PLAINTEXT,
     WILDCARD_HOSTS,
@@ -68,29 +36,15 @@ from loglake.broker.listeners import (
     is_loopback,
     match_advertised,
 )
-from loglake.broker.metrics import Metrics, response_error, serve_metrics
+from loglake.broker.metrics import Metrics, serve_metrics
 from loglake.broker.mutation_quota import MutationQuotas
-from loglake.broker.protocol import (
-    DecodedRequest,
-    FrameDecoder,
-    FrameTooLargeError,
-    MalformedRequestError,
-    ProtocolError,
-    UnknownApiError,
-    UnsupportedVersionError,
-    encode_response,
-    encode_unsupported_api_versions,
-)
-from loglake.broker.quotas import QuotaManager, handle_request, wait_unmuted
-from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslAuthenticator, SaslSession
-from loglake.broker.sniff import foreign_protocol, prefix_bytes
+from loglake.broker.quotas import QuotaManager
+from loglake.broker.sasl import SaslAuthenticator
 from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.broker.users_inbox import serve_inbox
 from loglake.engine import Engine
-from loglake.engine.types import FileRange
 from loglake.errors import ListenError, UnknownTopicError
-from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog, flush_all
 
 log = logging.getLogger("loglake.broker")
@@ -101,238 +55,6 @@ READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 SHUTDOWN_GRACE_S = 10.0
 #: How often rate-limited log lines whose window is over get their summary written.
 LOG_FLUSH_INTERVAL_S = 1.0
-API_VERSIONS = 18
-
-Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
-
-
-class Connection:
-    def __init__(
-        self,
-        server: BrokerServer,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        security: SecurityContext | None = None,
-    ) -> None:
-        self.server = server
-        self.ctx = server.ctx
-        self.reader = reader
-        self.writer = writer
-        peer = writer.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        #: The peer without its port: what rate-limited warnings are keyed by (reconnects share it).
-        self.peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-        #: Listener, advertised endpoint and principal of this connection (ACLs and quotas key on it).
-        self.security = security or SecurityContext.plaintext(server.ctx.advertised_host, server.ctx.advertised_port)
-        self.security.peer_host = self.peer_host
-        self.append_lock = asyncio.Lock()
-        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any], int] | None] = asyncio.Queue(
-            self.ctx.config.max_inflight_per_connection
-        )
-        self.busy = 0  # requests being handled (shutdown waits for these)
-        self.closing = False
-        #: SASL state on SASL listeners (loglake.broker.sasl); seconds to wait after the next response, then close.
-        self.sasl = SaslSession(self) if self.security.listener.sasl else None
-        self.close_after_write: float | None = None
-        #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).
-        self.muted_until = 0.0
-
-    async def run(self) -> None:
-        writer_task = asyncio.create_task(self._write_loop())
-        decoder = self.decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
-        if self.sasl is not None:  # until authenticated (the session lifts it)
-            decoder.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, decoder.max_frame_bytes)
-        gate = self.server.request_bytes
-        partial = 0  # bytes of the frame in progress counted in `gate` (its declared size once reserved)
-        try:
-            while not self.closing:
-                if decoder.buffered == 0:
-                    await gate.wait_for_room()
-                else:
-                    whole = decoder.buffered + decoder.bytes_needed()
-                    if partial < whole:  # reserve the rest of the frame before reading it
-                        await gate.wait_for_room()
-                        gate.add(whole - partial)
-                        partial = whole
-                await wait_unmuted(self)
-                idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
-                try:
-                    data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
-                except TimeoutError:
-                    log.info("closing %s: idle for %.0f s", self.peer, idle_s)
-                    break
-                if not data:
-                    break
-                self.ctx.metrics.bytes_in += len(data)
-                if decoder.buffered == 0 and gate.full:
-                    # It passed the gate before this arrived: hold the chunk (CONNECTION_BYTES
-                    # counts it) undecoded until there is room, and read nothing more meanwhile.
-                    await gate.wait_for_room()
-                try:
-                    frames = decoder.feed(data)
-                except FrameTooLargeError as exc:
-                    self._protocol_error("frame_too_large", exc)
-                    break
-                # A completed frame's bytes are counted by _dispatch; the next one's as they arrive.
-                if frames or decoder.buffered > partial:
-                    gate.add(decoder.buffered - partial)
-                    partial = decoder.buffered
-                stop = False
-                for frame in frames:
-                    await wait_unmuted(self)  # pipelined requests wait out a quota throttle, as in Kafka
-                    if not await self._dispatch(frame):
-                        stop = True
-                        break
-                if stop:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            if self.sasl is not None:
-                self.sasl.close()
-            gate.add(-partial)
-            await self._queue.put(None)
-            try:
-                await writer_task
-            finally:
-                self._drain_queue()  # whatever the reader queued after the writer stopped
-                self._close_transport()
-
-    async def _dispatch(self, frame: bytes | bytearray | memoryview) -> bool:
-        """Decode one frame and queue its handling; False when the connection must close."""
-        try:
-            req = decode_request(frame)
-        except UnsupportedVersionError as exc:
-            if exc.api_key == API_VERSIONS:
-                # KIP-511: answer with a v0 body listing what we support; the client retries.
-                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
-                self.server.request_bytes.add(len(frame))
-                await self._queue.put((None, done, len(frame)))
-                return True
-            self._protocol_error("unsupported_version", exc)
-            return False
-        except (UnknownApiError, MalformedRequestError, ProtocolError) as exc:
-            self._protocol_error(type(exc).__name__, exc)
-            return False
-        if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key)):
-            return False
-        task = asyncio.ensure_future(self._handle(req))
-        self.server.request_bytes.add(len(frame))
-        await self._queue.put((req, task, len(frame)))
-        return True
-
-    async def _handle(self, req: DecodedRequest) -> list[Any] | None:
-        handler = HANDLERS.get(req.api_key)
-        name = api_name(req.api_key)
-        CURRENT_API.set(name)  # this request's task only: the audit log names the API
-        started = time.perf_counter()
-        self.busy += 1
-        error = int(ErrorCode.UNKNOWN_SERVER_ERROR)  # unless the handler's answer is made
-        try:
-            if handler is None:  # advertised nowhere, so a client should not send it
-                raise UnknownApiError(req.api_key, req.correlation_id)
-            response = await handle_request(handler, self.ctx, self, req)  # the request quota
-            if response is None or not req.expects_response:
-                error = 0 if response is None else response_error(response)
-                return None
-            encoded = encode_response(req, response)
-            error = response_error(response)  # the first error it answers with (metrics' error label)
-            return encoded
-        except asyncio.CancelledError:
-            error = 0  # the connection went away before the answer: no error of the request's
-            raise
-        finally:
-            self.busy -= 1
-            self.ctx.metrics.observe(name, time.perf_counter() - started, error)
-
-    async def _write_loop(self) -> None:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            req, task, size = item
-            try:
-                buffers = await task
-            except Exception as exc:
-                what = f"{api_name(req.api_key)} v{req.api_version}" if req else "request"
-                log.exception("closing %s: handling %s failed: %s", self.peer, what, exc)
-                self.closing = True
-                self._drain_queue()
-                return
-            finally:
-                # The request is handled: its frame is released (the response is the writer's,
-                # one at a time per connection), so a client that does not read its responses
-                # holds no more than max_inflight_per_connection of them.
-                self.server.request_bytes.add(-size)
-            if not buffers:
-                continue
-            try:
-                for buf in buffers:
-                    if isinstance(buf, FileRange) or hasattr(buf, "path"):
-                        await send_file_range(self, buf)
-                        self.ctx.metrics.bytes_out += buf.length
-                    else:
-                        self._write(buf)
-                        self.ctx.metrics.bytes_out += len(buf)
-                await self.writer.drain()
-                if self.close_after_write is not None:  # a refused SASL handshake or authentication
-                    await asyncio.sleep(self.close_after_write)
-                    self.closing = True
-                    self._close_transport()
-                    return
-            except (ConnectionError, OSError) as exc:
-                self.server.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
-                self.closing = True
-                self._drain_queue()
-                return
-
-    def _write(self, data: Any) -> None:
-        # A closed TLS transport (shutdown closed it while a response was on its way) fails writes
-        # with AttributeError in Python 3.11's sslproto rather than a ConnectionError: say it as one.
-        if self.writer.transport.is_closing():
-            raise ConnectionResetError("connection closed")
-        self.writer.write(data)
-
-    def _drain_queue(self) -> None:
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is not None:
-                item[1].cancel()
-                self.server.request_bytes.add(-item[2])
-
-    def _protocol_error(self, kind: str, exc: BaseException) -> None:
-        self.ctx.metrics.protocol_errors[kind] += 1
-        limited = self.server.limited
-        if isinstance(exc, FrameTooLargeError):
-            hint = foreign_protocol(prefix_bytes(exc.size))
-            if hint is not None:
-                kind = "http" if "HTTP" in hint else "tls"
-                limited.warning((kind, self.peer_host), "closing %s: %s", self.peer, hint)
-                return
-            if self.sasl is not None and self.sasl.frame_too_large(exc.size):
-                return
-            if exc.size > exc.limit:
-                limited.warning(
-                    (kind, self.peer_host),
-                    "closing %s: %s: a request over max_frame_bytes (Kafka's socket.request.max.bytes); "
-                    "lower the client's message.max.bytes / batch size or raise max_frame_bytes",
-                    self.peer, exc,
-                )
-                return
-        limited.warning((kind, self.peer_host), "closing %s: %s", self.peer, exc)
-
-    def _close_transport(self) -> None:
-        try:
-            self.writer.close()
-        except Exception:  # already closed by the peer
-            pass
-
-
-def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:
-    from loglake.broker.protocol import decode_request as decode
-
-    return decode(frame, ADVERTISED)
 
 
 class BrokerServer:
@@ -377,7 +99,7 @@ class BrokerServer:
             # Before anything is opened: a key that cannot be read is a configuration error.
             c = self.config
             self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
-        engine = Engine(self.config.data_dir, self.config.engine_config())
+        engine = cluster.make_engine(self.config)
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
@@ -427,6 +149,8 @@ class BrokerServer:
             self.endpoints.append((lst, (adv_host, adv_port)))
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        # cluster mode: register with the advertised listeners, lead, move group coordinators
+        await cluster.join(self.ctx, [lst.url(*adv) for lst, adv in self.endpoints], lambda: self._make_coordinator(engine))
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -494,8 +218,11 @@ class BrokerServer:
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
+        store = groups.EngineGroupStore(engine)
+        if self.ctx.cluster is not None:  # only the groups this broker coordinates
+            store = cluster.owned_groups_only(store, self.ctx.cluster)
         return groups.GroupCoordinator(
-            groups.EngineGroupStore(engine),
+            store,
             topic_exists=topic_exists,
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,

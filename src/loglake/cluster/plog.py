@@ -49,6 +49,7 @@ from loglake.errors import (
     MetaFencedError,
 )
 from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.cluster import Plog, end_key, epoch_key
 from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.records.batch import set_offset_and_epoch, split_batches
@@ -57,6 +58,8 @@ from loglake.store.base import ObjectStore
 __all__ = ["COMMIT_PARTITIONS_MAX", "AppendAck", "ClusterPartitionLog", "NotLeaderError"]
 
 log = logging.getLogger(__name__)
+#: A bucket or etcd outage fails every flush until it ends: one line per kind of failure per window.
+_limited = RateLimitedLog(log)
 
 #: Partitions committed by one etcd transaction: each costs two compares (epoch, end) and one
 #: put, and etcd refuses more than 128 compares or operations per transaction (--max-txn-ops).
@@ -174,6 +177,12 @@ class ClusterPartitionLog:
             lead = self._leads.get((topic_id, partition))
             return lead is not None and lead.failed is None
 
+    def epoch_of(self, topic_id: str, partition: int) -> int | None:
+        """The epoch this broker acquired the partition at (None when it does not lead it)."""
+        with self._lock:
+            lead = self._leads.get((topic_id, partition))
+            return lead.epoch if lead is not None else None
+
     def committed_end(self, topic_id: str, partition: int) -> int:
         """The partition's committed end in this broker's view of the metadata."""
         return int(self.meta.read(lambda s: s.plogs.part(bytes.fromhex(topic_id), partition).end))
@@ -208,6 +217,13 @@ class ClusterPartitionLog:
         """Assign offsets to one produce's batches and flush them; the future resolves once they
         are in a flush object whose range is committed in etcd. NotLeaderError (or the error that
         stopped the partition) when this broker may not append to it."""
+        return self.append_assigned(topic_id, partition, data)[1]
+
+    def append_assigned(
+        self, topic_id: str, partition: int, data: bytes | bytearray
+    ) -> tuple[int, Future[AppendAck]]:
+        """`append`, also returning the base offset it assigned (the broker records idempotent
+        producers' batches at once, so that a retry still in flight is known as a duplicate)."""
         if len(data) > APPEND_BYTES_MAX:
             raise CorruptRecordError(f"append of {len(data)} bytes is over {APPEND_BYTES_MAX}")
         batches = split_batches(data)
@@ -237,7 +253,7 @@ class ClusterPartitionLog:
         out: Future[AppendAck] = Future()
         last = offset - 1
         inner.add_done_callback(lambda f: self._settled(tp, lead, f, out, base, last, buf))
-        return out
+        return base, out
 
     def _settled(
         self,
@@ -286,9 +302,10 @@ class ClusterPartitionLog:
         stopped: list[tuple[TP, BaseException]] = []
         for chunk in chunks:
             self._commit_chunk(index, chunk, refused, stopped)
-        if stopped:  # one line per flush, however many partitions it stopped
+        if stopped:  # one line per flush, however many partitions it stopped; repeats summarised
             (t, p), error = stopped[0]
-            log.warning(
+            _limited.warning(
+                ("stopped", type(error).__name__),
                 "node %d stops appending to %d partition(s) of flush %s (first %s-%d: %s); they wait for acquire",
                 self.node_id,
                 len(stopped),
