@@ -77,6 +77,15 @@ class File(abc.ABC):
         little is left for the final `datasync`. Not a durability promise; the default does nothing."""
         return None
 
+    def fill_zeros(self, size: int) -> None:
+        """Fill this new, empty file with `size` zeros whose blocks are *written*, not reserved: on
+        ext4 a later overwrite plus fdatasync then has no unwritten extent to convert, so it needs
+        no journal commit (and waits for no other file's metadata). Written in write-behind
+        chunks; the caller datasyncs. A model filesystem may just allocate (same bytes)."""
+        zeros = memoryview(bytes(WRITE_BEHIND_CHUNK_BYTES))
+        full, rest = divmod(size, WRITE_BEHIND_CHUNK_BYTES)
+        _write_behind(self, [zeros] * full + ([zeros[:rest]] if rest else []))
+
     def sync(self) -> None:
         self.datasync()
 
@@ -100,6 +109,12 @@ class FileLock(abc.ABC):
 
 
 class FileSystem(abc.ABC):
+    #: `File.allocate` reserves blocks that a later write must convert (unwritten extents on
+    #: ext4/xfs), which makes each fdatasync after such a write a journal commit. The WAL keeps a
+    #: zero-written spare file only where this is true (wal/shard.py); a model filesystem has
+    #: nothing to gain, and its call-counting tests see no second thread's calls.
+    has_unwritten_extents: bool = False
+
     @abc.abstractmethod
     def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
         """Open `path`. `create` makes it if missing; `exclusive` fails if it exists."""

@@ -145,6 +145,8 @@ class _OsLock(FileLock):
 
 
 class OsFileSystem(FileSystem):
+    has_unwritten_extents = True
+
     def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
         flags = os.O_CLOEXEC
         flags |= os.O_RDWR if write else os.O_RDONLY
