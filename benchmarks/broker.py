@@ -2,7 +2,7 @@
 """loglake broker benchmark: disk limits, then a real `loglake serve` process driven by
 confluent-kafka (librdkafka) — produce, consume, latency at half load — in one run.
 
-    .venv/bin/python benchmarks/broker.py            # full run (~2-3 min on 2 cores)
+    .venv/bin/python benchmarks/broker.py            # full run (~6 min on 2 cores: two 60 s half-load runs)
     .venv/bin/python benchmarks/broker.py --quick    # smoke run (< 60 s)
     .venv/bin/python benchmarks/broker.py --json-out /tmp/broker.json --profile-seconds 10
 
