@@ -2,7 +2,8 @@
 thread, renamed into place at a roll, so the WAL's fdatasyncs overwrite written blocks and never
 wait for a journal commit. What must hold: every acknowledged frame is recovered, at every crash
 point of rolls that use the spare and of the spare's own making; a leftover spare (any content)
-is never read as WAL; without room for a spare the shard rolls as before.
+is never read as WAL; without room for a spare the shard rolls as before; a shard that never
+fills half a file makes none.
 """
 
 from __future__ import annotations
@@ -98,9 +99,29 @@ def test_a_leftover_spare_is_never_read_as_wal_and_is_replaced(tmp_path: Path) -
     assert recover_wal(OsFileSystem(), str(tmp_path / "wal")).frames == []
     shard = WalShard(OsFileSystem(), str(directory), file_bytes=FILE_BYTES, spare=True)
     shard.start(0, [])
+    acked: list[int] = []
     try:
+        for base in range(4):  # past half the first file: the spare is asked for
+            _append(shard, base, acked)
         _wait_spare(shard)
         assert (directory / WAL_SPARE_NAME).read_bytes() == bytes(FILE_BYTES)
+    finally:
+        shard.close()
+    assert [f.base_offset for f in recover_wal(OsFileSystem(), str(tmp_path / "wal")).frames] == acked
+
+
+def test_a_shard_that_never_fills_half_a_file_makes_no_spare(tmp_path: Path) -> None:
+    """Short-lived engines (a CLI command, a test, a few embedded appends) write no zeros."""
+    directory = tmp_path / "wal" / "shard-00"
+    directory.mkdir(parents=True)
+    shard = WalShard(OsFileSystem(), str(directory), file_bytes=FILE_BYTES, spare=True)
+    shard.start(0, [])
+    try:
+        for base in range(3):  # 30 KB of a 64 KiB file
+            _append(shard, base, [])
+        time.sleep(0.05)
+        assert not (directory / WAL_SPARE_NAME).exists() and shard._spare is not None
+        assert not shard._spare.ready
     finally:
         shard.close()
 
@@ -134,11 +155,13 @@ def _crash_run(k: int | None) -> tuple[FaultyFileSystem, list[int], int, int]:
     acked: list[int] = []
     start = 0
     try:
+        for base in range(5):  # the first file, half full: the spare is asked for
+            _append(shard, base, acked)
         _wait_spare(shard, fs)
         start = fs.mutating_calls
         if k is not None:
             fs.crash_after = start + k
-        for base in range(20):
+        for base in range(5, 20):
             if base % 6 == 5:
                 _wait_spare(shard, fs)
             _append(shard, base, acked)
@@ -176,13 +199,15 @@ def test_a_crash_while_the_spare_is_made_loses_nothing(k: int) -> None:
     for base in range(4):
         _append(shard, base, acked)
     shard.close()
-    # a second shard life whose helper crashes k calls in
-    fs.crash_after = fs.mutating_calls + k
-    shard = WalShard(fs, "/wal/shard-00", file_bytes=FILE_BYTES, spare=True)
+    # a second shard life, asked for a spare at once, crashing k calls into the helper's work
     rec0 = recover_wal(fs, "/wal")
+    shard = WalShard(fs, "/wal/shard-00", file_bytes=FILE_BYTES, spare=True)
     shard.start(rec0.shards["shard-00"].next_seq, rec0.shards["shard-00"].files)
+    assert shard._spare is not None
+    fs.crash_after = fs.mutating_calls + k
+    shard._spare.request()
     deadline = time.monotonic() + WAIT_S
-    while not fs.dead and not (shard._spare and shard._spare.ready) and time.monotonic() < deadline:
+    while not fs.dead and not shard._spare.ready and time.monotonic() < deadline:
         time.sleep(0.001)
     try:
         shard.close()

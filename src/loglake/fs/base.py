@@ -77,14 +77,15 @@ class File(abc.ABC):
         little is left for the final `datasync`. Not a durability promise; the default does nothing."""
         return None
 
-    def fill_zeros(self, size: int) -> None:
-        """Fill this new, empty file with `size` zeros whose blocks are *written*, not reserved: on
-        ext4 a later overwrite plus fdatasync then has no unwritten extent to convert, so it needs
-        no journal commit (and waits for no other file's metadata). Written in write-behind
-        chunks; the caller datasyncs. A model filesystem may just allocate (same bytes)."""
-        zeros = memoryview(bytes(WRITE_BEHIND_CHUNK_BYTES))
-        full, rest = divmod(size, WRITE_BEHIND_CHUNK_BYTES)
-        _write_behind(self, [zeros] * full + ([zeros[:rest]] if rest else []))
+    def fill_zeros(self, offset: int, length: int) -> None:
+        """Write `length` zeros at `offset` of a new file being filled from the start, as blocks
+        that are *written*, not reserved: on ext4 a later overwrite plus fdatasync then has no
+        unwritten extent to convert, so it needs no journal commit (and waits for no other
+        file's metadata). Write-behind chunks; the caller datasyncs. A model filesystem may just
+        extend the file (same bytes)."""
+        zeros = memoryview(bytes(min(length, WRITE_BEHIND_CHUNK_BYTES)))
+        full, rest = divmod(length, len(zeros)) if length else (0, 0)
+        _write_behind(self, [zeros] * full + ([zeros[:rest]] if rest else []), offset)
 
     def sync(self) -> None:
         self.datasync()
@@ -196,13 +197,13 @@ class FileSystem(abc.ABC):
         self.rmdir(path)
 
 
-def _write_behind(f: File, parts: Sequence[BytesLike]) -> None:
-    """Write `parts` from offset 0 in chunks of WRITE_BEHIND_CHUNK_BYTES, each chunk's writeback
+def _write_behind(f: File, parts: Sequence[BytesLike], start: int = 0) -> None:
+    """Write `parts` from offset `start` in chunks of WRITE_BEHIND_CHUNK_BYTES, each chunk's writeback
     started as soon as it is written, with at most WRITE_BEHIND_CHUNKS_IN_FLIGHT chunks in
     writeback: the disk sees a steady stream of small writes instead of one flush of the whole
     file at the end, and the datasync that follows has (almost) nothing left to write."""
     in_flight: deque[tuple[int, int]] = deque()
-    offset = 0
+    offset = start
     chunk: list[BytesLike] = []
     filled = 0
 

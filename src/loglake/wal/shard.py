@@ -52,7 +52,7 @@ from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
 from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
-from loglake.wal.spare import SpareFile
+from loglake.wal.spare import SPARE_REQUEST_FILL, SpareFile
 
 __all__ = [
     "Durability",
@@ -100,6 +100,7 @@ class WalShard:
     ) -> None:
         self.fs = fs
         self._spare = SpareFile(fs, directory, file_bytes) if spare and fs.has_unwritten_extents else None
+        self._spare_asked = False  # for the active file (SPARE_REQUEST_FILL)
         self._on_full = on_full
         self._on_healed = on_healed
         self._synced_pos = 0  # bytes of the active file its last fsync covered
@@ -391,6 +392,13 @@ class WalShard:
             assert self._active is not None
             self._active.pwritev(self._active_pos, parts)
             self._active_pos += size
+            if (
+                self._spare is not None
+                and not self._spare_asked
+                and self._active_pos >= self._active_capacity * SPARE_REQUEST_FILL
+            ):
+                self._spare_asked = True
+                self._spare.request()
             active_map = self._files[-1].partitions
             for entry in group:
                 active_map[(entry.topic_id, entry.partition)] = entry.end_offset
@@ -478,6 +486,7 @@ class WalShard:
         path = os.path.join(self.directory, wal_file_name(first_seq))
         capacity = max(self.file_bytes, needed)
         f = self._spare.take(path) if self._spare is not None and needed <= self.file_bytes else None
+        self._spare_asked = False
         if f is None:
             f = self.fs.open(path, write=True, create=True, exclusive=True)
             try:

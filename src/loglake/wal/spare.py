@@ -7,8 +7,10 @@ pending (a seal's segment, a truncation's unlink). Measured on the development V
 files were written beside it: fdatasync of 64 KiB appends p50 1.9-2.3 ms, p99 17-22 ms into a
 fallocated file; p50 0.3-0.75 ms, p99 7.5-8.3 ms into a zero-written one.
 
-A helper thread writes `spare.wal` full of zeros (write-behind chunks, then one datasync) whenever
-the shard asks; at a roll the writer renames it to `wal-<seq>.log` and fsyncs the directory —
+A helper thread writes `spare.wal` full of zeros (write-behind chunks, then one datasync) when the
+shard asks, which it does once its active file is half full (SPARE_REQUEST_FILL): an engine opened
+for a few appends, a CLI command, a test, never pays for 64 MiB of zeros. At a roll the writer
+renames the spare to `wal-<seq>.log` and fsyncs the directory —
 no allocation and no data sync on the writer thread. Recovery never reads the name (it is not
 `wal-*.log`), a leftover one (a crash while it was made) is removed before the next is made, and
 close removes it: its contents are only trusted while this process made them. The cost is one
@@ -31,6 +33,13 @@ log = logging.getLogger(__name__)
 
 #: The spare's name in the shard directory: never read by recovery.
 WAL_SPARE_NAME = "spare.wal"
+#: The shard asks for a spare once its active file is this full: late enough that short-lived
+#: engines make none, early enough that the zeros are written before the roll at any rate the
+#: disk can take (the other half of the file is written meanwhile).
+SPARE_REQUEST_FILL = 0.5
+#: Zeros are written in steps of this size, checking between steps whether the shard is closing,
+#: so close() never waits for a whole file of zeros.
+SPARE_STEP_BYTES = 8 * 1024 * 1024
 
 
 class SpareFile:
@@ -43,7 +52,7 @@ class SpareFile:
         self.path = os.path.join(directory, WAL_SPARE_NAME)
         self._cond = threading.Condition()
         self._ready: File | None = None  # zero-written and datasynced
-        self._wanted = True  # make one as soon as the helper starts
+        self._wanted = False  # the shard asked for one (request())
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.used = 0  # rolls that renamed a spare into place
@@ -70,29 +79,31 @@ class SpareFile:
     def ready(self) -> bool:
         return self._ready is not None
 
+    def request(self) -> None:
+        """Make a spare if none is ready (the writer calls this once per active file)."""
+        with self._cond:
+            self._wanted = True
+            self._cond.notify_all()
+
     def take(self, path: str) -> File | None:
         """The writer, rolling: rename the ready spare to `path` and make the name durable.
-        None when none is ready. The next spare is asked for either way."""
+        None when none is ready. The next one is made when the new file is half full: the helper
+        starts by removing whatever has the spare's name, so never while the rename is pending."""
         with self._cond:
             f = self._ready
             self._ready = None
+            self._wanted = False
+        if f is None:
+            return None
         try:
-            if f is None:
-                return None
-            try:
-                self.fs.rename(f.path, path)
-                self.fs.fsync_dir(self.directory)
-            except BaseException:
-                f.close()
-                raise
-            f.path = path
-            self.used += 1
-            return f
-        finally:
-            # Only after the rename: the helper starts by removing whatever has the spare's name.
-            with self._cond:
-                self._wanted = True
-                self._cond.notify_all()
+            self.fs.rename(f.path, path)
+            self.fs.fsync_dir(self.directory)
+        except BaseException:
+            f.close()
+            raise
+        f.path = path
+        self.used += 1
+        return f
 
     def _run(self) -> None:
         while True:
@@ -107,7 +118,10 @@ class SpareFile:
                 if self.fs.exists(self.path):
                     self.fs.unlink(self.path)  # left by a crash or a failed try: contents unknown
                 f = self.fs.open(self.path, write=True, create=True, exclusive=True)
-                f.fill_zeros(self.file_bytes)
+                for offset in range(0, self.file_bytes, SPARE_STEP_BYTES):
+                    if self._is_stopping():
+                        raise InterruptedError("the shard is closing")
+                    f.fill_zeros(offset, min(SPARE_STEP_BYTES, self.file_bytes - offset))
                 f.datasync()
             except BaseException as exc:  # a full disk (or a simulated crash in tests): no spare
                 # The writer allocates its next file itself; the roll after that asks again.
