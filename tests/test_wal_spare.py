@@ -215,3 +215,34 @@ def test_a_crash_while_the_spare_is_made_loses_nothing(k: int) -> None:
         pass
     after = fs.crash()
     assert [f.base_offset for f in recover_wal(after, "/wal").frames] == acked
+
+
+def test_no_spare_that_would_eat_into_the_free_space_reserve() -> None:
+    """A spare is skipped when it would leave less free than the reserve (the engine passes its
+    SpaceGuard's): produce must never be refused for lack of space because of zeros made ahead."""
+    fs = ExtentFs()
+    fs.makedirs("/wal/shard-00")
+    reserve = 10 * FILE_BYTES
+    fs.space = (reserve + FILE_BYTES - 1, 1 << 30)  # one byte short of room for a spare
+    shard = WalShard(
+        fs, "/wal/shard-00", file_bytes=FILE_BYTES, spare=True, spare_keep_free=lambda total: reserve
+    )
+    shard.start(0, [])
+    acked: list[int] = []
+    try:
+        for base in range(5):
+            _append(shard, base, acked)
+        spare = shard._spare
+        assert spare is not None
+        deadline = time.monotonic() + WAIT_S
+        while spare.skipped_for_space == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert not spare.ready and WAL_SPARE_NAME not in fs.listdir("/wal/shard-00")
+        fs.space = (reserve + FILE_BYTES, 1 << 30)  # room now: the next file's request makes one
+        for base in range(5, 11):
+            _append(shard, base, acked)
+        _wait_spare(shard, fs)
+    finally:
+        shard.close()
+    assert [f.base_offset for f in recover_wal(fs, "/wal").frames] == acked == list(range(11))

@@ -308,6 +308,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
             on_full=self.space.wal_full,
             on_healed=self.space.wal_healed,
             spare=self.config.wal_spare_file,
+            spare_keep_free=self.space.reserve_for,
         )
 
     def close(self) -> None:

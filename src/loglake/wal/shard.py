@@ -97,9 +97,12 @@ class WalShard:
         on_full: Callable[[str, BaseException], None] | None = None,
         on_healed: Callable[[str], None] | None = None,
         spare: bool = False,
+        spare_keep_free: Callable[[int], int] | None = None,
     ) -> None:
         self.fs = fs
-        self._spare = SpareFile(fs, directory, file_bytes) if spare and fs.has_unwritten_extents else None
+        self._spare = (
+            SpareFile(fs, directory, file_bytes, spare_keep_free) if spare and fs.has_unwritten_extents else None
+        )
         self._spare_asked = False  # for the active file (SPARE_REQUEST_FILL)
         self._on_full = on_full
         self._on_healed = on_healed

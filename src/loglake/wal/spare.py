@@ -16,7 +16,9 @@ no allocation and no data sync on the writer thread. Recovery never reads the na
 close removes it: its contents are only trusted while this process made them. The cost is one
 more `file_bytes` of disk per shard, and each WAL byte written twice to disk (zeros, then frames)
 but the zeros off the acknowledgement path. Where the helper cannot make one (a full disk) the
-writer allocates its own file as before.
+writer allocates its own file as before; nor does it make one that would take the filesystem below
+the free-space reserve (`keep_free`, the engine's SpaceGuard), so a spare never is the reason
+produce is refused for lack of space.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 from loglake.fs.base import File, FileSystem
 
@@ -45,8 +48,13 @@ SPARE_STEP_BYTES = 8 * 1024 * 1024
 class SpareFile:
     """At most one ready spare per shard (the bound), made by one helper thread on request."""
 
-    def __init__(self, fs: FileSystem, directory: str, file_bytes: int) -> None:
+    def __init__(
+        self, fs: FileSystem, directory: str, file_bytes: int, keep_free: Callable[[int], int] | None = None
+    ) -> None:
         self.fs = fs
+        #: bytes to leave free given the filesystem's total (None: only a full disk stops a spare)
+        self._keep_free = keep_free
+        self.skipped_for_space = 0
         self.directory = directory
         self.file_bytes = file_bytes
         self.path = os.path.join(directory, WAL_SPARE_NAME)
@@ -115,6 +123,9 @@ class SpareFile:
                 self._wanted = False
             f: File | None = None
             try:
+                if not self._room():
+                    self.skipped_for_space += 1
+                    continue
                 if self.fs.exists(self.path):
                     self.fs.unlink(self.path)  # left by a crash or a failed try: contents unknown
                 f = self.fs.open(self.path, write=True, create=True, exclusive=True)
@@ -135,6 +146,16 @@ class SpareFile:
             if stopped:
                 self._discard(f)
                 return
+
+    def _room(self) -> bool:
+        """Free space for a spare that leaves the reserve intact (True when it cannot be told)."""
+        if self._keep_free is None:
+            return True
+        space = self.fs.disk_space(self.directory)
+        if space is None:
+            return True
+        available, total = space
+        return available - self.file_bytes >= self._keep_free(total)
 
     def _is_stopping(self) -> bool:
         return self._stopping
