@@ -112,7 +112,7 @@ class FileLock(abc.ABC):
 class FileSystem(abc.ABC):
     #: `File.allocate` reserves blocks that a later write must convert (unwritten extents on
     #: ext4/xfs), which makes each fdatasync after such a write a journal commit. The WAL keeps a
-    #: zero-written spare file only where this is true (wal/shard.py); a model filesystem has
+    #: zero-written spare file only where this is true (wal/spare.py); a model filesystem has
     #: nothing to gain, and its call-counting tests see no second thread's calls.
     has_unwritten_extents: bool = False
 
