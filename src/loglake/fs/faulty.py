@@ -196,6 +196,10 @@ class FaultyFile(File):
     def allocate(self, size: int) -> None:
         self._resize(size, shrink=False)
 
+    def fill_zeros(self, offset: int, length: int) -> None:
+        # The model has no unwritten extents: zeros are zeros, one mutation (not one per MiB).
+        self._resize(offset + length, shrink=False)
+
     def _resize(self, size: int, *, shrink: bool) -> None:
         with self._fs._mu:
             self._fs._check_alive()

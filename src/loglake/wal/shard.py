@@ -13,6 +13,11 @@ Files are preallocated (`file_bytes`) and named by the sequence number of their 
 `wal-<seq 20 digits>.log`, so appends never grow the inode and fdatasync has no metadata to
 write. A group that does not fit in the rest of the active file rolls to a new file first.
 
+With `spare=True` (the engine's data shards) and a filesystem whose `allocate` leaves unwritten
+extents (`FileSystem.has_unwritten_extents`), a roll renames a zero-written spare file into
+place instead (loglake.wal.spare): the WAL's fdatasyncs then overwrite written blocks and need
+no journal commit, and the roll does no allocation or data sync on the writer thread.
+
 A write or fsync error fails the shard: the group and everything queued behind it fail with
 StorageError and later submits are refused. Retrying an fsync after an error is not safe (the
 kernel may have dropped the dirty pages), so there is no retry; restart recovery truncates the
@@ -47,6 +52,7 @@ from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
 from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
+from loglake.wal.spare import SPARE_REQUEST_FILL, SpareFile
 
 __all__ = [
     "Durability",
@@ -90,8 +96,14 @@ class WalShard:
         clock: Callable[[], float] = time.monotonic,
         on_full: Callable[[str, BaseException], None] | None = None,
         on_healed: Callable[[str], None] | None = None,
+        spare: bool = False,
+        spare_keep_free: Callable[[int], int] | None = None,
     ) -> None:
         self.fs = fs
+        self._spare = (
+            SpareFile(fs, directory, file_bytes, spare_keep_free) if spare and fs.has_unwritten_extents else None
+        )
+        self._spare_asked = False  # for the active file (SPARE_REQUEST_FILL)
         self._on_full = on_full
         self._on_healed = on_healed
         self._synced_pos = 0  # bytes of the active file its last fsync covered
@@ -145,6 +157,8 @@ class WalShard:
             target=self._run, name=f"wal-{os.path.basename(self.directory)}", daemon=True
         )
         self._thread.start()
+        if self._spare is not None:
+            self._spare.start()
 
     def close(self) -> None:
         """Write everything queued, fsync, stop the writer."""
@@ -154,6 +168,8 @@ class WalShard:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._spare is not None:
+            self._spare.close()
         if self._active is not None:
             try:
                 if self._failure is None:
@@ -164,6 +180,11 @@ class WalShard:
             except OSError as exc:
                 log.warning("closing WAL file in %s: %s", self.directory, exc)
             self._active = None
+
+    @property
+    def spare_rolls(self) -> int:
+        """Rolls that renamed a ready spare file into place."""
+        return self._spare.used if self._spare is not None else 0
 
     @property
     def failure(self) -> BaseException | None:
@@ -374,6 +395,13 @@ class WalShard:
             assert self._active is not None
             self._active.pwritev(self._active_pos, parts)
             self._active_pos += size
+            if (
+                self._spare is not None
+                and not self._spare_asked
+                and self._active_pos >= self._active_capacity * SPARE_REQUEST_FILL
+            ):
+                self._spare_asked = True
+                self._spare.request()
             active_map = self._files[-1].partitions
             for entry in group:
                 active_map[(entry.topic_id, entry.partition)] = entry.end_offset
@@ -460,16 +488,19 @@ class WalShard:
             self._active = None
         path = os.path.join(self.directory, wal_file_name(first_seq))
         capacity = max(self.file_bytes, needed)
-        f = self.fs.open(path, write=True, create=True, exclusive=True)
-        try:
-            f.allocate(capacity)
-            f.datasync()
-            self.fs.fsync_dir(self.directory)
-        except BaseException as exc:
-            f.close()
-            if self._disk_full(exc):
-                self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
-            raise
+        f = self._spare.take(path) if self._spare is not None and needed <= self.file_bytes else None
+        self._spare_asked = False
+        if f is None:
+            f = self.fs.open(path, write=True, create=True, exclusive=True)
+            try:
+                f.allocate(capacity)
+                f.datasync()
+                self.fs.fsync_dir(self.directory)
+            except BaseException as exc:
+                f.close()
+                if self._disk_full(exc):
+                    self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
+                raise
         with self._cond:  # both at once: truncation never takes the new file for a closed one
             self._files.append(WalFile(path, first_seq))
             self._active = f
