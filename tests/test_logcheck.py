@@ -4,6 +4,7 @@ one passes, and each kind of damage a broken cluster could do is caught and name
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,27 @@ def test_recording_from_many_threads() -> None:
     for t in threads:
         t.join()
     assert h.check().stats["unknown"] == 800
+
+
+def test_a_real_history_from_a_single_node_broker_checks_clean(tmp_path: Path) -> None:
+    """The checker is not stricter than a correct log: two idempotent confluent-kafka producers
+    and a group of three consumers against one single-node broker check clean."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    import clusterload
+
+    from brokerkit import serving_broker
+
+    with serving_broker(tmp_path / "data") as b:
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        admin.create_topics([NewTopic("t", 4, 1)])["t"].result(30)
+        h = History()
+        with clusterload.Load(h, b.bootstrap, "t", producers=2, consumers=3, rate=400) as load:
+            load.wait_acked(2000, 60)
+            load.stop_producers()
+            load.drain_consumers(60)
+        clusterload.final_read(h, b.bootstrap, "t", 4)
+    rep = h.check()
+    assert rep.ok, str(rep)
+    assert rep.stats["acked"] >= 2000 and rep.stats["final_records"] == rep.stats["acked"]
+    assert sum(len(v) for v in h.commits["g"].values()) > 0
