@@ -21,6 +21,7 @@ Skips (with the reason) when etcd is not installed, as etcdkit does.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,8 +138,18 @@ class ClusterBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         old = brokerkit.START_TIMEOUT_S
         brokerkit.START_TIMEOUT_S = BROKER_START_TIMEOUT_S
+        deadline = time.monotonic() + BROKER_START_TIMEOUT_S
         try:
-            brokerkit.start_on_port(self.broker, self.port)
+            while True:
+                try:
+                    brokerkit.start_on_port(self.broker, self.port)
+                    break
+                except RuntimeError as exc:
+                    # Restarted within the lease of its killed self: the node id frees when
+                    # that lease runs out (a few seconds), so wait for it like an operator would.
+                    if "is held by a live broker" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         finally:
             brokerkit.START_TIMEOUT_S = old
         self.starts += 1
@@ -287,6 +299,27 @@ class Cluster:
             parts.append(f"===== etcd {m.name} =====\n{self.etcd.log_tail(i)}")
         parts.append(f"===== moto =====\n{self.moto.log_tail()}")
         return "\n".join(parts)
+
+    def etcd_leader(self) -> int:
+        """Index of the etcd member that leads the raft group now (from any member's status)."""
+        ids: dict[str, int] = {}
+        leader = None
+        for i, m in enumerate(self.etcd.members):
+            if m.proc is None:
+                continue
+            try:
+                req = urllib.request.Request(
+                    f"{m.client_url}/v3/maintenance/status", data=b"{}", method="POST"
+                )
+                with urllib.request.urlopen(req, timeout=2.0) as resp:
+                    status = json.loads(resp.read())
+            except (OSError, ValueError):
+                continue
+            ids[status["header"]["member_id"]] = i
+            leader = status.get("leader", leader)
+        if leader is None or leader not in ids:
+            raise RuntimeError(f"no etcd member names a leader it knows: {leader}, {ids}")
+        return ids[leader]
 
     # ---- S3 request counts (through the proxy) ------------------------------------------------
 
