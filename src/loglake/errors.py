@@ -270,6 +270,13 @@ class MetaRecordRejectedError(LoglakeError):
     a stale view; cluster mode): every store skips it alike, and its writer's append fails."""
 
 
+class ClusterUnsupportedError(LoglakeError):
+    """What cluster mode does not offer (yet): transactions, DeleteRecords, compaction runs, ...
+    Refused with a clear message instead of half working (docs/CLUSTER.md lists them)."""
+
+    kafka_code = ErrorCode.UNSUPPORTED_VERSION
+
+
 class NodeIdInUseError(LoglakeError):
     """Another live broker holds this node id's lease in the cluster (cluster mode)."""
 

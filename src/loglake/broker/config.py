@@ -94,6 +94,21 @@ class BrokerConfig:
     #: extra). An explicit choice: a broker's behaviour does not change because a package appeared.
     event_loop: str = "asyncio"
     node_id: int = 0
+    #: Cluster mode (docs/CLUSTER.md): etcd://HOST:PORT[,HOST:PORT...]/PREFIX; unset runs one
+    #: broker on its own data directory (the single-node mode).
+    cluster: str | None = None
+    #: Kafka's broker.rack: advertised in the cluster registration and Metadata's rack field.
+    rack: str | None = None
+    #: Cluster mode: TTL of the broker's etcd lease; a dead broker's partitions move about this
+    #: long (plus ~0.5 s) after its last keep-alive (loglake.cluster.membership).
+    cluster_lease_ttl_s: int = 3
+    #: Cluster mode, durability class `object`: flush the broker's buffered batches (one object
+    #: for all partitions) at this many bytes or when the oldest is this old (KafScale's defaults).
+    object_flush_bytes: int = 4 * 1024 * 1024
+    object_flush_ms: int = 500
+    #: Cluster mode: how often each broker merges the flush ranges of partitions it leads into
+    #: segments and sweeps flush objects no range references (loglake.cluster.plog_maint).
+    cluster_maintenance_interval_ms: int = 10_000
     auto_create_topics: bool = True
     default_partitions: int = 1
     max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT
@@ -189,10 +204,29 @@ class BrokerConfig:
                 f"group_max_session_timeout_ms={self.group_max_session_timeout_ms}"
             )
         self.engine_config()
+        if self.cluster is not None:
+            self._validate_cluster()
         try:
             self.consumer_group_limits().check()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+
+    def _validate_cluster(self) -> None:
+        """Cluster mode needs a parseable etcd URL and a shared bucket (the data dir is a cache)."""
+        from loglake.meta.etcd_client import parse_cluster_url
+
+        where = self.sources.get("cluster", "default")
+        try:
+            parse_cluster_url(str(self.cluster))
+        except (ConfigError, ValueError) as exc:
+            raise ConfigError(f"cluster={self.cluster!r} (from {where}): {exc}") from None
+        if not self.cold_store:
+            raise ConfigError(
+                f"cluster={self.cluster!r} (from {where}) needs --cold-store: in cluster mode the bucket "
+                "holds every partition's data and the data directory is only a cache"
+            )
+        if self.object_flush_bytes > 64 * 1024 * 1024:
+            raise ConfigError(f"object_flush_bytes={self.object_flush_bytes} is above the flush buffer's 64 MiB bound")
 
     def listeners(self) -> list[Listener]:
         """The listeners, checked: parseable, one per protocol, SSL and SASL_SSL ones with a certificate."""

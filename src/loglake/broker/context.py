@@ -44,6 +44,9 @@ class BrokerContext:
     authorizer: Authorizer | None = None
     #: Client quota configs and rates (loglake.broker.quotas), set by the server.
     quotas: QuotaManager | None = None
+    #: Cluster mode's view of the cluster (loglake.cluster.leadership.Leadership: live brokers,
+    #: partition leaders, group coordinators), set by the server; None on a single-node broker.
+    cluster: Any = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

@@ -376,7 +376,7 @@ class BrokerServer:
             # Before anything is opened: a key that cannot be read is a configuration error.
             c = self.config
             self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
-        engine = Engine(self.config.data_dir, self.config.engine_config())
+        engine = self._make_engine()
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
@@ -426,6 +426,10 @@ class BrokerServer:
             self.endpoints.append((lst, (adv_host, adv_port)))
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
+        join = getattr(engine, "join", None)
+        if join is not None:  # cluster mode: register with the advertised listeners, then lead
+            await loop.run_in_executor(None, join, [lst.url(*adv) for lst, adv in self.endpoints])
+            self.ctx.cluster = engine.leadership  # type: ignore[attr-defined]
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -463,6 +467,25 @@ class BrokerServer:
             with open(tmp, "w") as fh:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
+
+    def _make_engine(self) -> Engine:
+        """The single-node engine, or in cluster mode (`cluster` set) the engine over etcd and
+        the bucket (loglake.cluster.engine)."""
+        c = self.config
+        if c.cluster is None:
+            return Engine(c.data_dir, c.engine_config())
+        from loglake.cluster.engine import ClusterEngine, ClusterSettings
+
+        settings = ClusterSettings(
+            c.cluster,
+            c.node_id,
+            rack=c.rack,
+            lease_ttl_s=c.cluster_lease_ttl_s,
+            object_flush_bytes=c.object_flush_bytes,
+            object_flush_ms=c.object_flush_ms,
+            maintenance_interval_ms=c.cluster_maintenance_interval_ms,
+        )
+        return ClusterEngine(c.data_dir, c.engine_config(), settings)
 
     def _make_coordinator(self, engine: Engine) -> Any:
         try:

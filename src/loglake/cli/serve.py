@@ -89,6 +89,30 @@ def serve(
             help="Whether a resource no ACL names is open to everyone (default: only while no listener authenticates).",
         ),
     ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="Cluster mode: etcd://HOST:PORT[,HOST:PORT...]/PREFIX (env LOGLAKE_CLUSTER); needs --cold-store "
+            "and a --node-id unique in the cluster (docs/CLUSTER.md).",
+        ),
+    ] = None,
+    node_id: Annotated[
+        int | None, typer.Option("--node-id", help="This broker's node id (env LOGLAKE_NODE_ID; default 0).")
+    ] = None,
+    rack: Annotated[str | None, typer.Option("--rack", help="Kafka's broker.rack, advertised in Metadata.")] = None,
+    cluster_lease_ttl_s: Annotated[
+        int | None,
+        typer.Option("--cluster-lease-ttl-s", help="Cluster mode: the broker's etcd lease TTL in seconds (default 3)."),
+    ] = None,
+    object_flush_bytes: Annotated[
+        int | None,
+        typer.Option("--object-flush-bytes", help="Cluster mode: flush to the bucket at this many bytes (default 4 MiB)."),
+    ] = None,
+    object_flush_ms: Annotated[
+        int | None,
+        typer.Option("--object-flush-ms", help="Cluster mode: flush to the bucket when the oldest batch is this old (default 500)."),
+    ] = None,
     config_file: Annotated[str | None, typer.Option("--config", help="TOML file with broker settings.")] = None,
     auto_create_topics: Annotated[
         bool | None, typer.Option("--auto-create-topics/--no-auto-create-topics", help="Create topics on Metadata requests.")
@@ -128,6 +152,12 @@ def serve(
         "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,
         "auto_create_topics": auto_create_topics,
         "default_partitions": default_partitions,
+        "cluster": cluster,
+        "node_id": node_id,
+        "rack": rack,
+        "cluster_lease_ttl_s": cluster_lease_ttl_s,
+        "object_flush_bytes": object_flush_bytes,
+        "object_flush_ms": object_flush_ms,
     }
     try:
         code = _serve(config_file, flags, print_config, accept_data_loss)
@@ -155,7 +185,7 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
     # Safe by default (docs/SECURITY.md): exit 2 before anything is opened.
     check_exposure(config.listeners(), config.ssl_client_auth, config.allow_unauthenticated_public_listener)
     engine = config.engine_config()
-    failure = check_space(
+    failure = None if config.cluster else check_space(
         config.data_dir,
         engine.wal_shards,
         engine.wal_file_bytes,

@@ -208,6 +208,13 @@ class ClusterPartitionLog:
         """Assign offsets to one produce's batches and flush them; the future resolves once they
         are in a flush object whose range is committed in etcd. NotLeaderError (or the error that
         stopped the partition) when this broker may not append to it."""
+        return self.append_assigned(topic_id, partition, data)[1]
+
+    def append_assigned(
+        self, topic_id: str, partition: int, data: bytes | bytearray
+    ) -> tuple[int, Future[AppendAck]]:
+        """`append`, also returning the base offset it assigned (the broker records idempotent
+        producers' batches at once, so that a retry still in flight is known as a duplicate)."""
         if len(data) > APPEND_BYTES_MAX:
             raise CorruptRecordError(f"append of {len(data)} bytes is over {APPEND_BYTES_MAX}")
         batches = split_batches(data)
@@ -237,7 +244,7 @@ class ClusterPartitionLog:
         out: Future[AppendAck] = Future()
         last = offset - 1
         inner.add_done_callback(lambda f: self._settled(tp, lead, f, out, base, last, buf))
-        return out
+        return base, out
 
     def _settled(
         self,

@@ -1,6 +1,11 @@
 """FindCoordinator (10): this broker coordinates every group (key type 0) and every transactional
 id (key type 1); v4+ asks for several keys at once (KIP-699). Another key type (2, share groups,
-is not served) gets INVALID_REQUEST."""
+is not served) gets INVALID_REQUEST.
+
+In cluster mode a group's coordinator is the live broker `coordinator_of` picks (rendezvous
+hashing over the live node ids, loglake.cluster.coordinators): every broker answers the same, and
+the group moves when its broker dies. No live broker known (this one is registering again):
+COORDINATOR_NOT_AVAILABLE, which clients retry."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 from loglake.broker.authorized import GROUP, TRANSACTIONAL_ID, AclOperation, denied
 from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
+    COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     INVALID_REQUEST,
     NONE,
@@ -35,8 +41,26 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     def entry(key: str) -> dict[str, Any]:
         if key in refused:
             return {"node_id": -1, "host": "", "port": -1, "error_code": denial, "error_message": None}
+        if ctx.cluster is not None and served and key_type == GROUP_KEY:
+            return _cluster_entry(ctx, conn, key)
         return {"node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
 
     if req.api_version >= 4:
         return {"throttle_time_ms": 0, "coordinators": [{"key": key, **entry(key)} for key in keys]}
     return {"throttle_time_ms": 0, **entry(keys[0])}
+
+
+def _cluster_entry(ctx: Any, conn: Any, key: str) -> dict[str, Any]:
+    from loglake.cluster.leadership import endpoint_of
+
+    chosen = ctx.cluster.coordinator_of(key)
+    if chosen == ctx.node_id:
+        host, port = advertised_endpoint(ctx, conn)
+        return {"node_id": chosen, "host": host, "port": port, "error_code": NONE, "error_message": None}
+    info = next((b for b in ctx.cluster.brokers() if b.node_id == chosen), None)
+    security = getattr(conn, "security", None)
+    where = endpoint_of(info, security.listener.protocol if security is not None else "PLAINTEXT") if info else None
+    if where is None:
+        return {"node_id": -1, "host": "", "port": -1, "error_code": COORDINATOR_NOT_AVAILABLE,
+                "error_message": "no live broker coordinates this group yet"}
+    return {"node_id": chosen, "host": where[0], "port": where[1], "error_code": NONE, "error_message": None}

@@ -13,6 +13,7 @@ from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     NONE,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    UNSUPPORTED_VERSION,
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
@@ -30,6 +31,12 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if not body.transactional_id and not idempotent_write_allowed(ctx, conn):
         return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
+    if body.transactional_id and getattr(ctx, "cluster", None) is not None:
+        # Transactions are not offered in cluster mode (docs/CLUSTER.md): refused up front with a
+        # code clients treat as fatal and name (librdkafka: "Broker: Unsupported version").
+        _limited.warning(("txn_cluster", getattr(conn, "peer_host", conn.peer)),
+                         "InitProducerId for %r refused: transactions are not supported in cluster mode", body.transactional_id)
+        return {"throttle_time_ms": 0, "error_code": UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
     if body.transactional_id:
         try:
             code, pid, epoch = await ctx.txn.init_producer_id(

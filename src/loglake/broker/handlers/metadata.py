@@ -1,4 +1,9 @@
-"""Metadata (3): this broker as the only node, leader of every partition; auto-create on demand."""
+"""Metadata (3): this broker as the only node, leader of every partition; auto-create on demand.
+
+In cluster mode (`ctx.cluster`) the brokers are the live ones registered in etcd and each
+partition's leader is the one its last `plog_leader` record named, with that record's epoch; a
+partition whose leader is not live (it died and the others have not taken over yet) is answered
+LEADER_NOT_AVAILABLE with leader -1, which clients retry after a metadata refresh."""
 
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
+    LEADER_NOT_AVAILABLE,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
@@ -31,9 +37,32 @@ from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError
 log = logging.getLogger(__name__)
 
 
+def _cluster_partition(ctx: Any, topic_id: str, p: int) -> dict[str, Any]:
+    leader, epoch = ctx.cluster.leader_of(topic_id, p)
+    nodes = [leader] if leader >= 0 else []
+    return {
+        "error_code": NONE if leader >= 0 else LEADER_NOT_AVAILABLE,
+        "partition_index": p,
+        "leader_id": leader,
+        "leader_epoch": epoch,
+        "replica_nodes": nodes,
+        "isr_nodes": nodes,
+        "offline_replicas": [],
+    }
+
+
 def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
     info = ctx.engine.topic(name)
     node = ctx.node_id
+    if ctx.cluster is not None:
+        return {
+            "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
+            "error_code": NONE,
+            "name": name,
+            "topic_id": uuid.UUID(hex=info.topic_id),
+            "is_internal": False,
+            "partitions": [_cluster_partition(ctx, info.topic_id, p) for p in range(info.partitions)],
+        }
     return {
         # v8+: the caller's operations on the topic when asked; None encodes "not requested"
         "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
@@ -76,6 +105,25 @@ async def ensure_topic(ctx: Any, name: str) -> int:
 
 def _id_to_name(ctx: Any) -> dict[uuid.UUID, str]:
     return {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
+
+
+def _brokers(ctx: Any, conn: Any) -> list[dict[str, Any]]:
+    """This broker alone; in cluster mode every live one, at its listener of the request's protocol."""
+    host, port = advertised_endpoint(ctx, conn)
+    if ctx.cluster is None:
+        return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}]
+    from loglake.cluster.leadership import endpoint_of
+
+    security = getattr(conn, "security", None)
+    protocol = security.listener.protocol if security is not None and hasattr(security, "listener") else "PLAINTEXT"
+    out = []
+    for info in ctx.cluster.brokers():
+        where = (host, port) if info.node_id == ctx.node_id else endpoint_of(info, protocol)
+        if where is not None:
+            out.append({"node_id": info.node_id, "host": where[0], "port": where[1], "rack": info.rack})
+    if not any(b["node_id"] == ctx.node_id for b in out):  # registering again: still answer for itself
+        out.append({"node_id": ctx.node_id, "host": host, "port": port, "rack": ctx.config.rack})
+    return out
 
 
 async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
@@ -124,12 +172,12 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 topics.append({"error_code": code, "name": name, "partitions": []})
             else:
                 topics.append(_topic_entry(ctx, conn, name, topic_ops))
-    host, port = advertised_endpoint(ctx, conn)
+    brokers = _brokers(ctx, conn)
     return {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}],
+        "brokers": brokers,
         "cluster_id": ctx.engine.cluster_id,
-        "controller_id": ctx.node_id,
+        "controller_id": min((b["node_id"] for b in brokers), default=ctx.node_id),
         "topics": topics,
         "error_code": NONE,
         # v8-v10: the caller's operations on the cluster when asked (v11 dropped the field)
