@@ -91,6 +91,32 @@ class Broker:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
+def cluster_args(
+    etcd_endpoints: list[str],
+    prefix: str,
+    store_url: str,
+    node_id: int,
+    *,
+    lease_ttl_s: int = 2,
+    flush_ms: int = 50,
+) -> list[str]:
+    """`loglake serve` flags of one broker of a cluster (docs/CLUSTER.md): etcd at
+    `etcd_endpoints` under `prefix`, the bucket at `store_url`; a short lease and flush interval
+    keep tests quick (the defaults are 3 s and 500 ms)."""
+    return [
+        "--cluster",
+        f"etcd://{','.join(etcd_endpoints)}/{prefix.strip('/')}",
+        "--cold-store",
+        store_url,
+        "--node-id",
+        str(node_id),
+        "--cluster-lease-ttl-s",
+        str(lease_ttl_s),
+        "--object-flush-ms",
+        str(flush_ms),
+    ]
+
+
 def free_port() -> int:
     """A port nothing listens on right now (for a broker that must come back on the same port)."""
     with socket.socket() as s:

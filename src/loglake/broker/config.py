@@ -225,8 +225,6 @@ class BrokerConfig:
                 f"cluster={self.cluster!r} (from {where}) needs --cold-store: in cluster mode the bucket "
                 "holds every partition's data and the data directory is only a cache"
             )
-        if self.object_flush_bytes > 64 * 1024 * 1024:
-            raise ConfigError(f"object_flush_bytes={self.object_flush_bytes} is above the flush buffer's 64 MiB bound")
 
     def listeners(self) -> list[Listener]:
         """The listeners, checked: parseable, one per protocol, SSL and SASL_SSL ones with a certificate."""

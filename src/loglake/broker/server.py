@@ -345,6 +345,9 @@ class BrokerServer:
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
         self._users_inbox: asyncio.Task[None] | None = None
+        #: cluster mode: reloading the group coordinator after the live set changed
+        self._regroup: asyncio.Future[None] | None = None
+        self._regroup_due = False
         self.metrics = Metrics()
         #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
         self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes)
@@ -430,6 +433,7 @@ class BrokerServer:
         if join is not None:  # cluster mode: register with the advertised listeners, then lead
             await loop.run_in_executor(None, join, [lst.url(*adv) for lst, adv in self.endpoints])
             self.ctx.cluster = engine.leadership  # type: ignore[attr-defined]
+            self.ctx.cluster.on_live_change(lambda _live: loop.call_soon_threadsafe(self._coordinators_moved))
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -487,6 +491,30 @@ class BrokerServer:
         )
         return ClusterEngine(c.data_dir, c.engine_config(), settings)
 
+    def _coordinators_moved(self) -> None:
+        """Cluster mode, the live set changed: groups may have moved to or from this broker."""
+        self._regroup_due = True
+        if self._regroup is None or self._regroup.done():
+            self._regroup = asyncio.ensure_future(self._reload_coordinator())
+
+    async def _reload_coordinator(self) -> None:
+        """Replace the group coordinator by one loaded from etcd with exactly the groups this broker
+        coordinates now (their committed offsets and saved states, whoever wrote them). The old
+        one is closed: its parked JoinGroup/SyncGroup get NOT_COORDINATOR and their clients ask
+        FindCoordinator again; groups that stay here resume from their saved state, as after a
+        restart."""
+        while self._regroup_due and self.ctx.coordinator is not None:
+            self._regroup_due = False
+            try:
+                await self.ctx.off_loop(self.ctx.engine.meta.sync)
+                fresh = self._make_coordinator(self.ctx.engine)
+            except Exception as exc:  # etcd away: the next change (or the next start) tries again
+                log.warning("cluster: reloading the group coordinator failed: %s", exc)
+                return
+            old, self.ctx.coordinator = self.ctx.coordinator, fresh
+            old.close()
+            log.info("cluster: live brokers changed; this broker now coordinates %d group(s)", len(fresh))
+
     def _make_coordinator(self, engine: Engine) -> Any:
         try:
             groups: Any = importlib.import_module("loglake.broker.groups")
@@ -506,8 +534,13 @@ class BrokerServer:
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
+        store = groups.EngineGroupStore(engine)
+        cluster = self.ctx.cluster
+        if cluster is not None:  # only the groups this broker coordinates (loglake.cluster.coordinators)
+            full_load = store.load
+            store.load = lambda: {g: s for g, s in full_load().items() if cluster.coordinates(g)}
         return groups.GroupCoordinator(
-            groups.EngineGroupStore(engine),
+            store,
             topic_exists=topic_exists,
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
             min_session_timeout_ms=self.config.group_min_session_timeout_ms,

@@ -42,7 +42,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "node_id": (0, INT32_MAX),
     "default_partitions": (1, 10_000),
     "cluster_lease_ttl_s": (2, 3600),
-    "object_flush_bytes": (1024, 1024 * 1024 * 1024),
+    "object_flush_bytes": (1024, 64 * 1024 * 1024),  # at most the flush buffer's bound
     "object_flush_ms": (1, 3_600_000),
     "cluster_maintenance_interval_ms": (100, 24 * 3600 * 1000),
     "max_frame_bytes": (1024 * 1024, INT32_MAX),

@@ -87,16 +87,16 @@ class ClusterCatalog(Catalog):
                 while len(topic.partitions) < count:
                     topic.partitions.append(self._new_partition(topic, metas[len(topic.partitions)]))
                 topics[name] = topic
-            for tid, topic in list(self.by_id.items()):
+            for topic in self.by_id.values():
                 if topics.get(topic.name) is not topic:
                     for p in topic.partitions:
                         with p.lock:
                             p.deleted = True
                         p.wake_all()
-                    del self.by_id[tid]
-            self.topics.clear()
-            self.topics.update(topics)
-            self.by_id.update({t.topic_id: t for t in topics.values()})
+            # Swapped, not changed in place: readers without the lock (`name in topics`) see the
+            # old map or the new one, never a half-built one.
+            self.topics = topics
+            self.by_id = {t.topic_id: t for t in topics.values()}
 
     # ---- lookups see other brokers' changes ---------------------------------------------------
 
@@ -123,6 +123,10 @@ class ClusterCatalog(Catalog):
                 f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}"
             )
         topic_config = TopicConfig.parse(config, self.config.topic_defaults)
+        if not validate_only:
+            # See every record committed so far first: two brokers auto-creating one topic on
+            # Metadata is common, and a create another broker already committed is no error.
+            self.etcd.sync()
         self.refresh()
         if name in self.topics:
             raise TopicExistsError(f"topic {name!r} already exists")

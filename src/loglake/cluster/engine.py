@@ -40,7 +40,7 @@ from loglake.engine.engine import Engine
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.space import SpaceGuard
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport, TopicInfo
 from loglake.errors import (
     ClusterUnsupportedError,
     ConfigError,
@@ -322,9 +322,20 @@ class ClusterEngine(Engine):
         self.plog.release(topic_id, partition)
 
     def leads(self, topic_id: str, partition: int) -> bool:
+        """Whether this broker leads the partition: acquired, not stopped, and its epoch is still
+        the partition's in the shared state — another broker's later acquire (its view of the live
+        set differed for a moment) shows there first, before any commit of ours is fenced."""
         with self._ready_lock:
             ready = (topic_id, partition) in self._ready
-        return ready and self.plog is not None and self.plog.leads(topic_id, partition)
+        if not ready or self.plog is None or not self.plog.leads(topic_id, partition):
+            return False
+        tid = bytes.fromhex(topic_id)
+
+        def epoch(s: MetaState) -> int:
+            pl = s.plogs.parts.get((tid, partition))
+            return pl.epoch if pl is not None else 0
+
+        return bool(self.plog.epoch_of(topic_id, partition) == self.etcd.read(epoch))
 
     # ==== appends ==================================================================================
 
@@ -346,7 +357,7 @@ class ClusterEngine(Engine):
             with self._ready_lock:
                 states = self._producers.get(tp) if tp in self._ready else None
                 inflight = self._inflight.setdefault(tp, {})
-            if states is None or not self.plog.leads(tid, partition):
+            if states is None or not self.leads(tid, partition):
                 raise NotLeaderError(f"node {self.cluster.node_id} does not lead {topic}-{partition}")
             for _pos, h in batches:
                 if h.producer_id >= 0 and h.base_sequence >= 0:
@@ -581,6 +592,16 @@ class ClusterEngine(Engine):
                 if found is None or rec.timestamp > found[1]:
                     found = (rec.offset, rec.timestamp)
         return found
+
+    # ==== topics: other brokers change them too ===========================================================
+
+    def topics(self) -> list[TopicInfo]:
+        self.cluster_catalog.refresh()
+        return super().topics()
+
+    def has_topic(self, name: str) -> bool:
+        self.cluster_catalog.refresh()
+        return super().has_topic(name)
 
     # ==== refused in cluster mode ======================================================================
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loglake.cluster.assign import assign
@@ -66,14 +67,25 @@ class Leadership:
         self._maint: threading.Thread | None = None
         self._last_error = ""
         self.rounds = 0
+        #: called with the live node ids whenever they change (the server moves group coordinators)
+        self._live_listeners: list[Callable[[set[int]], None]] = []
         engine.etcd.watch(self._on_record)
 
     def _membership(self) -> Membership:
         m = Membership(
             self.engine.client, self.engine.cluster.prefix, self.me, ttl_s=self.engine.cluster.lease_ttl_s
         )
-        m.subscribe(lambda _live: self._wake.set())
+        m.subscribe(self._live_changed)
         return m
+
+    def _live_changed(self, live: dict[int, BrokerInfo]) -> None:
+        self._wake.set()
+        for listener in list(self._live_listeners):
+            listener(set(live))
+
+    def on_live_change(self, listener: Callable[[set[int]], None]) -> None:
+        """Call `listener(live node ids)` (from the membership thread) whenever the live set changes."""
+        self._live_listeners.append(listener)
 
     def _on_record(self, seq: int, kind: str, body: dict[str, Any], raw: bytes) -> None:
         # under the store's lock: only a wake-up
@@ -130,8 +142,19 @@ class Leadership:
             return
         target = assign(*self._inputs(live))
         mine = {tp for tp, b in target.items() if b == self.node_id}
-        for tp in sorted(self.held - mine):
+        dropped = sorted(self.held - mine)
+        for tp in dropped:
             self._release(tp)
+        before = len(self.held)
+        self._acquire(mine)
+        if dropped or len(self.held) != before:
+            log.info(
+                "node %d leads %d partition(s) (%d released) of %d over %d live broker(s)",
+                self.node_id, len(self.held), len(dropped), len(target), len(live),
+            )  # fmt: skip
+        self._last_error = ""
+
+    def _acquire(self, mine: set[TP]) -> None:
         for tp in sorted(mine):
             if self._stop.is_set() or self.membership.lost.is_set():
                 return
@@ -150,7 +173,6 @@ class Leadership:
                 continue
             self.held.add(tp)
             log.debug("node %d leads %s-%d at epoch %d", self.node_id, tp[0], tp[1], epoch)
-        self._last_error = ""
 
     def _inputs(self, live: dict[int, BrokerInfo]) -> tuple[list[TP], list[int], dict[TP, int]]:
         def read(s: MetaState) -> tuple[list[TP], dict[TP, int]]:
@@ -221,8 +243,9 @@ class Leadership:
                 merged += 1
             except LoglakeError as exc:
                 log.info("node %d: merging %s-%d: %s (next round)", self.node_id, name, p, exc)
-        if not self._stop.is_set():
-            sweep(plog)
+        live = self.membership.known
+        if not self._stop.is_set() and live and self.node_id == min(live):
+            sweep(plog)  # one sweeper (the lowest live node id): sweeps racing on the same keys waste work
         return merged
 
     # ---- the view the handlers use -------------------------------------------------------------------

@@ -174,6 +174,12 @@ class ClusterPartitionLog:
             lead = self._leads.get((topic_id, partition))
             return lead is not None and lead.failed is None
 
+    def epoch_of(self, topic_id: str, partition: int) -> int | None:
+        """The epoch this broker acquired the partition at (None when it does not lead it)."""
+        with self._lock:
+            lead = self._leads.get((topic_id, partition))
+            return lead.epoch if lead is not None else None
+
     def committed_end(self, topic_id: str, partition: int) -> int:
         """The partition's committed end in this broker's view of the metadata."""
         return int(self.meta.read(lambda s: s.plogs.part(bytes.fromhex(topic_id), partition).end))

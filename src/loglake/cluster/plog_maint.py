@@ -33,6 +33,7 @@ from loglake.meta.cluster import Plog, epoch_key
 from loglake.meta.etcd import Guard
 from loglake.meta.state import MetaState
 from loglake.segment.format import HEADER_SIZE, ZERO_HASH
+from loglake.store.base import ObjectNotFoundError
 
 __all__ = ["ORPHAN_GRACE_S", "SWEEP_KEYS_PER_RECORD", "SweepReport", "merge", "sweep"]
 
@@ -144,6 +145,8 @@ def sweep(
         except CorruptionError as exc:
             log.warning("flush object %s has no readable header (%s); left for an operator", key, exc.detail)
             continue
+        except ObjectNotFoundError:
+            continue  # deleted since it was listed (an earlier sweep's delete landing late)
         if now - created_ms >= orphan_grace_s * 1000:
             orphans.append(key)
     report = SweepReport([], [])

@@ -20,9 +20,9 @@ from loglake.broker.authorized import (
 )
 from loglake.broker.groups.consumer import HeartbeatRequest
 from loglake.broker.handlers.errors import (
-    COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     TOPIC_AUTHORIZATION_FAILED,
+    coordinator_error,
 )
 from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
 from loglake.broker.protocol import DecodedRequest
@@ -41,8 +41,8 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
     if refused is not None:
         return {"throttle_time_ms": 0, "error_code": refused[0], "error_message": refused[1],
                 "member_id": body.member_id, "member_epoch": body.member_epoch}
-    if ctx.coordinator is None:
-        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "member_id": body.member_id,
+    if unavailable := coordinator_error(ctx, body.group_id):
+        return {"throttle_time_ms": 0, "error_code": unavailable, "member_id": body.member_id,
                 "member_epoch": body.member_epoch}
     owned = None
     if body.topic_partitions is not None:
@@ -103,8 +103,8 @@ async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> A
             out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id,
                         "error_message": "Group authorization failed."})
             continue
-        if ctx.coordinator is None:
-            out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id})
+        if unavailable := coordinator_error(ctx, group_id):
+            out.append({"error_code": unavailable, "group_id": group_id})
             continue
         d = ctx.coordinator.consumer_describe(group_id)
         out.append(

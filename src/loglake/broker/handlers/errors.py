@@ -5,6 +5,8 @@ The numbers live in `loglake.kafka_errors`; these names are re-exported for the 
 
 from __future__ import annotations
 
+from typing import Any
+
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 
@@ -33,6 +35,19 @@ UNKNOWN_TOPIC_ID: int = ErrorCode.UNKNOWN_TOPIC_ID
 GROUP_ID_NOT_FOUND: int = ErrorCode.GROUP_ID_NOT_FOUND
 FENCED_LEADER_EPOCH: int = ErrorCode.FENCED_LEADER_EPOCH
 UNKNOWN_LEADER_EPOCH: int = ErrorCode.UNKNOWN_LEADER_EPOCH
+NOT_COORDINATOR: int = ErrorCode.NOT_COORDINATOR
+
+
+def coordinator_error(ctx: Any, group_id: str) -> int:
+    """NONE when this broker coordinates `group_id`; COORDINATOR_NOT_AVAILABLE without a
+    coordinator; in cluster mode NOT_COORDINATOR when another live broker coordinates it (the
+    client asks FindCoordinator again)."""
+    if ctx.coordinator is None:
+        return COORDINATOR_NOT_AVAILABLE
+    cluster = getattr(ctx, "cluster", None)
+    if cluster is not None and not cluster.coordinates(group_id):
+        return NOT_COORDINATOR
+    return NONE
 
 
 def epoch_check(current: int, client: int) -> int:

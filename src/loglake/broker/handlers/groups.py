@@ -31,6 +31,7 @@ from loglake.broker.handlers.errors import (
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNSTABLE_OFFSET_COMMIT,
+    coordinator_error,
 )
 from loglake.broker.protocol import DecodedRequest
 
@@ -47,8 +48,8 @@ async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     coordinator = ctx.coordinator
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "generation_id": -1, "member_id": body.member_id}
-    if coordinator is None:
-        return {"error_code": COORDINATOR_NOT_AVAILABLE, "generation_id": -1, "member_id": body.member_id}
+    if code := coordinator_error(ctx, body.group_id):
+        return {"error_code": code, "generation_id": -1, "member_id": body.member_id}
     version = req.api_version
     result = await coordinator.join_group(
         body.group_id,
@@ -85,8 +86,8 @@ async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "assignment": b""}
-    if ctx.coordinator is None:
-        return {"error_code": COORDINATOR_NOT_AVAILABLE, "assignment": b""}
+    if unavailable := coordinator_error(ctx, body.group_id):
+        return {"error_code": unavailable, "assignment": b""}
     version = req.api_version
     result = await ctx.coordinator.sync_group(
         body.group_id,
@@ -110,8 +111,8 @@ async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
-    if ctx.coordinator is None:
-        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE}
+    if unavailable := coordinator_error(ctx, body.group_id):
+        return {"throttle_time_ms": 0, "error_code": unavailable}
     code = ctx.coordinator.heartbeat(
         body.group_id,
         body.generation_id,
@@ -125,8 +126,8 @@ async def leave_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
-    if ctx.coordinator is None:
-        return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "members": []}
+    if unavailable := coordinator_error(ctx, body.group_id):
+        return {"throttle_time_ms": 0, "error_code": unavailable, "members": []}
     if req.api_version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in body.members]
     else:
@@ -162,8 +163,8 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         items = [item for item in items if item[0] not in refused]
     if not items:
         pass
-    elif ctx.coordinator is None:
-        results += [(t, p, COORDINATOR_NOT_AVAILABLE) for t, p, *_ in items]
+    elif unavailable := coordinator_error(ctx, body.group_id):
+        results += [(t, p, unavailable) for t, p, *_ in items]
     else:
         engine = ctx.engine
 
@@ -197,8 +198,8 @@ def _fetch_group(
         refused_groups = set() if check(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id) else {group_id}
     if group_id in refused_groups:
         return GROUP_AUTHORIZATION_FAILED, []
-    if ctx.coordinator is None:
-        return COORDINATOR_NOT_AVAILABLE, []
+    if unavailable := coordinator_error(ctx, group_id):
+        return unavailable, []
     wanted = None
     refused: set[str] = set()
     if topics is not None:
@@ -272,8 +273,8 @@ async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         if group_id in refused:
             out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id, "members": []})
             continue
-        if ctx.coordinator is None:
-            out.append({"error_code": COORDINATOR_NOT_AVAILABLE, "group_id": group_id, "members": []})
+        if unavailable := coordinator_error(ctx, group_id):
+            out.append({"error_code": unavailable, "group_id": group_id, "members": []})
             continue
         d = ctx.coordinator.describe_group(group_id)
         if d.error_code == GROUP_ID_NOT_FOUND:  # a consumer-protocol group (Kafka: v6+ says so, older: Dead)
@@ -316,7 +317,10 @@ async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if ctx.coordinator is None:
         results += [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
     elif names:
-        results += await ctx.coordinator.delete_groups(names)
+        elsewhere = [g for g in names if coordinator_error(ctx, g)]
+        results += [(g, coordinator_error(ctx, g)) for g in elsewhere]
+        names = [g for g in names if g not in elsewhere]
+        results += await ctx.coordinator.delete_groups(names) if names else []
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 
 

@@ -32,7 +32,7 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
-from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError
+from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError, UnknownTopicError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,14 @@ def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) 
             for p in range(info.partitions)
         ],
     }
+
+
+def _entry_if_exists(ctx: Any, conn: Any, name: str, with_operations: bool) -> dict[str, Any] | None:
+    """The topic's entry, or None when it is gone since it was listed."""
+    try:
+        return _topic_entry(ctx, conn, name, with_operations)
+    except UnknownTopicError:
+        return None
 
 
 async def ensure_topic(ctx: Any, name: str) -> int:
@@ -136,7 +144,8 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     if body.topics is None or (version == 0 and not body.topics):
         # Every topic: only those the principal may describe, silently (as Kafka lists them).
         names = [t.name for t in ctx.engine.topics()]
-        topics = [_topic_entry(ctx, conn, n, topic_ops) for n in names if allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, n)]
+        listed = (_entry_if_exists(ctx, conn, n, topic_ops) for n in names if allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, n))
+        topics = [entry for entry in listed if entry is not None]
     else:
         by_id = None
         requested_names = [t.name for t in body.topics if t.name]
@@ -168,10 +177,11 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 continue
             if not ctx.engine.has_topic(name):
                 code = await ensure_topic(ctx, name) if allow_create else UNKNOWN_TOPIC_OR_PARTITION
-            if code != NONE:
-                topics.append({"error_code": code, "name": name, "partitions": []})
+            entry = _entry_if_exists(ctx, conn, name, topic_ops) if code == NONE else None
+            if entry is None:  # or deleted meanwhile (cluster mode: by another broker)
+                topics.append({"error_code": code or UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []})
             else:
-                topics.append(_topic_entry(ctx, conn, name, topic_ops))
+                topics.append(entry)
     brokers = _brokers(ctx, conn)
     return {
         "throttle_time_ms": 0,

@@ -13,11 +13,11 @@ from typing import Any
 
 from loglake.broker.authorized import GROUP, TOPIC, AclOperation, check, denied
 from loglake.broker.handlers.errors import (
-    COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
+    coordinator_error,
 )
 from loglake.broker.protocol import DecodedRequest
 from loglake.errors import UnknownTopicError
@@ -37,8 +37,8 @@ async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, A
     body = req.body
     if not check(ctx, conn, AclOperation.DELETE, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time_ms": 0, "topics": []}
-    if ctx.coordinator is None:
-        return {"error_code": COORDINATOR_NOT_AVAILABLE, "throttle_time_ms": 0, "topics": []}
+    if unavailable := coordinator_error(ctx, body.group_id):
+        return {"error_code": unavailable, "throttle_time_ms": 0, "topics": []}
     codes: dict[tuple[str, int], int] = {}
     wanted: list[tuple[str, int]] = []
     refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in body.topics))
