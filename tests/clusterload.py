@@ -143,6 +143,8 @@ class GroupConsumer(threading.Thread):
         self.commit_errors: list[str] = []
         self.exc: BaseException | None = None
         self._pending: dict[int, int] = {}  # partition -> next offset to commit
+        #: (time, partitions) of every assignment this member got (rebalances are few).
+        self.assignments: list[tuple[str, list[int]]] = []
 
     def stop(self) -> None:
         self._halt.set()
@@ -165,7 +167,7 @@ class GroupConsumer(threading.Thread):
             return
         for tp in done or []:
             if tp.error is None:
-                self.history.commit(self.group, self.topic, tp.partition, tp.offset)
+                self.history.commit(self.group, self.topic, tp.partition, tp.offset, self.config["client.id"])
                 if self._pending.get(tp.partition) == tp.offset:
                     del self._pending[tp.partition]
 
@@ -176,7 +178,10 @@ class GroupConsumer(threading.Thread):
             self._commit(consumer)
             self._pending.clear()
 
-        c.subscribe([self.topic], on_revoke=on_revoke)
+        def on_assign(consumer: Any, partitions: list[Any]) -> None:
+            self.assignments.append((time.strftime("%H:%M:%S"), sorted(tp.partition for tp in partitions)))
+
+        c.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
         last_commit = time.monotonic()
         try:
             while not self._halt.is_set():
@@ -307,7 +312,7 @@ class Load:
     def drain_consumers(self, timeout_s: float) -> None:
         """Let the group catch up with everything acked, then stop it."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.consumed() < self.acked():
+        while self.consumers and time.monotonic() < deadline and self.consumed() < self.acked():
             time.sleep(0.2)
         self.stop_consumers()
 

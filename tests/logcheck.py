@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -130,6 +131,8 @@ class History:
         self.consumed: dict[str, dict[TP, set[int]]] = defaultdict(lambda: defaultdict(set))
         #: group -> (topic, partition) -> committed offsets, in the order the commits were seen.
         self.commits: dict[str, dict[TP, list[int]]] = defaultdict(lambda: defaultdict(list))
+        #: Who made each commit in `commits` and when (same order).
+        self.commit_notes: dict[str, dict[TP, list[str]]] = defaultdict(lambda: defaultdict(list))
 
     # ---- recording ----------------------------------------------------------------------------
 
@@ -162,10 +165,12 @@ class History:
         with self._lock:
             self.consumed[group][(topic, partition)].add(offset)
 
-    def commit(self, group: str, topic: str, partition: int, offset: int) -> None:
-        """A commit of `group` that the broker acknowledged: the next offset to consume."""
+    def commit(self, group: str, topic: str, partition: int, offset: int, who: str = "") -> None:
+        """A commit of `group` that the broker acknowledged: the next offset to consume. `who`
+        (a consumer's name) and the time go into the report of a regression."""
         with self._lock:
             self.commits[group][(topic, partition)].append(offset)
+            self.commit_notes[group][(topic, partition)].append(f"{who}@{time.strftime('%H:%M:%S')}")
 
     def final_read(self, topic: str, partition: int, records: list[tuple[int, bytes]]) -> None:
         """The whole partition from its start, read after the faults healed."""
@@ -268,17 +273,12 @@ def _check(h: History, idempotent: bool) -> Report:
     # Consumer groups: resuming from committed offsets leaves no offset unconsumed below them.
     for group, tps in h.commits.items():
         for (topic, p), committed in tps.items():
-            for before, after in itertools.pairwise(committed):
+            notes = h.commit_notes[group][(topic, p)]
+            for i, (before, after) in enumerate(itertools.pairwise(committed)):
                 if after < before:
-                    rep.add(
-                        Anomaly(
-                            "commit_regress",
-                            topic,
-                            p,
-                            after,
-                            f"group {group} committed {before} then {after}",
-                        )
-                    )
+                    who = f" ({notes[i]} then {notes[i + 1]})" if len(notes) == len(committed) else ""
+                    detail = f"group {group} committed {before} then {after}{who}"
+                    rep.add(Anomaly("commit_regress", topic, p, after, detail))
             top = max(committed)
             final = h.final.get((topic, p))
             start = min(final) if final else 0
