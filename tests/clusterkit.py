@@ -249,6 +249,7 @@ class Cluster:
         os.environ.update(s3kit.DUMMY_ENV)
         for k in s3kit.UNSET_ENV:
             os.environ.pop(k, None)
+        self.tmp.mkdir(parents=True, exist_ok=True)
         self.etcd.start()
         self.moto.start()
         self.proxy = s3kit.FaultProxy(("127.0.0.1", self.moto.port)).start()
