@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from kafka.protocol.producer import ProduceRequest
 
 import s3kit
@@ -179,6 +179,9 @@ def test_metadata_lists_every_broker_and_spreads_leaders(cluster: Cluster) -> No
     for n in NODES:
         md = AdminClient({"bootstrap.servers": cluster.bootstrap(n)}).list_topics(timeout=10)
         assert {b.id: b.port for b in md.brokers.values()} == {m: cluster.brokers[m].port for m in NODES}
+    a3 = AdminClient({"bootstrap.servers": cluster.bootstrap(3)})  # kept: its futures die with it
+    described = a3.describe_cluster().result(30)
+    assert sorted(n.id for n in described.nodes) == list(NODES)
     if Path(KCAT).exists():
         out = subprocess.run(
             [KCAT, "-b", cluster.bootstrap(2), "-L"], capture_output=True, text=True, timeout=30
@@ -186,6 +189,19 @@ def test_metadata_lists_every_broker_and_spreads_leaders(cluster: Cluster) -> No
         assert "3 brokers:" in out.stdout, out.stdout + out.stderr
         for n in NODES:
             assert f"broker {n} at 127.0.0.1:{cluster.brokers[n].port}" in out.stdout
+
+
+def test_a_node_id_held_by_a_live_broker_is_refused(cluster: Cluster) -> None:
+    args = cluster_args(cluster.etcd.endpoints, cluster.prefix, cluster.store_url, 2)
+    twin = Broker(cluster.tmp / "twin-of-2", args)
+    with pytest.raises(RuntimeError, match="did not start"):
+        twin.start()
+    assert twin.proc is not None and twin.proc.wait(30) == 1
+    assert "node id 2 is held by a live broker" in twin.log_text() + (
+        twin.proc.stdout.read() if twin.proc.stdout else ""
+    )
+    assert "Traceback" not in twin.log_text()
+    assert cluster.leaders("spread", via=2)  # the live node 2 serves on
 
 
 def test_produce_and_consume_with_three_clients(cluster: Cluster) -> None:
@@ -269,9 +285,32 @@ def test_topic_changes_are_seen_by_every_broker(cluster: Cluster) -> None:
     a1 = AdminClient({"bootstrap.servers": cluster.bootstrap(1)})
     a1.create_topics([NewTopic("made-on-1", 3, 1)])["made-on-1"].result(30)
     assert seen_everywhere(lambda t: "made-on-1" in t and len(t["made-on-1"].partitions) == 3)
+    a2 = AdminClient({"bootstrap.servers": cluster.bootstrap(2)})
+    a2.create_partitions([NewPartitions("made-on-1", 5)])["made-on-1"].result(30)
+    assert seen_everywhere(lambda t: len(t["made-on-1"].partitions) == 5)
+    assert set(cluster.wait_leaders("made-on-1", set(NODES), 5)) == set(range(5))
     a3 = AdminClient({"bootstrap.servers": cluster.bootstrap(3)})
     a3.delete_topics(["made-on-1"])["made-on-1"].result(30)
     assert seen_everywhere(lambda t: "made-on-1" not in t)
+
+
+def test_list_offsets_earliest_latest_and_by_time(cluster: Cluster) -> None:
+    create_topic(cluster, "times", 2)
+    cluster.wait_leaders("times", set(NODES), 2)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "enable.idempotence": True, "acks": "all"})
+    for i in range(20):
+        p.produce("times", value=f"t{i}".encode(), partition=0, timestamp=1_700_000_000_000 + i * 1000)
+        p.flush(30)  # one batch per record: the lookup must find the record, not just its batch
+    c = Consumer({"bootstrap.servers": cluster.bootstrap(3), "group.id": uuid.uuid4().hex})
+    try:
+        assert c.get_watermark_offsets(TopicPartition("times", 0), timeout=30) == (0, 20)
+        assert c.get_watermark_offsets(TopicPartition("times", 1), timeout=30) == (0, 0)
+        found = c.offsets_for_times([TopicPartition("times", 0, 1_700_000_007_500)], timeout=30)
+        assert found[0].offset == 8
+        late = c.offsets_for_times([TopicPartition("times", 0, 1_800_000_000_000)], timeout=30)
+        assert late[0].offset == -1  # after the last record: the end (Kafka answers -1)
+    finally:
+        c.close()
 
 
 def test_transactions_are_refused(cluster: Cluster) -> None:

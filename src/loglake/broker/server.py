@@ -50,7 +50,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker import overload
+from loglake.broker import cluster, overload
 from loglake.broker.authorized import CURRENT_API
 from loglake.broker.authorizer import broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
@@ -345,9 +345,6 @@ class BrokerServer:
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
         self._users_inbox: asyncio.Task[None] | None = None
-        #: cluster mode: reloading the group coordinator after the live set changed
-        self._regroup: asyncio.Future[None] | None = None
-        self._regroup_due = False
         self.metrics = Metrics()
         #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
         self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes)
@@ -379,7 +376,7 @@ class BrokerServer:
             # Before anything is opened: a key that cannot be read is a configuration error.
             c = self.config
             self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
-        engine = self._make_engine()
+        engine = cluster.make_engine(self.config)
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
@@ -429,11 +426,8 @@ class BrokerServer:
             self.endpoints.append((lst, (adv_host, adv_port)))
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
-        join = getattr(engine, "join", None)
-        if join is not None:  # cluster mode: register with the advertised listeners, then lead
-            await loop.run_in_executor(None, join, [lst.url(*adv) for lst, adv in self.endpoints])
-            self.ctx.cluster = engine.leadership  # type: ignore[attr-defined]
-            self.ctx.cluster.on_live_change(lambda _live: loop.call_soon_threadsafe(self._coordinators_moved))
+        # cluster mode: register with the advertised listeners, lead, move group coordinators
+        await cluster.join(self.ctx, [lst.url(*adv) for lst, adv in self.endpoints], lambda: self._make_coordinator(engine))
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -472,49 +466,6 @@ class BrokerServer:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
 
-    def _make_engine(self) -> Engine:
-        """The single-node engine, or in cluster mode (`cluster` set) the engine over etcd and
-        the bucket (loglake.cluster.engine)."""
-        c = self.config
-        if c.cluster is None:
-            return Engine(c.data_dir, c.engine_config())
-        from loglake.cluster.engine import ClusterEngine, ClusterSettings
-
-        settings = ClusterSettings(
-            c.cluster,
-            c.node_id,
-            rack=c.rack,
-            lease_ttl_s=c.cluster_lease_ttl_s,
-            object_flush_bytes=c.object_flush_bytes,
-            object_flush_ms=c.object_flush_ms,
-            maintenance_interval_ms=c.cluster_maintenance_interval_ms,
-        )
-        return ClusterEngine(c.data_dir, c.engine_config(), settings)
-
-    def _coordinators_moved(self) -> None:
-        """Cluster mode, the live set changed: groups may have moved to or from this broker."""
-        self._regroup_due = True
-        if self._regroup is None or self._regroup.done():
-            self._regroup = asyncio.ensure_future(self._reload_coordinator())
-
-    async def _reload_coordinator(self) -> None:
-        """Replace the group coordinator by one loaded from etcd with exactly the groups this broker
-        coordinates now (their committed offsets and saved states, whoever wrote them). The old
-        one is closed: its parked JoinGroup/SyncGroup get NOT_COORDINATOR and their clients ask
-        FindCoordinator again; groups that stay here resume from their saved state, as after a
-        restart."""
-        while self._regroup_due and self.ctx.coordinator is not None:
-            self._regroup_due = False
-            try:
-                await self.ctx.off_loop(self.ctx.engine.meta.sync)
-                fresh = self._make_coordinator(self.ctx.engine)
-            except Exception as exc:  # etcd away: the next change (or the next start) tries again
-                log.warning("cluster: reloading the group coordinator failed: %s", exc)
-                return
-            old, self.ctx.coordinator = self.ctx.coordinator, fresh
-            old.close()
-            log.info("cluster: live brokers changed; this broker now coordinates %d group(s)", len(fresh))
-
     def _make_coordinator(self, engine: Engine) -> Any:
         try:
             groups: Any = importlib.import_module("loglake.broker.groups")
@@ -535,10 +486,8 @@ class BrokerServer:
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
         store = groups.EngineGroupStore(engine)
-        cluster = self.ctx.cluster
-        if cluster is not None:  # only the groups this broker coordinates (loglake.cluster.coordinators)
-            full_load = store.load
-            store.load = lambda: {g: s for g, s in full_load().items() if cluster.coordinates(g)}
+        if self.ctx.cluster is not None:  # only the groups this broker coordinates
+            store = cluster.owned_groups_only(store, self.ctx.cluster)
         return groups.GroupCoordinator(
             store,
             topic_exists=topic_exists,

@@ -49,6 +49,7 @@ from loglake.errors import (
     MetaFencedError,
 )
 from loglake.kafka_errors import ErrorCode
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.cluster import Plog, end_key, epoch_key
 from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.records.batch import set_offset_and_epoch, split_batches
@@ -57,6 +58,8 @@ from loglake.store.base import ObjectStore
 __all__ = ["COMMIT_PARTITIONS_MAX", "AppendAck", "ClusterPartitionLog", "NotLeaderError"]
 
 log = logging.getLogger(__name__)
+#: A bucket or etcd outage fails every flush until it ends: one line per kind of failure per window.
+_limited = RateLimitedLog(log)
 
 #: Partitions committed by one etcd transaction: each costs two compares (epoch, end) and one
 #: put, and etcd refuses more than 128 compares or operations per transaction (--max-txn-ops).
@@ -299,9 +302,10 @@ class ClusterPartitionLog:
         stopped: list[tuple[TP, BaseException]] = []
         for chunk in chunks:
             self._commit_chunk(index, chunk, refused, stopped)
-        if stopped:  # one line per flush, however many partitions it stopped
+        if stopped:  # one line per flush, however many partitions it stopped; repeats summarised
             (t, p), error = stopped[0]
-            log.warning(
+            _limited.warning(
+                ("stopped", type(error).__name__),
                 "node %d stops appending to %d partition(s) of flush %s (first %s-%d: %s); they wait for acquire",
                 self.node_id,
                 len(stopped),

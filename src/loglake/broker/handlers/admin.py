@@ -11,7 +11,7 @@ from typing import Any
 
 from loglake.broker.authorized import CLUSTER, AclOperation, allowed, cluster_operations
 from loglake.broker.authorizer import CLUSTER_NAME
-from loglake.broker.context import BrokerContext, advertised_endpoint
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
 from loglake.broker.handlers.admin_topics import (
@@ -51,16 +51,15 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
             f"The request was sent to a broker endpoint, but it asked for endpoint type {endpoint_type}."
         )
         return response
-    host, port = advertised_endpoint(ctx, conn)
+    from loglake.broker.handlers.metadata import brokers_of
+
+    # Every live broker in cluster mode, this one alone otherwise (as Metadata lists them).
+    listed = brokers_of(ctx, conn)
     response["brokers"] = [
-        {
-            "broker_id": ctx.node_id,
-            "host": host,
-            "port": port,
-            "rack": None,
-            "is_fenced": False,
-        }
+        {"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b["rack"], "is_fenced": False}
+        for b in listed
     ]
+    response["controller_id"] = min(b["node_id"] for b in listed)
     return response
 
 

@@ -116,7 +116,7 @@ async def _read_all(
                 if fenced != NONE:
                     fp.error_code = fenced
                     if version >= 12:
-                        fp.current_leader = LeaderIdAndEpoch(ctx.node_id, info.leader_epoch)
+                        fp.current_leader = LeaderIdAndEpoch(_leader(ctx, name, part.partition), info.leader_epoch)
                     continue
                 if total and total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
@@ -159,6 +159,13 @@ async def _read_all(
             elif committed and part.fetch_offset >= lso:
                 waits.append((name, part.partition, result.high_watermark))  # held back by an open transaction
     return out, total, waits
+
+
+def _leader(ctx: Any, name: str, partition: int) -> int:
+    """The partition's leader: this broker, or in cluster mode the one etcd names (-1: none live)."""
+    if getattr(ctx, "cluster", None) is None:
+        return int(ctx.node_id)
+    return int(ctx.cluster.leader_of(ctx.engine.topic(name).topic_id, partition)[0])
 
 
 def _max_bytes(body: Any) -> int:

@@ -41,7 +41,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     def entry(key: str) -> dict[str, Any]:
         if key in refused:
             return {"node_id": -1, "host": "", "port": -1, "error_code": denial, "error_message": None}
-        if ctx.cluster is not None and served and key_type == GROUP_KEY:
+        if getattr(ctx, "cluster", None) is not None and served and key_type == GROUP_KEY:
             return _cluster_entry(ctx, conn, key)
         return {"node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
 

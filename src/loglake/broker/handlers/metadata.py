@@ -54,7 +54,7 @@ def _cluster_partition(ctx: Any, topic_id: str, p: int) -> dict[str, Any]:
 def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
     info = ctx.engine.topic(name)
     node = ctx.node_id
-    if ctx.cluster is not None:
+    if getattr(ctx, "cluster", None) is not None:
         return {
             "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
             "error_code": NONE,
@@ -115,10 +115,10 @@ def _id_to_name(ctx: Any) -> dict[uuid.UUID, str]:
     return {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
 
 
-def _brokers(ctx: Any, conn: Any) -> list[dict[str, Any]]:
+def brokers_of(ctx: Any, conn: Any) -> list[dict[str, Any]]:
     """This broker alone; in cluster mode every live one, at its listener of the request's protocol."""
     host, port = advertised_endpoint(ctx, conn)
-    if ctx.cluster is None:
+    if getattr(ctx, "cluster", None) is None:
         return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}]
     from loglake.cluster.leadership import endpoint_of
 
@@ -182,7 +182,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 topics.append({"error_code": code or UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []})
             else:
                 topics.append(entry)
-    brokers = _brokers(ctx, conn)
+    brokers = brokers_of(ctx, conn)
     return {
         "throttle_time_ms": 0,
         "brokers": brokers,
