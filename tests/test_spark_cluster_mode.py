@@ -9,9 +9,9 @@ the partitions killed with `kill -9` between two of them, then read back: by the
 reader in this process, by a store-only and a hybrid Spark read, and by `loglake pipeline
 export` to Parquet. Each must give exactly the acknowledged records at their offsets, once.
 
-Spark runs in child processes (the read script and the export command): the Python workers of
-the shared test session inherit its JVM's environment, fixed before moto's dummy credentials
-existed (as tests/test_spark_s3.py explains).
+Spark runs in one child process (the reads, then the export command's own entry point, which
+takes the same SparkSession): the Python workers of the shared test session inherit its JVM's
+environment, fixed before moto's dummy credentials existed (as tests/test_spark_s3.py explains).
 """
 
 from __future__ import annotations
@@ -70,8 +70,16 @@ out = {}
 for name, extra in (("store", {}), ("hybrid", {"kafka.bootstrap.servers": bootstrap})):
     df = spark.read.format("loglake").option("path", url).option("subscribe", topic).options(**extra).load()
     out[name] = [[r["partition"], r["offset"], bytes(r["value"]).hex()] for r in df.collect()]
-print("ROWS " + json.dumps(out))
-spark.stop()
+print("ROWS " + json.dumps(out), flush=True)
+# then the `loglake pipeline export` command itself, in this process: its getOrCreate takes this
+# session instead of starting a second JVM
+from loglake.cli.main import main
+sys.argv = ["loglake", "pipeline", "export", "--path", url, "--topic", topic, "--to", sys.argv[4]]
+try:
+    main()
+except SystemExit as exc:
+    print(f"EXPORT EXIT {exc.code}", flush=True)
+    raise
 """
 
 Rows = list[tuple[int, int, bytes]]
@@ -151,8 +159,6 @@ def test_store_only_spark_and_export_read_every_acknowledged_record_once(
     c.kill(1)
     c.wait_leaders(TOPIC, {2, 3}, PARTITIONS)
     acked += produce(c, TOPIC, [f"r2-{i}".encode() for i in range(600)], PARTITIONS)
-    meta = published(c, ends_of(acked))
-    merged = any(pm.segments for (t, _), pm in meta.partitions.items() if t == TOPIC)
 
     # more rounds until one published state has both merged segments and unmerged flush ranges
     # (merges run every second: a read right after a produce round usually finds ranges)
@@ -160,8 +166,7 @@ def test_store_only_spark_and_export_read_every_acknowledged_record_once(
         acked += produce(c, TOPIC, [f"r{n + 3}-{i}".encode() for i in range(120)], PARTITIONS)
         meta = published(c, ends_of(acked))
         parts = [pm for (t, _), pm in meta.partitions.items() if t == TOPIC]
-        merged = merged or any(pm.segments for pm in parts)
-        if merged and any(pm.flush for pm in parts) and any(pm.segments for pm in parts):
+        if any(pm.flush for pm in parts) and any(pm.segments for pm in parts):
             break
     else:
         pytest.fail(
@@ -183,11 +188,12 @@ def test_store_only_spark_and_export_read_every_acknowledged_record_once(
 
     # Spark: store-only and hybrid (the tail past the published state through a broker)
     env = {**os.environ, **s3kit.DUMMY_ENV, "PYSPARK_PYTHON": sys.executable}
+    out = tmp_path / "parquet"
     child = subprocess.run(
-        [sys.executable, "-c", CHILD, c.store_url, TOPIC, c.bootstrap()],
-        capture_output=True, text=True, env=env, timeout=180,
+        [sys.executable, "-c", CHILD, c.store_url, TOPIC, c.bootstrap(), str(out)],
+        capture_output=True, text=True, env=env, timeout=240,
     )  # fmt: skip
-    assert child.returncode == 0, child.stderr[-4000:]
+    assert child.returncode == 0, child.stdout[-2000:] + child.stderr[-4000:]
     line = next(x for x in child.stdout.splitlines() if x.startswith("ROWS "))
     got = json.loads(line[len("ROWS ") :])
     store_rows = sorted((p, o, bytes.fromhex(v)) for p, o, v in got["store"])
@@ -196,13 +202,6 @@ def test_store_only_spark_and_export_read_every_acknowledged_record_once(
     assert store_rows == want
     assert sorted((p, o, bytes.fromhex(v)) for p, o, v in got["hybrid"]) == want
 
-    out = tmp_path / "parquet"
-    export = subprocess.run(
-        [str(Path(sys.executable).parent / "loglake"), "pipeline", "export", "--path", c.store_url, "--topic", TOPIC,
-         "--to", str(out), "--master", "local[2]"],
-        capture_output=True, text=True, env=env, timeout=180,
-    )  # fmt: skip
-    assert export.returncode == 0, export.stdout[-2000:] + export.stderr[-4000:]
     table = pq.read_table(str(out), columns=["partition", "offset", "value"]).to_pydict()
     exported = sorted(zip(table["partition"], table["offset"], table["value"], strict=True))
     assert [(int(p), int(o), bytes(v)) for p, o, v in exported] == want

@@ -2,7 +2,7 @@
 
 In cluster mode the metadata log lives in etcd, which Spark executors and `loglake pipeline
 export` do not reach. One broker — the lowest live node id, the same one that sweeps — writes
-the whole state as a metadata checkpoint (docs/FORMAT.md, "Metadata checkpoints": the file a
+the whole state as a metadata checkpoint (docs/FORMAT.md, "Checkpoint files": the file a
 single-node broker publishes, byte format unchanged) under ``loglake-<cluster id>/meta/`` every
 `interval_ms` in which the state moved. `loglake.meta.publish.read_remote_state` reads it as it
 reads a single-node broker's copy, so the planner needs no second reader.
