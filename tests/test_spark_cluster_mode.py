@@ -206,6 +206,43 @@ def test_store_only_spark_and_export_read_every_acknowledged_record_once(
     exported = sorted(zip(table["partition"], table["offset"], table["value"], strict=True))
     assert [(int(p), int(o), bytes(v)) for p, o, v in exported] == want
 
+    # a tail past what the bucket's copy may hold yet: the source's own reader (the code Spark
+    # calls, without a JVM) gives all of it with kafka.bootstrap.servers, however far the copy
+    # got; store-only it gives a prefix of each partition that holds at least `want`
+    tail = produce(c, TOPIC, [f"tail-{i}".encode() for i in range(300)], PARTITIONS)
+    every = sorted([*acked, *tail])
+    hybrid = source_rows({"path": c.store_url, "subscribe": TOPIC, "kafka.bootstrap.servers": c.bootstrap()})
+    assert hybrid == every
+    store_only = source_rows({"path": c.store_url, "subscribe": TOPIC})
+    assert set(want) <= set(store_only) <= set(every)
+    for p in range(PARTITIONS):
+        offsets = [o for q, o, _ in store_only if q == p]
+        assert offsets == list(range(len(offsets)))  # no gap, no repeat
+
+
+def source_rows(options: dict[str, str]) -> Rows:
+    """(partition, offset, value) of a batch read through the source's reader, no Spark."""
+    from loglake.spark.source import LoglakeBatchReader
+
+    reader = LoglakeBatchReader(parse_read_options(options, "batch"))
+    rows: Rows = []
+    for part in reader.partitions():
+        for batch in reader.read(part):
+            d = batch.to_pydict()
+            rows.extend(zip(d["partition"], d["offset"], d["value"], strict=True))
+    return sorted(rows)
+
+
+def test_verify_and_restore_refuse_a_cluster_bucket(cluster: Cluster, tmp_path: Path) -> None:
+    import loglake
+    from loglake.errors import ConfigError, LoglakeError
+    from loglake.spark.pipeline import verify_store
+
+    with pytest.raises(LoglakeError, match="cluster-mode"):
+        verify_store(None, cluster.store_url)  # refused before any Spark job
+    with pytest.raises(ConfigError, match="cluster-mode"):
+        loglake.open(str(tmp_path / "single"), cold_store=cluster.store_url)
+
 
 def test_a_deleted_topic_is_not_read(cluster: Cluster) -> None:
     c = cluster
