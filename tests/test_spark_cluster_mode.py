@@ -262,3 +262,15 @@ def test_a_deleted_topic_is_not_read(cluster: Cluster) -> None:
     opts = parse_read_options({"path": c.store_url, "assign": json.dumps({"doomed": [0]})}, "batch")
     with pytest.raises(LoglakeOptionError, match="does not exist"):
         select_partitions(opts, meta)
+
+
+def test_the_bucket_keeps_only_the_newest_checkpoints(cluster: Cluster) -> None:
+    from loglake.cluster.publish import CHECKPOINTS_KEPT
+    from loglake.meta.publish import meta_prefix
+
+    store = cached_store(cluster.store_url)
+    prefix = meta_prefix(load_metadata(store).cluster_id)
+    names = [k[len(prefix) :] for k in store.list(prefix)]
+    assert names and all(n.startswith("checkpoint-") for n in names)  # checkpoints only, no log pieces
+    # a publish may be between its PUT and its trim while we list: one more at most
+    assert len(names) <= CHECKPOINTS_KEPT + 1
