@@ -204,6 +204,20 @@ def test_a_node_id_held_by_a_live_broker_is_refused(cluster: Cluster) -> None:
     assert cluster.leaders("spread", via=2)  # the live node 2 serves on
 
 
+def test_a_bucket_that_does_not_exist_stops_the_start(cluster: Cluster, moto_endpoint: str) -> None:
+    """Every flush would fail, so nothing could be acknowledged: exit 3 (a config error) with one
+    line naming the store, instead of serving and failing each produce."""
+    missing = s3kit.store_url(moto_endpoint, f"nope-{uuid.uuid4().hex[:12]}", "lake")
+    args = cluster_args(cluster.etcd.endpoints, cluster.prefix, missing, 7)
+    lost = Broker(cluster.tmp / "no-bucket", args)
+    with pytest.raises(RuntimeError, match="did not start"):
+        lost.start()
+    assert lost.proc is not None and lost.proc.wait(30) == 3
+    out = lost.log_text() + (lost.proc.stdout.read() if lost.proc.stdout else "")
+    assert "has no bucket (NoSuchBucket); create it first" in out
+    assert "Traceback" not in out
+
+
 def test_produce_and_consume_with_three_clients(cluster: Cluster) -> None:
     create_topic(cluster, "rw", 12)
     cluster.wait_leaders("rw", set(NODES), 12)

@@ -47,6 +47,7 @@ from loglake.errors import (
     ConfigError,
     CorruptRecordError,
     EngineClosedError,
+    LoglakeError,
     MetaFencedError,
     UnknownTopicError,
 )
@@ -239,6 +240,7 @@ class ClusterEngine(ClusterReadsMixin, Engine):
                 "cluster mode needs a cold store (--cold-store): the bucket holds every partition"
             )
         self.bucket = self._given_store or open_store(str(url), self.fs)
+        _probe_bucket(self.bucket, self.cluster_id)
         self.plog = ClusterPartitionLog(
             self.etcd,
             self.bucket,
@@ -487,3 +489,21 @@ class ClusterEngine(ClusterReadsMixin, Engine):
 
     def unknown(self, topic: str) -> UnknownTopicError:
         return UnknownTopicError(f"unknown topic {topic!r}")
+
+
+def _probe_bucket(bucket: ObjectStore, cluster_id: str) -> None:
+    """One LIST of a prefix nothing uses: a bucket that does not exist stops the start with one
+    line (every flush would fail otherwise, and nothing could be acknowledged); a bucket that does
+    not answer now is only a warning (an outage heals, and produces wait or fail retriably)."""
+    try:
+        bucket.list(f"loglake-{cluster_id}/start-probe/")
+    except LoglakeError as exc:
+        if getattr(exc, "code", None) == "NoSuchBucket":
+            raise ConfigError(
+                f"cluster mode: the cold store {bucket.url} has no bucket (NoSuchBucket); create it first"
+            ) from exc
+        log.warning(
+            "cluster mode: the cold store %s did not answer at start (%s); produces wait for it",
+            bucket.url,
+            exc,
+        )
