@@ -28,8 +28,12 @@ lint: venv
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
+# The suite mostly waits (on brokers, clients, subprocesses), so two pytest-xdist workers share it;
+# tests/conftest.py hands each a module at a time and all Spark tests to one. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+
 test: lint
-	$(BIN)/pytest -q -m "not long"
+	$(BIN)/pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadgroup
 
 LONG_RUN := build/long-run
 

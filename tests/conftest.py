@@ -1,4 +1,13 @@
-"""Shared fixtures. `spark`: one local[2] SparkSession per test run, built only when a test asks."""
+"""Shared fixtures. `spark`: one local[2] SparkSession per test run, built only when a test asks.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`), scheduled here
+in groups: every test of a module runs on one worker, in file order, so a module-scoped broker
+starts once and tests that build on their module's earlier tests (the docs' shell session) keep
+that order; every Spark test (a test_spark_* module, or a test named test_spark_*) goes to one
+group, so the run still builds a single SparkSession and never runs two JVMs at once. xdist's own
+loadgroup (`xdist_group` marks) cannot do this under pytest 9: it renames items through
+`item._nodeid`, which pytest 9 no longer reads, so the marks are silently ignored.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,43 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+#: The xdist group of every test that needs Spark.
+SPARK_GROUP = "spark"
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in under `make test`: "spark" or its module's path."""
+    module, _, rest = nodeid.partition("::")
+    if module.rsplit("/", 1)[-1].startswith("test_spark_") or rest.startswith("test_spark"):
+        return SPARK_GROUP
+    return module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that asks for `spark` must land in the Spark group, or a second worker would start
+    a second SparkSession."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()) and xdist_group(item.nodeid) != SPARK_GROUP:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the spark fixture: put it in a test_spark_* module or name it "
+                "test_spark_* so that `make test` runs it with the other Spark tests (tests/conftest.py)"
+            )
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, only called when it runs the suite
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """Whole groups to a worker, the largest first (xdist's loadscope reordering)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
