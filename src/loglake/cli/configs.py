@@ -18,7 +18,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from loglake.cli import remote_quotas
 from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import stdout_console
 from loglake.cli.remote import (
@@ -143,6 +142,8 @@ def alter(
     if not sets and not deletes:
         raise typer.BadParameter("give --add-config k=v and/or --delete-config k", param_hint="--add-config")
     if _quota_entity(entity_type, entity_name, entity_default):
+        from loglake.cli import remote_quotas  # kafka-python's codec: only the quota commands pay its import
+
         parts = remote_quotas.entity_parts([t.value for t in entity_type], entity_name or [], entity_default)
         remote_quotas.alter(require_bootstrap(bootstrap, "loglake configs alter"), parts, sets, deletes)
         stdout_console().print(f"altered quotas of {remote_quotas.entity_text(parts)}: {change_summary(sets, deletes)}",
@@ -155,6 +156,8 @@ def alter(
 
 
 def _describe_quotas(bootstrap: str, types: list[EntityType], names: list[str], default: bool, as_json: bool) -> None:
+    from loglake.cli import remote_quotas
+
     entries = remote_quotas.describe(bootstrap, [t.value for t in types], names, default)
     if as_json:
         typer.echo(json.dumps(dict(entries), indent=2))
