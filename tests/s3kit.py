@@ -49,6 +49,9 @@ DUMMY_ENV = {
 }
 UNSET_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
+#: How often a request held by a blackhole checks whether the fault has ended.
+BLACKHOLE_POLL_S = 0.05
+
 #: Retries for tests: the real attempt count, tiny sleeps.
 FAST_RETRY = RetryPolicy(max_attempts=6, base_delay=0.005, max_delay=0.02)
 
@@ -86,7 +89,7 @@ def raw_client(endpoint: str) -> Any:
 class Fault:
     """One switched-on misbehaviour; `remaining` requests left (None: until cleared)."""
 
-    kind: str  # "status", "delay", "reset", "bucket_gone"
+    kind: str  # "status", "delay", "reset", "bucket_gone", "blackhole"
     remaining: int | None
     method: str | None = None
     path_contains: str | None = None
@@ -209,7 +212,12 @@ class FaultProxy:
         return self._add(Fault("status", times, method, path_contains, status=status, code=code, skip=skip))
 
     def storm(
-        self, seconds: float | None = None, status: int = 503, code: str = "ServiceUnavailable", *, method: str | None = None
+        self,
+        seconds: float | None = None,
+        status: int = 503,
+        code: str = "ServiceUnavailable",
+        *,
+        method: str | None = None,
     ) -> Fault:
         """A 5xx storm: answer every matching request with `status` for `seconds` (None: until
         `clear`)."""
@@ -249,6 +257,20 @@ class FaultProxy:
         `bucket_back`)."""
         until = None if seconds is None else time.monotonic() + seconds
         return self._add(Fault("bucket_gone", None, None, f"/{bucket}", status=404, until=until))
+
+    def blackhole(self, seconds: float | None = None) -> Fault:
+        """The bucket unreachable, as a network partition makes it: every request (also on new
+        connections) is read and then held without an answer until `seconds` pass or `clear` /
+        `heal`, and its connection is then closed unanswered; clients see read timeouts and
+        resets, never an S3 error."""
+        until = None if seconds is None else time.monotonic() + seconds
+        return self._add(Fault("blackhole", None, None, None, until=until))
+
+    def heal(self, fault: Fault) -> None:
+        """Switch one fault off (whatever its kind) and release requests it holds."""
+        with self._lock:
+            if fault in self._faults:
+                self._faults.remove(fault)
 
     def bucket_back(self, bucket: str) -> None:
         with self._lock:
@@ -318,6 +340,13 @@ class FaultProxy:
         )
         with self._lock:
             self.seen.append(seen)
+        if fault is not None and fault.kind == "blackhole":
+            while True:  # hold the request until the fault ends; then hang up unanswered
+                with self._lock:
+                    active = fault in self._faults and fault.matches(req.method, req.path.split("?", 1)[0])
+                if not active:
+                    return False
+                time.sleep(BLACKHOLE_POLL_S)
         if fault is not None and fault.kind in ("status", "bucket_gone"):
             code = "NoSuchBucket" if fault.kind == "bucket_gone" else fault.code
             body = b"" if req.method == "HEAD" else _error_xml(code, "injected by the fault proxy")

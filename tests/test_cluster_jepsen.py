@@ -1,0 +1,109 @@
+"""A seeded random schedule of the cluster faults under load (make test-long), Jepsen-style: the
+clients' history is held to the model of a log at the end (tests/logcheck.py).
+
+Three brokers over a 3-member etcd and moto behind the fault proxy; two idempotent producers
+and a consumer group of three run throughout. For `LOGLAKE_CLUSTER_MINUTES` (default 4) the
+schedule draws one fault at a time — kill -9 of a broker (restarted after a while, its data dir
+sometimes wiped), SIGSTOP of a broker past its lease, the loss of one etcd member, a bucket
+outage of 5-30 s, a graceful restart — heals it, and waits until the producers make progress
+again before the next. The seed comes from `LOGLAKE_CLUSTER_SEED` (default: drawn) and is
+printed first and in every failure message, with the schedule as it ran, so a failing run
+replays with `LOGLAKE_CLUSTER_SEED=<seed> make test-long` (the faults repeat; the timing of a
+shared machine does not).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+import clusterkit
+import clusterload
+from logcheck import History
+from test_cluster_faults import BROKER_ARGS, CARRY_ON_S, PARTITIONS, RATE
+
+pytestmark = pytest.mark.long
+
+SEED_ENV = "LOGLAKE_CLUSTER_SEED"
+MINUTES_ENV = "LOGLAKE_CLUSTER_MINUTES"
+#: Records the producers must get acked after each fault is healed before the next is drawn.
+PROGRESS = 200
+#: The broker lease the schedule pauses past (the default; see docs/CLUSTER.md).
+LEASE_S = 3.0
+FAULTS = ("kill", "pause", "etcd", "bucket", "restart")
+
+
+def run_fault(c: clusterkit.Cluster, rng: random.Random, kind: str) -> str:
+    """Inject one fault of `kind`, wait, heal it; returns what was done (for the log)."""
+    assert c.proxy is not None
+    if kind == "kill":
+        b = rng.choice(c.brokers)
+        wipe = rng.random() < 0.3
+        down = rng.uniform(0.0, 2 * LEASE_S)
+        b.kill()
+        time.sleep(down)
+        b.restart(wipe=wipe)
+        return f"kill -9 node {b.node_id}, down {down:.1f} s, restarted{' wiped' if wipe else ''}"
+    if kind == "pause":
+        b = rng.choice(c.brokers)
+        paused = rng.uniform(LEASE_S + 1.0, 3 * LEASE_S)
+        b.pause()
+        time.sleep(paused)
+        b.resume()
+        return f"SIGSTOP node {b.node_id} for {paused:.1f} s"
+    if kind == "etcd":
+        i = rng.randrange(len(c.etcd.members))
+        down = rng.uniform(3.0, 15.0)
+        c.etcd.stop_member(i)
+        time.sleep(down)
+        c.etcd.start_member(i)
+        return f"etcd member {i} down {down:.1f} s"
+    if kind == "bucket":
+        down = rng.uniform(5.0, 30.0)
+        hole = c.proxy.blackhole()
+        time.sleep(down)
+        c.proxy.heal(hole)
+        return f"bucket unreachable {down:.1f} s"
+    b = rng.choice(c.brokers)
+    b.restart()
+    return f"graceful restart of node {b.node_id}"
+
+
+def test_random_fault_schedule(tmp_path: Path) -> None:
+    seed = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
+    minutes = float(os.environ.get(MINUTES_ENV) or 4.0)
+    print(f"cluster fault schedule: {SEED_ENV}={seed} {MINUTES_ENV}={minutes}", flush=True)
+    rng = random.Random(seed)
+    ran: list[str] = []
+
+    def context() -> str:
+        return f"{SEED_ENV}={seed}; schedule so far: {ran}"
+
+    with clusterkit.running_cluster(tmp_path, brokers=3, etcd_members=3, broker_args=BROKER_ARGS) as c:
+        c.create_topic("t", PARTITIONS)
+        h = History()
+        with clusterload.Load(h, c.bootstrap, "t", producers=2, consumers=3, rate=RATE) as load:
+            load.wait_acked(PROGRESS, CARRY_ON_S)
+            end = time.monotonic() + minutes * 60
+            while time.monotonic() < end:
+                kind = rng.choice(FAULTS)
+                started = time.monotonic()
+                try:
+                    what = run_fault(c, rng, kind)
+                    ran.append(f"{started - end + minutes * 60:.0f}s {what}")
+                    load.wait_acked(PROGRESS, CARRY_ON_S)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; {context()}") from exc
+                time.sleep(rng.uniform(1.0, 5.0))
+            load.stop_producers()
+            load.drain_consumers(CARRY_ON_S)
+        c.wait_leaders("t", PARTITIONS, CARRY_ON_S)
+        clusterload.final_read(h, c.bootstrap, "t", PARTITIONS)
+    rep = h.check()
+    print(f"{len(ran)} faults: {ran}\n{rep}", flush=True)
+    assert rep.ok, f"{rep}\n{context()}"
+    assert rep.stats.get("acked", 0) >= PROGRESS * (len(ran) + 1), context()
