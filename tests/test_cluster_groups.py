@@ -145,7 +145,10 @@ def test_group_requests_wait_while_the_coordinator_is_older_than_the_live_set(
     store = a.store({1})
     ctx = SimpleNamespace(coordinator=object(), cluster=a.view, group_fence=store)
     assert coordinator_error(ctx, group) == ErrorCode.NONE
+    asked: list[int] = []
+    ctx.group_reloader = SimpleNamespace(moved=lambda: asked.append(1))
     a.view.live = {1, 2}  # the live set moved; the reload has not finished
     assert coordinator_error(ctx, group) == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    assert asked  # the gate asks for the reload itself (a change seen before the first coordinator)
     ctx.group_fence = a.store({1, 2})
     assert coordinator_error(ctx, group) == ErrorCode.NONE

@@ -88,6 +88,7 @@ class CoordinatorReloader:
         self.loop = loop
         self._task: asyncio.Future[None] | None = None
         self._due = False
+        self._failing = False
 
     def moved(self) -> None:
         self._due = True
@@ -103,11 +104,17 @@ class CoordinatorReloader:
             self._due = False
             try:
                 fresh = self.make(await fenced_store(self.ctx))
-            except Exception as exc:  # etcd away: try again shortly
-                log.warning("cluster: reloading the group coordinator failed: %s; retrying", exc)
+            except Exception as exc:  # etcd away: try again shortly (one warning per outage)
+                (log.debug if self._failing else log.warning)(
+                    "cluster: reloading the group coordinator failed: %s; retrying every %.0f s",
+                    exc,
+                    RELOAD_RETRY_S,
+                )
+                self._failing = True
                 self._due = True
                 await asyncio.sleep(RELOAD_RETRY_S)
                 continue
+            self._failing = False
             old, self.ctx.coordinator = self.ctx.coordinator, fresh
             old.close()
             log.info("cluster: live brokers changed; this broker now coordinates %d group(s)", len(fresh))

@@ -57,7 +57,11 @@ def coordinator_error(ctx: Any, group_id: str) -> int:
     if fence is not None and fence.live != frozenset(cluster.live_ids()):
         # The live set changed and the coordinator is being reloaded from etcd: the group's state
         # here may be stale (or absent). Clients retry this broker shortly (Kafka's answer while a
-        # coordinator loads a group).
+        # coordinator loads a group). Asking for the reload here too makes the gate self-healing:
+        # a change that came before the first coordinator was installed is not missed.
+        reloader = getattr(ctx, "group_reloader", None)
+        if reloader is not None:
+            reloader.moved()
         return COORDINATOR_LOAD_IN_PROGRESS
     return NONE
 
