@@ -15,6 +15,7 @@ after some bytes, or pretend a bucket is gone; it logs every request it saw.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import http.client
 import logging
@@ -49,6 +50,9 @@ DUMMY_ENV = {
 }
 UNSET_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
+#: Requests the proxy remembers for `requests()`; a cluster benchmark or a long fault schedule
+#: sends hundreds of thousands.
+SEEN_MAX = 200_000
 #: How often a request held by a blackhole checks whether the fault has ended.
 BLACKHOLE_POLL_S = 0.05
 
@@ -155,7 +159,8 @@ class FaultProxy:
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        self.seen: list[Seen] = []
+        #: The latest requests, oldest dropped past SEEN_MAX (a long cluster run makes many).
+        self.seen: collections.deque[Seen] = collections.deque(maxlen=SEEN_MAX)
         self._faults: list[Fault] = []
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
