@@ -60,11 +60,11 @@ class Broker:
         self.meta.open()
         self.catalog = ClusterCatalog(self.meta, EngineConfig(), time.time)
         self.view = View(node_id)
-        self.lost: list[str] = []
+        self.lost: list[str] = []  # groups whose loss a store reported
 
     def store(self, live: set[int]) -> FencedGroupStore:
         self.view.live = set(live)
-        s = FencedGroupStore(self.catalog, self.view, self.lost.append)
+        s = FencedGroupStore(self.catalog, self.view, lambda group, _store: self.lost.append(group))
         s.prepare()
         return s
 

@@ -95,8 +95,18 @@ class CoordinatorReloader:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._reload())
 
-    def lost(self, group_id: str) -> None:
-        """Another coordinator claimed `group_id` (called from a store thread)."""
+    def lost(self, group_id: str, store: Any) -> None:
+        """Another coordinator claimed `group_id` from `store` (called from a store thread). A
+        replaced coordinator's write fenced by its successor's claim on this same broker is the
+        fence working as meant: no reload, no warning."""
+        if store is not self.ctx.group_fence:
+            log.debug("cluster: a replaced coordinator's write for group %r was fenced", group_id)
+            return
+        log.warning(
+            "cluster: node %d lost group %r to another coordinator; answering NOT_COORDINATOR for it and reloading",
+            store.node_id,
+            group_id,
+        )
         self.loop.call_soon_threadsafe(self.moved)
 
     async def _reload(self) -> None:

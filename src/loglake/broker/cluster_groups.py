@@ -63,7 +63,9 @@ class FencedGroupStore(EngineGroupStore):
     one writer thread, so writes stay in the order they were made.
     """
 
-    def __init__(self, engine: Any, cluster: Any, on_lost: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, engine: Any, cluster: Any, on_lost: Callable[[str, FencedGroupStore], None] | None = None
+    ) -> None:
         super().__init__(engine)
         self.engine = engine
         self.etcd = engine.etcd
@@ -208,12 +210,8 @@ class FencedGroupStore(EngineGroupStore):
                 return
             self.lost.add(group_id)
             self.claimed.discard(group_id)
-        log.warning(
-            "cluster: node %d lost group %r to another coordinator; answering NOT_COORDINATOR for it and reloading",
-            self.node_id, group_id,
-        )  # fmt: skip
         if self.on_lost is not None:
-            self.on_lost(group_id)
+            self.on_lost(group_id, self)
 
 
 def _failed(exc: Exception) -> Future[None]:
