@@ -63,6 +63,8 @@ async def fenced_store(ctx: BrokerContext) -> Any:
 
     reloader = ctx.group_reloader
     store = FencedGroupStore(ctx.engine, ctx.cluster, reloader.lost if reloader is not None else None)
+    if ctx.group_fence is not None:  # its writes fenced by the claims below are no loss to report
+        ctx.group_fence.superseded = True
     await ctx.off_loop(store.prepare)
     old, ctx.group_fence = ctx.group_fence, store
     if old is not None:
@@ -99,7 +101,7 @@ class CoordinatorReloader:
         """Another coordinator claimed `group_id` from `store` (called from a store thread). A
         replaced coordinator's write fenced by its successor's claim on this same broker is the
         fence working as meant: no reload, no warning."""
-        if store is not self.ctx.group_fence:
+        if store is not self.ctx.group_fence or store.superseded:
             log.debug("cluster: a replaced coordinator's write for group %r was fenced", group_id)
             return
         log.warning(

@@ -76,6 +76,8 @@ class FencedGroupStore(EngineGroupStore):
         #: the live node ids this instance was loaded for; another set means a reload is due
         self.live: frozenset[int] = frozenset()
         self.claimed: set[str] = set()
+        #: a newer instance on this broker is claiming (its claims fence this one's writes)
+        self.superseded = False
         self.lost: set[str] = set()
         self._seen: dict[str, int] = {}  # claim key mod revision at load, for groups not claimed then
         self._loaded: dict[str, StoredGroup] | None = None
