@@ -2,7 +2,7 @@
 """loglake broker benchmark: disk limits, then a real `loglake serve` process driven by
 confluent-kafka (librdkafka) — produce, consume, latency at half load — in one run.
 
-    .venv/bin/python benchmarks/broker.py            # full run (~2-3 min on 2 cores)
+    .venv/bin/python benchmarks/broker.py            # full run (~6 min on 2 cores: two 60 s half-load runs)
     .venv/bin/python benchmarks/broker.py --quick    # smoke run (< 60 s)
     .venv/bin/python benchmarks/broker.py --json-out /tmp/broker.json --profile-seconds 10
 
@@ -20,9 +20,10 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
    * produce: one confluent-kafka producer, acks=all, linger.ms=5, no compression; records/s
      and payload MB/s from the first produce() until every delivery report is in (flush);
    * consume: one consumer, partitions assigned from the beginning, over the same records;
-   * latency: a producer rate-limited to half the measured produce rate; latency is librdkafka's
-     own per-message latency (Message.latency(): produce() call to delivery report), so it
-     includes linger.ms.
+   * latency: a producer (acks=all, linger.ms=1, as issue 12 asks) rate-limited to half the
+     measured produce rate for 60 s, long enough to include segment seals; latency is
+     librdkafka's own per-message latency (Message.latency(): produce() call to delivery
+     report), so it includes linger.ms; p50, p99 and max are reported.
    Broker CPU (utime+stime from /proc/<pid>/stat over wall time; 100 % = one core) and the
    benchmark process's own CPU (librdkafka threads included) are reported for every phase —
    client and broker share the machine's cores.
@@ -85,9 +86,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Targets (docs/PERFORMANCE.md, "Broker").
 TARGET_PRODUCE_100B_RPS = 500_000
-TARGET_PRODUCE_1K_RAW_FRACTION = 0.60
+#: issue 12: 1 KiB records in ~1 MB batches reach half the raw disk MB/s of the same run
+TARGET_PRODUCE_1K_RAW_FRACTION = 0.50
 TARGET_CONSUME_RPS = 1_000_000
-TARGET_P99_MS = 10.0
+#: issue 12: produce p99 at half load by record size (larger sizes use the last bound), and max
+TARGET_P99_MS = {100: 5.0, 1024: 10.0}
+TARGET_MAX_MS = 50.0
+#: linger.ms of the half-load latency producer (issue 12); the throughput runs keep 5 ms
+LATENCY_LINGER_MS = 1
 
 # What --only can name: the disk limits, the per-record-size runs (produce, consume, raw fetch,
 # half load), the transactions section (benchmarks/txn_bench.py), fetch sessions
@@ -395,7 +401,7 @@ def produce_latency(
 
     # No global delivery callback: unsampled records cost no Python call (a systematic failure
     # still shows up in the sampled ones).
-    producer = Producer(producer_config(bootstrap))
+    producer = Producer(producer_config(bootstrap, **{"linger.ms": LATENCY_LINGER_MS}))
     producer.produce(topic, b"warm-up")
     assert producer.flush(30) == 0
     values = payloads(size)
@@ -562,11 +568,12 @@ def run_size(
     )
     m2 = scrape(metrics_url)
     rate = prod["records_per_s"] / 2
-    log(f"latency: {rate:,.0f} records/s (half of max) for {latency_s:.0f} s ...")
+    log(f"latency: {rate:,.0f} records/s (half of max), linger.ms={LATENCY_LINGER_MS}, {latency_s:.0f} s ...")
     lat = produce_latency(broker.bootstrap, f"{topic}-lat", size, rate, latency_s, pid)
     lat["broker_produce_requests"] = request_stats(m2, scrape(metrics_url), "Produce")
     log(
-        f"  p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, achieved {lat['achieved_rate']:,.0f}/s; "
+        f"  p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.1f} ms, "
+        f"achieved {lat['achieved_rate']:,.0f}/s; "
         f"broker Produce {lat['broker_produce_requests']}"
     )
     return {
@@ -599,6 +606,12 @@ def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
     )
     limits["raw_mb_per_s"] = raw
     return limits
+
+
+def p99_target(size: int) -> float:
+    """The p99 bound for `size`-byte records: the largest listed size not above it."""
+    fits = [s for s in TARGET_P99_MS if s <= size]
+    return TARGET_P99_MS[max(fits)] if fits else min(TARGET_P99_MS.values())
 
 
 def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -642,7 +655,10 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
         )
     for size, run in sorted(by_size.items()):
         v = run["latency"]["p99_ms"]
-        add(f"produce p99 latency at half load, {size} B", v, TARGET_P99_MS, "ms", v <= TARGET_P99_MS)
+        goal = p99_target(size)
+        add(f"produce p99 latency at half load, {size} B", v, goal, "ms", v <= goal)
+        v = run["latency"]["max_ms"]
+        add(f"produce max latency at half load, {size} B", v, TARGET_MAX_MS, "ms", v <= TARGET_MAX_MS)
     if doc.get("transactions"):
         txn_bench.targets(doc["transactions"], add)
     if doc.get("security"):
@@ -671,28 +687,32 @@ def fmt_table(doc: dict[str, Any]) -> str:
             f"  4 KiB pwrite+fdatasync               p50 {lat['p50_ms']:.2f} ms  p99 {lat['p99_ms']:.2f} ms",
             "",
         ]
-    header = f"{'phase':<28}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU':>12}{'client CPU':>12}"
+    header = (
+        f"{'phase':<28}{'records/s':>12}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'broker CPU':>12}{'client CPU':>12}"
+    )
     if doc["runs"]:
         lines += [header, "-" * len(header)]
     for run in doc["runs"]:
         size = run["record_bytes"]
         p, c, lat = run["produce"], run["consume"], run["latency"]
         lines.append(
-            f"{f'produce {size} B':<28}{p['records_per_s']:>12,.0f}{p['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{f'produce {size} B':<28}{p['records_per_s']:>12,.0f}{p['mb_per_s']:>9.1f}{'':>9}{'':>9}{'':>9}"
             f"{p['broker_cpu_pct']:>11.0f}%{p['client_cpu_pct']:>11.0f}%"
         )
         lines.append(
-            f"{f'consume {size} B':<28}{c['records_per_s']:>12,.0f}{c['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{f'consume {size} B':<28}{c['records_per_s']:>12,.0f}{c['mb_per_s']:>9.1f}{'':>9}{'':>9}{'':>9}"
             f"{c['broker_cpu_pct']:>11.0f}%{c['client_cpu_pct']:>11.0f}%"
         )
         r = run["raw_fetch"]
         lines.append(
-            f"{f'raw fetch {size} B':<28}{r['records_per_s']:>12,.0f}{r['mb_per_s']:>9.1f}{'':>9}{'':>9}"
+            f"{f'raw fetch {size} B':<28}{r['records_per_s']:>12,.0f}{r['mb_per_s']:>9.1f}{'':>9}{'':>9}{'':>9}"
             f"{r['broker_cpu_pct']:>11.0f}%{r['client_cpu_pct']:>11.0f}%"
         )
         lines.append(
             f"{f'half load {size} B':<28}{lat['achieved_rate']:>12,.0f}{lat['achieved_rate'] * size / 1e6:>9.1f}"
-            f"{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}{lat['broker_cpu_pct']:>11.0f}%{lat['client_cpu_pct']:>11.0f}%"
+            f"{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}{lat['max_ms']:>9.1f}"
+            f"{lat['broker_cpu_pct']:>11.0f}%{lat['client_cpu_pct']:>11.0f}%"
         )
         for what, stats in (
             ("produce", p.get("broker_produce_requests")),
@@ -764,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     quick = args.quick
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 10.0)
+    latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 60.0)
     profile_s = args.profile_seconds if args.profile_seconds is not None else (0 if quick else 10)
     if args.only_fetch_sessions:
         args.only = ",".join(filter(None, [args.only, "fetch-sessions"]))

@@ -158,6 +158,7 @@ class ClusterEngine(ClusterReadsMixin, Engine):
         self.bucket: ObjectStore | None = None
         self.plog: ClusterPartitionLog | None = None
         self.leadership: Any = None  # loglake.cluster.leadership.Leadership, made by join()
+        self.publisher: Any = None  # loglake.cluster.publish.ClusterMetaPublisher, made by join()
         self._reads = concurrent.futures.ThreadPoolExecutor(
             READ_THREADS, thread_name_prefix="loglake-cluster-read"
         )
@@ -258,12 +259,17 @@ class ClusterEngine(ClusterReadsMixin, Engine):
         assert self.plog is not None
         self.leadership = Leadership(self, listeners)
         self.leadership.start()
+        from loglake.cluster.publish import start_publisher
+
+        self.publisher = start_publisher(self)  # the bucket's copy of the metadata, for Spark
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
+            if self.publisher is not None:
+                self.publisher.stop()
             if self.leadership is not None:
                 self.leadership.stop()
             if self.plog is not None:

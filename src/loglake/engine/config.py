@@ -290,6 +290,9 @@ class EngineConfig:
     wal_group_bytes_max: int = WAL_GROUP_BYTES_MAX_DEFAULT
     wal_queue_bytes_max: int = WAL_QUEUE_BYTES_MAX_DEFAULT
     wal_fsync_interval_ms: int = WAL_FSYNC_INTERVAL_MS_DEFAULT
+    #: Keep one zero-written WAL file ready per shard (wal/spare.py): rolls become a rename and
+    #: WAL fdatasyncs never wait for a journal commit. Costs one more wal_file_bytes of disk per shard.
+    wal_spare_file: bool = True
     #: Global budget for unsealed (in-memory) partition data.
     memory_budget_bytes: int = 512 * 1024 * 1024
     #: Fraction of the budget at which an emergency seal starts.

@@ -307,6 +307,8 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
             fsync_interval_ms=self.config.wal_fsync_interval_ms,
             on_full=self.space.wal_full,
             on_healed=self.space.wal_healed,
+            spare=self.config.wal_spare_file,
+            spare_keep_free=self.space.reserve_for,
         )
 
     def close(self) -> None:

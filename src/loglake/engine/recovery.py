@@ -30,7 +30,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import Stores
 from loglake.engine.types import RecoveryReport
-from loglake.errors import CorruptionError, LoglakeError
+from loglake.errors import ConfigError, CorruptionError, LoglakeError
 from loglake.fs.base import FileSystem
 from loglake.meta.layout import wal_dir
 from loglake.meta.log import LocalMetaStore
@@ -113,6 +113,10 @@ def _read_cold(cold: ObjectStore, data_dir: str) -> MetaState | None:
         remote = read_remote_state(cold)
     except CorruptionError as exc:
         raise CorruptionError(cold.url, 0, f"cannot restore from the cold store: {exc}") from exc
+    if remote.state.plogs.parts:  # published by loglake.cluster.publish
+        raise ConfigError(
+            f"{cold.url} belongs to a cluster-mode cluster (loglake serve --cluster): not restorable here"
+        )
     log.warning(
         "data directory %s has no metadata: restoring from %s (%s, %d objects read)",
         data_dir,

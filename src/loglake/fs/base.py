@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import os
+from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -22,6 +23,15 @@ class Buffer(Protocol):
 
 
 BytesLike = bytes | bytearray | memoryview
+
+#: `write_file_atomic` writes a file larger than this in chunks of this size and starts each
+#: chunk's writeback at once (write-behind), so a big publish (a 64 MiB segment at seal) never
+#: leaves tens of MB dirty for its final fdatasync: that flush used to sit in the disk queue in
+#: front of the WAL's fdatasyncs and stall acknowledgements for 40-60 ms (docs/DESIGN-NOTES.md).
+WRITE_BEHIND_CHUNK_BYTES = 1024 * 1024
+#: Chunks of one publish in writeback at once: before starting the next one the writer waits for
+#: the oldest, so at most this many chunks of it are ever queued ahead of a WAL fdatasync.
+WRITE_BEHIND_CHUNKS_IN_FLIGHT = 2
 
 
 class File(abc.ABC):
@@ -57,6 +67,26 @@ class File(abc.ABC):
     def datasync(self) -> None:
         """Make written data (and the size needed to read it) durable."""
 
+    def start_writeback(self, offset: int, length: int) -> None:
+        """Hint: start writing this range to the disk now, without waiting. Never a durability
+        promise (only `datasync` is); the default does nothing."""
+        return None
+
+    def wait_writeback(self, offset: int, length: int) -> None:
+        """Hint: wait until this range's writeback (started or not) has reached the disk, so that
+        little is left for the final `datasync`. Not a durability promise; the default does nothing."""
+        return None
+
+    def fill_zeros(self, offset: int, length: int) -> None:
+        """Write `length` zeros at `offset` of a new file being filled from the start, as blocks
+        that are *written*, not reserved: on ext4 a later overwrite plus fdatasync then has no
+        unwritten extent to convert, so it needs no journal commit (and waits for no other
+        file's metadata). Write-behind chunks; the caller datasyncs. A model filesystem may just
+        extend the file (same bytes)."""
+        zeros = memoryview(bytes(min(length, WRITE_BEHIND_CHUNK_BYTES)))
+        full, rest = divmod(length, len(zeros)) if length else (0, 0)
+        _write_behind(self, [zeros] * full + ([zeros[:rest]] if rest else []), offset)
+
     def sync(self) -> None:
         self.datasync()
 
@@ -80,6 +110,12 @@ class FileLock(abc.ABC):
 
 
 class FileSystem(abc.ABC):
+    #: `File.allocate` reserves blocks that a later write must convert (unwritten extents on
+    #: ext4/xfs), which makes each fdatasync after such a write a journal commit. The WAL keeps a
+    #: zero-written spare file only where this is true (wal/spare.py); a model filesystem has
+    #: nothing to gain, and its call-counting tests see no second thread's calls.
+    has_unwritten_extents: bool = False
+
     @abc.abstractmethod
     def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
         """Open `path`. `create` makes it if missing; `exclusive` fails if it exists."""
@@ -141,7 +177,10 @@ class FileSystem(abc.ABC):
         if self.exists(tmp):
             self.unlink(tmp)
         with self.open(tmp, write=True, create=True, exclusive=True) as f:
-            f.pwritev(0, parts)
+            if sum(len(p) for p in parts) <= WRITE_BEHIND_CHUNK_BYTES:
+                f.pwritev(0, parts)
+            else:
+                _write_behind(f, parts)
             f.datasync()
         self.rename(tmp, path)
         self.fsync_dir(directory)
@@ -156,3 +195,37 @@ class FileSystem(abc.ABC):
             else:
                 self.unlink(child)
         self.rmdir(path)
+
+
+def _write_behind(f: File, parts: Sequence[BytesLike], start: int = 0) -> None:
+    """Write `parts` from offset `start` in chunks of WRITE_BEHIND_CHUNK_BYTES, each chunk's writeback
+    started as soon as it is written, with at most WRITE_BEHIND_CHUNKS_IN_FLIGHT chunks in
+    writeback: the disk sees a steady stream of small writes instead of one flush of the whole
+    file at the end, and the datasync that follows has (almost) nothing left to write."""
+    in_flight: deque[tuple[int, int]] = deque()
+    offset = start
+    chunk: list[BytesLike] = []
+    filled = 0
+
+    def flush() -> None:
+        nonlocal offset, chunk, filled
+        f.pwritev(offset, chunk)
+        f.start_writeback(offset, filled)
+        in_flight.append((offset, filled))
+        if len(in_flight) > WRITE_BEHIND_CHUNKS_IN_FLIGHT:
+            f.wait_writeback(*in_flight.popleft())
+        offset += filled
+        chunk = []
+        filled = 0
+
+    for part in parts:
+        view = memoryview(part).cast("B")
+        while len(view):
+            take = min(len(view), WRITE_BEHIND_CHUNK_BYTES - filled)
+            chunk.append(view[:take])
+            filled += take
+            view = view[take:]
+            if filled == WRITE_BEHIND_CHUNK_BYTES:
+                flush()
+    if filled:
+        flush()

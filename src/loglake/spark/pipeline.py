@@ -216,6 +216,11 @@ def verify_store(
     url = store_url_from(opts)
     cold = store_url_from({**opts, "path": cold_path}, data_dir=False) if cold_path else None
     meta = load_metadata(cached_store(url))
+    if meta.cluster_mode:
+        raise LoglakeError(
+            f"{url} holds a cluster-mode bucket (loglake serve --cluster): pipeline verify checks "
+            "single-node segment chains only; cluster data is checked by CRC as it is read (docs/CLUSTER.md)"
+        )
     tasks: list[tuple[str, str, str, int, int]] = []
     recorded: dict[str, tuple[str, str]] = {}
     for (topic, p), pm in sorted(meta.partitions.items()):

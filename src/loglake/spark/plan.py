@@ -12,7 +12,7 @@ import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -65,6 +65,9 @@ class PartitionMeta:
     #: hybrid reads: `end` is the broker's high watermark (read_committed: its last stable
     #: offset) and offsets from `seam` on are read through the broker; None: segments only
     seam: int | None = None
+    #: cluster mode: the committed flush-object ranges after the merged `segments` (offsets
+    #: base..last each; start and end span the whole range)
+    flush: tuple[FlushSlice, ...] = ()
 
     @property
     def tp(self) -> TopicPartition:
@@ -92,6 +95,24 @@ class Slice:
 
 
 @dataclass(frozen=True, slots=True)
+class FlushSlice(Slice):
+    """A Slice of one committed flush-object range of a cluster partition (docs/CLUSTER.md,
+    "Spark and exports"): offsets [start, end) of the range's batches at byte `pos` of the
+    object `key`, `length` bytes with CRC-32C `crc` (read with one ranged GET, checked).
+    `base`..`last` and the counts are the range's own, as the metadata committed them."""
+
+    topic_id: str = ""
+    base: int = 0
+    last: int = -1
+    pos: int = 0
+    length: int = 0
+    records: int = 0
+    max_ts: int = -1
+    crc: int = 0
+    batches: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerRange:
     """One Spark input partition of a hybrid read: offsets [start, end) of one partition, read
     through the broker by one consumer (spark/broker.py). Offsets in it may be markers, aborted
@@ -113,6 +134,8 @@ class Metadata:
     seq: int
     topics: dict[str, dict[str, Any]]
     partitions: dict[TopicPartition, PartitionMeta]
+    #: published by a `loglake serve --cluster` broker (loglake.cluster.publish)
+    cluster_mode: bool = False
 
 
 _FS = OsFileSystem()
@@ -146,6 +169,12 @@ def load_metadata(store: ObjectStore, isolation: str = "read_uncommitted") -> Me
         tid = tm.topic_id.hex()
         topics[tm.name] = {"id": tid, "partitions": tm.partitions, "config": dict(tm.config), "created_ms": tm.created_ms}
         for p in range(tm.partitions):
+            plog = state.plogs.parts.get((tm.topic_id, p))
+            if plog is not None:  # cluster mode (durability class object)
+                from loglake.spark.cluster_plan import cluster_partition
+
+                parts[(tm.name, p)] = cluster_partition(store.url, tm.name, tid, p, plog)
+                continue
             pm = state.partition(tm.topic_id, p)
             segs = tuple(
                 SegmentInfo(
@@ -163,7 +192,7 @@ def load_metadata(store: ObjectStore, isolation: str = "read_uncommitted") -> Me
                 tm.name, tid, p, pm.log_start, max(end, pm.log_start), segs, aborted,
                 committed and len(pm.aborted_txns) >= ABORTED_TXNS_MAX,
             )
-    return Metadata(state.cluster_id, state.seq, topics, parts)
+    return Metadata(state.cluster_id, state.seq, topics, parts, bool(state.plogs.parts))
 
 
 def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:
@@ -220,6 +249,10 @@ def offset_for_timestamp(
                     if r.timestamp >= ts and r.offset >= pm.log_start:
                         return r.offset
             i += 1
+    if pm.flush:  # cluster mode: the committed ranges not merged yet
+        from loglake.spark.cluster_plan import flush_offset_for_timestamp
+
+        return flush_offset_for_timestamp(store, pm, ts)
     return None
 
 
@@ -312,6 +345,10 @@ def slices_for(
             out.append(
                 Slice(store_for(seg, store_url, cold_url), pm.topic, pm.partition, seg.key, seg.size, s, e, mine)
             )
+    for fr in pm.flush:  # cluster mode: committed ranges not merged yet, after the segments
+        s, e = max(start, fr.base), min(end, fr.last + 1)
+        if s < e:
+            out.append(replace(fr, store_url=store_url, start=s, end=e, aborted=() if committed else None))
     return out
 
 
@@ -367,7 +404,7 @@ def split_slices(slices: list[Slice | BrokerRange], min_partitions: int | None) 
     out: list[Slice | BrokerRange] = []
     for sl in slices:
         pieces = max(1, math.ceil(sl.count / total * min_partitions)) if total else 1
-        if pieces <= 1:
+        if pieces <= 1 or isinstance(sl, FlushSlice):  # a flush range is one GET: never split
             out.append(sl)
             continue
         if isinstance(sl, BrokerRange):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import crc32c
@@ -46,7 +46,7 @@ from loglake.records.committed import AbortedTxns
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
 from loglake.records.varint import MAX_VARINT_BYTES, Buffer, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
-from loglake.spark.plan import Slice, cached_store
+from loglake.spark.plan import FlushSlice, Slice, cached_store
 
 #: Bytes of batches fetched per ranged read.
 CHUNK_BYTES = 8 * 1024 * 1024
@@ -362,11 +362,16 @@ class _Pending:
 
 
 def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
-    """Records with offsets [sl.start, sl.end) of one segment, as RecordBatches."""
-    schema = arrow_schema(include_headers)
+    """Records with offsets [sl.start, sl.end) of one segment (or, cluster mode, one flush
+    range), as RecordBatches."""
     if sl.start >= sl.end:
         return
     store = cached_store(sl.store_url)
+    if isinstance(sl, FlushSlice):
+        from loglake.spark.cluster_plan import flush_bytes
+
+        yield from _decode_chunks(sl, [(flush_bytes(store, sl), sl.pos, sl.batches)], None, include_headers)
+        return
     trailer, index = read_tail(store, sl.key, sl.size)
     aborted = None if sl.aborted is None else AbortedTxns([*sl.aborted, *trailer.aborted_txns])
     first = index.find_offset(sl.start)
@@ -375,16 +380,35 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
         return
     if last is None:
         last = len(index) - 1
+
+    def chunks() -> Iterator[tuple[bytes, int, int]]:
+        i = first
+        while i <= last:
+            pos, length, n = index.byte_range(i, CHUNK_BYTES)
+            if i + n - 1 > last:
+                n = last - i + 1
+                length = index.entry(last).end - pos
+            buf = store.get_range(sl.key, pos, length)
+            if len(buf) != length:
+                raise CorruptRecordError(f"{sl.key}: short read at byte {pos} ({len(buf)} of {length})")
+            yield buf, pos, n
+            i += n
+
+    yield from _decode_chunks(sl, chunks(), aborted, include_headers)
+
+
+def _decode_chunks(
+    sl: Slice,
+    chunks: Iterable[tuple[bytes, int, int]],
+    aborted: AbortedTxns | None,
+    include_headers: bool,
+) -> Iterator[pa.RecordBatch]:
+    """The records in [sl.start, sl.end) of `chunks`: (bytes, their position in the object,
+    the number of whole batches in them), each batch CRC-checked."""
+    schema = arrow_schema(include_headers)
     pending = _Pending()
-    i = first
-    while i <= last:
-        pos, length, n = index.byte_range(i, CHUNK_BYTES)
-        if i + n - 1 > last:
-            n = last - i + 1
-            length = index.entry(last).end - pos
-        buf = store.get_range(sl.key, pos, length)
-        if len(buf) != length:
-            raise CorruptRecordError(f"{sl.key}: short read at byte {pos} ({len(buf)} of {length})")
+    for buf, pos, n in chunks:
+        length = len(buf)
         view = memoryview(buf)
         at = 0
         for _ in range(n):
@@ -415,7 +439,6 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
                         yield batch
                     pending = _Pending()
             at += size
-        i += n
     if pending.rows:
         batch = pending.build(schema, sl.topic, sl.partition, sl.start, sl.end, include_headers)
         if batch is not None:

@@ -13,6 +13,11 @@ Files are preallocated (`file_bytes`) and named by the sequence number of their 
 `wal-<seq 20 digits>.log`, so appends never grow the inode and fdatasync has no metadata to
 write. A group that does not fit in the rest of the active file rolls to a new file first.
 
+With `spare=True` (the engine's data shards) and a filesystem whose `allocate` leaves unwritten
+extents (`FileSystem.has_unwritten_extents`), a roll renames a zero-written spare file into
+place instead (loglake.wal.spare): the WAL's fdatasyncs then overwrite written blocks and need
+no journal commit, and the roll does no allocation or data sync on the writer thread.
+
 A write or fsync error fails the shard: the group and everything queued behind it fail with
 StorageError and later submits are refused. Retrying an fsync after an error is not safe (the
 kernel may have dropped the dirty pages), so there is no retry; restart recovery truncates the
@@ -34,7 +39,6 @@ contract). Any other error (EIO) still fails the shard for good.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -47,6 +51,8 @@ from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
 from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
+from loglake.wal.spare import SPARE_REQUEST_FILL, SpareFile
+from loglake.wal.stall import StallMixin
 
 __all__ = [
     "Durability",
@@ -72,12 +78,9 @@ WAL_COPY_PAYLOAD_BYTES_MAX = 16 * 1024
 #: Longest a group waits for producers that were in the previous group to come back (like
 #: PostgreSQL's commit_delay). The real wait is at most half the recent fsync latency.
 WAL_COMMIT_DELAY_US_MAX = 500
-#: A stalled shard (disk full) tries a fresh file after this long, doubling up to the max.
-WAL_STALL_RETRY_MS = 100
-WAL_STALL_RETRY_MS_MAX = 5_000
 
 
-class WalShard:
+class WalShard(StallMixin):
     def __init__(
         self,
         fs: FileSystem,
@@ -90,8 +93,14 @@ class WalShard:
         clock: Callable[[], float] = time.monotonic,
         on_full: Callable[[str, BaseException], None] | None = None,
         on_healed: Callable[[str], None] | None = None,
+        spare: bool = False,
+        spare_keep_free: Callable[[int], int] | None = None,
     ) -> None:
         self.fs = fs
+        self._spare = (
+            SpareFile(fs, directory, file_bytes, spare_keep_free) if spare and fs.has_unwritten_extents else None
+        )
+        self._spare_asked = False  # for the active file (SPARE_REQUEST_FILL)
         self._on_full = on_full
         self._on_healed = on_healed
         self._synced_pos = 0  # bytes of the active file its last fsync covered
@@ -145,6 +154,8 @@ class WalShard:
             target=self._run, name=f"wal-{os.path.basename(self.directory)}", daemon=True
         )
         self._thread.start()
+        if self._spare is not None:
+            self._spare.start()
 
     def close(self) -> None:
         """Write everything queued, fsync, stop the writer."""
@@ -154,6 +165,8 @@ class WalShard:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._spare is not None:
+            self._spare.close()
         if self._active is not None:
             try:
                 if self._failure is None:
@@ -164,6 +177,11 @@ class WalShard:
             except OSError as exc:
                 log.warning("closing WAL file in %s: %s", self.directory, exc)
             self._active = None
+
+    @property
+    def spare_rolls(self) -> int:
+        """Rolls that renamed a ready spare file into place."""
+        return self._spare.used if self._spare is not None else 0
 
     @property
     def failure(self) -> BaseException | None:
@@ -374,6 +392,13 @@ class WalShard:
             assert self._active is not None
             self._active.pwritev(self._active_pos, parts)
             self._active_pos += size
+            if (
+                self._spare is not None
+                and not self._spare_asked
+                and self._active_pos >= self._active_capacity * SPARE_REQUEST_FILL
+            ):
+                self._spare_asked = True
+                self._spare.request()
             active_map = self._files[-1].partitions
             for entry in group:
                 active_map[(entry.topic_id, entry.partition)] = entry.end_offset
@@ -460,145 +485,22 @@ class WalShard:
             self._active = None
         path = os.path.join(self.directory, wal_file_name(first_seq))
         capacity = max(self.file_bytes, needed)
-        f = self.fs.open(path, write=True, create=True, exclusive=True)
-        try:
-            f.allocate(capacity)
-            f.datasync()
-            self.fs.fsync_dir(self.directory)
-        except BaseException as exc:
-            f.close()
-            if self._disk_full(exc):
-                self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
-            raise
+        f = self._spare.take(path) if self._spare is not None and needed <= self.file_bytes else None
+        self._spare_asked = False
+        if f is None:
+            f = self.fs.open(path, write=True, create=True, exclusive=True)
+            try:
+                f.allocate(capacity)
+                f.datasync()
+                self.fs.fsync_dir(self.directory)
+            except BaseException as exc:
+                f.close()
+                if self._disk_full(exc):
+                    self.fs.unlink(path)  # a retry creates it again; recovery never sees it half-made
+                raise
         with self._cond:  # both at once: truncation never takes the new file for a closed one
             self._files.append(WalFile(path, first_seq))
             self._active = f
         self._active_pos = 0
         self._active_capacity = capacity
         self._synced_pos = 0
-
-    # ---- disk full: stall and heal (see the module doc) ----------------------------------------
-
-    def _disk_full(self, exc: BaseException) -> bool:
-        return (
-            self._on_full is not None
-            and isinstance(exc, OSError)
-            and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        )
-
-    def _abandon_active(self) -> None:
-        """Cut the active file back to what its last fsync covered and sync that (remove it when
-        that is nothing): recovery must never find an unconfirmed frame in a closed file."""
-        with self._cond:
-            f = self._active
-            if f is None:
-                return
-            wal_file = self._files[-1]  # the active file is the newest
-            self._active = None
-        self._dirty = False
-        try:
-            if self._synced_pos == 0:
-                f.close()
-                try:
-                    self.fs.unlink(wal_file.path)
-                except FileNotFoundError:
-                    pass  # truncation took it (it named no partition)
-                self.fs.fsync_dir(self.directory)
-                with self._cond:
-                    self._files = [w for w in self._files if w is not wal_file]
-            else:
-                f.truncate(self._synced_pos)
-                f.datasync()
-                f.close()
-        except BaseException:
-            try:
-                f.close()
-            except OSError:
-                pass  # closed already
-            raise
-
-    def _stall(self, group: list[WalEntry], ticket: int, exc: BaseException) -> bool:
-        """Disk full during `group`: keep what must be written again, tell the entries and the
-        hook. False when the active file cannot be cut back (then the shard fails)."""
-        pending = [(e, True) for e in self._unsynced] + [(e, False) for e in group]
-        try:
-            self._abandon_active()
-        except BaseException as cut:
-            log.error("WAL shard %s: disk full, and cutting back the active file failed: %s", self.directory, cut)
-            return False
-        self._unsynced = []
-        if pending:
-            self._next_seq = pending[0][0].seq
-        self.stalls += 1
-        log.error(
-            "WAL shard %s: %s; %d unconfirmed frame(s) from seq %d kept to write again in a fresh file once there is room",
-            self.directory, exc, len(pending), self._next_seq,
-        )
-        error = StorageFullError(
-            self.directory, -1, -1, f"WAL write failed ({exc}); written again once there is room"
-        )
-        with self._cond:
-            self._stalled = pending
-            self._stall_ticket = ticket
-            self._in_flight = 0
-            self._idle.notify_all()
-        assert self._on_full is not None
-        self._on_full(self.directory, exc)
-        for entry, acked in pending:
-            if not acked:
-                try:
-                    entry.on_done(entry, error)
-                except Exception:
-                    log.exception("WAL completion callback failed")
-        return True
-
-    def _heal(self) -> bool:
-        """One stalled round: wait, then try a fresh file. False when the shard is stopping."""
-        delay = min(WAL_STALL_RETRY_MS * 2 ** min(self._tries, 10), WAL_STALL_RETRY_MS_MAX) / 1000.0
-        with self._cond:
-            if not (self._stopping or self._aborting):
-                self._cond.wait(delay)
-            stop = self._stopping or self._aborting
-        if stop:
-            # Nobody may wait forever for a write that will not happen now: what was never
-            # acknowledged, and everything queued, fails (the next open replays what is durable).
-            waiting = self._stalled or []
-            self._fail([e for e, acked in waiting if not acked], StorageError("wal-write", self.directory, "stopped while the disk was full"))
-            return False
-        pending = self._stalled
-        assert pending is not None
-        entries = [e for e, _acked in pending]
-        try:
-            if entries:
-                parts, size = self._encode(entries)
-                self._roll(entries[0].seq, size)
-                assert self._active is not None
-                self._active.pwritev(0, parts)
-                self._active_pos = size
-                self._active.datasync()
-                self._synced_pos = size
-                active_map = self._files[-1].partitions
-                for entry in entries:
-                    active_map[(entry.topic_id, entry.partition)] = entry.end_offset
-        except BaseException as exc:
-            if not self._disk_full(exc):
-                raise
-            self._next_seq = entries[0].seq if entries else self._next_seq
-            self._abandon_active()
-            self._tries += 1
-            return True
-        self._tries = 0
-        with self._cond:
-            self._stalled = None
-            self._sync_served = max(self._sync_served, self._stall_ticket)
-            self._idle.notify_all()
-        log.warning("WAL shard %s: written again after the disk-full stall (%d frame(s)); writes resume", self.directory, len(entries))
-        for entry, acked in pending:
-            if not acked:
-                try:
-                    entry.on_done(entry, None)
-                except Exception:
-                    log.exception("WAL completion callback failed")
-        if self._on_healed is not None:
-            self._on_healed(self.directory)
-        return True
