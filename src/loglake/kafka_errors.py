@@ -44,6 +44,7 @@ class ErrorCode(IntEnum):
     REQUEST_TIMED_OUT = (7, True, "The request timed out.")
     MESSAGE_TOO_LARGE = (10, False, "The request included a message larger than the max message size the server will accept.")
     OFFSET_METADATA_TOO_LARGE = (12, False, "The metadata field of the offset request was too large.")
+    COORDINATOR_LOAD_IN_PROGRESS = (14, True, "The coordinator is loading and hence can't process requests.")
     COORDINATOR_NOT_AVAILABLE = (15, True, "The coordinator is not available.")
     NOT_COORDINATOR = (16, True, "This is not the correct coordinator.")
     INVALID_TOPIC_EXCEPTION = (17, False, "The request attempted to perform an operation on an invalid topic.")

@@ -50,6 +50,10 @@ class BrokerContext:
     #: Cluster mode's view of the cluster (loglake.cluster.leadership.Leadership: live brokers,
     #: partition leaders, group coordinators), set by the server; None on a single-node broker.
     cluster: Any = None
+    #: Cluster mode: the fenced group store of the current coordinator (loglake.broker.cluster_groups)
+    #: and what reloads the coordinator (loglake.broker.cluster.CoordinatorReloader); None otherwise.
+    group_fence: Any = None
+    group_reloader: Any = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )

@@ -150,7 +150,7 @@ class BrokerServer:
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
         # cluster mode: register with the advertised listeners, lead, move group coordinators
-        await cluster.join(self.ctx, [lst.url(*adv) for lst, adv in self.endpoints], lambda: self._make_coordinator(engine))
+        await cluster.join(self.ctx, [lst.url(*adv) for lst, adv in self.endpoints], lambda store: self._make_coordinator(engine, store))
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -168,7 +168,7 @@ class BrokerServer:
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.authorizer = broker_authorizer(self.config, engine)
-        self.ctx.coordinator = self._make_coordinator(engine)
+        self.ctx.coordinator = self._make_coordinator(engine, await cluster.fenced_store(self.ctx))
         authz = self.ctx.authorizer
         if authz is not None and hasattr(self.ctx.coordinator, "set_topic_filter"):
             # KIP-848 regex subscriptions select only the topics the member may DESCRIBE
@@ -199,7 +199,7 @@ class BrokerServer:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
 
-    def _make_coordinator(self, engine: Engine) -> Any:
+    def _make_coordinator(self, engine: Engine, fenced: Any = None) -> Any:
         try:
             groups: Any = importlib.import_module("loglake.broker.groups")
         except ModuleNotFoundError:
@@ -218,9 +218,8 @@ class BrokerServer:
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
-        store = groups.EngineGroupStore(engine)
-        if self.ctx.cluster is not None:  # only the groups this broker coordinates
-            store = cluster.owned_groups_only(store, self.ctx.cluster)
+        # cluster mode: `fenced` claimed and loaded only the groups this broker coordinates
+        store = fenced if fenced is not None else groups.EngineGroupStore(engine)
         return groups.GroupCoordinator(
             store,
             topic_exists=topic_exists,

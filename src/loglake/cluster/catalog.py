@@ -45,6 +45,12 @@ PRODUCER_ID_KEY = "producer_id/next"
 PRODUCER_ID_ATTEMPTS = 100
 #: How long a topic change waits for etcd to commit it.
 COMMIT_WAIT_S = 60.0
+#: etcd key prefix (under the cluster prefix) of one key per topic name ever created, holding the
+#: id of its latest topic: a create is committed only if the key is as it was when the name was
+#: seen free, so two brokers creating one name at once (auto-create on Metadata from several
+#: brokers, a retried CreateTopics) make one `topic_created` record, and the other gets
+#: TOPIC_ALREADY_EXISTS without writing anything.
+TOPIC_NAME_KEY = "topic_names/"
 
 
 class ClusterCatalog(Catalog):
@@ -123,9 +129,12 @@ class ClusterCatalog(Catalog):
                 f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}"
             )
         topic_config = TopicConfig.parse(config, self.config.topic_defaults)
+        name_key = TOPIC_NAME_KEY + name
+        seen: bytes | None = None
         if not validate_only:
-            # See every record committed so far first: two brokers auto-creating one topic on
-            # Metadata is common, and a create another broker already committed is no error.
+            # The name's key first, then every record committed so far: a create committed by
+            # another broker after this read changes the key, so the guard below fails.
+            seen, _mod = self.etcd.get_key(name_key)
             self.etcd.sync()
         self.refresh()
         if name in self.topics:
@@ -140,9 +149,15 @@ class ClusterCatalog(Catalog):
             "config": dict(topic_config.overrides),
             "created_ms": topic.created_ms,
         }
+        guard = Guard(name_key, value=seen) if seen is not None else Guard(name_key, mod_revision=0)
         try:
-            self.etcd.append("topic_created", body).result(COMMIT_WAIT_S)
-        except MetaRecordRejectedError:  # another broker created it first
+            self.etcd.append_if(
+                "topic_created", body, [guard], {name_key: topic.topic_id.hex().encode()}
+            ).result(COMMIT_WAIT_S)
+        except (MetaFencedError, MetaRecordRejectedError):  # another broker created it first
+            log.info(
+                "topic %s: created by another broker at the same time; answering TOPIC_ALREADY_EXISTS", name
+            )
             raise TopicExistsError(f"topic {name!r} already exists") from None
         self.refresh(force=True)
         log.info("created topic %s (%d partitions, id %s)", name, partitions, topic.topic_id.hex())
@@ -151,7 +166,9 @@ class ClusterCatalog(Catalog):
     def delete_topic(self, name: str) -> TopicState:
         topic = self.topic(name)
         try:
-            self.etcd.append("topic_deleted", {"id": topic.topic_id.hex()}).result(COMMIT_WAIT_S)
+            # `ms` starts the sweep's grace for the topic's objects (the same on every broker)
+            body = {"id": topic.topic_id.hex(), "ms": int(self._clock() * 1000)}
+            self.etcd.append("topic_deleted", body).result(COMMIT_WAIT_S)
         except MetaRecordRejectedError:
             raise UnknownTopicError(f"unknown topic {name!r}") from None
         self.refresh(force=True)

@@ -6,12 +6,14 @@ metadata with a `plog_merged` record guarded by the leader's epoch key. A merger
 leadership may still finish a PUT, but under its own epoch's key — never the key its successor
 writes — and its switch is fenced, so its segment is never referenced.
 
-**Sweep.** Two kinds of flush objects go:
+**Sweep.** Two kinds of flush objects go, and the merged segments of deleted topics:
   * unreferenced: every range in it was switched to a merged segment; it is deleted once
     DELETE_GRACE_S has passed since the switch, for readers that looked a range up just before;
   * orphaned: listed under `flush/` but named by no committed range — its commit failed, was
     fenced, or its answer was lost — and older than ORPHAN_GRACE_S (its header's time), which is
-    far longer than any commit may take.
+    far longer than any commit may take;
+  * a deleted topic's merged segments (and flush objects only its ranges referenced, which are
+    unreferenced from the deletion on), once DELETE_GRACE_S has passed since the deletion.
 Either way a `plog_swept` record naming the keys is committed *before* anything is deleted: it
 refuses to apply if a key became referenced meanwhile (nothing is deleted then), and it
 condemns orphans, so a commit of one landing later still is refused by every broker. A delete
@@ -133,6 +135,7 @@ def sweep(
     def view(state: MetaState) -> tuple[list[str], set[str]]:
         t = state.plogs
         free = [k for k, ms in t.free.items() if now - ms >= delete_grace_s * 1000]
+        free += [k for k, ms in t.dropped.items() if now - ms >= delete_grace_s * 1000]
         return free, set(t.objects) | set(t.free) | set(t.condemned)
 
     free, known = plog.meta.read(view)

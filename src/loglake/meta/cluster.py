@@ -19,7 +19,11 @@ plog_merged    {id, p, epoch, ms, n, seg: [key, base, last, size, index_pos, dat
                (same offsets); a flush object with no range left becomes unreferenced at `ms`
 plog_swept     {keys} -> flush objects about to be deleted: unreferenced ones leave the free
                list; never-committed ones (orphans) are condemned, so a late commit of one is
-               refused. A key still referenced refuses the whole record.
+               refused; a deleted topic's merged segment leaves the dropped list. A key still
+               referenced refuses the whole record.
+topic_deleted  (the topic record; `ms` added in cluster mode) -> the topic's partitions leave the
+               table: flush objects left without ranges become unreferenced, its merged
+               segments are dropped, both at `ms` (0 when absent), for the sweep
 =============  ==================================================================================
 
 Bounds: RANGES_PER_PARTITION_MAX unmerged ranges per partition (a commit past it is refused:
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONDEMNED_MAX",
+    "DROPPED_SEGMENTS_MAX",
     "FREE_OBJECTS_MAX",
     "PLOG_KINDS",
     "RANGES_PER_PARTITION_MAX",
@@ -45,6 +50,7 @@ __all__ = [
     "PlogRange",
     "PlogSegment",
     "PlogTable",
+    "drop_topic",
     "end_key",
     "epoch_key",
 ]
@@ -56,6 +62,9 @@ RANGES_PER_PARTITION_MAX = 10_000
 FREE_OBJECTS_MAX = 100_000
 #: Swept orphans remembered so a late commit of one is refused (oldest forgotten first).
 CONDEMNED_MAX = 100_000
+#: Merged segments of deleted topics remembered for the sweep (oldest forgotten first: a
+#: forgotten one stays in the bucket, unreferenced, until an operator removes it).
+DROPPED_SEGMENTS_MAX = 100_000
 
 PLOG_KINDS = ("plog_leader", "plog_commit", "plog_merged", "plog_swept")
 
@@ -176,6 +185,9 @@ class PlogTable:
     free: dict[str, int] = field(default_factory=dict)
     #: orphans the sweep condemned: a commit naming one is refused
     condemned: dict[str, None] = field(default_factory=dict)
+    #: merged segments of deleted topics -> since when (ms, the deleting broker's clock): the
+    #: sweep deletes them past the grace, as it does unreferenced flush objects
+    dropped: dict[str, int] = field(default_factory=dict)
 
     def part(self, topic_id: bytes, partition: int) -> Plog:
         return self.parts.setdefault((topic_id, partition), Plog())
@@ -203,6 +215,8 @@ def apply_plog(state: MetaState, b: dict[str, Any], *, kind: str) -> None:
         if held:
             raise ValueError(f"sweep names {held[0]}, which committed ranges still reference")
         for k in keys:
+            if t.dropped.pop(k, None) is not None:
+                continue
             if t.free.pop(k, None) is None:
                 t.condemned[k] = None
         _trim(t.condemned, CONDEMNED_MAX)
@@ -265,6 +279,26 @@ def _merged(t: PlogTable, b: dict[str, Any]) -> None:
     _trim(t.free, FREE_OBJECTS_MAX)
 
 
+def drop_topic(t: PlogTable, topic_id: bytes, ms: int) -> None:
+    """A topic was deleted (`topic_deleted`): its partitions leave the table, its ranges stop
+    referencing their flush objects (one left with none is unreferenced from `ms`, swept as after
+    a merge) and its merged segments are dropped from `ms` (swept after the same grace)."""
+    for tp in [tp for tp in t.parts if tp[0] == topic_id]:
+        plog = t.parts.pop(tp)
+        for r in plog.ranges:
+            holders = t.objects.get(r.key)
+            if holders is None:
+                continue
+            holders.discard(tp)
+            if not holders:
+                del t.objects[r.key]
+                t.free[r.key] = ms
+        for seg in plog.segments:
+            t.dropped[seg.key] = ms
+    _trim(t.free, FREE_OBJECTS_MAX)
+    _trim(t.dropped, DROPPED_SEGMENTS_MAX)
+
+
 def _trim(table: dict[str, Any], bound: int) -> None:
     while len(table) > bound:
         del table[next(iter(table))]
@@ -290,6 +324,7 @@ def plogs_doc(state: MetaState) -> dict[str, Any]:
         ],
         "free": dict(t.free),
         "condemned": list(t.condemned),
+        "dropped": dict(t.dropped),
     }
 
 
@@ -307,3 +342,4 @@ def load_plogs(state: MetaState, doc: dict[str, Any]) -> None:
             t.objects.setdefault(r.key, set()).add(tp)
     t.free = {str(k): int(v) for k, v in raw["free"].items()}
     t.condemned = dict.fromkeys(str(k) for k in raw["condemned"])
+    t.dropped = {str(k): int(v) for k, v in raw.get("dropped", {}).items()}  # absent in older checkpoints

@@ -96,6 +96,8 @@ POLL_INTERVAL_S = 1.0
 #: Attempts to open (a checkpoint swapped or compacted away while it was being read starts over).
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
+#: Record kinds whose rejection on replay is logged at debug (see `_apply`).
+QUIET_REJECTED_KINDS = frozenset({"topic_created"})
 
 
 @dataclass
@@ -510,7 +512,13 @@ class EtcdMetaStore:
                 for watcher in self._watchers:
                     watcher(seq, kind, body, raw)
         if error is not None:
-            log.error("metadata store %s: %s; every broker skips it", self.prefix, error)
+            # A create that lost a race to another broker's create of the same name (written before
+            # creates were guarded by the name's key) is expected history, not damage: said at
+            # debug when replayed, so it is not an ERROR line at every start.
+            quiet = kind in QUIET_REJECTED_KINDS and replaying
+            (log.debug if quiet else log.error)(
+                "metadata store %s: %s; every broker skips it", self.prefix, error
+            )
         if future is not None and not future.done():
             if error is None:
                 future.set_result(seq)

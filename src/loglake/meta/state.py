@@ -69,7 +69,7 @@ from typing import Any
 from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import apply_acls
-from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog
+from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog, drop_topic
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import EntityKey, apply_client_quota
 from loglake.meta.scram import apply_scram
@@ -321,6 +321,7 @@ class MetaState:
         self.names.pop(topic.name, None)
         for i in range(topic.partitions):
             self.partitions.pop((tid, i), None)
+        drop_topic(self.plogs, tid, int(b.get("ms", 0)))  # cluster mode: its objects go to the sweep
         for group in self.groups.values():  # Kafka expires offsets of deleted topics too
             for tp in [tp for tp in group.offsets if tp[0] == topic.name]:
                 del group.offsets[tp]
