@@ -16,7 +16,7 @@ from typing import Any, cast
 from loglake.cluster.plog import ClusterPartitionLog
 from loglake.engine.catalog import Catalog
 from loglake.engine.types import PartitionInfo, ReadResult
-from loglake.errors import OffsetOutOfRangeError
+from loglake.errors import EngineClosedError, OffsetOutOfRangeError
 from loglake.meta.cluster import Plog
 from loglake.meta.etcd import EtcdMetaStore
 from loglake.meta.state import MetaState
@@ -92,7 +92,10 @@ class ClusterReadsMixin:
         min_one: bool = True,
     ) -> Future[ReadResult]:
         self._tid(topic, partition)  # UnknownTopicError at once, not from the pool
-        return self._reads.submit(self.read, topic, partition, offset, max_bytes, min_one=min_one)
+        try:
+            return self._reads.submit(self.read, topic, partition, offset, max_bytes, min_one=min_one)
+        except RuntimeError:  # the pool is shut down: the engine closes while a Fetch is handled
+            raise EngineClosedError(f"node closing: read of {topic}-{partition} refused") from None
 
     def read_committed_async(
         self,
