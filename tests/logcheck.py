@@ -20,6 +20,7 @@ the first: a failing test prints them all, with the seed of the run):
   idempotence a retried record may legally land twice (Kafka's at-least-once), so
   `idempotent=False` counts those in the stats as `retry_duplicate` instead;
 - **double_ack**: two different records acknowledged at one offset;
+
 - **conflict**: two reads saw different records at one offset (an offset written twice);
 - **phantom**: a record in the log that no producer ever attempted;
 - **failed_present**: a record whose produce failed for certain is in the log;
@@ -29,6 +30,14 @@ the first: a failing test prints them all, with the seed of the run):
   group was ever handed (consumers did not resume where they committed);
 - **commit_regress**: a group's committed offset of a partition went backwards (Kafka lets a
   client do that on purpose; these tests never do, so here it means progress was lost).
+
+An idempotent librdkafka producer may acknowledge a record with no offset: when a batch's
+response was lost and a later batch of the same producer succeeds, the earlier batch must have
+been persisted (the broker accepts sequences only in order), so librdkafka reports its records
+as delivered with the offset unknown ("implicitly acked by subsequent batch success", its
+IMPLICITACK debug context). Such a record is counted in the stats as `acked_no_offset` and held
+to the rest of the model: present exactly once, in its acknowledged partition (else **lost** or
+**duplicate**).
 
 Values must be unique per produce attempt (`value_for` builds them); a record's key is not used
 to identify it.
@@ -142,7 +151,7 @@ class History:
             self.produces.append(op)
         return op
 
-    def acked(self, op: ProduceOp, partition: int, offset: int) -> None:
+    def acked(self, op: ProduceOp, partition: int, offset: int | None) -> None:
         with self._lock:
             op.outcome, op.partition, op.offset = ACKED, partition, offset
 
@@ -238,8 +247,19 @@ def _check(h: History, idempotent: bool) -> Report:
     for op in h.produces:
         if op.outcome != ACKED:
             continue
-        assert op.partition is not None and op.offset is not None
+        assert op.partition is not None
         tp = (op.topic, op.partition)
+        places = where.get(op.value, [])
+        if op.offset is None:
+            here = [o for t, q, o in places if (t, q) == tp]
+            at = [f"{t}[{q}]@{o}" for t, q, o in places]
+            rep.stats["acked_no_offset"] = rep.stats.get("acked_no_offset", 0) + 1
+            if tp not in h.final:
+                rep.add(Anomaly("lost", op.topic, op.partition, None, "partition never read at the end"))
+            elif not here:
+                detail = f"acked (offset unknown) {op.value[:40]!r} is not in the partition: at {at}"
+                rep.add(Anomaly("lost", op.topic, op.partition, None, detail))
+            continue
         other = acked_at.setdefault((op.topic, op.partition, op.offset), op.value)
         if other != op.value:
             rep.add(
@@ -254,7 +274,6 @@ def _check(h: History, idempotent: bool) -> Report:
         if tp not in h.final:
             rep.add(Anomaly("lost", op.topic, op.partition, op.offset, "partition never read at the end"))
             continue
-        places = where.get(op.value, [])
         if not places:
             rep.add(
                 Anomaly(

@@ -95,6 +95,25 @@ def test_two_acks_at_one_offset_are_caught() -> None:
     assert {"double_ack", "lost"} <= rep.kinds(), str(rep)
 
 
+def test_an_ack_without_offset_is_counted_and_still_held_to_the_log() -> None:
+    """librdkafka's implicit acks carry no offset: legal, but the record must be there once."""
+    h = History()
+    a, b, c, d = (value_for("x", i) for i in range(4))
+    h.acked(h.attempt(T, a), 0, 0)
+    h.acked(h.attempt(T, b), 0, None)  # present once: fine
+    h.final_read(T, 0, [(0, a), (1, b)])
+    rep = h.check()
+    assert rep.ok, str(rep)
+    assert rep.stats["acked_no_offset"] == 1
+
+    h.acked(h.attempt(T, c), 0, None)  # absent: lost
+    h.acked(h.attempt(T, d), 0, None)  # present twice: duplicate
+    h.final_read(T, 0, [(0, a), (1, b), (2, d), (3, d)])
+    rep = h.check()
+    assert rep.kinds() == {"lost", "duplicate"}, str(rep)
+    assert value_for("x", 2).decode() in str(rep.anomalies["lost"][0])
+
+
 def test_an_offset_read_as_two_records_is_caught() -> None:
     h = good_history()
     h.read(T, 0, 3, value_for("p1", 3))  # a reader saw partition 1's record at partition 0's offset 3
