@@ -162,6 +162,31 @@ def _advertised(bootstrap: str) -> tuple[str, int]:
     return meta.host, meta.port
 
 
+def test_serve_freezes_its_startup_objects_and_reports_collector_pauses(metrics_broker: Broker) -> None:
+    """`loglake serve` moves what it holds at start out of the cyclic collector's reach (a full
+    collection stalls every request) and shows each generation's collections and pauses."""
+    url = metrics_broker.metrics_url  # type: ignore[attr-defined]
+    families, _ = scrape(url)
+    frozen = samples(families, "loglake_gc_frozen_objects")[0].value
+    assert frozen > 10_000, frozen  # modules, engine and config objects: tens of thousands
+    admin = AdminClient({"bootstrap.servers": metrics_broker.bootstrap})
+    for _ in range(20):  # requests allocate: young collections run and are counted
+        admin.list_topics(timeout=10)
+    families, _ = scrape(url)
+    by_gen = {
+        name: {s.labels["generation"]: s.value for s in samples(families, family, name)}
+        for family, name in (
+            ("loglake_gc_collections", "loglake_gc_collections_total"),
+            ("loglake_gc_pause_seconds", "loglake_gc_pause_seconds_total"),
+            ("loglake_gc_pause_max_seconds", "loglake_gc_pause_max_seconds"),
+        )
+    }
+    counts, total, longest = by_gen.values()
+    assert set(counts) == set(total) == set(longest) == {"0", "1", "2"}
+    assert counts["0"] >= 1, counts
+    assert 0 < longest["0"] <= total["0"], (longest, total)
+
+
 def test_wildcard_listen_advertises_the_canonical_host_name(tmp_path: Path) -> None:
     with serving_broker(tmp_path / "data", ["--listen", "0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
         host, port = _advertised(b.bootstrap)

@@ -139,6 +139,8 @@ class Metrics:
         self.ready = False
         #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.
         self.fetch_sessions: Any = None
+        #: loglake.broker.gcstats.GcStats when this process is `loglake serve`'s own (else None).
+        self.gc: Any = None
         self._engine: Any = None
         self._coordinator: Any = None
         self.registry.register(_WithoutCreated(self._requests, self._latency))
@@ -209,6 +211,8 @@ class _StateCollector:
         yield from m.sasl.families()
         if m.fetch_sessions is not None:
             yield from _fetch_session_families(m.fetch_sessions)
+        if m.gc is not None:
+            yield from m.gc.families()
         engine = m._engine
         if engine is not None:
             yield from self._engine_families(engine, m._coordinator)

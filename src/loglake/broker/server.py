@@ -27,6 +27,7 @@ from loglake.broker.connection import Connection
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
+from loglake.broker.gcstats import GcStats, freeze_startup_objects
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.listeners import (
     PLAINTEXT,
@@ -325,6 +326,9 @@ def run_server(config: BrokerConfig, on_listening: Callable[[Listener, tuple[str
         except BaseException:
             await server.shutdown()  # a half-started broker releases what it took (lock, ports)
             raise
+        # this process is the broker's own: tune its collector and show its pauses on /metrics
+        server.metrics.gc = GcStats().install()
+        freeze_startup_objects()
         if on_listening is not None:
             for listener, advertised in server.endpoints:
                 on_listening(listener, advertised)
