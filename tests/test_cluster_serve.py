@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +94,10 @@ class Cluster:
         raise AssertionError(f"leaders of {topic} not among {among}: {got}")
 
 
-@pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
-) -> Iterator[Cluster]:
-    tmp = tmp_path_factory.mktemp("cluster")
+@contextmanager
+def serving_cluster(tmp: Path, s3_client: Any, moto_endpoint: str) -> Iterator[Cluster]:
+    """Brokers 1-3 over a fresh one-member etcd and a fresh bucket; stopped cleanly at the end,
+    and no broker log (killed ones included) may hold a traceback."""
     bucket = f"c-{uuid.uuid4().hex[:20]}"
     s3_client.create_bucket(Bucket=bucket)
     etcd = EtcdCluster(tmp, 1).start()
@@ -106,8 +106,6 @@ def cluster(
         for n in NODES:
             c.start(n)
         yield c
-        for b in c.brokers.values():
-            assert b.proc is not None and b.proc.poll() is None, "a broker died"
     finally:
         for b in c.brokers.values():
             if b.proc is not None and b.proc.poll() is None:
@@ -115,6 +113,16 @@ def cluster(
         etcd.stop()
     for b in [*c.brokers.values(), *c.retired]:
         assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
+) -> Iterator[Cluster]:
+    with serving_cluster(tmp_path_factory.mktemp("cluster"), s3_client, moto_endpoint) as c:
+        yield c
+        for b in c.brokers.values():
+            assert b.proc is not None and b.proc.poll() is None, "a broker died"
 
 
 def create_topic(c: Cluster, name: str, partitions: int) -> None:

@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import pyarrow.parquet as pq
 from confluent_kafka.admin import AdminClient
 
 import s3kit
-from etcdkit import EtcdCluster, needs_etcd
+from etcdkit import needs_etcd
 from loglake.spark.options import LoglakeOptionError, parse_read_options
 from loglake.spark.plan import (
     FlushSlice,
@@ -46,7 +45,7 @@ from loglake.spark.plan import (
 )
 from loglake.spark.reader import read_slice
 from loglake.store.s3 import register
-from test_cluster_serve import WAIT_S, Cluster, create_topic, produce
+from test_cluster_serve import WAIT_S, Cluster, create_topic, produce, serving_cluster
 
 pytestmark = needs_etcd
 moto_endpoint = s3kit.moto_endpoint
@@ -90,22 +89,8 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, moto_endpoint: str, s3_client: Any
 ) -> Iterator[Cluster]:
     register()
-    tmp = tmp_path_factory.mktemp("spark-cluster")
-    bucket = f"c-{uuid.uuid4().hex[:20]}"
-    s3_client.create_bucket(Bucket=bucket)
-    etcd = EtcdCluster(tmp, 1).start()
-    c = Cluster(tmp, etcd, s3kit.store_url(moto_endpoint, bucket, "lake"))
-    try:
-        for n in (1, 2, 3):
-            c.start(n)
+    with serving_cluster(tmp_path_factory.mktemp("spark-cluster"), s3_client, moto_endpoint) as c:
         yield c
-    finally:
-        for b in c.brokers.values():
-            if b.proc is not None and b.proc.poll() is None:
-                assert b.stop() == 0
-        etcd.stop()
-    for b in [*c.brokers.values(), *c.retired]:
-        assert "Traceback" not in b.log_text(), b.log_text()[-5000:]
 
 
 def published(c: Cluster, want: dict[int, int], topic: str = TOPIC) -> Metadata:

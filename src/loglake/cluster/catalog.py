@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from loglake.engine.catalog import Catalog, TopicState
+from loglake.engine.catalog import Catalog, TopicState, check_partition_count
 from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, EngineConfig, TopicConfig, validate_topic_name
 from loglake.engine.partition import Partition
 from loglake.engine.types import TopicInfo
@@ -176,12 +176,7 @@ class ClusterCatalog(Catalog):
 
     def create_partitions(self, name: str, total: int, *, validate_only: bool) -> None:
         topic = self.topic(name)
-        if total <= len(topic.partitions):
-            raise InvalidPartitionsError(
-                f"topic {name!r} has {len(topic.partitions)} partitions; the new count must be larger, got {total}"
-            )
-        if total > PARTITIONS_PER_TOPIC_MAX:
-            raise InvalidPartitionsError(f"at most {PARTITIONS_PER_TOPIC_MAX} partitions per topic")
+        check_partition_count(name, len(topic.partitions), total)
         if validate_only:
             return
         try:

@@ -154,12 +154,7 @@ class Catalog:
     def create_partitions(self, name: str, total: int, *, validate_only: bool) -> None:
         with self.lock:
             topic = self.topic(name)
-            if total <= len(topic.partitions):
-                raise InvalidPartitionsError(
-                    f"topic {name!r} has {len(topic.partitions)} partitions; the new count must be larger, got {total}"
-                )
-            if total > PARTITIONS_PER_TOPIC_MAX:
-                raise InvalidPartitionsError(f"at most {PARTITIONS_PER_TOPIC_MAX} partitions per topic")
+            check_partition_count(name, len(topic.partitions), total)
             if validate_only:
                 return
             fut = self.meta.append("partitions_added", {"id": topic.topic_id.hex(), "total": total})
@@ -311,3 +306,13 @@ def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list
     for b in batches:
         per.setdefault(b[0], []).append(b)
     return [list(b) for items in per.values() for b in items[-PRODUCER_BATCHES_PER_SEAL:]]
+
+
+def check_partition_count(name: str, current: int, total: int) -> None:
+    """CreatePartitions' rule: the new count must exceed the current one and stay in bounds."""
+    if total <= current:
+        raise InvalidPartitionsError(
+            f"topic {name!r} has {current} partitions; the new count must be larger, got {total}"
+        )
+    if total > PARTITIONS_PER_TOPIC_MAX:
+        raise InvalidPartitionsError(f"at most {PARTITIONS_PER_TOPIC_MAX} partitions per topic")
