@@ -153,6 +153,49 @@ def test_built_bytes_are_identical(records: list[Any], kwargs: dict[str, Any]) -
     assert [(r.key, r.value, r.headers) for r in decoded] == [(k, v, list(h)) for _t, k, v, h in records]
 
 
+#: append_all's records: timestamps may be None (the call's `now`), out of range, or not ints;
+#: keys, values and headers of every kind `append` takes, and some it refuses.
+ALL_TIMESTAMPS = st.one_of(st.none(), TIMESTAMPS, st.sampled_from([1.5, (1 << 63) + 9, -(1 << 63) - 9]))
+ALL_BLOBS = st.one_of(BLOBS, st.binary(max_size=20).map(bytearray), st.sampled_from(["str"]))
+ALL_HEADERS = st.one_of(HEADERS, HEADERS.map(tuple), st.just(()), st.just([(b"bytes key", b"v")]))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=st.lists(st.tuples(ALL_TIMESTAMPS, ALL_BLOBS, ALL_BLOBS, ALL_HEADERS), min_size=0, max_size=30),
+    now=st.integers(0, 1 << 45),
+    split=st.integers(0, 30),
+)
+def test_append_all_is_append_one_at_a_time_on_both_backends(records: list[Any], now: int, split: int) -> None:
+    """The bulk path (the embedded API's produce loop) builds the same bytes and raises the same
+    error as `append` record by record, on either backend, also when appended in two calls."""
+
+    def one_at_a_time() -> tuple[int, bytes | None]:
+        builder = new_builder()
+        try:
+            for ts, k, v, h in records:
+                builder.append(now if ts is None else ts, k, v, h)
+        finally:
+            count = len(builder)
+        return count, builder.build() if count else None
+
+    def bulk() -> tuple[int, bytes | None]:
+        builder = new_builder()
+        try:
+            builder.append_all(records[:split], now)
+            builder.append_all(iter(records[split:]), now)
+        finally:
+            count = len(builder)
+        return count, builder.build() if count else None
+
+    expected = both(one_at_a_time)
+    got = both(bulk)
+    assert got == expected
+    if expected[0][0] == "error" and expected[1][0] == "error":
+        return
+    assert expected[0] == expected[1]  # and the two backends agree with each other
+
+
 def test_builder_accepts_what_the_reference_accepts() -> None:
     """Any buffer as key, value or header value, and headers as any sequence of pairs."""
     kinds = [

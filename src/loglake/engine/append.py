@@ -154,9 +154,7 @@ class Appender:
         )
         now = int(self._clock() * 1000)
         builder = new_builder(compression=codec)
-        append = builder.append
-        for ts, key, value, headers in records:
-            append(now if ts is None else ts, key, value, headers)
+        builder.append_all(records, now)
         if len(builder) == 0:
             raise CorruptRecordError("append_records: no records")
         data = bytearray(builder.build())

@@ -423,6 +423,18 @@ class BatchBuilder:
         self._count = delta + 1
         return delta
 
+    def append_all(
+        self,
+        records: Iterable[tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+        now: int,
+    ) -> None:
+        """Add (timestamp or None, key, value, headers) records in order; None takes `now`.
+
+        The same records and errors as `append` one at a time (a backend may do it faster)."""
+        append = self.append
+        for ts, key, value, headers in records:
+            append(now if ts is None else ts, key, value, headers)
+
     def build(self) -> bytes:
         """Serialize the batch (compressing the record section if configured) with its CRC."""
         if self._count == 0:

@@ -29,7 +29,7 @@ import importlib.machinery
 import operator
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from loglake.errors import ConfigError, InvalidRecordError
@@ -160,6 +160,54 @@ class NativeBatchBuilder(BatchBuilder):
             raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
         self._count = delta + 1
         return delta
+
+    def append_all(
+        self,
+        records: Iterable[tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+        now: int,
+    ) -> None:
+        """`append` for each record, without its per-record method call and checks where a record
+        is what producers send (an int timestamp near the first, headers a list or empty): the
+        embedded produce path's loop (issue 12). Anything else goes through `append`, so the
+        records built and the errors raised are the same."""
+        if self._native is None:
+            return super().append_all(records, now)
+        it = iter(records)
+        if self._count == 0:
+            for ts, key, value, headers in it:  # the first record sets the batch's base timestamp
+                self.append(now if ts is None else ts, key, value, headers)
+                break
+            if self._native is None:  # it had no timestamp: the reference builds this batch
+                return super().append_all(it, now)
+            if self._count == 0:
+                return None
+        native_append = self._native.append
+        lo, hi = self._first_timestamp + _INT64_MIN, self._first_timestamp + _INT64_MAX
+        no_headers: list[tuple[str, bytes | None]] = []  # read only by aiokafka
+        delta = self._count
+        try:
+            for ts, key, value, headers in it:
+                if ts is None:
+                    ts = now
+                if type(ts) is not int or not lo <= ts <= hi or delta >= MAX_RECORDS_PER_BATCH:
+                    self._count = delta
+                    self.append(ts, key, value, headers)  # raises what the reference raises
+                    delta = self._count
+                    continue
+                hs = headers if type(headers) is list else (list(headers) if headers else no_headers)
+                try:
+                    done = native_append(delta, ts, key, value, hs)
+                except TypeError:  # nothing written: `append` normalises, or raises the caller's error
+                    self._count = delta
+                    self.append(ts, key, value, headers)
+                    delta = self._count
+                    continue
+                if done is None:
+                    raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
+                delta += 1
+        finally:
+            self._count = delta
+        return None
 
     def build(self) -> bytes:
         if self._native is None:
