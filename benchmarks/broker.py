@@ -50,8 +50,6 @@ import argparse
 import json
 import os
 import platform
-import random
-import resource
 import shutil
 import signal
 import socket
@@ -59,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -69,7 +66,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import confluent_kafka  # noqa: E402
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 
 from benchkit import load_benchmark  # noqa: E402
 
@@ -79,10 +75,16 @@ engine_bench = load_benchmark("engine")
 fetch_sessions_bench = load_benchmark("fetch_sessions")
 txn_bench = load_benchmark("txn_bench")
 security_bench = load_benchmark("security_bench")
-pct = engine_bench.pct
+client = load_benchmark("broker_client")
+# The measuring side lives in broker_client.py; its names stay reachable here, where the
+# transactions, fetch-session and security sections look for them (`bench.<name>`).
+CpuMeter = client.CpuMeter
+scrape, request_stats = client.scrape, client.request_stats
+producer_config, payloads = client.producer_config, client.payloads
+produce_throughput, consume_throughput = client.produce_throughput, client.consume_throughput
+raw_fetch_throughput, produce_latency = client.raw_fetch_throughput, client.produce_latency
+log, pct, LATENCY_LINGER_MS = client.log, client.pct, client.LATENCY_LINGER_MS
 
-MiB = 1024 * 1024
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Targets (docs/PERFORMANCE.md, "Broker").
 TARGET_PRODUCE_100B_RPS = 500_000
@@ -92,364 +94,11 @@ TARGET_CONSUME_RPS = 1_000_000
 #: issue 12: produce p99 at half load by record size (larger sizes use the last bound), and max
 TARGET_P99_MS = {100: 5.0, 1024: 10.0}
 TARGET_MAX_MS = 50.0
-#: linger.ms of the half-load latency producer (issue 12); the throughput runs keep 5 ms
-LATENCY_LINGER_MS = 1
 
 # What --only can name: the disk limits, the per-record-size runs (produce, consume, raw fetch,
 # half load), the transactions section (benchmarks/txn_bench.py), fetch sessions
 # (benchmarks/fetch_sessions.py), SASL_SSL against PLAINTEXT (benchmarks/security_bench.py) and the py-spy profile — in the order they run.
 SECTIONS = ("machine", "sizes", "transactions", "fetch-sessions", "security", "profile")
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-# ==== CPU accounting ============================================================================
-
-
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all threads) from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of the whole line
-
-
-def self_cpu_seconds() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-class CpuMeter:
-    def __init__(self, broker_pid: int) -> None:
-        self.pid = broker_pid
-        self.t0 = time.perf_counter()
-        self.b0 = proc_cpu_seconds(broker_pid)
-        self.c0 = self_cpu_seconds()
-
-    def stop(self) -> dict[str, float]:
-        wall = time.perf_counter() - self.t0
-        return {
-            "broker_cpu_pct": 100.0 * (proc_cpu_seconds(self.pid) - self.b0) / wall,
-            "client_cpu_pct": 100.0 * (self_cpu_seconds() - self.c0) / wall,
-        }
-
-
-# ==== broker-side request latency (/metrics) ======================================================
-
-
-def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
-    """{(api, le): cumulative count} of loglake_request_seconds_bucket, plus (api, "sum")."""
-    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    out: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        if line.startswith(("loglake_request_seconds_bucket{", "loglake_request_seconds_sum{")):
-            labels, _, value = line.rpartition(" ")
-            fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))
-            api = fields["api"].strip('"')
-            le = fields.get("le", '"sum"').strip('"')
-            out[(api, le)] = float(value)
-    return out
-
-
-def request_stats(
-    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], api: str
-) -> dict[str, Any]:
-    """Requests of `api` handled between two scrapes: count, mean and bucket bounds of p50/p99
-    (time from decoding the request to its response being ready, not the socket write)."""
-    bounds = [*sorted({le for a, le in after if a == api and le not in ("sum", "+Inf")}, key=float), "+Inf"]
-    counts = [after.get((api, le), 0.0) - before.get((api, le), 0.0) for le in bounds]
-    total = counts[-1] if counts else 0.0
-    if not total:
-        return {"requests": 0}
-    seconds = after.get((api, "sum"), 0.0) - before.get((api, "sum"), 0.0)
-
-    def quantile(q: float) -> str:
-        for le, c in zip(bounds, counts, strict=True):
-            if c >= q * total:
-                return "> 10 s" if le == "+Inf" else f"<= {float(le) * 1e3:g} ms"
-        return "?"
-
-    return {
-        "requests": int(total),
-        "mean_ms": 1e3 * seconds / total,
-        "p50": quantile(0.5),
-        "p99": quantile(0.99),
-    }
-
-
-# ==== the client side ===========================================================================
-
-
-def producer_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "bootstrap.servers": bootstrap,
-        "acks": "all",
-        "linger.ms": 5,
-        "compression.type": "none",
-        "queue.buffering.max.messages": 2_000_000,
-        "queue.buffering.max.kbytes": 1_048_576,
-        "message.timeout.ms": 120_000,
-        "log_level": 3,
-        **extra,
-    }
-
-
-def payloads(size: int, distinct: int = 1024) -> list[bytes]:
-    rng = random.Random(size)
-    return [rng.randbytes(size) for _ in range(distinct)]
-
-
-def produce_throughput(
-    bootstrap: str, topic: str, size: int, count: int, broker_pid: int, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """Records/s and MB/s until every delivery report is in. Delivery reports are requested for
-    errors only (a Python callback per record would cost the client more than the broker).
-    `extra`: producer settings on top (the transactions section's idempotent run)."""
-    errors: list[str] = []
-
-    def on_error(err: Any, msg: Any) -> None:
-        errors.append(str(err))
-
-    producer = Producer(
-        producer_config(bootstrap, **{"delivery.report.only.error": True, "on_delivery": on_error, **(extra or {})})
-    )
-    # Warm up: metadata, connection, producer id, topic creation.
-    producer.produce(topic, b"warm-up")
-    assert producer.flush(30) == 0
-    values = payloads(size)
-    nvalues = len(values)
-    produce = producer.produce
-    poll = producer.poll
-    meter = CpuMeter(broker_pid)
-    started = time.perf_counter()
-    i = 0
-    while i < count:
-        try:
-            produce(topic, values[i % nvalues])
-            i += 1
-        except BufferError:
-            poll(0.001)
-    sent = time.perf_counter()
-    left = producer.flush(120)
-    elapsed = time.perf_counter() - started
-    cpu = meter.stop()
-    if left or errors:
-        raise RuntimeError(f"produce failed: {left} undelivered, errors {errors[:3]}")
-    return {
-        "records": count,
-        "record_bytes": size,
-        "seconds": elapsed,
-        "enqueue_seconds": sent - started,
-        "records_per_s": count / elapsed,
-        "mb_per_s": count * size / elapsed / 1e6,
-        **cpu,
-    }
-
-
-def consume_throughput(
-    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """`extra`: consumer settings on top (the transactions section's isolation.level)."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "bench-unused",  # required by the client; partitions are assigned, nothing committed
-            "enable.auto.commit": False,
-            "enable.partition.eof": False,
-            # librdkafka pauses fetching for fetch.queue.backoff.ms (1 s) whenever its local queue
-            # holds queued.min.messages (100,000): raise both limits so the broker is what we measure.
-            "queued.min.messages": 2_000_000,
-            "queued.max.messages.kbytes": 512 * 1024,
-            "fetch.queue.backoff.ms": 5,
-            "fetch.max.bytes": 64 * MiB,
-            "max.partition.fetch.bytes": 4 * MiB,
-            "log_level": 3,
-            **(extra or {}),
-        }
-    )
-    meter = CpuMeter(broker_pid)
-    started = time.perf_counter()
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    got = 0
-    nbytes = 0
-    first = 0.0
-    deadline = started + 300
-    while got < count and time.perf_counter() < deadline:
-        for msg in consumer.consume(100_000, 1.0):
-            if msg.error() is None:
-                got += 1
-                nbytes += len(msg)
-            elif msg.error().code() != KafkaError._PARTITION_EOF:
-                raise RuntimeError(f"consume error: {msg.error()}")
-        if got and not first:
-            first = time.perf_counter()
-    elapsed = time.perf_counter() - started
-    cpu = meter.stop()
-    consumer.close()
-    if got < count:
-        raise RuntimeError(f"consumed {got} of {count}")
-    # librdkafka waits ~0.5 s before its first offset query for a freshly assigned partition
-    # ("no current leader" timer): "steady" counts from the first batch handed to Python.
-    steady = time.perf_counter() - first if first else elapsed
-    return {
-        "records": got,
-        "seconds": elapsed,
-        "first_record_after_s": first - started if first else None,
-        "records_per_s": got / elapsed,
-        "mb_per_s": nbytes / elapsed / 1e6,
-        "steady_records_per_s": got / steady,
-        "steady_mb_per_s": nbytes / steady / 1e6,
-        **cpu,
-    }
-
-
-def raw_fetch_throughput(
-    bootstrap: str, topic: str, partitions: int, count: int, broker_pid: int, isolation_level: int = 0
-) -> dict[str, Any]:
-    """The broker's side of consuming without a client library's per-record work: Fetch v12
-    requests over one socket (kafka-python's protocol codec), records counted from the batch
-    headers (record_count; control batches skipped), nothing decoded. Partition by partition,
-    4 MiB per fetch, up to the high watermark (isolation_level 1: the last stable offset)."""
-    from kafka.protocol.consumer import FetchRequest
-    from kafka.protocol.parser import KafkaProtocol
-
-    from loglake.records.batch import BATCH_HEADER_SIZE, peek_header
-
-    F = FetchRequest.FetchTopic
-    host, port = bootstrap.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=30)
-    proto = KafkaProtocol(client_id="bench-raw-fetch")
-    meter = CpuMeter(broker_pid)
-    started = time.perf_counter()
-    got = 0
-    nbytes = 0
-    requests = 0
-    for partition in range(partitions):
-        offset = 0
-        while True:
-            req = FetchRequest[12](
-                max_wait_ms=0,
-                min_bytes=1,
-                max_bytes=64 * MiB,
-                isolation_level=isolation_level,
-                topics=[
-                    F(
-                        topic=topic,
-                        partitions=[
-                            F.FetchPartition(
-                                partition=partition, fetch_offset=offset, partition_max_bytes=4 * MiB
-                            )
-                        ],
-                    )
-                ],
-            )
-            proto.send_request(req)
-            sock.sendall(proto.send_bytes())
-            responses: list[Any] = []
-            while not responses:
-                data = sock.recv(8 * MiB)
-                if not data:
-                    raise RuntimeError("broker closed the raw fetch connection")
-                responses = proto.receive_bytes(data)
-            requests += 1
-            part = responses[0][1].responses[0].partitions[0]
-            records = part.records or b""
-            pos = 0
-            while pos + BATCH_HEADER_SIZE <= len(records):
-                h = peek_header(records, pos)
-                if pos + h.size > len(records):
-                    break  # a partial batch at the end of the response
-                if not h.is_control:
-                    got += h.record_count
-                nbytes += h.size
-                offset = h.base_offset + h.record_count
-                pos += h.size
-            if offset >= (part.last_stable_offset if isolation_level else part.high_watermark):
-                break
-    elapsed = time.perf_counter() - started
-    cpu = meter.stop()
-    sock.close()
-    if got < count:
-        raise RuntimeError(f"raw fetch got {got} of {count}")
-    return {
-        "records": got,
-        "requests": requests,
-        "seconds": elapsed,
-        "records_per_s": got / elapsed,
-        "mb_per_s": nbytes / elapsed / 1e6,
-        **cpu,
-    }
-
-
-def produce_latency(
-    bootstrap: str, topic: str, size: int, rate: float, seconds: float, broker_pid: int
-) -> dict[str, Any]:
-    """A producer sending `rate` records/s in 1 ms ticks. Every `sample`-th record carries a
-    delivery callback that reads librdkafka's latency for it (produce() to delivery report, as
-    seen when poll() serves the report); the others carry none, to keep the client cheap."""
-    latencies: list[float] = []
-    errors: list[str] = []
-    sample = max(1, int(rate * seconds / 50_000))
-
-    def report(err: Any, msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
-        else:
-            latencies.append(msg.latency())
-
-    # No global delivery callback: unsampled records cost no Python call (a systematic failure
-    # still shows up in the sampled ones).
-    producer = Producer(producer_config(bootstrap, **{"linger.ms": LATENCY_LINGER_MS}))
-    producer.produce(topic, b"warm-up")
-    assert producer.flush(30) == 0
-    values = payloads(size)
-    nvalues = len(values)
-    produce = producer.produce
-    meter = CpuMeter(broker_pid)
-    started = time.perf_counter()
-    sent = 0
-    behind = 0
-    while True:
-        now = time.perf_counter()
-        elapsed = now - started
-        if elapsed >= seconds:
-            break
-        due = int(rate * elapsed)
-        if due - sent > rate * 0.05:
-            behind += 1  # the client itself fell more than 50 ms behind
-        while sent < due:
-            if sent % sample:
-                produce(topic, values[sent % nvalues])
-            else:
-                produce(topic, values[sent % nvalues], on_delivery=report)
-            sent += 1
-        producer.poll(0)
-        pause = 0.001 - (time.perf_counter() - now)
-        if pause > 0:
-            time.sleep(pause)
-    left = producer.flush(60)
-    wall = time.perf_counter() - started
-    cpu = meter.stop()
-    if left or errors:
-        raise RuntimeError(f"latency run failed: {left} undelivered, errors {errors[:3]}")
-    ms = [x * 1e3 for x in latencies]
-    return {
-        "target_rate": rate,
-        "achieved_rate": sent / seconds,
-        "records": sent,
-        "record_bytes": size,
-        "seconds": wall,
-        "p50_ms": pct(ms, 50),
-        "p90_ms": pct(ms, 90),
-        "p99_ms": pct(ms, 99),
-        "p999_ms": pct(ms, 99.9),
-        "max_ms": max(ms),
-        "samples": len(ms),
-        "ticks_behind": behind,
-        **cpu,
-    }
 
 
 # ==== profiling =================================================================================
