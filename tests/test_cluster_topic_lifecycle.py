@@ -20,6 +20,7 @@ import pytest
 
 import etcdkit
 import s3kit
+import test_cluster_plog
 from etcdkit import EtcdCluster, needs_etcd
 from loglake.cluster.catalog import ClusterCatalog
 from loglake.cluster.flushobj import flush_prefix
@@ -29,7 +30,6 @@ from loglake.errors import TopicExistsError
 from loglake.meta.etcd import EtcdMetaStore
 from loglake.meta.etcd_client import EtcdClient, prefix_end
 from loglake.meta.state import decode_record
-from loglake.store.base import ObjectStore
 from test_cluster_flushobj import batch
 from test_cluster_plog import CLUSTER_ID, WAIT, Cluster, read_all
 
@@ -38,6 +38,8 @@ etcd1 = etcdkit.etcd1
 moto_endpoint = s3kit.moto_endpoint
 s3_client = s3kit.s3_client
 bucket = s3kit.bucket
+store = test_cluster_plog.store  # a store over the bucket, and a cluster of brokers over etcd1 and it
+cluster = test_cluster_plog.cluster
 
 #: Brokers racing to create each name, and the names raced.
 RACERS = 3
@@ -116,20 +118,6 @@ def test_brokers_creating_one_name_at_once_commit_one_record(
     assert stores[2].state.names["t0"] != old_id
     with pytest.raises(TopicExistsError):
         catalogs[2].create_topic("t0", 1, None, validate_only=False)
-
-
-@pytest.fixture
-def store(moto_endpoint: str, bucket: str) -> Iterator[ObjectStore]:
-    s = s3kit.make_store(moto_endpoint, bucket)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def cluster(etcd1: EtcdCluster, store: ObjectStore) -> Iterator[Cluster]:
-    c = Cluster(etcd1, store)
-    yield c
-    c.close()
 
 
 def test_a_deleted_topics_flush_objects_and_segments_are_swept_after_the_grace(cluster: Cluster) -> None:

@@ -267,8 +267,14 @@ def _merged(t: PlogTable, b: dict[str, Any]) -> None:
         raise ValueError(f"merged segment {seg.base}..{seg.last} is not the partition's first {n} ranges")
     gone, plog.ranges = plog.ranges[:n], plog.ranges[n:]
     plog.segments.append(seg)
-    ms = int(b["ms"])
-    for r in gone:
+    _release(t, tp, gone, int(b["ms"]))
+    _trim(t.free, FREE_OBJECTS_MAX)
+
+
+def _release(t: PlogTable, tp: TP, ranges: list[PlogRange], ms: int) -> None:
+    """`tp` no longer references the flush objects of `ranges`; an object no partition references
+    any more is unreferenced from `ms` (the sweep deletes it after its grace)."""
+    for r in ranges:
         holders = t.objects.get(r.key)
         if holders is None:
             continue
@@ -276,7 +282,6 @@ def _merged(t: PlogTable, b: dict[str, Any]) -> None:
         if not holders:
             del t.objects[r.key]
             t.free[r.key] = ms
-    _trim(t.free, FREE_OBJECTS_MAX)
 
 
 def drop_topic(t: PlogTable, topic_id: bytes, ms: int) -> None:
@@ -285,14 +290,7 @@ def drop_topic(t: PlogTable, topic_id: bytes, ms: int) -> None:
     a merge) and its merged segments are dropped from `ms` (swept after the same grace)."""
     for tp in [tp for tp in t.parts if tp[0] == topic_id]:
         plog = t.parts.pop(tp)
-        for r in plog.ranges:
-            holders = t.objects.get(r.key)
-            if holders is None:
-                continue
-            holders.discard(tp)
-            if not holders:
-                del t.objects[r.key]
-                t.free[r.key] = ms
+        _release(t, tp, plog.ranges, ms)
         for seg in plog.segments:
             t.dropped[seg.key] = ms
     _trim(t.free, FREE_OBJECTS_MAX)
