@@ -1,5 +1,5 @@
 """What the benchmark scripts share: loading a sibling benchmark as a module (their helpers, such
-as engine.py's machine measurements and percentiles, are reused rather than copied)."""
+as the disk limits and percentiles of disk_limits.py, are reused rather than copied)."""
 
 from __future__ import annotations
 

@@ -68,6 +68,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import confluent_kafka  # noqa: E402
 
 from benchkit import load_benchmark  # noqa: E402
+from disk_limits import device_write_bytes  # noqa: E402
 
 from brokerkit import Broker  # noqa: E402
 
@@ -190,7 +191,14 @@ def profile_produce(
 
 
 def run_size(
-    broker: Broker, pid: int, metrics_url: str, size: int, count: int, latency_s: float
+    broker: Broker,
+    pid: int,
+    metrics_url: str,
+    size: int,
+    count: int,
+    latency_s: float,
+    latency_rate: float | None = None,
+    data_dir: str | None = None,
 ) -> dict[str, Any]:
     topic = f"bench-{size}b"
     log(f"produce: {count:,} x {size} B, acks=all, linger.ms=5 ...")
@@ -216,10 +224,19 @@ def run_size(
         f"  {raw['records_per_s']:,.0f} records/s, {raw['mb_per_s']:.1f} MB/s, broker CPU {raw['broker_cpu_pct']:.0f} %"
     )
     m2 = scrape(metrics_url)
-    rate = prod["records_per_s"] / 2
-    log(f"latency: {rate:,.0f} records/s (half of max), linger.ms={LATENCY_LINGER_MS}, {latency_s:.0f} s ...")
+    rate = latency_rate or prod["records_per_s"] / 2
+    how = "as asked" if latency_rate else "half of max"
+    log(f"latency: {rate:,.0f} records/s ({how}), linger.ms={LATENCY_LINGER_MS}, {latency_s:.0f} s ...")
+    dev0 = device_write_bytes(data_dir) if data_dir else -1
     lat = produce_latency(broker.bootstrap, f"{topic}-lat", size, rate, latency_s, pid)
-    lat["broker_produce_requests"] = request_stats(m2, scrape(metrics_url), "Produce")
+    if dev0 >= 0 and data_dir:
+        # the data device's own counter (every process's writes: read it on a quiet machine)
+        lat["device_write_mb"] = (device_write_bytes(data_dir) - dev0) / 1e6
+        lat["payload_mb"] = lat["achieved_rate"] * latency_s * size / 1e6
+    m3 = scrape(metrics_url)
+    lat["broker_produce_requests"] = request_stats(m2, m3, "Produce")
+    for family in ("spare_rolls", "recycled_rolls"):
+        lat[f"wal_{family}"] = int(m3.get(("wal", family), 0) - m2.get(("wal", family), 0))
     log(
         f"  p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms, max {lat['max_ms']:.1f} ms, "
         f"achieved {lat['achieved_rate']:,.0f}/s; "
@@ -373,6 +390,13 @@ def fmt_table(doc: dict[str, Any]) -> str:
                     f"    broker side, {what} {size} B: {stats['requests']:,} requests, mean {stats['mean_ms']:.2f} ms, "
                     f"p50 {stats['p50']}, p99 {stats['p99']}"
                 )
+        if lat.get("device_write_mb"):
+            lines.append(
+                f"    device writes during half load {size} B: {lat['device_write_mb']:,.0f} MB for "
+                f"{lat['payload_mb']:,.0f} MB of payload ({lat['device_write_mb'] / lat['payload_mb']:.2f}x); "
+                f"WAL rolls into a ready file {lat.get('wal_spare_rolls', 0)}, of them recycled "
+                f"{lat.get('wal_recycled_rolls', 0)}"
+            )
     if doc.get("transactions"):
         lines += ["", *txn_bench.table(doc["transactions"])]
     if doc.get("security"):
@@ -415,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
         "--records", type=int, help="records per produce run (default: 3M for 100 B, scaled by size)"
     )
     ap.add_argument("--latency-seconds", type=float, help="length of each half-load run")
+    ap.add_argument(
+        "--latency-rate",
+        action="append",
+        default=[],
+        metavar="SIZE=RATE",
+        help="records/s of the latency run for that record size instead of half the measured maximum "
+        "(repeatable; e.g. 100=447000): runs on different days then compare",
+    )
     ap.add_argument("--profile-seconds", type=int, help="py-spy duration (0: no profile)")
     ap.add_argument("--profile-size", type=int, default=100, help="record size of the profiled produce run")
     ap.add_argument("--skip-machine", action="store_true", help="do not measure the disk")
@@ -434,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     sizes = [int(s) for s in args.sizes.split(",") if s]
     latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 60.0)
+    latency_rates = {int(k): float(v) for k, v in (r.split("=", 1) for r in args.latency_rate)}
     profile_s = args.profile_seconds if args.profile_seconds is not None else (0 if quick else 10)
     if args.only_fetch_sessions:
         args.only = ",".join(filter(None, [args.only, "fetch-sessions"]))
@@ -483,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             base = args.records or (600_000 if quick else 3_000_000)
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
-            doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s))
+            rate = latency_rates.get(size)
+            doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s, rate, str(work / "data")))
         if not args.skip_transactions:
             doc["transactions"] = txn_bench.measure(
                 sys.modules[__name__], broker.bootstrap, pid, metrics_url, quick=quick, count=args.records

@@ -71,10 +71,14 @@ class CpuMeter:
 
 
 def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
-    """{(api, le): cumulative count} of loglake_request_seconds_bucket, plus (api, "sum")."""
+    """{(api, le): cumulative count} of loglake_request_seconds_bucket, plus (api, "sum"); and
+    ("wal", "spare_rolls") / ("wal", "recycled_rolls"), summed over the WAL shards."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out: dict[tuple[str, str], float] = {}
     for line in text.splitlines():
+        for family in ("spare_rolls", "recycled_rolls"):
+            if line.startswith(f"loglake_wal_{family}_total{{"):
+                out[("wal", family)] = out.get(("wal", family), 0.0) + float(line.rpartition(" ")[2])
         if line.startswith(("loglake_request_seconds_bucket{", "loglake_request_seconds_sum{")):
             labels, _, value = line.rpartition(" ")
             fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1 : -1].split(","))

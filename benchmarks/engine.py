@@ -17,10 +17,15 @@ What is measured (see docs/PERFORMANCE.md for how to read it):
 2. Engine appends, topic durability `fsync`: each producer thread appends one Kafka batch and
    waits for its future before the next (acks=all); a "pipelined" row keeps up to 64 appends in
    flight from one thread. A fresh engine and data directory per case. flush() after the timed
-   window is timed separately, as are bytes the process wrote to disk (/proc/self/io).
+   window is timed separately, as are the bytes the data's block device wrote (its own counter:
+   the other processes' writes count too, so read it on a quiet machine).
 3. Recovery: a child process writes N records (every future acknowledged) and is killed with
    SIGKILL; then Engine(...).open() is timed, on a warm page cache and on a copy whose files were
    evicted from the page cache.
+4. The embedded API beside SQLite.
+
+Sections 1, 3 and 4 live in disk_limits.py, engine_recovery.py and embedded.py; what the engine
+sections share (record making, shard counters, the engine import) in engine_kit.py.
 """
 
 from __future__ import annotations
@@ -31,167 +36,42 @@ import os
 import platform
 import random
 import shutil
-import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-try:
-    from loglake.engine import Engine, EngineConfig
-except ImportError:  # run from a checkout without an installed package
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
-    from loglake.engine import Engine, EngineConfig
+# The measurements and helpers this benchmark shares with the others (benchmarks that load this
+# module as `engine_bench` use machine_limits, pct and log from here).
+from disk_limits import device_write_bytes, fdatasync_latency, log, machine_limits, pct
+from engine_kit import (
+    ENGINE_ERRORS,
+    PIPELINE_DEPTH,
+    TOPIC,
+    Engine,
+    checked,
+    engine_config,
+    make_records,
+    shard_stats,
+)
+from engine_recovery import run_recovery
 from loglake.records.batch import build_batch
 
-MiB = 1024 * 1024
-TOPIC = "bench"
-PIPELINE_DEPTH = 64
+__all__ = ["fdatasync_latency", "log", "machine_limits", "pct"]
+
 
 # Targets (docs/PERFORMANCE.md).
 TARGET_RAW_FRACTION = 0.70  # pre-built 1 KiB x 1000 batches: MB/s vs raw disk (one fdatasync)
 TARGET_RECORDS_PER_S = 1_000_000  # 100 B records in pre-built batches of 1000
 TARGET_GROUP_COMMIT_RATIO = 5.0  # batch of 1: 8 threads vs 1 thread, records/s
-TARGET_RECOVERY_S = 2.0  # open() after a crash with 1M records in the WAL
 
 
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def proc_write_bytes() -> int:
-    """Bytes this process caused to be sent to the storage layer (all threads), or -1."""
-    try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("write_bytes:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100.0 * (len(s) - 1))))]
-
-
-# ==== 1. machine limits ===========================================================================
-
-
-def raw_sequential_write(directory: str, total: int, chunk: int = MiB, sync_every: int | None = None) -> dict[str, Any]:
-    """MB/s of `total` bytes in `chunk` pwrites into a preallocated file, fdatasync at the end
-    (and every `sync_every` bytes if given). Preallocation as the WAL does it (posix_fallocate)."""
-    path = os.path.join(directory, f"raw-{sync_every or 0}.bin")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, total)
-        os.fsync(fd)
-        buf = random.randbytes(chunk)
-        syncs = 0
-        started = time.perf_counter()
-        for i in range(total // chunk):
-            os.pwrite(fd, buf, i * chunk)
-            if sync_every and ((i + 1) * chunk) % sync_every == 0:
-                os.fdatasync(fd)
-                syncs += 1
-        os.fdatasync(fd)
-        syncs += 1
-        elapsed = time.perf_counter() - started
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return {
-        "bytes": total,
-        "chunk_bytes": chunk,
-        "fdatasync_every_bytes": sync_every,
-        "fdatasyncs": syncs,
-        "seconds": elapsed,
-        "mb_per_s": total / elapsed / 1e6,
-    }
-
-
-def fdatasync_latency(directory: str, samples: int, size: int = 4096) -> dict[str, Any]:
-    """Latency of pwrite(4 KiB) + fdatasync, sequential positions in a preallocated file."""
-    path = os.path.join(directory, "fsync-lat.bin")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, samples * size)
-        os.fsync(fd)
-        buf = random.randbytes(size)
-        lat: list[float] = []
-        for i in range(samples):
-            t0 = time.perf_counter()
-            os.pwrite(fd, buf, i * size)
-            os.fdatasync(fd)
-            lat.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return {
-        "samples": samples,
-        "write_bytes": size,
-        "p50_ms": pct(lat, 50) * 1e3,
-        "p99_ms": pct(lat, 99) * 1e3,
-        "max_ms": max(lat) * 1e3,
-        "mean_ms": statistics.fmean(lat) * 1e3,
-        "fsyncs_per_s_serial": 1.0 / statistics.fmean(lat),
-    }
-
-
-def repeated(runs: int, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run a raw measurement `runs` times (this VM's disk is noisy); report the median and all runs."""
-    results = [fn() for _ in range(runs)]
-    speeds = [r["mb_per_s"] for r in results]
-    return {
-        **results[0],
-        "mb_per_s": statistics.median(speeds),
-        "mb_per_s_min": min(speeds),
-        "mb_per_s_max": max(speeds),
-        "runs_mb_per_s": speeds,
-        "seconds": statistics.median(r["seconds"] for r in results),
-    }
-
-
-def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
-    total = (64 if quick else 256) * MiB
-    runs = 1 if quick else 3
-    log(f"machine: raw sequential write {total // MiB} MiB (one fdatasync) x{runs} ...")
-    one = repeated(runs, lambda: raw_sequential_write(directory, total))
-    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 4 MiB) x{runs} ...")
-    every4 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=4 * MiB))
-    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 1 MiB) x{runs} ...")
-    every1 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=MiB))
-    samples = 100 if quick else 300
-    log(f"machine: fdatasync latency, {samples} x 4 KiB ...")
-    lat = fdatasync_latency(directory, samples)
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except AttributeError:
-        affinity = os.cpu_count() or 1
-    return {
-        "cores": os.cpu_count(),
-        "cores_usable": affinity,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "raw_write_one_fdatasync": one,
-        "raw_write_fdatasync_every_4MiB": every4,
-        # What one acks=all producer sending 1 MiB batches can get at most: a write + fdatasync per MiB.
-        "raw_write_fdatasync_every_1MiB": every1,
-        "fdatasync_4KiB": lat,
-    }
-
-
-# ==== 2. engine appends ===========================================================================
+# ==== 2. engine appends (1, machine limits: disk_limits.py) ====================================== ===========================================================================
 
 
 @dataclass
@@ -231,7 +111,7 @@ class CaseResult:
     memory_waits: int
     flush_seconds: float
     close_seconds: float
-    disk_write_bytes: int  # /proc/self/io write_bytes over the timed window + flush (WAL + segments)
+    disk_write_bytes: int  # the data device's bytes written over the timed window + flush (WAL + segments)
     disk_write_bytes_timed: int  # ... over the timed window only
     segments_sealed: int
     cpu_seconds: float  # process user+sys over the timed window (all threads)
@@ -267,17 +147,6 @@ def default_cases() -> list[Case]:
     return cases
 
 
-def make_records(n: int, size: int, rng: random.Random) -> list[tuple[int, bytes | None, bytes | None, list[Any]]]:
-    now = int(time.time() * 1000)
-    blob = rng.randbytes(size * 64)
-    out: list[tuple[int, bytes | None, bytes | None, list[Any]]] = []
-    for i in range(n):
-        start = (i * 37 % 64) * size // 2
-        value = (blob[start:] + blob)[:size]
-        out.append((now + i // 100, None, value, []))
-    return out
-
-
 def prebuild(case: Case, distinct: int, rng: random.Random) -> list[list[bytes]]:
     """`distinct` Kafka batches per thread, built before the clock starts."""
     per_thread: list[list[bytes]] = []
@@ -285,43 +154,6 @@ def prebuild(case: Case, distinct: int, rng: random.Random) -> list[list[bytes]]
         batches = [build_batch(make_records(case.batch_records, case.record_bytes, rng)) for _ in range(distinct)]
         per_thread.append(batches)
     return per_thread
-
-
-def shard_stats(engine: Engine) -> tuple[int, int, int, float, list[int]]:
-    groups = frames = fsyncs = 0
-    fsync_s = 0.0
-    per_shard: list[int] = []
-    for s in engine.shards:
-        groups += s.groups_written
-        frames += s.frames_written
-        fsyncs += s.fsyncs
-        fsync_s += s.fsync_seconds_total
-        per_shard.append(s.frames_written)
-    return groups, frames, fsyncs, fsync_s, per_shard
-
-
-ENGINE_ERRORS: list[str] = []  # engine errors worked around during the run (reported, not hidden)
-
-
-def checked(what: str, fn: Callable[[], Any], retries: int = 5) -> Any:
-    """Call fn; on FileNotFoundError (WAL truncation racing between flush() and the maintenance
-    thread, both unlinking the same obsolete WAL file) record it and retry."""
-    for attempt in range(retries + 1):
-        try:
-            return fn()
-        except FileNotFoundError as exc:
-            ENGINE_ERRORS.append(f"{what}: {exc!r}")
-            log(f"  ENGINE ERROR during {what}: {exc!r}" + (" - retrying" if attempt < retries else ""))
-            if attempt == retries:
-                raise
-            time.sleep(0.05)
-    return None
-
-
-def engine_config(overrides: dict[str, Any]) -> EngineConfig:
-    config = EngineConfig(**overrides)
-    config.validate()
-    return config
 
 
 def run_case(
@@ -401,7 +233,7 @@ def run_case(
         for t in threads:
             t.start()
         g0, f0, s0, fs0, _ = shard_stats(engine)
-        io0 = proc_write_bytes()
+        io0 = device_write_bytes(data_dir)
         cpu0 = os.times()
         barrier.wait()
         started = time.perf_counter()
@@ -414,13 +246,13 @@ def run_case(
         elapsed = time.perf_counter() - started
         cpu1 = os.times()
         g1, f1, s1, fs1, per_shard = shard_stats(engine)
-        io1 = proc_write_bytes()
+        io1 = device_write_bytes(data_dir)
         if errors:
             raise RuntimeError(f"case {case.name}: producer failed: {errors[0]!r}") from errors[0]
         t0 = time.perf_counter()
         checked(f"{case.name}: flush()", engine.flush)
         flush_s = time.perf_counter() - t0
-        io2 = proc_write_bytes()
+        io2 = device_write_bytes(data_dir)
         segments = sum(len(engine.segments(TOPIC, p)) for p in range(case.threads))
         memory_waits = engine.memory_pool.waits
     finally:
@@ -470,145 +302,6 @@ def run_case(
 
 
 # ==== 3. recovery ==================================================================================
-
-
-def crash_writer(data_dir: str, records: int, batch: int) -> None:
-    """Child process: write `records` records, wait for every ack, report, then wait to be killed.
-
-    segment.bytes is the maximum and segment.records is off, so nothing seals: the whole log is
-    in the WAL when the parent kills this process."""
-    engine = Engine(data_dir, EngineConfig())
-    engine.open()
-    engine.create_topic(
-        TOPIC, 1, {"durability": "fsync", "segment.bytes": str(1 << 30), "segment.records": "0"}
-    )
-    rng = random.Random(7)
-    batches = [build_batch(make_records(batch, 100, rng)) for _ in range(16)]
-    inflight: deque[Future[Any]] = deque()
-    started = time.perf_counter()
-    payload = 0
-    for i in range(records // batch):
-        if len(inflight) >= PIPELINE_DEPTH:
-            inflight.popleft().result()
-        b = batches[i % len(batches)]
-        payload += len(b)
-        inflight.append(engine.append_batch(TOPIC, 0, b))
-    while inflight:
-        inflight.popleft().result()
-    elapsed = time.perf_counter() - started
-    info = engine.partition_info(TOPIC, 0)
-    groups, frames, fsyncs, _, _ = shard_stats(engine)
-    print(
-        json.dumps(
-            {
-                "acked_records": info.high_watermark,
-                "sealed_end": info.sealed_end,
-                "payload_bytes": payload,
-                "write_seconds": elapsed,
-                "frames": frames,
-                "groups": groups,
-                "fsyncs": fsyncs,
-            }
-        ),
-        flush=True,
-    )
-    time.sleep(3600)  # the parent kills us with SIGKILL
-
-
-def evict_from_page_cache(root: str) -> None:
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-
-
-def dir_bytes(root: str) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, name))
-            except OSError:
-                pass
-    return total
-
-
-def timed_open(data_dir: str) -> tuple[dict[str, Any], Engine]:
-    t0 = time.perf_counter()
-    engine = Engine(data_dir, EngineConfig())
-    report = engine.open()
-    seconds = time.perf_counter() - t0
-    info = engine.partition_info(TOPIC, 0)
-    return (
-        {
-            "open_seconds": seconds,
-            "recovery_seconds_reported": report.seconds,
-            "frames_read": report.wal_frames_read,
-            "frames_replayed": report.wal_frames_replayed,
-            "records_recovered": report.records_recovered,
-            "wal_bytes_read": report.wal_bytes_read,
-            "wal_bytes_truncated": report.wal_bytes_truncated,
-            "high_watermark": info.high_watermark,
-        },
-        engine,
-    )
-
-
-def run_recovery(base_dir: str, records: int, batch: int) -> dict[str, Any]:
-    data_dir = tempfile.mkdtemp(prefix=f"recovery-b{batch}-", dir=base_dir)
-    cold_dir = data_dir + "-cold"
-    try:
-        log(f"recovery: child writes {records:,} records in batches of {batch}, then SIGKILL ...")
-        child = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--crash-writer", data_dir, str(records), str(batch)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        line = child.stdout.readline()
-        child.send_signal(signal.SIGKILL)
-        child.wait()
-        if not line:
-            raise RuntimeError(f"crash writer exited with {child.returncode} before reporting")
-        written = json.loads(line)
-        on_disk = dir_bytes(data_dir)
-        shutil.copytree(data_dir, cold_dir)
-
-        warm, engine = timed_open(data_dir)
-        t0 = time.perf_counter()
-        checked(f"recovery b{batch}: close()", engine.close, retries=0)
-        warm["close_seconds"] = time.perf_counter() - t0  # seals the whole recovered log
-
-        evict_from_page_cache(cold_dir)
-        cold, engine = timed_open(cold_dir)
-        checked(f"recovery b{batch} (cold): close()", engine.close, retries=0)
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
-        shutil.rmtree(cold_dir, ignore_errors=True)
-    ok = warm["records_recovered"] == written["acked_records"] == records and cold["records_recovered"] == records
-    return {
-        "records": records,
-        "batch_records": batch,
-        "writer": written,
-        "data_dir_bytes_after_kill": on_disk,
-        "warm": warm,
-        "cold": cold,
-        "all_acked_records_recovered": ok,
-        "target": {
-            "what": f"open() <= {TARGET_RECOVERY_S:g} s",
-            "pass": warm["open_seconds"] <= TARGET_RECOVERY_S and ok,
-        },
-    }
 
 
 # ==== targets and output ============================================================================
@@ -759,12 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only the fdatasync latency and the embedded API vs SQLite section (benchmarks/embedded.py)",
     )
     ap.add_argument("--profile-embedded", action="store_true", help="add cProfile tops to the embedded section")
-    ap.add_argument("--crash-writer", nargs=3, metavar=("DIR", "RECORDS", "BATCH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-
-    if args.crash_writer:
-        crash_writer(args.crash_writer[0], int(args.crash_writer[1]), int(args.crash_writer[2]))
-        return 0
 
     overrides = {k: int(v) for k, v in (o.split("=", 1) for o in args.engine_option)}
     duration = args.duration if args.duration is not None else (0.5 if args.quick else 3.0)

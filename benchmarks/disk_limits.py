@@ -1,0 +1,145 @@
+"""Disk limits of the machine a benchmark runs on, measured in the same run as the benchmark:
+sequential write bandwidth to a preallocated file (1 MiB pwrites; one fdatasync at the end, or one
+every 4 MiB / 1 MiB) and the latency of a 4 KiB pwrite + fdatasync. Every benchmark that names a
+target beside a disk limit (engine, broker, compaction, metadata) takes them from here, with the
+percentile and logging helpers they share."""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+MiB = 1024 * 1024
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def device_write_bytes(path: str) -> int:
+    """Bytes the block device holding `path` has written since boot (its sectors-written counter,
+    every process's writes), or -1 where it cannot be read. Not /proc/self/io's write_bytes: on
+    this kernel that charges ~256 KB to every fdatasync that follows a write, whatever the write's
+    size (docs/PERFORMANCE.md, "Recycled WAL files"), so it overstates fsync-heavy runs many times."""
+    try:
+        dev = os.stat(path).st_dev
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            return int(f.read().split()[6]) * 512
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100.0 * (len(s) - 1))))]
+
+
+def raw_sequential_write(directory: str, total: int, chunk: int = MiB, sync_every: int | None = None) -> dict[str, Any]:
+    """MB/s of `total` bytes in `chunk` pwrites into a preallocated file, fdatasync at the end
+    (and every `sync_every` bytes if given). Preallocation as the WAL does it (posix_fallocate)."""
+    path = os.path.join(directory, f"raw-{sync_every or 0}.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, total)
+        os.fsync(fd)
+        buf = random.randbytes(chunk)
+        syncs = 0
+        started = time.perf_counter()
+        for i in range(total // chunk):
+            os.pwrite(fd, buf, i * chunk)
+            if sync_every and ((i + 1) * chunk) % sync_every == 0:
+                os.fdatasync(fd)
+                syncs += 1
+        os.fdatasync(fd)
+        syncs += 1
+        elapsed = time.perf_counter() - started
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "bytes": total,
+        "chunk_bytes": chunk,
+        "fdatasync_every_bytes": sync_every,
+        "fdatasyncs": syncs,
+        "seconds": elapsed,
+        "mb_per_s": total / elapsed / 1e6,
+    }
+
+
+def fdatasync_latency(directory: str, samples: int, size: int = 4096) -> dict[str, Any]:
+    """Latency of pwrite(4 KiB) + fdatasync, sequential positions in a preallocated file."""
+    path = os.path.join(directory, "fsync-lat.bin")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, samples * size)
+        os.fsync(fd)
+        buf = random.randbytes(size)
+        lat: list[float] = []
+        for i in range(samples):
+            t0 = time.perf_counter()
+            os.pwrite(fd, buf, i * size)
+            os.fdatasync(fd)
+            lat.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {
+        "samples": samples,
+        "write_bytes": size,
+        "p50_ms": pct(lat, 50) * 1e3,
+        "p99_ms": pct(lat, 99) * 1e3,
+        "max_ms": max(lat) * 1e3,
+        "mean_ms": statistics.fmean(lat) * 1e3,
+        "fsyncs_per_s_serial": 1.0 / statistics.fmean(lat),
+    }
+
+
+def repeated(runs: int, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run a raw measurement `runs` times (this VM's disk is noisy); report the median and all runs."""
+    results = [fn() for _ in range(runs)]
+    speeds = [r["mb_per_s"] for r in results]
+    return {
+        **results[0],
+        "mb_per_s": statistics.median(speeds),
+        "mb_per_s_min": min(speeds),
+        "mb_per_s_max": max(speeds),
+        "runs_mb_per_s": speeds,
+        "seconds": statistics.median(r["seconds"] for r in results),
+    }
+
+
+def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
+    total = (64 if quick else 256) * MiB
+    runs = 1 if quick else 3
+    log(f"machine: raw sequential write {total // MiB} MiB (one fdatasync) x{runs} ...")
+    one = repeated(runs, lambda: raw_sequential_write(directory, total))
+    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 4 MiB) x{runs} ...")
+    every4 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=4 * MiB))
+    log(f"machine: raw sequential write {total // MiB} MiB (fdatasync every 1 MiB) x{runs} ...")
+    every1 = repeated(runs, lambda: raw_sequential_write(directory, total, sync_every=MiB))
+    samples = 100 if quick else 300
+    log(f"machine: fdatasync latency, {samples} x 4 KiB ...")
+    lat = fdatasync_latency(directory, samples)
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 1
+    return {
+        "cores": os.cpu_count(),
+        "cores_usable": affinity,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "raw_write_one_fdatasync": one,
+        "raw_write_fdatasync_every_4MiB": every4,
+        # What one acks=all producer sending 1 MiB batches can get at most: a write + fdatasync per MiB.
+        "raw_write_fdatasync_every_1MiB": every1,
+        "fdatasync_4KiB": lat,
+    }
