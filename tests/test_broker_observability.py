@@ -136,6 +136,8 @@ def test_metrics_page_parses_with_hostile_labels_and_counts_errors_by_name(metri
         "loglake_wal_fsync_seconds",
         "loglake_wal_groups",
         "loglake_wal_frames",
+        "loglake_wal_spare_rolls",
+        "loglake_wal_recycled_rolls",
         "loglake_partition_log_start_offset",
         "loglake_partition_segments",
         "loglake_partition_unsealed_bytes",

@@ -8,7 +8,6 @@ fills half a file makes none.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -17,19 +16,9 @@ import pytest
 from loglake.errors import EngineFailedError
 from loglake.fs import OsFileSystem
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
-from loglake.wal import Durability, WalEntry, WalShard, recover_wal
+from loglake.wal import WalShard, recover_wal
 from loglake.wal.spare import WAL_SPARE_NAME
-
-TID = bytes(range(16))
-FILE_BYTES = 64 * 1024
-PAYLOAD = 10_000  # 6 frames fill a file: a roll every 6 appends
-WAIT_S = 10.0  # longest a test waits for the helper thread
-
-
-class ExtentFs(FaultyFileSystem):
-    """The fault-injecting model, told to behave as ext4 does for the WAL's choice."""
-
-    has_unwritten_extents = True
+from walkit import FILE_BYTES, PAYLOAD, WAIT_S, ExtentFs, append_one
 
 
 def _wait_spare(shard: WalShard, fs: FaultyFileSystem | None = None) -> None:
@@ -40,20 +29,6 @@ def _wait_spare(shard: WalShard, fs: FaultyFileSystem | None = None) -> None:
         assert time.monotonic() < deadline, "the helper made no spare file"
         time.sleep(0.001)
 
-
-def _append(shard: WalShard, base: int, acked: list[int]) -> None:
-    """One fsync-class frame; waits for its answer and notes it when acknowledged."""
-    done = threading.Event()
-    errors: list[BaseException | None] = []
-
-    def on_done(_e: WalEntry, err: BaseException | None) -> None:
-        errors.append(err)
-        done.set()
-
-    shard.submit(WalEntry(TID, 0, base, base + 1, bytes([base % 251]) * PAYLOAD, Durability.FSYNC, on_done))
-    assert done.wait(WAIT_S)
-    if errors[0] is None:
-        acked.append(base)
 
 
 def test_rolls_use_the_spare_and_everything_comes_back(tmp_path: Path) -> None:
@@ -66,7 +41,7 @@ def test_rolls_use_the_spare_and_everything_comes_back(tmp_path: Path) -> None:
         for base in range(40):
             if base % 6 == 5:
                 _wait_spare(shard)  # the next roll finds one ready
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
         assert (directory / WAL_SPARE_NAME).exists()
         assert shard.spare_rolls >= 5
     finally:
@@ -85,7 +60,7 @@ def test_without_the_capability_there_is_no_helper(tmp_path: Path) -> None:
     shard.start(0, [])
     try:
         for base in range(8):
-            _append(shard, base, [])
+            append_one(shard, base, [])
         assert shard._spare is None and shard.spare_rolls == 0
         assert WAL_SPARE_NAME not in fs.listdir("/wal/shard-00")
     finally:
@@ -102,7 +77,7 @@ def test_a_leftover_spare_is_never_read_as_wal_and_is_replaced(tmp_path: Path) -
     acked: list[int] = []
     try:
         for base in range(4):  # past half the first file: the spare is asked for
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
         _wait_spare(shard)
         assert (directory / WAL_SPARE_NAME).read_bytes() == bytes(FILE_BYTES)
     finally:
@@ -118,7 +93,7 @@ def test_a_shard_that_never_fills_half_a_file_makes_no_spare(tmp_path: Path) -> 
     shard.start(0, [])
     try:
         for base in range(3):  # 30 KB of a 64 KiB file
-            _append(shard, base, [])
+            append_one(shard, base, [])
         time.sleep(0.05)
         assert not (directory / WAL_SPARE_NAME).exists() and shard._spare is not None
         assert not shard._spare.ready
@@ -137,7 +112,7 @@ def test_no_room_for_a_spare_rolls_as_before() -> None:
         time.sleep(0.05)  # let the helper try (and fail) first
         fs.set_full(False)
         for base in range(3):
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
     finally:
         shard.close()
     assert acked == [0, 1, 2]
@@ -156,7 +131,7 @@ def _crash_run(k: int | None) -> tuple[FaultyFileSystem, list[int], int, int]:
     start = 0
     try:
         for base in range(5):  # the first file, half full: the spare is asked for
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
         _wait_spare(shard, fs)
         start = fs.mutating_calls
         if k is not None:
@@ -164,7 +139,7 @@ def _crash_run(k: int | None) -> tuple[FaultyFileSystem, list[int], int, int]:
         for base in range(5, 20):
             if base % 6 == 5:
                 _wait_spare(shard, fs)
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
     except (SimulatedCrash, EngineFailedError):
         pass  # the crash stopped the helper or the writer (whose entries then fail)
     finally:
@@ -197,7 +172,7 @@ def test_a_crash_while_the_spare_is_made_loses_nothing(k: int) -> None:
     shard.start(0, [])
     acked: list[int] = []
     for base in range(4):
-        _append(shard, base, acked)
+        append_one(shard, base, acked)
     shard.close()
     # a second shard life, asked for a spare at once, crashing k calls into the helper's work
     rec0 = recover_wal(fs, "/wal")
@@ -231,7 +206,7 @@ def test_no_spare_that_would_eat_into_the_free_space_reserve() -> None:
     acked: list[int] = []
     try:
         for base in range(5):
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
         spare = shard._spare
         assert spare is not None
         deadline = time.monotonic() + WAIT_S
@@ -241,7 +216,7 @@ def test_no_spare_that_would_eat_into_the_free_space_reserve() -> None:
         assert not spare.ready and WAL_SPARE_NAME not in fs.listdir("/wal/shard-00")
         fs.space = (reserve + FILE_BYTES, 1 << 30)  # room now: the next file's request makes one
         for base in range(5, 11):
-            _append(shard, base, acked)
+            append_one(shard, base, acked)
         _wait_spare(shard, fs)
     finally:
         shard.close()

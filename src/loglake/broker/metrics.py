@@ -228,11 +228,19 @@ class _StateCollector:
             _counter("loglake_wal_fsync_seconds_total", "Seconds spent in WAL fsyncs, by shard.", labels=["shard"]),
             _counter("loglake_wal_groups_total", "WAL group commits written, by shard.", labels=["shard"]),
             _counter("loglake_wal_frames_total", "WAL frames written, by shard.", labels=["shard"]),
+            _counter("loglake_wal_spare_rolls_total", "WAL rolls into a spare file made ahead of need, by shard.", labels=["shard"]),
+            _counter(
+                "loglake_wal_recycled_rolls_total",
+                "Of those, rolls into a recycled (obsolete) WAL file: no zeros written for it, by shard.",
+                labels=["shard"],
+            ),
         ]
         for i, shard in enumerate(engine.shards):
-            for family, value in zip(
-                wal, (shard.fsyncs, shard.fsync_seconds_total, shard.groups_written, shard.frames_written), strict=True
-            ):
+            counts = (
+                shard.fsyncs, shard.fsync_seconds_total, shard.groups_written, shard.frames_written,
+                shard.spare_rolls, shard.recycled_rolls,
+            )
+            for family, value in zip(wal, counts, strict=True):
                 family.add_metric([str(i)], value)
         yield from wal
         cold = getattr(engine, "cold_reader", None)

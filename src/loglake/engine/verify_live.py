@@ -73,9 +73,9 @@ def _read_once(fs: FileSystem, directory: str) -> MetaState:
         state = MetaState()
     state.replaying = True
     expected = state.seq + 1
-    for _first, name in files:
+    for first, name in files:
         path = posixpath.join(log_dir, name)
-        frames, bad_at = _scan(fs.read_file(path), path)
+        frames, bad_at = _scan(fs.read_file(path), path, first)
         for frame in frames:
             seq = frame.base_offset
             if seq < expected:

@@ -8,7 +8,9 @@ offsets already assigned. All integers little-endian.
       4     4  length_crc      u32   CRC-32C of the 4 body_length bytes
     ---- body (covered by data_crc) -------------------------------------------------------
       8     1  frame_type      u8    1 = APPEND
-      9     1  flags           u8    0
+      9     1  flags           u8    bit 0 (FLAG_RECYCLED_FILE): the frame's file is a recycled
+                                     WAL file, so bytes of an older generation of frames (lower
+                                     seq) may follow the file's last frame; other bits 0
      10     2  reserved        u16   0
      12     8  seq             u64   frame sequence number in the shard, dense from 0
      20     8  group_seq       u64   seq of the first frame of the group commit this frame
@@ -41,6 +43,10 @@ BODY_HEADER = struct.Struct("<BBHQQ16sIqq")  # type, flags, reserved, seq, group
 TRAILER = struct.Struct("<II4s")  # data_crc, body_length, magic
 MAGIC = b"LLWE"
 FRAME_APPEND = 1
+#: Frame flag: written into a recycled WAL file (loglake.wal.spare). Recovery then reads a frame
+#: whose seq is below the expected one, or undecodable bytes, after the last frame as the file's
+#: old contents (docs/FORMAT.md, WAL frames, version 2).
+FLAG_RECYCLED_FILE = 0x01
 
 PREFIX_SIZE = PREFIX.size
 BODY_HEADER_SIZE = BODY_HEADER.size
@@ -63,6 +69,7 @@ class Frame(NamedTuple):
     base_offset: int
     end_offset: int
     payload: memoryview
+    flags: int = 0
 
 
 def encode_frame(
@@ -73,11 +80,12 @@ def encode_frame(
     base_offset: int,
     end_offset: int,
     payload: BytesLike,
+    flags: int = 0,
 ) -> list[BytesLike]:
     """The parts of one frame, ready for a vectored write (the payload is not copied)."""
     body_length = BODY_HEADER_SIZE + len(payload)
     length_bytes = body_length.to_bytes(4, "little")
-    header = BODY_HEADER.pack(FRAME_APPEND, 0, 0, seq, group_seq, topic_id, partition, base_offset, end_offset)
+    header = BODY_HEADER.pack(FRAME_APPEND, flags, 0, seq, group_seq, topic_id, partition, base_offset, end_offset)
     data_crc = crc32c.crc32c(payload, crc32c.crc32c(header))
     return [
         PREFIX.pack(body_length, crc32c.crc32c(length_bytes)),
@@ -123,7 +131,7 @@ def decode_frame(buf: memoryview, pos: int) -> Frame | None:
         raise FrameError(pos, "trailer magic missing (incomplete write)")
     if crc32c.crc32c(buf[body_start:body_end]) != data_crc:
         raise FrameError(pos, "data CRC mismatch")
-    (frame_type, _flags, _reserved, seq, group_seq, topic_id, partition, base_offset, end_offset) = (
+    (frame_type, flags, _reserved, seq, group_seq, topic_id, partition, base_offset, end_offset) = (
         BODY_HEADER.unpack_from(buf, body_start)
     )
     if frame_type != FRAME_APPEND:
@@ -138,6 +146,7 @@ def decode_frame(buf: memoryview, pos: int) -> Frame | None:
         base_offset,
         end_offset,
         buf[body_start + BODY_HEADER_SIZE : body_end],
+        flags,
     )
 
 

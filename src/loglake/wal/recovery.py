@@ -13,6 +13,14 @@ in sequence order. What recovery may do to a shard:
   never skips it silently. With `accept_data_loss` (an operator's explicit choice) the shard is
   cut at that frame instead: the rest of the file and every later file of the shard are dropped,
   and the engine reports per partition what was lost (engine/acked.py).
+
+A *recycled* file (its frames carry FLAG_RECYCLED_FILE: an obsolete WAL file reused as the next
+one, loglake.wal.spare) holds its old contents after its last frame: frames of an older
+generation (a lower seq) or, where the new frames do not end on an old frame boundary, bytes that
+do not decode. Where its frames end is known without them: a closed file's frames run up to the
+seq its successor starts at, and the newest file's up to the first byte that is not a frame of
+this generation. The rules above still apply to what lies before that point, and an intact frame
+of a later group anywhere behind it is still corruption.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from loglake.errors import CorruptionError
 from loglake.fs.base import FileSystem
 from loglake.wal.frame import (
     BODY_HEADER_SIZE,
+    FLAG_RECYCLED_FILE,
     FRAME_PAYLOAD_BYTES_MAX,
     PREFIX,
     PREFIX_SIZE,
@@ -67,6 +76,8 @@ class WalRecovery:
     bytes_read: int = 0
     bytes_truncated: int = 0
     truncated_files: list[str] = field(default_factory=list)
+    #: bytes after the last frame of recycled files, cut (the newest file) or left (closed ones)
+    recycled_bytes_cut: int = 0
     removed_files: list[str] = field(default_factory=list)
 
 
@@ -101,26 +112,38 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery, accept: 
         with fs.open(path, write=is_last or accept) as f:
             data = f.pread(0, f.size())
             result.bytes_read += len(data)
-            frames, bad_at = _scan(data, path)
+            frames, bad_at = _scan(data, path, first_seq)
             if frames and frames[0].seq != first_seq:
                 raise CorruptionError(path, 0, f"first frame has seq {frames[0].seq}, file name says {first_seq}")
             if frames and i > 0 and first_seq != next_seq:
                 raise CorruptionError(path, 0, f"file starts at seq {first_seq}, the previous file ended before {next_seq}")
             damaged = False
+            successor = names[i + 1][0] if not is_last else None
+            old = bad_at is not None and _old_contents(data, bad_at, frames, first_seq, successor)
+            if old and not is_last and bad_at is not None:
+                # a closed recycled file: every frame is there, the rest is its old contents
+                result.recycled_bytes_cut += len(data) - bad_at
+                bad_at = None
             if bad_at is not None:
                 try:
-                    _classify_bad_frame(memoryview(data), path, bad_at, is_last, frames)
+                    _classify_bad_frame(memoryview(data), path, bad_at, is_last, frames, first_seq)
                 except CorruptionError as exc:
                     if not accept:
                         raise
                     damaged = True
                     log.error("WAL %s damaged (%s): ACCEPTED (--accept-data-loss), the shard is cut at byte %d", path, exc.detail, bad_at)
-                garbage_end = len(data.rstrip(b"\0"))
-                torn = max(0, garbage_end - bad_at)
-                result.bytes_truncated += torn
                 result.truncated_files.append(path)
-                if not damaged:
-                    log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
+                if old and not damaged:
+                    # old contents of a recycled file, or a torn write over them: unacknowledged
+                    # either way, and not counted as torn bytes
+                    result.recycled_bytes_cut += len(data) - bad_at
+                    log.info("WAL %s (recycled): %d bytes after its last frame cut at byte %d", path, len(data) - bad_at, bad_at)
+                else:
+                    garbage_end = len(data.rstrip(b"\0"))
+                    torn = max(0, garbage_end - bad_at)
+                    result.bytes_truncated += torn
+                    if not damaged:
+                        log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
                 f.truncate(bad_at)
                 f.datasync()
         next_seq = max(next_seq, first_seq)
@@ -173,8 +196,12 @@ def _all_zero(data: bytes, pos: int) -> bool:
     return memoryview(data)[pos:] == bytes(len(data) - pos)
 
 
-def _scan(data: bytes, path: str) -> tuple[list[Frame], int | None]:
-    """Intact frames from the start of `data`, and the byte where a bad frame starts (or None)."""
+def _scan(data: bytes, path: str, first_seq: int) -> tuple[list[Frame], int | None]:
+    """Intact frames from the start of `data`, and the byte where a bad frame starts (or None).
+
+    An intact frame of an older generation (a seq below the expected one) first in the file, or
+    after a recycled file's frames, ends the scan there like a bad frame does (`_old_contents`
+    then tells which it is)."""
     buf = memoryview(data)
     frames: list[Frame] = []
     pos = 0
@@ -187,13 +214,36 @@ def _scan(data: bytes, path: str) -> tuple[list[Frame], int | None]:
             if pos < len(data) and not _all_zero(data, pos):
                 return frames, pos  # non-zero bytes after a zero length: not a clean end
             return frames, None
-        if frames and frame.seq != frames[-1].seq + 1:
-            raise CorruptionError(path, pos, f"frame seq {frame.seq}, expected {frames[-1].seq + 1}")
+        expected = frames[-1].seq + 1 if frames else first_seq
+        if frame.seq < expected and (not frames or frames[-1].flags & FLAG_RECYCLED_FILE):
+            return frames, pos  # an older generation's frame: a recycled file's old contents
+        if frames and frame.seq != expected:
+            raise CorruptionError(path, pos, f"frame seq {frame.seq}, expected {expected}")
         frames.append(frame)
         pos += frame.size
 
 
-def _classify_bad_frame(buf: memoryview, path: str, bad_at: int, is_last: bool, frames: list[Frame]) -> None:
+def _old_contents(data: bytes, pos: int, frames: list[Frame], first_seq: int, successor_seq: int | None) -> bool:
+    """Whether the bytes from `pos`, where the scan of a file stopped, may be a recycled file's
+    old contents rather than damage. A closed file (`successor_seq` given) must hold every frame up
+    to its successor's first seq. The newest file: its frames are flagged recycled, or none of
+    this generation landed and an older one's frame is first; `_classify_bad_frame` still judges
+    what lies behind `pos` (an intact frame of a later group there is a durable write lost)."""
+    recycled = bool(frames and frames[-1].flags & FLAG_RECYCLED_FILE)
+    if successor_seq is not None:
+        return recycled and frames[-1].seq + 1 == successor_seq
+    if frames:
+        return recycled
+    try:
+        first = decode_frame(memoryview(data), 0)
+    except FrameError:
+        return False
+    return first is not None and first.seq < first_seq
+
+
+def _classify_bad_frame(
+    buf: memoryview, path: str, bad_at: int, is_last: bool, frames: list[Frame], first_seq: int | None = None
+) -> None:
     """Raise CorruptionError unless the bad bytes at `bad_at` are a torn, unacknowledged write."""
     if not is_last:
         raise CorruptionError(path, bad_at, "bad WAL frame in a closed file (data that was durable is damaged)")
@@ -204,13 +254,17 @@ def _classify_bad_frame(buf: memoryview, path: str, bad_at: int, is_last: bool, 
             "the file ends inside a frame: it was cut short (a torn write never shortens a preallocated "
             "WAL file), so acknowledged writes after this point may be lost",
         )
-    later = find_valid_frame_after(buf, bad_at)
-    if later is None:
-        return
     # The bad frame's seq is the one after the last good frame; an intact frame whose group
-    # started after that seq was written after the bad frame's group was fsynced.
-    bad_seq = frames[-1].seq + 1 if frames else later.group_seq
-    if later.group_seq > bad_seq:
-        raise CorruptionError(
-            path, bad_at, f"bad WAL frame followed by an intact later write (seq {later.seq} at byte {later.position})"
-        )
+    # started after that seq was written after the bad frame's group was fsynced. Every intact
+    # frame behind is looked at: frames of the torn group itself, or of a recycled file's older
+    # generation, may come first.
+    bad_seq = frames[-1].seq + 1 if frames else first_seq
+    pos = bad_at
+    while (later := find_valid_frame_after(buf, pos)) is not None:
+        if bad_seq is None:
+            bad_seq = later.group_seq
+        if later.group_seq > bad_seq:
+            raise CorruptionError(
+                path, bad_at, f"bad WAL frame followed by an intact later write (seq {later.seq} at byte {later.position})"
+            )
+        pos = later.position + later.size

@@ -16,7 +16,9 @@ write. A group that does not fit in the rest of the active file rolls to a new f
 With `spare=True` (the engine's data shards) and a filesystem whose `allocate` leaves unwritten
 extents (`FileSystem.has_unwritten_extents`), a roll renames a zero-written spare file into
 place instead (loglake.wal.spare): the WAL's fdatasyncs then overwrite written blocks and need
-no journal commit, and the roll does no allocation or data sync on the writer thread.
+no journal commit, and the roll does no allocation or data sync on the writer thread. The spare
+is an obsolete WAL file of this shard when truncation has one to offer (recycled: its frames are
+then flagged FLAG_RECYCLED_FILE, and no zeros are written for it), else a file of fresh zeros.
 
 A write or fsync error fails the shard: the group and everything queued behind it fail with
 StorageError and later submits are refused. Retrying an fsync after an error is not safe (the
@@ -50,7 +52,7 @@ from loglake import canary
 from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
 from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
-from loglake.wal.frame import FRAME_OVERHEAD, encode_frame
+from loglake.wal.frame import FLAG_RECYCLED_FILE, FRAME_OVERHEAD, encode_frame
 from loglake.wal.spare import SPARE_REQUEST_FILL, SpareFile
 from loglake.wal.stall import StallMixin
 
@@ -129,6 +131,7 @@ class WalShard(StallMixin):
         self._active: File | None = None
         self._active_pos = 0
         self._active_capacity = 0
+        self._active_flags = 0  # frame flags for the active file (FLAG_RECYCLED_FILE)
         self._dirty = False  # written but not yet fsynced
         self._last_sync = clock()
         self._idle = threading.Condition(self._lock)  # group written / sync ticket served
@@ -182,6 +185,11 @@ class WalShard(StallMixin):
     def spare_rolls(self) -> int:
         """Rolls that renamed a ready spare file into place."""
         return self._spare.used if self._spare is not None else 0
+
+    @property
+    def recycled_rolls(self) -> int:
+        """Of those, rolls into a recycled WAL file (no zeros written for it)."""
+        return self._spare.recycled if self._spare is not None else 0
 
     @property
     def failure(self) -> BaseException | None:
@@ -277,6 +285,8 @@ class WalShard(StallMixin):
             if not doomed:
                 return 0
             for wal_file in doomed:
+                if self._spare is not None and self._stalled is None and self._spare.offer(wal_file.path):
+                    continue  # recycled as the next file: no zeros written for it
                 try:
                     self.fs.unlink(wal_file.path)
                 except FileNotFoundError:
@@ -385,11 +395,11 @@ class WalShard(StallMixin):
 
     def _write_group(self, group: list[WalEntry], ticket: int) -> None:
         if group:
-            group_seq = self._next_seq
-            parts, size = self._encode(group)
+            size = self._number(group)
             if self._active is None or self._active_pos + size > self._active_capacity:
-                self._roll(group_seq, size)
+                self._roll(group[0].seq, size)
             assert self._active is not None
+            parts = self._encode(group)  # after the roll: the file sets the frames' flags
             self._active.pwritev(self._active_pos, parts)
             self._active_pos += size
             if (
@@ -434,17 +444,24 @@ class WalShard(StallMixin):
             except Exception:
                 log.exception("WAL completion callback failed")
 
-    def _encode(self, group: list[WalEntry]) -> tuple[list[BytesLike], int]:
-        """The group's frames as pwritev buffers (numbered from `_next_seq` on) and their size."""
-        group_seq = self._next_seq
-        # Small frames are copied into one buffer (cheaper than an iovec each); large
-        # payloads go to pwritev as their own buffers, uncopied.
-        parts: list[BytesLike] = []
-        small = bytearray()
+    def _number(self, group: list[WalEntry]) -> int:
+        """Give the group's entries their seqs, from `_next_seq` on; returns the frames' size."""
         size = 0
         for entry in group:
             entry.seq = self._next_seq
             self._next_seq += 1
+            size += len(entry.payload)
+        return size + FRAME_OVERHEAD * len(group)
+
+    def _encode(self, group: list[WalEntry]) -> list[BytesLike]:
+        """The group's frames (numbered by `_number`) as pwritev buffers."""
+        group_seq = group[0].seq
+        flags = self._active_flags
+        # Small frames are copied into one buffer (cheaper than an iovec each); large
+        # payloads go to pwritev as their own buffers, uncopied.
+        parts: list[BytesLike] = []
+        small = bytearray()
+        for entry in group:
             frame = encode_frame(
                 entry.seq,
                 group_seq,
@@ -453,6 +470,7 @@ class WalShard(StallMixin):
                 entry.base_offset,
                 entry.end_offset,
                 entry.payload,
+                flags,
             )
             if len(entry.payload) <= WAL_COPY_PAYLOAD_BYTES_MAX:
                 small += frame[0]
@@ -465,28 +483,33 @@ class WalShard(StallMixin):
                 parts.append(small)
                 parts.append(frame[2])
                 small = bytearray(frame[3])
-            size += len(entry.payload) + FRAME_OVERHEAD
         if small:
             parts.append(small)
-        return parts, size
+        return parts
 
     def _roll(self, first_seq: int, needed: int) -> None:
-        """Close the active file (trimmed to what it holds) and start a preallocated new one."""
+        """Close the active file (trimmed to what it holds where the shard keeps no spares) and
+        start a preallocated new one: a spare (recycled or zeros) when one is ready."""
         if self._active is not None:
             if self._dirty:
                 self._active.datasync()
                 self._dirty = False
             self._unsynced.clear()
             self._synced_pos = self._active_pos
-            # Trim the unused preallocated tail; if this does not reach disk, zeros remain, which
-            # recovery reads as a clean end of file.
-            self._active.truncate(self._active_pos)
+            if self._spare is None:
+                # Trim the unused preallocated tail; if this does not reach disk, zeros remain,
+                # which recovery reads as a clean end of file.
+                self._active.truncate(self._active_pos)
+            # With spares the file keeps its size, so that it can be recycled as it is (a trim
+            # and a top-up would be two size changes, each a journal commit); what follows its
+            # last frame is zeros or, in a recycled file, its old contents: recovery reads both.
             self._active.close()
             self._active = None
         path = os.path.join(self.directory, wal_file_name(first_seq))
         capacity = max(self.file_bytes, needed)
-        f = self._spare.take(path) if self._spare is not None and needed <= self.file_bytes else None
+        taken = self._spare.take(path) if self._spare is not None and needed <= self.file_bytes else None
         self._spare_asked = False
+        f, recycled = taken if taken is not None else (None, False)
         if f is None:
             f = self.fs.open(path, write=True, create=True, exclusive=True)
             try:
@@ -501,6 +524,7 @@ class WalShard(StallMixin):
         with self._cond:  # both at once: truncation never takes the new file for a closed one
             self._files.append(WalFile(path, first_seq))
             self._active = f
+        self._active_flags = FLAG_RECYCLED_FILE if recycled else 0
         self._active_pos = 0
         self._active_capacity = capacity
         self._synced_pos = 0

@@ -19,6 +19,19 @@ but the zeros off the acknowledgement path. Where the helper cannot make one (a 
 writer allocates its own file as before; nor does it make one that would take the filesystem below
 the free-space reserve (`keep_free`, the engine's SpaceGuard), so a spare never is the reason
 produce is refused for lack of space.
+
+Recycling (issue 12: fewer writes per byte). Zeros are a second full write of every WAL byte, and
+they compete with the WAL's fdatasyncs for the disk. So when the shard deletes obsolete WAL files
+it offers one of them first (`offer`, which never waits): it is renamed to `recycled.wal`, kept
+beside a ready zero spare (or one being made) if there is one (at most one of each: two files of
+disk per shard at most), and used as a next file as it is — blocks already written, no zeros, no
+data sync. Files are not trimmed at their roll when the shard keeps spares, so they are recycled
+at their full size (`file_bytes`; others are deleted). The helper writes zeros only when a roll
+comes near and neither is ready. The old frames stay behind the new ones; every frame written
+into a recycled file carries FLAG_RECYCLED_FILE, which tells recovery where that file's frames
+end (loglake.wal.recovery, docs/FORMAT.md). Only files of the shard's own sequence are offered
+(its files since recovery, never a leftover), so every old frame has a lower seq than anything
+written into the file now.
 """
 
 from __future__ import annotations
@@ -30,12 +43,14 @@ from collections.abc import Callable
 
 from loglake.fs.base import File, FileSystem
 
-__all__ = ["WAL_SPARE_NAME", "SpareFile"]
+__all__ = ["WAL_RECYCLED_NAME", "WAL_SPARE_NAME", "SpareFile"]
 
 log = logging.getLogger(__name__)
 
 #: The spare's name in the shard directory: never read by recovery.
 WAL_SPARE_NAME = "spare.wal"
+#: A recycled WAL file's name while it waits to be the next file: never read by recovery.
+WAL_RECYCLED_NAME = "recycled.wal"
 #: The shard asks for a spare once its active file is this full: late enough that short-lived
 #: engines make none, early enough that the zeros are written before the roll at any rate the
 #: disk can take (the other half of the file is written meanwhile).
@@ -46,7 +61,8 @@ SPARE_STEP_BYTES = 8 * 1024 * 1024
 
 
 class SpareFile:
-    """At most one ready spare per shard (the bound), made by one helper thread on request."""
+    """At most two spares per shard (the bound): one of zeros, made by one helper thread on
+    request, and one recycled WAL file, offered by truncation."""
 
     def __init__(
         self, fs: FileSystem, directory: str, file_bytes: int, keep_free: Callable[[int], int] | None = None
@@ -58,14 +74,21 @@ class SpareFile:
         self.directory = directory
         self.file_bytes = file_bytes
         self.path = os.path.join(directory, WAL_SPARE_NAME)
+        self.recycled_path = os.path.join(directory, WAL_RECYCLED_NAME)
         self._cond = threading.Condition()
-        self._ready: File | None = None  # zero-written and datasynced
+        self._zeros: File | None = None  # zero-written and datasynced, at `path`
+        self._recycled: File | None = None  # an obsolete WAL file, at `recycled_path`
+        self._making = False  # the helper is writing zeros
+        self._offering = False  # an offer is making a recycled one
         self._wanted = False  # the shard asked for one (request())
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.used = 0  # rolls that renamed a spare into place
+        self.recycled = 0  # of those, rolls into a recycled WAL file
 
     def start(self) -> None:
+        if self.fs.exists(self.recycled_path):
+            self.fs.unlink(self.recycled_path)  # left by a crash: contents unknown
         self._thread = threading.Thread(
             target=self._run, name=f"wal-spare-{os.path.basename(self.directory)}", daemon=True
         )
@@ -79,13 +102,14 @@ class SpareFile:
             self._thread.join()
             self._thread = None
         with self._cond:
-            f = self._ready
-            self._ready = None
-        self._discard(f)
+            zeros, recycled = self._zeros, self._recycled
+            self._zeros = self._recycled = None
+        self._discard(zeros, self.path)
+        self._discard(recycled, self.recycled_path)
 
     @property
     def ready(self) -> bool:
-        return self._ready is not None
+        return self._zeros is not None or self._recycled is not None
 
     def request(self) -> None:
         """Make a spare if none is ready (the writer calls this once per active file)."""
@@ -93,13 +117,20 @@ class SpareFile:
             self._wanted = True
             self._cond.notify_all()
 
-    def take(self, path: str) -> File | None:
-        """The writer, rolling: rename the ready spare to `path` and make the name durable.
-        None when none is ready. The next one is made when the new file is half full: the helper
-        starts by removing whatever has the spare's name, so never while the rename is pending."""
+    def take(self, path: str) -> tuple[File, bool] | None:
+        """The writer, rolling: rename a ready spare to `path` and make the name durable. Zeros
+        go first (a recycled file kept for the next roll spares the helper its zeros). Returns
+        it and whether it is a recycled WAL file (its frames must then be flagged); None when
+        none is ready. The helper removes whatever has the spare's name before it writes zeros,
+        so never while this rename is pending."""
         with self._cond:
-            f = self._ready
-            self._ready = None
+            f = self._zeros
+            recycled = f is None
+            if recycled:
+                f = self._recycled
+                self._recycled = None
+            else:
+                self._zeros = None
             self._wanted = False
         if f is None:
             return None
@@ -111,20 +142,73 @@ class SpareFile:
             raise
         f.path = path
         self.used += 1
-        return f
+        self.recycled += recycled
+        return f, recycled
+
+    def offer(self, path: str) -> bool:
+        """Keep the obsolete WAL file at `path` as a spare. False (the caller deletes it) when a
+        recycled one is kept already, the file is not `file_bytes` long,
+        space is short, or the shard is closing; True when the file was taken (kept, or removed
+        if it could not be made a spare). The caller fsyncs the directory."""
+        with self._cond:
+            if self._stopping or self._recycled is not None or self._offering:
+                return False
+            self._offering = True
+        f: File | None = None
+        try:
+            if not self._room():
+                # short of space (the same test as for zeros): deleting it gives the room back
+                self._done(None, recycled=True)
+                return False
+            try:
+                if self.fs.file_size(path) != self.file_bytes:
+                    # trimmed (a previous process's file) or grown for a big group: not as is
+                    self._done(None, recycled=True)
+                    return False
+                self.fs.rename(path, self.recycled_path)
+            except OSError as exc:
+                log.debug("WAL %s: %s not recycled (%s)", self.directory, path, exc)
+                self._done(None, recycled=True)
+                return False
+            f = self.fs.open(self.recycled_path, write=True)
+        except BaseException as exc:  # no spare; the writer allocates its next file
+            log.debug("WAL %s: recycling %s failed (%s); the next roll allocates its own", self.directory, path, exc)
+            self._discard(f, self.recycled_path)
+            self._done(None, recycled=True)
+            return True
+        self._done(f, recycled=True)
+        return True
+
+    def _done(self, f: File | None, *, recycled: bool) -> None:
+        """The end of making one: it is kept as a spare unless the shard is closing."""
+        with self._cond:
+            if recycled:
+                self._offering = False
+            else:
+                self._making = False
+            self._cond.notify_all()
+            keep = f is not None and not self._stopping
+            if keep and recycled:
+                self._recycled = f
+            elif keep:
+                self._zeros = f
+        if f is not None and not keep:
+            self._discard(f, self.recycled_path if recycled else self.path)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and (not self._wanted or self._ready is not None):
+                while not self._stopping and (not self._wanted or self.ready or self._offering):
                     self._cond.wait()
                 if self._stopping:
                     return
                 self._wanted = False
+                self._making = True
             f: File | None = None
             try:
                 if not self._room():
                     self.skipped_for_space += 1
+                    self._done(None, recycled=False)
                     continue
                 if self.fs.exists(self.path):
                     self.fs.unlink(self.path)  # left by a crash or a failed try: contents unknown
@@ -137,14 +221,11 @@ class SpareFile:
             except BaseException as exc:  # a full disk (or a simulated crash in tests): no spare
                 # The writer allocates its next file itself; the roll after that asks again.
                 log.debug("WAL %s: no spare file (%s); the next roll allocates its own", self.directory, exc)
-                self._discard(f)
+                self._discard(f, self.path)
+                self._done(None, recycled=False)
                 continue
-            with self._cond:
-                stopped = self._is_stopping()
-                if not stopped:
-                    self._ready = f
-            if stopped:
-                self._discard(f)
+            self._done(f, recycled=False)
+            if self._is_stopping():
                 return
 
     def _room(self) -> bool:
@@ -160,11 +241,11 @@ class SpareFile:
     def _is_stopping(self) -> bool:
         return self._stopping
 
-    def _discard(self, f: File | None) -> None:
+    def _discard(self, f: File | None, path: str) -> None:
         try:
             if f is not None:
                 f.close()
-            if self.fs.exists(self.path):
-                self.fs.unlink(self.path)
+            if self.fs.exists(path):
+                self.fs.unlink(path)
         except BaseException as exc:  # best effort: the next spare removes a leftover one too
-            log.debug("WAL %s: removing the spare file failed: %s", self.directory, exc)
+            log.debug("WAL %s: removing the spare file %s failed: %s", self.directory, path, exc)

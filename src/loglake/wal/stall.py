@@ -49,7 +49,10 @@ class StallMixin:
     def _fail(self, group: list[WalEntry], exc: BaseException) -> None:
         raise NotImplementedError
 
-    def _encode(self, group: list[WalEntry]) -> tuple[list[BytesLike], int]:
+    def _number(self, group: list[WalEntry]) -> int:
+        raise NotImplementedError
+
+    def _encode(self, group: list[WalEntry]) -> list[BytesLike]:
         raise NotImplementedError
 
     def _roll(self, first_seq: int, needed: int) -> None:
@@ -146,9 +149,10 @@ class StallMixin:
         entries = [e for e, _acked in pending]
         try:
             if entries:
-                parts, size = self._encode(entries)
+                size = self._number(entries)  # the same seqs again: _next_seq is entries[0].seq
                 self._roll(entries[0].seq, size)
                 assert self._active is not None
+                parts = self._encode(entries)  # after the roll: the new file sets the frame flags
                 self._active.pwritev(0, parts)
                 self._active_pos = size
                 self._active.datasync()
