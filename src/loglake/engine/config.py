@@ -290,9 +290,14 @@ class EngineConfig:
     wal_group_bytes_max: int = WAL_GROUP_BYTES_MAX_DEFAULT
     wal_queue_bytes_max: int = WAL_QUEUE_BYTES_MAX_DEFAULT
     wal_fsync_interval_ms: int = WAL_FSYNC_INTERVAL_MS_DEFAULT
-    #: Keep one zero-written WAL file ready per shard (wal/spare.py): rolls become a rename and
-    #: WAL fdatasyncs never wait for a journal commit. Costs one more wal_file_bytes of disk per shard.
+    #: Keep the next WAL file ready per shard (wal/spare.py): a recycled obsolete WAL file, else one
+    #: written with zeros. Rolls become a rename and WAL fdatasyncs never wait for a journal commit.
+    #: Costs up to two more wal_file_bytes of disk per shard (one recycled file and one of zeros).
     wal_spare_file: bool = True
+    #: Most bytes of WAL files one shard keeps. Past it, the partitions whose unsealed data holds
+    #: the oldest file are sealed, so that file can go: an idle partition's tail never makes the
+    #: WAL grow for up to its segment.ms (an hour by default) while busy ones write past it.
+    wal_max_bytes: int = 1024 * 1024 * 1024
     #: Global budget for unsealed (in-memory) partition data.
     memory_budget_bytes: int = 512 * 1024 * 1024
     #: Fraction of the budget at which an emergency seal starts.
@@ -397,6 +402,8 @@ class EngineConfig:
             raise ConfigError(f"wal_shards={self.wal_shards}: must be in [1, 64]")
         if self.wal_file_bytes < 64 * 1024:
             raise ConfigError("wal_file_bytes must be at least 64 KiB")
+        if self.wal_max_bytes < 2 * self.wal_file_bytes:
+            raise ConfigError("wal_max_bytes must be at least twice wal_file_bytes")
         if self.wal_group_bytes_max > self.wal_queue_bytes_max:
             raise ConfigError("wal_group_bytes_max must not exceed wal_queue_bytes_max")
         if self.memory_budget_bytes < 4 * 1024 * 1024:

@@ -242,6 +242,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
             interval_ms=config.maintenance_interval_ms,
             shards=lambda: [*self._shards, *self._retired_shards],
             space=self.space,
+            wal_max_bytes=config.wal_max_bytes,
         )
         if cold is not None:
             self._relocator = Relocator(self.catalog, stores, indexes, config.relocation_threads, config.relocation_retry_ms)

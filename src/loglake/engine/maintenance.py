@@ -46,6 +46,7 @@ class Maintenance:
         interval_ms: int,
         shards: Callable[[], list[WalShard]],
         space: SpaceGuard | None = None,
+        wal_max_bytes: int | None = None,
     ) -> None:
         self.catalog = catalog
         self.meta = meta
@@ -57,6 +58,8 @@ class Maintenance:
         self.interval_s = interval_ms / 1000.0
         self._shards = shards
         self.space = space
+        self.wal_max_bytes = wal_max_bytes
+        self.wal_bound_seals = 0  # seals asked for because a shard's WAL passed wal_max_bytes
         self.relocator: Relocator | None = None
         self.publisher: MetaPublisher | None = None
         self.acked: AckedRecorder | None = None
@@ -113,6 +116,7 @@ class Maintenance:
             self.relocator.schedule()
         self.meta.maybe_checkpoint()
         self.truncate_wal()
+        self._seal_wal_holders()
         if self.publisher is not None and (self.publisher.due() or self.publisher.checkpoint_pending()):
             self.publisher.publish()
 
@@ -144,6 +148,26 @@ class Maintenance:
                     break
                 self.sealer.schedule(p, full=True)
                 target -= size
+
+    def _seal_wal_holders(self) -> None:
+        """A shard whose files pass `wal_max_bytes`: seal the partitions whose unsealed data its
+        oldest file still holds (truncation, next tick, then lets the file go). Without this an
+        idle partition's few records hold every later file for up to its segment.ms."""
+        if self.wal_max_bytes is None:
+            return
+        by_id = self.catalog.by_id
+        for shard in self._shards():
+            files = shard.files()
+            if len(files) < 2 or len(files) * shard.file_bytes <= self.wal_max_bytes:
+                continue
+            for (topic_id, index), end in list(files[0].partitions.items()):
+                topic = by_id.get(topic_id)
+                if topic is None or index >= len(topic.partitions):
+                    continue
+                p = topic.partitions[index]
+                if p.durable_sealed_end < end and p.buffer and not p.seal_scheduled:
+                    self.sealer.schedule(p, full=True)
+                    self.wal_bound_seals += 1
 
     # ---- retention --------------------------------------------------------------------------
 
