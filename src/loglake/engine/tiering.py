@@ -133,6 +133,8 @@ class Relocator:
                     cold.delete(seg.key)
                 # else another relocation of this segment switched it first: the cold object
                 # (same key, same bytes) is now the authoritative copy and must stay
+                with self._lock:
+                    self._attempts.pop(seg.key, None)  # not in flight any more: the map stays bounded
                 return
             fut.result()  # 3. the authoritative switch
             seg.tier = "cold"
