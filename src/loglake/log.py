@@ -196,26 +196,24 @@ class Log:
         if info.config.compacted:
             records = list(records)
             check_keys(topic, partition, (rec[0] for rec in records))
-        by_partition: dict[int, list[tuple[int | None, bytes | None, bytes | None, Headers]]] = {}
-        fixed = partition if partition is not None else (0 if info.partitions == 1 else None)
-        if fixed is not None:  # one partition for all: no choice to make per record
-            by_partition[fixed] = [(None, rec[0], rec[1], rec[2] if len(rec) > 2 else ()) for rec in records]
-        else:
-            for rec in records:
-                key, value = rec[0], rec[1]
-                headers: Headers = rec[2] if len(rec) > 2 else ()
-                p = self._pick_partition(info, key, partition)
-                by_partition.setdefault(p, []).append((None, key, value, headers))
         codec = codec_from_name(compression) if compression else None
-        futures = [
-            (p, len(recs), self.engine.append_records(topic, p, recs, compression=codec))
-            for p, recs in by_partition.items()
-        ]
+        fixed = partition if partition is not None else (0 if info.partitions == 1 else None)
+        if fixed is not None:  # one partition for all: the records go to the batch as they are
+            futures = [(fixed, self.engine.append_pairs(topic, fixed, records, compression=codec))]
+        else:
+            by_partition: dict[int, list[Any]] = {}
+            for rec in records:  # a record too short fails here, before any partition is appended to
+                key, value = rec[0], rec[1]
+                p = self._pick_partition(info, key, partition)
+                by_partition.setdefault(p, []).append((key, value, rec[2] if len(rec) > 2 else ()))
+            futures = [
+                (p, self.engine.append_pairs(topic, p, recs, compression=codec)) for p, recs in by_partition.items()
+            ]
         out: list[RecordMetadata] = []
-        for p, count, fut in futures:
+        for p, fut in futures:
             r = fut.result()
             base = r.base_offset
-            fields = zip(repeat(topic), repeat(p), range(base, base + count), repeat(r.log_append_time))
+            fields = zip(repeat(topic), repeat(p), range(base, r.last_offset + 1), repeat(r.log_append_time))
             out.extend(map(_new, repeat(RecordMetadata), fields))
         return out
 

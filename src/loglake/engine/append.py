@@ -41,11 +41,13 @@ from loglake.records.compression import codec_from_name
 from loglake.records.decode import iter_records
 from loglake.wal.shard import Durability, WalEntry, WalShard
 
-__all__ = ["Appender", "RecordTuple"]
+__all__ = ["Appender", "PairTuple", "RecordTuple"]
 
 log = logging.getLogger(__name__)
 
 RecordTuple = tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
+#: produce_batch's records: (key, value) or (key, value, headers), stamped with the append's time.
+PairTuple = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 
 
 class Appender:
@@ -142,27 +144,56 @@ class Appender:
         compression: int | None = None,
     ) -> Future[AppendResult]:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
+        config = self._before_build(topic)
+        if config.compacted:
+            records = list(records)
+            check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
+        builder = new_builder(compression=self._codec_for(config, compression))
+        builder.append_all(records, int(self._clock() * 1000))
+        return self._append_built(topic, partition, config, builder, "append_records")
+
+    def append_pairs(
+        self,
+        topic: str,
+        partition: int,
+        records: Iterable[PairTuple],
+        *,
+        compression: int | None = None,
+    ) -> Future[AppendResult]:
+        """Build one batch from (key, value) or (key, value, headers) tuples, all stamped now,
+        and append it: the embedded produce_batch, with no tuple rebuilt per record."""
+        config = self._before_build(topic)
+        if config.compacted:
+            records = list(records)
+            check_keys(topic, partition, (rec[0] for rec in records))
+        builder = new_builder(compression=self._codec_for(config, compression))
+        builder.append_pairs(records, int(self._clock() * 1000))
+        return self._append_built(topic, partition, config, builder, "append_pairs")
+
+    def _before_build(self, topic: str) -> TopicConfig:
         self._check_open()
         config = self.catalog.topic(topic).config
         if config.durability != Durability.EPHEMERAL:
             self._admit(0)
-        if config.compacted:
-            records = list(records)
-            check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
-        codec = compression if compression is not None else (
-            0 if config.compression_type == "producer" else self._codec_of(config)
-        )
-        now = int(self._clock() * 1000)
-        builder = new_builder(compression=codec)
-        builder.append_all(records, now)
+        return config
+
+    def _codec_for(self, config: TopicConfig, compression: int | None) -> int:
+        if compression is not None:
+            return compression
+        return 0 if config.compression_type == "producer" else self._codec_of(config)
+
+    def _append_built(
+        self, topic: str, partition: int, config: TopicConfig, builder: Any, what: str
+    ) -> Future[AppendResult]:
         if len(builder) == 0:
-            raise CorruptRecordError("append_records: no records")
+            raise CorruptRecordError(f"{what}: no records")
         data = bytearray(builder.build())
         if len(data) > config.max_message_bytes:
             raise RecordTooLargeError(
                 f"batch of {len(data)} bytes exceeds max.message.bytes={config.max_message_bytes} of {topic}"
             )
-        return self._append(self.catalog.partition(topic, partition), config, data, split_batches(data))
+        # One batch, built here: its header is read back, its CRC not checked again.
+        return self._append(self.catalog.partition(topic, partition), config, data, [(0, peek_header(data))])
 
     def _append(self, p: Partition, config: TopicConfig, buf: bytearray, batches: list[Any]) -> Future[AppendResult]:
         size = len(buf)

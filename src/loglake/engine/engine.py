@@ -31,7 +31,7 @@ from typing import Any
 
 from loglake import canary
 from loglake.engine.acked import AckedRecorder, fill_losses
-from loglake.engine.append import Appender, RecordTuple
+from loglake.engine.append import Appender, PairTuple, RecordTuple
 from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
@@ -424,6 +424,12 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
     ) -> Future[AppendResult]:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
         return self.appender.append_records(topic, partition, records, compression=compression)
+
+    def append_pairs(
+        self, topic: str, partition: int, records: Iterable[PairTuple], *, compression: int | None = None
+    ) -> Future[AppendResult]:
+        """Build one batch from (key, value) or (key, value, headers) tuples, stamped now, and append it."""
+        return self.appender.append_pairs(topic, partition, records, compression=compression)
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True

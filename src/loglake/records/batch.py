@@ -378,6 +378,8 @@ class BatchBuilder:
             raise InvalidRecordError(f"a batch holds at most {MAX_RECORDS_PER_BATCH} records")
         if type(timestamp) is not int:
             raise TypeError(f"timestamp must be int, not {type(timestamp).__name__}")
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise InvalidRecordError(f"timestamp {timestamp} is out of the int64 range")
         if delta == 0:
             self._first_timestamp = timestamp
             self._max_timestamp = timestamp
@@ -434,6 +436,18 @@ class BatchBuilder:
         append = self.append
         for ts, key, value, headers in records:
             append(now if ts is None else ts, key, value, headers)
+
+    def append_pairs(
+        self,
+        records: Iterable[tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+        now: int,
+    ) -> None:
+        """Add (key, value) or (key, value, headers) records in order, each stamped `now`: the
+        embedded API's produce_batch records as the caller gives them, with no tuple rebuilt
+        per record. The same records and errors as `append` one at a time."""
+        append = self.append
+        for rec in records:
+            append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())
 
     def build(self) -> bytes:
         """Serialize the batch (compressing the record section if configured) with its CRC."""

@@ -29,7 +29,7 @@ import importlib.machinery
 import operator
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from loglake.errors import ConfigError, InvalidRecordError
@@ -134,12 +134,12 @@ class NativeBatchBuilder(BatchBuilder):
         delta = self._count
         if type(timestamp) is not int:
             raise TypeError(f"timestamp must be int, not {type(timestamp).__name__}")
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            raise InvalidRecordError(f"timestamp {timestamp} is out of the int64 range")
         if delta == 0:
             if timestamp == NO_TIMESTAMP:
                 self._native = None
                 return super().append(timestamp, key, value, headers)
-            if not _INT64_MIN <= timestamp <= _INT64_MAX:
-                raise InvalidRecordError(f"timestamp {timestamp} is out of the int64 range")
             self._first_timestamp = timestamp
         elif not _INT64_MIN <= timestamp - self._first_timestamp <= _INT64_MAX:
             raise InvalidRecordError(f"timestamp {timestamp} too far from the batch's first timestamp")
@@ -182,7 +182,9 @@ class NativeBatchBuilder(BatchBuilder):
             if self._count == 0:
                 return None
         native_append = self._native.append
-        lo, hi = self._first_timestamp + _INT64_MIN, self._first_timestamp + _INT64_MAX
+        # in int64 itself and within an int64 delta of the first record's
+        lo = max(_INT64_MIN, self._first_timestamp + _INT64_MIN)
+        hi = min(_INT64_MAX, self._first_timestamp + _INT64_MAX)
         no_headers: list[tuple[str, bytes | None]] = []  # read only by aiokafka
         delta = self._count
         try:
@@ -205,6 +207,62 @@ class NativeBatchBuilder(BatchBuilder):
                 if done is None:
                     raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
                 delta += 1
+        finally:
+            self._count = delta
+        return None
+
+    def append_pairs(
+        self,
+        records: Iterable[tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+        now: int,
+    ) -> None:
+        """`append_pairs` without a method call or a timestamp check per record: one timestamp
+        for all. Records that are not 2- or 3-tuples, headers aiokafka refuses and a full batch
+        go through `append`, so the records built and the errors raised are the reference's."""
+        if self._native is None:
+            return super().append_pairs(records, now)
+        it: Iterator[Any] = iter(records)  # any shape: the loop checks each
+        if self._count == 0:
+            for rec in it:  # the first record sets the batch's base timestamp
+                self.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())
+                break
+            if self._native is None:  # `now` is -1, "no timestamp": the reference builds this batch
+                return super().append_pairs(it, now)
+            if self._count == 0:
+                return None
+        first = self._first_timestamp
+        if type(now) is not int or not max(_INT64_MIN, first + _INT64_MIN) <= now <= min(_INT64_MAX, first + _INT64_MAX):
+            for rec in it:  # `append` raises what the reference raises
+                self.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())
+            return None
+        native_append = self._native.append
+        no_headers: list[tuple[str, bytes | None]] = []  # read only by aiokafka
+        delta = self._count
+        try:
+            for rec in it:
+                if type(rec) is tuple and delta < MAX_RECORDS_PER_BATCH:
+                    n = len(rec)
+                    if n == 2:
+                        key, value = rec
+                        hs = no_headers
+                    elif n > 2:
+                        key, value, headers = rec[0], rec[1], rec[2]
+                        hs = headers if type(headers) is list else (list(headers) if headers else no_headers)
+                    else:
+                        n = -1
+                    if n > 0:
+                        try:
+                            done = native_append(delta, now, key, value, hs)
+                        except TypeError:  # nothing written: `append` normalises, or raises the caller's error
+                            pass
+                        else:
+                            if done is None:
+                                raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
+                            delta += 1
+                            continue
+                self._count = delta
+                self.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())  # normalises or raises
+                delta = self._count
         finally:
             self._count = delta
         return None
