@@ -230,7 +230,12 @@ class WalShard(StallMixin):
                 raise EngineFailedError(f"WAL shard {self.directory} is closed")
             self._queue.append(entry)
             self._queue_bytes += size
-            self._cond.notify_all()
+            # Wake the writer only when it waits for this: an empty queue, the group it holds the
+            # commit open for, or a stall's retry. Waking it for every frame costs a futex and a
+            # GIL switch per append while it would only go back to waiting.
+            n = len(self._queue)
+            if n == 1 or n >= self._last_group_frames or self._stalled is not None:
+                self._cond.notify_all()
 
     def wait_idle(self) -> None:
         """Block until everything submitted so far has been written (and fsynced if asked)."""
