@@ -1,6 +1,7 @@
 """Disk limits of the machine a benchmark runs on, measured in the same run as the benchmark:
 sequential write bandwidth to a preallocated file (1 MiB pwrites; one fdatasync at the end, or one
-every 4 MiB / 1 MiB) and the latency of a 4 KiB pwrite + fdatasync. Every benchmark that names a
+every 4 MiB / 1 MiB), the latency of a 4 KiB pwrite + fdatasync, and what a thread round trip
+(a Future resolved by another thread) costs in time and CPU. Every benchmark that names a
 target beside a disk limit (engine, broker, compaction, metadata) takes them from here, with the
 percentile and logging helpers they share."""
 
@@ -11,8 +12,11 @@ import platform
 import random
 import statistics
 import sys
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 MiB = 1024 * 1024
@@ -102,6 +106,47 @@ def fdatasync_latency(directory: str, samples: int, size: int = 4096) -> dict[st
     }
 
 
+def thread_handoff(rounds: int) -> dict[str, Any]:
+    """What one durable append costs in thread switches alone: a Future handed to another Python
+    thread through a Condition, resolved there and waited for here, `rounds` times. Wall time
+    and this process's CPU (user, system) per round trip."""
+    queue: deque[Future[int] | None] = deque()
+    ready = threading.Condition()
+
+    def resolver() -> None:
+        while True:
+            with ready:
+                while not queue:
+                    ready.wait()
+                fut = queue.popleft()
+            if fut is None:
+                return
+            fut.set_result(1)
+
+    thread = threading.Thread(target=resolver, name="handoff", daemon=True)
+    thread.start()
+    cpu0 = os.times()
+    started = time.perf_counter()
+    for _ in range(rounds):
+        fut: Future[int] = Future()
+        with ready:
+            queue.append(fut)
+            ready.notify()
+        fut.result()
+    elapsed = time.perf_counter() - started
+    cpu1 = os.times()
+    with ready:
+        queue.append(None)
+        ready.notify()
+    thread.join()
+    return {
+        "rounds": rounds,
+        "us_per_round_trip": elapsed / rounds * 1e6,
+        "cpu_user_us": (cpu1.user - cpu0.user) / rounds * 1e6,
+        "cpu_system_us": (cpu1.system - cpu0.system) / rounds * 1e6,
+    }
+
+
 def repeated(runs: int, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """Run a raw measurement `runs` times (this VM's disk is noisy); report the median and all runs."""
     results = [fn() for _ in range(runs)]
@@ -128,6 +173,8 @@ def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
     samples = 100 if quick else 300
     log(f"machine: fdatasync latency, {samples} x 4 KiB ...")
     lat = fdatasync_latency(directory, samples)
+    log("machine: thread round trip (a Future resolved by another thread) ...")
+    handoff = thread_handoff(5_000 if quick else 20_000)
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -142,4 +189,5 @@ def machine_limits(directory: str, quick: bool) -> dict[str, Any]:
         # What one acks=all producer sending 1 MiB batches can get at most: a write + fdatasync per MiB.
         "raw_write_fdatasync_every_1MiB": every1,
         "fdatasync_4KiB": lat,
+        "thread_round_trip": handoff,
     }

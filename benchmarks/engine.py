@@ -368,6 +368,12 @@ def fmt_table(doc: dict[str, Any]) -> str:
         f"fdatasync of 4 KiB: p50 {lat['p50_ms']:.2f} ms, p99 {lat['p99_ms']:.2f} ms "
         f"(~{lat['fsyncs_per_s_serial']:.0f} serial fsyncs/s)"
     )
+    trip = m.get("thread_round_trip")
+    if trip:
+        lines.append(
+            f"thread round trip (a Future resolved by another thread): {trip['us_per_round_trip']:.0f} us, "
+            f"CPU {trip['cpu_user_us']:.0f} us user + {trip['cpu_system_us']:.0f} us system"
+        )
     lines.append("")
     header = (
         f"{'case':<26} {'rec/s':>11} {'MB/s':>7} {'ack p50/p99 ms':>15} {'fsyncs':>7} {'fr/grp':>7} "
