@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
 import subprocess
@@ -56,11 +55,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).resolve().parent / "compaction_child.py"  # one compaction run, in its own process
 sys.path.insert(0, str(ROOT / "src"))
 
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder  # noqa: E402
 
-import loglake.engine.cleaner_job as cleaner_job  # noqa: E402
 from benchkit import load_benchmark  # noqa: E402
 from loglake.engine import Engine, open_engine  # noqa: E402
 from loglake.engine.compaction import KEY_ENTRY_BYTES  # noqa: E402
@@ -245,128 +244,7 @@ def decode_ceiling(data_dir: str) -> dict[str, Any]:
     }
 
 
-# ==== compaction runs (child process) ==============================================================
-
-
-def rss_now() -> tuple[int, int]:
-    """(VmRSS, VmHWM) in bytes."""
-    rss = hwm = 0
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-            elif line.startswith("VmHWM:"):
-                hwm = int(line.split()[1]) * 1024
-    return rss, hwm
-
-
-def reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def child_compact(data_dir: str, dedupe: int, rate: int, max_passes: int) -> dict[str, Any]:
-    # The job runs in this process (cleaner_process=False): what one worker process does, timed
-    # phase by phase; its memory is this process's peak.
-    engine = open_engine(
-        data_dir,
-        cleaner_threads=0,
-        merge_min_segments=0,
-        cleaner_dedupe_buffer_bytes=dedupe,
-        cleaner_io_max_bytes_per_second=rate,
-        cleaner_process=False,
-    )
-    try:
-        cleaner = engine.cleaner
-        before = segment_refs(engine)
-        sealed_before = sum(s.size for s in before)
-        phases: dict[str, float] = {"map_s": 0.0, "rewrite_s": 0.0, "map_bytes": 0, "rewrite_bytes_read": 0, "rewrite_bytes_written": 0}
-        namespace = vars(cleaner_job)  # the job calls the names it imported
-        real_build_map = namespace["build_key_map"]
-        real_build = namespace["build"]
-        map_read = [0]
-
-        def timed_build_map(read: Any, *args: Any, **kwargs: Any) -> Any:
-            def counting(seg: Any) -> Any:
-                for chunk in read(seg):
-                    map_read[0] += len(chunk)
-                    yield chunk
-
-            t0 = time.perf_counter()
-            try:
-                return real_build_map(counting, *args, **kwargs)
-            finally:
-                phases["map_s"] += time.perf_counter() - t0
-                phases["map_bytes"] = map_read[0]
-
-        def timed_build(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                outputs, stats = real_build(*args, **kwargs)
-            finally:
-                phases["rewrite_s"] += time.perf_counter() - t0
-            phases["rewrite_bytes_read"] += stats.bytes_read
-            phases["rewrite_bytes_written"] += stats.bytes_written
-            return outputs, stats
-
-        namespace["build_key_map"] = timed_build_map
-        namespace["build"] = timed_build
-        rss0, hwm0 = rss_now()
-        reset = reset_peak()
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        started = time.perf_counter()
-        passes = 0
-        while passes < max_passes and engine.compact(TOPIC, force=True):
-            passes += 1
-        seconds = time.perf_counter() - started
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        rss1, hwm1 = rss_now()
-        after = segment_refs(engine)
-        kept = count_records(engine)
-        stats = cleaner.stats
-        pass_s = phases["map_s"] + phases["rewrite_s"]
-        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        return {
-            "dedupe_buffer_bytes": dedupe,
-            "keys_fit": dedupe // (KEY_ENTRY_BYTES + KEY_BYTES),
-            "rate_limit_bytes_per_s": rate,
-            "passes": stats.passes,
-            "compact_calls": passes,
-            "sealed_bytes_before": sealed_before,
-            "segments_before": len(before),
-            "sealed_bytes_after": sum(s.size for s in after),
-            "segments_after": len(after),
-            "records_in": stats.records_in,
-            "records_out": stats.records_out,
-            "records_kept": kept,
-            "bytes_read": stats.bytes_read,
-            "bytes_written": stats.bytes_written,
-            "seconds": round(seconds, 3),
-            "map_seconds": round(phases["map_s"], 3),
-            "rewrite_seconds": round(phases["rewrite_s"], 3),
-            "map_bytes_read": int(phases["map_bytes"]),
-            "rewrite_bytes_read": int(phases["rewrite_bytes_read"]),
-            "map_mb_per_s": round(phases["map_bytes"] / max(phases["map_s"], 1e-9) / 1e6, 1),
-            "rewrite_mb_per_s": round(phases["rewrite_bytes_read"] / max(phases["rewrite_s"], 1e-9) / 1e6, 1),
-            # the target's measure: log bytes (each counted once) per second of pass
-            "input_mb_per_s": round(sealed_before / max(pass_s, 1e-9) / 1e6, 1),
-            "read_mb_per_s": round(stats.bytes_read / max(pass_s, 1e-9) / 1e6, 1),
-            "io_mb_per_s": round((stats.bytes_read + stats.bytes_written) / max(seconds, 1e-9) / 1e6, 1),
-            "cpu_seconds": round(cpu, 3),
-            "cpu_busy": round(cpu / max(seconds, 1e-9), 2),
-            "rss_before_mb": mb(rss0),
-            "peak_before_mb": mb(hwm0),
-            "peak_reset": reset,
-            "peak_during_mb": mb(hwm1),
-            "rss_after_mb": mb(rss1),
-            "peak_delta_mb": mb(hwm1 - rss0) if reset else mb(max(hwm1, hwm0) - rss0),
-        }
-    finally:
-        engine.close()
+# ==== compaction runs (each in a child process: compaction_child.py) ======================================
 
 
 def run_compaction(base: str, pristine: str, name: str, dedupe: int, rate: int, max_passes: int) -> dict[str, Any]:
@@ -375,7 +253,7 @@ def run_compaction(base: str, pristine: str, name: str, dedupe: int, rate: int, 
     log(f"compaction: {name} (key map {dedupe / MiB:.1f} MiB, rate {'off' if rate <= 0 else f'{rate / MiB:.0f} MiB/s'}) ...")
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     proc = subprocess.run(
-        [sys.executable, __file__, "--child-compact", data_dir, "--dedupe", str(dedupe), "--rate", str(rate), "--max-passes", str(max_passes)],
+        [sys.executable, str(CHILD), data_dir, "--dedupe", str(dedupe), "--rate", str(rate), "--max-passes", str(max_passes)],
         capture_output=True,
         text=True,
         env=env,
@@ -565,14 +443,7 @@ def main() -> None:
     )
     parser.add_argument("--dir", default=None, help="where data lives (default: a temp dir next to the repo)")
     parser.add_argument("--json-out", default=None)
-    parser.add_argument("--child-compact", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--dedupe", type=int, default=DEFAULT_DEDUPE, help=argparse.SUPPRESS)
-    parser.add_argument("--rate", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--max-passes", type=int, default=1000, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child_compact:
-        print(json.dumps(child_compact(args.child_compact, args.dedupe, args.rate, args.max_passes)))
-        return
     records = args.records or (300_000 if args.quick else 10_000_000)
     keys = args.keys or (max(1, records // 10))
     seconds = args.seconds or (2.0 if args.quick else 15.0)
