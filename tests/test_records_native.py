@@ -154,6 +154,27 @@ def test_built_bytes_are_identical(records: list[Any], kwargs: dict[str, Any]) -
     assert [(r.key, r.value, r.headers) for r in decoded] == [(k, v, list(h)) for _t, k, v, h in records]
 
 
+def assert_fills_agree(make: Callable[[], Any], reference: Callable[[Any], None], bulk: Callable[[Any], None]) -> None:
+    """A builder's bulk path leaves the same records (count and batch bytes) or raises the same
+    error as the reference fill, on either backend; and where both succeed, the backends agree."""
+
+    def run(fill: Callable[[Any], None]) -> Callable[[], tuple[int, bytes | None]]:
+        def built() -> tuple[int, bytes | None]:
+            builder = make()
+            try:
+                fill(builder)
+            finally:
+                count = len(builder)
+            return count, builder.build() if count else None
+
+        return built
+
+    expected = both(run(reference))
+    assert both(run(bulk)) == expected
+    if expected[0][0] == "ok" or expected[1][0] == "ok":
+        assert expected[0] == expected[1]
+
+
 #: append_all's records: timestamps may be None (the call's `now`), out of range, or not ints;
 #: keys, values and headers of every kind `append` takes, and some it refuses.
 ALL_TIMESTAMPS = st.one_of(st.none(), TIMESTAMPS, st.sampled_from([1.5, (1 << 63) + 9, -(1 << 63) - 9]))
@@ -174,30 +195,15 @@ def test_append_all_is_append_one_at_a_time_on_both_backends(records: list[Any],
     """The bulk path (the embedded API's produce loop) builds the same bytes and raises the same
     error as `append` record by record, on either backend, also when appended in two calls."""
 
-    def one_at_a_time() -> tuple[int, bytes | None]:
-        builder = new_builder()
-        try:
-            for ts, k, v, h in records:
-                builder.append(now if ts is None else ts, k, v, h)
-        finally:
-            count = len(builder)
-        return count, builder.build() if count else None
+    def one_at_a_time(builder: Any) -> None:
+        for ts, k, v, h in records:
+            builder.append(now if ts is None else ts, k, v, h)
 
-    def bulk() -> tuple[int, bytes | None]:
-        builder = new_builder()
-        try:
-            builder.append_all(records[:split], now)
-            builder.append_all(iter(records[split:]), now)
-        finally:
-            count = len(builder)
-        return count, builder.build() if count else None
+    def bulk(builder: Any) -> None:
+        builder.append_all(records[:split], now)
+        builder.append_all(iter(records[split:]), now)
 
-    expected = both(one_at_a_time)
-    got = both(bulk)
-    assert got == expected
-    if expected[0][0] == "error" and expected[1][0] == "error":
-        return
-    assert expected[0] == expected[1]  # and the two backends agree with each other
+    assert_fills_agree(new_builder, one_at_a_time, bulk)
 
 
 #: append_pairs' records: (key, value) and (key, value, headers) tuples of every kind `append`
@@ -230,29 +236,15 @@ def test_append_pairs_is_append_one_at_a_time_on_both_backends(
             builder.append(first[0], first[1], first[2])
         return builder
 
-    def one_at_a_time() -> tuple[int, bytes | None]:
-        builder = start()
-        try:
-            for rec in records:
-                builder.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())
-        finally:
-            count = len(builder)
-        return count, builder.build() if count else None
+    def one_at_a_time(builder: Any) -> None:
+        for rec in records:
+            builder.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())
 
-    def bulk() -> tuple[int, bytes | None]:
-        builder = start()
-        try:
-            builder.append_pairs(records[:split], now)
-            builder.append_pairs(iter(records[split:]), now)
-        finally:
-            count = len(builder)
-        return count, builder.build() if count else None
+    def bulk(builder: Any) -> None:
+        builder.append_pairs(records[:split], now)
+        builder.append_pairs(iter(records[split:]), now)
 
-    expected = both(one_at_a_time)
-    assert both(bulk) == expected
-    if expected[0][0] == "error" and expected[1][0] == "error":
-        return
-    assert expected[0] == expected[1]
+    assert_fills_agree(start, one_at_a_time, bulk)
 
 
 def test_append_pairs_past_the_record_limit_raises_what_append_raises(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -144,13 +144,7 @@ class Appender:
         compression: int | None = None,
     ) -> Future[AppendResult]:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
-        config = self._before_build(topic)
-        if config.compacted:
-            records = list(records)
-            check_keys(topic, partition, (key for _ts, key, _value, _headers in records))
-        builder = new_builder(compression=self._codec_for(config, compression))
-        builder.append_all(records, int(self._clock() * 1000))
-        return self._append_built(topic, partition, config, builder, "append_records")
+        return self._build_and_append(topic, partition, records, compression, "append_records")
 
     def append_pairs(
         self,
@@ -162,29 +156,29 @@ class Appender:
     ) -> Future[AppendResult]:
         """Build one batch from (key, value) or (key, value, headers) tuples, all stamped now,
         and append it: the embedded produce_batch, with no tuple rebuilt per record."""
-        config = self._before_build(topic)
-        if config.compacted:
-            records = list(records)
-            check_keys(topic, partition, (rec[0] for rec in records))
-        builder = new_builder(compression=self._codec_for(config, compression))
-        builder.append_pairs(records, int(self._clock() * 1000))
-        return self._append_built(topic, partition, config, builder, "append_pairs")
+        return self._build_and_append(topic, partition, records, compression, "append_pairs")
 
-    def _before_build(self, topic: str) -> TopicConfig:
+    def _build_and_append(
+        self, topic: str, partition: int, records: Iterable[Any], compression: int | None, what: str
+    ) -> Future[AppendResult]:
+        """`what` is append_records (RecordTuple: the builder's append_all) or append_pairs
+        (PairTuple: its append_pairs)."""
         self._check_open()
         config = self.catalog.topic(topic).config
         if config.durability != Durability.EPHEMERAL:
             self._admit(0)
-        return config
-
-    def _codec_for(self, config: TopicConfig, compression: int | None) -> int:
-        if compression is not None:
-            return compression
-        return 0 if config.compression_type == "producer" else self._codec_of(config)
-
-    def _append_built(
-        self, topic: str, partition: int, config: TopicConfig, builder: Any, what: str
-    ) -> Future[AppendResult]:
+        pairs = what == "append_pairs"
+        if config.compacted:
+            records = list(records)
+            check_keys(topic, partition, (rec[0 if pairs else 1] for rec in records))
+        if compression is None:
+            compression = 0 if config.compression_type == "producer" else self._codec_of(config)
+        builder = new_builder(compression=compression)
+        now = int(self._clock() * 1000)
+        if pairs:
+            builder.append_pairs(records, now)
+        else:
+            builder.append_all(records, now)
         if len(builder) == 0:
             raise CorruptRecordError(f"{what}: no records")
         data = bytearray(builder.build())
