@@ -1,12 +1,14 @@
 """Shared pieces of the WAL shard tests (spare files, recycled files): a fault model that behaves
-as ext4 does for the WAL's choice, and one acknowledged append at a time."""
+as ext4 does for the WAL's choice, one acknowledged append at a time, and what recovery reads back of those appends."""
 
 from __future__ import annotations
 
 import threading
 
+from loglake.fs.base import FileSystem
 from loglake.fs.faulty import FaultyFileSystem
 from loglake.wal import Durability, WalEntry, WalShard
+from loglake.wal.recovery import recover_wal
 
 TID = bytes(range(16))
 FILE_BYTES = 64 * 1024
@@ -34,3 +36,12 @@ def append_one(shard: WalShard, base: int, acked: list[int]) -> None:
     assert done.wait(WAIT_S)
     if errors[0] is None:
         acked.append(base)
+
+
+def recovered_offsets(fs: FileSystem, wal_dir: str) -> list[int]:
+    """The offsets of the frames recovery reads from `wal_dir`, each payload checked to be the
+    one `append_one` wrote for it (an old frame read as new would carry another offset's bytes)."""
+    frames = recover_wal(fs, wal_dir).frames
+    for f in frames:
+        assert bytes(f.payload) == bytes([f.base_offset % 251]) * PAYLOAD, f"frame {f.base_offset}: wrong payload"
+    return [f.base_offset for f in frames]
