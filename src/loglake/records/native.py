@@ -240,26 +240,23 @@ class NativeBatchBuilder(BatchBuilder):
         delta = self._count
         try:
             for rec in it:
-                if type(rec) is tuple and delta < MAX_RECORDS_PER_BATCH:
-                    n = len(rec)
+                n = len(rec) if type(rec) is tuple else 0
+                if n >= 2 and delta < MAX_RECORDS_PER_BATCH:
                     if n == 2:
                         key, value = rec
                         hs = no_headers
-                    elif n > 2:
+                    else:
                         key, value, headers = rec[0], rec[1], rec[2]
                         hs = headers if type(headers) is list else (list(headers) if headers else no_headers)
-                    else:
-                        n = -1
-                    if n > 0:
-                        try:
-                            done = native_append(delta, now, key, value, hs)
-                        except TypeError:  # nothing written: `append` normalises, or raises the caller's error
-                            pass
-                        else:
-                            if done is None:
-                                raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
-                            delta += 1
-                            continue
+                    try:
+                        done = native_append(delta, now, key, value, hs)
+                    except TypeError:  # nothing written: `append` below normalises, or raises the caller's error
+                        done = False
+                    if done is None:
+                        raise InvalidRecordError(f"batch larger than {NATIVE_BATCH_BYTES_MAX} bytes")
+                    if done is not False:
+                        delta += 1
+                        continue
                 self._count = delta
                 self.append(now, rec[0], rec[1], rec[2] if len(rec) > 2 else ())  # normalises or raises
                 delta = self._count
