@@ -2,7 +2,7 @@
 """loglake broker benchmark: disk limits, then a real `loglake serve` process driven by
 confluent-kafka (librdkafka) — produce, consume, latency at half load — in one run.
 
-    .venv/bin/python benchmarks/broker.py            # full run (~6 min on 2 cores: two 60 s half-load runs)
+    .venv/bin/python benchmarks/broker.py            # full run (~8 min on 2 cores: four 60 s half-load runs)
     .venv/bin/python benchmarks/broker.py --quick    # smoke run (< 60 s)
     .venv/bin/python benchmarks/broker.py --json-out /tmp/broker.json --profile-seconds 10
 
@@ -24,6 +24,9 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
      measured produce rate for 60 s, long enough to include segment seals; latency is
      librdkafka's own per-message latency (Message.latency(): produce() call to delivery
      report), so it includes linger.ms; p50, p99 and max are reported.
+   * the floor: the produce and latency runs again against a topic of durability `ephemeral`
+     (no WAL write, no fdatasync): what this client, the request path and the shared cores
+     cost on their own (`--skip-floor` leaves it out).
    Broker CPU (utime+stime from /proc/<pid>/stat over wall time; 100 % = one core) and the
    benchmark process's own CPU (librdkafka threads included) are reported for every phase —
    client and broker share the machine's cores.
@@ -40,8 +43,8 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
    1 MB batches through PLAINTEXT and SASL_SSL/SCRAM-SHA-512 on a broker of its own, in the same
    run, and SCRAM-SHA-512 authentications per second. `--skip-security` leaves it out;
    `--only machine,security` runs it alone.
-6. Optionally py-spy samples the broker during another 100-byte produce run; the top functions
-   (self and total samples) are in the JSON and the table.
+6. Optionally py-spy samples the broker during another 100-byte produce run (broker_profile.py);
+   the top functions (self and total samples) are in the JSON and the table.
 """
 
 from __future__ import annotations
@@ -53,11 +56,8 @@ import platform
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
-import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ scrape, request_stats = client.scrape, client.request_stats
 producer_config, payloads = client.producer_config, client.payloads
 produce_throughput, consume_throughput = client.produce_throughput, client.consume_throughput
 raw_fetch_throughput, produce_latency = client.raw_fetch_throughput, client.produce_latency
+create_floor_topic = client.create_floor_topic
+profile_produce = load_benchmark("broker_profile").profile_produce
 log, pct, LATENCY_LINGER_MS = client.log, client.pct, client.LATENCY_LINGER_MS
 
 
@@ -102,91 +104,6 @@ TARGET_MAX_MS = 50.0
 SECTIONS = ("machine", "sizes", "transactions", "fetch-sessions", "security", "profile")
 
 
-# ==== profiling =================================================================================
-
-
-def parse_raw_profile(path: Path, top: int = 20) -> dict[str, Any]:
-    """py-spy --format raw: one collapsed stack per line, "frame;frame;...;leaf count"."""
-    self_counts: Counter[str] = Counter()
-    total_counts: Counter[str] = Counter()
-    samples = 0
-    for line in path.read_text().splitlines():
-        stack, _, count_text = line.rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        count = int(count_text)
-        frames = stack.split(";")
-        samples += count
-        self_counts[_short(frames[-1])] += count
-        for frame in {_short(f) for f in frames}:
-            total_counts[frame] += count
-    return {
-        "samples": samples,
-        "top_self": [(f, c, 100.0 * c / samples) for f, c in self_counts.most_common(top)] if samples else [],
-        "top_total": [(f, c, 100.0 * c / samples) for f, c in total_counts.most_common(top)]
-        if samples
-        else [],
-    }
-
-
-def _short(frame: str) -> str:
-    """'func (path/to/module.py:123)' -> 'func (module.py)' — lines vary within a function."""
-    name, _, where = frame.partition(" (")
-    where = where.rstrip(")")
-    file = where.rsplit(":", 1)[0]
-    for marker in ("/site-packages/", "/src/", "/lib/python3"):
-        if marker in file:
-            file = file.split(marker, 1)[1]
-            break
-    return f"{name} ({file})" if file else name
-
-
-def profile_produce(
-    bootstrap: str, topic: str, broker_pid: int, seconds: int, out: Path, count: int, size: int
-) -> dict[str, Any]:
-    pyspy = shutil.which("py-spy") or str(ROOT / ".venv" / "bin" / "py-spy")
-    if not Path(pyspy).exists():
-        return {"error": "py-spy not found"}
-    cmd = [
-        pyspy,
-        "record",
-        "--pid",
-        str(broker_pid),
-        "--duration",
-        str(seconds),
-        "--rate",
-        "200",
-        "--format",
-        "raw",
-        "--output",
-        str(out),
-        "--nonblocking",
-    ]
-    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    produced = 0
-    deadline = time.monotonic() + seconds
-    try:
-        while time.monotonic() < deadline and spy.poll() is None:
-            produce_throughput(bootstrap, topic, size, count, broker_pid)
-            produced += count
-    finally:
-        try:
-            _, err = spy.communicate(timeout=seconds + 30)
-        except subprocess.TimeoutExpired:
-            spy.send_signal(signal.SIGINT)
-            _, err = spy.communicate()
-    if spy.returncode != 0 or not out.exists():
-        return {"error": f"py-spy exited {spy.returncode}: {err.strip()[-500:]}"}
-    return {
-        "seconds": seconds,
-        "record_bytes": size,
-        "records_produced": produced,
-        "raw_file": str(out),
-        **parse_raw_profile(out),
-    }
-
-
 # ==== driver ====================================================================================
 
 
@@ -199,6 +116,7 @@ def run_size(
     latency_s: float,
     latency_rate: float | None = None,
     data_dir: str | None = None,
+    floor: bool = True,
 ) -> dict[str, Any]:
     topic = f"bench-{size}b"
     log(f"produce: {count:,} x {size} B, acks=all, linger.ms=5 ...")
@@ -242,6 +160,15 @@ def run_size(
         f"achieved {lat['achieved_rate']:,.0f}/s; "
         f"broker Produce {lat['broker_produce_requests']}"
     )
+    if floor:
+        log(f"floor: produce and latency again, topic durability ephemeral (no WAL), {count:,} x {size} B ...")
+        create_floor_topic(broker.bootstrap, f"{topic}-floor", partitions)
+        prod["floor"] = produce_throughput(broker.bootstrap, f"{topic}-floor", size, count, pid)
+        lat["floor"] = produce_latency(broker.bootstrap, f"{topic}-floor", size, rate, latency_s, pid)
+        log(
+            f"  {prod['floor']['mb_per_s']:.1f} MB/s at broker CPU {prod['floor']['broker_cpu_pct']:.0f} %; half load "
+            f"p50 {lat['floor']['p50_ms']:.2f} ms, p99 {lat['floor']['p99_ms']:.2f} ms, max {lat['floor']['max_ms']:.1f} ms"
+        )
     return {
         "record_bytes": size,
         "partitions": partitions,
@@ -317,14 +244,19 @@ def targets(doc: dict[str, Any]) -> list[dict[str, Any]]:
             TARGET_PRODUCE_1K_RAW_FRACTION,
             "fraction",
             v / raw >= TARGET_PRODUCE_1K_RAW_FRACTION,
-            f"{v:.0f} of {raw:.0f} MB/s; {100 * v / raw1:.0f} % of the fdatasync-every-1MiB rate ({raw1:.0f} MB/s)",
+            f"{v:.0f} of {raw:.0f} MB/s; {100 * v / raw1:.0f} % of the fdatasync-every-1MiB rate ({raw1:.0f} MB/s)"
+            + (
+                f"; floor (durability ephemeral, no WAL): {floor['mb_per_s']:.0f} MB/s = {100 * floor['mb_per_s'] / raw:.0f} %"
+                if (floor := by_size[1024]["produce"].get("floor"))
+                else ""
+            ),
         )
     for size, run in sorted(by_size.items()):
-        v = run["latency"]["p99_ms"]
-        goal = p99_target(size)
-        add(f"produce p99 latency at half load, {size} B", v, goal, "ms", v <= goal)
-        v = run["latency"]["max_ms"]
-        add(f"produce max latency at half load, {size} B", v, TARGET_MAX_MS, "ms", v <= TARGET_MAX_MS)
+        floor = run["latency"].get("floor")
+        for q, goal in (("p99", p99_target(size)), ("max", TARGET_MAX_MS)):
+            v = run["latency"][f"{q}_ms"]
+            note = f"floor (durability ephemeral, no WAL): {floor[f'{q}_ms']:.2f} ms" if floor else ""
+            add(f"produce {q} latency at half load, {size} B", v, goal, "ms", v <= goal, note)
     if doc.get("transactions"):
         txn_bench.targets(doc["transactions"], add)
     if doc.get("security"):
@@ -380,6 +312,17 @@ def fmt_table(doc: dict[str, Any]) -> str:
             f"{lat['p50_ms']:>9.2f}{lat['p99_ms']:>9.2f}{lat['max_ms']:>9.1f}"
             f"{lat['broker_cpu_pct']:>11.0f}%{lat['client_cpu_pct']:>11.0f}%"
         )
+        pf, fl = p.get("floor"), lat.get("floor")
+        if pf and fl:
+            lines.append(
+                f"{'  produce, floor (no WAL)':<28}{pf['records_per_s']:>12,.0f}{pf['mb_per_s']:>9.1f}{'':>27}"
+                f"{pf['broker_cpu_pct']:>11.0f}%{pf['client_cpu_pct']:>11.0f}%"
+            )
+            lines.append(
+                f"{'  half load, floor (no WAL)':<28}{fl['achieved_rate']:>12,.0f}{fl['achieved_rate'] * size / 1e6:>9.1f}"
+                f"{fl['p50_ms']:>9.2f}{fl['p99_ms']:>9.2f}{fl['max_ms']:>9.1f}"
+                f"{fl['broker_cpu_pct']:>11.0f}%{fl['client_cpu_pct']:>11.0f}%"
+            )
         for what, stats in (
             ("produce", p.get("broker_produce_requests")),
             ("consume", c.get("broker_fetch_requests")),
@@ -450,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-seconds", type=int, help="py-spy duration (0: no profile)")
     ap.add_argument("--profile-size", type=int, default=100, help="record size of the profiled produce run")
     ap.add_argument("--skip-machine", action="store_true", help="do not measure the disk")
+    ap.add_argument(
+        "--skip-floor", action="store_true", help="no produce and half-load runs against a topic without a WAL"
+    )
     ap.add_argument("--skip-fetch-sessions", action="store_true", help="leave out the fetch-session section")
     ap.add_argument("--only-fetch-sessions", action="store_true", help="run the fetch-session section only")
     ap.add_argument("--skip-transactions", action="store_true", help="leave out the transactions section")
@@ -517,7 +463,9 @@ def main(argv: list[str] | None = None) -> int:
             base = args.records or (600_000 if quick else 3_000_000)
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
             rate = latency_rates.get(size)
-            doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s, rate, str(work / "data")))
+            data = str(work / "data")
+            floor = not args.skip_floor
+            doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s, rate, data, floor))
         if not args.skip_transactions:
             doc["transactions"] = txn_bench.measure(
                 sys.modules[__name__], broker.bootstrap, pid, metrics_url, quick=quick, count=args.records

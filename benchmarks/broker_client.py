@@ -385,3 +385,14 @@ def produce_latency(
         "ticks_behind": behind,
         **cpu,
     }
+
+
+def create_floor_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """A topic of durability class `ephemeral` (acknowledged without a WAL write or fdatasync):
+    produce runs against it measure what this client, the broker's request path and the
+    machine's cores cost on their own, the floor under the durable runs' numbers."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics([NewTopic(topic, partitions, 1, config={"durability": "ephemeral"})])
+    created[topic].result(30)

@@ -1,7 +1,8 @@
 """Disk limits of the machine a benchmark runs on, measured in the same run as the benchmark:
 sequential write bandwidth to a preallocated file (1 MiB pwrites; one fdatasync at the end, or one
-every 4 MiB / 1 MiB), the latency of a 4 KiB pwrite + fdatasync, and what a thread round trip
-(a Future resolved by another thread) costs in time and CPU. Every benchmark that names a
+every 4 MiB / 1 MiB), the latency of a 4 KiB pwrite + fdatasync, what a thread round trip
+(a Future resolved by another thread) costs in time and CPU, and the most a group commit written
+in Python can gain from 8 threads over 1 here (`group_commit_ceiling`). Every benchmark that names a
 target beside a disk limit (engine, broker, compaction, metadata) takes them from here, with the
 percentile and logging helpers they share."""
 
@@ -144,6 +145,138 @@ def thread_handoff(rounds: int) -> dict[str, Any]:
         "us_per_round_trip": elapsed / rounds * 1e6,
         "cpu_user_us": (cpu1.user - cpu0.user) / rounds * 1e6,
         "cpu_system_us": (cpu1.system - cpu0.system) / rounds * 1e6,
+    }
+
+
+class _BareWriter:
+    """The least a group commit can do in Python: producers queue a 100-byte record and wait on
+    a lock of their own; one writer thread takes everything queued, writes it with one pwrite,
+    fdatasyncs and releases the producers' locks. No framing, no checksums, no futures."""
+
+    def __init__(self, fd: int, file_bytes: int) -> None:
+        self.fd = fd
+        self.file_bytes = file_bytes
+        self.pos = 0
+        self.cond = threading.Condition(threading.Lock())
+        self.queue: deque[tuple[bytes, Any]] = deque()
+        self.stopping = False
+        self.groups = 0
+        self.frames = 0
+        self.thread = threading.Thread(target=self._run, name="bare-wal", daemon=True)
+        self.thread.start()
+
+    def submit(self, record: bytes) -> None:
+        done = threading.Lock()
+        done.acquire()
+        with self.cond:
+            self.queue.append((record, done))
+            if len(self.queue) == 1:
+                self.cond.notify()
+        done.acquire()  # released by the writer once the record is durable
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                group = list(self.queue)
+                self.queue.clear()
+            data = b"".join(record for record, _ in group)
+            if self.pos + len(data) > self.file_bytes:
+                self.pos = 0
+            os.pwrite(self.fd, data, self.pos)
+            self.pos += len(data)
+            os.fdatasync(self.fd)
+            self.groups += 1
+            self.frames += len(group)
+            for _, done in group:
+                done.release()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        self.thread.join()
+
+
+def _bare_group_commit(directory: str, threads: int, writers: int, seconds: float) -> dict[str, Any]:
+    """Records/s of `threads` producers appending one 100-byte record each and waiting for it,
+    over `writers` bare writers (producer i uses writer i % writers, as partitions map to WAL
+    shards), each on its own zero-written file (written blocks, as the WAL's spare files)."""
+    file_bytes = 16 * MiB
+    fds: list[int] = []
+    paths = [os.path.join(directory, f"group-commit-{w}.bin") for w in range(writers)]
+    bare: list[_BareWriter] = []
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fds.append(fd)
+            os.pwrite(fd, bytes(file_bytes), 0)
+            os.fsync(fd)
+        bare = [_BareWriter(fd, file_bytes) for fd in fds]
+        counts = [0] * threads
+        record = b"r" * 100
+        deadline = time.monotonic() + seconds
+
+        def producer(i: int) -> None:
+            writer = bare[i % writers]
+            n = 0
+            while time.monotonic() < deadline:
+                writer.submit(record)
+                n += 1
+            counts[i] = n
+
+        cpu0 = os.times()
+        started = time.perf_counter()
+        workers = [threading.Thread(target=producer, args=(i,), name=f"bare-{i}") for i in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        elapsed = time.perf_counter() - started
+        cpu1 = os.times()
+    finally:
+        for writer in bare:
+            writer.stop()
+        for fd in fds:
+            os.close(fd)
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)
+    groups = sum(w.groups for w in bare)
+    return {
+        "records_per_s": sum(counts) / elapsed,
+        "frames_per_group": sum(w.frames for w in bare) / max(1, groups),
+        "cpu_cores": ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / elapsed,
+    }
+
+
+def group_commit_ceiling(directory: str, writers: int, seconds: float = 2.0, runs: int = 3) -> dict[str, Any]:
+    """The most 8 Python threads appending one record each can gain over 1 thread on this machine
+    and interpreter, whatever the WAL does: `_BareWriter` with `writers` writers (the engine's WAL
+    shards), 1 thread then 8, `runs` times. Each release of a waiting producer is a futex wake
+    and a GIL hand-off, serialised behind the writer; their latency, not the disk, sets it."""
+    ratios: list[float] = []
+    one: list[float] = []
+    eight: list[float] = []
+    frames: list[float] = []
+    for _ in range(runs):
+        single = _bare_group_commit(directory, 1, writers, seconds)
+        many = _bare_group_commit(directory, 8, writers, seconds)
+        one.append(single["records_per_s"])
+        eight.append(many["records_per_s"])
+        frames.append(many["frames_per_group"])
+        ratios.append(many["records_per_s"] / single["records_per_s"])
+    return {
+        "writers": writers,
+        "seconds_per_run": seconds,
+        "ratio": statistics.median(ratios),
+        "runs_ratio": ratios,
+        "one_thread_records_per_s": statistics.median(one),
+        "eight_threads_records_per_s": statistics.median(eight),
+        "eight_threads_frames_per_group": statistics.median(frames),
     }
 
 
