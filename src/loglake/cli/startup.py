@@ -89,6 +89,15 @@ def _space(path: str) -> tuple[int, int] | None:
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
+def _own_filesystem(data_dir: str, wal: str) -> bool:
+    """Is `wal` (an existing directory) on another filesystem than the data directory: a mount
+    point, or a symlink to one (README, "The WAL on a device of its own")?"""
+    try:
+        return os.path.isdir(wal) and os.stat(wal).st_dev != os.stat(data_dir).st_dev
+    except OSError:
+        return False
+
+
 def check_space(
     data_dir: str,
     wal_shards: int,
@@ -101,29 +110,37 @@ def check_space(
     file) on top of the free-space reserve (`storage_min_free_bytes` / `storage_min_free_percent`,
     below which produce is refused)? A new data directory without it cannot take a single write:
     a StartupFailure. A data directory that already holds data still serves reads, so there it
-    is one warning line."""
-    space = _space(data_dir)
-    if space is None:
-        return None
-    free, total = space
-    reserve = max(min_free_bytes, int(total * min_free_percent / 100.0))
-    needed = wal_shards * wal_file_bytes + meta_log_file_bytes + reserve
-    if free >= needed:
-        return None
-    what = (
-        f"{free // MIB} MiB free on the filesystem of {data_dir}; the broker preallocates "
-        f"{wal_shards} WAL file(s) of {wal_file_bytes // MIB} MiB (wal_shards x wal_file_bytes) and a "
-        f"{meta_log_file_bytes // MIB} MiB metadata log file, and keeps a free-space reserve of "
-        f"{reserve // MIB} MiB (max of storage_min_free_bytes and storage_min_free_percent of "
-        f"{total // MIB} MiB) below which produce is refused"
-    )
-    hint = (
-        "free space, or lower [engine] wal_file_bytes / wal_shards (e.g. LOGLAKE_ENGINE__WAL_FILE_BYTES=8388608) "
-        "or the reserve (LOGLAKE_STORAGE_MIN_FREE_BYTES, LOGLAKE_STORAGE_MIN_FREE_PERCENT)"
-    )
-    if not os.path.isdir(os.path.join(data_dir, "meta")):
-        return StartupFailure(EXIT_NO_SPACE, f"not enough space: {what}", hint)
-    log.warning("not enough space: %s; writes fail with KAFKA_STORAGE_ERROR until there is room (%s)", what, hint)
+    is one warning line. A WAL directory on a filesystem of its own is checked for the WAL files,
+    the data directory's for the metadata log, each against its own reserve."""
+    wal_dir = os.path.join(data_dir, "wal")
+    wal_needs = wal_shards * wal_file_bytes
+    wal_text = f"{wal_shards} WAL file(s) of {wal_file_bytes // MIB} MiB (wal_shards x wal_file_bytes)"
+    meta_text = f"a {meta_log_file_bytes // MIB} MiB metadata log file"
+    if _own_filesystem(data_dir, wal_dir):
+        places = [(data_dir, meta_log_file_bytes, meta_text), (wal_dir, wal_needs, wal_text)]
+    else:
+        places = [(data_dir, wal_needs + meta_log_file_bytes, f"{wal_text} and {meta_text}")]
+    for path, preallocated, what_text in places:
+        space = _space(path)
+        if space is None:
+            continue
+        free, total = space
+        reserve = max(min_free_bytes, int(total * min_free_percent / 100.0))
+        if free >= preallocated + reserve:
+            continue
+        what = (
+            f"{free // MIB} MiB free on the filesystem of {path}; the broker preallocates "
+            f"{what_text}, and keeps a free-space reserve of "
+            f"{reserve // MIB} MiB (max of storage_min_free_bytes and storage_min_free_percent of "
+            f"{total // MIB} MiB) below which produce is refused"
+        )
+        hint = (
+            "free space, or lower [engine] wal_file_bytes / wal_shards (e.g. LOGLAKE_ENGINE__WAL_FILE_BYTES=8388608) "
+            "or the reserve (LOGLAKE_STORAGE_MIN_FREE_BYTES, LOGLAKE_STORAGE_MIN_FREE_PERCENT)"
+        )
+        if not os.path.isdir(os.path.join(data_dir, "meta")):
+            return StartupFailure(EXIT_NO_SPACE, f"not enough space: {what}", hint)
+        log.warning("not enough space: %s; writes fail with KAFKA_STORAGE_ERROR until there is room (%s)", what, hint)
     return None
 
 

@@ -1,4 +1,6 @@
-"""The free-space reserve: produce stops while the data directory's filesystem is nearly full.
+"""The free-space reserve: produce stops while the data directory's filesystem is nearly full
+(or the WAL's, when `<data-dir>/wal` is a filesystem of its own: both are read, each against
+its own reserve).
 
 Like Redpanda's ``storage_min_free_bytes``: the reserve is the larger of `storage_min_free_bytes`
 and `storage_min_free_percent` of the filesystem. Below it, producer appends are refused at once
@@ -7,7 +9,7 @@ nothing is half-written. Everything else goes on — reads, seals of data alread
 metadata records and checkpoints, retention, relocation to the cold store, compaction — and the
 reserve is the room they need. Writes resume by themselves once free space is back above it.
 
-Free space is one statvfs (`FileSystem.disk_space`), read
+Free space is one statvfs per watched path (`FileSystem.disk_space`), read
 
 * every `storage_space_check_interval_ms` (the maintenance tick and appends call `check`),
 * at once when the bytes appended since the last reading exceed the headroom it showed, and
@@ -27,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from loglake.errors import StorageFullError
 from loglake.fs.base import FileSystem
@@ -56,9 +58,15 @@ class SpaceGuard:
         min_free_percent: float,
         check_interval_ms: int,
         clock: Callable[[], float] = time.monotonic,
+        also: Sequence[str] = (),
     ) -> None:
+        """`path`: the data directory; `also`: more paths whose filesystems must keep the reserve
+        too (the WAL directory, which may be a mount point of its own). A path that cannot be
+        read (not made yet, or no statvfs) is left out of that reading."""
         self.fs = fs
+        #: the path of the last reading that decides (the first full one, else the least headroom)
         self.path = path
+        self.paths = [path, *(p for p in also if p != path)]
         self.min_free_bytes = min_free_bytes
         self.min_free_percent = min_free_percent
         self.check_interval_s = check_interval_ms / 1000.0
@@ -91,21 +99,24 @@ class SpaceGuard:
             if not force and now - self._last_check < self.check_interval_s:
                 return self.full
             self._last_check = now
-        space = self.fs.disk_space(self.path)
+        readings = [(p, space) for p in self.paths if (space := self.fs.disk_space(p)) is not None]
         with self._lock:
             was = self.full
-            if space is None:
+            if not readings:
                 self._space_full = False
                 self._headroom = 1 << 62
             else:
-                free, total = space
-                self.free_bytes, self.total_bytes = free, total
-                self.reserve_bytes = self.reserve_for(total)
-                self._headroom = free - self.reserve_bytes
                 # Hysteresis: once full, writable again only with a margin above the reserve, so
                 # a seal that frees a WAL file does not flip the state (and the log) back and forth.
-                threshold = self.reserve_bytes + (self.reserve_bytes // RESUME_MARGIN_DIVISOR if self._space_full else 0)
-                self._space_full = free < threshold
+                decides = None
+                for p, (free, total) in readings:
+                    reserve = self.reserve_for(total)
+                    margin = reserve // RESUME_MARGIN_DIVISOR if self._space_full else 0
+                    full = free < reserve + margin
+                    if decides is None or (full and not decides[0]) or (full == decides[0] and free - reserve < decides[1]):
+                        decides = (full, free - reserve, p, free, total, reserve)
+                assert decides is not None
+                self._space_full, self._headroom, self.path, self.free_bytes, self.total_bytes, self.reserve_bytes = decides
             now_full = self.full
         self._changed(was, now_full)
         return now_full
