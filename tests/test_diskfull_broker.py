@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from fskit import mounted_tmpfs
 
 from brokerkit import consume_to_end, free_port, serving_broker
 
@@ -29,13 +30,8 @@ TOPIC = "full"
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     target = tmp_path / "fs"
     target.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(target)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a small filesystem of its own needs mount privileges here: {mounted.stderr.decode().strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=True)
+    with mounted_tmpfs(target, "size=80m", "a small filesystem of its own") as mounted:
+        yield mounted
 
 
 def free_bytes(path: Path) -> int:

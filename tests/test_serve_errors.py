@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fskit import mounted_tmpfs
 from loglake.cli.startup import (
     EXIT_ADDRESS,
     EXIT_CONFIG,
@@ -89,13 +90,8 @@ def small_fs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A tmpfs mounted with the options the test names (`@pytest.mark.parametrize` indirect)."""
     target = tmp_path / "fs"
     target.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", request.param, "tmpfs", str(target)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a filesystem of its own needs mount privileges here: {mounted.stderr.decode().strip()}")
-    try:
-        yield target
-    finally:
-        subprocess.run(["umount", "-l", str(target)], check=True)
+    with mounted_tmpfs(target, request.param) as mounted:
+        yield mounted
 
 
 @pytest.mark.parametrize("small_fs", ["ro,size=1m"], indirect=True)

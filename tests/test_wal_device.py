@@ -7,7 +7,6 @@ files against the WAL's filesystem."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import loglake
+from fskit import mounted_tmpfs
 from loglake.cli.startup import EXIT_NO_SPACE, check_space
 from loglake.errors import StorageFullError
 
@@ -29,15 +29,8 @@ def data_dir(tmp_path: Path) -> Iterator[Path]:
     data = tmp_path / "data"
     wal = data / "wal"
     wal.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={WAL_FS_BYTES // MIB}m", "tmpfs", str(wal)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"a WAL filesystem of its own needs mount privileges here: {mounted.stderr.decode().strip()}")
-    try:
+    with mounted_tmpfs(wal, f"size={WAL_FS_BYTES // MIB}m", "a WAL filesystem of its own"):
         yield data
-    finally:
-        subprocess.run(["umount", "-l", str(wal)], check=True)
 
 
 def open_log(data: Path) -> loglake.Log:
