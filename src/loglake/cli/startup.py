@@ -91,7 +91,7 @@ def _space(path: str) -> tuple[int, int] | None:
 
 def _own_filesystem(data_dir: str, wal: str) -> bool:
     """Is `wal` (an existing directory) on another filesystem than the data directory: a mount
-    point, or a symlink to one (README, "The WAL on a device of its own")?"""
+    point, or a symlink to one (docs/OPERATIONS.md, "The WAL on a device of its own")?"""
     try:
         return os.path.isdir(wal) and os.stat(wal).st_dev != os.stat(data_dir).st_dev
     except OSError:

@@ -106,7 +106,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
             min_free_bytes=self.config.storage_min_free_bytes,
             min_free_percent=self.config.storage_min_free_percent,
             check_interval_ms=self.config.storage_space_check_interval_ms,
-            also=[wal_dir(self.data_dir)],  # a mount point of its own, perhaps (README, "WAL device")
+            also=[wal_dir(self.data_dir)],  # perhaps a device of its own (docs/OPERATIONS.md)
         )
         self._meta = LocalMetaStore(
             self.fs,
