@@ -108,15 +108,16 @@ class SpaceGuard:
             else:
                 # Hysteresis: once full, writable again only with a margin above the reserve, so
                 # a seal that frees a WAL file does not flip the state (and the log) back and forth.
-                decides = None
-                for p, (free, total) in readings:
+                # The reading that decides: a full filesystem first, else the least headroom.
+                def reading(i: int, path: str, free: int, total: int) -> tuple[bool, int, int, str, int, int, int]:
                     reserve = self.reserve_for(total)
                     margin = reserve // RESUME_MARGIN_DIVISOR if self._space_full else 0
-                    full = free < reserve + margin
-                    if decides is None or (full and not decides[0]) or (full == decides[0] and free - reserve < decides[1]):
-                        decides = (full, free - reserve, p, free, total, reserve)
-                assert decides is not None
-                self._space_full, self._headroom, self.path, self.free_bytes, self.total_bytes, self.reserve_bytes = decides
+                    return free >= reserve + margin, free - reserve, i, path, free, total, reserve
+
+                writable, self._headroom, _, self.path, self.free_bytes, self.total_bytes, self.reserve_bytes = min(
+                    reading(i, p, free, total) for i, (p, (free, total)) in enumerate(readings)
+                )
+                self._space_full = not writable
             now_full = self.full
         self._changed(was, now_full)
         return now_full
