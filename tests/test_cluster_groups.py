@@ -25,8 +25,8 @@ from etcdkit import EtcdCluster, needs_etcd
 from loglake.broker.cluster_groups import FencedGroupStore
 from loglake.broker.groups.store import OffsetEntry
 from loglake.broker.handlers.errors import coordinator_error
-from loglake.cluster.catalog import ClusterCatalog
 from loglake.cluster.coordinators import coordinator_of
+from loglake.engine.catalog import Catalog
 from loglake.engine.config import EngineConfig
 from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
@@ -58,13 +58,13 @@ class Broker:
     def __init__(self, etcd: EtcdCluster, prefix: str, node_id: int) -> None:
         self.meta = EtcdMetaStore(EtcdClient(",".join(etcd.endpoints)), prefix)
         self.meta.open()
-        self.catalog = ClusterCatalog(self.meta, EngineConfig(), time.time)
+        self.catalog = Catalog(self.meta, EngineConfig(), time.time)
         self.view = View(node_id)
         self.lost: list[str] = []  # groups whose loss a store reported
 
     def store(self, live: set[int]) -> FencedGroupStore:
         self.view.live = set(live)
-        s = FencedGroupStore(self.catalog, self.view, lambda group, _store: self.lost.append(group))
+        s = FencedGroupStore(self.meta, self.view, lambda group, _store: self.lost.append(group))
         s.prepare()
         return s
 

@@ -2,8 +2,9 @@
 (tests/s3kit.py), several stores in one process standing for brokers (issue 18's fault-test
 findings):
 
-* brokers creating one topic name at once commit one `topic_created` record: the others answer
-  TOPIC_ALREADY_EXISTS and write nothing, so no broker logs a rejected record at start;
+* brokers creating one topic name at once make one topic: one `topic_created` record applies, the
+  others' records are skipped by every broker alike (the state refuses a name created twice) and
+  their writers answer TOPIC_ALREADY_EXISTS; no broker logs that race as an error, live or at start;
 * deleting a topic hands its flush objects and merged segments to the sweep, which deletes them
   after the grace (and not before), leaving other topics' objects alone.
 """
@@ -22,9 +23,9 @@ import etcdkit
 import s3kit
 import test_cluster_plog
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.cluster.catalog import ClusterCatalog
 from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog_maint import merge, sweep
+from loglake.engine.catalog import Catalog
 from loglake.engine.config import EngineConfig
 from loglake.errors import TopicExistsError
 from loglake.meta.etcd import EtcdMetaStore
@@ -72,14 +73,14 @@ def stores(etcd1: EtcdCluster) -> Iterator[list[EtcdMetaStore]]:
         meta.close()
 
 
-def test_brokers_creating_one_name_at_once_commit_one_record(
+def test_brokers_creating_one_name_at_once_make_one_topic(
     stores: list[EtcdMetaStore], caplog: pytest.LogCaptureFixture
 ) -> None:
-    catalogs = [ClusterCatalog(meta, EngineConfig(), time.time) for meta in stores]
+    catalogs = [Catalog(meta, EngineConfig(), time.time) for meta in stores]
     outcomes: dict[str, list[str]] = {f"t{i}": [] for i in range(NAMES)}
     lock = threading.Lock()
 
-    def create(catalog: ClusterCatalog, name: str, start: threading.Barrier) -> None:
+    def create(catalog: Catalog, name: str, start: threading.Barrier) -> None:
         start.wait()
         try:
             catalog.create_topic(name, 2, None, validate_only=False)
@@ -99,17 +100,20 @@ def test_brokers_creating_one_name_at_once_commit_one_record(
     for name, results in outcomes.items():
         assert sorted(results) == ["created"] + ["exists"] * (RACERS - 1), name
     records = topic_records(stores[0])
-    assert sorted(str(r["name"]) for r in records) == sorted(outcomes)  # one record per name
+    assert {str(r["name"]) for r in records} == set(outcomes)
+    applied = {str(r["name"]): str(r["id"]) for r in records if bytes.fromhex(str(r["id"])) in stores[0].state.topics}
+    assert sorted(applied) == sorted(outcomes)  # one record per name applied
     for meta in stores:
         meta.sync()
-        assert set(meta.state.names) == set(outcomes)
+        assert {n: tid.hex() for n, tid in meta.state.names.items()} == applied  # every broker agrees
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     # a late broker replays the log without an ERROR line
     with caplog.at_level(logging.INFO, logger="loglake.meta.etcd"):
         late = EtcdMetaStore(stores[0].client, stores[0].prefix)
         late.open()
         late.close()
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    # a name deleted and created again is created (the key holds the old id; the guard reads it)
+    # a name deleted and created again is created
     c0 = catalogs[0]
     old_id = c0.topic("t0").topic_id
     c0.delete_topic("t0")
@@ -123,7 +127,7 @@ def test_brokers_creating_one_name_at_once_commit_one_record(
 def test_a_deleted_topics_flush_objects_and_segments_are_swept_after_the_grace(cluster: Cluster) -> None:
     a = cluster.broker(1)
     a.meta.append("cluster", {"cluster_id": CLUSTER_ID}).result(WAIT)
-    catalog = ClusterCatalog(a.meta, EngineConfig(), time.time)
+    catalog = Catalog(a.meta, EngineConfig(), time.time)
     gone = catalog.create_topic("gone", 2, None, validate_only=False).topic_id
     kept = catalog.create_topic("kept", 1, None, validate_only=False).topic_id
     parts = [(gone, 0), (gone, 1), (kept, 0)]

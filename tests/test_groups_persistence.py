@@ -1,7 +1,7 @@
 """Consumer-group persistence: changes recorded through the store, applied once durable, and
 groups resumed from their saved state after a coordinator restart.
 
-`FakeGroupEngine` has the engine's group-metadata calls; with `hold` set its futures stay
+`FakeGroupLog` has the engine's group-metadata calls; with `hold` set its futures stay
 pending until the test releases them, so overlapping and failing records can be driven exactly.
 """
 
@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 import pytest
 
 from loglake.broker.groups import (
-    EngineGroupStore,
     GroupCoordinator,
     InMemoryGroupStore,
     JoinResult,
+    MetaGroupStore,
     OffsetEntry,
     StoredGroup,
     StoreFormatError,
@@ -56,7 +56,7 @@ def exists(topic: str, partition: int) -> bool:
     return topic != "missing" and partition < 4
 
 
-class FakeGroupEngine:
+class FakeGroupLog:
     """The engine's group-metadata calls, in memory. `hold`: futures wait for `release`."""
 
     def __init__(self) -> None:
@@ -180,8 +180,8 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 3.0) -> None:
 
 def test_commit_records_only_its_entries_and_answers_once_durable() -> None:
     async def body() -> None:
-        engine = FakeGroupEngine()
-        c = coordinator(EngineGroupStore(engine))
+        engine = FakeGroupLog()
+        c = coordinator(MetaGroupStore(engine))
         assert await c.commit_offsets("s", -1, "", None, [("t", 0, 5, -1, "a")], topic_exists=exists) == [
             ("t", 0, E.NONE)]
         engine.hold = True
@@ -201,8 +201,8 @@ def test_commit_records_only_its_entries_and_answers_once_durable() -> None:
 
 def test_two_overlapping_commits_of_one_group_are_both_kept() -> None:
     async def body() -> None:
-        engine = FakeGroupEngine()
-        c = coordinator(EngineGroupStore(engine))
+        engine = FakeGroupLog()
+        c = coordinator(MetaGroupStore(engine))
         engine.hold = True
         first = asyncio.ensure_future(c.commit_offsets("s", -1, "", None, [("t", 0, 10, -1, "")], topic_exists=exists))
         second = asyncio.ensure_future(c.commit_offsets("s", -1, "", None, [("t", 1, 20, -1, "")], topic_exists=exists))
@@ -244,8 +244,8 @@ def test_failed_durability_answers_coordinator_not_available_and_changes_nothing
         assert c.group_state("fresh") is None  # no group kept for a failed first commit
 
         # A failing record between two good ones: its neighbours apply, it does not.
-        engine = FakeGroupEngine()
-        c2 = coordinator(EngineGroupStore(engine))
+        engine = FakeGroupLog()
+        c2 = coordinator(MetaGroupStore(engine))
         engine.hold = True
         tasks = [asyncio.ensure_future(c2.commit_offsets("s", -1, "", None, [("t", p, 100 + p, -1, "")],
                                                          topic_exists=exists)) for p in range(3)]
@@ -298,8 +298,8 @@ def test_change_queue_is_bounded_and_applies_in_order() -> None:
 
 def test_delete_groups_waits_for_durability_and_refuses_requests_meanwhile() -> None:
     async def body() -> None:
-        engine = FakeGroupEngine()
-        c = coordinator(EngineGroupStore(engine))
+        engine = FakeGroupLog()
+        c = coordinator(MetaGroupStore(engine))
         await c.commit_offsets("doomed", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists)
         engine.hold = True
         deleting = asyncio.ensure_future(c.delete_groups(["doomed", "never"]))
@@ -356,8 +356,8 @@ def test_retention_and_deleted_topics_expire_through_the_store() -> None:
 def test_cleanup_skips_a_group_with_a_commit_in_flight() -> None:
     async def body() -> None:
         now = [1000.0]
-        engine = FakeGroupEngine()
-        c = coordinator(EngineGroupStore(engine), clock=lambda: now[0], offsets_retention_ms=1000)
+        engine = FakeGroupLog()
+        c = coordinator(MetaGroupStore(engine), clock=lambda: now[0], offsets_retention_ms=1000)
         await c.commit_offsets("s", -1, "", None, [("t", 0, 1, -1, "")], topic_exists=exists)
         now[0] += 5
         engine.hold = True
@@ -401,8 +401,8 @@ def test_state_is_saved_at_stable_and_empty_transitions_only() -> None:
 
 def test_sync_group_hands_out_the_assignment_only_once_it_is_durable() -> None:
     async def body() -> None:
-        engine = FakeGroupEngine()
-        c = coordinator(EngineGroupStore(engine))
+        engine = FakeGroupLog()
+        c = coordinator(MetaGroupStore(engine))
         first = await join(c, client="a")
         r = await join(c, first.member_id, client="a")
         engine.hold = True
@@ -564,8 +564,8 @@ def encode_stable_doc() -> dict[str, Any]:
 
 
 def test_engine_group_store_translates_and_refuses_bad_offsets(caplog: pytest.LogCaptureFixture) -> None:
-    engine = FakeGroupEngine()
-    store = EngineGroupStore(engine)
+    engine = FakeGroupLog()
+    store = MetaGroupStore(engine)
     store.commit("g", {("t", 1): OffsetEntry(5, 2, "m", 77), ("t", 0): OffsetEntry(4, -1, "", 76)}).result()
     assert engine.calls[-1] == ("commit", "g", [("t", 0, 4, -1, "", 76), ("t", 1, 5, 2, "m", 77)])
     store.save_state("g", {"version": 1}).result()
@@ -586,15 +586,15 @@ def test_engine_group_store_translates_and_refuses_bad_offsets(caplog: pytest.Lo
     for bad in ([1], {"g": [1]}, {"g": {"offsets": {("t", "0"): [1, -1, "", 0]}}},
                 {"g": {"offsets": {("t", 0): [1, -1, None, 0]}}}):
         with pytest.raises(StoreFormatError):
-            EngineGroupStore(Raw(bad)).load()  # type: ignore[arg-type]
+            MetaGroupStore(Raw(bad)).load()  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
-        loaded = EngineGroupStore(Raw({"g": {"offsets": {}, "state": "garbage"}})).load()  # type: ignore[arg-type]
+        loaded = MetaGroupStore(Raw({"g": {"offsets": {}, "state": "garbage"}})).load()  # type: ignore[arg-type]
     assert loaded == {"g": StoredGroup({}, None)} and len(caplog.records) == 1
 
 
 def test_offsets_and_state_survive_a_real_engine_restart(tmp_path: Path) -> None:
-    def store_for(engine: Any) -> EngineGroupStore:
-        return EngineGroupStore(engine)  # as the broker does
+    def store_for(engine: Any) -> MetaGroupStore:
+        return MetaGroupStore(engine)  # as the broker does
 
     async def first_life(engine: Engine) -> str:
         c = coordinator(store_for(engine))

@@ -265,9 +265,11 @@ class MetaFencedError(LoglakeError):
     retriable = True
 
 
-class MetaRecordRejectedError(LoglakeError):
-    """A committed metadata record that did not apply to the state when its turn came (written from
-    a stale view; cluster mode): every store skips it alike, and its writer's append fails."""
+class MetaRecordRejectedError(LoglakeError, ValueError):
+    """A metadata record that does not apply to the state when its turn comes (written from a
+    stale view: a topic created meanwhile, a producer id taken by another writer). The local
+    store raises it from `append` and logs nothing; the etcd store commits it, every broker skips
+    it alike, and its writer's append future fails with it."""
 
 
 class ClusterUnsupportedError(LoglakeError):

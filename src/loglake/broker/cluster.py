@@ -62,7 +62,8 @@ async def fenced_store(ctx: BrokerContext) -> Any:
     from loglake.broker.cluster_groups import FencedGroupStore
 
     reloader = ctx.group_reloader
-    store = FencedGroupStore(ctx.engine, ctx.cluster, reloader.lost if reloader is not None else None)
+    store = FencedGroupStore(ctx.engine.etcd, ctx.cluster,  # type: ignore[attr-defined]
+                              reloader.lost if reloader is not None else None)
     if ctx.group_fence is not None:  # its writes fenced by the claims below are no loss to report
         ctx.group_fence.superseded = True
     await ctx.off_loop(store.prepare)

@@ -34,12 +34,12 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from loglake.broker.groups.engine_store import EngineGroupStore
+from loglake.broker.groups.meta_store import MetaGroupLog, MetaGroupStore
 from loglake.broker.groups.store import OffsetEntry, StoredGroup, TopicPartition
 from loglake.cluster.coordinators import coordinator_of
 from loglake.errors import MetaFencedError
 from loglake.meta import etcd_client as ec
-from loglake.meta.etcd import Guard
+from loglake.meta.etcd import EtcdMetaStore, Guard
 
 log = logging.getLogger("loglake.broker")
 
@@ -54,7 +54,7 @@ CLAIMS_PER_TXN_MAX = 100
 WRITE_WAIT_S = 30.0
 
 
-class FencedGroupStore(EngineGroupStore):
+class FencedGroupStore(MetaGroupStore):
     """The `GroupStore` of one cluster coordinator instance (see the module doc).
 
     `prepare()` does the etcd I/O (claims, catching up) and must run off the event loop;
@@ -64,11 +64,11 @@ class FencedGroupStore(EngineGroupStore):
     """
 
     def __init__(
-        self, engine: Any, cluster: Any, on_lost: Callable[[str, FencedGroupStore], None] | None = None
+        self, etcd: EtcdMetaStore, cluster: Any, on_lost: Callable[[str, FencedGroupStore], None] | None = None
     ) -> None:
-        super().__init__(engine)
-        self.engine = engine
-        self.etcd = engine.etcd
+        self.records = MetaGroupLog(etcd)
+        super().__init__(self.records)
+        self.etcd = etcd
         self.cluster = cluster
         self.node_id: int = cluster.node_id
         self.token = f"{self.node_id}:{uuid.uuid4().hex}".encode()
@@ -103,7 +103,7 @@ class FencedGroupStore(EngineGroupStore):
         kvs, _ = client.range_all(base, ec.prefix_end(base))
         seen = {kv.key[len(base) :].decode(): kv.mod_revision for kv in kvs}
         self.etcd.sync()
-        owned = sorted(g for g in self.engine.group_metadata() if self.owns(g))
+        owned = sorted(g for g in self.records.group_metadata() if self.owns(g))
         for i in range(0, len(owned), CLAIMS_PER_TXN_MAX):
             chunk = owned[i : i + CLAIMS_PER_TXN_MAX]
             client.txn([], [ec.op_put(self.etcd.keys.key(self._claim_key(g)), self.token) for g in chunk], [])
@@ -191,7 +191,7 @@ class FencedGroupStore(EngineGroupStore):
             )
             if ok:
                 self.etcd.sync()  # records committed before the claim are applied here now
-                ok = group_id not in self.engine.group_metadata()  # nobody wrote it meanwhile
+                ok = group_id not in self.records.group_metadata()  # nobody wrote it meanwhile
             if not ok:
                 self._lose(group_id)
         finally:

@@ -220,7 +220,7 @@ class BrokerServer:
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
         # cluster mode: `fenced` claimed and loaded only the groups this broker coordinates
-        store = fenced if fenced is not None else groups.EngineGroupStore(engine)
+        store = fenced if fenced is not None else groups.MetaGroupStore(groups.MetaGroupLog(engine.meta))
         return groups.GroupCoordinator(
             store,
             topic_exists=topic_exists,

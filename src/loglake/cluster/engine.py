@@ -29,11 +29,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from loglake import canary
-from loglake.cluster.catalog import ClusterCatalog
 from loglake.cluster.engine_read import ClusterReadsMixin
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.producers import rebuild_producers
+from loglake.engine.catalog import Catalog
 from loglake.engine.compacted import check_batches
 from loglake.engine.config import EngineConfig
 from loglake.engine.corrupt import Corruption
@@ -41,7 +41,7 @@ from loglake.engine.engine import Engine
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.space import SpaceGuard
-from loglake.engine.types import AppendResult, RecoveryReport, TopicInfo
+from loglake.engine.types import AppendResult, RecoveryReport
 from loglake.errors import (
     ClusterUnsupportedError,
     ConfigError,
@@ -135,8 +135,7 @@ class ClusterEngine(ClusterReadsMixin, Engine):
         self.etcd = EtcdMetaStore(self.client, cluster.prefix)
         # The inherited mixins reach the store as `_meta` / `catalog.meta`; it is the etcd one.
         self._meta = cast(LocalMetaStore, self.etcd)
-        self.cluster_catalog = ClusterCatalog(self.etcd, self.config, clock)
-        self.catalog = self.cluster_catalog
+        self.catalog = Catalog(self.etcd, self.config, clock)
         self._pool = MemoryPool(
             self.config.memory_budget_bytes, self.config.memory_pressure_ratio, lambda: None
         )
@@ -249,7 +248,7 @@ class ClusterEngine(ClusterReadsMixin, Engine):
             settings=self.cluster.flush,
         )
         self.etcd.watch(self._on_record)
-        self.cluster_catalog.refresh(force=True)
+        self.catalog.refresh(force=True)
         for _topic, p in self.catalog.partitions():
             p.set_hw(self._plog_of(p.topic_id.hex(), p.index).end)
 
@@ -301,7 +300,7 @@ class ClusterEngine(ClusterReadsMixin, Engine):
             return
         for row in body["ranges"]:
             tid, p, last = bytes.fromhex(str(row[0])), int(row[1]), int(row[4])
-            topic = self.catalog.by_id.get(tid)
+            topic = self.catalog.by_id.get(tid)  # under the store's lock: the map as it is, no rebuild
             if topic is not None and 0 <= p < len(topic.partitions):
                 topic.partitions[p].advance_hw(last + 1)
 
@@ -438,16 +437,6 @@ class ClusterEngine(ClusterReadsMixin, Engine):
 
         original.add_done_callback(done)
         return out
-
-    # ==== topics: other brokers change them too ===========================================================
-
-    def topics(self) -> list[TopicInfo]:
-        self.cluster_catalog.refresh()
-        return super().topics()
-
-    def has_topic(self, name: str) -> bool:
-        self.cluster_catalog.refresh()
-        return super().has_topic(name)
 
     # ==== refused in cluster mode ======================================================================
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any
 
 from loglake.cluster.plog import ClusterPartitionLog
 from loglake.engine.catalog import Catalog
@@ -41,7 +41,7 @@ class ClusterReadsMixin:
                 return Plog()
             return Plog(pl.epoch, pl.leader, pl.end, list(pl.segments), list(pl.ranges))
 
-        return cast(Plog, self.etcd.read(copy))
+        return self.etcd.read(copy)
 
     def _log_start(self, topic_id: str, partition: int) -> int:
         tid = bytes.fromhex(topic_id)

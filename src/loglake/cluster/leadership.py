@@ -29,10 +29,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loglake.cluster.assign import assign
-from loglake.cluster.catalog import TOPIC_KINDS
 from loglake.cluster.coordinators import coordinator_of
 from loglake.cluster.membership import BrokerInfo, Membership
 from loglake.cluster.plog_maint import merge, sweep
+from loglake.engine.catalog import TOPIC_KINDS
 from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
 from loglake.meta.state import MetaState
 

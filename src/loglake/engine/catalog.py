@@ -1,13 +1,23 @@
 """The catalog: topics and partitions as the engine sees them, over the metadata store.
 
-Every durable change goes through here as one metadata record (loglake.meta.state lists them):
-the record is applied to the metadata state and queued for the log while the caller's lock is
-held, and the caller waits for its durability after letting the lock go. So the lock order is
-fixed by construction — `Catalog.lock` (topics map) → `Partition.lock` → the metadata store's
-own lock, which is innermost and never calls out — and no thread ever waits for a disk while
-holding a lock another metadata writer needs.
+Every durable change goes through the metadata store as one record (loglake.meta.state lists
+them). The topics map is never changed in place by the caller that made the change: it is
+rebuilt from the metadata state whenever a topic record was applied, whoever wrote it. That is
+what lets one catalog serve both metadata stores — the local log, which applies a record the
+moment it is appended, and the cluster's etcd store, which applies records when they are
+committed, in log order, on every broker alike (other brokers create and delete topics too).
+A watcher marks the map stale (it runs under the store's lock, so it only sets a flag); the next
+lookup rebuilds it. Partition objects are kept across rebuilds (their locks and waiters stay
+valid) as long as the topic id is the same.
 
-The catalog owns no threads and does no I/O of its own besides the metadata store's.
+Conflicting changes are settled by the records themselves: applying a `topic_created` for a
+name that exists, or a `producer_ids` whose `expect` is not the current next id, fails, so of
+two brokers (or threads) racing, exactly one wins and the other is told (TopicExistsError, or
+another round for a producer id), with no separate lock or key in the store.
+
+Lock order: `Partition.lock` → `Catalog.lock` (held only while a rebuild swaps the maps) → the
+metadata store's own lock, which is innermost and never calls out. The catalog owns no threads
+and does no I/O of its own besides the metadata store's.
 """
 
 from __future__ import annotations
@@ -23,17 +33,29 @@ from typing import Any
 from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, EngineConfig, TopicConfig, validate_topic_name
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.types import TopicInfo
-from loglake.errors import InvalidPartitionsError, TopicExistsError, UnknownTopicError
+from loglake.errors import (
+    InvalidPartitionsError,
+    MetaRecordRejectedError,
+    TopicExistsError,
+    UnknownTopicError,
+)
 from loglake.meta.quotas import EntityKey, client_quota_body
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
 
-__all__ = ["Catalog", "TopicState", "new_cluster_id"]
+__all__ = ["COMMIT_WAIT_S", "TOPIC_KINDS", "Catalog", "TopicState", "new_cluster_id"]
 
 log = logging.getLogger(__name__)
 
 #: Batches per producer carried in a segment_published record (duplicate detection needs 5).
 PRODUCER_BATCHES_PER_SEAL = 5
+#: Record kinds after which the topics map is rebuilt.
+TOPIC_KINDS = frozenset({"topic_created", "topic_deleted", "topic_config", "partitions_added"})
+#: How long a topic change waits for its record to be durable (local) or committed (etcd).
+COMMIT_WAIT_S = 60.0
+#: Rounds of taking a producer id while other brokers take theirs (each lost round means another
+#: broker's record won).
+PRODUCER_ID_ATTEMPTS = 100
 
 
 def new_cluster_id() -> str:
@@ -54,16 +76,27 @@ class TopicState:
         return TopicInfo(self.name, self.topic_id.hex(), len(self.partitions), self.config, self.created_ms)
 
 
+#: What a rebuild reads of one topic under the store's lock.
+_TopicRow = tuple[str, bytes, int, dict[str, str], int, list[PartitionMeta]]
+
+
 class Catalog:
     def __init__(self, meta: MetaStore, config: EngineConfig, clock: Callable[[], float]) -> None:
         self.meta = meta
         self.config = config
         self._clock = clock
-        self.lock = threading.RLock()  # the topics maps
+        self.lock = threading.Lock()  # serialises rebuilds of the maps
+        #: the maps, swapped whole by a rebuild: readers without the lock see the old or the new one
         self.topics: dict[str, TopicState] = {}
         self.by_id: dict[bytes, TopicState] = {}
+        self._stale = True
+        meta.watch(self._on_record)
 
-    # ---- building from the metadata state (recovery) -------------------------------------------
+    def _on_record(self, seq: int, kind: str, body: dict[str, Any], raw: bytes) -> None:
+        if kind in TOPIC_KINDS:
+            self._stale = True  # under the store's lock: nothing more here
+
+    # ---- building from the metadata state ------------------------------------------------------
 
     @property
     def state(self) -> MetaState:
@@ -74,25 +107,58 @@ class Catalog:
         return self.meta.state.cluster_id
 
     def load(self) -> None:
-        """Build topics and partitions from the recovered metadata state."""
-        state = self.meta.state
+        """Build topics and partitions from the (recovered) metadata state."""
+        self.refresh(force=True)
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Rebuild the topics map from the state if a topic record was applied since the last."""
+        if not (self._stale or force):
+            return
+
+        def snapshot(state: MetaState) -> list[_TopicRow]:
+            return [
+                (tm.name, tm.topic_id, tm.partitions, dict(tm.config), tm.created_ms,
+                 [state.partition(tm.topic_id, i) for i in range(tm.partitions)])
+                for tm in state.topics.values()
+            ]  # fmt: skip
+
         with self.lock:
-            self.topics.clear()
-            self.by_id.clear()
-            for tm in state.topics.values():
-                topic = TopicState(tm.name, tm.topic_id, TopicConfig.parse(tm.config, self.config.topic_defaults), tm.created_ms)
-                for i in range(tm.partitions):
-                    topic.partitions.append(self._new_partition(topic, state.partition(tm.topic_id, i)))
-                self.topics[tm.name] = topic
-                self.by_id[tm.topic_id] = topic
+            self._stale = False  # a record applied from here on marks it stale again
+            rows: list[_TopicRow] = self.meta.read(snapshot)
+            defaults = self.config.topic_defaults
+            topics: dict[str, TopicState] = {}
+            for name, tid, count, overrides, created_ms, metas in rows:
+                old = self.by_id.get(tid)
+                if old is not None and old.name == name:
+                    topic = old
+                    if dict(topic.config.overrides) != overrides:
+                        topic.config = TopicConfig.parse(overrides, defaults)
+                else:
+                    topic = TopicState(name, tid, TopicConfig.parse(overrides, defaults), created_ms)
+                for p, pm in zip(topic.partitions, metas, strict=False):
+                    if p.meta is not pm:  # the store adopted another state (a checkpoint reload)
+                        p.meta = pm
+                while len(topic.partitions) < count:
+                    topic.partitions.append(self._new_partition(topic, metas[len(topic.partitions)]))
+                topics[name] = topic
+            gone = [t for t in self.by_id.values() if topics.get(t.name) is not t]
+            self.topics = topics
+            self.by_id = {t.topic_id: t for t in topics.values()}
+        for topic in gone:
+            for p in topic.partitions:
+                # No partition lock needed: an append that checked `deleted` before this is
+                # freed with the rest by the topic's deleter, which takes the lock after it.
+                p.deleted = True
+                p.wake_all()
 
     def _new_partition(self, topic: TopicState, pm: PartitionMeta) -> Partition:
         shard = (int.from_bytes(topic.topic_id[:4], "little") + pm.index) % self.config.wal_shards
         return Partition(topic.name, topic.topic_id, pm.index, shard, pm)
 
-    # ---- lookups --------------------------------------------------------------------------------
+    # ---- lookups (each sees every change applied so far) ---------------------------------------
 
     def topic(self, name: str) -> TopicState:
+        self.refresh()
         topic = self.topics.get(name)
         if topic is None:
             raise UnknownTopicError(f"unknown topic {name!r}")
@@ -105,7 +171,20 @@ class Catalog:
         return topic.partitions[partition]
 
     def partitions(self) -> list[tuple[TopicState, Partition]]:
+        self.refresh()
         return [(t, p) for t in list(self.topics.values()) for p in t.partitions]
+
+    def has_topic(self, name: str) -> bool:
+        self.refresh()
+        return name in self.topics
+
+    def topic_by_id(self, topic_id: bytes) -> TopicState | None:
+        self.refresh()
+        return self.by_id.get(topic_id)
+
+    def all_topics(self) -> list[TopicState]:
+        self.refresh()
+        return sorted(self.topics.values(), key=lambda t: t.name)
 
     # ---- topic changes (durable on return) ------------------------------------------------------
 
@@ -114,79 +193,87 @@ class Catalog:
         if not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidPartitionsError(f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}")
         topic_config = TopicConfig.parse(config, self.config.topic_defaults)
-        with self.lock:
-            if name in self.topics:
-                raise TopicExistsError(f"topic {name!r} already exists")
-            topic = TopicState(name, uuid.uuid4().bytes, topic_config, int(self._clock() * 1000))
-            if validate_only:
-                return topic.info()
-            fut = self.meta.append(
-                "topic_created",
-                {
-                    "name": name,
-                    "id": topic.topic_id.hex(),
-                    "partitions": partitions,
-                    "config": dict(topic_config.overrides),
-                    "created_ms": topic.created_ms,
-                },
-            )
-            for i in range(partitions):
-                topic.partitions.append(self._new_partition(topic, self.state.partition(topic.topic_id, i)))
-            self.topics[name] = topic
-            self.by_id[topic.topic_id] = topic
-        fut.result()
-        log.info("created topic %s (%d partitions, id %s)", name, partitions, topic.topic_id.hex())
-        return topic.info()
+        if not validate_only:
+            self.meta.sync()  # every change committed so far is applied here (other brokers' too)
+        if self.has_topic(name):
+            raise TopicExistsError(f"topic {name!r} already exists")
+        topic_id = uuid.uuid4().bytes
+        created_ms = int(self._clock() * 1000)
+        if validate_only:
+            return TopicInfo(name, topic_id.hex(), partitions, topic_config, created_ms)
+        body = {
+            "name": name,
+            "id": topic_id.hex(),
+            "partitions": partitions,
+            "config": dict(topic_config.overrides),
+            "created_ms": created_ms,
+        }
+        try:
+            self._commit("topic_created", body)
+        except MetaRecordRejectedError:  # created meanwhile (another broker, another thread)
+            log.info("topic %s: created by another writer at the same time; answering TOPIC_ALREADY_EXISTS", name)
+            raise TopicExistsError(f"topic {name!r} already exists") from None
+        log.info("created topic %s (%d partitions, id %s)", name, partitions, topic_id.hex())
+        return self.topic(name).info()
 
     def delete_topic(self, name: str) -> TopicState:
         """Forget the topic durably; the caller frees its buffers and objects afterwards."""
-        with self.lock:
-            topic = self.topic(name)
-            del self.topics[name]
-            del self.by_id[topic.topic_id]
-            for p in topic.partitions:
-                with p.lock:
-                    p.deleted = True
-            fut = self.meta.append("topic_deleted", {"id": topic.topic_id.hex()})
-        fut.result()
+        topic = self.topic(name)
+        try:
+            # `ms` starts cluster mode's sweep grace for the topic's objects (the same on every broker)
+            self._commit("topic_deleted", {"id": topic.topic_id.hex(), "ms": int(self._clock() * 1000)})
+        except MetaRecordRejectedError:  # deleted meanwhile
+            raise UnknownTopicError(f"unknown topic {name!r}") from None
         return topic
 
     def create_partitions(self, name: str, total: int, *, validate_only: bool) -> None:
-        with self.lock:
-            topic = self.topic(name)
-            check_partition_count(name, len(topic.partitions), total)
-            if validate_only:
-                return
-            fut = self.meta.append("partitions_added", {"id": topic.topic_id.hex(), "total": total})
-            for i in range(len(topic.partitions), total):
-                topic.partitions.append(self._new_partition(topic, self.state.partition(topic.topic_id, i)))
-        fut.result()
+        topic = self.topic(name)
+        check_partition_count(name, len(topic.partitions), total)
+        if validate_only:
+            return
+        try:
+            self._commit("partitions_added", {"id": topic.topic_id.hex(), "total": total})
+        except MetaRecordRejectedError as exc:
+            raise InvalidPartitionsError(f"topic {name!r}: {exc}") from None
 
     def alter_topic_config(self, name: str, overrides: dict[str, str], *, validate_only: bool) -> TopicConfig:
-        with self.lock:
-            topic = self.topic(name)
-            new = TopicConfig.parse(overrides, self.config.topic_defaults)
-            if validate_only:
-                return new
-            fut = self.meta.append("topic_config", {"id": topic.topic_id.hex(), "config": dict(new.overrides)})
-            topic.config = new
-        fut.result()
+        topic = self.topic(name)
+        new = TopicConfig.parse(overrides, self.config.topic_defaults)
+        if validate_only:
+            return new
+        try:
+            self._commit("topic_config", {"id": topic.topic_id.hex(), "config": dict(new.overrides)})
+        except MetaRecordRejectedError:
+            raise UnknownTopicError(f"unknown topic {name!r}") from None
         return new
+
+    def _commit(self, kind: str, body: dict[str, Any]) -> None:
+        """Append a topic record, wait until it is durable (or committed), rebuild the map."""
+        try:
+            self.meta.append(kind, body).result(COMMIT_WAIT_S)
+        finally:
+            self.refresh(force=True)
 
     def set_topic_defaults(self, defaults: dict[str, str]) -> None:
         """New topic config defaults (a dynamic broker config changed): every topic's effective
         config is parsed again over them. Validated by the caller (EngineConfig.check_topic_defaults)."""
+        self.refresh()
         with self.lock:
             self.config.topic_defaults = dict(defaults)
             for topic in self.topics.values():
                 topic.config = TopicConfig.parse(topic.config.overrides, self.config.topic_defaults)
 
     def allocate_producer_id(self) -> int:
-        with self.lock:
-            pid = self.state.next_producer_id
-            fut = self.meta.append("producer_ids", {"next": pid + 1})
-        fut.result()
-        return pid
+        """A producer id no other writer hands out: the `producer_ids` record names the id it
+        expects to be next, and does not apply when another record took it first."""
+        for _ in range(PRODUCER_ID_ATTEMPTS):
+            pid = int(self.meta.read(lambda s: s.next_producer_id))
+            try:
+                self.meta.append("producer_ids", {"next": pid + 1, "expect": pid}).result(COMMIT_WAIT_S)
+            except MetaRecordRejectedError:
+                continue  # another broker (or thread) took it: look again
+            return pid
+        raise MetaRecordRejectedError(f"no producer id after {PRODUCER_ID_ATTEMPTS} attempts (contention)")
 
     # ---- partition changes (caller holds p.lock; waits for the future after releasing it) -------
 

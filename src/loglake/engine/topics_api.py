@@ -63,8 +63,7 @@ class TopicsMixin:
 
     def topics(self) -> list[TopicInfo]:
         eng = cast("Engine", self)
-        with eng.catalog.lock:
-            return [t.info() for t in sorted(eng.catalog.topics.values(), key=lambda t: t.name)]
+        return [t.info() for t in eng.catalog.all_topics()]
 
     def topic(self, name: str) -> TopicInfo:
         eng = cast("Engine", self)
@@ -72,7 +71,7 @@ class TopicsMixin:
 
     def has_topic(self, name: str) -> bool:
         eng = cast("Engine", self)
-        return name in eng.catalog.topics
+        return eng.catalog.has_topic(name)
 
     def partition_info(self, name: str, partition: int) -> PartitionInfo:
         eng = cast("Engine", self)

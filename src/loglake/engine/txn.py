@@ -65,7 +65,7 @@ def write_marker(
     engine: Engine, topic_id: bytes, partition: int, producer_id: int, producer_epoch: int, commit: bool
 ) -> Future[AppendResult] | None:
     """Append a marker to a partition (by topic id); None when the topic is gone."""
-    topic = engine.catalog.by_id.get(topic_id)
+    topic = engine.catalog.topic_by_id(topic_id)
     if topic is None or not 0 <= partition < len(topic.partitions):
         return None
     p = topic.partitions[partition]

@@ -73,13 +73,13 @@ class TxnEngineMixin:
 
     def wake_readers(self, topic_id: bytes, partition: int) -> None:
         """Readers waiting on the partition look again (its last stable offset moved)."""
-        topic = self._eng().catalog.by_id.get(topic_id)
+        topic = self._eng().catalog.topic_by_id(topic_id)
         if topic is not None and 0 <= partition < len(topic.partitions):
             topic.partitions[partition].wake_all()
 
     def log_end(self, topic_id: bytes, partition: int) -> int | None:
         """The partition's next offset (by topic id), None when the topic is gone."""
-        topic = self._eng().catalog.by_id.get(topic_id)
+        topic = self._eng().catalog.topic_by_id(topic_id)
         if topic is None or not 0 <= partition < len(topic.partitions):
             return None
         return topic.partitions[partition].next_offset
@@ -88,7 +88,7 @@ class TxnEngineMixin:
         return self._eng().catalog.topic(name).topic_id
 
     def topic_name_of(self, topic_id: bytes) -> str | None:
-        topic = self._eng().catalog.by_id.get(topic_id)
+        topic = self._eng().catalog.topic_by_id(topic_id)
         return topic.name if topic is not None else None
 
     def record_txn(self, body: dict[str, Any]) -> Future[int]:
@@ -107,4 +107,4 @@ class TxnEngineMixin:
 
     def txn_states(self) -> dict[str, dict[str, Any]]:
         """A copy of every transactional id's last recorded state."""
-        return cast(dict[str, dict[str, Any]], self._eng().meta.read(lambda s: {t: dict(b) for t, b in s.txns.items()}))
+        return self._eng().meta.read(lambda s: {t: dict(b) for t, b in s.txns.items()})

@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from loglake.errors import (
     CorruptionError,
@@ -75,6 +75,8 @@ from loglake.meta.state import MetaState, decode_record, encode_record
 from loglake.meta.store import MetaStore
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "EtcdMetaStore", "Guard", "MetaRecordRejectedError"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,9 @@ POLL_INTERVAL_S = 1.0
 #: Attempts to open (a checkpoint swapped or compacted away while it was being read starts over).
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
-#: Record kinds whose rejection on replay is logged at debug (see `_apply`).
-QUIET_REJECTED_KINDS = frozenset({"topic_created"})
+#: Record kinds whose rejection is an expected race, not damage, logged at debug (see `_apply`):
+#: two brokers creating one topic name, or taking the same next producer id, at once.
+QUIET_REJECTED_KINDS = frozenset({"topic_created", "producer_ids"})
 
 
 @dataclass
@@ -183,7 +186,11 @@ class EtcdMetaStore:
     def last_seq(self) -> int:
         return self._state.seq
 
-    def read(self, fn: Callable[[MetaState], Any]) -> Any:
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def read(self, fn: Callable[[MetaState], T]) -> T:
         with self._lock:
             return fn(self._state)
 
@@ -512,10 +519,9 @@ class EtcdMetaStore:
                 for watcher in self._watchers:
                     watcher(seq, kind, body, raw)
         if error is not None:
-            # A create that lost a race to another broker's create of the same name (written before
-            # creates were guarded by the name's key) is expected history, not damage: said at
-            # debug when replayed, so it is not an ERROR line at every start.
-            quiet = kind in QUIET_REJECTED_KINDS and replaying
+            # Two brokers creating one topic, or taking one producer id, at once: the loser's
+            # record is skipped by every broker, which is the rule working, not damage.
+            quiet = kind in QUIET_REJECTED_KINDS
             (log.debug if quiet else log.error)(
                 "metadata store %s: %s; every broker skips it", self.prefix, error
             )

@@ -37,14 +37,15 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from loglake.errors import CorruptionError, EngineFailedError, StorageFullError
+from loglake.errors import CorruptionError, EngineFailedError, MetaRecordRejectedError, StorageFullError
 from loglake.fs.base import FileSystem
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import SnapshotStore
 from loglake.meta.state import MetaState, decode_record, encode_record
 from loglake.meta.state_v1 import state_from_snapshot
+from loglake.meta.store import Watcher as StoreWatcher
 from loglake.wal.recovery import recover_wal, shard_dir_name
 from loglake.wal.shard import Durability, WalEntry, WalShard
 
@@ -74,11 +75,13 @@ CHECKPOINTS_KEPT = 2
 #: this a broker restarted often but changing little would read more files at every open.
 META_LOG_FILES_AT_OPEN_MAX = 8
 
+T = TypeVar("T")
+
 _LOG_TOPIC = bytes(16)  # frames of the metadata log carry no topic
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d{20})\.bin$")
 
 #: Called with (seq, kind, body, encoded record) after each append, under the store's lock.
-Watcher = Callable[[int, str, dict[str, Any], bytes], None]
+Watcher = StoreWatcher
 
 
 def checkpoint_name(seq: int) -> str:
@@ -262,7 +265,7 @@ class LocalMetaStore:
 
     # ---- appending -------------------------------------------------------------------------
 
-    def read(self, fn: Callable[[MetaState], Any]) -> Any:
+    def read(self, fn: Callable[[MetaState], T]) -> T:
         """Run `fn` on the state under the store's lock (a consistent read; keep it short)."""
         with self._lock:
             return fn(self._state)
@@ -282,7 +285,10 @@ class LocalMetaStore:
             if shard is None:
                 raise EngineFailedError("metadata store is not open")
             seq = self._next_seq
-            self._state.apply(kind, body)  # raises before anything is logged when it does not fit
+            try:  # refused before anything is logged when it does not fit
+                self._state.apply(kind, body)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise MetaRecordRejectedError(f"metadata record {kind} does not apply: {exc!r}") from None
             self._state.seq = seq
             self._next_seq = seq + 1
             self._since_records += 1

@@ -28,7 +28,8 @@ segment_rewritten  {id, p, replaced: [[base, generation], ...], segs: [seg, ...]
                    `segs` (covering the same offsets); `clean` ({end, ms, tomb_ms},
                    compaction only) moves the partition's cleaned end, notes when the cleaner
                    passed it and when it first passed the oldest tombstone it kept
-producer_ids       {next} → the next producer id to hand out
+producer_ids       {next, expect} → the next producer id to hand out; with `expect` (the id the
+                   writer takes) it applies only while that is still the next one
 offset_commit      {g, rows: [[topic, partition, offset, leader_epoch, metadata, ts], ...]}
 offset_expire      {g, tps: [[topic, partition], ...]}
 group_deleted      {g} → the group's offsets and state
@@ -381,6 +382,10 @@ class MetaState:
             pm.tombstone_ms = int(clean.get("tomb_ms", -1))
 
     def _producer_ids(self, b: dict[str, Any]) -> None:
+        expect = b.get("expect")
+        if expect is not None and int(expect) != self.next_producer_id:
+            # another writer took that id first (cluster mode: brokers race for ids)
+            raise ValueError(f"producer id {expect} was taken; the next one is {self.next_producer_id}")
         self.next_producer_id = max(self.next_producer_id, int(b["next"]))
 
     def _offset_commit(self, b: dict[str, Any]) -> None:

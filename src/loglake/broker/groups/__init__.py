@@ -14,9 +14,9 @@ from loglake.broker.groups.coordinator import (
     GroupDescription,
     MemberDescription,
 )
-from loglake.broker.groups.engine_store import EngineGroupStore, EngineOffsetsStore, GroupEngine
 from loglake.broker.groups.group import VALID_PREVIOUS_STATES, GroupState, JoinResult, SyncResult
 from loglake.broker.groups.limits import OFFSETS_RETENTION_MINUTES_DEFAULT
+from loglake.broker.groups.meta_store import GroupLog, MetaGroupLog, MetaGroupStore
 from loglake.broker.groups.persistence import GroupStateError
 from loglake.broker.groups.store import (
     GroupStore,
@@ -39,11 +39,9 @@ __all__ = [
     "OFFSETS_RETENTION_MINUTES_DEFAULT",
     "OFFSET_METADATA_MAX_BYTES_DEFAULT",
     "VALID_PREVIOUS_STATES",
-    "EngineGroupStore",
-    "EngineOffsetsStore",
     "GroupCoordinator",
     "GroupDescription",
-    "GroupEngine",
+    "GroupLog",
     "GroupState",
     "GroupStateError",
     "GroupStore",
@@ -51,6 +49,8 @@ __all__ = [
     "InMemoryOffsetsStore",
     "JoinResult",
     "MemberDescription",
+    "MetaGroupLog",
+    "MetaGroupStore",
     "OffsetEntry",
     "OffsetsFormatError",
     "OffsetsStore",
