@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from etcdkit import EtcdCluster  # noqa: E402 - the tests' etcd launcher
-from loglake.cluster.membership import BrokerInfo, Membership  # noqa: E402
+from loglake.cluster.membership import Membership  # noqa: E402
+from loglake.engine.view import BrokerInfo  # noqa: E402
 from loglake.meta.etcd import EtcdMetaStore  # noqa: E402
 from loglake.meta.etcd_client import EtcdClient  # noqa: E402
 

@@ -20,6 +20,43 @@ import pytest
 
 #: The xdist group of every test that needs Spark.
 SPARK_GROUP = "spark"
+#: With this set to a directory, each pytest process counts the broker processes it starts
+#: (`loglake serve` children) and writes the count there at the end (docs/ARCHITECTURE.md quotes
+#: the total for `make test`).
+COUNT_BROKERS_ENV = "LOGLAKE_COUNT_BROKERS"
+
+
+def _is_broker_command(args: object) -> bool:
+    if not isinstance(args, (list, tuple)):
+        return False
+    words = [str(a) for a in args]
+    return "serve" in words and any(w.endswith(("loglake", "loglake.cli.main")) for w in words)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    where = os.environ.get(COUNT_BROKERS_ENV)
+    if not where:
+        return
+    import atexit
+    import subprocess
+
+    started = [0]
+    original = subprocess.Popen.__init__
+
+    def counting(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        if _is_broker_command(args):
+            started[0] += 1
+        original(self, args, *rest, **kw)
+
+    subprocess.Popen.__init__ = counting  # type: ignore[method-assign]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+    def write() -> None:
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{worker}-{os.getpid()}.count"), "w") as fh:
+            fh.write(f"{started[0]}\n")
+
+    atexit.register(write)
 
 
 def xdist_group(nodeid: str) -> str:

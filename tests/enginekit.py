@@ -24,13 +24,13 @@ def small_config(**overrides: object) -> EngineConfig:
 def abandon(engine: Engine) -> None:
     """Stop an engine's threads without the clean-shutdown work (as a crash would)."""
     engine._closed = True
-    if engine._maintenance is not None:
-        engine._maintenance.close()
-    if engine._sealer is not None:
-        engine._sealer.close()
-    shards = list(engine._shards)
-    if engine._meta._shard is not None:
-        shards.append(engine._meta._shard)
+    parts = engine.log._parts
+    if parts is not None:
+        parts.maintenance.close()
+        parts.sealer.close()
+    shards = list(engine.shards)
+    if engine.meta._shard is not None:
+        shards.append(engine.meta._shard)
     for shard in shards:
         with shard._cond:
             shard._stopping = True

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,12 +21,12 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.broker.cluster_groups import FencedGroupStore
+from loglake.broker.group_reload import GroupCoordination
+from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.broker.groups.store import OffsetEntry
 from loglake.broker.handlers.errors import coordinator_error
 from loglake.cluster.coordinators import coordinator_of
-from loglake.engine.catalog import Catalog
-from loglake.engine.config import EngineConfig
+from loglake.cluster.groups import FencedGroupStore
 from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.etcd import EtcdMetaStore
@@ -42,7 +41,7 @@ WAIT = 30
 @dataclass
 class View:
     """The part of a broker's cluster view the store and the handlers read: its node id and the
-    live set it sees (Leadership keeps it from etcd; here the test sets it)."""
+    live set it sees (the etcd cluster view keeps it; here the test sets it)."""
 
     node_id: int
     live: set[int] = field(default_factory=set)
@@ -50,15 +49,15 @@ class View:
     def live_ids(self) -> set[int]:
         return set(self.live)
 
-    def coordinates(self, group: str) -> bool:
-        return coordinator_of(group, self.live) == self.node_id
+    def coordinator_of(self, group: str) -> int:
+        return coordinator_of(group, self.live)
 
 
 class Broker:
     def __init__(self, etcd: EtcdCluster, prefix: str, node_id: int) -> None:
         self.meta = EtcdMetaStore(EtcdClient(",".join(etcd.endpoints)), prefix)
         self.meta.open()
-        self.catalog = Catalog(self.meta, EngineConfig(), time.time)
+        self.records = MetaGroupLog(self.meta)
         self.view = View(node_id)
         self.lost: list[str] = []  # groups whose loss a store reported
 
@@ -93,7 +92,7 @@ def entry(offset: int) -> OffsetEntry:
 
 def committed(broker: Broker, group: str) -> int:
     broker.meta.sync()
-    offsets = broker.catalog.group_metadata()[group]["offsets"]
+    offsets = broker.records.group_metadata()[group]["offsets"]
     return int(offsets[("t", 0)][0])
 
 
@@ -120,8 +119,9 @@ def test_a_new_coordinator_loads_the_group_and_the_old_ones_writes_are_fenced(
     new.commit(group, {("t", 0): entry(2100)}).result(WAIT)
     assert committed(a, group) == 2100
     # the handlers' gate: the old broker answers NOT_COORDINATOR for the lost group
-    ctx = SimpleNamespace(coordinator=object(), cluster=a.view, group_fence=old)
-    assert coordinator_error(ctx, group) == ErrorCode.NOT_COORDINATOR
+    groups = GroupCoordination(a.view, lambda _on_lost: old, lambda _store: None, None)  # type: ignore[arg-type]
+    groups.coordinator, groups.store, groups.loaded_for = object(), old, frozenset({1, 2})  # type: ignore[assignment]
+    assert coordinator_error(SimpleNamespace(groups=groups), group) == ErrorCode.NOT_COORDINATOR
 
 
 def test_a_group_neither_loaded_is_claimed_by_its_first_write_once(brokers: tuple[Broker, Broker]) -> None:
@@ -142,13 +142,14 @@ def test_group_requests_wait_while_the_coordinator_is_older_than_the_live_set(
 ) -> None:
     a, _b = brokers
     group = group_for(1, {1}, 1, {1, 2})
-    store = a.store({1})
-    ctx = SimpleNamespace(coordinator=object(), cluster=a.view, group_fence=store)
+    groups = GroupCoordination(a.view, lambda _on_lost: a.store(a.view.live), lambda _store: None, None)  # type: ignore[arg-type]
+    groups.coordinator, groups.store, groups.loaded_for = object(), a.store({1}), frozenset({1})  # type: ignore[assignment]
+    ctx = SimpleNamespace(groups=groups)
     assert coordinator_error(ctx, group) == ErrorCode.NONE
     asked: list[int] = []
-    ctx.group_reloader = SimpleNamespace(moved=lambda: asked.append(1))
+    groups.moved = lambda: asked.append(1)  # type: ignore[method-assign]
     a.view.live = {1, 2}  # the live set moved; the reload has not finished
     assert coordinator_error(ctx, group) == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
     assert asked  # the gate asks for the reload itself (a change seen before the first coordinator)
-    ctx.group_fence = a.store({1, 2})
+    groups.store, groups.loaded_for = a.store({1, 2}), frozenset({1, 2})
     assert coordinator_error(ctx, group) == ErrorCode.NONE

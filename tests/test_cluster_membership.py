@@ -9,7 +9,8 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.cluster.membership import BrokerInfo, Membership
+from loglake.cluster.membership import Membership
+from loglake.engine.view import BrokerInfo
 from loglake.errors import NodeIdInUseError
 from loglake.meta.etcd_client import EtcdClient
 

@@ -114,7 +114,7 @@ def test_compaction_of_cold_segments_rewrites_them_in_the_bucket(
         assert after == sorted(s.key for s in after_segments)
         assert after and all(parse_segment_key(k).generation == 1 for k in after), after
         assert not set(before) & set(after)  # the replaced objects were deleted
-        assert not any(engine.store.head(k) is not None for k in after)  # nothing rewritten on local disk
+        assert not any(engine.log.stores.hot.head(k) is not None for k in after)  # nothing rewritten on local disk
         assert engine.cleaner.stats.passes == 1 and engine.cleaner.stats.segments_replaced >= len(before)
         report = verify_data_dir(engine)
         assert report.ok, report.errors

@@ -59,7 +59,7 @@ def test_damage_in_a_rewritten_segment_is_found(tmp_path: Path, where: str) -> N
         at = {"data": 32 + 70, "provenance": trailer_at - 5, "link_hash": trailer_at + 130}[where]
         raw[at] ^= 0x01
         path.write_bytes(bytes(raw))
-        engine._reader.indexes.forget(engine.segments("kv", 0)[0].key)
+        engine.log.reader.indexes.forget(engine.segments("kv", 0)[0].key)
         report = verify_data_dir(engine)
         assert not report.ok
         assert report.errors[0].key == engine.segments("kv", 0)[0].key

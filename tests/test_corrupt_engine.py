@@ -45,9 +45,9 @@ def damage(log: loglake.Log, segment: int, batch: int) -> tuple[str, int]:
     """Garbage inside batch `batch` of partition 0's segment `segment`: (its path, first offset)."""
     engine = log.engine
     seg = engine.segments(TOPIC, 0)[segment]
-    _t, index = read_tail(engine.store, seg.key)
+    _t, index = read_tail(engine.log.stores.hot, seg.key)
     entry = index.entry(batch)
-    path = engine.store.local_path(seg.key)
+    path = engine.log.stores.hot.local_path(seg.key)
     assert path is not None
     with open(path, "r+b") as f:
         f.seek(entry.position + 70)
@@ -119,7 +119,7 @@ def test_the_scrubber_finds_a_segment_forged_with_refixed_crcs_by_its_chain_hash
 
     engine = log.engine
     seg = engine.segments(TOPIC, 0)[1]
-    path = engine.store.local_path(seg.key)
+    path = engine.log.stores.hot.local_path(seg.key)
     assert path is not None
     data = bytearray(Path(path).read_bytes())
     data[HEADER_SIZE + 80] ^= 0x01  # inside the first batch's records
@@ -144,7 +144,7 @@ def test_verify_reads_an_open_data_dir_without_its_lock_and_skips_what_goes_away
     # The broker deletes two segments after verify read the metadata: they are skipped.
     source = LiveSource(str(d))
     log.engine.delete_records(TOPIC, 0, 2 * BATCHES * RECORDS)
-    assert not any(os.path.exists(log.engine.store.local_path(s.key) or "") for s in source.segments(TOPIC, 0)[:2])
+    assert not any(os.path.exists(log.engine.log.stores.hot.local_path(s.key) or "") for s in source.segments(TOPIC, 0)[:2])
     report = verify_source(source)
     assert report.ok and report.segments_checked == 2 * SEALS - 2, report.errors
     damage(log, 0, 1)  # now partition 0's only segment
@@ -184,7 +184,7 @@ def test_relocation_never_uploads_a_hot_copy_forged_with_refixed_crcs(tmp_path: 
             opened.flush()
         engine = opened.engine
         seg = engine.segments(TOPIC, 0)[1]
-        path = engine.store.local_path(seg.key)
+        path = engine.log.stores.hot.local_path(seg.key)
         assert path is not None
         data = bytearray(Path(path).read_bytes())
         data[HEADER_SIZE + 80] ^= 0x01
@@ -200,7 +200,7 @@ def test_relocation_never_uploads_a_hot_copy_forged_with_refixed_crcs(tmp_path: 
 def test_a_segment_object_gone_from_under_the_metadata_is_an_error_not_out_of_range(log: loglake.Log) -> None:
     engine = log.engine
     seg = engine.segments(TOPIC, 0)[1]
-    path = engine.store.local_path(seg.key)
+    path = engine.log.stores.hot.local_path(seg.key)
     assert path is not None
     os.unlink(path)
     with pytest.raises(CorruptBatchError) as info:

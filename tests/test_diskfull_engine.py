@@ -123,7 +123,7 @@ def test_wal_enospc_stalls_then_heals_without_losing_or_reusing_offsets(failing_
     # written again with its offset (1): visible now; the next append continues densely
     assert engine.partition_info("t", 0).high_watermark == 2
     assert append(engine, b"a2") == 2
-    assert engine._failure is None and shard.stalls == 1
+    assert engine.failure is None and shard.stalls == 1
     abandon(engine)
     after = Engine(DATA_DIR, small_config(wal_shards=1), fs=fs.crash(), start_background=False)
     after.open()
@@ -250,7 +250,7 @@ def test_metadata_log_enospc_stalls_then_heals() -> None:
     creator = threading.Thread(target=lambda: done.append(engine.create_topic("u", 2)))
     creator.start()
     wait_until(lambda: engine.meta.shard is not None and engine.meta.shard.stalled)
-    assert engine.space.full and engine._failure is None
+    assert engine.space.full and engine.failure is None
     time.sleep(0.3)
     assert not done  # waits for room, not failed
     fs.set_full(False)

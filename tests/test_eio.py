@@ -351,8 +351,8 @@ def test_eio_during_sendfile_makes_the_next_fetch_of_that_segment_an_error() -> 
         fs.fail_path(seg.key, "read")
         again = engine.read("t", 0, 0, 1 << 20, file_ranges=True).chunks
         assert again and again[0].path == path  # type: ignore[union-attr]  # not read: sendfile would meet the EIO
-        assert engine.reader.file_range_failed(path, OSError(errno.EIO, "Input/output error (sendfile)"))
-        assert not engine.reader.file_range_failed("/elsewhere", OSError(errno.EIO, "x"))
+        assert engine.report_file_range_failure(path, OSError(errno.EIO, "Input/output error (sendfile)"))
+        assert not engine.report_file_range_failure("/elsewhere", OSError(errno.EIO, "x"))
         with pytest.raises(SegmentReadError):
             engine.read("t", 0, 0, 1 << 20, file_ranges=True)
         assert engine.read_errors.total >= 2

@@ -248,7 +248,7 @@ def test_deleted_topic_is_gone_and_a_recreated_one_starts_empty(tmp_path: Path) 
         old_keys = [s.key for s in engine.segments("t", 0)]
         append(engine, "t", 0, [b"unsealed"])
         engine.delete_topic("t")
-        assert engine.store.head(old_keys[0]) is None
+        assert engine.log.stores.hot.head(old_keys[0]) is None
         engine.create_topic("t", 1)
         append(engine, "t", 0, [b"new"])
     with open_engine(tmp_path) as engine:
@@ -326,7 +326,7 @@ def test_segment_missing_from_the_store_stops_startup(tmp_path: Path) -> None:
         append(engine, "t", 0, [b"x"])
         engine.flush()
         key = engine.segments("t", 0)[0].key
-        path = engine.store.local_path(key)
+        path = engine.log.stores.hot.local_path(key)
     assert path is not None
     os.unlink(path)
     with pytest.raises(CorruptionError, match="missing"):

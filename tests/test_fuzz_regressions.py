@@ -157,7 +157,8 @@ def test_heartbeat_owning_the_zero_topic_id_is_answered() -> None:
                  rebalance_timeout_ms=1000, subscribed_topic_names=["t"], server_assignor=None,
                  topic_partitions=[cls[0].TopicPartitions(topic_id=None, partitions=[0])])
     decoded = decode_request(client_bytes(req)[4:])
-    ctx = type("Ctx", (), {"coordinator": Coordinator()})()
+    groups = type("Groups", (), {"gate": lambda self, group_id: 0})()  # this broker coordinates it
+    ctx = type("Ctx", (), {"coordinator": Coordinator(), "groups": groups})()
     with pytest.raises(LookupError):
         asyncio.run(consumer_group_heartbeat(ctx, type("Conn", (), {"peer": "127.0.0.1:1"})(), decoded))
     assert Coordinator.owned == [("0" * 32, [0])]

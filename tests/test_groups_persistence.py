@@ -22,6 +22,7 @@ from loglake.broker.groups import (
     GroupCoordinator,
     InMemoryGroupStore,
     JoinResult,
+    MetaGroupLog,
     MetaGroupStore,
     OffsetEntry,
     StoredGroup,
@@ -594,7 +595,7 @@ def test_engine_group_store_translates_and_refuses_bad_offsets(caplog: pytest.Lo
 
 def test_offsets_and_state_survive_a_real_engine_restart(tmp_path: Path) -> None:
     def store_for(engine: Any) -> MetaGroupStore:
-        return MetaGroupStore(engine)  # as the broker does
+        return MetaGroupStore(MetaGroupLog(engine.meta))  # as the broker does
 
     async def first_life(engine: Engine) -> str:
         c = coordinator(store_for(engine))

@@ -141,7 +141,7 @@ def test_acked_records_alone_cost_no_put(tmp_path: Path) -> None:
     try:
         engine.create_topic("t", 1)
         tid = engine.topic_id_of("t").hex()
-        publisher = engine._publisher
+        publisher = engine.log.parts.publisher
         assert publisher is not None
         publisher.publish()
         for end in range(1, 50):

@@ -147,7 +147,7 @@ def _trailers(engine: Engine, topic: str, partition: int) -> list[object]:
     from loglake.segment import read_tail
 
     p = engine.catalog.partition(topic, partition)
-    return [read_tail(engine.stores.hot, s.key, s.size)[0] for s in p.segments]
+    return [read_tail(engine.log.stores.hot, s.key, s.size)[0] for s in p.segments]
 
 
 def test_seal_writes_the_index_only_where_transactions_are(tmp_path: Path) -> None:

@@ -50,7 +50,7 @@ def test_relocation_moves_all_but_the_newest_segments(tmp_path: Path) -> None:
         tiers = [s.tier for s in engine.segments("t", 0)]
         assert tiers == ["cold"] * (len(segments) - 1) + ["hot"]
         for seg in engine.segments("t", 0)[:-1]:
-            assert engine.store.head(seg.key) is None  # the hot copy is gone
+            assert engine.log.stores.hot.head(seg.key) is None  # the hot copy is gone
             assert cold.head(seg.key) == seg.size
         assert values_of(engine, "t") == values
         assert not verify_data_dir(engine).errors
@@ -147,7 +147,7 @@ def test_a_cold_copy_that_fails_verification_keeps_the_segment_hot_and_readable(
         assert engine.relocate_due() == 0
         segments = engine.segments("t", 0)
         assert len(segments) > 1 and all(s.tier == "hot" for s in segments)
-        assert all(engine.store.head(s.key) == s.size for s in segments)
+        assert all(engine.log.stores.hot.head(s.key) == s.size for s in segments)
         assert values_of(engine, "t") == values
     finally:
         abandon(engine)
@@ -205,9 +205,9 @@ def test_crash_at_every_step_of_relocation_loses_no_segment(torn: bool) -> None:
             assert all(v in written for _o, v in recovered)
             # Exactly one authoritative copy: the tier the metadata names holds every segment.
             for seg in engine.segments("t", 0) if engine.has_topic("t") else []:
-                assert engine.store_for(seg).head(seg.key) == seg.size, f"k={k}: {seg.key} missing from its tier"
+                assert engine.log.stores.store_for(seg).head(seg.key) == seg.size, f"k={k}: {seg.key} missing from its tier"
                 if seg.tier == "cold":
-                    assert engine.store.head(seg.key) is None, f"k={k}: leftover hot copy of {seg.key}"
+                    assert engine.log.stores.hot.head(seg.key) is None, f"k={k}: leftover hot copy of {seg.key}"
         finally:
             abandon(engine)
 
@@ -309,13 +309,13 @@ def test_a_second_relocation_of_a_segment_already_switched_keeps_the_cold_copy(t
         values = fill(engine, "t", 60)
         seg = engine.segments("t", 0)[0]
         stale = dataclasses.replace(seg)  # the second relocation's view: still hot
-        hot_bytes = engine.store.get(seg.key)
+        hot_bytes = engine.log.stores.hot.get(seg.key)
         p = engine.catalog.partition("t", 0)
-        relocator = engine._relocator
+        relocator = engine.log.parts.relocator
         assert relocator is not None
         relocator.relocate(p, seg)  # the first one switches it to cold and deletes the hot copy
         assert engine.segments("t", 0)[0].tier == "cold"
-        engine.store.put(seg.key, [hot_bytes])  # the second one read the hot copy before that
+        engine.log.stores.hot.put(seg.key, [hot_bytes])  # the second one read the hot copy before that
         relocator.relocate(p, stale)
         assert cold.head(seg.key) == seg.size  # the authoritative copy is still there
         assert values_of(engine, "t") == values

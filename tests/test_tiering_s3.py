@@ -56,7 +56,7 @@ def test_relocate_to_s3_and_read_back(tmp_path: Path, moto_endpoint: str, bucket
         assert engine.wait_relocations()
         segments = engine.segments("t", 0)
         assert [s.tier for s in segments] == ["cold"] * (len(segments) - 1) + ["hot"]
-        assert all(engine.store.head(s.key) is None for s in segments[:-1])
+        assert all(engine.log.stores.hot.head(s.key) is None for s in segments[:-1])
         assert all_values(engine) == values
         assert not verify_data_dir(engine).errors
     finally:

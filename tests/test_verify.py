@@ -256,5 +256,5 @@ def test_read_tail_still_works_after_data_flip(data_dir: Path) -> None:
     report = run_verify(data_dir)
     assert report.bad_segments == [keys[0]]  # no spurious chain errors on the segments after it
     with loglake.open(str(data_dir), wal_shards=1) as log:
-        trailer, _ = read_tail(log.engine.store, keys[0])
+        trailer, _ = read_tail(log.engine.log.stores.hot, keys[0])
     assert trailer.base_offset == 0

@@ -46,7 +46,7 @@ def test_an_idle_partition_is_sealed_when_the_wal_passes_its_bound(tmp_path: Pat
     try:
         assert idle_sealed == 1  # its one record went into a segment
         assert files * FILE_BYTES <= bound + FILE_BYTES, files
-        assert engine._maintenance is not None and engine._maintenance.wal_bound_seals >= 1
+        assert engine.log.maintenance is not None and engine.log.maintenance.wal_bound_seals >= 1
     finally:
         engine.close()
     # everything is still there after a restart

@@ -272,11 +272,16 @@ class MetaRecordRejectedError(LoglakeError, ValueError):
     it alike, and its writer's append future fails with it."""
 
 
-class ClusterUnsupportedError(LoglakeError):
-    """What cluster mode does not offer (yet): transactions, DeleteRecords, compaction runs, ...
-    Refused with a clear message instead of half working (docs/CLUSTER.md lists them)."""
+class FeatureUnsupportedError(LoglakeError):
+    """What this engine's partition log does not offer (cluster mode: transactions, DeleteRecords,
+    compaction runs, ...): refused with a clear message and the feature's Kafka error code, from
+    one table (loglake.engine.partition_log), instead of half working or doing nothing."""
 
-    kafka_code = ErrorCode.UNSUPPORTED_VERSION
+    kafka_code: int = ErrorCode.UNSUPPORTED_VERSION
+
+    def __init__(self, message: str, kafka_code: int = ErrorCode.UNSUPPORTED_VERSION) -> None:
+        super().__init__(message)
+        self.kafka_code = kafka_code
 
 
 class NodeIdInUseError(LoglakeError):

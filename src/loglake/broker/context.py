@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loglake.broker.config import BrokerConfig
 from loglake.broker.metrics import Metrics
 from loglake.engine import Engine
+from loglake.engine.view import ClusterView
 
 if TYPE_CHECKING:
     from loglake.broker.authorizer import Authorizer
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
+    from loglake.broker.group_reload import GroupCoordination
+    from loglake.broker.groups import GroupCoordinator
     from loglake.broker.mutation_quota import MutationQuotas
     from loglake.broker.quotas import QuotaManager
 
@@ -30,7 +33,8 @@ class BrokerContext:
     advertised_host: str
     advertised_port: int
     metrics: Metrics
-    coordinator: Any = None  # loglake.broker.groups.GroupCoordinator, set by the server
+    #: the group coordinator and its store, replaced when the live set changes (set by the server)
+    groups: GroupCoordination | None = None
     #: loglake.broker.txn.TxnCoordinator, set by the server
     txn: Any = None
     #: The broker's settings with their dynamic layers (DescribeConfigs/AlterConfigs on BROKER), set by the server.
@@ -47,20 +51,22 @@ class BrokerContext:
     quotas: QuotaManager | None = None
     #: controller_mutation_rate token buckets (loglake.broker.mutation_quota), set by the server.
     mutation_quotas: MutationQuotas | None = None
-    #: Cluster mode's view of the cluster (loglake.cluster.leadership.Leadership: live brokers,
-    #: partition leaders, group coordinators), set by the server; None on a single-node broker.
-    cluster: Any = None
-    #: Cluster mode: the fenced group store of the current coordinator (loglake.broker.cluster_groups)
-    #: and what reloads the coordinator (loglake.broker.cluster.CoordinatorReloader); None otherwise.
-    group_fence: Any = None
-    group_reloader: Any = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )
 
     @property
     def node_id(self) -> int:
-        return self.config.node_id
+        return self.engine.view.node_id
+
+    @property
+    def view(self) -> ClusterView:
+        """Who is alive, who leads a partition, who coordinates a group (loglake.engine.view)."""
+        return self.engine.view
+
+    @property
+    def coordinator(self) -> GroupCoordinator | None:
+        return self.groups.coordinator if self.groups is not None else None
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking engine work (topic admin, waits for memory) off the event loop."""

@@ -38,7 +38,7 @@ async def send_file_range(conn: Any, buf: Any) -> None:
     except OSError as exc:
         engine = conn.server.engine
         if exc.errno == errno.EIO and engine is not None:
-            engine.reader.file_range_failed(buf.path, exc)
+            engine.report_file_range_failure(buf.path, exc)
         raise
 
 

@@ -1,25 +1,25 @@
 """The broker process: listeners, the context every handler gets, start-up and shutdown.
 
-`BrokerServer.start` opens the engine (single-node, or cluster mode's over etcd and the bucket:
-`loglake.broker.cluster`), builds what the handlers share (`BrokerContext`: group and transaction
-coordinators, authorizer, quotas, fetch sessions) and starts one asyncio server per listener;
-every accepted socket becomes a `loglake.broker.connection.Connection`, whose docstring tells how
-requests are read, handled and answered.
+`BrokerServer(config, engine)` serves an engine it is given (a single node's, or cluster mode's
+over etcd and the bucket: the caller composes it, loglake.cli.serve; tests run it in-process).
+`start` opens the engine, binds the listeners, joins the cluster view with the advertised ones,
+builds what the handlers share (`BrokerContext`: group and transaction coordinators, authorizer,
+quotas, fetch sessions) and starts one asyncio server per listener; every accepted socket becomes
+a `loglake.broker.connection.Connection`, whose docstring tells how requests are read, handled
+and answered. The broker never asks which mode it runs in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
 import os
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any
 
-from loglake.broker import cluster, overload
+from loglake.broker import overload
 from loglake.broker.authorized import TOPIC
 from loglake.broker.authorizer import AclOperation, broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
@@ -29,6 +29,9 @@ from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.gcstats import GcStats, freeze_startup_objects
 from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
+from loglake.broker.group_reload import GroupCoordination
+from loglake.broker.groups import GroupCoordinator, MetaGroupLog, MetaGroupStore
+from loglake.broker.groups.store import GroupStoreFactory, ReloadableGroupStore
 from loglake.broker.listeners import (
     PLAINTEXT,
     WILDCARD_HOSTS,
@@ -59,10 +62,15 @@ LOG_FLUSH_INTERVAL_S = 1.0
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, engine: Engine, group_stores: GroupStoreFactory | None = None) -> None:
+        """`engine`: not open yet (`start` opens it, so health endpoints answer during recovery).
+        `group_stores`: how a group coordinator's store is made (cluster mode: fenced in etcd);
+        by default the engine's metadata store's group records."""
         config.validate()
         self.config = config
-        self.engine: Engine | None = None
+        self._engine = engine
+        self._group_stores = group_stores or (lambda _on_lost: MetaGroupStore(MetaGroupLog(engine.meta)))
+        self.engine: Engine | None = None  # once open
         self.ctx: BrokerContext
         self._servers: list[asyncio.Server] = []
         self._metrics_server: asyncio.Server | None = None
@@ -100,7 +108,7 @@ class BrokerServer:
             # Before anything is opened: a key that cannot be read is a configuration error.
             c = self.config
             self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
-        engine = cluster.make_engine(self.config)
+        engine = self._engine
         if self.config.metrics_listen:
             # Health endpoints answer during recovery (readyz: 503 until it is done).
             mhost, mport = parse_host_port(self.config.metrics_listen, "--metrics-listen")
@@ -111,7 +119,7 @@ class BrokerServer:
                 self._metrics_server = await serve_metrics(
                     mhost,
                     mport,
-                    lambda: self.metrics.render(self.engine, getattr(self.ctx, "coordinator", None))
+                    lambda: self.metrics.render(self.engine, self.ctx.coordinator if hasattr(self, "ctx") else None)
                     if self.engine is not None and self.metrics.ready
                     else self.metrics.render(),
                     lambda: self.metrics.ready,
@@ -150,8 +158,8 @@ class BrokerServer:
             self.endpoints.append((lst, (adv_host, adv_port)))
         adv_host, adv_port = self.endpoints[0][1]
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
-        # cluster mode: register with the advertised listeners, lead, move group coordinators
-        await cluster.join(self.ctx, [lst.url(*adv) for lst, adv in self.endpoints], lambda store: self._make_coordinator(engine, store))
+        # take part in the cluster with the advertised listeners (a single node: nothing to register)
+        await loop.run_in_executor(None, engine.join, [lst.url(*adv) for lst, adv in self.endpoints])
         self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
@@ -169,19 +177,12 @@ class BrokerServer:
         self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
         self.ctx.authorizer = broker_authorizer(self.config, engine)
-        self.ctx.coordinator = self._make_coordinator(engine, await cluster.fenced_store(self.ctx))
-        authz = self.ctx.authorizer
-        if authz is not None and hasattr(self.ctx.coordinator, "set_topic_filter"):
-            # KIP-848 regex subscriptions select only the topics the member may DESCRIBE
-            self.ctx.coordinator.set_topic_filter(
-                lambda principal, host, names: [
-                    n for n in names if authz.authorize(principal, host, AclOperation.DESCRIBE, TOPIC, n)
-                ],
-                lambda: authz.generation,
-            )
+        groups = GroupCoordination(engine.view, self._group_stores, lambda store: self._make_coordinator(engine, store), self.ctx.off_loop)
+        self.ctx.groups = groups
+        await groups.start()
         self.ctx.txn = TxnCoordinator(
             engine,
-            self.ctx.coordinator,
+            groups.coordinator,
             TxnSettings(
                 self.config.transaction_max_timeout_ms,
                 self.config.transactional_id_expiration_ms,
@@ -200,13 +201,7 @@ class BrokerServer:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
 
-    def _make_coordinator(self, engine: Engine, fenced: Any = None) -> Any:
-        try:
-            groups: Any = importlib.import_module("loglake.broker.groups")
-        except ModuleNotFoundError:
-            log.warning("consumer groups are not available in this build")
-            return None
-
+    def _make_coordinator(self, engine: Engine, store: ReloadableGroupStore) -> GroupCoordinator:
         def topic_exists(name: str, partition: int) -> bool:
             try:
                 return 0 <= partition < engine.topic(name).partitions
@@ -219,9 +214,7 @@ class BrokerServer:
         retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
         group_configs = self.ctx.group_configs
         assert group_configs is not None  # made just before the coordinator
-        # cluster mode: `fenced` claimed and loaded only the groups this broker coordinates
-        store = fenced if fenced is not None else groups.MetaGroupStore(groups.MetaGroupLog(engine.meta))
-        return groups.GroupCoordinator(
+        coordinator = GroupCoordinator(
             store,
             topic_exists=topic_exists,
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
@@ -232,6 +225,16 @@ class BrokerServer:
             topic_catalog=topic_catalog,
             group_overrides=group_configs.overrides,
         )
+        authz = self.ctx.authorizer
+        if authz is not None:
+            # KIP-848 regex subscriptions select only the topics the member may DESCRIBE
+            coordinator.set_topic_filter(
+                lambda principal, host, names: [
+                    n for n in names if authz.authorize(principal, host, AclOperation.DESCRIBE, TOPIC, n)
+                ],
+                lambda: authz.generation,
+            )
+        return coordinator
 
     async def _flush_logs(self) -> None:
         """Write the summaries of rate-limited warnings once their window is over."""
@@ -287,9 +290,9 @@ class BrokerServer:
         for conn in list(self._connections):
             conn.closing = True
             conn._close_transport()
-        coordinator = getattr(getattr(self, "ctx", None), "coordinator", None)
-        if coordinator is not None:
-            coordinator.close()
+        groups = getattr(getattr(self, "ctx", None), "groups", None)
+        if groups is not None:
+            groups.close()
         txn = getattr(getattr(self, "ctx", None), "txn", None)
         if txn is not None:
             txn.close()
@@ -305,8 +308,13 @@ class BrokerServer:
         log.info("shutdown complete")
 
 
-def run_server(config: BrokerConfig, on_listening: Callable[[Listener, tuple[str, int]], None] | None = None) -> int:
-    """Run the broker until SIGTERM/SIGINT; returns the process exit code."""
+def run_server(
+    config: BrokerConfig,
+    engine: Engine,
+    group_stores: GroupStoreFactory | None = None,
+    on_listening: Callable[[Listener, tuple[str, int]], None] | None = None,
+) -> int:
+    """Run the broker over `engine` until SIGTERM/SIGINT; returns the process exit code."""
     import signal
 
     if config.event_loop == "uvloop":  # validate() checked that it is installed
@@ -316,7 +324,7 @@ def run_server(config: BrokerConfig, on_listening: Callable[[Listener, tuple[str
     log.info("event loop: %s", config.event_loop)
 
     async def main() -> int:
-        server = BrokerServer(config)
+        server = BrokerServer(config, engine, group_stores)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -11,8 +12,12 @@ import typer
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
 from loglake.cli.startup import check_space, explain
+from loglake.engine import Engine
+from loglake.engine.engine import local_parts
+from loglake.fs.os_fs import OsFileSystem
 
 if TYPE_CHECKING:
+    from loglake.broker.groups.store import GroupStoreFactory
     from loglake.broker.listeners import Listener
 
 log = logging.getLogger(__name__)
@@ -204,4 +209,18 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
         where = f"{listener.host}:{listener.port}"
         print(f"loglake listening on {where if listener.protocol == PLAINTEXT else listener.url()}", flush=True)
 
-    return run_server(config, announce)
+    served, group_stores = compose(config)
+    return run_server(config, served, group_stores, announce)
+
+
+def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
+    """The engine `serve` runs (not open yet), and how its group coordinators' stores are made:
+    the one place that reads which mode the broker runs in (`--cluster`)."""
+    if config.cluster is not None:
+        from loglake.cluster.node import cluster_node
+
+        return cluster_node(config)
+    data_dir = os.path.abspath(config.data_dir)
+    engine_config = config.engine_config()
+    parts = local_parts(data_dir, engine_config, fs=OsFileSystem(), node_id=config.node_id, rack=config.rack)
+    return Engine(data_dir, engine_config, parts=parts), None

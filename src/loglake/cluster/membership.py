@@ -21,13 +21,12 @@ the server decides (restart its cluster role with a fresh lease).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from loglake.errors import ConfigError, CorruptionError, EtcdUnavailableError, NodeIdInUseError
+from loglake.engine.view import BrokerInfo
+from loglake.errors import ConfigError, EtcdUnavailableError, NodeIdInUseError
 from loglake.meta import etcd_client as ec
 from loglake.meta.etcd_client import EtcdClient, prefix_end
 
@@ -47,31 +46,6 @@ KEEPALIVES_PER_TTL = 3
 POLL_INTERVAL_S = 1.0
 #: Most live brokers read (one range page; a loglake cluster is far smaller).
 BROKERS_MAX = 1000
-
-
-@dataclass(frozen=True)
-class BrokerInfo:
-    node_id: int
-    listeners: tuple[str, ...]  # advertised, as Kafka's advertised.listeners entries
-    rack: str | None = None
-
-    def encode(self) -> bytes:
-        return json.dumps(
-            {"node_id": self.node_id, "listeners": list(self.listeners), "rack": self.rack}
-        ).encode()
-
-    @staticmethod
-    def decode(raw: bytes, *, where: str) -> BrokerInfo:
-        try:
-            doc = json.loads(raw)
-            rack = doc.get("rack")
-            return BrokerInfo(
-                int(doc["node_id"]),
-                tuple(str(x) for x in doc["listeners"]),
-                None if rack is None else str(rack),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptionError(where, 0, f"broker registration does not parse: {exc!r}") from None
 
 
 Listener = Callable[[dict[int, BrokerInfo]], None]

@@ -120,17 +120,3 @@ class ClusterMetaPublisher:
                 self.store.delete(key)
             except LoglakeError as exc:
                 log.info("could not delete old metadata checkpoint %s: %s", key, exc)
-
-
-def start_publisher(engine: Any) -> ClusterMetaPublisher:
-    """The publisher of a joined ClusterEngine: it publishes while its node id is the lowest
-    live one (as the sweep), at the single-node publish interval."""
-    node_id = engine.cluster.node_id
-
-    def publishes() -> bool:
-        live = engine.leadership.live_ids() if engine.leadership is not None else set()
-        return bool(live) and node_id == min(live)
-
-    publisher = ClusterMetaPublisher(engine.etcd, engine.bucket, publishes)
-    publisher.start()
-    return publisher

@@ -1,53 +1,35 @@
-"""Appends: validate Kafka batches, assign offsets, queue them to the WAL, buffer them.
+"""The local log's appends: assign offsets, queue to the WAL, buffer for readers and the sealer.
 
-The broker's Produce path: `append_batch` checks each batch's header and CRC without decoding
-records, patches base offsets under the partition's lock, queues one WAL entry and returns a
-future resolved when the topic's durability class is met (group commit on the WAL shard). The
-append goes into the partition's unsealed buffer at once; readers see it once the high
-watermark passes it. Idempotent producers' retries are answered with their first offsets.
+`Appender.append` takes batches the engine already checked (loglake.engine.produce: header,
+size, CRC, compacted keys, re-compression), patches base offsets and leader epochs under the
+partition's lock, queues one WAL entry and returns a future resolved when the topic's durability
+class is met (group commit on the WAL shard). The append goes into the partition's unsealed
+buffer at once; readers see it once the high watermark passes it. Idempotent producers' retries
+are answered with their first offsets (the rules: `ProducerStates.check_batches` / `record_batches`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
 
 from loglake import canary
 from loglake.engine.catalog import Catalog
-from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition
+from loglake.engine.partition_log import Batches
 from loglake.engine.seal import Sealer
 from loglake.engine.types import AppendResult
-from loglake.errors import (
-    CorruptRecordError,
-    EngineFailedError,
-    RecordTooLargeError,
-    StorageFullError,
-    UnknownTopicError,
-)
-from loglake.records.batch import (
-    new_builder,
-    peek_header,
-    set_log_append_time,
-    set_offset_and_epoch,
-    split_batches,
-)
-from loglake.records.compression import codec_from_name
-from loglake.records.decode import iter_records
+from loglake.errors import EngineFailedError, StorageFullError, UnknownTopicError
+from loglake.records.batch import peek_header, set_log_append_time, set_offset_and_epoch
 from loglake.wal.shard import Durability, WalEntry, WalShard
 
-__all__ = ["Appender", "PairTuple", "RecordTuple"]
+__all__ = ["Appender"]
 
 log = logging.getLogger(__name__)
-
-RecordTuple = tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
-#: produce_batch's records: (key, value) or (key, value, headers), stamped with the append's time.
-PairTuple = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 
 
 class Appender:
@@ -56,6 +38,7 @@ class Appender:
         catalog: Catalog,
         pool: MemoryPool,
         sealer: Sealer,
+        shards: list[WalShard],
         config: EngineConfig,
         clock: Callable[[], float],
         check_open: Callable[[], None],
@@ -65,132 +48,29 @@ class Appender:
         self.catalog = catalog
         self.pool = pool
         self.sealer = sealer
+        self.shards = shards
         self.config = config
         self._clock = clock
         self._check_open = check_open
         #: the free-space reserve's gate (SpaceGuard.admit): StorageFullError while storage is full
         self._admit = admit
-        self.shards: list[WalShard] = []  # set once recovery started them
         #: the first WAL failure: the engine stops accepting writes
         self.failure: BaseException | None = None
-
-    def append_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[AppendResult]:
-        """Append one or more Kafka v2 RecordBatches as sent by a producer.
-
-        The batches are validated (header, size, CRC) but their records are not decoded; offsets
-        are assigned by patching each batch's base offset. A bytearray argument is taken over
-        and patched in place. The future resolves once the topic's durability class is met.
-        A compacted topic refuses batches holding a record without a key (MissingKeyError).
-        """
-        self._check_open()
-        p = self.catalog.partition(topic, partition)
-        config = self.catalog.topic(topic).config
-        if config.durability != Durability.EPHEMERAL:
-            self._admit(len(data))  # before anything is assigned or queued: nothing half-written
-        batches = split_batches(data, max_batch_bytes=config.max_message_bytes)
-        if not batches:
-            raise CorruptRecordError(f"append to {topic}-{partition}: no record batch in {len(data)} bytes")
-        if config.compacted:
-            check_batches(topic, partition, data, batches)
-        buf = data if isinstance(data, bytearray) else bytearray(data)
-        if config.compression_type not in ("producer",) and any(
-            h.compression != self._codec_of(config) for _, h in batches
-        ):
-            buf, batches = self._recompress(buf, batches, self._codec_of(config))
-        return self._append(p, config, buf, batches)
-
-    def append_control(self, p: Partition, data: bytearray) -> Future[AppendResult]:
-        """Append a control batch the engine built (a transaction marker; engine/txn.py)."""
-        self._check_open()
-        return self._append(p, self.catalog.topic(p.topic).config, data, split_batches(data))
 
     def append_gap(self, p: Partition, data: bytearray) -> Future[AppendResult]:
         """Append an empty batch the engine built to keep lost offsets reserved (engine/acked.py):
         no records, so it bypasses the produce path's record-count check."""
         self._check_open()
-        return self._append(p, self.catalog.topic(p.topic).config, data, [(0, peek_header(data))])
+        return self.append(p, self.catalog.topic(p.topic).config, data, [(0, peek_header(data))], produced=False)
 
-    @staticmethod
-    def _codec_of(config: TopicConfig) -> int:
-        return 0 if config.compression_type == "uncompressed" else codec_from_name(config.compression_type)
-
-    def _recompress(self, buf: bytearray, batches: list[Any], codec: int) -> tuple[bytearray, list[Any]]:
-        """compression.type set on the topic: rewrite batches in that codec, as Kafka's broker does."""
-        out: list[bytes] = []
-        for pos, h in batches:
-            if h.is_control:
-                out.append(bytes(buf[pos : pos + h.size]))
-                continue
-            builder = new_builder(
-                compression=codec,
-                producer_id=h.producer_id,
-                producer_epoch=h.producer_epoch,
-                base_sequence=h.base_sequence,
-                is_transactional=h.is_transactional,
-                timestamp_type=h.timestamp_type,
-            )
-            for rec in iter_records(buf, pos):
-                builder.append(rec.timestamp, rec.key, rec.value, rec.headers)
-            out.append(builder.build())
-        new = bytearray(b"".join(out))
-        return new, split_batches(new)
-
-    def append_records(
-        self,
-        topic: str,
-        partition: int,
-        records: Iterable[RecordTuple],
-        *,
-        compression: int | None = None,
+    def append(
+        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, *, produced: bool = True
     ) -> Future[AppendResult]:
-        """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
-        return self._build_and_append(topic, partition, records, compression, "append_records")
-
-    def append_pairs(
-        self,
-        topic: str,
-        partition: int,
-        records: Iterable[PairTuple],
-        *,
-        compression: int | None = None,
-    ) -> Future[AppendResult]:
-        """Build one batch from (key, value) or (key, value, headers) tuples, all stamped now,
-        and append it: the embedded produce_batch, with no tuple rebuilt per record."""
-        return self._build_and_append(topic, partition, records, compression, "append_pairs")
-
-    def _build_and_append(
-        self, topic: str, partition: int, records: Iterable[Any], compression: int | None, what: str
-    ) -> Future[AppendResult]:
-        """`what` is append_records (RecordTuple: the builder's append_all) or append_pairs
-        (PairTuple: its append_pairs)."""
-        self._check_open()
-        config = self.catalog.topic(topic).config
-        if config.durability != Durability.EPHEMERAL:
-            self._admit(0)
-        pairs = what == "append_pairs"
-        if config.compacted:
-            records = list(records)
-            check_keys(topic, partition, (rec[0 if pairs else 1] for rec in records))
-        if compression is None:
-            compression = 0 if config.compression_type == "producer" else self._codec_of(config)
-        builder = new_builder(compression=compression)
-        now = int(self._clock() * 1000)
-        if pairs:
-            builder.append_pairs(records, now)
-        else:
-            builder.append_all(records, now)
-        if len(builder) == 0:
-            raise CorruptRecordError(f"{what}: no records")
-        data = bytearray(builder.build())
-        if len(data) > config.max_message_bytes:
-            raise RecordTooLargeError(
-                f"batch of {len(data)} bytes exceeds max.message.bytes={config.max_message_bytes} of {topic}"
-            )
-        # One batch, built here: its header is read back, its CRC not checked again.
-        return self._append(self.catalog.partition(topic, partition), config, data, [(0, peek_header(data))])
-
-    def _append(self, p: Partition, config: TopicConfig, buf: bytearray, batches: list[Any]) -> Future[AppendResult]:
+        """Append checked batches; `buf` is taken over (patched in place). `produced`: a client's
+        batches, refused while storage is full; the engine's own (markers, gaps) are always taken."""
         size = len(buf)
+        if produced and config.durability != Durability.EPHEMERAL:
+            self._admit(size)  # before anything is assigned or queued: nothing half-written
         self.pool.reserve(size, self.config.memory_wait_ms / 1000.0)
         fut: Future[AppendResult] = Future()
         durability = config.durability
@@ -200,7 +80,7 @@ class Appender:
             with p.lock:
                 if p.deleted:
                     raise UnknownTopicError(f"topic {p.topic!r} was deleted")
-                duplicate = self._check_producers(p, batches)
+                duplicate = p.producers.check_batches(h for _, h in batches)
                 if duplicate is not None:
                     self.pool.release(size)
                     return self._answer_duplicate(p, duplicate)
@@ -217,13 +97,8 @@ class Appender:
                         max_ts = max(max_ts, log_append_time)
                     else:
                         max_ts = max(max_ts, header.max_timestamp)
-                    if header.producer_id >= 0 and header.base_sequence >= 0:
-                        p.producers.record(
-                            header.producer_id, header.producer_epoch, header.base_sequence, header.record_count, offset
-                        )
-                    elif header.producer_id >= 0 and header.is_control:
-                        p.producers.fence(header.producer_id, header.producer_epoch)
                     offset += header.last_offset_delta + 1
+                p.producers.record_batches((h for _, h in batches), base)
                 end = offset
                 item = BufferedAppend(base, end, buf, tuple(pos for pos, _ in batches), max_ts, time.monotonic())
                 result = AppendResult(p.topic, p.index, base, end - 1, log_append_time, p.log_start_offset)
@@ -255,18 +130,6 @@ class Appender:
         ):
             self.sealer.schedule(p)
         return fut
-
-    @staticmethod
-    def _check_producers(p: Partition, batches: list[Any]) -> tuple[int, int] | None:
-        """Idempotent producers: (base, last) of the original append if this is a retry."""
-        for _pos, header in batches:
-            if header.producer_id >= 0 and header.base_sequence >= 0:
-                duplicate = p.producers.check(
-                    header.producer_id, header.producer_epoch, header.base_sequence, header.record_count
-                )
-                if duplicate is not None:
-                    return duplicate
-        return None
 
     def _answer_duplicate(self, p: Partition, offsets: tuple[int, int]) -> Future[AppendResult]:
         """A retried batch: answer with its first offsets once they are durable, append nothing."""

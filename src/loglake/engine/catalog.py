@@ -39,7 +39,6 @@ from loglake.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
-from loglake.meta.quotas import EntityKey, client_quota_body
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
 
@@ -312,79 +311,6 @@ class Catalog:
     def record_log_start(self, p: Partition, offset: int) -> Future[int]:
         """Raise the log start offset; whole segments ending at or below it leave the chain."""
         return self.meta.append("log_start", {"id": p.topic_id.hex(), "p": p.index, "offset": offset})
-
-    # ---- consumer groups (owned by the broker's coordinator; opaque here) ----------------------
-
-    def group_metadata(self) -> dict[str, dict[str, Any]]:
-        read = getattr(self.meta, "read", None)
-
-        def copy(state: MetaState) -> dict[str, dict[str, Any]]:
-            return {
-                g: {"offsets": {tp: list(row) for tp, row in gm.offsets.items()}, "state": gm.state}
-                for g, gm in state.groups.items()
-            }
-
-        return read(copy) if read is not None else copy(self.state)
-
-    def commit_group_offsets(self, group_id: str, rows: list[tuple[str, int, int, int, str, int]]) -> Future[int]:
-        return self.meta.append("offset_commit", {"g": group_id, "rows": [list(r) for r in rows]})
-
-    def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[int]:
-        return self.meta.append("offset_expire", {"g": group_id, "tps": [list(tp) for tp in partitions]})
-
-    def delete_group_metadata(self, group_id: str) -> Future[int]:
-        return self.meta.append("group_deleted", {"g": group_id})
-
-    def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
-        return self.meta.append("group_state", {"g": group_id, "state": state})
-
-
-    # ---- dynamic configs (broker and group resources; the broker owns their meaning) ------------
-
-    def dynamic_configs(self, kind: str) -> dict[str, dict[str, str]]:
-        """A copy of the dynamic configs of `kind` ("broker": by scope, "group": by group id)."""
-        read = getattr(self.meta, "read", None)
-
-        def copy(state: MetaState) -> dict[str, dict[str, str]]:
-            table = state.broker_configs if kind == "broker" else state.group_configs
-            return {key: dict(configs) for key, configs in table.items()}
-
-        return read(copy) if read is not None else copy(self.state)
-
-    def save_dynamic_configs(self, kind: str, key: str, configs: dict[str, str]) -> Future[int]:
-        """Replace the dynamic configs of one broker scope or group ({} removes them)."""
-        if kind == "broker":
-            return self.meta.append("broker_config", {"scope": key, "configs": dict(configs)})
-        return self.meta.append("group_config", {"g": key, "configs": dict(configs)})
-
-    def client_quotas(self) -> dict[EntityKey, dict[str, float]]:
-        """A copy of the client quota configs (loglake.meta.quotas)."""
-        read = getattr(self.meta, "read", None)
-
-        def copy(state: MetaState) -> dict[EntityKey, dict[str, float]]:
-            return {key: dict(values) for key, values in state.client_quotas.items()}
-
-        return read(copy) if read is not None else copy(self.state)
-
-    def save_client_quota(self, key: EntityKey, values: dict[str, float] | None) -> Future[int]:
-        """Replace one client quota entity's configs (None or {} removes the entity)."""
-        return self.meta.append("client_quota", client_quota_body(key, values))
-
-
-    # ---- ACL bindings (loglake.meta.acls; the broker's authorizer owns their meaning) ---------
-
-    def acl_bindings(self) -> list[tuple[int, str, int, str, str, int, int]]:
-        """The ACL bindings, in creation order."""
-        read = getattr(self.meta, "read", None)
-
-        def copy(state: MetaState) -> list[tuple[int, str, int, str, str, int, int]]:
-            return list(state.acls)
-
-        return read(copy) if read is not None else copy(self.state)
-
-    def save_acls(self, created: list[list[Any]], deleted: list[list[Any]]) -> Future[int]:
-        """Record ACL bindings created and deleted (one `acls` record)."""
-        return self.meta.append("acls", {"created": created, "deleted": deleted})
 
 
 def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list[int]]:

@@ -105,6 +105,8 @@ class Cleaner:
         clock: Callable[[], float],
         config: EngineConfig,
         store_urls: dict[str, str | None] | None = None,
+        *,
+        before_delete: Callable[[], object] | None = None,
     ) -> None:
         self.catalog = catalog
         self.stores = stores
@@ -113,7 +115,7 @@ class Cleaner:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.limiter = RateLimiter(config.cleaner_io_max_bytes_per_second, self._stop)
-        self.rewriter = Rewriter(catalog, stores, indexes)
+        self.rewriter = Rewriter(catalog, stores, indexes, before_delete)
         self.stats = CleanerStats()
         #: (topic, partition) -> {"last_run_ms", "dirty_ratio", "errors"} of the last pass
         self.partition_stats: dict[tuple[str, int], dict[str, Any]] = {}

@@ -64,7 +64,7 @@ class CorruptMark:
 class Corruption:
     """Corrupt segments found while running, by partition; counters for /metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, alive: Callable[[str, int, str], bool] | None = None) -> None:
         self._lock = threading.Lock()
         self._marks: OrderedDict[str, CorruptMark] = OrderedDict()
         self._log = RateLimitedLog(log, CORRUPTION_LOG_INTERVAL_S)
@@ -72,7 +72,7 @@ class Corruption:
         self.reads_refused = 0
         self.repairs = 0
         #: (topic, partition, segment key) -> whether the segment is still part of the partition
-        self.alive: Callable[[str, int, str], bool] | None = None
+        self.alive = alive
 
     def report(self, exc: CorruptBatchError, key: str, source: str) -> None:
         """Log (once per segment and batch), count and mark."""

@@ -1,23 +1,26 @@
-"""The engine facade: lifecycle, and the public API over the engine's parts.
+"""The engine: one class for both modes, composed of a metadata store, a partition log and a
+cluster view (DESIGN.md §8)::
 
-The engine core is I/O-agnostic toward its callers: appends return
-`concurrent.futures.Future`s (the broker awaits them, the embedded `Log` blocks on them).
+                 Engine (this module: lifecycle, topics, produce checks, transactions)
+        ┌──────────────┬─────────────────┬────────────────┬──────────────┐
+     Catalog       PartitionLog       ClusterView       MetaStore
+   (topics over    local: WAL +       single: "me"      local log +
+    the MetaStore)   segments         etcd: leases,     checkpoints;
+                   shared: flush        leaders,        etcd
+                    objects + etcd      coordinators
+                    ranges
+
+The single node's parts (`local_parts`) are what `Engine(data_dir, config)` builds; cluster mode
+builds its own (loglake.cluster.node) and passes them as `parts`. The engine never asks which
+mode it runs in: what one partition log cannot do it refuses through its table (`require`,
+loglake.engine.partition_log), with a Kafka error code.
+
+The engine core is I/O-agnostic toward its callers: appends return `concurrent.futures.Future`s
+(the broker awaits them, the embedded `Log` blocks on them). Methods called before `open` or
+after `close` raise EngineClosedError.
 
 Invariant, stated once: data acknowledged is never lost; loss of unacknowledged data is
 explicit (a recovery report, a log line), never silent.
-
-The parts, each in its own module, with dependencies pointing one way (top to bottom)::
-
-    engine (this facade: lifecycle, wiring)
-      ├─ maintenance   one thread: age/size/pressure seals, retention, relocation, checkpoints,
-      │                WAL truncation, publishing metadata to the stores
-      ├─ tiering       relocation of sealed segments to the cold store
-      ├─ append        batches → offsets → WAL → unsealed buffers
-      ├─ read          memory, hot and cold segments
-      ├─ seal          buffers → segment objects + `segment_published` records
-      ├─ recovery      metadata → store reconciliation → WAL replay (at open)
-      ├─ stores, cold  where segments live and how cold ones are read
-      └─ catalog       topics and partitions over the MetaStore (every durable change a record)
 """
 
 from __future__ import annotations
@@ -27,59 +30,122 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 from loglake import canary
-from loglake.engine.acked import AckedRecorder, fill_losses
-from loglake.engine.append import Appender, PairTuple, RecordTuple
+from loglake.engine import txn
 from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
-from loglake.engine.config import EngineConfig
-from loglake.engine.corrupt import BatchChecker, Corruption
-from loglake.engine.epochs import write_clean_mark
+from loglake.engine.config import EngineConfig, TopicConfig
+from loglake.engine.corrupt import Corruption
 from loglake.engine.ioerrors import ReadErrors
-from loglake.engine.maintenance import Maintenance
+from loglake.engine.local_log import LocalPartitionLog
 from loglake.engine.memory import MemoryPool
-from loglake.engine.partition import SegmentRef
-from loglake.engine.read import Reader
-from loglake.engine.recovery import recover
-from loglake.engine.scrubber import Scrubber
-from loglake.engine.seal import Sealer
-from loglake.engine.space import SpaceGuard
-from loglake.engine.stores import IndexCache, Stores
-from loglake.engine.tiering import Relocator
-from loglake.engine.topics_api import TopicsMixin
-from loglake.engine.txn_api import TxnEngineMixin
-from loglake.engine.types import AppendResult, ReadResult, RecoveryReport
-from loglake.errors import (
-    ConfigError,
-    EngineClosedError,
-    EngineFailedError,
-    StorageFullError,
+from loglake.engine.partition import Partition, SegmentRef
+from loglake.engine.partition_log import Feature, PartitionLog, TierBytes, refusal
+from loglake.engine.produce import (
+    PairTuple,
+    RecordTuple,
+    built_from_pairs,
+    built_from_records,
+    checked_batches,
 )
+from loglake.engine.scrubber import Scrubber
+from loglake.engine.space import SpaceGuard
+from loglake.engine.types import (
+    AppendResult,
+    PartitionInfo,
+    ProducerDescription,
+    ReadResult,
+    RecoveryReport,
+    TopicInfo,
+)
+from loglake.engine.verify import Progress, VerifyReport
+from loglake.engine.view import ClusterView, SingleNodeView
+from loglake.errors import ConfigError, EngineClosedError, LoglakeError, UnknownTopicError
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
-from loglake.meta.layout import meta_dir, segments_dir, wal_dir
+from loglake.meta.layout import meta_dir, wal_dir
 from loglake.meta.lock import DataDirLock
 from loglake.meta.log import LocalMetaStore
-from loglake.meta.publish import MetaPublisher
+from loglake.meta.store import MetaStore
+from loglake.records.batch import peek_header, split_batches
 from loglake.store.base import ObjectStore
-from loglake.store.local import LocalStore
-from loglake.wal.recovery import shard_dir_name
-from loglake.wal.shard import WalFile, WalShard
+from loglake.wal.shard import WalShard
 
-__all__ = ["Engine", "RecordTuple", "TopicState", "open_engine"]
+__all__ = ["Engine", "EngineParts", "RecordTuple", "TopicState", "local_parts", "open_engine"]
 
 log = logging.getLogger(__name__)
 
+#: (result, last stable offset, aborted transactions [(producer id, first offset), ...])
+CommittedRead = tuple[ReadResult, int, list[tuple[int, int]]]
+#: Most batches one DescribeProducers call reads for last timestamps; producers past it report -1.
+PRODUCER_TIMESTAMP_READS_MAX = 1000
 
-class _UncleanClose(Exception):
-    """close() could not flush (storage full): skip the clean-shutdown mark."""
+
+@dataclass(frozen=True)
+class EngineParts:
+    """Everything an engine is composed of, built by one function per mode."""
+
+    fs: FileSystem
+    meta: MetaStore
+    catalog: Catalog
+    log: PartitionLog
+    view: ClusterView
+    space: SpaceGuard
 
 
-class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
+def local_parts(
+    data_dir: str,
+    config: EngineConfig,
+    *,
+    fs: FileSystem,
+    store: ObjectStore | None = None,
+    cold_store: ObjectStore | None = None,
+    clock: Callable[[], float] = time.time,
+    start_background: bool = True,
+    node_id: int = 0,
+    rack: str | None = None,
+) -> EngineParts:
+    """The single node's parts: the local metadata log, the WAL + segments log, "me, always"."""
+    #: the free-space reserve (loglake.engine.space): produce refused while storage is full
+    space = SpaceGuard(
+        fs,
+        data_dir,
+        min_free_bytes=config.storage_min_free_bytes,
+        min_free_percent=config.storage_min_free_percent,
+        check_interval_ms=config.storage_space_check_interval_ms,
+        also=[wal_dir(data_dir)],  # perhaps a device of its own (docs/OPERATIONS.md)
+    )
+    meta = LocalMetaStore(
+        fs,
+        meta_dir(data_dir),
+        checkpoint_records=config.meta_checkpoint_records,
+        checkpoint_bytes=config.meta_checkpoint_bytes,
+        log_file_bytes=config.meta_log_file_bytes,
+        on_full=space.wal_full,
+        on_healed=space.wal_healed,
+    )
+    catalog = Catalog(meta, config, clock)
+    partition_log = LocalPartitionLog(
+        data_dir,
+        config,
+        fs=fs,
+        meta=meta,
+        catalog=catalog,
+        space=space,
+        clock=clock,
+        store=store,
+        cold_store=cold_store,
+        start_background=start_background,
+    )
+    return EngineParts(fs, meta, catalog, partition_log, SingleNodeView(node_id, rack), space)
+
+
+class Engine(BrokerMetaMixin):
     def __init__(
         self,
         data_dir: str,
@@ -90,281 +156,72 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
         cold_store: ObjectStore | None = None,
         clock: Callable[[], float] = time.time,
         start_background: bool = True,
+        parts: EngineParts | None = None,
     ) -> None:
-        self.data_dir = os.path.abspath(data_dir) if fs is None else data_dir
+        """`parts`: cluster mode's (loglake.cluster.node); without them the single node's are
+        built over `data_dir` (`fs`, `store`, `cold_store`: a test's filesystem and stores)."""
+        self.data_dir = os.path.abspath(data_dir) if fs is None and parts is None else data_dir
         self.config = config or EngineConfig()
         self.config.validate()
-        self.fs = fs or OsFileSystem()
         self._clock = clock
-        self._given_store = store
-        self._given_cold_store = cold_store
-        self._start_background = start_background
-        #: the free-space reserve (loglake.engine.space): produce refused while storage is full
-        self.space = SpaceGuard(
-            self.fs,
-            self.data_dir,
-            min_free_bytes=self.config.storage_min_free_bytes,
-            min_free_percent=self.config.storage_min_free_percent,
-            check_interval_ms=self.config.storage_space_check_interval_ms,
-            also=[wal_dir(self.data_dir)],  # perhaps a device of its own (docs/OPERATIONS.md)
-        )
-        self._meta = LocalMetaStore(
-            self.fs,
-            meta_dir(self.data_dir),
-            checkpoint_records=self.config.meta_checkpoint_records,
-            checkpoint_bytes=self.config.meta_checkpoint_bytes,
-            log_file_bytes=self.config.meta_log_file_bytes,
-            on_full=self.space.wal_full,
-            on_healed=self.space.wal_healed,
-        )
-        self.catalog = Catalog(self._meta, self.config, clock)
-        self._pool = MemoryPool(self.config.memory_budget_bytes, self.config.memory_pressure_ratio, self._on_pressure)
+        if parts is None:
+            parts = local_parts(
+                self.data_dir,
+                self.config,
+                fs=fs or OsFileSystem(),
+                store=store,
+                cold_store=cold_store,
+                clock=clock,
+                start_background=start_background,
+            )
+        self.fs = parts.fs
+        #: the metadata store (broker-side stores keep their facts there too)
+        self.meta = parts.meta
+        self.catalog = parts.catalog
+        #: where partitions' records live (loglake.engine.partition_log)
+        self.log = parts.log
+        #: who is alive, who leads what (loglake.engine.view)
+        self.view = parts.view
+        #: the free-space reserve (loglake.engine.space)
+        self.space = parts.space
         self._dir_lock = DataDirLock(self.fs, self.data_dir)
-        self._shards: list[WalShard] = []
-        self._retired_shards: list[WalShard] = []  # shard dirs beyond the current count: truncation only
-        self._stores: Stores | None = None
-        self._relocator: Relocator | None = None
-        self._cleaner: Cleaner | None = None
-        self._publisher: MetaPublisher | None = None
-        self._maintenance: Maintenance | None = None
-        self._sealer: Sealer | None = None
-        self._appender: Appender | None = None
-        self._reader: Reader | None = None
-        #: corrupt sealed data found while running (read checks, scrubber): marks and counters
-        self.corruption = Corruption()
-        #: segments whose reads fail with an I/O error (/metrics, /readyz)
-        self.read_errors = ReadErrors()
-        #: the scrubber (loglake.engine.scrubber; its thread runs when scrub_bytes_per_second > 0)
-        self.scrubber: Scrubber | None = None
         self._closed = True
         self.recovery_report: RecoveryReport | None = None
 
     # ==== lifecycle ===============================================================================
-
-    @property
-    def stores(self) -> Stores:
-        assert self._stores is not None, "engine not open"
-        return self._stores
-
-    @property
-    def store(self) -> ObjectStore:
-        return self.stores.hot
-
-    @property
-    def cold_store(self) -> ObjectStore | None:
-        return self._stores.cold if self._stores is not None else self._given_cold_store
-
-    @property
-    def cold_reader(self) -> ColdReader | None:
-        return self._stores.cold_reader if self._stores is not None else None
-
-    def store_for(self, seg: SegmentRef) -> ObjectStore:
-        """The store holding `seg`'s authoritative copy."""
-        return self.stores.store_for(seg)
-
-    @property
-    def cluster_id(self) -> str:
-        return self.catalog.cluster_id
-
-    @property
-    def meta(self) -> LocalMetaStore:
-        return self._meta
-
-    @property
-    def memory_pool(self) -> MemoryPool:
-        return self._pool
-
-    @property
-    def shards(self) -> list[WalShard]:
-        return list(self._shards)
 
     def open(self) -> RecoveryReport:
         canary.warn_if_active()  # test-only mutations must never run unnoticed
         self.fs.makedirs(self.data_dir)
         self._dir_lock.acquire()
         try:
-            report = self._open_parts()
+            report = self.log.open()
         except BaseException:
-            self._meta.close()
-            if self._stores is not None and self._stores.cold_reader is not None:
-                self._stores.cold_reader.close()
             self._dir_lock.release()
             raise
         self._closed = False
-        if report.acked_lost:
-            try:
-                fill_losses(self.catalog, self.appender, self._clock, report)
-            except BaseException:
-                self.close()
-                raise
-        self.drop_lost_markers()
         self.recovery_report = report
-        log.info("%s", report.summary())
         return report
 
-    def _open_parts(self) -> RecoveryReport:
-        config = self.config
-        hot = self._given_store
-        if hot is None:
-            root = segments_dir(self.data_dir)
-            self.fs.makedirs(root)
-            hot = LocalStore(root, self.fs)
-        cold = self._given_cold_store
-        if cold is None and config.cold_store_url:
-            from loglake.store import open_store
-
-            cold = open_store(config.cold_store_url, self.fs)
-        cold_reader = None
-        if cold is not None:
-            cold_reader = ColdReader(
-                cold,
-                range_cache_bytes=config.cold_range_cache_bytes,
-                footer_cache_entries=config.cold_footer_cache_entries,
-                read_ahead_segments=config.cold_read_ahead_segments,
-                threads=config.cold_read_threads,
-            )
-        self._stores = stores = Stores(hot, cold, cold_reader)
-        indexes = IndexCache(stores, config.segment_index_cache_entries)
-        self._sealer = Sealer(
-            self.catalog, stores, self._pool, indexes, self._clock, threads=config.seal_threads, on_sealed=self._wake
-        )
-        self._appender = Appender(
-            self.catalog, self._pool, self._sealer, config, self._clock, self._check_open, admit=self.space.admit
-        )
-        self._reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption), self.read_errors)
-        self._maintenance = Maintenance(
-            self.catalog,
-            self._meta,
-            self._sealer,
-            stores,
-            indexes,
-            self._pool,
-            self._clock,
-            interval_ms=config.maintenance_interval_ms,
-            shards=lambda: [*self._shards, *self._retired_shards],
-            space=self.space,
-            wal_max_bytes=config.wal_max_bytes,
-        )
-        if cold is not None:
-            self._relocator = Relocator(self.catalog, stores, indexes, config.relocation_threads, config.relocation_retry_ms)
-            self._maintenance.relocator = self._relocator
-        # A cleaner worker process reopens the stores by URL: only where that gives the same store.
-        reopenable = isinstance(self.fs, OsFileSystem)
-        cold_url = config.cold_store_url if self._given_cold_store is None else None
-        if cold_url and not reopenable and not cold_url.startswith("s3://"):
-            cold_url = None
-        store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
-        self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
-        self._cleaner.rewriter.before_delete = self.publish_metadata
-        # The publisher watches from the first record on (recovery may append some).
-        publish_to = [hot] + ([cold] if cold is not None else [])
-        self._publisher = MetaPublisher(self._meta, publish_to, interval_ms=config.meta_publish_interval_ms)
-        report, wal = recover(
-            fs=self.fs, data_dir=self.data_dir, meta=self._meta, catalog=self.catalog, stores=stores, pool=self._pool,
-            accept_data_loss=config.accept_data_loss,
-        )
-        self._start_shards({n: s.next_seq for n, s in wal.shards.items()}, {n: s.files for n, s in wal.shards.items()})
-        self._appender.shards = self._shards
-        self._maintenance.acked = AckedRecorder(self.catalog, self._meta, config.acked_end_interval_ms, self._clock)
-        self._publisher.start(self._meta.replayed)
-        self._maintenance.publisher = self._publisher
-        if self._start_background:
-            self._sealer.start()
-            if self._relocator is not None:
-                self._relocator.start()
-            self._maintenance.start()
-            self._cleaner.start()
-        self.corruption.alive = lambda topic, p, key: any(s.key == key for s in self.segments(topic, p))
-        self.scrubber = Scrubber(self.catalog, stores, indexes, self._reader.checker, self.corruption, config)
-        if self._start_background and config.scrub_bytes_per_second > 0:
-            self.scrubber.start()
-        return report
-
-    def _start_shards(self, next_seqs: dict[str, int], files: dict[str, list[WalFile]]) -> None:
-        """One writer per configured shard; old extra shard dirs are kept for truncation."""
-        wal_root = wal_dir(self.data_dir)
-        for i in range(self.config.wal_shards):
-            name = shard_dir_name(i)
-            directory = os.path.join(wal_root, name)
-            self.fs.makedirs(directory)
-            shard = self._new_shard(directory)
-            shard.start(next_seqs.get(name, 0), files.get(name, []))
-            self._shards.append(shard)
-        for name, existing in files.items():
-            suffix = name.split("-")[1]
-            index = int(suffix) if suffix.isdigit() else -1
-            if 0 <= index < self.config.wal_shards:
-                continue
-            retired = self._new_shard(os.path.join(wal_root, name))
-            retired._files = list(existing)
-            self._retired_shards.append(retired)
-
-    def _new_shard(self, directory: str) -> WalShard:
-        return WalShard(
-            self.fs,
-            directory,
-            file_bytes=self.config.wal_file_bytes,
-            group_bytes_max=self.config.wal_group_bytes_max,
-            queue_bytes_max=self.config.wal_queue_bytes_max,
-            fsync_interval_ms=self.config.wal_fsync_interval_ms,
-            on_full=self.space.wal_full,
-            on_healed=self.space.wal_healed,
-            spare=self.config.wal_spare_file,
-            spare_keep_free=self.space.reserve_for,
-        )
+    def join(self, listeners: list[str]) -> None:
+        """Take part in the cluster, advertising `listeners` (PROTOCOL://HOST:PORT), once the
+        broker's listeners are bound; blocking (cluster mode registers in etcd)."""
+        self._check_open()
+        self.view.join(listeners)
 
     def close(self) -> None:
-        """Clean shutdown: drain the WAL, seal everything, record it, release the directory."""
+        """Clean shutdown: hand partitions and groups over, make what was acknowledged durable
+        where it lives for good, release the data directory."""
         if self._closed:
             return
-        clean = False
-        # Disk full and not healed: the stalled writes fail now, or threads waiting for them
-        # (maintenance, cleaner) would never let go. Recovery replays what is durable.
-        for shard in [*self._shards, self._meta.shard]:
-            if shard is not None and shard.stalled:
-                shard.abort_stall()
+        self._closed = True
         try:
-            if self._failure is None:
-                try:
-                    self.flush()
-                except StorageFullError as exc:
-                    # What was acknowledged is in the WAL; the next start replays it.
-                    log.warning("closing with storage full, not sealing what the WAL holds: %s", exc)
-                    raise _UncleanClose() from None
-                # Upload what is due now (S3-primary topics expect their data in the bucket);
-                # failures are logged and the segments stay hot for the next start.
-                if self._relocator is not None and self._relocator.relocate_due():
-                    self._meta.sync()
-                    self.publish_metadata()
-                clean = True
-        except _UncleanClose:
-            pass
+            self.view.leave()
         finally:
-            self._closed = True
-            if self.scrubber is not None:
-                self.scrubber.close()
-            if self._cleaner is not None:
-                self._cleaner.close()
-            if self._maintenance is not None:
-                self._maintenance.close()
-            if self._sealer is not None:
-                self._sealer.close()
-            if self._relocator is not None:
-                self._relocator.close()
-            if self._stores is not None and self._stores.cold_reader is not None:
-                self._stores.cold_reader.close()
-            for shard in self._shards:
-                shard.close()
-            self._meta.close()
-            for _topic, p in self.catalog.partitions():
-                p.wake_all()
-            if self._stores is not None:
-                self._stores.hot.close()
-                if self._stores.cold is not None:
-                    self._stores.cold.close()
-            if clean and self._failure is None:
-                write_clean_mark(self.fs, self.data_dir)  # the next open needs no epoch bump (engine/epochs.py)
-            self._dir_lock.release()
+            try:
+                self.log.close()
+            finally:
+                self._dir_lock.release()
 
     def __enter__(self) -> Engine:
         if self._closed:
@@ -375,130 +232,382 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
         self.close()
 
     @property
-    def _failure(self) -> BaseException | None:
-        if self._appender is not None and self._appender.failure is not None:
-            return self._appender.failure
-        for shard in self._shards:  # failed without a producer's entry in hand (an interval fsync)
-            if shard.failure is not None:
-                return shard.failure
-        return self._meta.failure
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def failure(self) -> BaseException | None:
         """Why the engine stopped accepting writes for good (an I/O error other than ENOSPC on a
         WAL or metadata-log write or fsync); None while it accepts them. Reads of what is durable
         go on; produce answers KAFKA_STORAGE_ERROR until a restart."""
-        return self._failure
+        return self.log.failure
 
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("engine is closed")
-        failure = self._failure
-        if failure is not None:
-            raise EngineFailedError(f"engine stopped accepting writes: {failure}")
-
-    def _wake(self) -> None:
-        if self._maintenance is not None:
-            self._maintenance.wake()
-
-    def _on_pressure(self) -> None:
-        self._wake()
-
-    # ==== appends and reads =========================================================================
 
     @property
-    def appender(self) -> Appender:
-        assert self._appender is not None, "engine not open"
-        return self._appender
+    def cluster_id(self) -> str:
+        return self.catalog.cluster_id
 
     @property
-    def reader(self) -> Reader:
-        assert self._reader is not None, "engine not open"
-        return self._reader
+    def node_id(self) -> int:
+        return self.view.node_id
+
+    def require(self, feature: Feature) -> None:
+        """Raise FeatureUnsupportedError (with the feature's Kafka code) when this engine's
+        partition log does not offer `feature`."""
+        if feature in self.log.refused:
+            raise refusal(self.log.refused, feature)
+
+    def supports(self, feature: Feature) -> bool:
+        return feature not in self.log.refused
+
+    # ==== topics ====================================================================================
+
+    def create_topic(
+        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, *, validate_only: bool = False
+    ) -> TopicInfo:
+        self._check_open()
+        self._check_topic_config(config)
+        return self.catalog.create_topic(name, partitions, config, validate_only=validate_only)
+
+    def delete_topic(self, name: str) -> None:
+        self._check_open()
+        topic = self.catalog.delete_topic(name)
+        self.log.topic_deleted(topic)
+        log.info("deleted topic %s", name)
+
+    def create_partitions(self, name: str, total: int, *, validate_only: bool = False) -> None:
+        self._check_open()
+        self.catalog.create_partitions(name, total, validate_only=validate_only)
+
+    def alter_topic_config(self, name: str, overrides: dict[str, str], *, validate_only: bool = False) -> TopicConfig:
+        """Replace the topic's overrides with `overrides` (callers merge for incremental alters)."""
+        self._check_open()
+        self._check_topic_config(overrides)
+        new = self.catalog.alter_topic_config(name, overrides, validate_only=validate_only)
+        if not validate_only:
+            self.log.wake()
+        return new
+
+    def _check_topic_config(self, overrides: dict[str, str] | None) -> None:
+        """A topic config this log cannot honour is refused, not silently ignored."""
+        if overrides and "compact" in str(overrides.get("cleanup.policy", "")):
+            self.require(Feature.COMPACTION)
+
+    def topics(self) -> list[TopicInfo]:
+        return [t.info() for t in self.catalog.all_topics()]
+
+    def topic(self, name: str) -> TopicInfo:
+        return self.catalog.topic(name).info()
+
+    def has_topic(self, name: str) -> bool:
+        return self.catalog.has_topic(name)
+
+    def topic_id_of(self, name: str) -> bytes:
+        return self.catalog.topic(name).topic_id
+
+    def topic_name_of(self, topic_id: bytes) -> str | None:
+        topic = self.catalog.topic_by_id(topic_id)
+        return topic.name if topic is not None else None
+
+    def allocate_producer_id(self) -> int:
+        """A new producer id for InitProducerId, durable (committed) before it is handed out."""
+        self._check_open()
+        return self.catalog.allocate_producer_id()
+
+    def set_topic_defaults(self, defaults: dict[str, str]) -> None:
+        """Topic config defaults changed at runtime: every topic without an override follows."""
+        self.config.check_topic_defaults(defaults)
+        self.catalog.set_topic_defaults(defaults)
+        self.log.wake()
+
+    def _partition(self, topic: str, partition: int) -> Partition:
+        return self.catalog.partition(topic, partition)
+
+    # ==== appends =====================================================================================
 
     def append_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[AppendResult]:
-        """Append Kafka v2 RecordBatches as a producer sent them (see loglake.engine.append)."""
-        return self.appender.append_batch(topic, partition, data)
+        """Append Kafka v2 RecordBatches as a producer sent them: checked (loglake.engine.produce),
+        then offsets assigned by the partition log; a bytearray argument is taken over. The
+        future resolves once the topic's durability class is met."""
+        self._check_open()
+        p = self._partition(topic, partition)
+        config = self.catalog.topic(topic).config
+        buf, batches = checked_batches(topic, partition, config, data)
+        return self.log.append(p, config, buf, batches)
 
     def append_records(
         self, topic: str, partition: int, records: Iterable[RecordTuple], *, compression: int | None = None
     ) -> Future[AppendResult]:
         """Build one batch from (timestamp or None, key, value, headers) tuples and append it."""
-        return self.appender.append_records(topic, partition, records, compression=compression)
+        self._check_open()
+        p = self._partition(topic, partition)
+        config = self.catalog.topic(topic).config
+        buf, batches = built_from_records(topic, partition, config, records, compression, int(self._clock() * 1000))
+        return self.log.append(p, config, buf, batches)
 
     def append_pairs(
         self, topic: str, partition: int, records: Iterable[PairTuple], *, compression: int | None = None
     ) -> Future[AppendResult]:
         """Build one batch from (key, value) or (key, value, headers) tuples, stamped now, and append it."""
-        return self.appender.append_pairs(topic, partition, records, compression=compression)
+        self._check_open()
+        p = self._partition(topic, partition)
+        config = self.catalog.topic(topic).config
+        buf, batches = built_from_pairs(topic, partition, config, records, compression, int(self._clock() * 1000))
+        return self.log.append(p, config, buf, batches)
+
+    def write_txn_marker(
+        self, topic_id: bytes, partition: int, producer_id: int, producer_epoch: int, commit: bool
+    ) -> Future[AppendResult] | None:
+        """Append a COMMIT or ABORT marker (a control batch, through the normal append path);
+        None when the topic is gone."""
+        self._check_open()
+        self.require(Feature.TRANSACTIONS)
+        topic = self.catalog.topic_by_id(topic_id)
+        if topic is None or not 0 <= partition < len(topic.partitions):
+            return None
+        data = txn.control_batch(producer_id, producer_epoch, commit, 0, int(self._clock() * 1000))
+        try:
+            return self.log.append(topic.partitions[partition], topic.config, data, split_batches(data), produced=False)
+        except UnknownTopicError:
+            return None
+
+    # ==== reads =======================================================================================
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> ReadResult:
-        return self.reader.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
+        """Whole batches from the one holding `offset`, below the high watermark, up to
+        `max_bytes` (with `min_one`, at least one batch however large: Kafka's rule)."""
+        return self.log.read(self._partition(topic, partition), offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
 
     def read_async(
         self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> Future[ReadResult]:
-        return self.reader.read_async(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
+        """`read` that never does blocking I/O on the caller's thread (the broker's event loop)."""
+        return self.log.read_async(
+            self._partition(topic, partition), offset, max_bytes, file_ranges=file_ranges, min_one=min_one
+        )
+
+    def read_committed(self, topic: str, partition: int, offset: int, max_bytes: int, *, min_one: bool = True) -> CommittedRead:
+        """`read` at isolation read_committed: batches below the LSO, with the aborted transactions
+        a reader must filter out (records of those producer ids from their first offset on, up to
+        each one's ABORT marker)."""
+        p = self._partition(topic, partition)
+        result = self.log.read(p, offset, max_bytes, file_ranges=False, min_one=min_one)
+        return txn.committed_view(p, offset, result, lambda: result)
+
+    def read_committed_async(
+        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
+    ) -> Future[CommittedRead]:
+        """`read_async` at read_committed (the broker's Fetch with isolation_level 1)."""
+        p = self._partition(topic, partition)
+        out: Future[CommittedRead] = Future()
+        pending = self.log.read_async(p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
+
+        def reread() -> ReadResult:
+            return self.log.read(p, offset, max_bytes, file_ranges=False, min_one=min_one)
+
+        def done(f: Future[ReadResult]) -> None:
+            try:
+                out.set_result(txn.committed_view(p, offset, f.result(), reread))
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        pending.add_done_callback(done)
+        return out
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
-        return self.reader.offset_for_timestamp(topic, partition, timestamp_ms)
+        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None."""
+        return self.log.offset_for_timestamp(self._partition(topic, partition), timestamp_ms)
 
     def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
-        return self.reader.max_timestamp(topic, partition)
+        """(offset, timestamp) of the record with the largest timestamp (ListOffsets MAX_TIMESTAMP)."""
+        return self.log.max_timestamp(self._partition(topic, partition))
 
     def wait_for_data(self, topic: str, partition: int, offset: int) -> Future[None]:
-        return self.reader.wait_for_data(topic, partition, offset)
+        """A future resolved when data at `offset` is visible (or the partition goes away)."""
+        return self.log.wait_for_data(self._partition(topic, partition), offset)
 
-    # ==== sealing, flushing, metadata =================================================================
+    def wake_readers(self, topic_id: bytes, partition: int) -> None:
+        """Readers waiting on the partition look again (its last stable offset moved)."""
+        topic = self.catalog.topic_by_id(topic_id)
+        if topic is not None and 0 <= partition < len(topic.partitions):
+            topic.partitions[partition].wake_all()
 
-    def flush(self) -> None:
-        """Make everything appended so far durable, seal it, record it, truncate the WAL."""
-        self._check_open()
-        assert self._sealer is not None and self._maintenance is not None
-        for shard in self._shards:
-            shard.sync()
-        futures = self._sealer.seal_all()
-        for fut in futures:
-            fut.result()
-        self._meta.sync()
-        self._maintenance.truncate_wal()
-        self.publish_metadata()
+    def last_stable_offset(self, topic: str, partition: int) -> int:
+        """The first offset of the partition's earliest open transaction, else its high watermark."""
+        return txn.last_stable_offset(self._partition(topic, partition))
 
-    def checkpoint_metadata(self) -> int:
-        """Write a metadata checkpoint now (tools, tests); returns its seq."""
-        return self._meta.checkpoint()
+    def aborted_transactions(self, topic: str, partition: int, start: int, end: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of aborted transactions overlapping [start, end)."""
+        return txn.aborted_transactions(self._partition(topic, partition), start, end)
 
-    def publish_metadata(self) -> bool:
-        """Copy metadata changes (log pieces, new checkpoints) into the stores now."""
-        return self._publisher.publish() if self._publisher is not None else False
+    def log_end(self, topic_id: bytes, partition: int) -> int | None:
+        """The partition's next offset (by topic id), None when the topic is gone."""
+        topic = self.catalog.topic_by_id(topic_id)
+        if topic is None or not 0 <= partition < len(topic.partitions):
+            return None
+        return topic.partitions[partition].next_offset
 
-    def apply_retention(self) -> int:
-        assert self._maintenance is not None
-        return self._maintenance.apply_retention()
+    # ==== partition facts ===============================================================================
 
-    # ==== tiering ===================================================================================
+    def partition_info(self, name: str, partition: int) -> PartitionInfo:
+        return self.log.info(self._partition(name, partition), self.catalog.topic(name).config.compacted)
+
+    def tier_bytes(self, name: str, partition: int) -> TierBytes:
+        """Where the partition's bytes live (DescribeLogDirs)."""
+        return self.log.tier_bytes(self._partition(name, partition))
 
     @property
-    def cleaner(self) -> Cleaner:
-        """Compaction and merging (loglake.engine.cleaner): stats, and `run_once` to clean now."""
-        if self._cleaner is None:
-            raise EngineClosedError("engine is not open")
-        return self._cleaner
+    def cold_url(self) -> str | None:
+        """Where the cold tier lives (DescribeLogDirs names it), None without one."""
+        return self.log.cold_url
+
+    def leader_epoch(self, name: str, partition: int, offset: int | None = None) -> int:
+        """The partition's current leader epoch, or the epoch that wrote `offset`."""
+        return self.log.leader_epoch(self._partition(name, partition), offset)
+
+    def epoch_end_offset(self, name: str, partition: int, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch: (largest epoch <= `epoch`, where it ends); engine/epochs.py."""
+        return self.log.epoch_end_offset(self._partition(name, partition), epoch)
+
+    def producers(self, name: str, partition: int) -> list[ProducerDescription]:
+        """The partition's idempotent producers (DescribeProducers); each last timestamp is read
+        from its newest batch (blocking: call off the event loop)."""
+        p = self._partition(name, partition)
+        states = self.log.producer_states(p)
+        with p.lock:
+            txn_open = dict(p.meta.txn_open)
+        out = []
+        for i, (pid, epoch, last_seq, base) in enumerate(states):
+            ts = self._batch_max_timestamp(p, base) if base >= 0 and i < PRODUCER_TIMESTAMP_READS_MAX else -1
+            out.append(ProducerDescription(pid, epoch, last_seq, ts, txn_open.get(pid, -1)))
+        return out
+
+    def _batch_max_timestamp(self, p: Partition, offset: int) -> int:
+        try:
+            result = self.log.read(p, offset, 1, file_ranges=False, min_one=True)
+        except LoglakeError:
+            return -1  # retention or compaction removed it
+        data = b"".join(bytes(c) for c in result.chunks if isinstance(c, bytes | bytearray | memoryview))
+        if not data:
+            return -1
+        return peek_header(data, 0).max_timestamp
+
+    def segments(self, name: str, partition: int) -> list[SegmentRef]:
+        self.require(Feature.LOCAL_SEGMENTS)
+        return self.log.segments(self._partition(name, partition))
+
+    def verify(self, progress: Progress | None = None) -> VerifyReport:
+        """Check every sealed segment's CRCs and every partition's hash chain (`loglake verify`)."""
+        self._check_open()
+        self.require(Feature.LOCAL_SEGMENTS)
+        return self.log.verify(progress)
+
+    def report_file_range_failure(self, path: str, exc: OSError) -> bool:
+        """The broker's zero-copy send of a FileRange failed reading the file (EIO): the next
+        fetches read through the engine and get CORRUPT_MESSAGE instead of a dropped connection."""
+        return self.log.report_file_range_failure(path, exc)
+
+    # ==== admin changes ================================================================================
+
+    def delete_records(self, name: str, partition: int, offset: int) -> int:
+        """Kafka DeleteRecords: raise the log start offset to `offset` (-1 = high watermark),
+        durably; returns the new log start offset (the "low watermark")."""
+        self._check_open()
+        self.require(Feature.DELETE_RECORDS)
+        return self.log.delete_records(self._partition(name, partition), offset)
+
+    def bump_leader_epoch(self, name: str, partition: int, reason: str) -> int:
+        """Start a new leader epoch at the partition's log end, durably (an operator accepted a
+        loss; engine/epochs.py). Consumers past the log end then see a truncation. Returns it."""
+        self._check_open()
+        self.require(Feature.LEADER_EPOCH_BUMP)
+        return self.log.bump_leader_epoch(self._partition(name, partition), reason)
+
+    # ==== maintenance ===================================================================================
+
+    def flush(self) -> None:
+        """Make everything appended so far durable where it lives for good (single node: sealed
+        into segments and recorded; cluster mode: in the bucket and committed)."""
+        self._check_open()
+        self.log.flush()
 
     def compact(self, topic: str | None = None, *, force: bool = True) -> int:
         """Compact (and merge) now, on the calling thread; returns how many rewrites were done."""
         self._check_open()
-        return self.cleaner.run_once(force=force, topic=topic)
+        self.require(Feature.COMPACTION)
+        return self.log.compact(topic, force)
+
+    def apply_retention(self) -> int:
+        """Apply retention now (tools, tests); returns how many segments went."""
+        self._check_open()
+        self.require(Feature.RETENTION)
+        return self.log.apply_retention()
 
     def relocate_due(self) -> int:
         """Relocate every due segment now, on this thread (tests, tools). Returns how many moved."""
-        return self._relocator.relocate_due() if self._relocator is not None else 0
+        self._check_open()
+        self.require(Feature.TIERING)
+        return self.log.relocate_due()
 
     def wait_relocations(self, timeout_s: float = 30.0) -> bool:
         """Relocate what is due now and wait for it (tests and tools). True when nothing is left."""
-        return self._relocator.wait(timeout_s) if self._relocator is not None else True
+        self._check_open()
+        self.require(Feature.TIERING)
+        return self.log.wait_relocations(timeout_s)
+
+    def publish_metadata(self) -> bool:
+        """Copy metadata changes into the stores now (Spark plans from that copy)."""
+        return self.log.publish_metadata()
+
+    def checkpoint_metadata(self) -> int:
+        """Write a metadata checkpoint now (tools, tests); returns its seq."""
+        self._check_open()
+        return self.log.checkpoint_metadata()
+
+    def set_cleaner_io_rate(self, bytes_per_s: int) -> None:
+        """Change the cleaner's I/O bound (log.cleaner.io.max.bytes.per.second) at runtime."""
+        self.log.set_cleaner_io_rate(bytes_per_s)
+
+    @property
+    def cleaner(self) -> Cleaner:
+        """Compaction and merging (loglake.engine.cleaner): stats, and `run_once` to clean now."""
+        self.require(Feature.COMPACTION)
+        cleaner = self.log.cleaner
+        if cleaner is None:
+            raise EngineClosedError("engine is not open")
+        return cleaner
+
+    # ==== what metrics and /readyz show ==================================================================
+
+    @property
+    def memory_pool(self) -> MemoryPool:
+        """The budget for unsealed data (producers wait for room; the broker throttles them)."""
+        return self.log.memory_pool
+
+    @property
+    def shards(self) -> list[WalShard]:
+        return self.log.shards
+
+    @property
+    def cold_reader(self) -> ColdReader | None:
+        return self.log.cold_reader
+
+    @property
+    def scrubber(self) -> Scrubber | None:
+        return self.log.scrubber
+
+    @property
+    def corruption(self) -> Corruption:
+        return self.log.corruption
+
+    @property
+    def read_errors(self) -> ReadErrors:
+        return self.log.read_errors
 
 
 def open_engine(data_dir: str, **kwargs: Any) -> Engine:

@@ -47,6 +47,9 @@ class Maintenance:
         shards: Callable[[], list[WalShard]],
         space: SpaceGuard | None = None,
         wal_max_bytes: int | None = None,
+        relocator: Relocator | None = None,
+        publisher: MetaPublisher | None = None,
+        acked: AckedRecorder | None = None,
     ) -> None:
         self.catalog = catalog
         self.meta = meta
@@ -60,9 +63,9 @@ class Maintenance:
         self.space = space
         self.wal_max_bytes = wal_max_bytes
         self.wal_bound_seals = 0  # seals asked for because a shard's WAL passed wal_max_bytes
-        self.relocator: Relocator | None = None
-        self.publisher: MetaPublisher | None = None
-        self.acked: AckedRecorder | None = None
+        self.relocator = relocator
+        self.publisher = publisher
+        self.acked = acked
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()

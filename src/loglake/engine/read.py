@@ -39,7 +39,7 @@ class Reader:
         self.read_errors = read_errors if read_errors is not None else ReadErrors()
 
     def read(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
+        self, p: Partition, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> ReadResult:
         """Whole batches from the one holding `offset`, up to `max_bytes`: with `min_one` at least
         one batch however large (Kafka's first-batch exception, so a reader always progresses);
@@ -48,7 +48,7 @@ class Reader:
         Only data below the high watermark is returned. `file_ranges=True` lets hot segment data
         come back as FileRange (for sendfile) instead of bytes.
         """
-        p = self.catalog.partition(topic, partition)
+        topic, partition = p.topic, p.index
         attempts = 0
         while attempts < 3:  # a segment may be deleted (retention, a rewrite) between lookup and read
             with p.lock:
@@ -228,7 +228,7 @@ class Reader:
         return [hot.get_range(seg.key, position, length)]
 
     def read_async(
-        self, topic: str, partition: int, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
+        self, p: Partition, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> Future[ReadResult]:
         """`read` that never does cold-store I/O on the caller's thread.
 
@@ -236,7 +236,6 @@ class Reader:
         on the cold-read pool, so a slow bucket never stalls an event loop.
         """
         if self.stores.cold_reader is not None:
-            p = self.catalog.partition(topic, partition)
             with p.lock:
                 cold = (
                     offset < p.high_watermark
@@ -246,18 +245,17 @@ class Reader:
                 )
             if cold:
                 return self.stores.cold_reader.submit(  # type: ignore[return-value]
-                    lambda: self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
+                    lambda: self.read(p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
                 )
         fut: Future[ReadResult] = Future()
         try:
-            fut.set_result(self.read(topic, partition, offset, max_bytes, file_ranges=file_ranges, min_one=min_one))
+            fut.set_result(self.read(p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one))
         except BaseException as exc:
             fut.set_exception(exc)
         return fut
 
-    def offset_for_timestamp(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int] | None:
+    def offset_for_timestamp(self, p: Partition, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None."""
-        p = self.catalog.partition(topic, partition)
         with p.lock:
             segments = p.segments.slice(0)
             buffered = [item for item in p.buffer if item.end_offset <= p.high_watermark]
@@ -290,9 +288,8 @@ class Reader:
                 return rec.offset, rec.timestamp
         return None
 
-    def max_timestamp(self, topic: str, partition: int) -> tuple[int, int] | None:
+    def max_timestamp(self, p: Partition) -> tuple[int, int] | None:
         """(offset, timestamp) of the record with the largest timestamp (ListOffsets MAX_TIMESTAMP)."""
-        p = self.catalog.partition(topic, partition)
         with p.lock:
             segments = p.segments.slice(0)
             buffered = [item for item in p.buffer if item.end_offset <= p.high_watermark]
@@ -321,8 +318,3 @@ class Reader:
             if best is not None:
                 break
         return best
-
-    def wait_for_data(self, topic: str, partition: int, offset: int) -> Future[None]:
-        """A future resolved when data at `offset` is visible (or the partition goes away)."""
-        return self.catalog.partition(topic, partition).wait_for(offset)
-

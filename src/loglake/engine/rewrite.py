@@ -203,13 +203,19 @@ def _delete_quietly(store: Any, key: str) -> None:
 class Rewriter:
     """Steps 4-5 against the engine: the switch to segments `build` made, then the deletes."""
 
-    def __init__(self, catalog: Catalog, stores: Stores, indexes: IndexCache) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        stores: Stores,
+        indexes: IndexCache,
+        before_delete: Callable[[], object] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.stores = stores
         self.indexes = indexes
         #: called between the durable switch and the deletes: the engine publishes its metadata,
         #: so readers of the stores' copy (Spark) stop naming the replaced objects before they go
-        self.before_delete: Callable[[], object] | None = None
+        self.before_delete = before_delete
 
     def swap(
         self, p: Partition, run: list[SegmentRef], outputs: list[tuple[SegmentRef, SegmentIndex]], clean: dict[str, int] | None

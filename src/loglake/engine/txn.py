@@ -20,12 +20,9 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Callable
-from concurrent.futures import Future
-from typing import TYPE_CHECKING
 
 from loglake.engine.partition import Partition
-from loglake.engine.types import AppendResult, Chunk, FileRange, ReadResult
-from loglake.errors import UnknownTopicError
+from loglake.engine.types import Chunk, FileRange, ReadResult
 from loglake.records.batch import new_builder
 from loglake.records.committed import (
     ABORT_MARKER,
@@ -35,9 +32,6 @@ from loglake.records.committed import (
     READ_UNCOMMITTED,
 )
 
-if TYPE_CHECKING:
-    from loglake.engine.engine import Engine
-
 __all__ = [
     "READ_COMMITTED",
     "READ_UNCOMMITTED",
@@ -46,7 +40,6 @@ __all__ = [
     "control_batch",
     "last_stable_offset",
     "segment_aborted",
-    "write_marker",
 ]
 
 _MARKER_VALUE = struct.Struct(">hi")
@@ -59,21 +52,6 @@ def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinat
     key = MARKER_KEY.pack(0, COMMIT_MARKER if commit else ABORT_MARKER)
     builder.append(ts_ms, key, _MARKER_VALUE.pack(0, coordinator_epoch), [])
     return bytearray(builder.build())
-
-
-def write_marker(
-    engine: Engine, topic_id: bytes, partition: int, producer_id: int, producer_epoch: int, commit: bool
-) -> Future[AppendResult] | None:
-    """Append a marker to a partition (by topic id); None when the topic is gone."""
-    topic = engine.catalog.topic_by_id(topic_id)
-    if topic is None or not 0 <= partition < len(topic.partitions):
-        return None
-    p = topic.partitions[partition]
-    data = control_batch(producer_id, producer_epoch, commit, 0, int(engine._clock() * 1000))
-    try:
-        return engine.appender.append_control(p, data)
-    except UnknownTopicError:
-        return None
 
 
 def last_stable_offset(p: Partition) -> int:

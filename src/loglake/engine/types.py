@@ -64,6 +64,19 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerDescription:
+    """One idempotent producer of a partition (DescribeProducers)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    #: max timestamp of the producer's newest batch (-1: not read or no longer held)
+    last_timestamp: int
+    #: first offset of its open transaction in this partition (-1: none)
+    txn_start_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
 class TopicInfo:
     name: str
     topic_id: str  # 32 hex digits

@@ -38,13 +38,14 @@ from loglake.segment.verify import SegmentReader, verify_chain, verify_segment_i
 from loglake.store.base import ObjectNotFoundError, cluster_prefix, parse_segment_key
 
 if TYPE_CHECKING:
-    from loglake.engine.engine import Engine
+    from loglake.engine.catalog import Catalog
     from loglake.engine.partition import SegmentRef
+    from loglake.engine.stores import Stores
     from loglake.store.base import ObjectStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VerifyError", "VerifyReport", "VerifySource", "verify_data_dir", "verify_source"]
+__all__ = ["CatalogSource", "VerifyError", "VerifyReport", "VerifySource", "verify_data_dir", "verify_source"]
 
 Progress = Callable[[int, int], None]
 
@@ -119,41 +120,50 @@ class VerifySource(Protocol):
         """Re-read the segment lists (a running broker changed them); an engine's are live."""
 
 
-class _EngineSource:
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+class CatalogSource:
+    """A `VerifySource` over an open local log: its catalog's segment chains and its stores."""
+
+    def __init__(self, catalog: Catalog, stores: Stores) -> None:
+        self.catalog = catalog
+        self.stores = stores
 
     @property
     def cluster_id(self) -> str:
-        return self.engine.cluster_id
+        return self.catalog.cluster_id
 
     @property
     def store(self) -> ObjectStore:
-        return self.engine.store
+        return self.stores.hot
 
     def partitions(self) -> list[tuple[str, int]]:
-        return [(info.name, p) for info in self.engine.topics() for p in range(info.partitions)]
+        return [(t.name, p.index) for t, p in self.catalog.partitions()]
 
     def segments(self, topic: str, partition: int) -> list[SegmentRef]:
-        return self.engine.segments(topic, partition)
+        p = self.catalog.partition(topic, partition)
+        with p.lock:
+            return p.segments.slice(0)
 
     def store_for(self, seg: SegmentRef) -> ObjectStore:
-        return self.engine.store_for(seg)
+        return self.stores.store_for(seg)
 
     def clean_end(self, topic: str, partition: int) -> int:
-        return self.engine.catalog.partition(topic, partition).meta.clean_end
+        return self.catalog.partition(topic, partition).meta.clean_end
 
     def refresh(self) -> None:
         pass
 
     def chain_heads(self) -> dict[tuple[str, int], bytes]:
         """Each partition's chain head as the metadata records it (what the next seal links to)."""
-        return {(topic.name, p.index): p.chain_hash for topic, p in self.engine.catalog.partitions()}
+        return {(topic.name, p.index): p.chain_hash for topic, p in self.catalog.partitions()}
 
 
-def verify_data_dir(engine: Engine, progress: Progress | None = None) -> VerifyReport:
-    """Verify every sealed segment of every partition of an open engine (`verify_source`)."""
-    return verify_source(_EngineSource(engine), progress)
+class Verifiable(Protocol):
+    def verify(self, progress: Progress | None = None) -> VerifyReport: ...
+
+
+def verify_data_dir(engine: Verifiable, progress: Progress | None = None) -> VerifyReport:
+    """Verify every sealed segment of every partition of an open engine (`Engine.verify`)."""
+    return engine.verify(progress)
 
 
 def verify_source(engine: VerifySource, progress: Progress | None = None) -> VerifyReport:

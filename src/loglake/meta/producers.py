@@ -12,8 +12,9 @@ frames on recovery.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from loglake.errors import InvalidProducerEpochError, OutOfOrderSequenceError
 
@@ -23,6 +24,23 @@ PRODUCER_BATCHES_REMEMBERED = 5
 #: Producer ids remembered per partition; the least recently used is forgotten beyond this.
 PRODUCERS_PER_PARTITION_MAX = 10_000
 SEQUENCE_MAX = 2**31 - 1
+
+
+class BatchHead(Protocol):
+    """What the rules read of a Kafka batch header (loglake.records.batch.BatchHeader)."""
+
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def producer_epoch(self) -> int: ...
+    @property
+    def base_sequence(self) -> int: ...
+    @property
+    def record_count(self) -> int: ...
+    @property
+    def last_offset_delta(self) -> int: ...
+    @property
+    def is_control(self) -> bool: ...
 
 
 def next_sequence(seq: int, count: int) -> int:
@@ -85,6 +103,28 @@ class ProducerStates:
                 f"producer {producer_id} epoch {epoch}: sequence {first_seq}, expected {expected}"
             )
         return None
+
+    def check_batches(self, heads: Iterable[BatchHead]) -> tuple[int, int] | None:
+        """The rule every partition log applies before it appends a produce's batches: (base,
+        last) offsets of the original append when they are a retry, None when they may be
+        appended; raises for a fenced epoch or a sequence gap."""
+        for h in heads:
+            if h.producer_id >= 0 and h.base_sequence >= 0:
+                duplicate = self.check(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count)
+                if duplicate is not None:
+                    return duplicate
+        return None
+
+    def record_batches(self, heads: Iterable[BatchHead], base_offset: int) -> None:
+        """After the batches were given offsets from `base_offset` (in order): remember each
+        idempotent producer's batch; a control batch (a transaction marker) fences older epochs."""
+        offset = base_offset
+        for h in heads:
+            if h.producer_id >= 0 and h.base_sequence >= 0:
+                self.record(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, offset)
+            elif h.producer_id >= 0 and h.is_control:
+                self.fence(h.producer_id, h.producer_epoch)
+            offset += h.last_offset_delta + 1
 
     def record(self, producer_id: int, epoch: int, first_seq: int, count: int, base_offset: int) -> None:
         entry = self._entries.get(producer_id)

@@ -97,7 +97,10 @@ class WalShard(StallMixin):
         on_healed: Callable[[str], None] | None = None,
         spare: bool = False,
         spare_keep_free: Callable[[int], int] | None = None,
+        files: list[WalFile] | None = None,
     ) -> None:
+        """`files`: a retired shard's files (a shard directory beyond the configured count), kept
+        for truncation only; such a shard is never started."""
         self.fs = fs
         self._spare = (
             SpareFile(fs, directory, file_bytes, spare_keep_free) if spare and fs.has_unwritten_extents else None
@@ -127,7 +130,7 @@ class WalShard(StallMixin):
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._next_seq = 0
-        self._files: list[WalFile] = []  # oldest first; the last one is active once writing starts
+        self._files: list[WalFile] = list(files or [])  # oldest first; the last one is active once writing starts
         self._active: File | None = None
         self._active_pos = 0
         self._active_capacity = 0

@@ -80,10 +80,23 @@ class MetaGroupLog:
 
 
 class MetaGroupStore:
-    """Group offsets and states as metadata records: O(1) per change, never blocks."""
+    """Group offsets and states as metadata records: O(1) per change, never blocks. The store of
+    a broker that coordinates every group it is asked about (a single node): nothing to claim,
+    nothing to lose."""
+
+    lost: frozenset[str] = frozenset()
 
     def __init__(self, records: GroupLog) -> None:
         self._engine = records
+
+    def prepare(self) -> None:
+        return None
+
+    def supersede(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
     def load(self) -> dict[str, StoredGroup]:
         raw = self._engine.group_metadata()

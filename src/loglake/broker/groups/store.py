@@ -14,7 +14,7 @@ exactly what `load()` returns.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -66,6 +66,32 @@ class GroupStore(Protocol):
     def save_state(self, group_id: str, state: dict[str, Any] | None) -> Future[None]:
         """Replace the group's state document (JSON-able; None clears it). Offsets are kept."""
         ...
+
+
+class ReloadableGroupStore(GroupStore, Protocol):
+    """A `GroupStore` a broker can replace while it runs: cluster mode moves group coordinators
+    between brokers when the live set changes (loglake.broker.group_reload); a single node never
+    replaces its store, and these calls cost it nothing."""
+
+    @property
+    def lost(self) -> frozenset[str] | set[str]:
+        """Groups another coordinator claimed from this store (answered NOT_COORDINATOR)."""
+        ...
+
+    def prepare(self) -> None:
+        """Blocking I/O before `load` (claims, catching up): called off the event loop."""
+        ...
+
+    def supersede(self) -> None:
+        """A newer store on this broker takes over: its writes fenced from now on are no loss."""
+        ...
+
+    def close(self) -> None: ...
+
+
+#: Makes the store of a new coordinator; `on_lost(group_id, store)` when another coordinator
+#: claims one of its groups (from any thread).
+GroupStoreFactory = Callable[[Callable[[str, "ReloadableGroupStore"], None]], ReloadableGroupStore]
 
 
 def resolved(exc: BaseException | None = None) -> Future[None]:
@@ -146,8 +172,10 @@ def _json_copy(state: dict[str, Any] | None) -> dict[str, Any] | None:
 __all__ = [
     "GroupOffsets",
     "GroupStore",
+    "GroupStoreFactory",
     "InMemoryGroupStore",
     "OffsetEntry",
+    "ReloadableGroupStore",
     "StoreFormatError",
     "StoredGroup",
     "TopicPartition",

@@ -40,30 +40,12 @@ COORDINATOR_LOAD_IN_PROGRESS: int = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
 
 def coordinator_error(ctx: Any, group_id: str) -> int:
-    """NONE when this broker coordinates `group_id`; COORDINATOR_NOT_AVAILABLE without a
-    coordinator; in cluster mode NOT_COORDINATOR when another live broker coordinates it, or
-    claimed it (the client asks FindCoordinator again), and COORDINATOR_LOAD_IN_PROGRESS while the
-    coordinator reloads after a change of the live set (docs/CLUSTER.md)."""
-    if ctx.coordinator is None:
+    """NONE when this broker coordinates `group_id` now, else why not (GroupCoordination.gate:
+    COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS)."""
+    groups = ctx.groups
+    if groups is None:
         return COORDINATOR_NOT_AVAILABLE
-    cluster = getattr(ctx, "cluster", None)
-    if cluster is None:
-        return NONE
-    fence = getattr(ctx, "group_fence", None)
-    if fence is not None and group_id in fence.lost:  # another coordinator claimed it
-        return NOT_COORDINATOR
-    if not cluster.coordinates(group_id):
-        return NOT_COORDINATOR
-    if fence is not None and fence.live != frozenset(cluster.live_ids()):
-        # The live set changed and the coordinator is being reloaded from etcd: the group's state
-        # here may be stale (or absent). Clients retry this broker shortly (Kafka's answer while a
-        # coordinator loads a group). Asking for the reload here too makes the gate self-healing:
-        # a change that came before the first coordinator was installed is not missed.
-        reloader = getattr(ctx, "group_reloader", None)
-        if reloader is not None:
-            reloader.moved()
-        return COORDINATOR_LOAD_IN_PROGRESS
-    return NONE
+    return int(groups.gate(group_id))
 
 
 def epoch_check(current: int, client: int) -> int:

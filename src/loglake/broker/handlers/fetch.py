@@ -162,10 +162,8 @@ async def _read_all(
 
 
 def _leader(ctx: Any, name: str, partition: int) -> int:
-    """The partition's leader: this broker, or in cluster mode the one etcd names (-1: none live)."""
-    if getattr(ctx, "cluster", None) is None:
-        return int(ctx.node_id)
-    return int(ctx.cluster.leader_of(ctx.engine.topic(name).topic_id, partition)[0])
+    """The partition's leader as the cluster view names it (-1: none live)."""
+    return int(ctx.view.leader_of(ctx.engine.topic_id_of(name), partition))
 
 
 def _max_bytes(body: Any) -> int:

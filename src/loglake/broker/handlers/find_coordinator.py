@@ -1,11 +1,9 @@
-"""FindCoordinator (10): this broker coordinates every group (key type 0) and every transactional
-id (key type 1); v4+ asks for several keys at once (KIP-699). Another key type (2, share groups,
-is not served) gets INVALID_REQUEST.
-
-In cluster mode a group's coordinator is the live broker `coordinator_of` picks (rendezvous
-hashing over the live node ids, loglake.cluster.coordinators): every broker answers the same, and
-the group moves when its broker dies. No live broker known (this one is registering again):
-COORDINATOR_NOT_AVAILABLE, which clients retry."""
+"""FindCoordinator (10): the coordinator of groups (key type 0) and transactional ids (key type
+1) is the broker the cluster view names (loglake.engine.view): a single node coordinates every
+key; in cluster mode the live broker rendezvous hashing over the live node ids picks, so every
+broker answers the same and a key moves when its broker dies. v4+ asks for several keys at once
+(KIP-699). Another key type (2, share groups, is not served) gets INVALID_REQUEST. No live broker
+known (this one is registering again): COORDINATOR_NOT_AVAILABLE, which clients retry."""
 
 from __future__ import annotations
 
@@ -21,6 +19,7 @@ from loglake.broker.handlers.errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.engine.view import endpoint_of
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
@@ -29,9 +28,6 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     body = req.body
     key_type = getattr(body, "key_type", GROUP_KEY) if req.api_version >= 1 else GROUP_KEY
     served = key_type in (GROUP_KEY, TRANSACTION_KEY)
-    code = NONE if served else INVALID_REQUEST
-    message = None if served else f"key type {key_type} is not served"
-    node, host, port = (ctx.node_id, *advertised_endpoint(ctx, conn)) if served else (-1, "", -1)
     keys = list(body.coordinator_keys) if req.api_version >= 4 else [body.key]
     refused: set[str] = set()
     if served:  # DESCRIBE on the group or transactional id (Kafka's KafkaApis)
@@ -41,25 +37,23 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     def entry(key: str) -> dict[str, Any]:
         if key in refused:
             return {"node_id": -1, "host": "", "port": -1, "error_code": denial, "error_message": None}
-        if getattr(ctx, "cluster", None) is not None and served and key_type == GROUP_KEY:
-            return _cluster_entry(ctx, conn, key)
-        return {"node_id": node, "host": host, "port": port, "error_code": code, "error_message": message}
+        if not served:
+            return {"node_id": -1, "host": "", "port": -1, "error_code": INVALID_REQUEST,
+                    "error_message": f"key type {key_type} is not served"}
+        return _entry(ctx, conn, key)
 
     if req.api_version >= 4:
         return {"throttle_time_ms": 0, "coordinators": [{"key": key, **entry(key)} for key in keys]}
     return {"throttle_time_ms": 0, **entry(keys[0])}
 
 
-def _cluster_entry(ctx: Any, conn: Any, key: str) -> dict[str, Any]:
-    from loglake.cluster.leadership import endpoint_of
-
-    chosen = ctx.cluster.coordinator_of(key)
+def _entry(ctx: Any, conn: Any, key: str) -> dict[str, Any]:
+    chosen = ctx.view.coordinator_of(key)
     if chosen == ctx.node_id:
         host, port = advertised_endpoint(ctx, conn)
         return {"node_id": chosen, "host": host, "port": port, "error_code": NONE, "error_message": None}
-    info = next((b for b in ctx.cluster.brokers() if b.node_id == chosen), None)
-    security = getattr(conn, "security", None)
-    where = endpoint_of(info, security.listener.protocol if security is not None else "PLAINTEXT") if info else None
+    info = next((b for b in ctx.view.brokers() if b.node_id == chosen), None)
+    where = endpoint_of(info, conn.security.listener.protocol) if info else None
     if where is None:
         return {"node_id": -1, "host": "", "port": -1, "error_code": COORDINATOR_NOT_AVAILABLE,
                 "error_message": "no live broker coordinates this group yet"}

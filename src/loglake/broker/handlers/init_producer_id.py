@@ -13,10 +13,10 @@ from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     NONE,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-    UNSUPPORTED_VERSION,
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.engine.partition_log import FEATURE_CODES, Feature
 from loglake.errors import LoglakeError
 from loglake.logsafe import RateLimitedLog
 
@@ -31,12 +31,13 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
     if not body.transactional_id and not idempotent_write_allowed(ctx, conn):
         return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
-    if body.transactional_id and getattr(ctx, "cluster", None) is not None:
-        # Transactions are not offered in cluster mode (docs/CLUSTER.md): refused up front with a
-        # code clients treat as fatal and name (librdkafka: "Broker: Unsupported version").
-        _limited.warning(("txn_cluster", getattr(conn, "peer_host", conn.peer)),
-                         "InitProducerId for %r refused: transactions are not supported in cluster mode", body.transactional_id)
-        return {"throttle_time_ms": 0, "error_code": UNSUPPORTED_VERSION, "producer_id": -1, "producer_epoch": -1}
+    if body.transactional_id and not ctx.engine.supports(Feature.TRANSACTIONS):
+        # Refused up front (the engine's refusal table, loglake.engine.partition_log) with a code
+        # clients treat as fatal and name (librdkafka: "Broker: Unsupported version").
+        _limited.warning(("txn_refused", conn.peer_host),
+                         "InitProducerId for %r refused: %s", body.transactional_id,
+                         ctx.engine.log.refused[Feature.TRANSACTIONS])
+        return {"throttle_time_ms": 0, "error_code": FEATURE_CODES[Feature.TRANSACTIONS], "producer_id": -1, "producer_epoch": -1}
     if body.transactional_id:
         try:
             code, pid, epoch = await ctx.txn.init_producer_id(

@@ -20,7 +20,7 @@ from typing import Any
 from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
 from loglake.broker.protocol import DecodedRequest
-from loglake.engine.describe import TierBytes, tier_bytes
+from loglake.engine.partition_log import TierBytes
 from loglake.errors import LoglakeError
 
 DESCRIBE_LOG_DIRS = 35
@@ -56,7 +56,7 @@ def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
         rows = sizes.setdefault(name, [])
         for p in partitions:
             try:
-                rows.append((p, tier_bytes(engine.catalog, name, p)))
+                rows.append((p, engine.tier_bytes(name, p)))
             except LoglakeError:
                 continue  # deleted meanwhile
     volume = _volume(engine.data_dir)
@@ -80,12 +80,12 @@ def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
             "usable_bytes": usable,
         }
     ]
-    cold = engine.cold_store
+    cold = engine.cold_url
     if cold is not None:
         dirs.append(
             {
                 "error_code": NONE,
-                "log_dir": cold.url,
+                "log_dir": cold,
                 "topics": [
                     {
                         "name": name,

@@ -1,9 +1,11 @@
-"""Metadata (3): this broker as the only node, leader of every partition; auto-create on demand.
+"""Metadata (3): the live brokers and each partition's leader, as the cluster view answers
+(loglake.engine.view); auto-create on demand.
 
-In cluster mode (`ctx.cluster`) the brokers are the live ones registered in etcd and each
-partition's leader is the one its last `plog_leader` record named, with that record's epoch; a
-partition whose leader is not live (it died and the others have not taken over yet) is answered
-LEADER_NOT_AVAILABLE with leader -1, which clients retry after a metadata refresh."""
+A single node is the only broker and leads every partition. In cluster mode the brokers are the
+live ones registered in etcd and a partition's leader is the one its last `plog_leader` record
+named; a partition whose leader is not live (it died and the others have not taken over yet) is
+answered LEADER_NOT_AVAILABLE with leader -1, which clients retry after a metadata refresh. Each
+broker is given at its listener of the request's protocol."""
 
 from __future__ import annotations
 
@@ -32,19 +34,20 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.engine.view import endpoint_of
 from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError, UnknownTopicError
 
 log = logging.getLogger(__name__)
 
 
-def _cluster_partition(ctx: Any, topic_id: str, p: int) -> dict[str, Any]:
-    leader, epoch = ctx.cluster.leader_of(topic_id, p)
+def _partition_entry(ctx: Any, name: str, topic_id: bytes, p: int) -> dict[str, Any]:
+    leader = ctx.view.leader_of(topic_id, p)
     nodes = [leader] if leader >= 0 else []
     return {
         "error_code": NONE if leader >= 0 else LEADER_NOT_AVAILABLE,
         "partition_index": p,
         "leader_id": leader,
-        "leader_epoch": epoch,
+        "leader_epoch": ctx.engine.leader_epoch(name, p),
         "replica_nodes": nodes,
         "isr_nodes": nodes,
         "offline_replicas": [],
@@ -53,16 +56,7 @@ def _cluster_partition(ctx: Any, topic_id: str, p: int) -> dict[str, Any]:
 
 def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
     info = ctx.engine.topic(name)
-    node = ctx.node_id
-    if getattr(ctx, "cluster", None) is not None:
-        return {
-            "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
-            "error_code": NONE,
-            "name": name,
-            "topic_id": uuid.UUID(hex=info.topic_id),
-            "is_internal": False,
-            "partitions": [_cluster_partition(ctx, info.topic_id, p) for p in range(info.partitions)],
-        }
+    topic_id = bytes.fromhex(info.topic_id)
     return {
         # v8+: the caller's operations on the topic when asked; None encodes "not requested"
         "authorized_operations": topic_operations(ctx, conn, name) if with_operations else None,
@@ -70,18 +64,7 @@ def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) 
         "name": name,
         "topic_id": uuid.UUID(hex=info.topic_id),
         "is_internal": False,
-        "partitions": [
-            {
-                "error_code": NONE,
-                "partition_index": p,
-                "leader_id": node,
-                "leader_epoch": ctx.engine.leader_epoch(name, p),
-                "replica_nodes": [node],
-                "isr_nodes": [node],
-                "offline_replicas": [],
-            }
-            for p in range(info.partitions)
-        ],
+        "partitions": [_partition_entry(ctx, name, topic_id, p) for p in range(info.partitions)],
     }
 
 
@@ -116,16 +99,12 @@ def _id_to_name(ctx: Any) -> dict[uuid.UUID, str]:
 
 
 def brokers_of(ctx: Any, conn: Any) -> list[dict[str, Any]]:
-    """This broker alone; in cluster mode every live one, at its listener of the request's protocol."""
+    """Every live broker, at its listener of the request's protocol (this one: the listener the
+    request came in on)."""
     host, port = advertised_endpoint(ctx, conn)
-    if getattr(ctx, "cluster", None) is None:
-        return [{"node_id": ctx.node_id, "host": host, "port": port, "rack": None}]
-    from loglake.cluster.leadership import endpoint_of
-
-    security = getattr(conn, "security", None)
-    protocol = security.listener.protocol if security is not None and hasattr(security, "listener") else "PLAINTEXT"
+    protocol = conn.security.listener.protocol
     out = []
-    for info in ctx.cluster.brokers():
+    for info in ctx.view.brokers():
         where = (host, port) if info.node_id == ctx.node_id else endpoint_of(info, protocol)
         if where is not None:
             out.append({"node_id": info.node_id, "host": where[0], "port": where[1], "rack": info.rack})

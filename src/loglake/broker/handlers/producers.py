@@ -19,7 +19,6 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
-from loglake.engine.describe import producers
 from loglake.errors import LoglakeError, UnknownTopicError
 
 DESCRIBE_PRODUCERS = 61
@@ -29,12 +28,11 @@ def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[s
     if topic in refused:
         return {"partition_index": index, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": "Authorization failed."}
     try:
-        states = producers(engine.catalog, engine.reader, topic, index)
+        states = engine.producers(topic, index)
     except UnknownTopicError as exc:
         return {"partition_index": index, "error_code": UNKNOWN_TOPIC_OR_PARTITION, "error_message": str(exc)}
     except LoglakeError as exc:
         return {"partition_index": index, "error_code": error_code(exc), "error_message": str(exc)}
-    txn_open = dict(engine.catalog.partition(topic, index).meta.txn_open)
     return {
         "partition_index": index,
         "error_code": NONE,
@@ -45,8 +43,8 @@ def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[s
                 "producer_epoch": s.producer_epoch,
                 "last_sequence": s.last_sequence,
                 "last_timestamp": s.last_timestamp,
-                "coordinator_epoch": 0 if s.producer_id in txn_open else -1,
-                "current_txn_start_offset": txn_open.get(s.producer_id, -1),
+                "coordinator_epoch": 0 if s.txn_start_offset >= 0 else -1,
+                "current_txn_start_offset": s.txn_start_offset,
             }
             for s in states
         ],

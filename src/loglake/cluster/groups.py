@@ -35,15 +35,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from loglake.broker.groups.meta_store import MetaGroupLog, MetaGroupStore
-from loglake.broker.groups.store import OffsetEntry, StoredGroup, TopicPartition
+from loglake.broker.groups.store import OffsetEntry, ReloadableGroupStore, StoredGroup, TopicPartition
 from loglake.cluster.coordinators import coordinator_of
+from loglake.engine.view import ClusterView
 from loglake.errors import MetaFencedError
 from loglake.meta import etcd_client as ec
 from loglake.meta.etcd import EtcdMetaStore, Guard
 
-log = logging.getLogger("loglake.broker")
+log = logging.getLogger("loglake.broker")  # its lines are the broker's (docs/CLUSTER.md quotes them)
 
-__all__ = ["CLAIM_KEY_PREFIX", "FencedGroupStore"]
+__all__ = ["CLAIM_KEY_PREFIX", "FencedGroupStore", "fenced_stores"]
 
 #: Claim keys live under this (relative to the cluster prefix); one key per group ever coordinated.
 CLAIM_KEY_PREFIX = "groups/coordinator/"
@@ -64,7 +65,10 @@ class FencedGroupStore(MetaGroupStore):
     """
 
     def __init__(
-        self, etcd: EtcdMetaStore, cluster: Any, on_lost: Callable[[str, FencedGroupStore], None] | None = None
+        self,
+        etcd: EtcdMetaStore,
+        cluster: ClusterView,
+        on_lost: Callable[[str, ReloadableGroupStore], None] | None = None,
     ) -> None:
         self.records = MetaGroupLog(etcd)
         super().__init__(self.records)
@@ -78,7 +82,7 @@ class FencedGroupStore(MetaGroupStore):
         self.claimed: set[str] = set()
         #: a newer instance on this broker is claiming (its claims fence this one's writes)
         self.superseded = False
-        self.lost: set[str] = set()
+        self.lost: set[str] = set()  # type: ignore[assignment]  # a set, growing: MetaGroupStore's is empty
         self._seen: dict[str, int] = {}  # claim key mod revision at load, for groups not claimed then
         self._loaded: dict[str, StoredGroup] | None = None
         self._lock = threading.Lock()  # claimed / lost / _claiming: the loop and the writer thread
@@ -126,6 +130,9 @@ class FencedGroupStore(MetaGroupStore):
         assert self._loaded is not None
         out, self._loaded = self._loaded, {}
         return out
+
+    def supersede(self) -> None:
+        self.superseded = True
 
     def close(self) -> None:
         self._writer.shutdown(wait=False)
@@ -220,3 +227,12 @@ def _failed(exc: Exception) -> Future[None]:
     fut: Future[None] = Future()
     fut.set_exception(exc)
     return fut
+
+
+def fenced_stores(etcd: EtcdMetaStore, view: ClusterView) -> Callable[[Callable[[str, ReloadableGroupStore], None]], FencedGroupStore]:
+    """The group-store factory of a cluster broker (loglake.broker.group_reload)."""
+
+    def make(on_lost: Callable[[str, ReloadableGroupStore], None]) -> FencedGroupStore:
+        return FencedGroupStore(etcd, view, on_lost)
+
+    return make

@@ -1,4 +1,5 @@
-"""A cluster broker's leadership: register, follow the live set, lead what `assign` gives it.
+"""Cluster mode's `ClusterView` (loglake.engine.view): register, follow the live set, lead what
+`assign` gives this broker.
 
 One thread per broker. Whenever the live set changes (a membership watch), a topic appears or
 goes, another broker takes a partition (a `plog_leader` record), or REBALANCE_INTERVAL_S passed,
@@ -17,29 +18,31 @@ Losing the lease (paused or cut off past the TTL: the keep-alive finds it gone) 
 everything at once — appends are refused with NOT_LEADER_OR_FOLLOWER — and the broker registers
 again under a new lease; the assignment then gives it partitions again, acquired with new epochs.
 
-The thread also answers the broker's questions about the cluster (`ClusterView`): the live
-brokers for Metadata, each partition's leader, each group's coordinator.
+The view answers the broker's questions about the cluster: the live brokers for Metadata, each
+partition's leader, each group's coordinator. Until `join` (the broker's listeners are bound) it
+is not registered and leads nothing. The lowest live node id also sweeps the bucket and copies
+the metadata into it (`publishes`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from loglake.cluster.assign import assign
 from loglake.cluster.coordinators import coordinator_of
-from loglake.cluster.membership import BrokerInfo, Membership
+from loglake.cluster.membership import Membership
 from loglake.cluster.plog_maint import merge, sweep
+from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
 from loglake.engine.catalog import TOPIC_KINDS
+from loglake.engine.view import BrokerInfo, LiveListener
 from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
+from loglake.meta.etcd import EtcdMetaStore
+from loglake.meta.etcd_client import EtcdClient
 from loglake.meta.state import MetaState
 
-if TYPE_CHECKING:
-    from loglake.cluster.engine import ClusterEngine
-
-__all__ = ["REBALANCE_INTERVAL_S", "Leadership"]
+__all__ = ["REBALANCE_INTERVAL_S", "EtcdClusterView"]
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +57,17 @@ MERGES_PER_ROUND_MAX = 1000
 TP = tuple[str, int]
 
 
-class Leadership:
-    def __init__(self, engine: ClusterEngine, listeners: list[str]) -> None:
-        self.engine = engine
-        self.node_id = engine.cluster.node_id
-        self.me = BrokerInfo(self.node_id, tuple(listeners), engine.cluster.rack)
-        self.membership = self._membership()
+class EtcdClusterView:
+    def __init__(
+        self, log: SharedPartitionLog, etcd: EtcdMetaStore, client: EtcdClient, settings: ClusterSettings
+    ) -> None:
+        self.log = log
+        self.etcd = etcd
+        self.client = client
+        self.settings = settings
+        self._node_id = settings.node_id
+        self.me = BrokerInfo(self._node_id, (), settings.rack)
+        self.membership: Membership | None = None
         self.held: set[TP] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -67,14 +75,16 @@ class Leadership:
         self._maint: threading.Thread | None = None
         self._last_error = ""
         self.rounds = 0
-        #: called with the live node ids whenever they change (the server moves group coordinators)
-        self._live_listeners: list[Callable[[set[int]], None]] = []
-        engine.etcd.watch(self._on_record)
+        #: called with the live node ids whenever they change (the broker moves group coordinators)
+        self._live_listeners: list[LiveListener] = []
+        etcd.watch(self._on_record)
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
 
     def _membership(self) -> Membership:
-        m = Membership(
-            self.engine.client, self.engine.cluster.prefix, self.me, ttl_s=self.engine.cluster.lease_ttl_s
-        )
+        m = Membership(self.client, self.etcd.prefix, self.me, ttl_s=self.settings.lease_ttl_s)
         m.subscribe(self._live_changed)
         return m
 
@@ -83,7 +93,7 @@ class Leadership:
         for listener in list(self._live_listeners):
             listener(set(live))
 
-    def on_live_change(self, listener: Callable[[set[int]], None]) -> None:
+    def on_change(self, listener: LiveListener) -> None:
         """Call `listener(live node ids)` (from the membership thread) whenever the live set changes."""
         self._live_listeners.append(listener)
 
@@ -92,15 +102,19 @@ class Leadership:
         if kind in TOPIC_KINDS or (kind == "plog_leader" and int(body.get("leader", -1)) != self.node_id):
             self._wake.set()
 
-    def start(self) -> None:
-        self.membership.start()  # NodeIdInUseError: refuse to start
+    def join(self, listeners: list[str]) -> None:
+        """Register advertising `listeners` (NodeIdInUseError: refuse to start), then lead what
+        the assignment gives this broker; rounds run on the view's own thread from here on."""
+        self.me = BrokerInfo(self._node_id, tuple(listeners), self.settings.rack)
+        self.membership = self._membership()
+        self.membership.start()
         self.rebalance()
         self._thread = threading.Thread(target=self._run, name="loglake-cluster-leadership", daemon=True)
         self._thread.start()
         self._maint = threading.Thread(target=self._maintain, name="loglake-cluster-maintenance", daemon=True)
         self._maint.start()
 
-    def stop(self) -> None:
+    def leave(self) -> None:
         """Release every partition (their buffered appends flush first) and revoke the lease, so
         the other brokers take over at once instead of after the TTL."""
         self._stop.set()
@@ -110,7 +124,8 @@ class Leadership:
         if self._maint is not None:
             self._maint.join(60)
         self._release_all()
-        self.membership.stop(revoke=True)
+        if self.membership is not None:
+            self.membership.stop(revoke=True)
 
     # ---- the loop --------------------------------------------------------------------------------
 
@@ -132,6 +147,8 @@ class Leadership:
 
     def rebalance(self) -> None:
         self.rounds += 1
+        if self.membership is None:
+            return  # not joined yet
         if self.membership.lost.is_set():
             self._release_all()
             self._rejoin()
@@ -156,12 +173,12 @@ class Leadership:
 
     def _acquire(self, mine: set[TP]) -> None:
         for tp in sorted(mine):
-            if self._stop.is_set() or self.membership.lost.is_set():
+            if self._stop.is_set() or (self.membership is not None and self.membership.lost.is_set()):
                 return
-            if tp in self.held and self.engine.leads(*tp):
+            if tp in self.held and self.log.leads(*tp):
                 continue
             try:
-                epoch = self.engine.acquire(*tp)
+                epoch = self.log.acquire(*tp)
             except MetaFencedError:
                 log.debug(
                     "node %d: %s-%d was taken by another broker first; looking again", self.node_id, *tp
@@ -180,12 +197,12 @@ class Leadership:
             prev = {(tid.hex(), p): pl.leader for (tid, p), pl in s.plogs.parts.items() if pl.leader >= 0}
             return parts, prev
 
-        parts, prev = self.engine.etcd.read(read)
+        parts, prev = self.etcd.read(read)
         return parts, sorted(live), prev
 
     def _release(self, tp: TP) -> None:
         try:
-            self.engine.release(*tp)
+            self.log.release(*tp)
         except LoglakeError as exc:
             self._say(f"releasing {tp[0]}-{tp[1]}: {exc}")
         self.held.discard(tp)
@@ -197,7 +214,8 @@ class Leadership:
     def _rejoin(self) -> None:
         """Register again under a new lease after losing the old one."""
         old = self.membership
-        old.stop(revoke=False)
+        if old is not None:
+            old.stop(revoke=False)
         fresh = self._membership()
         try:
             fresh.start()
@@ -213,7 +231,7 @@ class Leadership:
     # ---- background merge and sweep ----------------------------------------------------------------
 
     def _maintain(self) -> None:
-        interval = self.engine.cluster.maintenance_interval_ms / 1000.0
+        interval = self.settings.maintenance_interval_ms / 1000.0
         while not self._stop.wait(interval):
             try:
                 self.maintain_once()
@@ -222,68 +240,56 @@ class Leadership:
 
     def maintain_once(self) -> int:
         """Merge the ranges of partitions this broker leads, then sweep; returns partitions merged."""
-        plog = self.engine.plog
-        assert plog is not None
+        plog = self.log.plog
 
         def names(s: MetaState) -> dict[str, str]:
             return {tm.topic_id.hex(): tm.name for tm in s.topics.values()}
 
-        topic_names = self.engine.etcd.read(names)
+        topic_names = self.etcd.read(names)
         merged = 0
         for tid, p in sorted(self.held):
             if self._stop.is_set() or merged >= MERGES_PER_ROUND_MAX:
                 break
             name = topic_names.get(tid)
-            if name is None or not self.engine.leads(tid, p):
+            if name is None or not self.log.leads(tid, p):
                 continue
-            if len(self.engine._plog_of(tid, p).ranges) < MERGE_RANGES_MIN:
+            if len(self.log.plog_of(tid, p).ranges) < MERGE_RANGES_MIN:
                 continue
             try:
                 merge(plog, tid, p, name)
                 merged += 1
             except LoglakeError as exc:
                 log.info("node %d: merging %s-%d: %s (next round)", self.node_id, name, p, exc)
-        live = self.membership.known
-        if not self._stop.is_set() and live and self.node_id == min(live):
+        if not self._stop.is_set() and self.publishes():
             sweep(plog)  # one sweeper (the lowest live node id): sweeps racing on the same keys waste work
         return merged
 
     # ---- the view the handlers use -------------------------------------------------------------------
 
+    def _known(self) -> dict[int, BrokerInfo]:
+        return self.membership.known if self.membership is not None else {}
+
     def brokers(self) -> list[BrokerInfo]:
-        return [info for _, info in sorted(self.membership.known.items())]
+        return [info for _, info in sorted(self._known().items())]
 
     def live_ids(self) -> set[int]:
-        return set(self.membership.known)
+        return set(self._known())
 
-    def leader_of(self, topic_id: str, partition: int) -> tuple[int, int]:
-        """(leader node id or -1 when it is not live, leader epoch) of a partition."""
-        tid = bytes.fromhex(topic_id)
+    def leader_of(self, topic_id: bytes, partition: int) -> int:
+        """The partition's leader as the shared state names it, or -1 when it is not live."""
 
-        def read(s: MetaState) -> tuple[int, int]:
-            pl = s.plogs.parts.get((tid, partition))
-            return (pl.leader, pl.epoch) if pl is not None else (-1, 0)
+        def read(s: MetaState) -> int:
+            pl = s.plogs.parts.get((topic_id, partition))
+            return pl.leader if pl is not None else -1
 
-        leader, epoch = self.engine.etcd.read(read)
-        return (leader if leader in self.membership.known else -1), epoch
+        leader = self.etcd.read(read)
+        return leader if leader in self._known() else -1
 
-    def coordinator_of(self, group: str) -> int:
-        return coordinator_of(group, self.live_ids())
+    def coordinator_of(self, key: str) -> int:
+        return coordinator_of(key, self.live_ids())
 
-    def coordinates(self, group: str) -> bool:
-        return self.coordinator_of(group) == self.node_id
-
-
-def endpoint_of(info: BrokerInfo, protocol: str) -> tuple[str, int] | None:
-    """(host, port) a broker advertises for `protocol` (its first listener when none matches)."""
-    chosen = None
-    for url in info.listeners:
-        proto, _, hostport = url.partition("://")
-        host, _, port = hostport.rpartition(":")
-        if not port.isdigit():
-            continue
-        if chosen is None or proto == protocol:
-            chosen = (host.strip("[]"), int(port))
-            if proto == protocol:
-                break
-    return chosen
+    def publishes(self) -> bool:
+        """Whether this broker sweeps the bucket and copies the metadata into it: the lowest live
+        node id does (two that both think so for a moment write the same deterministic state)."""
+        live = self.live_ids()
+        return bool(live) and self._node_id == min(live)
