@@ -1,12 +1,14 @@
 """The one table of broker settings (`BROKER_SETTINGS`): complete rows, and everything derived from
-it — `BrokerConfig`'s defaults and range checks, the dynamic broker configs and the DescribeConfigs
-answer of the BROKER resource — agrees with it; no other module spells a setting's default or bound."""
+it — `BrokerConfig`'s defaults and range checks, the dynamic broker configs, the DescribeConfigs
+answer of the BROKER resource and README.md's table — agrees with it; no other module spells a
+setting's default or bound."""
 
 from __future__ import annotations
 
 import ast
 import inspect
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import MISSING, Field, fields
 from pathlib import Path
@@ -38,8 +40,13 @@ from loglake.errors import ConfigError
 
 from enginekit import small_config
 
+ROOT = Path(__file__).resolve().parent.parent
 SRC = Path(loglake.__file__).parent
 TABLE = SRC / "broker" / "settings.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import settings_table  # noqa: E402
+
 BROKER_ROWS = [s for s in BROKER_SETTING_ROWS if s.engine_field is None]
 BOUNDED = [s for s in BROKER_ROWS if s.bounds is not None]
 #: Python type of a setting -> the DescribeConfigs types that may describe it.
@@ -351,3 +358,22 @@ def test_a_stored_value_out_of_this_releases_bounds_is_skipped(broker_configs: B
     assert broker_configs.current("") == {"max.connections": "55"}
     assert (broker_configs.config.max_connections, broker_configs.config.idle_timeout_ms) == (55, 600_000)
 
+
+# ---- README.md ---------------------------------------------------------------------------------------
+
+
+def test_readme_table_is_the_generated_one() -> None:
+    readme = settings_table.README.read_text()
+    assert settings_table.spliced(readme, settings_table.render()) == readme, (
+        "README.md's table of broker settings is stale: run python scripts/settings_table.py --write"
+    )
+
+
+def test_readme_table_has_a_row_per_setting() -> None:
+    table = settings_table.render()
+    assert table.count("\n") == 2 + len(BROKER_SETTING_ROWS)
+    assert "| `max_connections` | `max.connections` | `10000` | `[1, 2147483647]` | cluster-wide |" in table
+    assert "| `node_id` | `node.id`, `broker.id` | `0` |" in table
+    assert settings_table.human("idle_timeout_ms", 7 * 24 * 3600 * 1000) == "7 days"
+    assert settings_table.human("max_frame_bytes", 100 * 1024 * 1024) == "100 MiB"
+    assert settings_table.human("max_connections", 10_000) is None
