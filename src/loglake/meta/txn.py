@@ -7,8 +7,9 @@ One record kind, ``txn``, carries a transactional id's whole state (it replaces 
      groups: [group id, ...], offsets: {group: [[topic, partition, offset, leader_epoch, metadata], ...]},
      markers: [[topic id hex, partition, marker offset], ...]}   (complete_abort only)
 
-`state` is one of `STATES`; ``dead`` removes the transactional id. Applying a record moves the
-partitions too, so a partition's transaction state is always the one the metadata implies:
+`state` is a `TxnState` value (loglake.meta.txn_states, with the transition table); ``dead``
+removes the transactional id. Applying a record moves the partitions too, so a partition's
+transaction state is always the one the metadata implies:
 
 * ongoing / prepare_commit / prepare_abort: each partition of `parts` lists the producer id as
   having an open transaction from `first` (the partition's log end when the partition joined
@@ -23,6 +24,8 @@ A partition's aborted entries are bounded (ABORTED_TXNS_MAX) and trimmed as its 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+
+from loglake.meta.txn_states import OPEN_STATES, TxnState, parse_txn_state
 
 if TYPE_CHECKING:
     from loglake.meta.state import MetaState, PartitionMeta
@@ -39,10 +42,8 @@ __all__ = [
     "txns_doc",
 ]
 
-#: Kafka's state names (DescribeTransactions/ListTransactions spell them in CamelCase).
-STATES = ("empty", "ongoing", "prepare_commit", "prepare_abort", "complete_commit", "complete_abort", "dead")
-#: States in which the transaction's partitions hold back the last stable offset.
-OPEN_STATES = frozenset(("ongoing", "prepare_commit", "prepare_abort"))
+#: Every state a record may name.
+STATES = tuple(TxnState)
 #: Most aborted-transaction entries one partition keeps; past this the oldest are dropped (a
 #: read_committed reader of offsets that old would then see that transaction's records).
 ABORTED_TXNS_MAX = 100_000
@@ -50,9 +51,7 @@ ABORTED_TXNS_MAX = 100_000
 
 def apply_txn(state: MetaState, b: dict[str, Any]) -> None:
     tid = str(b["tid"])
-    st = str(b["state"])
-    if st not in STATES:
-        raise ValueError(f"unknown transaction state {st!r}")
+    st = parse_txn_state(b["state"])
     pid = int(b["pid"])
     for tid_hex, index, first in b.get("parts", ()):
         pm = state.partitions.get((bytes.fromhex(tid_hex), int(index)))
@@ -63,7 +62,7 @@ def apply_txn(state: MetaState, b: dict[str, Any]) -> None:
             pm.txn_open[pid] = int(first) if known is None else min(known, int(first))
         else:
             pm.txn_open.pop(pid, None)
-    if st == "complete_abort":
+    if st is TxnState.COMPLETE_ABORT:
         for tid_hex, index, marker in b.get("markers", ()):
             pm = state.partitions.get((bytes.fromhex(tid_hex), int(index)))
             if pm is None:
@@ -72,7 +71,7 @@ def apply_txn(state: MetaState, b: dict[str, Any]) -> None:
             pm.aborted_txns.append([pid, first, int(marker)])
             if len(pm.aborted_txns) > ABORTED_TXNS_MAX:
                 del pm.aborted_txns[: len(pm.aborted_txns) - ABORTED_TXNS_MAX]
-    if st == "dead":
+    if st is TxnState.DEAD:
         state.txns.pop(tid, None)
     else:
         state.txns[tid] = dict(b)
@@ -102,4 +101,5 @@ def load_txns(state: MetaState, doc: dict[str, Any]) -> None:
     for tid, b in (doc.get("txns") or {}).items():
         if not isinstance(b, dict):
             raise ValueError(f"transaction {tid!r} is not an object")
+        parse_txn_state(b.get("state"))  # a checkpoint naming no known state is corrupt, as a record would be
         state.txns[str(tid)] = dict(b)
