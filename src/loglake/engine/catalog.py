@@ -24,6 +24,7 @@ from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, EngineConfig, TopicC
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.types import TopicInfo
 from loglake.errors import InvalidPartitionsError, TopicExistsError, UnknownTopicError
+from loglake.meta.lifecycle import Tier
 from loglake.meta.quotas import EntityKey, client_quota_body
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
@@ -196,7 +197,7 @@ class Catalog:
             {"id": p.topic_id.hex(), "p": p.index, "seg": ref.to_json(), "producers": producers},
         )
 
-    def record_tier(self, p: Partition, base_offset: int, tier: str) -> Future[int]:
+    def record_tier(self, p: Partition, base_offset: int, tier: Tier) -> Future[int]:
         return self.meta.append("segment_tier", {"id": p.topic_id.hex(), "p": p.index, "base": base_offset, "tier": tier})
 
     def record_rewrite(
