@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 import loglake
+from loglake.engine import Engine
 from loglake.meta import lifecycle
 from loglake.meta.lifecycle import TRANSITIONS, IllegalSegmentMove, Stage, Tier, move
 from loglake.meta.segments import ENTRY, SegmentRef, SegmentTable
 from loglake.meta.state import MetaState, encode_record
+from loglake.store.memory import MemoryStore
+
+from enginekit import abandon, small_config
 
 SRC = Path(loglake.__file__).parent
 OWNER = Path(lifecycle.__file__)
@@ -143,3 +148,26 @@ def test_an_illegal_move_raises_a_typed_error(frm: Tier | Stage, to: Tier | Stag
         move(frm, to, "seg-key")
     assert (info.value.frm, info.value.to) == (lifecycle.stage_of(frm), lifecycle.stage_of(to))
     assert "seg-key" in str(info.value)
+
+
+def test_the_catalog_refuses_a_second_relocation_before_recording_it(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config(), cold_store=MemoryStore(), start_background=False)
+    engine.open()
+    try:
+        engine.create_topic("t", 1, {"segment.bytes": "4096", "hot.retain.segments": "1"})
+        for i in range(40):
+            engine.append_records("t", 0, [(int(time.time() * 1000), None, b"%06d" % i * 50, [])]).result()
+        engine.flush()
+        assert engine.relocate_due() >= 1
+        cold = engine.segments("t", 0)[0]
+        assert cold.tier is Tier.COLD
+        p = engine.catalog.partition("t", 0)
+        seq = engine.catalog.state.seq
+        with p.lock, pytest.raises(IllegalSegmentMove, match="COLD to COLD"):
+            engine.catalog.record_tier(p, cold.base_offset, Tier.COLD)
+        with p.lock, pytest.raises(IllegalSegmentMove, match="DELETED to COLD"):
+            engine.catalog.record_tier(p, cold.base_offset + 1, Tier.COLD)  # no segment starts there
+        assert engine.catalog.state.seq == seq  # nothing was recorded
+        assert engine.segments("t", 0)[0].tier is Tier.COLD
+    finally:
+        abandon(engine)
