@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from loglake.engine.catalog import Catalog
 from loglake.engine.read import Reader
 from loglake.errors import LoglakeError
+from loglake.meta.lifecycle import Tier
 from loglake.records.batch import peek_header
 
 __all__ = ["PRODUCER_TIMESTAMP_READS_MAX", "ProducerDescription", "TierBytes", "producers", "tier_bytes"]
@@ -39,7 +40,7 @@ def tier_bytes(catalog: Catalog, name: str, partition: int) -> TierBytes:
     p = catalog.partition(name, partition)
     with p.lock:
         table = p.segments
-        cold = sum(table[i].size for i in table.indexes_in_tier("cold"))
+        cold = sum(table[i].size for i in table.indexes_in_tier(Tier.COLD))
         hot = table.total_bytes() - cold + p.buffer_bytes
         lag = max(0, p.next_offset - p.high_watermark)
     return TierBytes(hot, cold, lag)

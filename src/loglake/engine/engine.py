@@ -62,6 +62,7 @@ from loglake.errors import (
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import meta_dir, segments_dir, wal_dir
+from loglake.meta.lifecycle import Tier
 from loglake.meta.lock import DataDirLock
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
@@ -253,7 +254,7 @@ class Engine(TxnEngineMixin, BrokerMetaMixin, TopicsMixin):
         cold_url = config.cold_store_url if self._given_cold_store is None else None
         if cold_url and not reopenable and not cold_url.startswith("s3://"):
             cold_url = None
-        store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
+        store_urls = {Tier.HOT: hot.url if reopenable and self._given_store is None else None, Tier.COLD: cold_url}
         self._cleaner = Cleaner(self.catalog, stores, indexes, self._clock, config, store_urls)
         self._cleaner.rewriter.before_delete = self.publish_metadata
         # The publisher watches from the first record on (recovery may append some).

@@ -32,6 +32,7 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
+from loglake.meta.lifecycle import Tier
 from loglake.segment.format import Rewrite, SegmentWriter
 from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader
@@ -230,7 +231,7 @@ class Rewriter:
         # From here the switch is applied: the new objects must stay whatever happens.
         fut.result()  # 4. the switch is durable
         for ref, index in outputs:
-            if ref.tier == "hot":
+            if ref.tier == Tier.HOT:
                 self.indexes.put(ref.key, index)
         if self.before_delete is not None:
             try:

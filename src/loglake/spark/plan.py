@@ -18,6 +18,7 @@ from typing import Any
 
 from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.lifecycle import Tier
 from loglake.meta.publish import read_remote_state
 from loglake.meta.txn import ABORTED_TXNS_MAX
 from loglake.records.decode import decode_batch
@@ -44,7 +45,7 @@ class SegmentInfo:
     size: int
     max_ts: int
     record_count: int
-    tier: str = "hot"
+    tier: Tier = Tier.HOT
     prev_hash: str = ""
     chain_hash: str = ""
 
@@ -220,7 +221,7 @@ def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:
 
 def store_for(seg: SegmentInfo, hot_url: str, cold_url: str | None) -> str:
     """The URL of the store holding a segment: the hot store, or the cold one (option coldPath)."""
-    if seg.tier == "cold":
+    if seg.tier == Tier.COLD:
         if not cold_url:
             raise LoglakeOptionError(
                 f"segment {seg.key} was moved to the cold tier: give its store URL with the option coldPath"
@@ -236,7 +237,7 @@ def offset_for_timestamp(
     for seg in pm.segments:
         if seg.last < pm.log_start or seg.max_ts < ts:
             continue
-        if seg.tier == "cold":
+        if seg.tier == Tier.COLD:
             store = cached_store(store_for(seg, store.url, cold_url))
         _trailer, index = read_tail(store, seg.key, seg.size)
         i = index.find_timestamp(ts)
@@ -289,7 +290,7 @@ def resolve_offset(
         if ts is None:
             return default
     assert ts is not None
-    if tail is not None and not cold_url and any(seg.tier == "cold" for seg in pm.segments):
+    if tail is not None and not cold_url and any(seg.tier == Tier.COLD for seg in pm.segments):
         found = tail(pm.tp, ts)  # tiered segments and no coldPath: the broker reads its cold tier
     else:
         found = offset_for_timestamp(store, pm, ts, cold_url)
@@ -384,7 +385,7 @@ def ranges_for(
     if pm.seam is not None and not cold_url:
         # no coldPath: the offsets of segments tiered to the cold store (the oldest ones) come
         # through the broker, which reads its own cold tier
-        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == "cold"), default=start)
+        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == Tier.COLD), default=start)
         pos = max(start, min(cold_end, seam))
         if pos > start:
             out.append(BrokerRange(pm.topic, pm.partition, start, pos))
