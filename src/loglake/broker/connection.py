@@ -53,6 +53,7 @@ from loglake.broker.file_send import send_file_range
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import response_error
 from loglake.broker.protocol import (
+    ApiKey,
     DecodedRequest,
     FrameDecoder,
     FrameTooLargeError,
@@ -77,7 +78,6 @@ log = logging.getLogger("loglake.broker")
 
 #: Bytes read from a socket per call (loglake.broker.overload counts it into CONNECTION_BYTES).
 READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
-API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
 
@@ -179,7 +179,7 @@ class Connection:
         try:
             req = decode_request(frame)
         except UnsupportedVersionError as exc:
-            if exc.api_key == API_VERSIONS:
+            if exc.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])

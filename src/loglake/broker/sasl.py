@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from loglake.broker.listeners import split_list
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.errors import ConfigError
 from loglake.meta.scram import to_credential
 from loglake.scram import (
@@ -73,7 +74,7 @@ SASL_MAX_RECEIVE_BYTES = 512 * 1024
 #: How long a connection on a SASL listener may take from accept to authenticated.
 SASL_AUTHENTICATION_TIMEOUT_S = 30.0
 #: APIs answered before authentication: ApiVersions, SaslHandshake, SaslAuthenticate.
-PRE_AUTH_APIS = frozenset({18, 17, 36})
+PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 #: Distinct (principal, source address) label pairs of the failure counter; further ones are
 #: counted under OVERFLOW_LABEL (a scan of user names must not grow /metrics without bound).
 SASL_FAILURE_LABELS_MAX = 1000

@@ -8,6 +8,7 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, VersionTable
 
 HANDLERS: dict[int, Callable[..., Awaitable[Any]]] = {}
@@ -30,13 +31,13 @@ def _register() -> None:
     )
 
     for module, key in (
-        (produce, 0),
-        (fetch, 1),
-        (list_offsets, 2),
-        (metadata, 3),
-        (find_coordinator, 10),
-        (api_versions, 18),
-        (init_producer_id, 22),
+        (produce, ApiKey.PRODUCE),
+        (fetch, ApiKey.FETCH),
+        (list_offsets, ApiKey.LIST_OFFSETS),
+        (metadata, ApiKey.METADATA),
+        (find_coordinator, ApiKey.FIND_COORDINATOR),
+        (api_versions, ApiKey.API_VERSIONS),
+        (init_producer_id, ApiKey.INIT_PRODUCER_ID),
     ):
         HANDLERS[key] = module.handle
     # Admin and group APIs: modules that export a HANDLERS table of their own.

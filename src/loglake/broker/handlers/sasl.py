@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.sasl import TOKEN_STATES, SaslError, SaslSession, SaslState
 from loglake.kafka_errors import ErrorCode
-
-SASL_HANDSHAKE = 17
-SASL_AUTHENTICATE = 36
 
 
 def _mechanisms(ctx: Any) -> list[str]:
@@ -111,6 +108,6 @@ async def _authenticate(ctx: Any, conn: Any, req: DecodedRequest, session: SaslS
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    SASL_HANDSHAKE: sasl_handshake,
-    SASL_AUTHENTICATE: sasl_authenticate,
+    ApiKey.SASL_HANDSHAKE: sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
 }

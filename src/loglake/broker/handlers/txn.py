@@ -23,7 +23,7 @@ from loglake.broker.authorized import (
     cluster_allowed,
     denied,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.txn.coordinator import Txn
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
@@ -214,10 +214,10 @@ async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    24: add_partitions_to_txn,
-    25: add_offsets_to_txn,
-    26: end_txn,
-    28: txn_offset_commit,
-    65: describe_transactions,
-    66: list_transactions,
+    ApiKey.ADD_PARTITIONS_TO_TXN: add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: add_offsets_to_txn,
+    ApiKey.END_TXN: end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: txn_offset_commit,
+    ApiKey.DESCRIBE_TRANSACTIONS: describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: list_transactions,
 }
