@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from loglake.broker.overload import QUEUED_MAX_REQUEST_BYTES_DEFAULT
+from loglake.broker.overload import QUEUED_MAX_REQUEST_BYTES_DEFAULT, rss_budget
 from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
 
@@ -301,7 +301,5 @@ class BrokerConfig:
         sources = dict(self.sources)
         if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
             sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"
-        from loglake.broker.overload import rss_budget
-
         budget = f"\n# rss budget: {rss_budget(self).describe()} (docs/RELIABILITY.md, Overload)\n"
         return render(values, engine_values, engine.topic_defaults, sources) + budget
