@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from loglake.broker.overload import rss_budget
 from loglake.broker.settings import (
     BROKER_SETTINGS,
     check_value,
@@ -295,7 +296,5 @@ class BrokerConfig:
         sources = dict(self.sources)
         if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
             sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"
-        from loglake.broker.overload import rss_budget
-
         budget = f"\n# rss budget: {rss_budget(self).describe()} (docs/RELIABILITY.md, Overload)\n"
         return render(values, engine_values, engine.topic_defaults, sources) + budget

@@ -44,7 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loglake.broker import overload
 from loglake.broker.authorized import CURRENT_API
@@ -68,11 +68,10 @@ from loglake.broker.quotas import handle_request, wait_unmuted
 from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.broker.tls import SecurityContext
+from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.kafka_errors import ErrorCode
-
-if TYPE_CHECKING:
-    from loglake.broker.server import BrokerServer
+from loglake.logsafe import RateLimitedLog
 
 log = logging.getLogger("loglake.broker")
 
@@ -82,10 +81,24 @@ READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
 
 
+class ConnectionServer(Protocol):
+    """What a connection and its helpers (`conn.server`: SASL, file sending) use of the server that
+    accepted it: `loglake.broker.server.BrokerServer`, which imports this module."""
+
+    @property
+    def ctx(self) -> BrokerContext: ...
+    @property
+    def engine(self) -> Engine | None: ...
+    @property
+    def request_bytes(self) -> overload.RequestBytes: ...
+    @property
+    def limited(self) -> RateLimitedLog: ...
+
+
 class Connection:
     def __init__(
         self,
-        server: BrokerServer,
+        server: ConnectionServer,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         security: SecurityContext | None = None,

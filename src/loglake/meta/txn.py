@@ -23,12 +23,10 @@ A partition's aborted entries are bounded (ABORTED_TXNS_MAX) and trimmed as its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from loglake.meta.txn_states import OPEN_STATES, TxnState, parse_txn_state
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState, PartitionMeta
 
 __all__ = [
     "ABORTED_TXNS_MAX",
@@ -49,7 +47,24 @@ STATES = tuple(TxnState)
 ABORTED_TXNS_MAX = 100_000
 
 
-def apply_txn(state: MetaState, b: dict[str, Any]) -> None:
+class TxnPartition(Protocol):
+    """A partition's transaction fields (`loglake.meta.state.PartitionMeta`)."""
+
+    txn_open: dict[int, int]
+    aborted_txns: list[list[int]]
+
+
+class TxnMetaState(Protocol):
+    """What a ``txn`` record moves of the metadata state (`loglake.meta.state.MetaState`, which
+    imports this module): the transactional ids and their partitions."""
+
+    @property
+    def partitions(self) -> Mapping[tuple[bytes, int], TxnPartition]: ...
+    @property
+    def txns(self) -> dict[str, dict[str, Any]]: ...
+
+
+def apply_txn(state: TxnMetaState, b: dict[str, Any]) -> None:
     tid = str(b["tid"])
     st = parse_txn_state(b["state"])
     pid = int(b["pid"])
@@ -77,27 +92,27 @@ def apply_txn(state: MetaState, b: dict[str, Any]) -> None:
         state.txns[tid] = dict(b)
 
 
-def trim_aborted(pm: PartitionMeta, log_start: int) -> None:
+def trim_aborted(pm: TxnPartition, log_start: int) -> None:
     """Entries whose marker is below the log start describe nothing a reader can fetch."""
     if pm.aborted_txns and pm.aborted_txns[0][2] < log_start:
         pm.aborted_txns = [e for e in pm.aborted_txns if e[2] >= log_start]
 
 
-def partition_txn_doc(pm: PartitionMeta) -> dict[str, Any]:
+def partition_txn_doc(pm: TxnPartition) -> dict[str, Any]:
     """Checkpoint fields of one partition (absent in checkpoints written before transactions)."""
     return {"txn_open": {str(k): v for k, v in dict(pm.txn_open).items()}, "aborted_txns": [list(e) for e in pm.aborted_txns]}
 
 
-def load_partition_txns(pm: PartitionMeta, raw: dict[str, Any]) -> None:
+def load_partition_txns(pm: TxnPartition, raw: dict[str, Any]) -> None:
     pm.txn_open = {int(k): int(v) for k, v in (raw.get("txn_open") or {}).items()}
     pm.aborted_txns = [[int(p), int(f), int(last)] for p, f, last in raw.get("aborted_txns") or ()]
 
 
-def txns_doc(state: MetaState) -> dict[str, Any]:
+def txns_doc(state: TxnMetaState) -> dict[str, Any]:
     return {tid: dict(b) for tid, b in state.txns.items()}
 
 
-def load_txns(state: MetaState, doc: dict[str, Any]) -> None:
+def load_txns(state: TxnMetaState, doc: dict[str, Any]) -> None:
     for tid, b in (doc.get("txns") or {}).items():
         if not isinstance(b, dict):
             raise ValueError(f"transaction {tid!r} is not an object")
