@@ -36,10 +36,18 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from loglake.broker.txn.coordinator import TxnSettings
-from loglake.cluster.flusher import FLUSH_BUFFER_BYTES_MAX, OBJECT_FLUSH_BYTES, OBJECT_FLUSH_MS
 from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, ConfigType, EngineConfig
 from loglake.errors import ConfigError
 from loglake.logsafe import RATE_LIMIT_INTERVAL_S
+
+#: Cluster mode flushes its buffered batches to one bucket object at this size (KafScale's
+#: default, 4 MB)...
+OBJECT_FLUSH_BYTES = 4 * 1024 * 1024
+#: ...or once the oldest buffered batch is this old (KafScale's default, 500 ms).
+OBJECT_FLUSH_MS = 500
+#: Bound on the flush buffer's bytes: buffered plus the flush in flight (16 flushes' worth at the
+#: default); `object_flush_bytes` may not pass it (loglake.cluster.flusher).
+FLUSH_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 
 ENV_PREFIX = "LOGLAKE_"
 ENGINE_ENV_PREFIX = "LOGLAKE_ENGINE__"
