@@ -21,6 +21,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -45,11 +46,25 @@ def modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted((SRC / PACKAGE).rglob("*.py"))}
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """Every loglake module `name` imports, anywhere in it."""
+class Import(NamedTuple):
+    """One import statement's edge: `source` imports `target` at path:line."""
+
+    source: str
+    target: str
+    path: Path
+    line: int
+
+
+def imports_in(name: str, path: Path, known: set[str]) -> list[Import]:
+    """Every import of a loglake module in module `name`, anywhere in it, with its line.
+
+    `from P import n` is an edge to P.n when that is a module, and to P only when some imported
+    name is not a submodule (a name P itself defines or re-exports): the parent package runs first
+    for any submodule import, so that alone is no edge, just as `import P.n` is none to P.
+    """
     tree = ast.parse(path.read_text(), str(path))
     is_package = path.name == "__init__.py"
-    out: set[str] = set()
+    out: list[Import] = []
     for node in ast.walk(tree):
         targets: list[str] = []
         if isinstance(node, ast.Import):
@@ -61,20 +76,34 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            targets = [f"{stem}.{a.name}" for a in node.names] + [stem]
+            names = [f"{stem}.{a.name}" for a in node.names]
+            targets = [n for n in names if n in known]
+            if len(targets) < len(names):
+                targets.append(stem)
+        else:
+            continue
         for t in targets:
             # the longest known module the name lies in (an imported name or a submodule)
             while t and t not in known:
                 t = t.rpartition(".")[0]
             if t and t != name and t.startswith(PACKAGE):
-                out.add(t)
+                out.append(Import(name, t, path, node.lineno))
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_edges() -> list[Import]:
+    """Every import edge between loglake modules, in module order then line order."""
     mods = modules()
     known = set(mods)
-    return {name: imports_of(name, path, known) for name, path in mods.items()}
+    edges = [edge for name, path in mods.items() for edge in imports_in(name, path, known)]
+    return sorted(set(edges), key=lambda e: (e.source, e.line, e.target))
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {name: set() for name in modules()}
+    for edge in import_edges():
+        graph[edge.source].add(edge.target)
+    return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

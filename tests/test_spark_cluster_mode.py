@@ -34,9 +34,9 @@ from confluent_kafka.admin import AdminClient
 
 import s3kit
 from etcdkit import needs_etcd
+from loglake.spark.model import FlushSlice
 from loglake.spark.options import LoglakeOptionError, parse_read_options
 from loglake.spark.plan import (
-    FlushSlice,
     Metadata,
     cached_store,
     load_metadata,

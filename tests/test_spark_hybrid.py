@@ -21,11 +21,10 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from loglake.meta.publish import find_clusters
+from loglake.spark.model import PartitionMeta, Slice
 from loglake.spark.options import LoglakeOptionError, parse_read_options, parse_write_options
 from loglake.spark.plan import (
     BrokerRange,
-    PartitionMeta,
-    Slice,
     cached_store,
     load_metadata,
     ranges_for,
@@ -168,7 +167,7 @@ def test_kafka_options_map_to_librdkafka_or_are_refused() -> None:
 
 
 def test_the_seam_splits_a_partition_into_slices_and_one_broker_range() -> None:
-    from loglake.spark.plan import SegmentInfo
+    from loglake.spark.model import SegmentInfo
 
     segs = (SegmentInfo("a", 0, 49, 100, 0, 50), SegmentInfo("b", 50, 99, 100, 0, 50))
     pm = PartitionMeta("t", "", 0, 0, 130, segs, seam=100)

@@ -162,7 +162,8 @@ def test_stream_options_need_no_ending() -> None:
 
 
 def test_data_loss_handling() -> None:
-    from loglake.spark.plan import DataLossError, PartitionMeta, check_range
+    from loglake.spark.model import PartitionMeta
+    from loglake.spark.plan import DataLossError, check_range
 
     pm = PartitionMeta("t", "0" * 32, 0, 100, 250, ())
     with pytest.raises(DataLossError, match=r"offsets 40\.\.99 are gone"):

@@ -2,7 +2,9 @@
 
 Precedence: flags > environment > TOML file > defaults. Engine options go in the TOML table
 `[engine]` (EngineConfig field names) and topic defaults in `[topic_defaults]` (Kafka names).
-Reading, type and range checks live in `loglake.broker.settings`.
+Every setting is a row of `loglake.broker.settings.BROKER_SETTINGS` (Kafka name, default, bounds,
+documentation, dynamic or not): the defaults below are read from it, and reading, type and range
+checks live there too.
 """
 
 from __future__ import annotations
@@ -13,25 +15,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from loglake.broker.overload import QUEUED_MAX_REQUEST_BYTES_DEFAULT
+from loglake.broker.overload import rss_budget
+from loglake.broker.settings import (
+    BROKER_SETTINGS,
+    check_value,
+    default_of,
+    list_default,
+    load_settings,
+    render,
+)
 from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
 
 if TYPE_CHECKING:
     from loglake.broker.groups.limits import ConsumerLimits
     from loglake.broker.listeners import Listener
-
-#: Largest request frame accepted; Kafka's socket.request.max.bytes default is 100 MiB.
-MAX_FRAME_BYTES_DEFAULT = 100 * 1024 * 1024
-#: Requests one connection may have in flight before the server stops reading from it.
-MAX_INFLIGHT_PER_CONNECTION_DEFAULT = 64
-#: Connections idle this long are closed (Kafka's connections.max.idle.ms default is 10 min).
-IDLE_TIMEOUT_MS_DEFAULT = 600_000
-#: Most concurrent connections; beyond this new ones are closed at once with a log line.
-MAX_CONNECTIONS_DEFAULT = 10_000
-#: Repeats of one warning (same condition, same peer address) within this are summarised, not logged.
-LOG_RATE_LIMIT_MS_DEFAULT = 30_000
-
 
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
     from loglake.broker.listeners import parse_host_port as parse
@@ -56,16 +54,18 @@ EVENT_LOOPS = ("asyncio", "uvloop")
 
 @dataclass
 class BrokerConfig:
+    """The broker's settings, each with its default from `BROKER_SETTINGS` (unset ones are None)."""
+
     #: `serve --accept-data-loss` only (not a dataclass field, so no setting): open a data
     #: directory that lost acknowledged records (engine/acked.py)
     accept_data_loss = False
 
-    data_dir: str = "./loglake-data"
+    data_dir: str = default_of("data_dir", str)
     cold_store: str | None = None
     #: Listeners, each PROTOCOL://HOST:PORT or a bare HOST:PORT (PLAINTEXT); see loglake.broker.listeners.
-    listen: list[str] = field(default_factory=lambda: ["127.0.0.1:9092"])
+    listen: list[str] = field(default_factory=list_default("listen"))
     #: What Metadata advertises per listener: matched by protocol, or by position when bare HOST:PORT.
-    advertised_listener: list[str] = field(default_factory=list)
+    advertised_listener: list[str] = field(default_factory=list_default("advertised_listener"))
     port_file: str | None = None
     metrics_listen: str | None = None
     #: TLS of SSL listeners (docs/SECURITY.md): PEM certificate chain, private key (and its password),
@@ -74,26 +74,26 @@ class BrokerConfig:
     ssl_key: str | None = None
     ssl_key_password: str | None = None
     ssl_ca: str | None = None
-    ssl_client_auth: str = "none"
+    ssl_client_auth: str = default_of("ssl_client_auth", str)
     #: Kafka's ssl.principal.mapping.rules: client certificate subject DN -> principal name.
-    ssl_principal_mapping_rules: str = "DEFAULT"
+    ssl_principal_mapping_rules: str = default_of("ssl_principal_mapping_rules", str)
     #: Kafka's sasl.enabled.mechanisms: what SASL listeners offer (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
-    sasl_enabled_mechanisms: str = "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"
+    sasl_enabled_mechanisms: str = default_of("sasl_enabled_mechanisms", str)
     #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
     #: authentication failed is kept (answered, then closed) before it is closed.
-    connection_failed_authentication_delay_ms: int = 100
+    connection_failed_authentication_delay_ms: int = default_of("connection_failed_authentication_delay_ms", int)
     #: Start even when a listener without client authentication is bound to a non-loopback address.
-    allow_unauthenticated_public_listener: bool = False
+    allow_unauthenticated_public_listener: bool = default_of("allow_unauthenticated_public_listener", bool)
     #: Kafka's super.users: principals (``User:admin``) every ACL check allows (docs/SECURITY.md, ACLs).
-    super_users: list[str] = field(default_factory=list)
+    super_users: list[str] = field(default_factory=list_default("super_users"))
     #: Kafka's allow.everyone.if.no.acl.found: whether a resource no ACL names is open to everyone.
     #: Unset: true while no listener authenticates anyone (every client is User:ANONYMOUS), false
     #: once one does (SASL_*, or SSL with ssl_client_auth requested/required); see `acl_default_allow`.
     allow_everyone_if_no_acl_found: bool | None = None
     #: The event loop: "asyncio" (the standard library's) or "uvloop" (libuv's, from the `fast`
     #: extra). An explicit choice: a broker's behaviour does not change because a package appeared.
-    event_loop: str = "asyncio"
-    node_id: int = 0
+    event_loop: str = default_of("event_loop", str)
+    node_id: int = default_of("node_id", int)
     #: Cluster mode (docs/CLUSTER.md): etcd://HOST:PORT[,HOST:PORT...]/PREFIX; unset runs one
     #: broker on its own data directory (the single-node mode).
     cluster: str | None = None
@@ -101,71 +101,70 @@ class BrokerConfig:
     rack: str | None = None
     #: Cluster mode: TTL of the broker's etcd lease; a dead broker's partitions move about this
     #: long (plus ~0.5 s) after its last keep-alive (loglake.cluster.membership).
-    cluster_lease_ttl_s: int = 3
+    cluster_lease_ttl_s: int = default_of("cluster_lease_ttl_s", int)
     #: Cluster mode, durability class `object`: flush the broker's buffered batches (one object
     #: for all partitions) at this many bytes or when the oldest is this old (KafScale's defaults).
-    object_flush_bytes: int = 4 * 1024 * 1024
-    object_flush_ms: int = 500
+    object_flush_bytes: int = default_of("object_flush_bytes", int)
+    object_flush_ms: int = default_of("object_flush_ms", int)
     #: Cluster mode: how often each broker merges the flush ranges of partitions it leads into
     #: segments and sweeps flush objects no range references (loglake.cluster.plog_maint).
-    cluster_maintenance_interval_ms: int = 10_000
-    auto_create_topics: bool = True
-    default_partitions: int = 1
-    max_frame_bytes: int = MAX_FRAME_BYTES_DEFAULT
-    max_inflight_per_connection: int = MAX_INFLIGHT_PER_CONNECTION_DEFAULT
-    idle_timeout_ms: int = IDLE_TIMEOUT_MS_DEFAULT
-    max_connections: int = MAX_CONNECTIONS_DEFAULT
+    cluster_maintenance_interval_ms: int = default_of("cluster_maintenance_interval_ms", int)
+    auto_create_topics: bool = default_of("auto_create_topics", bool)
+    default_partitions: int = default_of("default_partitions", int)
+    max_frame_bytes: int = default_of("max_frame_bytes", int)
+    max_inflight_per_connection: int = default_of("max_inflight_per_connection", int)
+    idle_timeout_ms: int = default_of("idle_timeout_ms", int)
+    max_connections: int = default_of("max_connections", int)
     #: Kafka's queued.max.request.bytes: request bytes read and not yet handled, all connections
     #: together; while spent, no connection is read (loglake.broker.overload, docs/RELIABILITY.md).
-    queued_max_request_bytes: int = QUEUED_MAX_REQUEST_BYTES_DEFAULT
-    group_initial_rebalance_delay_ms: int = 3000
-    group_min_session_timeout_ms: int = 6000
-    group_max_session_timeout_ms: int = 1_800_000
+    queued_max_request_bytes: int = default_of("queued_max_request_bytes", int)
+    group_initial_rebalance_delay_ms: int = default_of("group_initial_rebalance_delay_ms", int)
+    group_min_session_timeout_ms: int = default_of("group_min_session_timeout_ms", int)
+    group_max_session_timeout_ms: int = default_of("group_max_session_timeout_ms", int)
     #: Kafka's offsets.retention.minutes: committed offsets of a group that stayed Empty this long expire.
-    offsets_retention_minutes: int = 10080
+    offsets_retention_minutes: int = default_of("offsets_retention_minutes", int)
     #: Window of rate-limited warnings (loglake.logsafe); 0 logs every repeat.
-    log_rate_limit_ms: int = LOG_RATE_LIMIT_MS_DEFAULT
+    log_rate_limit_ms: int = default_of("log_rate_limit_ms", int)
     #: KIP-848 consumer groups (Kafka's group.consumer.* names with "_" for "."); see docs/GROUPS.md.
-    group_consumer_session_timeout_ms: int = 45_000
-    group_consumer_min_session_timeout_ms: int = 45_000
-    group_consumer_max_session_timeout_ms: int = 60_000
-    group_consumer_heartbeat_interval_ms: int = 5_000
-    group_consumer_min_heartbeat_interval_ms: int = 5_000
-    group_consumer_max_heartbeat_interval_ms: int = 15_000
-    group_consumer_max_size: int = 1000
+    group_consumer_session_timeout_ms: int = default_of("group_consumer_session_timeout_ms", int)
+    group_consumer_min_session_timeout_ms: int = default_of("group_consumer_min_session_timeout_ms", int)
+    group_consumer_max_session_timeout_ms: int = default_of("group_consumer_max_session_timeout_ms", int)
+    group_consumer_heartbeat_interval_ms: int = default_of("group_consumer_heartbeat_interval_ms", int)
+    group_consumer_min_heartbeat_interval_ms: int = default_of("group_consumer_min_heartbeat_interval_ms", int)
+    group_consumer_max_heartbeat_interval_ms: int = default_of("group_consumer_max_heartbeat_interval_ms", int)
+    group_consumer_max_size: int = default_of("group_consumer_max_size", int)
     #: Comma-separated server-side assignors ("uniform", "range"); the first is the default.
-    group_consumer_assignors: str = "uniform,range"
+    group_consumer_assignors: str = default_of("group_consumer_assignors", str)
     #: "disabled" | "upgrade" | "downgrade" | "bidirectional": which Empty groups may change protocol.
-    group_consumer_migration_policy: str = "bidirectional"
+    group_consumer_migration_policy: str = default_of("group_consumer_migration_policy", str)
     #: KIP-227 fetch sessions (docs/PROTOCOL.md): Kafka's max.incremental.fetch.session.cache.slots,
     #: min.incremental.fetch.session.eviction.ms, and loglake's bound on one session's partitions.
-    max_incremental_fetch_session_cache_slots: int = 1000
-    min_incremental_fetch_session_eviction_ms: int = 120_000
-    fetch_session_max_partitions: int = 10_000
+    max_incremental_fetch_session_cache_slots: int = default_of("max_incremental_fetch_session_cache_slots", int)
+    min_incremental_fetch_session_eviction_ms: int = default_of("min_incremental_fetch_session_eviction_ms", int)
+    fetch_session_max_partitions: int = default_of("fetch_session_max_partitions", int)
     #: Transactions (Kafka's names with "_" for "."; docs/TRANSACTIONS.md): the largest
     #: transaction.timeout.ms a producer may ask for, how long an idle transactional id is kept,
     #: how often timed-out transactions are aborted, and how many transactional ids are kept.
-    transaction_max_timeout_ms: int = 900_000
-    transactional_id_expiration_ms: int = 604_800_000
-    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = 10_000
-    transactional_ids_max: int = 100_000
+    transaction_max_timeout_ms: int = default_of("transaction_max_timeout_ms", int)
+    transactional_id_expiration_ms: int = default_of("transactional_id_expiration_ms", int)
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = default_of("transaction_abort_timed_out_transaction_cleanup_interval_ms", int)
+    transactional_ids_max: int = default_of("transactional_ids_max", int)
     #: Client quotas (docs/SECURITY.md, "Quotas"): rates are measured over quota_window_num samples
     #: of quota_window_size_seconds each (Kafka's quota.window.num and quota.window.size.seconds).
-    quota_window_num: int = 11
-    quota_window_size_seconds: int = 1
+    quota_window_num: int = default_of("quota_window_num", int)
+    quota_window_size_seconds: int = default_of("quota_window_size_seconds", int)
     engine: dict[str, Any] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")
     sources: dict[str, str] = field(default_factory=dict, repr=False)
 
     def validate(self) -> None:
-        """Ranges (`loglake.broker.settings.BOUNDS`), addresses, settings checked against each
+        """Ranges (the bounds of `BROKER_SETTINGS`), addresses, settings checked against each
         other, and the engine's settings."""
-        from loglake.broker.settings import BOUNDS, check_value
-
-        for name in BOUNDS:
-            value = getattr(self, name)
-            check_value(name, type(value), value, self.sources.get(name, "default"), from_text=False)
+        for name, setting in BROKER_SETTINGS.items():
+            if setting.bounds is not None and setting.engine_field is None:
+                value = getattr(self, name)
+                check_value(name, type(value), value, self.sources.get(name, "default"), from_text=False)
         self.listeners()
         from loglake.broker.tls import CLIENT_AUTH, PrincipalMapper
 
@@ -269,8 +268,6 @@ class BrokerConfig:
     @classmethod
     def load(cls, config_file: str | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> BrokerConfig:
         """Flags > environment > TOML file > defaults, each value checked (loglake.broker.settings)."""
-        from loglake.broker.settings import load_settings
-
         loaded = load_settings(fields(cls), config_file, os.environ if env is None else env, flags)
         config = cls(**loaded.values, engine=loaded.engine, topic_defaults=loaded.topic_defaults)
         config.sources = loaded.sources
@@ -291,8 +288,6 @@ class BrokerConfig:
 
     def describe(self) -> str:
         """The effective configuration with the source of every value (`serve --print-config`)."""
-        from loglake.broker.settings import render
-
         engine = self.engine_config()
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         engine_values = {f.name: getattr(engine, f.name) for f in fields(engine)}
@@ -301,7 +296,5 @@ class BrokerConfig:
         sources = dict(self.sources)
         if self.cold_store:  # the engine's cold_store_url is the broker's cold_store
             sources["engine.cold_store_url"] = f"cold_store, {sources.get('cold_store', 'default')}"
-        from loglake.broker.overload import rss_budget
-
         budget = f"\n# rss budget: {rss_budget(self).describe()} (docs/RELIABILITY.md, Overload)\n"
         return render(values, engine_values, engine.topic_defaults, sources) + budget

@@ -44,7 +44,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loglake.broker import overload
 from loglake.broker.authorized import CURRENT_API
@@ -53,6 +53,7 @@ from loglake.broker.file_send import send_file_range
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import response_error
 from loglake.broker.protocol import (
+    ApiKey,
     DecodedRequest,
     FrameDecoder,
     FrameTooLargeError,
@@ -67,25 +68,37 @@ from loglake.broker.quotas import handle_request, wait_unmuted
 from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.broker.tls import SecurityContext
+from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.kafka_errors import ErrorCode
-
-if TYPE_CHECKING:
-    from loglake.broker.server import BrokerServer
+from loglake.logsafe import RateLimitedLog
 
 log = logging.getLogger("loglake.broker")
 
 #: Bytes read from a socket per call (loglake.broker.overload counts it into CONNECTION_BYTES).
 READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
-API_VERSIONS = 18
 
 Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
+
+
+class ConnectionServer(Protocol):
+    """What a connection and its helpers (`conn.server`: SASL, file sending) use of the server that
+    accepted it: `loglake.broker.server.BrokerServer`, which imports this module."""
+
+    @property
+    def ctx(self) -> BrokerContext: ...
+    @property
+    def engine(self) -> Engine | None: ...
+    @property
+    def request_bytes(self) -> overload.RequestBytes: ...
+    @property
+    def limited(self) -> RateLimitedLog: ...
 
 
 class Connection:
     def __init__(
         self,
-        server: BrokerServer,
+        server: ConnectionServer,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         security: SecurityContext | None = None,
@@ -179,7 +192,7 @@ class Connection:
         try:
             req = decode_request(frame)
         except UnsupportedVersionError as exc:
-            if exc.api_key == API_VERSIONS:
+            if exc.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])

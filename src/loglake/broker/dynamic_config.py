@@ -5,14 +5,17 @@ Theory of operation
 A broker setting has up to four layers, highest first, as Kafka's: DYNAMIC_BROKER_CONFIG (set on
 the resource named by this node id), DYNAMIC_DEFAULT_BROKER_CONFIG (set on the resource named
 "", the cluster-wide default), STATIC_BROKER_CONFIG (the TOML file, LOGLAKE_* environment or a
-flag) and DEFAULT_CONFIG (built in). Only the settings in `DYNAMIC_KEYS` take the two dynamic
-layers; the rest are described read-only and altering them is INVALID_CONFIG.
+flag) and DEFAULT_CONFIG (built in). Which settings there are, their Kafka names, types, defaults,
+bounds and documentation, and which are dynamic, is the table `loglake.broker.settings.BROKER_SETTINGS`
+(with `DYNAMIC_TOPIC_DEFAULTS` for the topic defaults); `DYNAMIC_KEYS` is derived from it. Only those
+take the two dynamic layers; the rest are described read-only and altering them is INVALID_CONFIG.
 
 The dynamic layers are `broker_config` metadata records ({scope, configs}, replaced whole), so
 they survive restarts: `BrokerConfigs.apply()` runs once at start-up (after the engine opened)
 and again after every successful alter, and pushes each dynamic setting's effective value to
-where it acts: the live `BrokerConfig` (max.connections, connections.max.idle.ms), the cleaner's
-rate limiter, and the engine's topic defaults (every topic without its own override follows).
+where it acts: the live `BrokerConfig` (max.connections, connections.max.idle.ms: a broker setting
+made dynamic must be read where it acts, never copied at start-up), the cleaner's rate limiter
+(`_ENGINE_APPLIERS`), and the engine's topic defaults (every topic without its own override follows).
 
 Which settings are dynamic, and why: those read afresh each time they act, so a new value takes
 hold without a restart and without leaving state behind that the old value built:
@@ -35,6 +38,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from loglake.broker.config import BrokerConfig
+from loglake.broker.settings import (
+    BROKER_SETTINGS,
+    DYNAMIC_TOPIC_DEFAULTS,
+    NOT_SETTINGS,
+    BrokerSetting,
+    Dynamic,
+)
 from loglake.engine import Engine
 from loglake.engine.config import TOPIC_CONFIGS, ConfigType, EngineConfig
 from loglake.errors import ConfigError, LoglakeError
@@ -66,87 +76,42 @@ GROUP_CONFIG = 8
 UNLIMITED_RATE = 2.0**63
 #: The resource name of the cluster-wide default scope.
 DEFAULT_SCOPE = ""
-#: Topic configs whose broker-wide default (Kafka's broker synonym) is dynamic.
-DYNAMIC_TOPIC_DEFAULTS = (
-    "retention.ms", "retention.bytes", "segment.ms", "segment.bytes", "max.message.bytes",
-    "delete.retention.ms", "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms",
-    "flush.messages", "flush.ms",
-)
-#: BrokerConfig fields with a Kafka name: (Kafka name, field, type, doc).
-_BROKER_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
-    ("auto.create.topics.enable", "auto_create_topics", ConfigType.BOOLEAN,
-     "Create unknown topics on metadata requests and produce."),
-    ("ssl.client.auth", "ssl_client_auth", ConfigType.STRING, "Whether SSL listeners ask for a client certificate."),
-    ("ssl.principal.mapping.rules", "ssl_principal_mapping_rules", ConfigType.STRING,
-     "How a client certificate's subject DN becomes the principal name."),
-    ("num.partitions", "default_partitions", ConfigType.INT, "Partitions of auto-created topics and of CreateTopics with -1."),
-    ("socket.request.max.bytes", "max_frame_bytes", ConfigType.INT, "Largest request accepted, in bytes."),
-    ("queued.max.request.bytes", "queued_max_request_bytes", ConfigType.LONG,
-     "Request bytes read and not yet handled, all connections; while spent, connections are not read."),
-    ("max.connections", "max_connections", ConfigType.INT,
-     "Most concurrent client connections; new ones beyond it are closed at once."),
-    ("connections.max.idle.ms", "idle_timeout_ms", ConfigType.LONG, "Close connections idle this long."),
-    ("group.initial.rebalance.delay.ms", "group_initial_rebalance_delay_ms", ConfigType.INT,
-     "How long the first rebalance of a new classic group waits for more members."),
-    ("group.min.session.timeout.ms", "group_min_session_timeout_ms", ConfigType.INT, "Smallest session timeout a classic member may ask for."),
-    ("group.max.session.timeout.ms", "group_max_session_timeout_ms", ConfigType.INT, "Largest session timeout a classic member may ask for."),
-    ("offsets.retention.minutes", "offsets_retention_minutes", ConfigType.INT,
-     "Committed offsets of a group that stayed empty this long expire."),
-    ("max.incremental.fetch.session.cache.slots", "max_incremental_fetch_session_cache_slots", ConfigType.INT,
-     "Most incremental fetch sessions (KIP-227) the broker keeps."),
-    ("min.incremental.fetch.session.eviction.ms", "min_incremental_fetch_session_eviction_ms", ConfigType.INT,
-     "Fetch sessions idle this long are evicted; younger ones are not displaced by bigger ones."),
-    ("group.consumer.session.timeout.ms", "group_consumer_session_timeout_ms", ConfigType.INT,
-     "Session timeout of consumer-protocol (KIP-848) members."),
-    ("group.consumer.min.session.timeout.ms", "group_consumer_min_session_timeout_ms", ConfigType.INT,
-     "Smallest consumer.session.timeout.ms a group may set."),
-    ("group.consumer.max.session.timeout.ms", "group_consumer_max_session_timeout_ms", ConfigType.INT,
-     "Largest consumer.session.timeout.ms a group may set."),
-    ("group.consumer.heartbeat.interval.ms", "group_consumer_heartbeat_interval_ms", ConfigType.INT,
-     "Heartbeat interval given to consumer-protocol members."),
-    ("group.consumer.min.heartbeat.interval.ms", "group_consumer_min_heartbeat_interval_ms", ConfigType.INT,
-     "Smallest consumer.heartbeat.interval.ms a group may set."),
-    ("group.consumer.max.heartbeat.interval.ms", "group_consumer_max_heartbeat_interval_ms", ConfigType.INT,
-     "Largest consumer.heartbeat.interval.ms a group may set."),
-    ("group.consumer.max.size", "group_consumer_max_size", ConfigType.INT, "Most members of a consumer-protocol group."),
-    ("group.consumer.assignors", "group_consumer_assignors", ConfigType.LIST, "Server-side assignors; the first is the default."),
-    ("group.consumer.migration.policy", "group_consumer_migration_policy", ConfigType.STRING,
-     "Which empty groups may change between the classic and consumer protocols."),
-    ("transaction.max.timeout.ms", "transaction_max_timeout_ms", ConfigType.INT, "Largest transaction.timeout.ms a producer may ask for."),
-    ("transactional.id.expiration.ms", "transactional_id_expiration_ms", ConfigType.INT,
-     "Transactional ids idle this long are forgotten."),
-    ("transaction.abort.timed.out.transaction.cleanup.interval.ms", "transaction_abort_timed_out_transaction_cleanup_interval_ms",
-     ConfigType.INT, "How often transactions past their timeout are aborted."),
-)
-#: EngineConfig fields with a Kafka name.
-_ENGINE_FIELDS: tuple[tuple[str, str, ConfigType, str], ...] = (
-    ("log.cleaner.io.max.bytes.per.second", "cleaner_io_max_bytes_per_second", ConfigType.LONG,
-     "Cleaner and merger I/O, read plus written, in bytes per second (0 = unlimited)."),
-    ("log.cleaner.threads", "cleaner_threads", ConfigType.INT, "Cleaner threads; 0 turns compaction and merging off."),
-    ("log.cleaner.dedupe.buffer.size", "cleaner_dedupe_buffer_bytes", ConfigType.LONG, "Compaction's key map bound, in bytes."),
-    ("log.cleaner.backoff.ms", "cleaner_backoff_ms", ConfigType.LONG, "Pause between cleaner passes that found nothing to do."),
-)
-#: Settings described with a null value (URLs may carry credentials).
-_SENSITIVE = frozenset({"cold_store", "engine.cold_store_url", "engine.hot_store_url", "ssl_key_password"})
-_BROKER_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(BrokerConfig)}
+#: Engine settings shown with a null value (URLs may carry credentials); broker ones say so in their row.
+_SENSITIVE_ENGINE_SETTINGS = frozenset({"cold_store_url", "hot_store_url"})
 _ENGINE_DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(EngineConfig) if f.default is not dataclasses.MISSING
 }
+#: How a dynamic engine setting reaches the running engine, by EngineConfig field.
+_ENGINE_APPLIERS: Mapping[str, Callable[[Engine, int], None]] = {
+    "cleaner_io_max_bytes_per_second": Engine.set_cleaner_io_rate,
+}
+#: DescribeConfigs rows of no setting: loglake keeps one replica of everything.
+_FIXED: tuple[tuple[str, ConfigType], ...] = (
+    ("default.replication.factor", ConfigType.INT),
+    ("offsets.topic.replication.factor", ConfigType.SHORT),
+)
 
 
 @dataclass(frozen=True)
 class DynamicKey:
-    """A broker setting that may change at runtime: its Kafka name, type and accepted range."""
+    """A broker config AlterConfigs may change at runtime: a dynamic row of the table (`setting`),
+    or the broker-wide default of a topic config (`topic_config`)."""
 
     name: str
     type: ConfigType
-    low: float
-    high: float | None = None
-    #: The topic config it is the default of (None: a broker setting of its own).
+    dynamic: Dynamic
+    setting: BrokerSetting | None = None
+    #: The topic config it is the default of (None: a setting of the table).
     topic_config: str | None = None
 
-    def parse(self, raw: str | None) -> str:
-        """The normalized value, or ConfigError (INVALID_CONFIG)."""
+    def check_scope(self, scope: str) -> None:
+        """ConfigError unless it may be set on `scope` (a per-broker setting only on a node id, as Kafka's)."""
+        if self.dynamic is Dynamic.PER_BROKER and scope == DEFAULT_SCOPE:
+            raise ConfigError(f"Cannot update these configs at default cluster level, broker id must be specified: {self.name}")
+
+    def parse(self, raw: str | None, engine: EngineConfig) -> str:
+        """The normalized value, or ConfigError (INVALID_CONFIG). A row's bounds are the table's;
+        an engine setting's are the engine's (`EngineConfig.validate` of `engine` with the value)."""
         if raw is None:
             raise ConfigError(f"Null value not supported for broker config {self.name}")
         if self.topic_config is not None:
@@ -160,22 +125,34 @@ class DynamicKey:
             number = float(raw) if self.type is ConfigType.DOUBLE else int(raw)
         except ValueError:
             raise ConfigError(f"Invalid value {raw} for configuration {self.name}: not a number") from None
-        if number != number or number < self.low or (self.high is not None and number > self.high):
-            bound = "inf" if self.high is None else f"{self.high:g}"
-            raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be in [{self.low:g}, {bound}]")
-        if number >= UNLIMITED_RATE:
-            return "0"  # Kafka's default, Double.MAX_VALUE, means no bound: loglake's 0
-        return str(int(number))
+        if number != number:
+            raise ConfigError(f"Invalid value {raw} for configuration {self.name}: not a number")
+        if self.type is ConfigType.DOUBLE and number >= UNLIMITED_RATE:
+            number = 0  # Kafka's default, Double.MAX_VALUE, means no bound: loglake's 0
+        value = int(number)
+        setting = self.setting
+        if setting is not None and setting.engine_field is not None:
+            candidate = dataclasses.replace(engine)
+            setattr(candidate, setting.engine_field, value)
+            try:
+                candidate.validate()
+            except ConfigError as exc:
+                raise ConfigError(f"Invalid value {raw} for configuration {self.name}: {exc}") from None
+        elif setting is not None and not setting.in_bounds(value):
+            raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be in {setting.allowed()}")
+        return str(value)
 
 
 DYNAMIC_KEYS: Mapping[str, DynamicKey] = {
     k.name: k
     for k in (
-        DynamicKey("max.connections", ConfigType.INT, 1, 2**31 - 1),
-        DynamicKey("connections.max.idle.ms", ConfigType.LONG, 1000),
-        DynamicKey("log.cleaner.io.max.bytes.per.second", ConfigType.DOUBLE, 0),
         *(
-            DynamicKey(TOPIC_CONFIGS[t].broker_synonym or t, TOPIC_CONFIGS[t].type, 0, topic_config=t)
+            DynamicKey(s.described_as, s.type, s.dynamic, setting=s)
+            for s in BROKER_SETTINGS.values()
+            if s.dynamic is not Dynamic.READ_ONLY
+        ),
+        *(
+            DynamicKey(TOPIC_CONFIGS[t].broker_synonym or t, TOPIC_CONFIGS[t].type, Dynamic.CLUSTER_WIDE, topic_config=t)
             for t in DYNAMIC_TOPIC_DEFAULTS
         ),
     )
@@ -221,6 +198,8 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
     return str(value)
 
 
@@ -255,42 +234,36 @@ class BrokerConfigs:
     ) -> dict[str, Setting]:
         host, port, adv_host, adv_port = host_port
         listeners, advertised = endpoints or (f"PLAINTEXT://{host}:{port}", f"PLAINTEXT://{adv_host}:{adv_port}")
-        node = str(conf.node_id)
-        rows = [
-            Setting("broker.id", node, "0", ConfigType.INT, "This broker's id (node_id)."),
-            Setting("node.id", node, "0", ConfigType.INT, "This broker's id (node_id)."),
-            Setting("log.dirs", self.engine.data_dir, None, ConfigType.STRING, "The data directory (--data-dir)."),
-            Setting("listeners", listeners, None, ConfigType.STRING, "Where the broker listens."),
-            Setting("advertised.listeners", advertised,
-                    None if conf.advertised_listener else advertised,
-                    ConfigType.STRING, "The address clients are told to connect to."),
-            Setting("default.replication.factor", "1", "1", ConfigType.INT, "Always 1: loglake is a single broker."),
-            Setting("offsets.topic.replication.factor", "1", "1", ConfigType.SHORT, "Always 1: loglake is a single broker."),
-        ]
-        named = {"node_id", "data_dir", "listen", "advertised_listener", "engine", "topic_defaults"}
-        for kafka_name, attr, ctype, doc in _BROKER_FIELDS:
-            named.add(attr)
-            rows.append(Setting(kafka_name, _text(getattr(conf, attr)), _text(_BROKER_DEFAULTS[attr]), ctype, doc))
-        engine_named = {"topic_defaults"}
-        for kafka_name, attr, ctype, doc in _ENGINE_FIELDS:
-            engine_named.add(attr)
-            rows.append(Setting(kafka_name, _text(getattr(econf, attr)), _text(_ENGINE_DEFAULTS.get(attr)), ctype, doc))
+        # What the running broker resolved rather than read (an absolute path, bound ports):
+        # (value, default); the unset advertised listeners are the listeners, as Kafka's default.
+        resolved: dict[str, tuple[str | None, str | None]] = {
+            "data_dir": (self.engine.data_dir, None),
+            "listen": (listeners, None),
+            "advertised_listener": (advertised, None if conf.advertised_listener else advertised),
+        }
+        rows: list[Setting] = []
+        for setting in BROKER_SETTINGS.values():
+            if setting.name in resolved:
+                value, default = resolved[setting.name]
+            else:
+                efield = setting.engine_field
+                value = _text(getattr(econf, efield) if efield is not None else getattr(conf, setting.name))
+                default = _text(setting.default)
+            for name in (*setting.aliases, setting.described_as):
+                rows.append(Setting(name, value, default, setting.type, setting.doc, sensitive=setting.sensitive))
+        rows += [Setting(name, "1", "1", ctype, "Always 1: loglake keeps a single replica.") for name, ctype in _FIXED]
         for name, key in TOPIC_CONFIGS.items():
             if key.broker_synonym is not None:
                 rows.append(Setting(key.broker_synonym, self.static_topic_defaults.get(name, key.default), key.default,
                                     key.type, f"Default of topic config {name}: {key.doc}"))
-        # loglake's own settings, by the names the TOML file uses
-        for f in fields(BrokerConfig):
-            if f.name not in named:
-                rows.append(Setting(f.name, _text(getattr(conf, f.name)), _text(_BROKER_DEFAULTS[f.name]),
-                                    _loglake_type(f.default), "loglake broker setting (TOML, LOGLAKE_* or flag).",
-                                    sensitive=f.name in _SENSITIVE))
+        # the engine's other settings, by the names the TOML file's [engine] table uses
         for f in fields(EngineConfig):
-            if f.name not in engine_named:
-                name = f"engine.{f.name}"
+            name = f"engine.{f.name}"
+            if f.name not in NOT_SETTINGS and name not in BROKER_SETTINGS:
                 value = getattr(econf, f.name)
                 rows.append(Setting(name, _text(value), _text(_ENGINE_DEFAULTS.get(f.name)), _loglake_type(value),
-                                    "loglake engine setting (TOML [engine] table).", sensitive=name in _SENSITIVE))
+                                    "loglake engine setting (TOML [engine] table).",
+                                    sensitive=f.name in _SENSITIVE_ENGINE_SETTINGS))
         return {r.name: r for r in rows}
 
     def layers(self, name: str) -> list[tuple[int, str | None]]:
@@ -353,6 +326,13 @@ class BrokerConfigs:
 
     # ---- altering ----------------------------------------------------------------------------------
 
+    def parse(self, scope: str, name: str, raw: str | None) -> str:
+        """The normalized value of `name` set on `scope`, or ConfigError (INVALID_CONFIG): unknown,
+        read-only, per-broker on the cluster-wide scope, or a bad value."""
+        key = self.check_name(name)
+        key.check_scope(scope)
+        return key.parse(raw, self.engine.config)
+
     def check_name(self, name: str) -> DynamicKey:
         key = DYNAMIC_KEYS.get(name)
         if key is not None:
@@ -381,12 +361,21 @@ class BrokerConfigs:
 
     def load(self) -> None:
         """Read the stored dynamic configs and apply them (start-up). A stored value this broker can
-        no longer take (say, max.message.bytes over a smaller memory budget) is skipped with a log line."""
+        no longer take (say, max.message.bytes over a smaller memory budget, or a value out of this
+        release's bounds) is skipped with a log line."""
         self.stored = self.engine.dynamic_configs("broker")
         for scope, configs in list(self.stored.items()):
-            for name in list(configs):
-                if name not in DYNAMIC_KEYS:
+            for name, value in list(configs.items()):
+                key = DYNAMIC_KEYS.get(name)
+                if key is None:
                     log.warning("ignoring stored dynamic broker config %s of scope %r: not dynamic in this release", name, scope)
+                    del configs[name]
+                    continue
+                try:
+                    key.check_scope(scope)
+                    key.parse(value, self.engine.config)
+                except ConfigError as exc:
+                    log.warning("ignoring stored dynamic broker config %s of scope %r: %s", name, scope, exc)
                     del configs[name]
         try:
             self.engine.config.check_topic_defaults(self._topic_defaults(self.stored))
@@ -415,15 +404,15 @@ class BrokerConfigs:
 
     def apply(self) -> None:
         """Push every dynamic setting's effective value to where it acts."""
-        appliers: dict[str, Callable[[str], None]] = {
-            "max.connections": lambda v: setattr(self.config, "max_connections", int(v)),
-            "connections.max.idle.ms": lambda v: setattr(self.config, "idle_timeout_ms", int(v)),
-            "log.cleaner.io.max.bytes.per.second": lambda v: self.engine.set_cleaner_io_rate(int(v)),
-        }
-        for name, fn in appliers.items():
-            value = self.effective(name)
-            if value is not None:
-                fn(value)
+        for key in DYNAMIC_KEYS.values():
+            setting = key.setting
+            value = None if setting is None else self.effective(key.name)
+            if setting is None or value is None:
+                continue  # topic defaults: below, all at once
+            if setting.engine_field is None:
+                setattr(self.config, setting.name, int(value))
+            else:
+                _ENGINE_APPLIERS[setting.engine_field](self.engine, int(value))
         defaults = self._topic_defaults(self.stored)
         if defaults != self.engine.config.topic_defaults:
             self.engine.set_topic_defaults(defaults)

@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.quotas import (
     CONTROLLER_MUTATION_RATE,
     QUOTA_SENSORS_MAX,
@@ -39,7 +40,7 @@ from loglake.broker.quotas import (
 )
 
 #: api key -> the first version that is strict (fails with THROTTLING_QUOTA_EXCEEDED).
-STRICT_FROM = {19: 6, 20: 5, 37: 3}
+STRICT_FROM: dict[int, int] = {ApiKey.CREATE_TOPICS: 6, ApiKey.DELETE_TOPICS: 5, ApiKey.CREATE_PARTITIONS: 3}
 #: Largest throttle time answered (int32 milliseconds; a bucket deep below zero at a tiny rate).
 THROTTLE_MS_MAX = 2**31 - 1
 

@@ -26,10 +26,9 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from loglake.broker.config import BrokerConfig
+from loglake.engine.config import EngineConfig
 
 #: Bytes read from a socket per call (the connection's read loop).
 READ_CHUNK_BYTES = 256 * 1024
@@ -130,7 +129,20 @@ class RssBudget:
         return f"{self.total / mib:.0f} MiB ({parts})"
 
 
-def rss_budget(config: BrokerConfig) -> RssBudget:
+class BudgetedConfig(Protocol):
+    """What `rss_budget` reads of a broker's settings (`loglake.broker.config.BrokerConfig`, which
+    imports this module for its defaults)."""
+
+    @property
+    def queued_max_request_bytes(self) -> int: ...
+    @property
+    def max_frame_bytes(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+    def engine_config(self) -> EngineConfig: ...
+
+
+def rss_budget(config: BudgetedConfig) -> RssBudget:
     """The RSS budget: base + memory pool + queued request bytes (+ the one frame that may cross
     it) + WAL group buffers + cold range cache + compaction key map + max_connections x CONNECTION_BYTES."""
     engine = config.engine_config()

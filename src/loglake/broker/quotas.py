@@ -63,6 +63,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.quotas import EntityKey
 
@@ -92,7 +93,7 @@ QUOTA_SENSORS_MAX = 1_000
 #: A sensor not recorded for this long is dropped (Kafka's InactiveSensorExpirationTimeSeconds).
 SENSOR_IDLE_S = 3600.0
 #: SaslHandshake and SaslAuthenticate: answered by Kafka's authenticator, never request-quota'd.
-REQUEST_QUOTA_EXEMPT_APIS = frozenset({17, 36})
+REQUEST_QUOTA_EXEMPT_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 #: Longest entity name accepted (the metadata record stays small).
 ENTITY_NAME_CHARS_MAX = 1_000
 #: The user a connection no mechanism authenticated is (Kafka's KafkaPrincipal.ANONYMOUS).

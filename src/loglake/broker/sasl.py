@@ -26,17 +26,33 @@ it. A user without one is answered with a fake credential derived from this brok
 
 There is no KIP-368 re-authentication: SaslAuthenticate answers session_lifetime_ms = 0, so an
 authenticated connection stays authenticated until it closes.
+
+A session's state (`SaslState`) moves only by `SaslSession.transition_to`, along
+`VALID_PREVIOUS_SASL_STATES`; a move the table does not hold is a bug and raises
+IllegalSaslTransition:
+
+* **handshake** - accepted; waiting for SaslHandshake (the only state a handshake is answered in).
+* **authenticate** - the mechanism is chosen; waiting for the first SaslAuthenticate token.
+* **scram_final** - SCRAM's server-first message was sent; waiting for the client-final message.
+* **done** - authenticated (PLAIN's one token, or SCRAM's final one, checked out).
+* **failed** - a token was refused; the connection closes after the failure delay.
+
+SaslAuthenticate is answered in the two token states only. Pipelined SaslAuthenticate requests
+take their turn (`SaslSession.turn`), so each sees the state the one before it left, as Kafka's
+broker reads one request of a connection at a time while it authenticates.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import os
 from collections.abc import Iterator
 from typing import Any
 
 from loglake.broker.listeners import split_list
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.errors import ConfigError
 from loglake.meta.scram import to_credential
 from loglake.scram import (
@@ -58,7 +74,7 @@ SASL_MAX_RECEIVE_BYTES = 512 * 1024
 #: How long a connection on a SASL listener may take from accept to authenticated.
 SASL_AUTHENTICATION_TIMEOUT_S = 30.0
 #: APIs answered before authentication: ApiVersions, SaslHandshake, SaslAuthenticate.
-PRE_AUTH_APIS = frozenset({18, 17, 36})
+PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 #: Distinct (principal, source address) label pairs of the failure counter; further ones are
 #: counted under OVERFLOW_LABEL (a scan of user names must not grow /metrics without bound).
 SASL_FAILURE_LABELS_MAX = 1000
@@ -70,6 +86,32 @@ SECRET_BYTES = 32
 PRINCIPAL_SHOWN_MAX = 256
 #: Longest PLAIN message field (authzid, user, password) accepted.
 PLAIN_FIELD_BYTES_MAX = 1024
+
+
+class SaslState(enum.StrEnum):
+    """A connection's SASL state (the values appear in log lines)."""
+
+    HANDSHAKE = "handshake"
+    AUTHENTICATE = "authenticate"
+    SCRAM_FINAL = "scram_final"
+    DONE = "done"
+    FAILED = "failed"
+
+
+#: target state -> the states it may be entered from; HANDSHAKE is the first state, never a target.
+VALID_PREVIOUS_SASL_STATES: dict[SaslState, frozenset[SaslState]] = {
+    SaslState.HANDSHAKE: frozenset(),
+    SaslState.AUTHENTICATE: frozenset({SaslState.HANDSHAKE}),
+    SaslState.SCRAM_FINAL: frozenset({SaslState.AUTHENTICATE}),
+    SaslState.DONE: frozenset({SaslState.AUTHENTICATE, SaslState.SCRAM_FINAL}),
+    SaslState.FAILED: frozenset({SaslState.AUTHENTICATE, SaslState.SCRAM_FINAL}),
+}
+#: States in which a SaslAuthenticate token is expected.
+TOKEN_STATES = frozenset({SaslState.AUTHENTICATE, SaslState.SCRAM_FINAL})
+
+
+class IllegalSaslTransition(RuntimeError):
+    """A broker bug: a SASL state transition the table does not allow."""
 
 
 def enabled_mechanisms(value: str | list[str] | tuple[str, ...]) -> list[str]:
@@ -177,11 +219,13 @@ class SaslError(Exception):
 
 
 class SaslSession:
-    """One connection's SASL state: handshake -> authenticate (-> scram final) -> done."""
+    """One connection's SASL state: handshake -> authenticate (-> scram_final) -> done or failed."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self.state = "handshake"
+        self.state = SaslState.HANDSHAKE
+        #: Held while a SaslAuthenticate is answered: pipelined ones wait their turn.
+        self.turn = asyncio.Lock()
         self.mechanism = ""
         self.user = ""
         self._scram: ScramServer | None = None
@@ -190,7 +234,15 @@ class SaslSession:
 
     @property
     def authenticated(self) -> bool:
-        return self.state == "done"
+        return self.state is SaslState.DONE
+
+    def transition_to(self, target: SaslState) -> None:
+        """Move to `target`; IllegalSaslTransition when the table does not allow it (a bug)."""
+        if self.state not in VALID_PREVIOUS_SASL_STATES[target]:
+            raise IllegalSaslTransition(
+                f"SASL session of {self.conn.peer}: {self.state.value} -> {target.value} is not a SASL state transition"
+            )
+        self.state = target
 
     def _expired(self) -> None:
         if self.authenticated or self.conn.closing:
@@ -242,7 +294,7 @@ class SaslSession:
         return True
 
     def succeeded(self, authenticator: SaslAuthenticator) -> None:
-        self.state = "done"
+        self.transition_to(SaslState.DONE)
         self._timer.cancel()
         self.conn.security.principal = f"User:{self.user}"
         self.conn.security.extra["sasl_mechanism"] = self.mechanism
@@ -254,7 +306,7 @@ class SaslSession:
 
     def failed(self, authenticator: SaslAuthenticator, why: str) -> str:
         """Count and log a failed authentication, schedule the close; the client's message."""
-        self.state = "failed"
+        self.transition_to(SaslState.FAILED)
         self._timer.cancel()
         principal = f"User:{self.user}"[:PRINCIPAL_SHOWN_MAX] if self.user else "unknown"
         authenticator.stats.failed(principal, self.conn.peer_host)
@@ -282,7 +334,7 @@ class SaslSession:
                 cred, self._known = await self.conn.ctx.off_loop(
                     authenticator.credential_or_fake, self.user, self.mechanism
                 )
-                self.state = "scram_final"
+                self.transition_to(SaslState.SCRAM_FINAL)
                 return self._scram.server_first(cred)
             answer = self._scram.final(token)
             self.succeeded(authenticator)
@@ -320,9 +372,13 @@ __all__ = [
     "SASL_MAX_RECEIVE_BYTES",
     "SECRET_FILE",
     "SUPPORTED_MECHANISMS",
+    "TOKEN_STATES",
+    "VALID_PREVIOUS_SASL_STATES",
+    "IllegalSaslTransition",
     "SaslAuthenticator",
     "SaslError",
     "SaslSession",
+    "SaslState",
     "SaslStats",
     "enabled_mechanisms",
     "load_secret",

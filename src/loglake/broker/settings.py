@@ -1,4 +1,13 @@
-"""One schema for the broker's settings, whichever of the three sources they come from.
+"""The broker's settings: one table (`BROKER_SETTINGS`), and one loader for the three sources.
+
+The table has a row per setting of `BrokerConfig` (and per engine setting Kafka has a name for):
+its Kafka name, DescribeConfigs type, default, inclusive bounds, one line of documentation and
+whether it is dynamic. Everything else is derived from it: `BrokerConfig`'s defaults and range
+checks, the dynamic broker configs and the DescribeConfigs answer of the BROKER resource
+(`loglake.broker.dynamic_config`), and README.md's table of settings (scripts/settings_table.py;
+tests/test_broker_settings_table.py fails when it is stale). Engine settings (`EngineConfig`, the
+TOML table ``[engine]``) stay the engine's: a row for one names it, and takes its default and
+range from the engine.
 
 Every field of `BrokerConfig` is a setting; every field of `EngineConfig` is one too, under the
 TOML table ``[engine]``. A value can come from
@@ -10,7 +19,7 @@ TOML table ``[engine]``. A value can come from
 * the TOML file given with ``--config`` (top level, ``[engine]``, ``[topic_defaults]``),
 * the default,
 
-in that order of precedence. Each value is checked for its type and, where `BOUNDS` names one,
+in that order of precedence. Each value is checked for its type and, where its row has bounds,
 its range, and an error names the setting, the bad value, where it came from (``--flag``,
 ``LOGLAKE_X``, ``FILE:LINE``) and what is allowed. `Loaded.sources` keeps where every effective
 value came from, for ``loglake serve --print-config``.
@@ -21,12 +30,24 @@ from __future__ import annotations
 import dataclasses
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
-from loglake.engine.config import EngineConfig
+from loglake.broker.txn.coordinator import TxnSettings
+from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, ConfigType, EngineConfig
 from loglake.errors import ConfigError
+from loglake.logsafe import RATE_LIMIT_INTERVAL_S
+
+#: Cluster mode flushes its buffered batches to one bucket object at this size (KafScale's
+#: default, 4 MB)...
+OBJECT_FLUSH_BYTES = 4 * 1024 * 1024
+#: ...or once the oldest buffered batch is this old (KafScale's default, 500 ms).
+OBJECT_FLUSH_MS = 500
+#: Bound on the flush buffer's bytes: buffered plus the flush in flight (16 flushes' worth at the
+#: default); `object_flush_bytes` may not pass it (loglake.cluster.flusher).
+FLUSH_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 
 ENV_PREFIX = "LOGLAKE_"
 ENGINE_ENV_PREFIX = "LOGLAKE_ENGINE__"
@@ -35,37 +56,238 @@ TABLES = ("engine", "topic_defaults", "sources")
 #: EngineConfig fields that are no setting: topic defaults have their own table, and accepting a
 #: loss of acknowledged data is a one-time decision (`serve --accept-data-loss`), never a default.
 NOT_SETTINGS = frozenset({"topic_defaults", "accept_data_loss"})
+#: Name prefix of a row that names an engine setting (as ``--print-config`` and DescribeConfigs do).
+ENGINE_PREFIX = "engine."
 INT32_MAX = 2**31 - 1
+KIB = 1024
+MIB = 1024 * KIB
+DAY_MS = 24 * 3600 * 1000
 
-#: Inclusive ranges of broker settings (engine ranges are checked by `EngineConfig.validate`).
-BOUNDS: dict[str, tuple[float, float]] = {
-    "node_id": (0, INT32_MAX),
-    "default_partitions": (1, 10_000),
-    "cluster_lease_ttl_s": (2, 3600),
-    "object_flush_bytes": (1024, 64 * 1024 * 1024),  # at most the flush buffer's bound
-    "object_flush_ms": (1, 3_600_000),
-    "cluster_maintenance_interval_ms": (100, 24 * 3600 * 1000),
-    "max_frame_bytes": (1024 * 1024, INT32_MAX),
-    "max_inflight_per_connection": (1, 10_000),
-    "idle_timeout_ms": (1_000, 7 * 24 * 3600 * 1000),
-    "max_connections": (1, 1_000_000),
-    "queued_max_request_bytes": (1024 * 1024, 2**40),
-    "group_initial_rebalance_delay_ms": (0, 300_000),
-    "group_min_session_timeout_ms": (1, INT32_MAX),
-    "group_max_session_timeout_ms": (1, INT32_MAX),
-    "offsets_retention_minutes": (1, 10 * 365 * 24 * 60),
-    "log_rate_limit_ms": (0, 24 * 3600 * 1000),
-    "connection_failed_authentication_delay_ms": (0, 60_000),
-    "max_incremental_fetch_session_cache_slots": (0, 1_000_000),
-    "min_incremental_fetch_session_eviction_ms": (100, 24 * 3600 * 1000),
-    "fetch_session_max_partitions": (1, 1_000_000),
-    "transaction_max_timeout_ms": (1, INT32_MAX),
-    "transactional_id_expiration_ms": (1, INT32_MAX),
-    "transaction_abort_timed_out_transaction_cleanup_interval_ms": (1, INT32_MAX),
-    "transactional_ids_max": (1, 10_000_000),
-    "quota_window_num": (2, 1000),
-    "quota_window_size_seconds": (1, 3600),
-}
+#: What a setting may hold: TOML's scalars, a list of strings as a tuple, or None (unset).
+SettingValue = bool | int | float | str | tuple[str, ...] | None
+
+
+class Dynamic(Enum):
+    """Whether AlterConfigs may change a setting on the running broker, and where (Kafka's update modes)."""
+
+    #: Only at start-up (file, environment, flag); DescribeConfigs says read_only.
+    READ_ONLY = "read-only"
+    #: On this broker's resource (its node id) only.
+    PER_BROKER = "per-broker"
+    #: On this broker's resource or the cluster-wide default one ("").
+    CLUSTER_WIDE = "cluster-wide"
+
+
+@dataclass(frozen=True)
+class BrokerSetting:
+    """One row of the table: a broker setting (or an engine setting Kafka has a name for)."""
+
+    #: The `BrokerConfig` field (the TOML key; ``LOGLAKE_<NAME>``), or ``engine.<EngineConfig field>``.
+    name: str
+    #: Kafka's name for it; None where Kafka has none (DescribeConfigs then uses `name`).
+    kafka: str | None
+    #: The type DescribeConfigs v3+ reports.
+    type: ConfigType
+    default: SettingValue
+    #: Inclusive [low, high] of a number, or None (unbounded, or checked where it acts).
+    bounds: tuple[int, int] | None
+    #: One line, as DescribeConfigs documents it and README.md's table shows it.
+    doc: str
+    dynamic: Dynamic = Dynamic.READ_ONLY
+    #: Described with a null value (URLs may carry credentials; passwords).
+    sensitive: bool = False
+    #: More Kafka names described with the same value (``broker.id`` beside ``node.id``).
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def described_as(self) -> str:
+        """The name DescribeConfigs and AlterConfigs know it by."""
+        return self.kafka or self.name
+
+    @property
+    def engine_field(self) -> str | None:
+        """The `EngineConfig` field of an engine row, else None."""
+        return self.name[len(ENGINE_PREFIX):] if self.name.startswith(ENGINE_PREFIX) else None
+
+    def allowed(self) -> str:
+        """The bounds as every message about them and README.md's table show them."""
+        if self.bounds is None:
+            raise ValueError(f"setting {self.name} has no bounds")
+        return f"[{self.bounds[0]}, {self.bounds[1]}]"
+
+    def in_bounds(self, value: float) -> bool:
+        return self.bounds is None or self.bounds[0] <= value <= self.bounds[1]
+
+
+def _engine_default(name: str) -> SettingValue:
+    """An engine setting's default, from its owner (`EngineConfig`)."""
+    (f,) = (f for f in fields(EngineConfig) if f.name == name)
+    if f.default is MISSING:
+        raise TypeError(f"engine setting {name} has no plain default")
+    value: SettingValue = f.default
+    return value
+
+
+_S, _CW = BrokerSetting, Dynamic.CLUSTER_WIDE
+_INT, _LONG, _DOUBLE, _STRING, _BOOLEAN, _LIST, _PASSWORD = (
+    ConfigType.INT, ConfigType.LONG, ConfigType.DOUBLE, ConfigType.STRING, ConfigType.BOOLEAN, ConfigType.LIST,
+    ConfigType.PASSWORD,
+)
+_TXN = TxnSettings()
+
+#: Every broker setting, in the order README.md lists them. Kafka's type where Kafka names the
+#: setting; loglake's own numbers are LONG, as DescribeConfigs has always reported them. A default
+#: or bound that a module acting on it owns (and that is cheap to import) is taken from there.
+BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
+    # where the data is, where clients connect
+    _S("data_dir", "log.dirs", _STRING, "./loglake-data", None, "The data directory."),
+    _S("cold_store", None, _STRING, None, None,
+       "The cold tier, s3://bucket/prefix or file:///dir: sealed segments and metadata go there.", sensitive=True),
+    _S("listen", "listeners", _STRING, ("127.0.0.1:9092",), None,
+       "Where the broker listens: PROTOCOL://HOST:PORT (a bare HOST:PORT is PLAINTEXT), one per protocol."),
+    _S("advertised_listener", "advertised.listeners", _STRING, (), None,
+       "The address clients are told to connect to, per listener (by protocol; a bare HOST:PORT by position)."),
+    _S("port_file", None, _STRING, None, None, "Write the listening ports there once accepting, one per line in listener order."),
+    _S("metrics_listen", None, _STRING, None, None, "HOST:PORT of Prometheus /metrics, /healthz and /readyz."),
+    # TLS, SASL, ACLs (docs/SECURITY.md)
+    _S("ssl_cert", None, _STRING, None, None, "PEM certificate chain of SSL and SASL_SSL listeners."),
+    _S("ssl_key", None, _STRING, None, None, "PEM private key of ssl_cert (unless it is in that file)."),
+    _S("ssl_key_password", "ssl.key.password", _PASSWORD, None, None, "Password of an encrypted ssl_key.", sensitive=True),
+    _S("ssl_ca", None, _STRING, None, None, "PEM CA certificates that client certificates must chain to."),
+    _S("ssl_client_auth", "ssl.client.auth", _STRING, "none", None,
+       "Whether SSL listeners ask for a client certificate: none, requested or required."),
+    _S("ssl_principal_mapping_rules", "ssl.principal.mapping.rules", _STRING, "DEFAULT", None,
+       "How a client certificate's subject DN becomes the principal name."),
+    _S("sasl_enabled_mechanisms", "sasl.enabled.mechanisms", _LIST, "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", None,
+       "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
+    _S("connection_failed_authentication_delay_ms", "connection.failed.authentication.delay.ms", _INT, 100, (0, 60_000),
+       "How long a connection whose SASL authentication failed stays open after the error is sent."),
+    _S("allow_unauthenticated_public_listener", None, _BOOLEAN, False, None,
+       "Start even though a listener without client authentication is on a non-loopback address."),
+    _S("super_users", "super.users", _STRING, (), None, "Principals (User:admin) every ACL check allows."),
+    _S("allow_everyone_if_no_acl_found", "allow.everyone.if.no.acl.found", _BOOLEAN, None, None,
+       "Whether a resource no ACL names is open to everyone; unset: only while no listener authenticates clients."),
+    _S("event_loop", None, _STRING, "asyncio", None, "The event loop: asyncio, or uvloop (the fast extra)."),
+    # cluster mode (docs/CLUSTER.md)
+    _S("node_id", "node.id", _INT, 0, (0, INT32_MAX), "This broker's id; in cluster mode unique among live brokers.",
+       aliases=("broker.id",)),
+    _S("cluster", None, _STRING, None, None,
+       "Cluster mode: etcd://HOST:PORT[,HOST:PORT...]/PREFIX; unset runs one broker on its own data directory."),
+    _S("rack", "broker.rack", _STRING, None, None, "This broker's rack, in its cluster registration and Metadata."),
+    # at least etcd's own shortest lease with default timings (about 1.5 s)
+    _S("cluster_lease_ttl_s", None, _LONG, 3, (2, 3600),
+       "Cluster mode: TTL of the broker's etcd lease; a dead broker's partitions move about this long (+0.5 s) after it stopped."),
+    _S("object_flush_bytes", None, _LONG, OBJECT_FLUSH_BYTES, (KIB, FLUSH_BUFFER_BYTES_MAX),
+       "Cluster mode: flush the buffered batches of every partition to one bucket object at this many bytes."),
+    _S("object_flush_ms", None, _LONG, OBJECT_FLUSH_MS, (1, 3_600_000),
+       "Cluster mode: flush them once the oldest buffered batch is this old."),
+    _S("cluster_maintenance_interval_ms", None, _LONG, 10_000, (100, DAY_MS),
+       "Cluster mode: how often a broker merges its partitions' flush ranges into segments and sweeps unreferenced objects."),
+    # topics
+    _S("auto_create_topics", "auto.create.topics.enable", _BOOLEAN, True, None,
+       "Create unknown topics on metadata requests and produce."),
+    _S("default_partitions", "num.partitions", _INT, 1, (1, PARTITIONS_PER_TOPIC_MAX),
+       "Partitions of auto-created topics and of CreateTopics with -1."),
+    # connections and requests (docs/RELIABILITY.md, "Overload")
+    _S("max_frame_bytes", "socket.request.max.bytes", _INT, 100 * MIB, (MIB, INT32_MAX), "Largest request accepted, in bytes."),
+    _S("max_inflight_per_connection", None, _LONG, 64, (1, 10_000),
+       "Requests one connection may have in flight before the broker stops reading from it."),
+    _S("idle_timeout_ms", "connections.max.idle.ms", _LONG, 600_000, (1000, 7 * DAY_MS), "Close connections idle this long.",
+       dynamic=_CW),
+    # Kafka's max.connections is an INT defaulting to Int.MaxValue ("no bound"): any int32 from 1 is taken.
+    _S("max_connections", "max.connections", _INT, 10_000, (1, INT32_MAX),
+       "Most concurrent client connections; new ones beyond it are closed at once.", dynamic=_CW),
+    # Kafka's default is -1 (no bound); loglake bounds it (docs/RELIABILITY.md, "Overload")
+    _S("queued_max_request_bytes", "queued.max.request.bytes", _LONG, 128 * MIB, (MIB, 2**40),
+       "Request bytes read and not yet handled, all connections; while spent, connections are not read."),
+    _S("log_rate_limit_ms", None, _LONG, int(RATE_LIMIT_INTERVAL_S * 1000), (0, DAY_MS),
+       "Repeats of one warning (same condition, same peer) within this are summarised in one line; 0 logs each."),
+    # classic consumer groups (docs/GROUPS.md)
+    _S("group_initial_rebalance_delay_ms", "group.initial.rebalance.delay.ms", _INT, 3000, (0, 300_000),
+       "How long the first rebalance of a new classic group waits for more members."),
+    _S("group_min_session_timeout_ms", "group.min.session.timeout.ms", _INT, 6000, (1, INT32_MAX),
+       "Smallest session timeout a classic member may ask for."),
+    _S("group_max_session_timeout_ms", "group.max.session.timeout.ms", _INT, 1_800_000, (1, INT32_MAX),
+       "Largest session timeout a classic member may ask for."),
+    _S("offsets_retention_minutes", "offsets.retention.minutes", _INT, 10080, (1, 10 * 365 * 24 * 60),
+       "Committed offsets of a group that stayed empty this long expire."),
+    # KIP-848 consumer groups: checked against each other by ConsumerLimits.check (docs/GROUPS.md)
+    _S("group_consumer_session_timeout_ms", "group.consumer.session.timeout.ms", _INT, 45_000, None,
+       "Session timeout of consumer-protocol (KIP-848) members."),
+    _S("group_consumer_min_session_timeout_ms", "group.consumer.min.session.timeout.ms", _INT, 45_000, None,
+       "Smallest consumer.session.timeout.ms a group may set."),
+    _S("group_consumer_max_session_timeout_ms", "group.consumer.max.session.timeout.ms", _INT, 60_000, None,
+       "Largest consumer.session.timeout.ms a group may set."),
+    _S("group_consumer_heartbeat_interval_ms", "group.consumer.heartbeat.interval.ms", _INT, 5_000, None,
+       "Heartbeat interval given to consumer-protocol members."),
+    _S("group_consumer_min_heartbeat_interval_ms", "group.consumer.min.heartbeat.interval.ms", _INT, 5_000, None,
+       "Smallest consumer.heartbeat.interval.ms a group may set."),
+    _S("group_consumer_max_heartbeat_interval_ms", "group.consumer.max.heartbeat.interval.ms", _INT, 15_000, None,
+       "Largest consumer.heartbeat.interval.ms a group may set."),
+    _S("group_consumer_max_size", "group.consumer.max.size", _INT, 1000, None, "Most members of a consumer-protocol group."),
+    _S("group_consumer_assignors", "group.consumer.assignors", _LIST, "uniform,range", None,
+       "Server-side assignors (uniform, range); the first is the default."),
+    _S("group_consumer_migration_policy", "group.consumer.migration.policy", _STRING, "bidirectional", None,
+       "Which empty groups may change between the classic and consumer protocols."),
+    # KIP-227 fetch sessions (docs/PROTOCOL.md, "Fetch sessions")
+    _S("max_incremental_fetch_session_cache_slots", "max.incremental.fetch.session.cache.slots", _INT, 1000, (0, 1_000_000),
+       "Most incremental fetch sessions (KIP-227) the broker keeps; 0: none."),
+    _S("min_incremental_fetch_session_eviction_ms", "min.incremental.fetch.session.eviction.ms", _INT, 120_000, (100, DAY_MS),
+       "Fetch sessions idle this long are evicted; younger ones are not displaced by bigger ones."),
+    _S("fetch_session_max_partitions", None, _LONG, 10_000, (1, 1_000_000), "Most partitions one fetch session may hold."),
+    # transactions (docs/TRANSACTIONS.md)
+    _S("transaction_max_timeout_ms", "transaction.max.timeout.ms", _INT, _TXN.max_timeout_ms, (1, INT32_MAX),
+       "Largest transaction.timeout.ms a producer may ask for."),
+    _S("transactional_id_expiration_ms", "transactional.id.expiration.ms", _INT, _TXN.id_expiration_ms, (1, INT32_MAX),
+       "Transactional ids idle this long are forgotten."),
+    _S("transaction_abort_timed_out_transaction_cleanup_interval_ms",
+       "transaction.abort.timed.out.transaction.cleanup.interval.ms", _INT, _TXN.cleanup_interval_ms, (1, INT32_MAX),
+       "How often transactions past their timeout are aborted."),
+    _S("transactional_ids_max", None, _LONG, _TXN.ids_max, (1, 10_000_000),
+       "Most transactional ids kept; a new one past it gets TRANSACTIONAL_ID_AUTHORIZATION_FAILED."),
+    # client quotas (docs/SECURITY.md, "Quotas")
+    _S("quota_window_num", "quota.window.num", _INT, 11, (2, 1000), "Samples a client's rates are measured over."),
+    _S("quota_window_size_seconds", "quota.window.size.seconds", _INT, 1, (1, 3600), "Length of one sample, in seconds."),
+    # engine settings Kafka has a name for: default and range are the engine's (EngineConfig.validate)
+    _S("engine.cleaner_io_max_bytes_per_second", "log.cleaner.io.max.bytes.per.second", _DOUBLE,
+       _engine_default("cleaner_io_max_bytes_per_second"), None,
+       "Cleaner and merger I/O, read plus written, in bytes per second (0 = unlimited).", dynamic=_CW),
+    _S("engine.cleaner_threads", "log.cleaner.threads", _INT, _engine_default("cleaner_threads"), None,
+       "Cleaner threads; 0 turns compaction and merging off."),
+    _S("engine.cleaner_dedupe_buffer_bytes", "log.cleaner.dedupe.buffer.size", _LONG,
+       _engine_default("cleaner_dedupe_buffer_bytes"), None, "Compaction's key map bound, in bytes."),
+    _S("engine.cleaner_backoff_ms", "log.cleaner.backoff.ms", _LONG, _engine_default("cleaner_backoff_ms"), None,
+       "Pause between cleaner passes that found nothing to do."),
+)
+#: The table by `BrokerSetting.name`.
+BROKER_SETTINGS: Mapping[str, BrokerSetting] = {s.name: s for s in BROKER_SETTING_ROWS}
+#: Topic configs whose broker-wide default (their Kafka broker synonym, `TopicConfigKey.broker_synonym`)
+#: AlterConfigs may change at runtime, on the node or cluster-wide: the ones that only time or size
+#: work when it happens (see loglake.broker.dynamic_config for why).
+DYNAMIC_TOPIC_DEFAULTS = (
+    "retention.ms", "retention.bytes", "segment.ms", "segment.bytes", "max.message.bytes",
+    "delete.retention.ms", "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms",
+    "flush.messages", "flush.ms",
+)
+
+_T = TypeVar("_T", bool, int, str)
+
+
+def default_of(name: str, kind: type[_T]) -> _T:
+    """A broker setting's default from the table, as `BrokerConfig` declares it."""
+    value = BROKER_SETTINGS[name].default
+    if not isinstance(value, kind):
+        raise TypeError(f"broker setting {name}: default {value!r} is not a {kind.__name__}")
+    return value
+
+
+def list_default(name: str) -> Callable[[], list[str]]:
+    """The default factory of a list setting (a fresh list per `BrokerConfig`)."""
+    value = BROKER_SETTINGS[name].default
+    if not isinstance(value, tuple):
+        raise TypeError(f"broker setting {name}: default {value!r} is not a tuple of strings")
+    items = [str(v) for v in value]
+    return lambda: list(items)
 
 
 @dataclass
@@ -100,11 +322,6 @@ def _describe(kind: type) -> str:
         bool: "true or false", int: "an integer", float: "a number", str: "a string", dict: "a table",
         list: "a list of strings (or one comma-separated string)",
     }[kind]
-
-
-def _range_text(name: str) -> str:
-    lo, hi = BOUNDS[name]
-    return f"[{lo:g}, {hi:g}]" if isinstance(lo, float) else f"[{int(lo)}, {int(hi)}]"
 
 
 def check_value(name: str, kind: type, value: Any, source: str, *, from_text: bool) -> Any:
@@ -142,10 +359,9 @@ def check_value(name: str, kind: type, value: Any, source: str, *, from_text: bo
     )
     if not ok:
         raise ConfigError(f"{shown}: expected {_describe(kind)}, got {type(value).__name__}")
-    if name in BOUNDS:
-        lo, hi = BOUNDS[name]
-        if not lo <= value <= hi:
-            raise ConfigError(f"{shown}: out of range, allowed {_range_text(name)}")
+    setting = BROKER_SETTINGS.get(name)
+    if setting is not None and setting.bounds is not None and not setting.in_bounds(value):
+        raise ConfigError(f"{shown}: out of range, allowed {setting.allowed()}")
     return float(value) if kind is float else value
 
 
@@ -269,4 +485,7 @@ def render(values: Mapping[str, Any], engine: Mapping[str, Any], topic_defaults:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["BOUNDS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "Loaded", "check_value", "load_settings", "render"]
+__all__ = [
+    "BROKER_SETTINGS", "BROKER_SETTING_ROWS", "DYNAMIC_TOPIC_DEFAULTS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "BrokerSetting",
+    "Dynamic", "Loaded", "check_value", "default_of", "list_default", "load_settings", "render",
+]

@@ -102,6 +102,15 @@ def open_log(data_dir: str, *, must_exist: bool, **options: Any) -> Iterator[Log
         log.close()
 
 
+def strip_newline(line: bytes) -> bytes:
+    """A produced line without its line end (\\n or \\r\\n): the record value `produce` sends."""
+    if line.endswith(b"\n"):
+        line = line[:-1]
+        if line.endswith(b"\r"):
+            line = line[:-1]
+    return line
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

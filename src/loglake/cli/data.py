@@ -35,6 +35,7 @@ from loglake.cli.common import (
     open_log,
     parse_header_pairs,
     stderr_console,
+    strip_newline,
 )
 from loglake.cli.remote import BootstrapOption
 from loglake.log import ConsumerRecord, Headers, StartSpec
@@ -52,14 +53,6 @@ ProduceRecord = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | 
 
 
 # ---- produce ------------------------------------------------------------------------------------
-
-
-def _strip_newline(line: bytes) -> bytes:
-    if line.endswith(b"\n"):
-        line = line[:-1]
-        if line.endswith(b"\r"):
-            line = line[:-1]
-    return line
 
 
 def produce(
@@ -137,7 +130,7 @@ _command_config: CommandConfigOption = None,
 
         for lineno, raw in enumerate(src, 1):
             pending_in += len(raw)
-            line = _strip_newline(raw)
+            line = strip_newline(raw)
             key: bytes | None = None
             value: bytes = line
             if sep is not None:

@@ -25,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from loglake.cli.common import CliError, format_bytes, note, stderr_console
+from loglake.cli.common import CliError, format_bytes, note, stderr_console, strip_newline
 from loglake.cli.remote import (
     ADMIN_CALL_TIMEOUT_S,
     REMOTE_TIMEOUT_S,
@@ -76,8 +76,6 @@ def produce(
     interactive: bool,
     file: Path | None,
 ) -> None:
-    from loglake.cli.data import _strip_newline
-
     started = time.perf_counter()
     remote = Remote(bootstrap)
     parts = ensure_topic(remote, topic)
@@ -115,7 +113,7 @@ def produce(
             )
             task = progress.add_task("produce", total=total)
         for lineno, raw in enumerate(src, 1):
-            line = _strip_newline(raw)
+            line = strip_newline(raw)
             key: bytes | None = None
             value = line
             if sep is not None:

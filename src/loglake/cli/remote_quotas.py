@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.cli.common import CliError
 from loglake.cli.remote_raw import Connection
 from loglake.cli.remote_raw import error_name as _error
@@ -61,7 +62,7 @@ def describe(
         ]
     else:
         filt = [{"entity_type": ENTITY_TYPES[t], "match_type": 2, "match": None} for t in types]
-    resp = call(bootstrap, 48, DESCRIBE_VERSION, components=filt, strict=True)
+    resp = call(bootstrap, ApiKey.DESCRIBE_CLIENT_QUOTAS, DESCRIBE_VERSION, components=filt, strict=True)
     if resp.error_code:
         raise CliError(f"describe quotas: {_error(resp.error_code)}: {resp.error_message}")
     out = []
@@ -83,7 +84,7 @@ def alter(
         ops.append({"key": key, "value": value, "remove": False})
     ops += [{"key": key, "value": 0.0, "remove": True} for key in deletes]
     entity = [{"entity_type": t, "entity_name": n} for t, n in parts]
-    resp = call(bootstrap, 49, ALTER_VERSION, entries=[{"entity": entity, "ops": ops}], validate_only=False)
+    resp = call(bootstrap, ApiKey.ALTER_CLIENT_QUOTAS, ALTER_VERSION, entries=[{"entity": entity, "ops": ops}], validate_only=False)
     for entry in resp.entries:
         if entry.error_code:
             raise CliError(

@@ -20,6 +20,7 @@ from typing import Any
 
 from kafka.protocol.parser import KafkaProtocol
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.messages import request_class
 from loglake.cli import command_config
 from loglake.cli.common import CliError
@@ -29,7 +30,6 @@ from loglake.scram import MECHANISMS, ScramClient, ScramError
 
 #: Largest response read (a describe of CLIENT_QUOTA_ENTITIES_MAX entities fits).
 RESPONSE_BYTES_MAX = 64 * 1024 * 1024
-SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 #: Versions of the SASL requests sent (handshake v1: the tokens then go in SaslAuthenticate).
 SASL_HANDSHAKE_VERSION, SASL_AUTHENTICATE_VERSION = 1, 1
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -167,7 +167,7 @@ class Connection:
         user, password = settings.get("sasl.username"), settings.get("sasl.password")
         if not user or password is None:
             raise CliError(f"--command-config: {mechanism} needs sasl.username and sasl.password")
-        resp = self.request(SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, mechanism=mechanism)
+        resp = self.request(ApiKey.SASL_HANDSHAKE, SASL_HANDSHAKE_VERSION, mechanism=mechanism)
         if resp.error_code:
             offered = ", ".join(resp.mechanisms or ()) or "none"
             raise CliError(f"the broker at {self.bootstrap} does not offer {mechanism} (it offers {offered})")
@@ -184,7 +184,7 @@ class Connection:
             ) from None
 
     def _authenticate(self, token: bytes) -> bytes:
-        resp = self.request(SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, auth_bytes=token)
+        resp = self.request(ApiKey.SASL_AUTHENTICATE, SASL_AUTHENTICATE_VERSION, auth_bytes=token)
         if resp.error_code:
             raise CliError(
                 f"the broker at {self.bootstrap} refused the connection: {error_name(resp.error_code)}: "

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from loglake.broker.settings import FLUSH_BUFFER_BYTES_MAX, OBJECT_FLUSH_BYTES, OBJECT_FLUSH_MS
 from loglake.cluster.flushobj import (
     FlushIndex,
     FlushIndexEntry,
@@ -53,12 +54,8 @@ from loglake.store.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-#: Flush once this many bytes are buffered (KafScale's default, 4 MB).
-OBJECT_FLUSH_BYTES = 4 * 1024 * 1024
-#: Flush once the oldest buffered batch is this old (KafScale's default, 500 ms).
-OBJECT_FLUSH_MS = 500
-#: Bound on bytes held: buffered plus the flush in flight (16 flushes' worth at the default).
-FLUSH_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+# The flush thresholds and the buffer's bound are broker settings (`--object-flush-bytes`,
+# `--object-flush-ms`): their defaults and bounds live in the settings table.
 #: How long `append` waits for room under the bound before it fails (back-pressure).
 APPEND_WAIT_S = 30.0
 #: Attempts of one flush's PUT, the first included; each is itself retried by the store (S3's

@@ -22,7 +22,7 @@ from typing import Any
 
 from loglake.meta.cluster import Plog, PlogRange
 from loglake.meta.producers import ProducerStates
-from loglake.records.batch import peek_header
+from loglake.records.batch import BATCH_HEADER_SIZE, peek_header
 
 __all__ = ["REBUILD_BYTES_MAX", "rebuild_producers"]
 
@@ -56,7 +56,7 @@ def rebuild_producers(read: Any, plog: Plog) -> ProducerStates:
             break
         view = memoryview(data)
         pos = 0
-        while pos + 61 <= len(view):
+        while pos + BATCH_HEADER_SIZE <= len(view):
             h = peek_header(view[pos:])
             if h.producer_id >= 0 and h.base_sequence >= 0 and not h.is_control:
                 states.record(h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset)

@@ -7,20 +7,24 @@ over `MetaStore`, as consumer groups did — loglake.broker.groups.meta_store.)
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 
 from loglake.meta.quotas import EntityKey, client_quota_body
 from loglake.meta.state import MetaState
-
-if TYPE_CHECKING:
-    from loglake.engine.engine import Engine
+from loglake.meta.store import MetaStore
 
 __all__ = ["BrokerMetaMixin"]
 
 
+class _Host(Protocol):
+    meta: MetaStore
+
+    def _check_open(self) -> None: ...
+
+
 class BrokerMetaMixin:
-    def _eng(self) -> Engine:
-        return cast("Engine", self)
+    def _eng(self) -> _Host:
+        return cast(_Host, self)
 
     # ==== consumer groups' metadata (the broker's coordinator owns the meaning) ======================
 

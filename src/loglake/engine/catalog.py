@@ -39,6 +39,7 @@ from loglake.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
+from loglake.meta.lifecycle import Stage, Tier, move, stage_of
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
 
@@ -277,12 +278,18 @@ class Catalog:
     # ---- partition changes (caller holds p.lock; waits for the future after releasing it) -------
 
     def record_seal(self, p: Partition, ref: SegmentRef, producers: list[list[int]]) -> Future[int]:
+        move(Stage.SEALED, ref.tier, ref.key)
         return self.meta.append(
             "segment_published",
             {"id": p.topic_id.hex(), "p": p.index, "seg": ref.to_json(), "producers": producers},
         )
 
-    def record_tier(self, p: Partition, base_offset: int, tier: str) -> Future[int]:
+    def record_tier(self, p: Partition, base_offset: int, tier: Tier) -> Future[int]:
+        """Relocation's authoritative switch of the segment at `base_offset`, recorded hot: the
+        relocator holds it RELOCATING (loglake.meta.lifecycle)."""
+        i = p.segments.find_base(base_offset)
+        now = Stage.DELETED if i is None else stage_of(p.segments[i].tier)
+        move(Stage.RELOCATING if now is Stage.HOT else now, tier, p.segments.key_for(base_offset))
         return self.meta.append("segment_tier", {"id": p.topic_id.hex(), "p": p.index, "base": base_offset, "tier": tier})
 
     def record_rewrite(
@@ -298,6 +305,10 @@ class Catalog:
             now = table[start + i]
             if (now.base_offset, now.generation, now.tier) != (seg.base_offset, seg.generation, seg.tier):
                 return None
+        for seg in replaced:
+            move(seg.tier, Stage.REPLACED, seg.key)
+        for seg in segs:
+            move(Stage.SEALED, seg.tier, seg.key)
         body: dict[str, Any] = {
             "id": p.topic_id.hex(),
             "p": p.index,
@@ -310,6 +321,10 @@ class Catalog:
 
     def record_log_start(self, p: Partition, offset: int) -> Future[int]:
         """Raise the log start offset; whole segments ending at or below it leave the chain."""
+        for seg in p.segments:
+            if seg.end_offset > offset:
+                break
+            move(seg.tier, Stage.DELETED, seg.key)
         return self.meta.append("log_start", {"id": p.topic_id.hex(), "p": p.index, "offset": offset})
 
 

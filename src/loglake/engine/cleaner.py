@@ -31,6 +31,7 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX, RateLimiter, RewriteAborted, Rewriter
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import LoglakeError
+from loglake.meta.lifecycle import Tier
 from loglake.store.base import parse_segment_key, segment_file_name
 
 __all__ = ["Cleaner", "CleanerStats", "plan_merge"]
@@ -104,7 +105,7 @@ class Cleaner:
         indexes: IndexCache,
         clock: Callable[[], float],
         config: EngineConfig,
-        store_urls: dict[str, str | None] | None = None,
+        store_urls: dict[Tier, str | None] | None = None,
         *,
         before_delete: Callable[[], object] | None = None,
     ) -> None:
@@ -335,7 +336,7 @@ class Cleaner:
         tiers = {s.tier for s in job.run}
         urls = {tier: self._store_urls.get(tier) for tier in tiers}
         if not self.config.cleaner_process or any(u is None for u in urls.values()):
-            stores = {tier: self.stores.cold if tier == "cold" else self.stores.hot for tier in tiers}
+            stores = {tier: self.stores.cold if tier == Tier.COLD else self.stores.hot for tier in tiers}
             return run_job(job, stores, self.limiter)  # type: ignore[arg-type]
         job.store_urls = {tier: url for tier, url in urls.items() if url is not None}
         with self._lock:

@@ -32,6 +32,7 @@ from loglake.engine.compaction import build_key_map, first_pass_ms, record_filte
 from loglake.engine.partition import SegmentRef
 from loglake.engine.rewrite import READ_CHUNK_BYTES, RateLimiter, RewriteStats, build
 from loglake.errors import LoglakeError
+from loglake.meta.lifecycle import Tier
 from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader
 from loglake.store.base import ObjectStore
@@ -48,7 +49,7 @@ MESSAGE_BYTES_MAX = 1 << 30
 
 @dataclass
 class CompactJob:
-    store_urls: dict[str, str]  # tier -> URL the worker opens ("" when run in the engine)
+    store_urls: dict[Tier, str]  # tier -> URL the worker opens ("" when run in the engine)
     key_prefix: str
     run: list[SegmentRef]  # every cleanable sealed segment, oldest first
     dirty: list[SegmentRef]  # the part of `run` at or past the clean end
@@ -69,7 +70,7 @@ class CompactJob:
 
 @dataclass
 class MergeJob:
-    store_urls: dict[str, str]
+    store_urls: dict[Tier, str]
     key_prefix: str
     run: list[SegmentRef]
     target_bytes: int
@@ -99,7 +100,7 @@ def tier_chunks(run: list[SegmentRef], most: int) -> list[list[SegmentRef]]:
 
 
 def run_job(
-    job: CompactJob | MergeJob, stores: dict[str, ObjectStore], limiter: RateLimiter | None = None, alive: Any = None
+    job: CompactJob | MergeJob, stores: dict[Tier, ObjectStore], limiter: RateLimiter | None = None, alive: Any = None
 ) -> JobResult:
     """Build a job's new segments (in this process); `stores` maps a tier to its store."""
     limiter = limiter if limiter is not None else RateLimiter(job.io_bytes_per_s)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.partition import Partition, SegmentRef
-from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, batch_size, peek_header
 from loglake.records.rebuild import decode_plain, empty_batch, rebuild_batch
 
 __all__ = [
@@ -187,7 +187,7 @@ def build_key_map(
         for chunk in read(seg):
             pos = 0
             while pos < len(chunk):
-                size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+                size = batch_size(chunk, pos)
                 batch = chunk[pos : pos + size]
                 pos += size
                 mapped = _map_batch(keymap, batch, start, seg.key, index)

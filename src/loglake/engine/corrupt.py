@@ -17,7 +17,6 @@ bad one fails with CorruptBatchError (Fetch: CORRUPT_MESSAGE).
 from __future__ import annotations
 
 import logging
-import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from loglake.records.batch import (
     LENGTH_FIELD_END,
     MAGIC_OFFSET,
     MAGIC_V2,
+    UNCOVERED_HEAD,
 )
 from loglake.segment.index import SegmentIndex
 
@@ -254,7 +254,7 @@ class BatchChecker:
 
 
 #: A batch header's fields up to the CRC: base offset, length, leader epoch, magic, CRC.
-_HEAD = struct.Struct(">qiibI")
+_HEAD = UNCOVERED_HEAD
 
 
 def _first_bad(

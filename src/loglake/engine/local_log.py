@@ -62,6 +62,7 @@ from loglake.errors import (
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import segments_dir, wal_dir
+from loglake.meta.lifecycle import Tier
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
 from loglake.store.base import ObjectStore
@@ -221,7 +222,7 @@ class LocalPartitionLog:
         cold_url = config.cold_store_url if self._given_cold_store is None else None
         if cold_url and not reopenable and not cold_url.startswith("s3://"):
             cold_url = None
-        store_urls = {"hot": hot.url if reopenable and self._given_store is None else None, "cold": cold_url}
+        store_urls = {Tier.HOT: hot.url if reopenable and self._given_store is None else None, Tier.COLD: cold_url}
         cleaner = Cleaner(
             self.catalog, stores, indexes, self._clock, config, store_urls, before_delete=self.publish_metadata
         )
@@ -434,7 +435,7 @@ class LocalPartitionLog:
     def tier_bytes(self, p: Partition) -> TierBytes:
         with p.lock:
             table = p.segments
-            cold = sum(table[i].size for i in table.indexes_in_tier("cold"))
+            cold = sum(table[i].size for i in table.indexes_in_tier(Tier.COLD))
             hot = table.total_bytes() - cold + p.buffer_bytes
             lag = max(0, p.next_offset - p.high_watermark)
         return TierBytes(hot, cold, lag)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol
 
@@ -77,18 +78,16 @@ def refusal(refused: Mapping[Feature, str], feature: Feature) -> FeatureUnsuppor
     return FeatureUnsupportedError(f"{feature.value}: {refused[feature]}", FEATURE_CODES[feature])
 
 
+@dataclass(frozen=True, slots=True)
 class TierBytes:
     """Where a partition's bytes live (DescribeLogDirs)."""
 
-    __slots__ = ("cold", "hot", "offset_lag")
-
-    def __init__(self, hot: int, cold: int, offset_lag: int) -> None:
-        #: on this broker's disk: hot sealed segments and the unsealed data (WAL and memory)
-        self.hot = hot
-        #: in the cold store (cluster mode: the bucket)
-        self.cold = cold
-        #: log end minus high watermark (Kafka's OffsetLag of the current log)
-        self.offset_lag = offset_lag
+    #: on this broker's disk: hot sealed segments and the unsealed data (WAL and memory)
+    hot: int
+    #: in the cold store (cluster mode: the bucket)
+    cold: int
+    #: log end minus high watermark (Kafka's OffsetLag of the current log)
+    offset_lag: int
 
 
 class PartitionLog(Protocol):

@@ -15,6 +15,7 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.types import Chunk, FileRange, ReadResult
 from loglake.errors import CorruptBatchError, CorruptionError, OffsetOutOfRangeError, StorageError
+from loglake.meta.lifecycle import Tier
 from loglake.records.decode import iter_records
 from loglake.store.base import ObjectNotFoundError
 
@@ -108,13 +109,13 @@ class Reader:
         like any read error. True when `path` is a segment of a partition."""
         for topic, p in self.catalog.partitions():
             with p.lock:
-                found = next((s for s in p.segments.slice(0) if s.tier == "hot" and self.stores.hot.local_path(s.key) == path), None)
+                found = next((s for s in p.segments.slice(0) if s.tier == Tier.HOT and self.stores.hot.local_path(s.key) == path), None)
             if found is not None:
                 if self.checker is not None:
                     self.checker.forget(found.key)
                 self.indexes.forget(found.key)
                 error = StorageError("sendfile", path, exc)
-                self.read_errors.failed(topic.name, p.index, found.base_offset, found.key, path, "hot", error)
+                self.read_errors.failed(topic.name, p.index, found.base_offset, found.key, path, Tier.HOT, error)
                 return True
         return False
 
@@ -124,7 +125,7 @@ class Reader:
             store = self.stores.store_for(seg)
         except StorageError:
             return seg.key
-        path = store.local_path(seg.key) if seg.tier == "hot" else None
+        path = store.local_path(seg.key) if seg.tier == Tier.HOT else None
         return path or f"{store.url.rstrip('/')}/{seg.key}"
 
     @staticmethod
@@ -172,7 +173,7 @@ class Reader:
             i += 1
 
     def _get_range(self, seg: SegmentRef, position: int, length: int) -> bytes:
-        if seg.tier == "cold" and self.stores.cold_reader is not None:
+        if seg.tier == Tier.COLD and self.stores.cold_reader is not None:
             return self.stores.cold_reader.read_range(seg.key, position, length)
         return self.stores.store_for(seg).get_range(seg.key, position, length)
 
@@ -198,7 +199,7 @@ class Reader:
         position, length, count = index.byte_range(first, max_bytes)
         if length > max_bytes and not min_one:
             return None
-        if seg.tier == "cold" and self.stores.cold_reader is not None:
+        if seg.tier == Tier.COLD and self.stores.cold_reader is not None:
             cold = self.stores.cold_reader
             data = cold.read_range(seg.key, position, length)
             cold.read_ahead(seg.key, position, length, index.data_end, next_key, max_bytes)
@@ -241,7 +242,7 @@ class Reader:
                     offset < p.high_watermark
                     and not (p.buffer and offset >= p.buffer[0].base_offset)
                     and (i := p.segment_find(offset)) is not None
-                    and p.segments[i].tier == "cold"
+                    and p.segments[i].tier == Tier.COLD
                 )
             if cold:
                 return self.stores.cold_reader.submit(  # type: ignore[return-value]

@@ -33,6 +33,7 @@ from loglake.engine.types import RecoveryReport
 from loglake.errors import ConfigError, CorruptionError, LoglakeError
 from loglake.fs.base import FileSystem
 from loglake.meta.layout import wal_dir
+from loglake.meta.lifecycle import Tier
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import find_clusters, read_remote_state
 from loglake.meta.state import MetaState, PartitionMeta
@@ -157,7 +158,7 @@ def _reconcile_partition(
 ) -> None:
     """Match one partition's chain with the hot store's listing (see the module docstring)."""
     table = p.segments
-    hot_keys = {table.key_at(i) for i in table.indexes_in_tier("hot")}
+    hot_keys = {table.key_at(i) for i in table.indexes_in_tier(Tier.HOT)}
     listed = set(table.keys())
     missing = sorted(hot_keys - {key for _base, key in found})
     if missing:
@@ -189,7 +190,7 @@ def _adopt(catalog: Catalog, store: ObjectStore, p: Partition, key: str) -> bool
     trailer, _index = read_tail(store, key)
     if trailer.base_offset != p.sealed_end or trailer.prev_hash != p.chain_hash or trailer.rewritten:
         return False
-    catalog.record_seal(p, SegmentRef.from_trailer(key, trailer, "hot", None), [])
+    catalog.record_seal(p, SegmentRef.from_trailer(key, trailer, Tier.HOT, None), [])
     log.info("adopted segment %s published after the last metadata record", key)
     return True
 
@@ -207,7 +208,7 @@ def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryRepo
                 kept += 1
             lost = table.truncate(kept)
             for k in range(kept):
-                table.set_tier(table.base_at(k), "cold")
+                table.set_tier(table.base_at(k), Tier.COLD)
             for seg in lost:
                 report.segments_lost.append(seg.key)
                 log.warning(
@@ -229,7 +230,7 @@ def _adopt_cold(pm: PartitionMeta, cold: ObjectStore, key: str) -> bool:
     trailer, _index = read_tail(cold, key)
     if trailer.base_offset != pm.sealed_end or trailer.prev_hash != pm.chain_hash or trailer.rewritten:
         return False
-    pm.segments.append(SegmentRef.from_trailer(key, trailer, "cold", None))
+    pm.segments.append(SegmentRef.from_trailer(key, trailer, Tier.COLD, None))
     pm.sealed_end = trailer.next_offset
     pm.chain_hash = trailer.chain_hash
     log.info("adopted segment %s uploaded after the metadata was last published", key)

@@ -32,6 +32,8 @@ from loglake.engine.catalog import Catalog
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
+from loglake.meta.lifecycle import Tier
+from loglake.records.batch import batch_size
 from loglake.segment.format import Rewrite, SegmentWriter
 from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader
@@ -145,7 +147,7 @@ def build(
                 limiter.acquire(len(chunk))
                 pos, end = 0, len(chunk)
                 while pos < end:
-                    size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+                    size = batch_size(chunk, pos)
                     batch = chunk[pos : pos + size]
                     pos += size
                     stats.batches_in += 1
@@ -236,7 +238,7 @@ class Rewriter:
         # From here the switch is applied: the new objects must stay whatever happens.
         fut.result()  # 4. the switch is durable
         for ref, index in outputs:
-            if ref.tier == "hot":
+            if ref.tier == Tier.HOT:
                 self.indexes.put(ref.key, index)
         if self.before_delete is not None:
             try:

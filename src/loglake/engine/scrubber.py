@@ -28,6 +28,7 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptBatchError, CorruptionError, LoglakeError
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.lifecycle import Tier
 from loglake.segment.format import SegmentTrailer
 from loglake.segment.index import SegmentIndex
 from loglake.segment.verify import SegmentReader, verify_chain, verify_segment_in_store
@@ -184,7 +185,7 @@ class Scrubber:
             offset = _offset_at(reader.index, exc.offset) if reader is not None else seg.base_offset
             where = store.local_path(seg.key) or f"{store.url}/{seg.key}"
             self._report(topic, p.index, seg, CorruptionError(where, exc.offset, exc.detail), offset)
-            if seg.tier == "hot":
+            if seg.tier == Tier.HOT:
                 self.repair(topic, p, seg)
             return None
         except LoglakeError as exc:  # unreadable now (storage error): not known to be corrupt

@@ -20,6 +20,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.txn import segment_aborted
+from loglake.meta.lifecycle import Tier
 from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
 from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
@@ -177,7 +178,7 @@ class Sealer:
             key = segment_key(self.catalog.cluster_id, topic.name, p.topic_id.hex(), p.index, base)
             self.stores.hot.put(key, parts)
             self.indexes.put(key, index)
-            ref = SegmentRef.from_trailer(key, trailer, "hot", None)
+            ref = SegmentRef.from_trailer(key, trailer, Tier.HOT, None)
             fut: Future[int] | None = None
             with p.lock:
                 live = self.catalog.by_id.get(p.topic_id) is topic and not p.deleted

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from loglake.engine.cold import ColdReader
 from loglake.engine.partition import SegmentRef
 from loglake.errors import StorageError
+from loglake.meta.lifecycle import Tier
 from loglake.segment.format import read_tail
 from loglake.segment.index import SegmentIndex
 from loglake.store.base import ObjectStore
@@ -27,14 +28,14 @@ class Stores:
 
     def store_for(self, seg: SegmentRef) -> ObjectStore:
         """The store holding `seg`'s authoritative copy."""
-        if seg.tier == "cold":
+        if seg.tier == Tier.COLD:
             if self.cold is None:
                 raise StorageError("read", seg.key, "segment is in the cold tier but no cold store is configured")
             return self.cold
         return self.hot
 
-    def delete_segment(self, key: str, tier: str = "hot") -> None:
-        store = self.cold if tier == "cold" and self.cold is not None else self.hot
+    def delete_segment(self, key: str, tier: Tier = Tier.HOT) -> None:
+        store = self.cold if tier == Tier.COLD and self.cold is not None else self.hot
         try:
             store.delete(key)
         except Exception:
@@ -60,7 +61,7 @@ class IndexCache:
         if seg.index is not None:
             return seg.index
         cold = self.stores.cold_reader
-        if seg.tier == "cold" and cold is not None:
+        if seg.tier == Tier.COLD and cold is not None:
             return cold.footer(seg.key, seg.size)[1]
         with self._lock:
             cached = self._entries.get(seg.key)

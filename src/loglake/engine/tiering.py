@@ -1,8 +1,8 @@
 """Hot/cold tiering: relocating sealed segments to the cold store.
 
-Segment life: sealed → hot (local folder) → relocating → cold (bucket or folder) → deleted.
-Only "hot" and "cold" are recorded in metadata; "relocating" is the window in which both copies
-exist, and the metadata decides which one is authoritative:
+Segment life (loglake.meta.lifecycle): sealed → hot (local folder) → relocating → cold (bucket
+or folder) → deleted. Only the tier is recorded in metadata; "relocating" is the window in which
+both copies exist, and the metadata decides which one is authoritative:
 
     0. verify the hot copy whole (every batch CRC, data CRC, chain hash): a damaged hot copy is
        never uploaded to become the only one (it stays hot, reported as corrupt)
@@ -31,6 +31,7 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.errors import CorruptionError
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.lifecycle import Tier
 from loglake.segment.format import read_tail
 from loglake.segment.verify import verify_segment
 
@@ -66,9 +67,9 @@ class Relocator:
         """Hot segments past hot.retain.segments / hot.retain.bytes, oldest first (stricter wins)."""
         with p.lock:
             table = p.segments
-            if table.count_in_tier("hot") <= config.hot_retain_segments and config.hot_retain_bytes <= 0:
+            if table.count_in_tier(Tier.HOT) <= config.hot_retain_segments and config.hot_retain_bytes <= 0:
                 return []  # the common case, without building a single SegmentRef
-            hot = [table[i] for i in table.indexes_in_tier("hot")]
+            hot = [table[i] for i in table.indexes_in_tier(Tier.HOT)]
         move = hot[: max(0, len(hot) - config.hot_retain_segments)]
         if config.hot_retain_bytes > 0:
             total = sum(s.size for s in hot[len(move) :])
@@ -127,9 +128,9 @@ class Relocator:
                     and not p.deleted
                 )
                 tier = p.segments[i].tier if same and i is not None else None
-                fut = self.catalog.record_tier(p, seg.base_offset, "cold") if tier == "hot" else None
+                fut = self.catalog.record_tier(p, seg.base_offset, Tier.COLD) if tier == Tier.HOT else None
             if fut is None:
-                if tier != "cold":  # retention or a topic delete won the race
+                if tier != Tier.COLD:  # retention or a topic delete won the race
                     cold.delete(seg.key)
                 # else another relocation of this segment switched it first: the cold object
                 # (same key, same bytes) is now the authoritative copy and must stay
@@ -137,7 +138,7 @@ class Relocator:
                     self._attempts.pop(seg.key, None)  # not in flight any more: the map stays bounded
                 return
             fut.result()  # 3. the authoritative switch
-            seg.tier = "cold"
+            seg.tier = Tier.COLD
             self.stores.hot.delete(seg.key)  # 4. the hot copy goes
             self.indexes.forget(seg.key)
             log.info("relocated %s (%d bytes) to %s", seg.key, seg.size, cold.url)
@@ -159,7 +160,7 @@ class Relocator:
                     continue  # in flight on the pool (close() waits for it): never two at once
                 self._attempts[seg.key] = float("inf")
             self.relocate(p, seg)
-            moved += seg.tier == "cold"
+            moved += seg.tier == Tier.COLD
         return moved
 
     def wait(self, timeout_s: float) -> bool:

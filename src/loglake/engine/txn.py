@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from loglake.engine.partition import Partition
 from loglake.engine.types import Chunk, FileRange, ReadResult
-from loglake.records.batch import new_builder
+from loglake.records.batch import BASE_AND_LENGTH, LENGTH_FIELD_END, new_builder, peek_last_offset
 from loglake.records.committed import (
     ABORT_MARKER,
     COMMIT_MARKER,
@@ -43,7 +43,6 @@ __all__ = [
 ]
 
 _MARKER_VALUE = struct.Struct(">hi")
-_BASE_AND_LENGTH = struct.Struct(">qi")
 
 
 def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, ts_ms: int) -> bytearray:
@@ -80,14 +79,14 @@ def _cut(chunks: list[Chunk], lso: int) -> tuple[list[Chunk], int]:
         assert not isinstance(chunk, FileRange)
         view = memoryview(chunk)
         pos = 0
-        while pos + _BASE_AND_LENGTH.size <= len(view):
-            base, length = _BASE_AND_LENGTH.unpack_from(view, pos)
+        while pos + BASE_AND_LENGTH.size <= len(view):
+            base, length = BASE_AND_LENGTH.unpack_from(view, pos)
             if base >= lso:
                 if pos:
                     out.append(view[:pos])
                 return out, end
-            end = base + struct.unpack_from(">i", view, pos + 23)[0] + 1
-            pos += 12 + length
+            end = peek_last_offset(view, pos) + 1
+            pos += LENGTH_FIELD_END + length
         out.append(chunk)
     return out, end
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from loglake.engine.compaction import map_key
 from loglake.errors import CorruptionError, LoglakeError
-from loglake.records.batch import ATTR_CONTROL, peek_header
+from loglake.records.batch import ATTR_CONTROL, batch_size, peek_header
 from loglake.records.rebuild import decode_plain
 from loglake.segment.format import SegmentTrailer, read_tail
 from loglake.segment.verify import SegmentReader, verify_chain, verify_segment_in_store
@@ -314,7 +314,7 @@ def _check_compacted_chunk(key: str, chunk: memoryview, clean_end: int, seen: di
     """The compaction invariant over one chunk of whole batches (records below `clean_end`)."""
     pos = 0
     while pos < len(chunk):
-        size = int.from_bytes(chunk[pos + 8 : pos + 12], "big") + 12
+        size = batch_size(chunk, pos)
         at = pos
         pos += size
         if peek_header(chunk, at).attributes & ATTR_CONTROL:

@@ -23,6 +23,7 @@ from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.checkpoint import decode_checkpoint
 from loglake.meta.layout import meta_dir, segments_dir
+from loglake.meta.lifecycle import Tier
 from loglake.meta.log import _CHECKPOINT_RE, checkpoint_name
 from loglake.meta.snapshot import SnapshotStore
 from loglake.meta.state import MetaState, PartitionMeta, decode_record
@@ -127,7 +128,7 @@ class LiveSource:
         return self._meta(topic, partition).segments.slice(0)
 
     def store_for(self, seg: SegmentRef) -> ObjectStore:
-        if seg.tier == "cold":
+        if seg.tier == Tier.COLD:
             if self.cold is None:
                 raise StorageError("read", seg.key, "segment is in the cold tier: give --cold-store to verify it")
             return self.cold

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import errno
 import posixpath
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loglake.fs.base import BytesLike, File, FileLock
-
-if TYPE_CHECKING:
-    from loglake.fs.faulty import FaultyFileSystem
 
 
 class SimulatedCrash(BaseException):
@@ -103,8 +101,23 @@ def _display(parts: Sequence[str]) -> str:
     return "/" + "/".join(parts)
 
 
+class FaultyFileSystemCore(Protocol):
+    """What a file and a lock use of their filesystem: `loglake.fs.faulty.FaultyFileSystem` (which
+    imports this module): its lock, its held file locks, its disk-full flag and fault hooks."""
+
+    @property
+    def _mu(self) -> threading.RLock: ...
+    @property
+    def _locks(self) -> set[str]: ...
+    @property
+    def _full(self) -> bool: ...
+    def _check_alive(self) -> None: ...
+    def _mutating(self) -> None: ...
+    def _path_fault(self, op: str, path: str) -> None: ...
+
+
 class _Lock(FileLock):
-    def __init__(self, fs: FaultyFileSystem, key: str) -> None:
+    def __init__(self, fs: FaultyFileSystemCore, key: str) -> None:
         self._fs = fs
         self._key: str | None = key
 
@@ -119,7 +132,7 @@ class _Lock(FileLock):
 class FaultyFile(File):
     """An open file of a `FaultyFileSystem`; shares the filesystem's lock."""
 
-    def __init__(self, fs: FaultyFileSystem, path: str, inode: _Inode, writable: bool) -> None:
+    def __init__(self, fs: FaultyFileSystemCore, path: str, inode: _Inode, writable: bool) -> None:
         self.path = path
         self._fs = fs
         self._inode = inode

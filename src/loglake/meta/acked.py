@@ -16,10 +16,8 @@ offsets consumers may have seen are never handed out again for different records
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 __all__ = ["ACKED_PARTS_MAX", "apply_acked"]
 
@@ -27,7 +25,21 @@ __all__ = ["ACKED_PARTS_MAX", "apply_acked"]
 ACKED_PARTS_MAX = 50_000
 
 
-def apply_acked(state: MetaState, b: dict[str, Any]) -> None:
+class AckedPartition(Protocol):
+    """A partition's acknowledged end (`loglake.meta.state.PartitionMeta`)."""
+
+    acked_end: int
+
+
+class AckedState(Protocol):
+    """What an ``acked`` record moves of the metadata state (`loglake.meta.state.MetaState`, which
+    imports this module): its partitions' acknowledged ends."""
+
+    @property
+    def partitions(self) -> Mapping[tuple[bytes, int], AckedPartition]: ...
+
+
+def apply_acked(state: AckedState, b: dict[str, Any]) -> None:
     for tid_hex, index, end in b["parts"]:
         pm = state.partitions.get((bytes.fromhex(tid_hex), int(index)))
         if pm is not None and int(end) > pm.acked_end:  # a deleted topic's partitions are gone

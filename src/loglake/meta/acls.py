@@ -15,10 +15,7 @@ ACLs: none).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState
+from typing import Any, Protocol
 
 __all__ = ["ACL_BINDINGS_MAX", "Binding", "acls_doc", "apply_acls", "binding_from_json", "load_acls"]
 
@@ -39,17 +36,25 @@ def binding_from_json(row: Any) -> Binding:
     return (int(rtype), name, int(pattern), principal, host, int(op), int(perm))
 
 
-def apply_acls(state: MetaState, b: dict[str, Any]) -> None:
+class AclState(Protocol):
+    """The part of the metadata state (`loglake.meta.state.MetaState`, which imports this module)
+    ACL bindings live in: the bindings in creation order."""
+
+    @property
+    def acls(self) -> dict[Binding, None]: ...
+
+
+def apply_acls(state: AclState, b: dict[str, Any]) -> None:
     for row in b.get("deleted", ()):
         state.acls.pop(binding_from_json(row), None)
     for row in b.get("created", ()):
         state.acls[binding_from_json(row)] = None
 
 
-def acls_doc(state: MetaState) -> list[list[Any]]:
+def acls_doc(state: AclState) -> list[list[Any]]:
     return [list(binding) for binding in state.acls]
 
 
-def load_acls(state: MetaState, doc: dict[str, Any]) -> None:
+def load_acls(state: AclState, doc: dict[str, Any]) -> None:
     for row in doc.get("acls") or ():
         state.acls[binding_from_json(row)] = None

@@ -35,10 +35,7 @@ is long past any commit's lifetime).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState
+from typing import Any, Protocol
 
 __all__ = [
     "CONDEMNED_MAX",
@@ -197,7 +194,15 @@ def _tp(b: dict[str, Any]) -> TP:
     return bytes.fromhex(str(b["id"])), int(b["p"])
 
 
-def apply_plog(state: MetaState, b: dict[str, Any], *, kind: str) -> None:
+class PlogState(Protocol):
+    """The part of the metadata state (`loglake.meta.state.MetaState`, which imports this module)
+    cluster partitions live in."""
+
+    @property
+    def plogs(self) -> PlogTable: ...
+
+
+def apply_plog(state: PlogState, b: dict[str, Any], *, kind: str) -> None:
     t = state.plogs
     if kind == "plog_leader":
         plog = t.part(*_tp(b))
@@ -305,7 +310,7 @@ def _trim(table: dict[str, Any], bound: int) -> None:
 # ---- checkpoints -------------------------------------------------------------------------------
 
 
-def plogs_doc(state: MetaState) -> dict[str, Any]:
+def plogs_doc(state: PlogState) -> dict[str, Any]:
     t = state.plogs
     return {
         "parts": [
@@ -326,7 +331,7 @@ def plogs_doc(state: MetaState) -> dict[str, Any]:
     }
 
 
-def load_plogs(state: MetaState, doc: dict[str, Any]) -> None:
+def load_plogs(state: PlogState, doc: dict[str, Any]) -> None:
     """The cluster partitions of a checkpoint (absent before cluster mode: none)."""
     raw = doc.get("plogs")
     if not raw:

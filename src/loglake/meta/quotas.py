@@ -21,10 +21,7 @@ entity is one key whatever order a request named its parts in. Checkpoints list 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState
+from typing import Any, Protocol
 
 __all__ = [
     "ENTITY_TYPES",
@@ -78,7 +75,15 @@ def client_quota_body(key: EntityKey, values: dict[str, float] | None) -> dict[s
     return {"entity": [[t, n] for t, n in key], "values": dict(values) if values else None}
 
 
-def apply_client_quota(state: MetaState, b: dict[str, Any]) -> None:
+class QuotaState(Protocol):
+    """The part of the metadata state (`loglake.meta.state.MetaState`, which imports this module)
+    client quotas live in: entity -> quota key -> value."""
+
+    @property
+    def client_quotas(self) -> dict[EntityKey, dict[str, float]]: ...
+
+
+def apply_client_quota(state: QuotaState, b: dict[str, Any]) -> None:
     key = entity_key(b["entity"])
     values = _values(b.get("values"))
     if values:
@@ -87,11 +92,11 @@ def apply_client_quota(state: MetaState, b: dict[str, Any]) -> None:
         state.client_quotas.pop(key, None)
 
 
-def client_quotas_doc(state: MetaState) -> list[list[Any]]:
+def client_quotas_doc(state: QuotaState) -> list[list[Any]]:
     return [[[list(p) for p in key], dict(values)] for key, values in state.client_quotas.items()]
 
 
-def load_client_quotas(state: MetaState, doc: dict[str, Any]) -> None:
+def load_client_quotas(state: QuotaState, doc: dict[str, Any]) -> None:
     for entity, values in doc.get("client_quotas") or ():
         kept = _values(values)
         if kept:

@@ -13,12 +13,9 @@ AlterUserScramCredentials write them (docs/SECURITY.md).
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loglake.scram import ITERATIONS_MAX, ITERATIONS_MIN, MECHANISMS, SALT_BYTES_MAX, ScramCredential
-
-if TYPE_CHECKING:
-    from loglake.meta.state import MetaState
 
 __all__ = [
     "SCRAM_USERS_MAX",
@@ -75,7 +72,15 @@ def _check(user: str, mechanism: str, cred: dict[str, Any] | None) -> None:
             )
 
 
-def apply_scram(state: MetaState, b: dict[str, Any]) -> None:
+class ScramState(Protocol):
+    """The part of the metadata state (`loglake.meta.state.MetaState`, which imports this module)
+    SCRAM credentials live in: user -> mechanism -> credential doc."""
+
+    @property
+    def scram(self) -> dict[str, dict[str, dict[str, Any]]]: ...
+
+
+def apply_scram(state: ScramState, b: dict[str, Any]) -> None:
     user, mechanism, cred = str(b["user"]), str(b["mechanism"]), b["cred"]
     _check(user, mechanism, cred)
     table = state.scram
@@ -93,11 +98,11 @@ def apply_scram(state: MetaState, b: dict[str, Any]) -> None:
     table.setdefault(user, {})[mechanism] = dict(cred)
 
 
-def scram_doc(state: MetaState) -> dict[str, Any]:
+def scram_doc(state: ScramState) -> dict[str, Any]:
     return {user: {m: dict(c) for m, c in mechs.items()} for user, mechs in state.scram.items()}
 
 
-def load_scram(state: MetaState, doc: dict[str, Any]) -> None:
+def load_scram(state: ScramState, doc: dict[str, Any]) -> None:
     """Credentials of a checkpoint (absent from checkpoints written before SASL: none)."""
     for user, mechs in (doc.get("scram") or {}).items():
         for mechanism, cred in mechs.items():

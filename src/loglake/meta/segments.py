@@ -37,6 +37,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from loglake.meta.lifecycle import Tier
 from loglake.segment.format import SegmentTrailer
 from loglake.segment.index import SegmentIndex
 from loglake.store.base import segment_file_name
@@ -47,9 +48,9 @@ ENTRY = struct.Struct("<qqqqqqBI32s32s32s")
 ENTRY_SIZE = ENTRY.size
 #: The version-1 entry (no generation, no link hash), read from older checkpoints.
 ENTRY_V1 = struct.Struct("<qqqqqqB32s32s")
-#: tier name <-> stored code
-TIERS = ("hot", "cold")
-_TIER_CODE = {name: code for code, name in enumerate(TIERS)}
+#: stored code -> tier (the entry's `tier` byte; checkpoints hold these codes)
+TIERS = (Tier.HOT, Tier.COLD)
+_TIER_CODE = {tier: code for code, tier in enumerate(TIERS)}
 _TIER_OFFSET = 48
 _GEN_OFFSET = 49
 
@@ -67,7 +68,7 @@ class SegmentRef:
     prev_hash: bytes
     chain_hash: bytes
     created_ms: int
-    tier: str = "hot"
+    tier: Tier = Tier.HOT
     index: SegmentIndex | None = None  # parsed index, when the caller has one at hand
     generation: int = 0
     link_hash: bytes = b""  # empty: the chain hash (a segment as sealed)
@@ -115,7 +116,7 @@ class SegmentRef:
         )
 
     @classmethod
-    def from_trailer(cls, key: str, trailer: SegmentTrailer, tier: str, index: SegmentIndex | None) -> SegmentRef:
+    def from_trailer(cls, key: str, trailer: SegmentTrailer, tier: Tier, index: SegmentIndex | None) -> SegmentRef:
         return cls(
             trailer.base_offset,
             trailer.last_offset,
@@ -150,7 +151,7 @@ class SegmentRef:
             bytes.fromhex(str(prev_h)),
             bytes.fromhex(str(chain_h)),
             int(str(created)),
-            tier_s,
+            Tier(tier_s),
             None,
             generation,
             link_h,
@@ -275,7 +276,7 @@ class SegmentTable:
             return 0
         return sum(e[2] for e in ENTRY.iter_unpack(memoryview(self._data)[first * ENTRY_SIZE :]))
 
-    def indexes_in_tier(self, tier: str) -> list[int]:
+    def indexes_in_tier(self, tier: Tier) -> list[int]:
         """Indexes of the segments in `tier`, oldest first (a C-speed scan of the tier bytes)."""
         tiers = bytes(self._data[_TIER_OFFSET::ENTRY_SIZE])
         code = bytes((_TIER_CODE[tier],))
@@ -286,7 +287,7 @@ class SegmentTable:
             i = tiers.find(code, i + 1)
         return out
 
-    def count_in_tier(self, tier: str) -> int:
+    def count_in_tier(self, tier: Tier) -> int:
         return bytes(self._data[_TIER_OFFSET::ENTRY_SIZE]).count(_TIER_CODE[tier])
 
     def raw(self) -> bytes:
@@ -351,7 +352,7 @@ class SegmentTable:
             self._bytes_total -= sum(g.size for g in gone)
         return gone
 
-    def set_tier(self, base_offset: int, tier: str) -> bool:
+    def set_tier(self, base_offset: int, tier: Tier) -> bool:
         i = self.find_base(base_offset)
         if i is None:
             return False

@@ -71,6 +71,7 @@ from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import apply_acls
 from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog, drop_topic
+from loglake.meta.lifecycle import Tier
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import EntityKey, apply_client_quota
 from loglake.meta.scram import apply_scram
@@ -350,7 +351,7 @@ class MetaState:
     def _segment_tier(self, b: dict[str, Any]) -> None:
         pm = self.partitions.get((bytes.fromhex(b["id"]), int(b["p"])))
         if pm is not None:  # a segment dropped by retention meanwhile has nothing to move
-            pm.segments.set_tier(int(b["base"]), str(b["tier"]))
+            pm.segments.set_tier(int(b["base"]), Tier(str(b["tier"])))
 
     def _log_start(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]

@@ -121,6 +121,25 @@ _ATTRIBUTES = struct.Struct(">h")
 _TIMESTAMP = struct.Struct(">q")
 
 
+def _fields(first: int, last: int) -> struct.Struct:
+    """The header fields ``first``..``last`` (indexes into HEADER), unpacked from the first one's offset."""
+    return struct.Struct(">" + HEADER.format[1 + first : 2 + last])
+
+
+#: base_offset and batch_length: the fields before the bytes batch_length counts, all a scan
+#: needs to step from batch to batch.
+BASE_AND_LENGTH = _fields(0, 1)
+#: base_offset, batch_length, partition_leader_epoch, magic and crc: the bytes the CRC does not cover.
+UNCOVERED_HEAD = _fields(0, 4)
+# batch_length read unsigned (batch_size): a corrupt negative length then points past the data
+# instead of backwards, so a scan that trusts it still moves on.
+_BATCH_LENGTH_UNSIGNED = struct.Struct(">I")
+_LAST_OFFSET_DELTA = _fields(6, 6)
+_PRODUCER = _fields(9, 10)  # producer_id, producer_epoch
+# Attributes are a big-endian int16 and every bit Kafka defines is in its low byte.
+_ATTRIBUTES_LOW_BYTE = ATTRIBUTES_OFFSET + _ATTRIBUTES.size - 1
+
+
 class BatchHeader(NamedTuple):
     base_offset: int
     batch_length: int
@@ -201,6 +220,37 @@ def peek_header(buf: Buffer, pos: int = 0) -> BatchHeader:
             f"negative record_count {h.record_count} at byte {pos + RECORD_COUNT_OFFSET}"
         )
     return h
+
+
+def batch_size(buf: Buffer, pos: int = 0) -> int:
+    """Total bytes of the batch at ``buf[pos]``, from its batch_length alone (nothing else checked).
+
+    For scans over batches already validated, and for a batch's first LENGTH_FIELD_END bytes read
+    on their own. Raises CorruptRecordError if fewer than LENGTH_FIELD_END bytes remain.
+    """
+    if len(buf) - pos < LENGTH_FIELD_END:
+        raise CorruptRecordError(f"truncated batch at byte {pos}: no batch_length")
+    return LENGTH_FIELD_END + int(_BATCH_LENGTH_UNSIGNED.unpack_from(buf, pos + BATCH_LENGTH_OFFSET)[0])
+
+
+def peek_last_offset(buf: Buffer, pos: int = 0) -> int:
+    """The last offset of the batch at ``buf[pos]``, from its base_offset and last_offset_delta alone
+    (nothing checked: for batches already validated)."""
+    base_offset = _BASE_OFFSET.unpack_from(buf, pos + BASE_OFFSET_OFFSET)[0]
+    return int(base_offset + _LAST_OFFSET_DELTA.unpack_from(buf, pos + LAST_OFFSET_DELTA_OFFSET)[0])
+
+
+def peek_txn_producer(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:
+    """``(producer_id, producer_epoch)`` of the batch at ``buf[pos]`` if it is transactional; None if it
+    is not, or if its header is not all there (validation then says what is wrong with it).
+
+    One byte test for a non-transactional batch, one small unpack for a transactional one: cheap
+    enough to run on every produced batch before it is validated.
+    """
+    if len(buf) - pos < BATCH_HEADER_SIZE or not buf[pos + _ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
+        return None
+    producer_id, producer_epoch = _PRODUCER.unpack_from(buf, pos + PRODUCER_ID_OFFSET)
+    return producer_id, producer_epoch
 
 
 def _check_fits(buf: Buffer, pos: int, h: BatchHeader) -> None:
@@ -521,18 +571,23 @@ __all__ = [
     "ATTR_CONTROL",
     "ATTR_TIMESTAMP_TYPE",
     "ATTR_TRANSACTIONAL",
+    "BASE_AND_LENGTH",
     "BATCH_HEADER_SIZE",
     "CRC_COVERED_START",
     "HEADER",
     "LENGTH_FIELD_END",
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
+    "UNCOVERED_HEAD",
     "BatchBuilder",
     "BatchHeader",
     "Record",
+    "batch_size",
     "build_batch",
     "new_builder",
     "peek_header",
+    "peek_last_offset",
+    "peek_txn_producer",
     "set_base_offset",
     "set_builder",
     "set_log_append_time",

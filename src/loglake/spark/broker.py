@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from loglake.errors import LoglakeError
+from loglake.spark.model import PartitionMeta, TopicPartition
 from loglake.spark.options import LoglakeOptionError, ReadOptions
-from loglake.spark.plan import BrokerRange, DataLossError, Metadata, PartitionMeta, TopicPartition
+from loglake.spark.plan import BrokerRange, DataLossError, Metadata
 from loglake.spark.reader import MAX_BATCH_ROWS, TIMESTAMP_TYPE, arrow_schema
 
 log = logging.getLogger("loglake.spark")

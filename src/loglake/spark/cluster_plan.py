@@ -19,7 +19,7 @@ from __future__ import annotations
 from loglake.cluster.flushobj import FlushIndexEntry, iter_batches, read_range
 from loglake.meta.cluster import Plog
 from loglake.records.decode import decode_batch
-from loglake.spark.plan import FlushSlice, PartitionMeta, SegmentInfo
+from loglake.spark.model import FlushSlice, PartitionMeta, SegmentInfo
 from loglake.store import ObjectStore
 
 __all__ = ["cluster_partition", "flush_bytes", "flush_offset_for_timestamp"]

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from loglake.errors import LoglakeError
+from loglake.spark.model import TopicPartition
 from loglake.spark.options import parse_bool, parse_read_options
 from loglake.spark.plan import (
-    TopicPartition,
     from_offset_dict,
     rate_limit,
     select_partitions,

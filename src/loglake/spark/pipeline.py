@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loglake.errors import LoglakeError
+from loglake.meta.lifecycle import Tier
 from loglake.spark.options import store_url_from
 from loglake.spark.plan import cached_store, load_metadata
 
@@ -225,9 +226,9 @@ def verify_store(
     recorded: dict[str, tuple[str, str]] = {}
     for (topic, p), pm in sorted(meta.partitions.items()):
         for seg in pm.segments:
-            if seg.tier == "cold" and not cold:
+            if seg.tier == Tier.COLD and not cold:
                 raise LoglakeError(f"segment {seg.key} is in the cold tier: give --cold-path")
-            tasks.append((cold if seg.tier == "cold" and cold else url, seg.key, topic, p, seg.base))
+            tasks.append((cold if seg.tier == Tier.COLD and cold else url, seg.key, topic, p, seg.base))
             recorded[seg.key] = (seg.prev_hash, seg.chain_hash)
     checks: list[SegmentCheck] = []
     if tasks:

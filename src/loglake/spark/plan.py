@@ -18,98 +18,23 @@ from typing import Any
 
 from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
+from loglake.meta.lifecycle import Tier
 from loglake.meta.publish import read_remote_state
 from loglake.meta.txn import ABORTED_TXNS_MAX
 from loglake.records.decode import decode_batch
 from loglake.segment.format import read_tail
+from loglake.spark.model import FlushSlice, PartitionMeta, SegmentInfo, Slice, TopicPartition
 from loglake.spark.options import EARLIEST, LATEST, LoglakeOptionError, OffsetSpec, ReadOptions
 from loglake.store import ObjectStore, open_store
 
 log = logging.getLogger("loglake.spark")
 
-TopicPartition = tuple[str, int]
 #: Offsets as Spark's streaming engine stores them: {topic: {"partition": next offset}}.
 OffsetDict = dict[str, dict[str, int]]
 
 
 class DataLossError(LoglakeError):
     """Offsets a query needs are gone (retention deleted them, or the topic was re-created)."""
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    key: str
-    base: int
-    last: int
-    size: int
-    max_ts: int
-    record_count: int
-    tier: str = "hot"
-    prev_hash: str = ""
-    chain_hash: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionMeta:
-    topic: str
-    topic_id: str
-    partition: int
-    log_start: int
-    end: int  # the next offset after the last visible record: the sealed end (read_committed: its LSO)
-    segments: tuple[SegmentInfo, ...]
-    #: (producer id, first offset, ABORT marker offset) of aborted transactions, marker order
-    aborted: tuple[tuple[int, int, int], ...] = ()
-    #: the metadata dropped its oldest aborted entries (ABORTED_TXNS_MAX): older ones are only
-    #: in the segments' transaction indexes
-    aborted_trimmed: bool = False
-    #: hybrid reads: `end` is the broker's high watermark (read_committed: its last stable
-    #: offset) and offsets from `seam` on are read through the broker; None: segments only
-    seam: int | None = None
-    #: cluster mode: the committed flush-object ranges after the merged `segments` (offsets
-    #: base..last each; start and end span the whole range)
-    flush: tuple[FlushSlice, ...] = ()
-
-    @property
-    def tp(self) -> TopicPartition:
-        return (self.topic, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class Slice:
-    """One Spark input partition: offsets [start, end) of one segment object."""
-
-    store_url: str
-    topic: str
-    partition: int
-    key: str
-    size: int
-    start: int
-    end: int
-    #: read_committed: aborted transactions overlapping [start, end) (producer id, first,
-    #: marker); None at read_uncommitted
-    aborted: tuple[tuple[int, int, int], ...] | None = None
-
-    @property
-    def count(self) -> int:
-        return self.end - self.start
-
-
-@dataclass(frozen=True, slots=True)
-class FlushSlice(Slice):
-    """A Slice of one committed flush-object range of a cluster partition (docs/CLUSTER.md,
-    "Spark and exports"): offsets [start, end) of the range's batches at byte `pos` of the
-    object `key`, `length` bytes with CRC-32C `crc` (read with one ranged GET, checked).
-    `base`..`last` and the counts are the range's own, as the metadata committed them."""
-
-    topic_id: str = ""
-    base: int = 0
-    last: int = -1
-    pos: int = 0
-    length: int = 0
-    records: int = 0
-    max_ts: int = -1
-    crc: int = 0
-    batches: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +145,7 @@ def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:
 
 def store_for(seg: SegmentInfo, hot_url: str, cold_url: str | None) -> str:
     """The URL of the store holding a segment: the hot store, or the cold one (option coldPath)."""
-    if seg.tier == "cold":
+    if seg.tier == Tier.COLD:
         if not cold_url:
             raise LoglakeOptionError(
                 f"segment {seg.key} was moved to the cold tier: give its store URL with the option coldPath"
@@ -236,7 +161,7 @@ def offset_for_timestamp(
     for seg in pm.segments:
         if seg.last < pm.log_start or seg.max_ts < ts:
             continue
-        if seg.tier == "cold":
+        if seg.tier == Tier.COLD:
             store = cached_store(store_for(seg, store.url, cold_url))
         _trailer, index = read_tail(store, seg.key, seg.size)
         i = index.find_timestamp(ts)
@@ -289,7 +214,7 @@ def resolve_offset(
         if ts is None:
             return default
     assert ts is not None
-    if tail is not None and not cold_url and any(seg.tier == "cold" for seg in pm.segments):
+    if tail is not None and not cold_url and any(seg.tier == Tier.COLD for seg in pm.segments):
         found = tail(pm.tp, ts)  # tiered segments and no coldPath: the broker reads its cold tier
     else:
         found = offset_for_timestamp(store, pm, ts, cold_url)
@@ -384,7 +309,7 @@ def ranges_for(
     if pm.seam is not None and not cold_url:
         # no coldPath: the offsets of segments tiered to the cold store (the oldest ones) come
         # through the broker, which reads its own cold tier
-        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == "cold"), default=start)
+        cold_end = max((seg.last + 1 for seg in pm.segments if seg.tier == Tier.COLD), default=start)
         pos = max(start, min(cold_end, seam))
         if pos > start:
             out.append(BrokerRange(pm.topic, pm.partition, start, pos))

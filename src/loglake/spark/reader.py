@@ -46,7 +46,8 @@ from loglake.records.committed import AbortedTxns
 from loglake.records.compression import MAX_DECOMPRESSED_BATCH_BYTES, decompress
 from loglake.records.varint import MAX_VARINT_BYTES, Buffer, decode_varint
 from loglake.segment.format import KAFKA_CRC_START, KAFKA_HEADER, KAFKA_HEADER_SIZE, read_tail
-from loglake.spark.plan import FlushSlice, Slice, cached_store
+from loglake.spark.model import FlushSlice, Slice
+from loglake.spark.plan import cached_store
 
 #: Bytes of batches fetched per ranged read.
 CHUNK_BYTES = 8 * 1024 * 1024

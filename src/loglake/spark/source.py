@@ -29,6 +29,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from loglake.spark.model import Slice, TopicPartition
 from loglake.spark.options import (
     LoglakeOptionError,
     ReadOptions,
@@ -42,8 +43,6 @@ from loglake.spark.plan import (
     DataLossError,
     Metadata,
     OffsetDict,
-    Slice,
-    TopicPartition,
     cached_store,
     check_range,
     from_offset_dict,

@@ -1,6 +1,7 @@
 """One module per Kafka API. Each exports `handle(ctx, conn, req)` returning the response
 (a kafka-python response object, a mapping of its fields, or for Fetch a FetchResponseData),
-or None for requests that get no response (Produce with acks=0)."""
+or None for requests that get no response (Produce with acks=0). ApiVersions is answered here:
+its answer is this registry's `ADVERTISED`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import importlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker.protocol.api_keys import ApiKey
+from loglake.broker.protocol.codec import DecodedRequest, api_versions_body
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, VersionTable
 
 HANDLERS: dict[int, Callable[..., Awaitable[Any]]] = {}
@@ -18,9 +21,13 @@ def api_name(api_key: int) -> str:
     return entry.name if entry is not None else f"api{api_key}"
 
 
+async def _api_versions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+    """ApiVersions (18): the versions we support; v3+ bodies come with the v0 response header."""
+    return api_versions_body(ADVERTISED, req.api_version)
+
+
 def _register() -> None:
     from loglake.broker.handlers import (
-        api_versions,
         fetch,
         find_coordinator,
         init_producer_id,
@@ -30,15 +37,15 @@ def _register() -> None:
     )
 
     for module, key in (
-        (produce, 0),
-        (fetch, 1),
-        (list_offsets, 2),
-        (metadata, 3),
-        (find_coordinator, 10),
-        (api_versions, 18),
-        (init_producer_id, 22),
+        (produce, ApiKey.PRODUCE),
+        (fetch, ApiKey.FETCH),
+        (list_offsets, ApiKey.LIST_OFFSETS),
+        (metadata, ApiKey.METADATA),
+        (find_coordinator, ApiKey.FIND_COORDINATOR),
+        (init_producer_id, ApiKey.INIT_PRODUCER_ID),
     ):
         HANDLERS[key] = module.handle
+    HANDLERS[ApiKey.API_VERSIONS] = _api_versions
     # Admin and group APIs: modules that export a HANDLERS table of their own.
     for name in (
         "admin", "acls", "groups", "consumer_groups", "leader_epoch", "log_dirs", "producers", "offset_delete", "txn",

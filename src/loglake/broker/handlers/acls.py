@@ -21,7 +21,7 @@ from loglake.broker.authorizer import AclFilter, Binding, check_binding
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import _LoopLock
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST, NONE, error_code
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.acls import ACL_BINDINGS_MAX
@@ -155,7 +155,7 @@ async def delete_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
 
 
 HANDLERS: dict[int, Callable[[BrokerContext, Any, DecodedRequest], Awaitable[Any]]] = {
-    29: describe_acls,
-    30: create_acls,
-    31: delete_acls,
+    ApiKey.DESCRIBE_ACLS: describe_acls,
+    ApiKey.CREATE_ACLS: create_acls,
+    ApiKey.DELETE_ACLS: delete_acls,
 }

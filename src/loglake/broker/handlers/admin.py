@@ -21,7 +21,7 @@ from loglake.broker.handlers.admin_topics import (
     delete_topics,
 )
 from loglake.broker.handlers.errors import NONE
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 
 #: DescribeCluster endpoint types (KIP-919).
 ENDPOINT_BROKERS = 1
@@ -64,12 +64,12 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
 
 
 HANDLERS: dict[int, Callable[[BrokerContext, Any, DecodedRequest], Awaitable[Any]]] = {
-    19: create_topics,
-    20: delete_topics,
-    21: delete_records,
-    32: describe_configs,
-    33: alter_configs,
-    37: create_partitions,
-    44: incremental_alter_configs,
-    60: describe_cluster,
+    ApiKey.CREATE_TOPICS: create_topics,
+    ApiKey.DELETE_TOPICS: delete_topics,
+    ApiKey.DELETE_RECORDS: delete_records,
+    ApiKey.DESCRIBE_CONFIGS: describe_configs,
+    ApiKey.ALTER_CONFIGS: alter_configs,
+    ApiKey.CREATE_PARTITIONS: create_partitions,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: incremental_alter_configs,
+    ApiKey.DESCRIBE_CLUSTER: describe_cluster,
 }

@@ -9,7 +9,8 @@ DYNAMIC_DEFAULT_BROKER_CONFIG when that setting was changed at runtime, STATIC_B
 from `[topic_defaults]`, DEFAULT_CONFIG otherwise; synonyms list those layers, highest first.
 
 Broker configs (resource 4, named by this node id, or "" for the cluster-wide default) are
-`loglake.broker.dynamic_config`'s: every broker setting described, a few dynamic. Group configs
+`loglake.broker.dynamic_config`'s: every broker setting described, a few dynamic, as the one table
+of broker settings (`loglake.broker.settings.BROKER_SETTINGS`) says. Group configs
 (resource 32) are `loglake.broker.group_configs`'. BROKER_LOGGER (8) is refused.
 
 AlterConfigs replaces a resource's whole set (a topic's overrides, a broker scope's or a group's
@@ -205,7 +206,7 @@ async def _alter_one(ctx: BrokerContext, rtype: int, name: str, configs: list[An
         brokers = ctx.broker_configs
         assert brokers is not None
         brokers.check_scope(name)
-        new = merge_dynamic(brokers.current(name), configs, incremental, lambda n, v: brokers.check_name(n).parse(v))
+        new = merge_dynamic(brokers.current(name), configs, incremental, lambda n, v: brokers.parse(name, n, v))
         await engine_call(ctx, brokers.alter, name, new, validate_only=validate_only)
     elif rtype == RESOURCE_GROUP:
         groups = ctx.group_configs

@@ -27,7 +27,7 @@ from typing import Any
 
 from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import NONE
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.quotas import (
     CLIENT_QUOTA_ENTITIES_MAX,
     QuotaRequestError,
@@ -139,6 +139,6 @@ def _altered(ctx: Any, parts: list[tuple[str, str | None]], ops: Any) -> tuple[E
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    48: describe_client_quotas,
-    49: alter_client_quotas,
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: describe_client_quotas,
+    ApiKey.ALTER_CLIENT_QUOTAS: alter_client_quotas,
 }

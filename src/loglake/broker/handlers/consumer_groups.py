@@ -26,7 +26,7 @@ from loglake.broker.handlers.errors import (
     coordinator_error,
 )
 from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 
 ZERO_TOPIC_ID_HEX = "0" * 32
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol
@@ -143,6 +143,6 @@ async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> A
 
 
 HANDLERS = {
-    68: consumer_group_heartbeat,
-    69: consumer_group_describe,
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: consumer_group_heartbeat,
+    ApiKey.CONSUMER_GROUP_DESCRIBE: consumer_group_describe,
 }

@@ -33,7 +33,7 @@ from loglake.broker.handlers.errors import (
     UNSTABLE_OFFSET_COMMIT,
     coordinator_error,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 
 #: Authorized-operations value meaning "not requested / not computed".
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
@@ -325,13 +325,13 @@ async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 
 HANDLERS = {
-    8: offset_commit,
-    9: offset_fetch,
-    11: join_group,
-    12: heartbeat,
-    13: leave_group,
-    14: sync_group,
-    15: describe_groups,
-    16: list_groups,
-    42: delete_groups,
+    ApiKey.OFFSET_COMMIT: offset_commit,
+    ApiKey.OFFSET_FETCH: offset_fetch,
+    ApiKey.JOIN_GROUP: join_group,
+    ApiKey.HEARTBEAT: heartbeat,
+    ApiKey.LEAVE_GROUP: leave_group,
+    ApiKey.SYNC_GROUP: sync_group,
+    ApiKey.DESCRIBE_GROUPS: describe_groups,
+    ApiKey.LIST_GROUPS: list_groups,
+    ApiKey.DELETE_GROUPS: delete_groups,
 }

@@ -23,10 +23,8 @@ from loglake.broker.handlers.errors import (
     epoch_check,
     error_code,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.errors import LoglakeError, UnknownTopicError
-
-OFFSET_FOR_LEADER_EPOCH = 23
 
 
 def _partition(ctx: Any, topic: str, part: Any, refused: set[str]) -> dict[str, Any]:
@@ -59,5 +57,5 @@ async def offset_for_leader_epoch(ctx: Any, conn: Any, req: DecodedRequest) -> d
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
 }

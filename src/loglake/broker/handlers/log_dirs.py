@@ -19,11 +19,9 @@ from typing import Any
 
 from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.engine.partition_log import TierBytes
 from loglake.errors import LoglakeError
-
-DESCRIBE_LOG_DIRS = 35
 
 log = logging.getLogger(__name__)
 
@@ -110,4 +108,4 @@ async def describe_log_dirs(ctx: Any, conn: Any, req: DecodedRequest) -> dict[st
     return {"throttle_time_ms": 0, "error_code": NONE, "results": results}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {DESCRIBE_LOG_DIRS: describe_log_dirs}
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs}

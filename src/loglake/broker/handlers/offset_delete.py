@@ -19,10 +19,8 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     coordinator_error,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.errors import UnknownTopicError
-
-OFFSET_DELETE = 47
 
 
 def _exists(ctx: Any, topic: str, partition: int) -> bool:
@@ -66,4 +64,4 @@ async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, A
     }
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {OFFSET_DELETE: offset_delete}
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.OFFSET_DELETE: offset_delete}

@@ -20,7 +20,6 @@ over its producer_byte_rate quota (loglake.broker.quotas) it does too and the co
 from __future__ import annotations
 
 import asyncio
-import struct
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -41,19 +40,15 @@ from loglake.broker.protocol import DecodedRequest
 from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
 from loglake.engine.types import AppendResult
 from loglake.errors import InvalidRecordError, LoglakeError
-
-#: Where a v2 batch keeps its attributes' low byte, and its producer id and epoch.
-_ATTR_LOW_BYTE = 22
-_TRANSACTIONAL_BIT = 0x10
-_PRODUCER = struct.Struct(">qh")
-_PRODUCER_AT = 43
+from loglake.records.batch import peek_txn_producer
 
 
 def _txn_check(ctx: Any, name: str, index: int, records: bytes) -> int:
     """NONE, or why a transactional batch may not be appended (KIP-890 part 1)."""
-    if len(records) <= _PRODUCER_AT + _PRODUCER.size or not records[_ATTR_LOW_BYTE] & _TRANSACTIONAL_BIT:
+    producer = peek_txn_producer(records)
+    if producer is None:
         return NONE
-    pid, epoch = _PRODUCER.unpack_from(records, _PRODUCER_AT)
+    pid, epoch = producer
     if ctx.txn is None:
         return INVALID_TXN_STATE
     return int(ctx.txn.check_produce(pid, epoch, name, index))

@@ -18,10 +18,8 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
     error_code,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.errors import LoglakeError, UnknownTopicError
-
-DESCRIBE_PRODUCERS = 61
 
 
 def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[str, Any]:
@@ -63,4 +61,4 @@ async def describe_producers(ctx: Any, conn: Any, req: DecodedRequest) -> dict[s
     return {"throttle_time_ms": 0, "topics": await ctx.off_loop(_describe, ctx.engine, req.body.topics, refused)}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {DESCRIBE_PRODUCERS: describe_producers}
+HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.DESCRIBE_PRODUCERS: describe_producers}

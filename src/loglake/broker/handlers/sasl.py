@@ -5,12 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.protocol import DecodedRequest
-from loglake.broker.sasl import SaslError
+from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.sasl import TOKEN_STATES, SaslError, SaslSession, SaslState
 from loglake.kafka_errors import ErrorCode
-
-SASL_HANDSHAKE = 17
-SASL_AUTHENTICATE = 36
 
 
 def _mechanisms(ctx: Any) -> list[str]:
@@ -33,7 +30,7 @@ async def sasl_handshake(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, 
         )
         conn.close_after_write = 0.0
         return {"error_code": ErrorCode.UNSUPPORTED_VERSION, "mechanisms": enabled}
-    if session.state != "handshake":
+    if session.state is not SaslState.HANDSHAKE:
         limited.warning(
             ("sasl_state", conn.peer_host),
             "closing %s: SaslHandshake in SASL state %s on the %s listener",
@@ -56,7 +53,7 @@ async def sasl_handshake(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, 
         conn.close_after_write = 0.0
         return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": enabled}
     session.mechanism = mechanism
-    session.state = "authenticate"
+    session.transition_to(SaslState.AUTHENTICATE)
     return {"error_code": ErrorCode.NONE, "mechanisms": enabled}
 
 
@@ -69,7 +66,12 @@ async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[st
             "auth_bytes": b"",
             "session_lifetime_ms": 0,
         }
-    if session.state not in ("authenticate", "scram_final"):
+    async with session.turn:  # a pipelined one waits, then sees the state this one leaves
+        return await _authenticate(ctx, conn, req, session)
+
+
+async def _authenticate(ctx: Any, conn: Any, req: DecodedRequest, session: SaslSession) -> dict[str, Any]:
+    if session.state not in TOKEN_STATES:
         conn.server.limited.warning(
             ("sasl_state", conn.peer_host),
             "closing %s: SaslAuthenticate in SASL state %s on the %s listener",
@@ -77,8 +79,9 @@ async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[st
             session.state,
             conn.security.listener.name,
         )
-        conn.close_after_write = 0.0
-        what = "before SaslHandshake" if session.state == "handshake" else "after authentication finished"
+        if conn.close_after_write is None:  # after a failure its delay stays: pipelining does not shorten it
+            conn.close_after_write = 0.0
+        what = "before SaslHandshake" if session.state is SaslState.HANDSHAKE else "after authentication finished"
         return {
             "error_code": ErrorCode.ILLEGAL_SASL_STATE,
             "error_message": f"Unexpected SaslAuthenticate {what}",
@@ -105,6 +108,6 @@ async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[st
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    SASL_HANDSHAKE: sasl_handshake,
-    SASL_AUTHENTICATE: sasl_authenticate,
+    ApiKey.SASL_HANDSHAKE: sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
 }

@@ -20,7 +20,7 @@ from typing import Any
 
 from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import error_code
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
@@ -33,8 +33,6 @@ from loglake.scram import (
     from_salted_password,
 )
 
-DESCRIBE_USER_SCRAM_CREDENTIALS = 50
-ALTER_USER_SCRAM_CREDENTIALS = 51
 log = logging.getLogger(__name__)
 _BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
 
@@ -192,6 +190,6 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials,
-    ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials,
 }

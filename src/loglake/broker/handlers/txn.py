@@ -23,27 +23,17 @@ from loglake.broker.authorized import (
     cluster_allowed,
     denied,
 )
-from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.txn.coordinator import Txn
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.txn_states import KAFKA_NAMES, TxnState, by_kafka_name
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 E = ErrorCode
 
-#: Kafka's names of the transaction states (DescribeTransactions, ListTransactions).
-STATE_NAMES = {
-    "empty": "Empty",
-    "ongoing": "Ongoing",
-    "prepare_commit": "PrepareCommit",
-    "prepare_abort": "PrepareAbort",
-    "complete_commit": "CompleteCommit",
-    "complete_abort": "CompleteAbort",
-    "dead": "Dead",
-}
-_BY_NAME = {v: k for k, v in STATE_NAMES.items()}
 #: Most transactional ids one DescribeTransactions request may name.
 DESCRIBE_IDS_MAX = 10_000
 #: Longest ListTransactions transactional-id pattern accepted.
@@ -180,9 +170,9 @@ async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any
         states.append({
             "error_code": E.NONE,
             "transactional_id": tid,
-            "transaction_state": STATE_NAMES[txn.state],
+            "transaction_state": KAFKA_NAMES[txn.state],
             "transaction_timeout_ms": txn.timeout_ms,
-            "transaction_start_time_ms": txn.start_ms if txn.state != "empty" else -1,
+            "transaction_start_time_ms": txn.start_ms if txn.state is not TxnState.EMPTY else -1,
             "producer_id": txn.pid,
             "producer_epoch": txn.epoch,
             "topics": _topics_of(ctx, conn, txn),
@@ -193,8 +183,8 @@ async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any
 async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     b = req.body
     wanted = list(b.state_filters or [])
-    unknown = [s for s in wanted if s not in _BY_NAME]
-    states = {_BY_NAME[s] for s in wanted if s in _BY_NAME}
+    unknown = [s for s in wanted if by_kafka_name(s) is None]
+    states = {st for s in wanted if (st := by_kafka_name(s)) is not None}
     pids = set(b.producer_id_filters or [])
     duration = getattr(b, "duration_filter", -1)
     pattern_text = getattr(b, "transactional_id_pattern", None)
@@ -213,21 +203,21 @@ async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             continue
         if pids and txn.pid not in pids:
             continue
-        if duration is not None and duration >= 0 and (txn.state != "ongoing" or now - txn.start_ms < duration):
+        if duration is not None and duration >= 0 and (txn.state is not TxnState.ONGOING or now - txn.start_ms < duration):
             continue
         if pattern is not None and not pattern.fullmatch(txn.tid):
             continue
         if not allowed(ctx, conn, AclOperation.DESCRIBE, TRANSACTIONAL_ID, txn.tid):
             continue  # Kafka lists only the ids the principal may describe
-        out.append({"transactional_id": txn.tid, "producer_id": txn.pid, "transaction_state": STATE_NAMES[txn.state]})
+        out.append({"transactional_id": txn.tid, "producer_id": txn.pid, "transaction_state": KAFKA_NAMES[txn.state]})
     return {"throttle_time_ms": 0, "error_code": E.NONE, "unknown_state_filters": unknown, "transaction_states": out}
 
 
 HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
-    24: add_partitions_to_txn,
-    25: add_offsets_to_txn,
-    26: end_txn,
-    28: txn_offset_commit,
-    65: describe_transactions,
-    66: list_transactions,
+    ApiKey.ADD_PARTITIONS_TO_TXN: add_partitions_to_txn,
+    ApiKey.ADD_OFFSETS_TO_TXN: add_offsets_to_txn,
+    ApiKey.END_TXN: end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: txn_offset_commit,
+    ApiKey.DESCRIBE_TRANSACTIONS: describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: list_transactions,
 }

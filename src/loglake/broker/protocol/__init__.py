@@ -5,6 +5,7 @@ No sockets, no asyncio. The server feeds received bytes to a `FrameDecoder`, han
 See docs/_protocol.md.
 """
 
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.codec import (
     DecodedRequest,
     api_versions_body,
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_TABLE",
     "SUPPORTED",
     "AbortedTransaction",
+    "ApiKey",
     "ApiVersionRange",
     "Chunk",
     "DecodedRequest",

@@ -27,6 +27,7 @@ from kafka.protocol.schemas.fields.codecs import Bytes, EncodeBuffer, String
 from kafka.protocol.schemas.fields.codegen import CodegenContext
 
 from loglake.broker.protocol._wire import I32, WireError, read_string, skip_tagged_fields
+from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.errors import (
     MalformedRequestError,
     ResponseEncodingError,
@@ -36,13 +37,7 @@ from loglake.broker.protocol.errors import (
 from loglake.broker.protocol.fetch import FetchResponseData, OutBuffer, encode_fetch_response
 from loglake.broker.protocol.messages import make_response, request_class, response_class
 from loglake.broker.protocol.produce import decode_produce_body
-from loglake.broker.protocol.versions import (
-    API_VERSIONS_KEY,
-    DEFAULT_TABLE,
-    FETCH_KEY,
-    PRODUCE_KEY,
-    VersionTable,
-)
+from loglake.broker.protocol.versions import DEFAULT_TABLE, VersionTable
 from loglake.kafka_errors import ErrorCode
 
 
@@ -66,12 +61,12 @@ class DecodedRequest:
     @property
     def response_header_version(self) -> int:
         """0, or 1 for flexible versions; ApiVersions responses always use header v0."""
-        return 1 if self.flexible and self.api_key != API_VERSIONS_KEY else 0
+        return 1 if self.flexible and self.api_key != ApiKey.API_VERSIONS else 0
 
     @property
     def expects_response(self) -> bool:
         """False only for Produce with acks=0."""
-        return not (self.api_key == PRODUCE_KEY and self.body.acks == 0)
+        return not (self.api_key == ApiKey.PRODUCE and self.body.acks == 0)
 
 
 # --- generic body decoding ------------------------------------------------------------------
@@ -250,7 +245,7 @@ _DECODE_ERRORS = (
 def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = DEFAULT_TABLE) -> DecodedRequest:
     """Decode one request frame (size prefix already removed).
 
-    Raises `UnknownApiError`, `UnsupportedVersionError` (check ``api_key == 18`` to answer per
+    Raises `UnknownApiError`, `UnsupportedVersionError` (check ``api_key == ApiKey.API_VERSIONS`` to answer per
     KIP-511 with `encode_unsupported_api_versions`) or `MalformedRequestError`; nothing else.
     """
     data = memoryview(frame).cast("B") if not isinstance(frame, bytes) else memoryview(frame)
@@ -269,7 +264,7 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
         client_id, pos = read_string(data, 8, compact=False)
         if flexible:
             pos = skip_tagged_fields(data, pos)
-        if api_key == PRODUCE_KEY:
+        if api_key == ApiKey.PRODUCE:
             body: Any = decode_produce_body(data, pos, api_version)
         else:
             body, pos = _decoder(api_key, api_version)(data, pos)
@@ -298,7 +293,7 @@ def encode_response(req: DecodedRequest, response: Any) -> list[OutBuffer]:
     ``req.api_version``), a mapping of its fields, or for Fetch a `FetchResponseData`.
     """
     if isinstance(response, FetchResponseData):
-        if req.api_key != FETCH_KEY:
+        if req.api_key != ApiKey.FETCH:
             raise ResponseEncodingError(f"FetchResponseData answering api key {req.api_key}")
         try:
             return encode_fetch_response(req.correlation_id, req.api_version, response)
@@ -332,7 +327,7 @@ def encode_response(req: DecodedRequest, response: Any) -> list[OutBuffer]:
 def api_versions_body(table: VersionTable, version: int, error_code: int = ErrorCode.NONE) -> Any:
     """An ApiVersionsResponse object listing `table` (for the ApiVersions handler)."""
     return make_response(
-        API_VERSIONS_KEY,
+        ApiKey.API_VERSIONS,
         version,
         error_code=error_code,
         api_keys=[{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in table.api_versions_entries()],

@@ -16,6 +16,7 @@ from struct import Struct
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from loglake.broker.protocol._wire import I32, put_array_len, put_string, uuid_bytes, uvarint
+from loglake.records.batch import BASE_AND_LENGTH, batch_size
 
 FLEXIBLE_FROM = 12
 TOPIC_ID_FROM = 13
@@ -137,12 +138,9 @@ _II = Struct(">ii")
 _QI = Struct(">qi")
 _HI = Struct(">hi")
 #: The head of a record batch: base offset, batch length (the bytes after these 12).
-BATCH_HEAD = Struct(">qi")
-
-
-def batch_bytes(head: bytes | bytearray | memoryview) -> int:
-    """The whole size of the record batch whose first 12 bytes are `head`."""
-    return BATCH_HEAD.size + int(BATCH_HEAD.unpack_from(head, 0)[1])
+BATCH_HEAD = BASE_AND_LENGTH
+#: The whole size of the record batch whose first BATCH_HEAD.size bytes are `head`.
+batch_bytes = batch_size
 
 
 def fetch_limit_violations(

@@ -229,8 +229,8 @@ def make_response(api_key: int, version: int, fields: Mapping[str, Any] | None =
     `ResponseEncodingError`. Fields left out take the schema default (``[]`` for arrays, ``""``
     for strings, ``0``/``-1`` for numbers as the schema says). Example::
 
-        make_response(3, 12, throttle_time_ms=0, brokers=[{"node_id": 1, "host": "h", "port": 9092}],
-                      cluster_id="c", controller_id=1, topics=[])
+        make_response(ApiKey.METADATA, 12, throttle_time_ms=0, cluster_id="c", controller_id=1,
+                      brokers=[{"node_id": 1, "host": "h", "port": 9092}], topics=[])
     """
     cls = response_class(api_key, version)
     values = {**(fields or {}), **kw}

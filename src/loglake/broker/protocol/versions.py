@@ -3,7 +3,7 @@
 Floors follow KIP-896 (Apache Kafka 4.0 removed every version older than the 2.1 baseline);
 kafka-python 3.0.12 ships Kafka's own 4.x JSON schemas whose ``validVersions`` already carry these
 floors, and `tests/test_protocol_versions.py` checks this table against them. Maxima are the
-schemas' maxima except where noted. See docs/_protocol.md for the reasoning per API.
+schemas' maxima except where noted. Keys and names are `api_keys.ApiKey`'s. See docs/_protocol.md for the reasoning per API.
 """
 
 from __future__ import annotations
@@ -11,9 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
+from loglake.broker.protocol.api_keys import ApiKey
+
 
 class ApiVersionRange(NamedTuple):
-    api_key: int
+    api_key: ApiKey
+    #: Kafka's message name (``ApiVersions``), from `ApiKey.kafka_name`.
     name: str
     min_version: int
     max_version: int
@@ -23,8 +26,8 @@ class ApiVersionRange(NamedTuple):
     advertised_min: int
 
 
-def _r(api_key: int, name: str, lo: int, hi: int, advertised_min: int | None = None) -> ApiVersionRange:
-    return ApiVersionRange(api_key, name, lo, hi, lo if advertised_min is None else advertised_min)
+def _r(api_key: ApiKey, lo: int, hi: int, advertised_min: int | None = None) -> ApiVersionRange:
+    return ApiVersionRange(api_key, api_key.kafka_name, lo, hi, lo if advertised_min is None else advertised_min)
 
 
 #: api_key -> range. Notes on maxima:
@@ -41,57 +44,53 @@ def _r(api_key: int, name: str, lo: int, hi: int, advertised_min: int | None = N
 SUPPORTED: dict[int, ApiVersionRange] = {
     r.api_key: r
     for r in (
-        _r(0, "Produce", 3, 12, advertised_min=0),
-        _r(1, "Fetch", 4, 18),
-        _r(2, "ListOffsets", 1, 11),
-        _r(3, "Metadata", 0, 13),
-        _r(8, "OffsetCommit", 2, 9),
-        _r(9, "OffsetFetch", 1, 9),
-        _r(10, "FindCoordinator", 0, 6),
-        _r(11, "JoinGroup", 0, 9),
-        _r(12, "Heartbeat", 0, 4),
-        _r(13, "LeaveGroup", 0, 5),
-        _r(14, "SyncGroup", 0, 5),
-        _r(15, "DescribeGroups", 0, 6),
-        _r(16, "ListGroups", 0, 5),
-        _r(17, "SaslHandshake", 0, 1),
-        _r(18, "ApiVersions", 0, 4),
-        _r(19, "CreateTopics", 2, 7),
-        _r(20, "DeleteTopics", 1, 6),
-        _r(21, "DeleteRecords", 0, 2),
-        _r(22, "InitProducerId", 0, 6),
-        _r(23, "OffsetForLeaderEpoch", 2, 4),
-        _r(24, "AddPartitionsToTxn", 0, 5),
-        _r(25, "AddOffsetsToTxn", 0, 4),
-        _r(26, "EndTxn", 0, 4),
-        _r(28, "TxnOffsetCommit", 0, 5),
-        _r(29, "DescribeAcls", 1, 3),
-        _r(30, "CreateAcls", 1, 3),
-        _r(31, "DeleteAcls", 1, 3),
-        _r(32, "DescribeConfigs", 1, 4),
-        _r(33, "AlterConfigs", 0, 2),
-        _r(35, "DescribeLogDirs", 1, 5),
-        _r(36, "SaslAuthenticate", 0, 2),
-        _r(37, "CreatePartitions", 0, 3),
-        _r(42, "DeleteGroups", 0, 2),
-        _r(44, "IncrementalAlterConfigs", 0, 1),
-        _r(47, "OffsetDelete", 0, 0),
-        _r(50, "DescribeUserScramCredentials", 0, 0),
-        _r(51, "AlterUserScramCredentials", 0, 0),
-        _r(48, "DescribeClientQuotas", 0, 1),
-        _r(49, "AlterClientQuotas", 0, 1),
-        _r(60, "DescribeCluster", 0, 2),
-        _r(61, "DescribeProducers", 0, 0),
-        _r(65, "DescribeTransactions", 0, 0),
-        _r(66, "ListTransactions", 0, 2),
-        _r(68, "ConsumerGroupHeartbeat", 0, 1),
-        _r(69, "ConsumerGroupDescribe", 0, 1),
+        _r(ApiKey.PRODUCE, 3, 12, advertised_min=0),
+        _r(ApiKey.FETCH, 4, 18),
+        _r(ApiKey.LIST_OFFSETS, 1, 11),
+        _r(ApiKey.METADATA, 0, 13),
+        _r(ApiKey.OFFSET_COMMIT, 2, 9),
+        _r(ApiKey.OFFSET_FETCH, 1, 9),
+        _r(ApiKey.FIND_COORDINATOR, 0, 6),
+        _r(ApiKey.JOIN_GROUP, 0, 9),
+        _r(ApiKey.HEARTBEAT, 0, 4),
+        _r(ApiKey.LEAVE_GROUP, 0, 5),
+        _r(ApiKey.SYNC_GROUP, 0, 5),
+        _r(ApiKey.DESCRIBE_GROUPS, 0, 6),
+        _r(ApiKey.LIST_GROUPS, 0, 5),
+        _r(ApiKey.SASL_HANDSHAKE, 0, 1),
+        _r(ApiKey.API_VERSIONS, 0, 4),
+        _r(ApiKey.CREATE_TOPICS, 2, 7),
+        _r(ApiKey.DELETE_TOPICS, 1, 6),
+        _r(ApiKey.DELETE_RECORDS, 0, 2),
+        _r(ApiKey.INIT_PRODUCER_ID, 0, 6),
+        _r(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4),
+        _r(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 5),
+        _r(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4),
+        _r(ApiKey.END_TXN, 0, 4),
+        _r(ApiKey.TXN_OFFSET_COMMIT, 0, 5),
+        _r(ApiKey.DESCRIBE_ACLS, 1, 3),
+        _r(ApiKey.CREATE_ACLS, 1, 3),
+        _r(ApiKey.DELETE_ACLS, 1, 3),
+        _r(ApiKey.DESCRIBE_CONFIGS, 1, 4),
+        _r(ApiKey.ALTER_CONFIGS, 0, 2),
+        _r(ApiKey.DESCRIBE_LOG_DIRS, 1, 5),
+        _r(ApiKey.SASL_AUTHENTICATE, 0, 2),
+        _r(ApiKey.CREATE_PARTITIONS, 0, 3),
+        _r(ApiKey.DELETE_GROUPS, 0, 2),
+        _r(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1),
+        _r(ApiKey.OFFSET_DELETE, 0, 0),
+        _r(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0),
+        _r(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0),
+        _r(ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 1),
+        _r(ApiKey.ALTER_CLIENT_QUOTAS, 0, 1),
+        _r(ApiKey.DESCRIBE_CLUSTER, 0, 2),
+        _r(ApiKey.DESCRIBE_PRODUCERS, 0, 0),
+        _r(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0),
+        _r(ApiKey.LIST_TRANSACTIONS, 0, 2),
+        _r(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1),
+        _r(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1),
     )
 }
-
-API_VERSIONS_KEY = 18
-PRODUCE_KEY = 0
-FETCH_KEY = 1
 
 
 class VersionTable:
@@ -119,7 +118,7 @@ class VersionTable:
         return r is not None and r.min_version <= api_version <= r.max_version
 
     def capped(self, max_versions: Mapping[int, int]) -> VersionTable:
-        """A table with lower maxima, e.g. ``capped({FETCH_KEY: 12})`` to serve topics by name only."""
+        """A table with lower maxima, e.g. ``capped({ApiKey.FETCH: 12})`` to serve topics by name only."""
         ranges = dict(self._ranges)
         for key, hi in max_versions.items():
             r = ranges[key]
@@ -140,10 +139,7 @@ class VersionTable:
 DEFAULT_TABLE = VersionTable()
 
 __all__ = [
-    "API_VERSIONS_KEY",
     "DEFAULT_TABLE",
-    "FETCH_KEY",
-    "PRODUCE_KEY",
     "SUPPORTED",
     "ApiVersionRange",
     "VersionTable",

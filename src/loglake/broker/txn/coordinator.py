@@ -15,6 +15,8 @@ bumps the epoch, which fences the old one, and aborts its open transaction first
 transaction past its timeout is aborted the same way by the periodic sweep.
 
 Operations on one transactional id are serialized by its lock; different ids run concurrently.
+The states and their transition table are loglake.meta.txn_states (the meta layer reads them
+too); `Txn.transition_to` is the one place a state moves.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ from typing import Any
 from loglake.errors import LoglakeError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.txn_states import (
+    IDLE_STATES,
+    OPEN_STATES,
+    PREPARE_STATES,
+    TxnState,
+    check_transition,
+    complete_state,
+    parse_txn_state,
+    prepare_state,
+)
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
@@ -61,7 +73,7 @@ class Txn:
     pid: int
     epoch: int
     timeout_ms: int
-    state: str = "empty"
+    state: TxnState = TxnState.EMPTY
     start_ms: int = -1
     last_ms: int = 0
     #: (topic, partition) -> (topic id hex, first offset)
@@ -71,12 +83,17 @@ class Txn:
     offsets: dict[str, dict[PartKey, list[Any]]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    def transition_to(self, target: TxnState) -> None:
+        """Move to `target`; IllegalTxnTransition when the table does not allow it (a bug)."""
+        check_transition(self.tid, self.state, target)
+        self.state = target
+
     def body(self, markers: list[list[Any]] | None = None) -> dict[str, Any]:
         b: dict[str, Any] = {
             "tid": self.tid,
             "pid": self.pid,
             "epoch": self.epoch,
-            "state": self.state,
+            "state": self.state.value,
             "timeout_ms": self.timeout_ms,
             "start_ms": self.start_ms,
             "last_ms": self.last_ms,
@@ -91,7 +108,7 @@ class Txn:
 
     @classmethod
     def from_body(cls, b: dict[str, Any]) -> Txn:
-        txn = cls(str(b["tid"]), int(b["pid"]), int(b["epoch"]), int(b["timeout_ms"]), str(b["state"]))
+        txn = cls(str(b["tid"]), int(b["pid"]), int(b["epoch"]), int(b["timeout_ms"]), parse_txn_state(b["state"]))
         txn.start_ms = int(b.get("start_ms", -1))
         txn.last_ms = int(b.get("last_ms", 0))
         names = b.get("names") or []
@@ -148,10 +165,10 @@ class TxnCoordinator:
             self.txns[tid] = txn
             self.by_pid[txn.pid] = txn
         for txn in list(self.txns.values()):
-            if txn.state in ("prepare_commit", "prepare_abort"):
+            if txn.state in PREPARE_STATES:
                 try:
                     async with txn.lock:
-                        await self._finish(txn, txn.state == "prepare_commit")
+                        await self._finish(txn, txn.state is TxnState.PREPARE_COMMIT)
                     log.info("transaction of %r completed after restart (%s)", txn.tid, txn.state)
                 except LoglakeError as exc:
                     log.error("transaction of %r could not be completed after restart: %s", txn.tid, exc)
@@ -177,23 +194,31 @@ class TxnCoordinator:
         for txn in list(self.txns.values()):
             if txn.lock.locked():
                 continue
-            if txn.state == "ongoing" and now - txn.start_ms > txn.timeout_ms:
+            if self._timed_out(txn, now):
                 async with txn.lock:
-                    if txn.state != "ongoing":
+                    if not self._timed_out(txn, now):  # it moved while this waited for the lock
                         continue
                     log.info("transaction of %r timed out after %d ms: aborting", txn.tid, txn.timeout_ms)
                     await self._bump(txn)
                     await self._end(txn, commit=False)
-            elif txn.state in ("empty", "complete_commit", "complete_abort") and now - txn.last_ms > self.settings.id_expiration_ms:
+            elif txn.state in IDLE_STATES and now - txn.last_ms > self.settings.id_expiration_ms:
                 async with txn.lock:
                     await self._forget(txn)
 
+    @staticmethod
+    def _timed_out(txn: Txn, now: int) -> bool:
+        return txn.state is TxnState.ONGOING and now - txn.start_ms > txn.timeout_ms
+
     async def _forget(self, txn: Txn) -> None:
-        txn.state = "dead"
-        await self._record(txn)
-        self.txns.pop(txn.tid, None)
-        if self.by_pid.get(txn.pid) is txn:
-            del self.by_pid[txn.pid]
+        txn.transition_to(TxnState.DEAD)
+        try:
+            await self._record(txn)
+        finally:
+            # Gone from memory even when the record failed: a dead Txn has no way back, and the
+            # metadata's idle state of the id is replaced by the next record of a new one.
+            self.txns.pop(txn.tid, None)
+            if self.by_pid.get(txn.pid) is txn:
+                del self.by_pid[txn.pid]
 
     async def _record(self, txn: Txn, markers: list[list[Any]] | None = None) -> None:
         txn.last_ms = self.now_ms()
@@ -226,19 +251,21 @@ class TxnCoordinator:
         if self._completing(txn):
             return E.CONCURRENT_TRANSACTIONS, -1, -1
         async with txn.lock:
+            if txn.state is TxnState.DEAD:  # the sweep forgot the id while this waited: the retry starts afresh
+                return E.CONCURRENT_TRANSACTIONS, -1, -1
             if pid >= 0:  # KIP-360: a producer resuming after an error names its id and epoch
                 if pid != txn.pid:
                     return E.INVALID_PRODUCER_ID_MAPPING, -1, -1
                 if epoch != txn.epoch:
                     return fenced_code(4, version), -1, -1
-            if txn.state in ("prepare_commit", "prepare_abort"):
-                await self._finish(txn, txn.state == "prepare_commit")
-            if txn.state == "ongoing":  # the previous instance's transaction: fence it, then abort it
+            if txn.state in PREPARE_STATES:
+                await self._finish(txn, txn.state is TxnState.PREPARE_COMMIT)
+            if txn.state is TxnState.ONGOING:  # the previous instance's transaction: fence it, then abort it
                 await self._bump(txn)
                 await self._end(txn, commit=False)
             await self._bump(txn)
             txn.timeout_ms = timeout_ms
-            txn.state = "empty"
+            txn.transition_to(TxnState.EMPTY)
             await self._record(txn)
             return E.NONE, txn.pid, txn.epoch
 
@@ -266,11 +293,11 @@ class TxnCoordinator:
     def _completing(txn: Txn) -> bool:
         """An EndTxn (or an abort by the coordinator) is writing markers: Kafka answers
         CONCURRENT_TRANSACTIONS and the client retries, rather than queueing behind it."""
-        return txn.lock.locked() and txn.state in ("prepare_commit", "prepare_abort")
+        return txn.lock.locked() and txn.state in PREPARE_STATES
 
     def _begin(self, txn: Txn) -> None:
-        if txn.state != "ongoing":
-            txn.state = "ongoing"
+        if txn.state is not TxnState.ONGOING:
+            txn.transition_to(TxnState.ONGOING)
             txn.start_ms = self.now_ms()
             txn.parts.clear()
             txn.groups.clear()
@@ -291,14 +318,14 @@ class TxnCoordinator:
             if txn2 is not txn:
                 return dict.fromkeys(parts, code)
             if verify_only:
-                ok = txn.state == "ongoing"
+                ok = txn.state is TxnState.ONGOING
                 return {k: E.NONE if ok and k in txn.parts else E.INVALID_TXN_STATE for k in parts}
-            if txn.state in ("prepare_commit", "prepare_abort"):
+            if txn.state in PREPARE_STATES:
                 return dict.fromkeys(parts, E.CONCURRENT_TRANSACTIONS)
             found: dict[PartKey, tuple[str, int]] = {}
             errors: dict[PartKey, int] = {}
             for name, index in parts:
-                if (name, index) in txn.parts and txn.state == "ongoing":
+                if (name, index) in txn.parts and txn.state is TxnState.ONGOING:
                     continue
                 try:
                     topic_id = self.engine.topic_id_of(name)
@@ -312,7 +339,7 @@ class TxnCoordinator:
                 found[(name, index)] = (topic_id.hex(), end)
             if errors:  # Kafka: one bad partition fails the request; the others were not attempted
                 return {k: errors.get(k, E.OPERATION_NOT_ATTEMPTED) for k in parts}
-            if found or txn.state != "ongoing":
+            if found or txn.state is not TxnState.ONGOING:
                 self._begin(txn)
                 if len(txn.parts) + len(found) > TXN_PARTITIONS_MAX:
                     return dict.fromkeys(parts, E.INVALID_REQUEST)
@@ -327,11 +354,13 @@ class TxnCoordinator:
         if self._completing(txn):
             return E.CONCURRENT_TRANSACTIONS
         async with txn.lock:
-            if txn.state in ("prepare_commit", "prepare_abort"):
+            if txn.state is TxnState.DEAD:  # the sweep forgot the id while this waited
+                return E.INVALID_PRODUCER_ID_MAPPING
+            if txn.state in PREPARE_STATES:
                 return E.CONCURRENT_TRANSACTIONS
             if txn.epoch != epoch:
                 return fenced_code(2, version)
-            if group not in txn.groups or txn.state != "ongoing":
+            if group not in txn.groups or txn.state is not TxnState.ONGOING:
                 self._begin(txn)
                 if len(txn.groups) >= TXN_GROUPS_MAX:
                     return E.INVALID_REQUEST
@@ -349,7 +378,7 @@ class TxnCoordinator:
         async with txn.lock:
             if txn.epoch != epoch:
                 return dict.fromkeys(keys, E.INVALID_PRODUCER_EPOCH)
-            if txn.state != "ongoing" or group not in txn.groups:
+            if txn.state is not TxnState.ONGOING or group not in txn.groups:
                 return dict.fromkeys(keys, E.INVALID_TXN_STATE)  # AddOffsetsToTxn comes first
             rows = txn.offsets.setdefault(group, {})
             out: dict[PartKey, int] = {}
@@ -374,19 +403,18 @@ class TxnCoordinator:
         async with txn.lock:
             if txn.epoch != epoch or txn.pid != pid:
                 return fenced_code(2, version)
-            want = "commit" if commit else "abort"
-            if txn.state == f"complete_{want}":
+            if txn.state is complete_state(commit):
                 return E.NONE  # a retry of what was already answered
-            if txn.state == f"prepare_{want}":
+            if txn.state is prepare_state(commit):
                 await self._finish(txn, commit)  # a retry after a failed completion
                 return E.NONE
-            if txn.state != "ongoing":
+            if txn.state is not TxnState.ONGOING:
                 return E.INVALID_TXN_STATE
             await self._end(txn, commit)
             return E.NONE
 
     async def _end(self, txn: Txn, commit: bool) -> None:
-        txn.state = "prepare_commit" if commit else "prepare_abort"
+        txn.transition_to(prepare_state(commit))
         await self._record(txn)
         await self._finish(txn, commit)
 
@@ -405,7 +433,7 @@ class TxnCoordinator:
             for group, rows in txn.offsets.items():
                 items = [(t, p, int(o), int(e), m) for (t, p), (o, e, m) in rows.items()]
                 await self.groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
-        txn.state = "complete_commit" if commit else "complete_abort"
+        txn.transition_to(complete_state(commit))
         await self._record(txn, markers if not commit else None)
         for tid_hex, index, _offset in markers:  # the LSO moved: read_committed fetches look again
             self.engine.wake_readers(bytes.fromhex(tid_hex), index)
@@ -427,7 +455,7 @@ class TxnCoordinator:
             return E.INVALID_TXN_STATE
         if epoch != txn.epoch:
             return E.INVALID_PRODUCER_EPOCH
-        if txn.state != "ongoing" or (topic, partition) not in txn.parts:
+        if txn.state is not TxnState.ONGOING or (topic, partition) not in txn.parts:
             return E.INVALID_TXN_STATE
         return E.NONE
 
@@ -436,7 +464,7 @@ class TxnCoordinator:
         OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
         out: set[PartKey] = set()
         for txn in self.txns.values():
-            if txn.state in ("ongoing", "prepare_commit", "prepare_abort") and group in txn.offsets:
+            if txn.state in OPEN_STATES and group in txn.offsets:
                 out.update(txn.offsets[group])
         return out
 
