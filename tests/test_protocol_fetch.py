@@ -64,7 +64,7 @@ def _response(version: int, file: tuple[str, bytes]) -> tuple[FetchResponseData,
         [blob[:100]],  # small: inlined
         [memoryview(blob)[100:30_100]],  # large view: passed through
         [FileSlice(path, 1_000, 20_000)],
-        [FileRange(path, 50_000, 5), blob[200:5_000], FileSlice(path, 0, 0), memoryview(blob)[:2_000]],
+        [FileRange(path, 50_000, 5, 5), blob[200:5_000], FileSlice(path, 0, 0), memoryview(blob)[:2_000]],
         [],
         None,
     ]

@@ -258,7 +258,7 @@ class Connection:
                 continue
             try:
                 for buf in buffers:
-                    if isinstance(buf, FileRange) or hasattr(buf, "path"):
+                    if isinstance(buf, FileRange):
                         await send_file_range(self, buf)
                         self.ctx.metrics.bytes_out += buf.length
                     else:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
@@ -41,7 +41,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.partition_log import Batches, Feature, TierBytes, refusal
 from loglake.engine.scrubber import Scrubber
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
     ConfigError,
@@ -50,6 +50,7 @@ from loglake.errors import (
     MetaFencedError,
     OffsetOutOfRangeError,
 )
+from loglake.locks import Rank, ranked_lock
 from loglake.meta.cluster import Plog, PlogRange, PlogSegment
 from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.producers import ProducerStates
@@ -137,7 +138,7 @@ class SharedPartitionLog:
         self._producers: dict[TP, ProducerStates] = {}
         #: (producer id, epoch, first sequence) -> the append in flight, per partition
         self._inflight: dict[TP, dict[tuple[int, int, int], Future[AppendAck]]] = {}
-        self._ready_lock = threading.Lock()
+        self._ready_lock = ranked_lock(Rank.LEADERSHIP, "SharedPartitionLog._ready_lock")
 
     @property
     def plog(self) -> ClusterPartitionLog:
@@ -486,6 +487,9 @@ class SharedPartitionLog:
             if states is None:
                 raise NotLeaderError(f"node {self.settings.node_id} does not lead {p.topic}-{p.index}")
             return states.describe()
+
+    def open_file_range(self, chunk: FileRange) -> BinaryIO:
+        raise refusal(REFUSED, Feature.LOCAL_SEGMENTS)  # this log never hands out file ranges
 
     def report_file_range_failure(self, path: str, exc: OSError) -> bool:
         return False  # this log never hands out file ranges

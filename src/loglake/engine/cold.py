@@ -112,6 +112,11 @@ class ColdReader:
         """Run cold I/O on the cold pool (never on the caller's event loop)."""
         return self._pool.submit(fn)
 
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The cold-read threads (`cold_read_threads`): reads of cold segments run there."""
+        return self._pool
+
     def footer(self, key: str, size: int | None = None) -> tuple[SegmentTrailer, SegmentIndex]:
         with self._lock:
             hit = self._footers.get(key)

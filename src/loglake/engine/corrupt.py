@@ -189,6 +189,13 @@ class BatchChecker:
         with self._lock:
             self._verified.pop(key, None)
 
+    def verified(self, key: str, first: int, end: int) -> bool:
+        """Whether batches first..end-1 of segment `key` were all checked already (a read of them
+        needs no I/O to check them again)."""
+        with self._lock:
+            state = self._verified.get(key)
+            return state is not None and all(state.has(i) for i in range(first, end))
+
     def _state(self, key: str, n: int) -> _Verified:
         with self._lock:
             state = self._verified.get(key)

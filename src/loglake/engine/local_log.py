@@ -27,6 +27,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from typing import BinaryIO
 
 from loglake.engine.acked import AckedRecorder, fill_losses
 from loglake.engine.append import Appender
@@ -50,7 +51,7 @@ from loglake.engine.space import SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.engine.txn import last_stable_offset
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
 from loglake.engine.verify import CatalogSource, Progress, VerifyReport, verify_source
 from loglake.errors import (
     EngineClosedError,
@@ -352,6 +353,7 @@ class LocalPartitionLog:
             parts.cleaner.close()
             parts.maintenance.close()
             parts.sealer.close()
+            parts.reader.close()
             if parts.relocator is not None:
                 parts.relocator.close()
             if parts.stores.cold_reader is not None:
@@ -455,6 +457,15 @@ class LocalPartitionLog:
     def producer_states(self, p: Partition) -> list[tuple[int, int, int, int]]:
         with p.lock:
             return p.producers.describe()
+
+    def open_file_range(self, chunk: FileRange) -> BinaryIO:
+        fh = open(chunk.path, "rb")  # noqa: SIM115 - the caller closes it after the send
+        try:
+            # start reading the range into the page cache now, off the caller's event loop
+            os.posix_fadvise(fh.fileno(), chunk.position, chunk.length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # advice only
+        return fh
 
     def report_file_range_failure(self, path: str, exc: OSError) -> bool:
         return self.parts.reader.file_range_failed(path, exc)

@@ -23,14 +23,14 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from loglake.engine.config import TopicConfig
 from loglake.engine.corrupt import Corruption
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
-from loglake.engine.types import AppendResult, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
 from loglake.errors import FeatureUnsupportedError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import BatchHeader
@@ -161,6 +161,11 @@ class PartitionLog(Protocol):
 
     def producer_states(self, p: Partition) -> list[tuple[int, int, int, int]]:
         """(producer id, epoch, last sequence, base offset of its newest batch) of each producer."""
+        ...
+
+    def open_file_range(self, chunk: FileRange) -> BinaryIO:
+        """Open the file of a FileRange this log returned, for a zero-copy send (blocking: call
+        off the event loop); the pages of the range are asked for ahead of the send."""
         ...
 
     def report_file_range_failure(self, path: str, exc: OSError) -> bool:

@@ -6,7 +6,7 @@ thread when it uses `read_async` (the broker's event loop): they go to the cold 
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from loglake.engine.catalog import Catalog
 from loglake.engine.corrupt import BatchChecker
@@ -19,7 +19,11 @@ from loglake.meta.lifecycle import Tier
 from loglake.records.decode import iter_records
 from loglake.store.base import ObjectNotFoundError
 
-__all__ = ["Reader"]
+__all__ = ["HOT_READ_THREADS", "Reader"]
+
+#: Threads reading hot segments whose index or batches are not in memory yet (the first read of
+#: a segment after a restart or an eviction): disk reads never run on a broker's event loop.
+HOT_READ_THREADS = 4
 
 
 class Reader:
@@ -38,6 +42,10 @@ class Reader:
         self.checker = checker
         #: segments whose reads fail with an I/O error (loglake.engine.ioerrors)
         self.read_errors = read_errors if read_errors is not None else ReadErrors()
+        self._pool = ThreadPoolExecutor(HOT_READ_THREADS, thread_name_prefix="loglake-hot-read")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def read(
         self, p: Partition, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
@@ -225,29 +233,44 @@ class Reader:
             if good < count:
                 length = index.entry(first + good).position - position
         if file_ranges and path is not None:
-            return [FileRange(path, position, length)]
+            return [FileRange(path, position, length, index.entry(first).length)]
         return [hot.get_range(seg.key, position, length)]
+
+    def _needs_io(self, seg: SegmentRef, offset: int, max_bytes: int, file_ranges: bool) -> bool:
+        """Whether reading `seg` from `offset` touches a disk or a bucket: a cold segment; a hot
+        one whose index is not in memory, whose batches are not all checked yet, or whose bytes
+        must be read (no file range). Only an answer made of memory goes out on the caller's thread."""
+        if seg.tier == Tier.COLD or not file_ranges:
+            return True
+        index = self.indexes.cached(seg)
+        if index is None:
+            return True
+        first = index.find_offset(offset)
+        if first is None:
+            return False
+        _position, _length, count = index.byte_range(first, max_bytes)
+        return self.checker is not None and not self.checker.verified(seg.key, first, first + count)
 
     def read_async(
         self, p: Partition, offset: int, max_bytes: int, *, file_ranges: bool = False, min_one: bool = True
     ) -> Future[ReadResult]:
-        """`read` that never does cold-store I/O on the caller's thread.
+        """`read` that never does disk or bucket I/O on the caller's thread (the broker's event loop).
 
-        Memory and hot reads are done at once (a completed future); a read of a cold segment runs
-        on the cold-read pool, so a slow bucket never stalls an event loop.
+        Reads answered from memory — the unsealed buffer, or a hot segment whose index is cached
+        and whose batches were checked, sent as a file range — are done at once (a completed
+        future). A cold segment's read runs on the cold-read pool, so a slow bucket never stalls
+        an event loop; any other hot read (an index or batches to load from disk) on the hot-read
+        pool, HOT_READ_THREADS threads.
         """
-        if self.stores.cold_reader is not None:
-            with p.lock:
-                cold = (
-                    offset < p.high_watermark
-                    and not (p.buffer and offset >= p.buffer[0].base_offset)
-                    and (i := p.segment_find(offset)) is not None
-                    and p.segments[i].tier == Tier.COLD
-                )
-            if cold:
-                return self.stores.cold_reader.submit(  # type: ignore[return-value]
-                    lambda: self.read(p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
-                )
+        with p.lock:
+            seg = None
+            if offset < p.high_watermark and not (p.buffer and offset >= p.buffer[0].base_offset):
+                i = p.segment_find(offset)
+                seg = p.segments[i] if i is not None else None
+        if seg is not None and self._needs_io(seg, offset, max_bytes, file_ranges):
+            cold = self.stores.cold_reader
+            pool = cold.pool if seg.tier == Tier.COLD and cold is not None else self._pool
+            return pool.submit(self.read, p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one)
         fut: Future[ReadResult] = Future()
         try:
             fut.set_result(self.read(p, offset, max_bytes, file_ranges=file_ranges, min_one=min_one))

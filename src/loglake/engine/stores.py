@@ -72,6 +72,13 @@ class IndexCache:
         self.put(seg.key, index)
         return index
 
+    def cached(self, seg: SegmentRef) -> SegmentIndex | None:
+        """A hot segment's index when it is in memory (no I/O), else None."""
+        if seg.index is not None:
+            return seg.index
+        with self._lock:
+            return self._entries.get(seg.key)
+
     def forget(self, key: str) -> None:
         with self._lock:
             self._entries.pop(key, None)

@@ -20,11 +20,14 @@ class AppendResult:
 
 @dataclass(frozen=True, slots=True)
 class FileRange:
-    """Bytes of a local file, for zero-copy sends (sendfile)."""
+    """Bytes of a local file, for zero-copy sends (sendfile): whole batches, the first of them
+    `first_batch` bytes long (from the segment's index, so nobody reads the file to learn it).
+    Open it with `Engine.open_file_range`: callers never open segment files themselves."""
 
     path: str
     position: int
     length: int
+    first_batch: int
 
 
 Chunk = bytes | bytearray | memoryview | FileRange

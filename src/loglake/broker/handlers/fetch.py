@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import uuid
 from typing import Any
 
@@ -49,7 +48,6 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import (
-    BATCH_HEAD,
     AbortedTransaction,
     Chunk,
     DecodedRequest,
@@ -172,13 +170,10 @@ def _max_bytes(body: Any) -> int:
 
 
 def _first_batch(chunk: Chunk) -> int:
+    """Size of a chunk's first batch: from its bytes, or as the engine's index gave it."""
     if isinstance(chunk, bytes | bytearray | memoryview):
         return batch_bytes(chunk)
-    fd = os.open(chunk.path, os.O_RDONLY)
-    try:
-        return batch_bytes(os.pread(fd, BATCH_HEAD.size, chunk.position))
-    finally:
-        os.close(fd)
+    return chunk.first_batch
 
 
 def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData:
@@ -187,7 +182,7 @@ def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData
     limits = [[p.partition_max_bytes for p in t.partitions] for t in body.topics]
     try:
         bad = fetch_limit_violations(response, _max_bytes(body), limits, _first_batch)
-    except (OSError, ValueError) as exc:  # a segment file went away under us: drop nothing, say so
+    except ValueError as exc:  # a batch head that does not parse: drop nothing, say so
         _limited.warning("batch_head", "fetch size check could not read a batch head: %s", exc)
         return response
     if not bad:

@@ -38,6 +38,11 @@ class FileRangeLike(Protocol):
     @property
     def length(self) -> int: ...
 
+    @property
+    def first_batch(self) -> int:
+        """Bytes of the first batch in the range (the size rule needs it; no file is read)."""
+        ...
+
 
 class FileSlice(NamedTuple):
     """A minimal `FileRangeLike`."""
@@ -45,6 +50,7 @@ class FileSlice(NamedTuple):
     path: str
     position: int
     length: int
+    first_batch: int = 0
 
 
 #: What a partition's records may be made of.
