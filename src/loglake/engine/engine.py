@@ -29,9 +29,9 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from loglake import canary
 from loglake.engine import txn
@@ -57,6 +57,7 @@ from loglake.engine.scrubber import Scrubber
 from loglake.engine.space import SpaceGuard
 from loglake.engine.types import (
     AppendResult,
+    FileRange,
     PartitionInfo,
     ProducerDescription,
     ReadResult,
@@ -82,6 +83,9 @@ log = logging.getLogger(__name__)
 
 #: (result, last stable offset, aborted transactions [(producer id, first offset), ...])
 CommittedRead = tuple[ReadResult, int, list[tuple[int, int]]]
+#: Threads running appends that wait for memory (`Engine.submit_batch`): one, so that they are
+#: given offsets in the order they came.
+APPEND_WAIT_THREADS = 1
 #: Most batches one DescribeProducers call reads for last timestamps; producers past it report -1.
 PRODUCER_TIMESTAMP_READS_MAX = 1000
 
@@ -185,6 +189,8 @@ class Engine(BrokerMetaMixin):
         #: the free-space reserve (loglake.engine.space)
         self.space = parts.space
         self._dir_lock = DataDirLock(self.fs, self.data_dir)
+        #: appends that wait for memory (`submit_batch`): APPEND_WAIT_THREADS, so they keep their order
+        self._append_waits = ThreadPoolExecutor(APPEND_WAIT_THREADS, thread_name_prefix="loglake-append-wait")
         self._closed = True
         self.recovery_report: RecoveryReport | None = None
 
@@ -215,6 +221,9 @@ class Engine(BrokerMetaMixin):
         if self._closed:
             return
         self._closed = True
+        self._append_waits.shutdown(wait=True)
+        # a fresh one (it starts no thread until used) for an engine opened again
+        self._append_waits = ThreadPoolExecutor(APPEND_WAIT_THREADS, thread_name_prefix="loglake-append-wait")
         try:
             self.view.leave()
         finally:
@@ -337,6 +346,30 @@ class Engine(BrokerMetaMixin):
         config = self.catalog.topic(topic).config
         buf, batches = checked_batches(topic, partition, config, data)
         return self.log.append(p, config, buf, batches)
+
+    def submit_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[Future[AppendResult]]:
+        """`append_batch` that never blocks its caller (the broker's event loop). The outer
+        future resolves once the batches have offsets, with the future of their durability. While
+        memory is plentiful that is at once; while the memory pool is past its pressure ratio the
+        append (which may wait for room, `memory_wait_ms`) runs on the engine's append thread, one
+        at a time in arrival order."""
+        assigned: Future[Future[AppendResult]] = Future()
+
+        def run() -> None:
+            try:
+                assigned.set_result(self.append_batch(topic, partition, data))
+            except BaseException as exc:
+                assigned.set_exception(exc)
+
+        pool = self.memory_pool
+        if pool.used_bytes < pool.pressure_bytes:
+            run()
+        else:
+            try:
+                self._append_waits.submit(run)
+            except RuntimeError:  # shut down: the engine is closing
+                assigned.set_exception(EngineClosedError("engine is closed"))
+        return assigned
 
     def append_records(
         self, topic: str, partition: int, records: Iterable[RecordTuple], *, compression: int | None = None
@@ -506,6 +539,11 @@ class Engine(BrokerMetaMixin):
         self._check_open()
         self.require(Feature.LOCAL_SEGMENTS)
         return self.log.verify(progress)
+
+    def open_file_range(self, chunk: FileRange) -> BinaryIO:
+        """Open the segment file of a FileRange a read returned, for a zero-copy send (blocking:
+        call off the event loop). The caller closes it."""
+        return self.log.open_file_range(chunk)
 
     def report_file_range_failure(self, path: str, exc: OSError) -> bool:
         """The broker's zero-copy send of a FileRange failed reading the file (EIO): the next

@@ -115,15 +115,16 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 if refused != NONE:
                     pending.append((name, part.index, None, refused, None, ()))
                     continue
-                data = bytearray(part.records)
                 try:
-                    if pool.used_bytes >= pool.pressure_bytes:
-                        # The append may have to wait for memory: not on the event loop.
-                        started = time.monotonic()
-                        fut = await ctx.off_loop(engine.append_batch, name, part.index, data)
-                        waited_s += time.monotonic() - started
+                    # Never blocks the loop: the engine appends at once, or (memory short) on its
+                    # own thread; this connection's next append waits until this one has offsets.
+                    assigned = engine.submit_batch(name, part.index, bytearray(part.records))
+                    if assigned.done():
+                        fut = assigned.result()
                     else:
-                        fut = engine.append_batch(name, part.index, data)
+                        started = time.monotonic()
+                        fut = await asyncio.wrap_future(assigned)
+                        waited_s += time.monotonic() - started
                     pending.append((name, part.index, fut, NONE, None, ()))
                 except LoglakeError as exc:
                     pending.append((name, part.index, None, *_error_fields(exc)))
