@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+# Every ranked lock checks the lock order in tests (loglake.locks), brokers the tests start too.
+os.environ.setdefault("LOGLAKE_LOCK_ORDER", "check")
+
 #: The xdist group of every test that needs Spark.
 SPARK_GROUP = "spark"
 #: With this set to a directory, each pytest process counts the broker processes it starts

@@ -51,7 +51,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # segments are read from and written to the object store
     ("loglake.store",),
     ("loglake.records", "loglake.fs"),
-    ("loglake.errors", "loglake.logsafe", "loglake.canary", "loglake.scram"),
+    ("loglake.errors", "loglake.logsafe", "loglake.canary", "loglake.scram", "loglake.locks"),
     # the one table of Kafka error codes; loglake.errors takes its numbers from it
     ("loglake.kafka_errors",),
 )

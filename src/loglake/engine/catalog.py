@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,6 +38,7 @@ from loglake.errors import (
     TopicExistsError,
     UnknownTopicError,
 )
+from loglake.locks import Rank, ranked_lock
 from loglake.meta.lifecycle import Stage, Tier, move, stage_of
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
@@ -85,7 +85,7 @@ class Catalog:
         self.meta = meta
         self.config = config
         self._clock = clock
-        self.lock = threading.Lock()  # serialises rebuilds of the maps
+        self.lock = ranked_lock(Rank.CATALOG, "Catalog.lock")  # serialises rebuilds of the maps
         #: the maps, swapped whole by a rebuild: readers without the lock see the old or the new one
         self.topics: dict[str, TopicState] = {}
         self.by_id: dict[bytes, TopicState] = {}

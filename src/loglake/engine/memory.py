@@ -8,11 +8,11 @@ process never grows past the budget by more than one batch.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
 from loglake.errors import BackPressureTimeoutError
+from loglake.locks import Rank, ranked_condition
 
 
 class MemoryPool:
@@ -20,7 +20,7 @@ class MemoryPool:
         self.budget_bytes = budget_bytes
         self.pressure_bytes = int(budget_bytes * pressure_ratio)
         self._on_pressure = on_pressure
-        self._cond = threading.Condition()
+        self._cond = ranked_condition(Rank.MEMORY, "MemoryPool._cond")
         self._used = 0
         self.waits = 0  # appends that had to wait: a sign the budget or sealing is too small
 

@@ -8,9 +8,10 @@ Offsets:  log_start_offset <= sealed_end <= high_watermark <= next_offset
   [sealed_end, next_offset).
 * `log_start_offset` — the first offset still readable (retention and DeleteRecords raise it).
 
-Locks: `lock` guards the buffer, the segment list and next_offset; `hw_cond` guards the high
-watermark and tail waiters. The WAL writer thread only takes `hw_cond`, so an appender may
-block on the WAL queue while holding `lock` without a deadlock.
+Locks (ranked: loglake.locks, docs/ARCHITECTURE.md): `seal_lock` (one seal at a time) before
+`lock`, which guards the buffer, the segment list and next_offset; `hw_cond` (innermost) guards
+the high watermark and tail waiters. The WAL writer thread only takes `hw_cond`, so an appender
+may block on the WAL queue while holding `lock` without a deadlock.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from loglake.locks import CheckedLock, Rank, ranked_condition, ranked_lock
 from loglake.meta.producers import ProducerStates
 from loglake.meta.segments import SegmentRef, SegmentTable
 from loglake.meta.state import PartitionMeta
@@ -64,9 +66,9 @@ class Partition:
     buffer_records: int = 0
     seal_scheduled: bool = False
     deleted: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    seal_lock: threading.Lock = field(default_factory=threading.Lock)
-    hw_cond: threading.Condition = field(default_factory=threading.Condition)
+    lock: threading.Lock | CheckedLock = field(default_factory=lambda: ranked_lock(Rank.PARTITION, "Partition.lock"))
+    seal_lock: threading.Lock | CheckedLock = field(default_factory=lambda: ranked_lock(Rank.SEAL, "Partition.seal_lock"))
+    hw_cond: threading.Condition = field(default_factory=lambda: ranked_condition(Rank.HIGH_WATERMARK, "Partition.hw_cond"))
     _high_watermark: int = 0
     _waiters: list[tuple[int, Future[None]]] = field(default_factory=list)
 

@@ -66,6 +66,7 @@ from loglake.errors import (
     MetaFencedError,
     MetaRecordRejectedError,
 )
+from loglake.locks import Rank, ranked_lock
 from loglake.meta import etcd_client as ec
 from loglake.meta.checkpoint import capture
 from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
@@ -149,7 +150,8 @@ class EtcdMetaStore:
         self.keys = MetaKeys(self.prefix)
         self._k_head = self.keys.head
         self._k_log = self.keys.log
-        self._lock = threading.Lock()  # the state, watchers and counters; innermost, never held over I/O
+        #: the state, watchers and counters; never held over I/O
+        self._lock = ranked_lock(Rank.META, "EtcdMetaStore._lock")
         self._cond = threading.Condition(threading.Lock())  # the pending queue and the writer's wake-ups
         self._checkpoint_lock = threading.Lock()
         self._state = MetaState()

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 
 from loglake.errors import CorruptionError, EngineFailedError, MetaRecordRejectedError, StorageFullError
 from loglake.fs.base import FileSystem
+from loglake.locks import Rank, ranked_lock
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import SnapshotStore
 from loglake.meta.state import MetaState, decode_record, encode_record
@@ -124,7 +125,7 @@ class LocalMetaStore:
         #: disk full (loglake.engine.space): the log's shard stalls and heals instead of failing
         self._on_full = on_full
         self._on_healed = on_healed
-        self._lock = threading.Lock()
+        self._lock = ranked_lock(Rank.META, "LocalMetaStore._lock")
         self._checkpoint_lock = threading.Lock()  # one checkpoint at a time (never held with _lock waiting)
         self._state = MetaState()
         self._shard: WalShard | None = None

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from loglake import canary
 from loglake.errors import EngineFailedError, StorageError, StorageFullError
 from loglake.fs.base import BytesLike, File, FileSystem
+from loglake.locks import Rank, ranked_lock
 from loglake.wal.entry import Durability, WalEntry, WalFile, parse_wal_file_name, wal_file_name
 from loglake.wal.frame import FLAG_RECYCLED_FILE, FRAME_OVERHEAD, encode_frame
 from loglake.wal.spare import SPARE_REQUEST_FILL, SpareFile
@@ -122,8 +123,8 @@ class WalShard(StallMixin):
         self.queue_bytes_max = queue_bytes_max
         self.fsync_interval_s = fsync_interval_ms / 1000.0
         self._clock = clock
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)  # writer wake-ups and back-pressure
+        self._lock = ranked_lock(Rank.WAL_QUEUE, "WalShard._lock")
+        self._cond = threading.Condition(self._lock)  # type: ignore[arg-type]  # writer wake-ups and back-pressure
         self._queue: deque[WalEntry] = deque()
         self._queue_bytes = 0
         self._stopping = False
@@ -137,7 +138,7 @@ class WalShard(StallMixin):
         self._active_flags = 0  # frame flags for the active file (FLAG_RECYCLED_FILE)
         self._dirty = False  # written but not yet fsynced
         self._last_sync = clock()
-        self._idle = threading.Condition(self._lock)  # group written / sync ticket served
+        self._idle = threading.Condition(self._lock)  # type: ignore[arg-type]  # group written / sync ticket served
         self._truncate_lock = threading.Lock()
         self._last_group_frames = 0
         self._fsync_ewma_s = 0.0  # moving average of fdatasync latency
