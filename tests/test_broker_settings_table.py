@@ -21,7 +21,7 @@ from loglake.broker import dynamic_config, fetch_sessions, overload
 from loglake.broker.config import BrokerConfig
 from loglake.broker.dynamic_config import DYNAMIC_KEYS, BrokerConfigs, DynamicKey
 from loglake.broker.groups import limits
-from loglake.broker.quotas import QuotaManager
+from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.settings import (
     BROKER_SETTING_ROWS,
     BROKER_SETTINGS,

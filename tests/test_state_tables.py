@@ -1,4 +1,4 @@
-"""The transaction and SASL state tables (`loglake.meta.txn_states`, `loglake.broker.sasl`).
+"""The transaction and SASL state tables (`loglake.meta.txn_states`, `loglake.broker.security.sasl`).
 
 Each table is the one owner of its states: the code makes every transition of it and no other
 (a spy on the one function that moves a state, while the coordinator and the SASL handlers are
@@ -23,7 +23,7 @@ import pytest
 import loglake
 from loglake.broker.groups import GroupState
 from loglake.broker.handlers.sasl import sasl_authenticate, sasl_handshake
-from loglake.broker.sasl import (
+from loglake.broker.security.sasl import (
     VALID_PREVIOUS_SASL_STATES,
     IllegalSaslTransition,
     SaslAuthenticator,
@@ -52,7 +52,7 @@ from enginekit import DATA_DIR, small_config
 
 SRC = Path(loglake.__file__).parent
 TXN_OWNER = SRC / "meta" / "txn_states.py"
-SASL_OWNER = SRC / "broker" / "sasl.py"
+SASL_OWNER = SRC / "broker" / "security" / "sasl.py"
 #: The state names as every release wrote them into `txn` records and checkpoints.
 ON_DISK_TXN_STATES = ["empty", "ongoing", "prepare_commit", "prepare_abort", "complete_commit", "complete_abort", "dead"]
 #: Kafka's TransactionState names loglake has (not PrepareEpochFence: see txn_states' docstring).

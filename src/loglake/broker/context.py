@@ -14,14 +14,14 @@ from loglake.engine import Engine
 from loglake.engine.view import ClusterView
 
 if TYPE_CHECKING:
-    from loglake.broker.authorizer import Authorizer
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
     from loglake.broker.group_reload import GroupCoordination
     from loglake.broker.groups import GroupCoordinator
-    from loglake.broker.mutation_quota import MutationQuotas
-    from loglake.broker.quotas import QuotaManager
+    from loglake.broker.security.authorizer import Authorizer
+    from loglake.broker.security.mutation_quota import MutationQuotas
+    from loglake.broker.security.quotas import QuotaManager
 
 T = TypeVar("T")
 
@@ -41,15 +41,15 @@ class BrokerContext:
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
     group_configs: GroupConfigStore | None = None
-    #: loglake.broker.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
+    #: loglake.broker.security.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
     sasl: Any = None
     #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
     fetch_sessions: FetchSessionCache | None = None
-    #: The ACL authorizer (loglake.broker.authorizer), set by the server; None allows everything.
+    #: The ACL authorizer (loglake.broker.security.authorizer), set by the server; None allows everything.
     authorizer: Authorizer | None = None
-    #: Client quota configs and rates (loglake.broker.quotas), set by the server.
+    #: Client quota configs and rates (loglake.broker.security.quotas), set by the server.
     quotas: QuotaManager | None = None
-    #: controller_mutation_rate token buckets (loglake.broker.mutation_quota), set by the server.
+    #: controller_mutation_rate token buckets (loglake.broker.security.mutation_quota), set by the server.
     mutation_quotas: MutationQuotas | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")

@@ -20,8 +20,6 @@ import time
 from collections.abc import Callable
 
 from loglake.broker import overload
-from loglake.broker.authorized import TOPIC
-from loglake.broker.authorizer import AclOperation, broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.connection import Connection
 from loglake.broker.context import BrokerContext
@@ -41,12 +39,14 @@ from loglake.broker.listeners import (
     match_advertised,
 )
 from loglake.broker.metrics import Metrics, serve_metrics
-from loglake.broker.mutation_quota import MutationQuotas
-from loglake.broker.quotas import QuotaManager
-from loglake.broker.sasl import SaslAuthenticator
-from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
+from loglake.broker.security.authorized import TOPIC
+from loglake.broker.security.authorizer import AclOperation, broker_authorizer
+from loglake.broker.security.mutation_quota import MutationQuotas
+from loglake.broker.security.quotas import QuotaManager
+from loglake.broker.security.sasl import SaslAuthenticator
+from loglake.broker.security.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
+from loglake.broker.security.users_inbox import serve_inbox
 from loglake.broker.txn import TxnCoordinator, TxnSettings
-from loglake.broker.users_inbox import serve_inbox
 from loglake.engine import Engine
 from loglake.errors import ListenError, UnknownTopicError
 from loglake.logsafe import RateLimitedLog, flush_all

@@ -3,7 +3,7 @@
 The password is read from stdin (--password-stdin) or prompted for, salted and iterated here
 (loglake.scram), and only the derived credential goes anywhere. With the data directory free the
 command opens it and appends to its metadata log; while a broker holds it the change goes
-through the broker's inbox (loglake.broker.users_inbox), so the two never race. With
+through the broker's inbox (loglake.broker.security.users_inbox), so the two never race. With
 --bootstrap-server the command talks to a broker over the Kafka protocol instead
 (DescribeUserScramCredentials / AlterUserScramCredentials through confluent-kafka's AdminClient,
 on a PLAINTEXT listener: the command has no TLS or SASL settings of its own).
@@ -22,7 +22,7 @@ from typing import Annotated, Any, cast
 import typer
 from rich.table import Table
 
-from loglake.broker.users_inbox import (
+from loglake.broker.security.users_inbox import (
     INBOX_POLL_S,
     INBOX_WAIT_S,
     REQUEST_SUFFIX,

@@ -105,7 +105,7 @@ class BrokerMetaMixin:
         eng._check_open()
         eng.meta.append("scram_credential", {"user": user, "mechanism": mechanism, "cred": cred}).result()
 
-    # ==== client quotas: stored for the broker (loglake.broker.quotas enforces them) ==================
+    # ==== client quotas: stored for the broker (loglake.broker.security.quotas enforces them) ==================
 
     def client_quotas(self) -> dict[EntityKey, dict[str, float]]:
         """Stored client quota configs: entity -> quota key -> value (loglake.meta.quotas)."""

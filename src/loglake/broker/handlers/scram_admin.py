@@ -18,9 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
