@@ -10,6 +10,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.metrics import Metrics
+from loglake.broker.security.acl_store import AclStore
+from loglake.broker.security.quota_store import QuotaStore
+from loglake.broker.security.scram_store import ScramStore
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
 
@@ -54,6 +57,15 @@ class BrokerContext:
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )
+    #: The broker's facts in the engine's metadata store: ACL bindings, SCRAM credentials, client quotas.
+    acl_store: AclStore = field(init=False)
+    scram_store: ScramStore = field(init=False)
+    quota_store: QuotaStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acl_store = AclStore.of(self.engine)
+        self.scram_store = ScramStore.of(self.engine)
+        self.quota_store = QuotaStore.of(self.engine)
 
     @property
     def node_id(self) -> int:

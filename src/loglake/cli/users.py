@@ -22,6 +22,7 @@ from typing import Annotated, Any, cast
 import typer
 from rich.table import Table
 
+from loglake.broker.security.scram_store import ScramStore
 from loglake.broker.security.users_inbox import (
     INBOX_POLL_S,
     INBOX_WAIT_S,
@@ -86,7 +87,8 @@ def _run(data_dir: str, requests: list[dict[str, Any]], bootstrap: str | None = 
         return _via_admin(bootstrap, requests)
     try:
         with open_log(data_dir, must_exist=False) as log:
-            return [apply_request(log.engine, r) for r in requests]
+            store = ScramStore.of(log.engine)
+            return [apply_request(store, r) for r in requests]
     except CliError as exc:
         if "in use by another loglake process" not in str(exc):
             raise

@@ -45,7 +45,7 @@ def _filter(f: Any) -> AclFilter:
 
 
 async def _store(ctx: BrokerContext, created: list[Binding], deleted: list[Binding]) -> None:
-    await ctx.off_loop(ctx.engine.save_acls, [b.row() for b in created], [b.row() for b in deleted])
+    await ctx.off_loop(ctx.acl_store.save, [b.row() for b in created], [b.row() for b in deleted])
 
 
 async def create_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:

@@ -105,7 +105,7 @@ async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[
                 key, values = _altered(ctx, parts, entry.ops)
                 if validate_only or values == ctx.quotas.configs.get(key, {}):
                     continue
-                await ctx.off_loop(ctx.engine.save_client_quota, key, values)
+                await ctx.off_loop(ctx.quota_store.save, key, values)
             except QuotaRequestError as exc:
                 result["error_code"], result["error_message"] = exc.code, str(exc)
                 _limited.info(
