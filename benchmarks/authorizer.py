@@ -17,7 +17,14 @@ import json
 import time
 from typing import Any
 
-from loglake.broker.authorizer import AclOperation, Authorizer, Binding, PatternType, Permission, ResourceType
+from loglake.broker.security.authorizer import (
+    AclOperation,
+    Authorizer,
+    Binding,
+    PatternType,
+    Permission,
+    ResourceType,
+)
 
 #: Decisions timed per case (each case runs at least this many, then as many as fit 1 s).
 DECISIONS_MIN = 20_000

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from benchkit import load_benchmark  # noqa: E402
+from loglake.broker.groups.meta_store import MetaGroupLog  # noqa: E402
 from loglake.engine import Engine, EngineConfig  # noqa: E402
 from loglake.engine.partition import SegmentRef  # noqa: E402
 
@@ -135,7 +136,7 @@ def inproc_commits(engine: Engine, seconds: float) -> dict[str, Any]:
         n = 0
         while time.monotonic() < stop:
             t0 = time.perf_counter()
-            engine.commit_group_offsets(f"inproc-{i}", [(COMMIT_TOPIC, i, n, -1, "", 1)]).result()
+            MetaGroupLog(engine.meta).commit_group_offsets(f"inproc-{i}", [(COMMIT_TOPIC, i, n, -1, "", 1)]).result()
             lats[i].append((time.perf_counter() - t0) * 1000)
             n += 1
 

@@ -12,10 +12,10 @@ import pytest
 from kafka.protocol.schemas.load_json import load_json
 
 import loglake
-from loglake.broker.acl_rules import API_ACLS
 from loglake.broker.handlers import ADVERTISED, HANDLERS
 from loglake.broker.protocol import SUPPORTED, ApiKey, request_class, response_class, schemas
 from loglake.broker.protocol.messages import MESSAGES
+from loglake.broker.security.acl_rules import API_ACLS
 
 SRC = Path(loglake.__file__).parent
 TABLE = SRC / "broker" / "protocol" / "api_keys.py"

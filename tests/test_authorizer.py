@@ -1,5 +1,5 @@
 """The authorizer's decisions, filters and validation, the settings behind it, the `acls`
-metadata record, and the per-API rule table (loglake.broker.authorizer, authorized, acl_rules,
+metadata record, and the per-API rule table (loglake.broker.security.authorizer, authorized, acl_rules,
 meta/acls)."""
 
 from __future__ import annotations
@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from loglake.broker.acl_rules import API_ACLS
-from loglake.broker.authorized import AclOperation as Op
-from loglake.broker.authorizer import (
+from loglake.broker.config import BrokerConfig
+from loglake.broker.handlers import HANDLERS
+from loglake.broker.security.acl_rules import API_ACLS
+from loglake.broker.security.authorized import AclOperation as Op
+from loglake.broker.security.authorizer import (
     AclFilter,
     Authorizer,
     Binding,
@@ -19,8 +21,6 @@ from loglake.broker.authorizer import (
     ResourceType,
     check_binding,
 )
-from loglake.broker.config import BrokerConfig
-from loglake.broker.handlers import HANDLERS
 from loglake.errors import ConfigError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.state import MetaState
@@ -203,6 +203,6 @@ def test_acls_record_and_checkpoint() -> None:
 
 
 def test_every_api_has_a_rule() -> None:
-    """The table in loglake.broker.acl_rules names the rule of every API served."""
+    """The table in loglake.broker.security.acl_rules names the rule of every API served."""
     missing = sorted(set(HANDLERS) - set(API_ACLS))
     assert not missing, f"APIs without an ACL rule in acl_rules.API_ACLS: {missing}"

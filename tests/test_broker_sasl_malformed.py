@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES
+from loglake.broker.security.sasl import SASL_MAX_RECEIVE_BYTES
 from loglake.kafka_errors import ErrorCode
 from saslkit import SASL_ERRORS_EVERY_LINE, USERS, RawClient, ScramClient, add_users, request
 from tlskit import make_pki, ssl_args

@@ -19,9 +19,10 @@ import pytest
 import loglake
 from loglake.broker import dynamic_config, fetch_sessions, overload
 from loglake.broker.config import BrokerConfig
+from loglake.broker.config_store import ConfigStore
 from loglake.broker.dynamic_config import DYNAMIC_KEYS, BrokerConfigs, DynamicKey
 from loglake.broker.groups import limits
-from loglake.broker.quotas import QuotaManager
+from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.settings import (
     BROKER_SETTING_ROWS,
     BROKER_SETTINGS,
@@ -353,7 +354,7 @@ def test_altering_goes_through_the_table(broker_configs: BrokerConfigs) -> None:
 
 def test_a_stored_value_out_of_this_releases_bounds_is_skipped(broker_configs: BrokerConfigs) -> None:
     engine = broker_configs.engine
-    engine.save_dynamic_configs("broker", "", {"connections.max.idle.ms": str(10 * 24 * 3600 * 1000), "max.connections": "55"})
+    ConfigStore.of(engine).save_broker_configs("", {"connections.max.idle.ms": str(10 * 24 * 3600 * 1000), "max.connections": "55"})
     broker_configs.load()
     assert broker_configs.current("") == {"max.connections": "55"}
     assert (broker_configs.config.max_connections, broker_configs.config.idle_timeout_ms) == (55, 600_000)

@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.listeners import match_advertised, parse_listeners
-from loglake.broker.tls import PrincipalMapper, subject_dn
+from loglake.broker.security.tls import PrincipalMapper, subject_dn
 from loglake.cli.startup import EXIT_CONFIG, EXIT_USAGE
 from loglake.errors import ConfigError
 from tlskit import Pki, make_pki, ssl_args

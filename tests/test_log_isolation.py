@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import loglake
+from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.log import Log
 from loglake.records.batch import BatchBuilder
@@ -49,7 +50,7 @@ class Txn:
             "start_ms": now, "last_ms": now, "parts": [[tid_hex, p, first] for p, first in self.parts.items()],
             "names": [self.topic], "groups": [], "offsets": {}, **extra,
         }  # fmt: skip
-        self.engine.record_txn(body).result()
+        TxnIdStore.of(self.engine).record(body).result()
 
     def write(self, partition: int, *values: bytes) -> None:
         self.engine.append_batch(self.topic, partition, txn_batch(self.pid, list(values), self.seq[partition])).result()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from loglake.broker.config import BrokerConfig
+from loglake.broker.config_store import ConfigStore
 from loglake.broker.dynamic_config import ConfigPolicyError, ConfigResourceError
 from loglake.broker.group_configs import (
     HEARTBEAT_INTERVAL,
@@ -63,16 +64,16 @@ def test_engine_keeps_dynamic_configs_across_reopen(tmp_path: Path) -> None:
     engine = Engine(str(tmp_path / "d"), small_config())
     engine.open()
     try:
-        engine.save_dynamic_configs("broker", "", {"log.retention.ms": "1234"})
-        engine.save_dynamic_configs("group", "g", {SESSION_TIMEOUT: "50000"})
+        ConfigStore.of(engine).save_broker_configs("", {"log.retention.ms": "1234"})
+        ConfigStore.of(engine).save_group_configs("g", {SESSION_TIMEOUT: "50000"})
     finally:
         engine.close()
     for checkpoint in (False, True):
         engine = Engine(str(tmp_path / "d"), small_config())
         engine.open()
         try:
-            assert engine.dynamic_configs("broker") == {"": {"log.retention.ms": "1234"}}
-            assert engine.dynamic_configs("group") == {"g": {SESSION_TIMEOUT: "50000"}}
+            assert ConfigStore.of(engine).broker_configs() == {"": {"log.retention.ms": "1234"}}
+            assert ConfigStore.of(engine).group_configs() == {"g": {SESSION_TIMEOUT: "50000"}}
             if checkpoint:
                 engine.checkpoint_metadata()
         finally:
@@ -99,7 +100,7 @@ def test_group_config_store(tmp_path: Path) -> None:
     engine = Engine(str(tmp_path / "d"), small_config())
     engine.open()
     try:
-        store = GroupConfigStore(engine, max_groups=2)
+        store = GroupConfigStore(ConfigStore.of(engine), max_groups=2)
         store.alter("g1", {SESSION_TIMEOUT: "50000"}, validate_only=False)
         assert store.overrides("g1") == {SESSION_TIMEOUT: 50000}  # only what was set, as ints
         assert store.overrides("nobody") == {}
@@ -115,7 +116,7 @@ def test_group_config_store(tmp_path: Path) -> None:
         ):
             with pytest.raises(ConfigError, match=re.escape(message)):
                 store.alter("g1", bad, validate_only=False)
-        narrow = GroupConfigStore(engine, lambda: GroupConfigBounds(session_timeout_ms=10_000, min_session_timeout_ms=1_000, max_session_timeout_ms=60_000, heartbeat_interval_ms=5_000, min_heartbeat_interval_ms=1_000, max_heartbeat_interval_ms=15_000))
+        narrow = GroupConfigStore(ConfigStore.of(engine), lambda: GroupConfigBounds(session_timeout_ms=10_000, min_session_timeout_ms=1_000, max_session_timeout_ms=60_000, heartbeat_interval_ms=5_000, min_heartbeat_interval_ms=1_000, max_heartbeat_interval_ms=15_000))
         with pytest.raises(ConfigError, match=re.escape("must be greater than consumer.heartbeat.interval.ms")):
             narrow.alter("g9", {SESSION_TIMEOUT: "4000"}, validate_only=False)
         with pytest.raises(ConfigResourceError):
@@ -125,7 +126,7 @@ def test_group_config_store(tmp_path: Path) -> None:
             store.alter("g3", {HEARTBEAT_INTERVAL: "6000"}, validate_only=False)
         store.alter("g2", {}, validate_only=False)  # removing frees a place
         store.alter("g3", {HEARTBEAT_INTERVAL: "6000"}, validate_only=False)
-        reloaded = GroupConfigStore(engine)
+        reloaded = GroupConfigStore(ConfigStore.of(engine))
         reloaded.load()
         assert reloaded.groups() == ["g1", "g3"] and reloaded.overrides("g3") == {HEARTBEAT_INTERVAL: 6000}
     finally:

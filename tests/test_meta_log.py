@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.engine import Engine
 from loglake.errors import CorruptionError
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
@@ -84,10 +85,10 @@ def test_a_commit_costs_one_small_record(tmp_path: Any) -> None:
             engine.append_records("t", p, [(1, None, b"x", [])]).result()
         engine.flush()
         before = fs.mutating_calls
-        engine.commit_group_offsets("g", [("t", 0, 1, -1, "", 5)]).result()
+        MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, 1, -1, "", 5)]).result()
         # One record: a vectored write and an fdatasync of the metadata log, nothing else.
         assert fs.mutating_calls - before <= 2
-        assert engine.group_metadata()["g"]["offsets"][("t", 0)] == [1, -1, "", 5]
+        assert MetaGroupLog(engine.meta).group_metadata()["g"]["offsets"][("t", 0)] == [1, -1, "", 5]
     finally:
         engine.close()
 
@@ -100,7 +101,7 @@ def test_restart_replays_records_after_the_checkpoint(tmp_path: Any) -> None:
     for i in range(12):
         engine.append_records("t", i % 2, [(1, None, f"v{i}".encode(), [])]).result()
         engine.flush()
-        engine.commit_group_offsets("g", [("t", i % 2, i, -1, "", i)]).result()
+        MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", i % 2, i, -1, "", i)]).result()
         engine.meta.maybe_checkpoint()
     before = image(engine.meta.state)
     abandon(engine)
@@ -125,7 +126,7 @@ def _engine_with_history(fs: FaultyFileSystem) -> tuple[Engine, list[tuple[int, 
     for i in range(6):
         engine.append_records("t", 0, [(1, None, f"v{i}".encode(), [])]).result()
         engine.flush()
-        engine.commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
+        MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
         engine.meta.maybe_checkpoint()
     return engine, records
 
@@ -165,8 +166,8 @@ def test_every_bit_flip_of_a_log_record_is_detected_by_recovery() -> None:
     engine = Engine(DATA_DIR, small_config(), fs=fs, start_background=False)
     engine.open()
     engine.create_topic("t", 1)
-    engine.commit_group_offsets("g", [("t", 0, 9, -1, "meta", 1)]).result()
-    engine.commit_group_offsets("g", [("t", 0, 10, -1, "meta", 2)]).result()  # a later group commit
+    MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, 9, -1, "meta", 1)]).result()
+    MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, 10, -1, "meta", 2)]).result()  # a later group commit
     engine.close()
     log_dir = f"{META_DIR}/log/shard-00"
     name = sorted(fs.listdir(log_dir))[-1]
@@ -188,7 +189,7 @@ def test_every_bit_flip_of_a_log_record_is_detected_by_recovery() -> None:
             continue
         # A flip the log could not see would have to leave the state unchanged.
         try:
-            assert engine.group_metadata()["g"]["offsets"][("t", 0)][0] == 10, f"bit {bit} changed the state silently"
+            assert MetaGroupLog(engine.meta).group_metadata()["g"]["offsets"][("t", 0)][0] == 10, f"bit {bit} changed the state silently"
         finally:
             engine.close()
     assert tree  # the durable tree was there to flip
@@ -233,7 +234,7 @@ def test_a_version_1_snapshot_is_migrated(tmp_path: Any) -> None:
         assert engine.cluster_id == "oldcluster"
         assert engine.topic("t").config.retention_ms == -1
         assert engine.allocate_producer_id() == 1234
-        assert engine.group_metadata()["g"]["offsets"][("t", 0)] == [0, -1, "m", 9]
+        assert MetaGroupLog(engine.meta).group_metadata()["g"]["offsets"][("t", 0)] == [0, -1, "m", 9]
         assert not any(n.startswith("snapshot-") for n in fs.listdir(META_DIR))
     finally:
         engine.close()
@@ -296,7 +297,7 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
             engine.flush()
             engine.apply_retention()
             engine.delete_records("old", 0, -1)
-            engine.commit_group_offsets("g", [("old", 0, 1, -1, "", 1)]).result()
+            MetaGroupLog(engine.meta).commit_group_offsets("g", [("old", 0, 1, -1, "", 1)]).result()
             engine.allocate_producer_id  # noqa: B018 - takes the catalog lock: not called while A holds it
         except BaseException as exc:
             errors.append(exc)
@@ -338,7 +339,7 @@ def meta_workload(fs: FaultyFileSystem, run: Run) -> None:
             engine.append_records("t", p, [(1_000 + i, None, f"v{i}".encode(), [])]).result()
             if i % 3 == 2:
                 engine.flush()
-            seq = engine.commit_group_offsets("g", [("t", p, i, -1, "", i)]).result()
+            seq = MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", p, i, -1, "", i)]).result()
             run.acked_commits[p] = i
             run.acked_seq = max(run.acked_seq, seq)
             if i == 5:
@@ -373,7 +374,7 @@ def check_meta(k: int, torn: bool) -> None:
     try:
         state = engine.meta.state
         recovered_seq = state.seq
-        offsets = engine.group_metadata().get("g", {"offsets": {}})["offsets"]
+        offsets = MetaGroupLog(engine.meta).group_metadata().get("g", {"offsets": {}})["offsets"]
         for p, acked in run.acked_commits.items():
             got = offsets.get(("t", p))
             assert got is not None and got[0] >= acked, f"k={k} torn={torn}: commit of partition {p} lost or moved back"
@@ -419,7 +420,7 @@ def test_many_crashed_restarts_do_not_pile_up_metadata_log_files() -> None:
         engine.open()
         if i == 0:
             engine.create_topic("t", 1)
-        engine.commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
+        MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, i, -1, "", i)]).result()
         abandon(engine)
         fs = fs.crash()
         files = fs.listdir(f"{META_DIR}/log/shard-00")
@@ -427,7 +428,7 @@ def test_many_crashed_restarts_do_not_pile_up_metadata_log_files() -> None:
     engine = Engine(DATA_DIR, small_config(), fs=fs, start_background=False)
     engine.open()
     try:
-        assert engine.group_metadata()["g"]["offsets"][("t", 0)][0] == 3 * META_LOG_FILES_AT_OPEN_MAX - 1
+        assert MetaGroupLog(engine.meta).group_metadata()["g"]["offsets"][("t", 0)][0] == 3 * META_LOG_FILES_AT_OPEN_MAX - 1
         assert len(engine.meta.checkpoints) == 2
     finally:
         engine.close()

@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import loglake
+from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.engine.verify import verify_data_dir
 
 FIXTURE = Path(__file__).parent / "fixtures" / "v1-datadir.tar.gz"
@@ -37,7 +38,7 @@ def test_a_release_1_data_dir_opens_with_everything_it_held(tmp_path: Path) -> N
         audit = [r.value for r in log.consume("audit")]
         assert audit == [f"audit-{i}".encode() for i in range(5)] + [f"unsealed-{i}".encode() for i in range(3)]
         assert log.engine.topic("orders").config.segment_records == 10
-        groups = log.engine.group_metadata()
+        groups = MetaGroupLog(log.engine.meta).group_metadata()
         assert groups["billing"]["offsets"] == {
             ("orders", 0): [12, -1, "m", 1_700_000_000_500],
             ("orders", 1): [7, 3, "", 1_700_000_000_600],
@@ -51,7 +52,7 @@ def test_a_release_1_data_dir_opens_with_everything_it_held(tmp_path: Path) -> N
     with loglake.open(str(data)) as log:
         assert log.recovery_report is not None and log.recovery_report.meta_migrated_from is None
         assert [r.value for r in log.consume("audit")][-1] == b"unsealed-2"
-        assert log.engine.group_metadata()["billing"]["offsets"][("orders", 1)][0] == 7
+        assert MetaGroupLog(log.engine.meta).group_metadata()["billing"]["offsets"][("orders", 1)][0] == 7
 
 
 def test_loglake_verify_passes_on_a_release_1_data_dir(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.engine import Engine, EngineConfig
 from loglake.fs import OsFileSystem
 from loglake.meta.checkpoint import capture
@@ -73,7 +74,7 @@ def test_checkpoints_replace_pieces_in_the_bucket(tmp_path: Path) -> None:
         for i in range(120):
             engine.append_records("t", i % 2, [(1, None, b"x", [])]).result()
             engine.flush()
-            engine.commit_group_offsets("g", [("t", i % 2, i, -1, "", i)]).result()
+            MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", i % 2, i, -1, "", i)]).result()
             engine.meta.maybe_checkpoint()
             engine.publish_metadata()
         objects = meta_objects(bucket)
@@ -95,7 +96,7 @@ def test_a_restart_keeps_publishing_where_it_left_off(tmp_path: Path) -> None:
     engine.close()  # seals and publishes
     engine, bucket = open_engine(tmp_path)
     try:
-        engine.commit_group_offsets("g", [("t", 0, 3, -1, "", 1)]).result()
+        MetaGroupLog(engine.meta).commit_group_offsets("g", [("t", 0, 3, -1, "", 1)]).result()
         engine.publish_metadata()
         state = read_remote_state(bucket).state
         assert state.groups["g"].offsets[("t", 0)][0] == 3

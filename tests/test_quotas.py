@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from loglake.broker.mutation_quota import MutationQuotas
 from loglake.broker.protocol.fetch import FetchResponseData
-from loglake.broker.quotas import (
+from loglake.broker.security.mutation_quota import MutationQuotas
+from loglake.broker.security.quotas import (
     CLIENT_ID,
     CONSUMER_BYTE_RATE,
     PRODUCER_BYTE_RATE,
@@ -169,7 +169,7 @@ def test_fetch_is_capped_and_a_throttled_fetch_is_not_counted() -> None:
 
 
 def test_sensors_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("loglake.broker.quotas.QUOTA_SENSORS_MAX", 5)
+    monkeypatch.setattr("loglake.broker.security.quotas.QUOTA_SENSORS_MAX", 5)
     m = QuotaManager()
     m.load({((C, None),): {PRODUCER_BYTE_RATE: 1e9}})
     for i in range(20):
@@ -383,8 +383,8 @@ def test_admin_apis_ask_the_authorization_seam(monkeypatch: pytest.MonkeyPatch) 
     """Describe needs DESCRIBE_CONFIGS and Alter ALTER_CONFIGS on the cluster; refused, Describe is
     a top-level CLUSTER_AUTHORIZATION_FAILED and every Alter entry is, with nothing stored. (The
     authorizer is being built elsewhere: the seam is replaced here by a refusing one.)"""
-    from loglake.broker.authorized import AclOperation
     from loglake.broker.handlers import client_quotas as handlers
+    from loglake.broker.security.authorized import AclOperation
 
     asked: list[AclOperation] = []
 

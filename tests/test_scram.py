@@ -152,7 +152,7 @@ def test_metadata_records_and_checkpoint(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_failure_labels_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    import loglake.broker.sasl as sasl
+    import loglake.broker.security.sasl as sasl
 
     monkeypatch.setattr(sasl, "SASL_FAILURE_LABELS_MAX", 3)
     stats = sasl.SaslStats()

@@ -16,6 +16,7 @@ from pathlib import Path
 import crc32c
 import pytest
 
+from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.engine.txn import control_batch
 from loglake.engine.verify import verify_data_dir
@@ -135,7 +136,7 @@ def open_txn(engine: Engine, topic: str, n: int) -> tuple[int, dict[tuple[str, i
     """An ongoing transaction with `n` keyed records in partition 0 (a compacted topic needs keys)."""
     pid = engine.allocate_producer_id()
     parts = {(topic, 0): engine.partition_info(topic, 0).next_offset}
-    engine.record_txn(body(engine, pid, "ongoing", parts)).result()
+    TxnIdStore.of(engine).record(body(engine, pid, "ongoing", parts)).result()
     b = BatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=0, is_transactional=True)
     for i in range(n):
         b.append(1_000 + i, b"tk%d" % i, b"tv%d" % i, [])

@@ -1,4 +1,4 @@
-"""The transaction and SASL state tables (`loglake.meta.txn_states`, `loglake.broker.sasl`).
+"""The transaction and SASL state tables (`loglake.meta.txn_states`, `loglake.broker.security.sasl`).
 
 Each table is the one owner of its states: the code makes every transition of it and no other
 (a spy on the one function that moves a state, while the coordinator and the SASL handlers are
@@ -23,7 +23,7 @@ import pytest
 import loglake
 from loglake.broker.groups import GroupState
 from loglake.broker.handlers.sasl import sasl_authenticate, sasl_handshake
-from loglake.broker.sasl import (
+from loglake.broker.security.sasl import (
     VALID_PREVIOUS_SASL_STATES,
     IllegalSaslTransition,
     SaslAuthenticator,
@@ -32,6 +32,7 @@ from loglake.broker.sasl import (
     SaslStats,
 )
 from loglake.broker.txn import Txn, TxnCoordinator, TxnSettings
+from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.errors import CorruptionError
 from loglake.fs.faulty import FaultyFileSystem
@@ -52,7 +53,7 @@ from enginekit import DATA_DIR, small_config
 
 SRC = Path(loglake.__file__).parent
 TXN_OWNER = SRC / "meta" / "txn_states.py"
-SASL_OWNER = SRC / "broker" / "sasl.py"
+SASL_OWNER = SRC / "broker" / "security" / "sasl.py"
 #: The state names as every release wrote them into `txn` records and checkpoints.
 ON_DISK_TXN_STATES = ["empty", "ongoing", "prepare_commit", "prepare_abort", "complete_commit", "complete_abort", "dead"]
 #: Kafka's TransactionState names loglake has (not PrepareEpochFence: see txn_states' docstring).
@@ -255,7 +256,7 @@ def test_the_coordinator_makes_every_transition_of_the_table_and_no_other(monkey
 
     try:
         asyncio.run(run())
-        assert engine.txn_states() == {}  # the dead records removed every id
+        assert TxnIdStore.of(engine).states() == {}  # the dead records removed every id
     finally:
         engine.close()
     assert set(made) == edges(VALID_PREVIOUS_STATES)
@@ -288,8 +289,8 @@ def test_requests_that_waited_while_the_sweep_forgot_the_id_make_no_transition(m
                 raise CorruptionError("meta", 0, "the metadata store refused the record")
             return record(body)
 
-        record = engine.record_txn
-        monkeypatch.setattr(engine, "record_txn", refuse_dead)
+        record = coord.ids.record
+        monkeypatch.setattr(coord.ids, "record", refuse_dead)
         now[0] += 61
         with pytest.raises(CorruptionError):
             await coord.sweep()
@@ -325,7 +326,7 @@ def test_txn_records_of_the_previous_release_still_apply() -> None:
     def apply(raw: bytes) -> None:
         kind, body = decode_record(raw, where="test", position=0)
         assert kind == "txn"
-        engine.record_txn(body).result()
+        TxnIdStore.of(engine).record(body).result()
 
     for state in ("empty", "ongoing", "prepare_abort"):
         apply(_old_record(state, pid, topic_hex))
@@ -344,7 +345,7 @@ def test_txn_records_of_the_previous_release_still_apply() -> None:
         asyncio.run(coord.start_once())  # finishes the old prepare_commit
         txn = coord.txns["old"]
         assert txn.state is TxnState.COMPLETE_COMMIT and txn.pid == pid
-        assert engine.txn_states()["old"]["state"] == "complete_commit"
+        assert TxnIdStore.of(engine).states()["old"]["state"] == "complete_commit"
         assert engine.catalog.partition(TOPIC, 0).meta.txn_open == {}
         assert b'"state":"complete_commit"' in encode_record("txn", txn.body())  # the same bytes as before
     finally:
@@ -382,7 +383,7 @@ def test_a_record_with_an_unknown_state_is_refused_clearly(bad: object) -> None:
 PASSWORD = "alice-secret"
 
 
-class _Engine:
+class _Credentials:
     """The credential lookup of SaslAuthenticator: alice has SCRAM-SHA-256 only."""
 
     def __init__(self) -> None:
@@ -394,7 +395,7 @@ class _Engine:
             "server_key": base64.b64encode(cred.server_key).decode(),
         }
 
-    def scram_credential(self, user: str, mechanism: str) -> dict[str, Any] | None:
+    def credential(self, user: str, mechanism: str) -> dict[str, Any] | None:
         return self.doc if user == "alice" and mechanism == "SCRAM-SHA-256" else None
 
 
@@ -420,7 +421,7 @@ def ctx(tmp_path: Path) -> Iterator[Any]:
         sasl_enabled_mechanisms="PLAIN,SCRAM-SHA-256", connection_failed_authentication_delay_ms=0, data_dir=str(tmp_path)
     )
     yield SimpleNamespace(
-        sasl=SaslAuthenticator(config, _Engine(), SaslStats()),
+        sasl=SaslAuthenticator(config, _Credentials(), SaslStats()),
         off_loop=_off_loop,
         metrics=SimpleNamespace(protocol_errors=collections.Counter()),
         config=SimpleNamespace(max_frame_bytes=1 << 20),

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import loglake
+from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.engine import Engine
 from loglake.engine.verify import verify_data_dir
 from loglake.errors import StorageError
@@ -224,8 +225,8 @@ def test_empty_data_dir_is_rebuilt_from_the_cold_store(tmp_path: Path) -> None:
         for p, vals in produced.items():
             for v in vals:
                 log.produce("t", v, partition=p, timestamp=1_000)
-        log.engine.commit_group_offsets("g", [("t", 0, 7, -1, "m", 1_000)]).result()
-        log.engine.save_group_state("g", {"generation": 3}).result()
+        MetaGroupLog(log.engine.meta).commit_group_offsets("g", [("t", 0, 7, -1, "m", 1_000)]).result()
+        MetaGroupLog(log.engine.meta).save_group_state("g", {"generation": 3}).result()
         log.flush()
         assert log.engine.wait_relocations()
         log.flush()  # publishes the metadata's changes with every segment cold
@@ -235,7 +236,7 @@ def test_empty_data_dir_is_rebuilt_from_the_cold_store(tmp_path: Path) -> None:
         assert report is not None and report.restored_from == url and not report.segments_lost
         got = {p: [r.value for r in log.consume("t", partitions=[p])] for p in range(2)}
         assert got == produced
-        assert log.engine.group_metadata() == {"g": {"offsets": {("t", 0): [7, -1, "m", 1_000]}, "state": {"generation": 3}}}
+        assert MetaGroupLog(log.engine.meta).group_metadata() == {"g": {"offsets": {("t", 0): [7, -1, "m", 1_000]}, "state": {"generation": 3}}}
         assert not verify_data_dir(log.engine).errors
 
 

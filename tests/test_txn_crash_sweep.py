@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from loglake.broker.txn import TxnCoordinator, TxnSettings
+from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
 from loglake.records.batch import BatchBuilder, split_batches
@@ -112,7 +113,7 @@ def check(k: int, torn: bool) -> None:
             assert not answered and not acked, f"k={k}: the topic is gone after acknowledged appends"
             return
         asyncio.run(coordinator(engine).start_once())
-        state = engine.txn_states().get(TID)
+        state = TxnIdStore.of(engine).states().get(TID)
         status = state["state"] if state else None
         if answered:
             assert status == "complete_commit", f"k={k}: an answered commit recovered as {status}"

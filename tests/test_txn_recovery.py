@@ -18,6 +18,7 @@ import pytest
 from confluent_kafka import Producer
 from kafka import KafkaAdminClient
 
+from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.errors import InvalidProducerEpochError
 from loglake.records.batch import BatchBuilder
@@ -58,7 +59,7 @@ def open_txn(engine: Engine, topic: str, partitions: int, per_partition: int) ->
     """An ongoing transaction with records in every partition (as the coordinator records it)."""
     pid = engine.allocate_producer_id()
     parts = {(topic, p): engine.partition_info(topic, p).next_offset for p in range(partitions)}
-    engine.record_txn(body(engine, pid, "ongoing", parts)).result()
+    TxnIdStore.of(engine).record(body(engine, pid, "ongoing", parts)).result()
     for p in range(partitions):
         values = [f"{topic}-{p}-{i}".encode() for i in range(per_partition)]
         engine.append_batch(topic, p, txn_batch(pid, 0, 0, values)).result()
@@ -96,13 +97,13 @@ def test_engine_lso_and_aborted_ranges_survive_restart(tmp_path: Path) -> None:
         pid, parts = open_txn(engine, "t", 2, 3)
         assert engine.last_stable_offset("t", 0) == 1 and engine.partition_info("t", 0).high_watermark == 4
         assert committed_values(engine, "t", 0) == [b"before"]  # held back at the LSO
-        engine.record_txn(body(engine, pid, "prepare_abort", parts)).result()
+        TxnIdStore.of(engine).record(body(engine, pid, "prepare_abort", parts)).result()
         markers = []
         for (topic, p) in parts:
             fut = engine.write_txn_marker(engine.topic_id_of(topic), p, pid, 0, False)
             assert fut is not None
             markers.append([engine.topic_id_of(topic).hex(), p, fut.result().base_offset])
-        engine.record_txn(body(engine, pid, "complete_abort", parts, markers=markers)).result()
+        TxnIdStore.of(engine).record(body(engine, pid, "complete_abort", parts, markers=markers)).result()
         engine.append_records("t", 0, [(None, None, b"after", [])]).result()
         assert engine.last_stable_offset("t", 0) == engine.partition_info("t", 0).high_watermark == 6
         assert engine.aborted_transactions("t", 0, 0, 6) == [(pid, 1)]
@@ -115,7 +116,7 @@ def test_engine_lso_and_aborted_ranges_survive_restart(tmp_path: Path) -> None:
         _pid2, parts2 = open_txn(engine, "t", 2, 2)
     with Engine(data) as engine:  # from the log after the checkpoint: still open
         assert engine.last_stable_offset("t", 1) == parts2[("t", 1)]
-        assert engine.txn_states()[TID]["state"] == "ongoing"
+        assert TxnIdStore.of(engine).states()[TID]["state"] == "ongoing"
 
 
 def _consume(bootstrap: str, topic: str, partitions: int, isolation: str, want: int) -> list[bytes]:
@@ -127,7 +128,7 @@ def _crashed_in_end_txn(data: str, commit: bool) -> None:
     with Engine(data) as engine:
         engine.create_topic("t", 3)
         pid, parts = open_txn(engine, "t", 3, 4)
-        engine.record_txn(body(engine, pid, "prepare_commit" if commit else "prepare_abort", parts)).result()
+        TxnIdStore.of(engine).record(body(engine, pid, "prepare_commit" if commit else "prepare_abort", parts)).result()
         fut = engine.write_txn_marker(engine.topic_id_of("t"), 0, pid, 0, commit)
         assert fut is not None
         fut.result()
@@ -180,14 +181,14 @@ def test_killed_broker_aborts_open_transaction_after_restart(tmp_path: Path) -> 
 
 def end_txn(engine: Engine, pid: int, parts: dict[tuple[str, int], int], commit: bool) -> None:
     """EndTxn as the coordinator does it: prepare, markers, complete."""
-    engine.record_txn(body(engine, pid, "prepare_commit" if commit else "prepare_abort", parts)).result()
+    TxnIdStore.of(engine).record(body(engine, pid, "prepare_commit" if commit else "prepare_abort", parts)).result()
     markers = []
     for topic, p in parts:
         fut = engine.write_txn_marker(engine.topic_id_of(topic), p, pid, 0, commit)
         assert fut is not None
         markers.append([engine.topic_id_of(topic).hex(), p, fut.result().base_offset])
     extra = {} if commit else {"markers": markers}
-    engine.record_txn(body(engine, pid, "complete_commit" if commit else "complete_abort", parts, **extra)).result()
+    TxnIdStore.of(engine).record(body(engine, pid, "complete_commit" if commit else "complete_abort", parts, **extra)).result()
 
 
 def test_read_committed_over_cold_segments(tmp_path: Path) -> None:
@@ -201,7 +202,7 @@ def test_read_committed_over_cold_segments(tmp_path: Path) -> None:
         for round_ in range(8):
             pid = engine.allocate_producer_id()
             parts = {("t", 0): engine.partition_info("t", 0).next_offset}
-            engine.record_txn(body(engine, pid, "ongoing", parts)).result()
+            TxnIdStore.of(engine).record(body(engine, pid, "ongoing", parts)).result()
             values = [f"r{round_}-{i}-".encode() * 40 for i in range(6)]
             for i, v in enumerate(values):
                 engine.append_batch("t", 0, txn_batch(pid, 0, i, [v])).result()

@@ -166,7 +166,7 @@ class BrokerConfig:
                 value = getattr(self, name)
                 check_value(name, type(value), value, self.sources.get(name, "default"), from_text=False)
         self.listeners()
-        from loglake.broker.tls import CLIENT_AUTH, PrincipalMapper
+        from loglake.broker.security.tls import CLIENT_AUTH, PrincipalMapper
 
         if self.ssl_client_auth not in CLIENT_AUTH:
             raise ConfigError(
@@ -192,7 +192,7 @@ class BrokerConfig:
                 "stall on uvloop); use the default event_loop=asyncio"
             )
         self.super_users = split_principals(self.super_users, self.sources.get("super_users", "default"))
-        from loglake.broker.sasl import enabled_mechanisms
+        from loglake.broker.security.sasl import enabled_mechanisms
 
         enabled_mechanisms(self.sasl_enabled_mechanisms)
         if self.metrics_listen:

@@ -26,15 +26,15 @@ Listeners (`loglake.broker.listeners`): one asyncio server per listener. On an S
 connection is accepted as TCP and upgraded with `StreamWriter.start_tls` before the first Kafka
 byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
 client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limited log line and a
-closed socket. Every connection carries a `SecurityContext` (`loglake.broker.tls`): its listener,
+closed socket. Every connection carries a `SecurityContext` (`loglake.broker.security.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
 with sendfile on PLAINTEXT; TLS has to encrypt in user space, so there it is read and written in
 buffered chunks (`loglake.broker.file_send`). On a SASL listener a connection carries a
-`SaslSession` (`conn.sasl`, loglake.broker.sasl) that admits only the SASL APIs, with smaller
+`SaslSession` (`conn.sasl`, loglake.broker.security.sasl) that admits only the SASL APIs, with smaller
 frames, until it authenticates; `close_after_write` closes a connection once a refusal has been
 sent.
 
-Client quotas (`loglake.broker.quotas`): a response over a quota carries `throttle_time_ms` and
+Client quotas (`loglake.broker.security.quotas`): a response over a quota carries `throttle_time_ms` and
 sets `muted_until`; the read loop neither reads nor hands frames to handlers before it (KIP-219).
 """
 
@@ -47,7 +47,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from loglake.broker import overload
-from loglake.broker.authorized import CURRENT_API
 from loglake.broker.context import BrokerContext
 from loglake.broker.file_send import send_file_range
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
@@ -64,10 +63,11 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
-from loglake.broker.quotas import handle_request, wait_unmuted
-from loglake.broker.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
+from loglake.broker.security.authorized import CURRENT_API
+from loglake.broker.security.quotas import handle_request, wait_unmuted
+from loglake.broker.security.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
+from loglake.broker.security.tls import SecurityContext
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
-from loglake.broker.tls import SecurityContext
 from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.kafka_errors import ErrorCode
@@ -120,7 +120,7 @@ class Connection:
         )
         self.busy = 0  # requests being handled (shutdown waits for these)
         self.closing = False
-        #: SASL state on SASL listeners (loglake.broker.sasl); seconds to wait after the next response, then close.
+        #: SASL state on SASL listeners (loglake.broker.security.sasl); seconds to wait after the next response, then close.
         self.sasl = SaslSession(self) if self.security.listener.sasl else None
         self.close_after_write: float | None = None
         #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).

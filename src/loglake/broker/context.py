@@ -10,18 +10,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.metrics import Metrics
+from loglake.broker.security.acl_store import AclStore
+from loglake.broker.security.quota_store import QuotaStore
+from loglake.broker.security.scram_store import ScramStore
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
 
 if TYPE_CHECKING:
-    from loglake.broker.authorizer import Authorizer
     from loglake.broker.dynamic_config import BrokerConfigs
     from loglake.broker.fetch_sessions import FetchSessionCache
     from loglake.broker.group_configs import GroupConfigStore
     from loglake.broker.group_reload import GroupCoordination
     from loglake.broker.groups import GroupCoordinator
-    from loglake.broker.mutation_quota import MutationQuotas
-    from loglake.broker.quotas import QuotaManager
+    from loglake.broker.security.authorizer import Authorizer
+    from loglake.broker.security.mutation_quota import MutationQuotas
+    from loglake.broker.security.quotas import QuotaManager
 
 T = TypeVar("T")
 
@@ -41,19 +44,28 @@ class BrokerContext:
     broker_configs: BrokerConfigs | None = None
     #: Per-group config overrides (Kafka's GROUP resource); the coordinator reads `overrides(group_id)`.
     group_configs: GroupConfigStore | None = None
-    #: loglake.broker.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
+    #: loglake.broker.security.sasl.SaslAuthenticator (mechanisms, credentials), set by the server.
     sasl: Any = None
     #: KIP-227 fetch sessions (None: every fetch is sessionless), set by the server.
     fetch_sessions: FetchSessionCache | None = None
-    #: The ACL authorizer (loglake.broker.authorizer), set by the server; None allows everything.
+    #: The ACL authorizer (loglake.broker.security.authorizer), set by the server; None allows everything.
     authorizer: Authorizer | None = None
-    #: Client quota configs and rates (loglake.broker.quotas), set by the server.
+    #: Client quota configs and rates (loglake.broker.security.quotas), set by the server.
     quotas: QuotaManager | None = None
-    #: controller_mutation_rate token buckets (loglake.broker.mutation_quota), set by the server.
+    #: controller_mutation_rate token buckets (loglake.broker.security.mutation_quota), set by the server.
     mutation_quotas: MutationQuotas | None = None
     executor: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="loglake-io")
     )
+    #: The broker's facts in the engine's metadata store: ACL bindings, SCRAM credentials, client quotas.
+    acl_store: AclStore = field(init=False)
+    scram_store: ScramStore = field(init=False)
+    quota_store: QuotaStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.acl_store = AclStore.of(self.engine)
+        self.scram_store = ScramStore.of(self.engine)
+        self.quota_store = QuotaStore.of(self.engine)
 
     @property
     def node_id(self) -> int:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from loglake.broker.config import BrokerConfig
+from loglake.broker.config_store import ConfigStore
 from loglake.broker.settings import (
     BROKER_SETTINGS,
     DYNAMIC_TOPIC_DEFAULTS,
@@ -221,6 +222,8 @@ class BrokerConfigs:
     ) -> None:
         self.config = config  # live: dynamic values are written into it
         self.engine = engine
+        #: where the dynamic layers are kept (`broker_config` records)
+        self.records = ConfigStore.of(engine)
         self.node = str(config.node_id)
         #: The static topic defaults (TOML [topic_defaults] and [engine] topic_defaults), before dynamic ones.
         self.static_topic_defaults = dict(engine.config.topic_defaults)
@@ -349,7 +352,7 @@ class BrokerConfigs:
         self.engine.config.check_topic_defaults(self._topic_defaults(stored))
         if validate_only:
             return
-        self.engine.save_dynamic_configs("broker", scope, new)
+        self.records.save_broker_configs(scope, new)
         self.stored = {k: v for k, v in stored.items() if v}
         self.apply()
         log.info("dynamic broker configs of %s now %s", repr(scope) if scope == DEFAULT_SCOPE else f"node {scope}", new)
@@ -363,7 +366,7 @@ class BrokerConfigs:
         """Read the stored dynamic configs and apply them (start-up). A stored value this broker can
         no longer take (say, max.message.bytes over a smaller memory budget, or a value out of this
         release's bounds) is skipped with a log line."""
-        self.stored = self.engine.dynamic_configs("broker")
+        self.stored = self.records.broker_configs()
         for scope, configs in list(self.stored.items()):
             for name, value in list(configs.items()):
                 key = DYNAMIC_KEYS.get(name)

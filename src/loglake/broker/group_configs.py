@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from loglake.broker.config_store import ConfigStore
 from loglake.broker.dynamic_config import (
     DEFAULT_CONFIG,
     GROUP_CONFIG,
@@ -32,7 +33,6 @@ from loglake.broker.dynamic_config import (
     config_entry,
 )
 from loglake.broker.groups.limits import ConsumerLimits
-from loglake.engine import Engine
 from loglake.engine.config import ConfigType
 from loglake.errors import ConfigError
 
@@ -107,10 +107,10 @@ class GroupConfigStore:
     """Per-group config overrides: validated, persisted as `group_config` records, read by the coordinator."""
 
     def __init__(
-        self, engine: Engine, bounds: Callable[[], GroupConfigBounds] = lambda: KAFKA_BOUNDS,
+        self, records: ConfigStore, bounds: Callable[[], GroupConfigBounds] = lambda: KAFKA_BOUNDS,
         max_groups: int = GROUP_CONFIGS_MAX,
     ) -> None:
-        self.engine = engine
+        self.records = records
         self.bounds = bounds
         self.max_groups = max_groups
         self._configs: dict[str, dict[str, int]] = {}
@@ -119,7 +119,7 @@ class GroupConfigStore:
         """Read the stored configs (start-up). A stored value outside today's bounds is kept: the
         coordinator clamps what it uses; describing shows what was set."""
         self._configs = {}
-        for group, configs in self.engine.dynamic_configs("group").items():
+        for group, configs in self.records.group_configs().items():
             kept = {
                 name: int(value) for name, value in configs.items()
                 if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
@@ -176,7 +176,7 @@ class GroupConfigStore:
             )
         if validate_only:
             return
-        self.engine.save_dynamic_configs("group", group_id, {k: str(v) for k, v in values.items()})
+        self.records.save_group_configs(group_id, {k: str(v) for k, v in values.items()})
         if values:
             self._configs[group_id] = values
         else:

@@ -34,7 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from loglake.broker.sasl import SaslStats
+from loglake.broker.security.sasl import SaslStats
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ class Metrics:
         self.produce_throttled = 0
         self.produce_throttle_ms = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
-        #: SASL failures per principal and source, successes per mechanism (loglake.broker.sasl).
+        #: SASL failures per principal and source, successes per mechanism (loglake.broker.security.sasl).
         self.sasl = SaslStats()
         self.ready = False
         #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.

@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable
 
 from loglake.broker import overload
-from loglake.broker.authorized import TOPIC
-from loglake.broker.authorizer import AclOperation, broker_authorizer
 from loglake.broker.config import BrokerConfig, parse_host_port
+from loglake.broker.config_store import ConfigStore
 from loglake.broker.connection import Connection
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import BrokerConfigs
@@ -41,12 +40,14 @@ from loglake.broker.listeners import (
     match_advertised,
 )
 from loglake.broker.metrics import Metrics, serve_metrics
-from loglake.broker.mutation_quota import MutationQuotas
-from loglake.broker.quotas import QuotaManager
-from loglake.broker.sasl import SaslAuthenticator
-from loglake.broker.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
+from loglake.broker.security.authorized import TOPIC
+from loglake.broker.security.authorizer import AclOperation, broker_authorizer
+from loglake.broker.security.mutation_quota import MutationQuotas
+from loglake.broker.security.quotas import QuotaManager
+from loglake.broker.security.sasl import SaslAuthenticator
+from loglake.broker.security.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
+from loglake.broker.security.users_inbox import serve_inbox
 from loglake.broker.txn import TxnCoordinator, TxnSettings
-from loglake.broker.users_inbox import serve_inbox
 from loglake.engine import Engine
 from loglake.errors import ListenError, UnknownTopicError
 from loglake.logsafe import RateLimitedLog, flush_all
@@ -160,7 +161,7 @@ class BrokerServer:
         self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
         # take part in the cluster with the advertised listeners (a single node: nothing to register)
         await loop.run_in_executor(None, engine.join, [lst.url(*adv) for lst, adv in self.endpoints])
-        self.ctx.sasl = SaslAuthenticator(self.config, engine, self.metrics.sasl)
+        self.ctx.sasl = SaslAuthenticator(self.config, self.ctx.scram_store, self.metrics.sasl)
         self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
         # Dynamic broker configs stored in the metadata log take effect before the first client.
         self.ctx.broker_configs = BrokerConfigs(
@@ -171,12 +172,12 @@ class BrokerServer:
         )
         await loop.run_in_executor(None, self.ctx.broker_configs.load)
         self.ctx.quotas = QuotaManager(self.config.quota_window_num, self.config.quota_window_size_seconds)
-        self.ctx.quotas.load(engine.client_quotas())
+        self.ctx.quotas.load(self.ctx.quota_store.quotas())
         self.metrics.registry.register(self.ctx.quotas)
         self.ctx.mutation_quotas = MutationQuotas(self.ctx.quotas)
-        self.ctx.group_configs = GroupConfigStore(engine, lambda: group_config_bounds(self.config))
+        self.ctx.group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(self.config))
         self.ctx.group_configs.load()
-        self.ctx.authorizer = broker_authorizer(self.config, engine)
+        self.ctx.authorizer = broker_authorizer(self.config, self.ctx.acl_store)
         groups = GroupCoordination(engine.view, self._group_stores, lambda store: self._make_coordinator(engine, store), self.ctx.off_loop)
         self.ctx.groups = groups
         await groups.start()

@@ -3,7 +3,7 @@
 The password is read from stdin (--password-stdin) or prompted for, salted and iterated here
 (loglake.scram), and only the derived credential goes anywhere. With the data directory free the
 command opens it and appends to its metadata log; while a broker holds it the change goes
-through the broker's inbox (loglake.broker.users_inbox), so the two never race. With
+through the broker's inbox (loglake.broker.security.users_inbox), so the two never race. With
 --bootstrap-server the command talks to a broker over the Kafka protocol instead
 (DescribeUserScramCredentials / AlterUserScramCredentials through confluent-kafka's AdminClient,
 on a PLAINTEXT listener: the command has no TLS or SASL settings of its own).
@@ -22,7 +22,8 @@ from typing import Annotated, Any, cast
 import typer
 from rich.table import Table
 
-from loglake.broker.users_inbox import (
+from loglake.broker.security.scram_store import ScramStore
+from loglake.broker.security.users_inbox import (
     INBOX_POLL_S,
     INBOX_WAIT_S,
     REQUEST_SUFFIX,
@@ -86,7 +87,8 @@ def _run(data_dir: str, requests: list[dict[str, Any]], bootstrap: str | None = 
         return _via_admin(bootstrap, requests)
     try:
         with open_log(data_dir, must_exist=False) as log:
-            return [apply_request(log.engine, r) for r in requests]
+            store = ScramStore.of(log.engine)
+            return [apply_request(store, r) for r in requests]
     except CliError as exc:
         if "in use by another loglake process" not in str(exc):
             raise

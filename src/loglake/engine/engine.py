@@ -35,7 +35,6 @@ from typing import Any, BinaryIO
 
 from loglake import canary
 from loglake.engine import txn
-from loglake.engine.broker_meta import BrokerMetaMixin
 from loglake.engine.catalog import Catalog, TopicState
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
@@ -149,7 +148,7 @@ def local_parts(
     return EngineParts(fs, meta, catalog, partition_log, SingleNodeView(node_id, rack), space)
 
 
-class Engine(BrokerMetaMixin):
+class Engine:
     def __init__(
         self,
         data_dir: str,

@@ -6,7 +6,7 @@ permission]`` with Kafka's codes (org.apache.kafka.common.resource.ResourceType,
 PatternType, acl.AclOperation, acl.AclPermissionType). Applying it removes `deleted` and then
 adds `created`; adding a binding that exists and removing one that does not are no-ops, so
 replaying a record is harmless. CreateAcls and DeleteAcls each write one record
-(loglake.broker.handlers.acls); the broker's authorizer (loglake.broker.authorizer) indexes
+(loglake.broker.handlers.acls); the broker's authorizer (loglake.broker.security.authorizer) indexes
 the bindings for lookups.
 
 Checkpoints carry the set as ``acls`` (a list of bindings; absent in checkpoints written before

@@ -10,7 +10,7 @@ type (Kafka's ``<default>``). An entity names each type at most once: ``[["user"
 ``[["client-id", null]]``, ``[["user", "alice"], ["client-id", "app"]]``. `values` maps Kafka's
 quota keys (``producer_byte_rate``, ``consumer_byte_rate``, ``request_percentage``,
 ``controller_mutation_rate``) to positive finite numbers. The broker validates what it writes
-(loglake.broker.quotas); applying only checks the shape, so a record a newer release wrote with
+(loglake.broker.security.quotas); applying only checks the shape, so a record a newer release wrote with
 a key this one does not know is kept, not refused.
 
 The state keeps the entities as `EntityKey`: the (type, name) pairs sorted by type, so the same

@@ -16,12 +16,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed
-from loglake.broker.authorizer import AclFilter, Binding, check_binding
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import _LoopLock
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST, NONE, error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import AclOperation, cluster_allowed
+from loglake.broker.security.authorizer import AclFilter, Binding, check_binding
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.acls import ACL_BINDINGS_MAX
@@ -45,7 +45,7 @@ def _filter(f: Any) -> AclFilter:
 
 
 async def _store(ctx: BrokerContext, created: list[Binding], deleted: list[Binding]) -> None:
-    await ctx.off_loop(ctx.engine.save_acls, [b.row() for b in created], [b.row() for b in deleted])
+    await ctx.off_loop(ctx.acl_store.save, [b.row() for b in created], [b.row() for b in deleted])
 
 
 async def create_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import CLUSTER, AclOperation, allowed, cluster_operations
-from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
@@ -22,6 +20,8 @@ from loglake.broker.handlers.admin_topics import (
 )
 from loglake.broker.handlers.errors import NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import CLUSTER, AclOperation, allowed, cluster_operations
+from loglake.broker.security.authorizer import CLUSTER_NAME
 
 #: DescribeCluster endpoint types (KIP-919).
 ENDPOINT_BROKERS = 1

@@ -24,8 +24,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from loglake.broker.authorized import CLUSTER, GROUP, TOPIC, AclOperation, denied
-from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, config_entry
 from loglake.broker.group_configs import parse_value
@@ -49,6 +47,8 @@ from loglake.broker.handlers.errors import (
     TOPIC_AUTHORIZATION_FAILED,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import CLUSTER, GROUP, TOPIC, AclOperation, denied
+from loglake.broker.security.authorizer import CLUSTER_NAME
 from loglake.engine.config import TOPIC_CONFIGS, ConfigType, TopicConfig, validate_topic_name
 from loglake.engine.types import TopicInfo
 

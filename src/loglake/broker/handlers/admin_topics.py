@@ -11,8 +11,6 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from loglake.broker.authorized import CLUSTER, TOPIC, AclOperation, allowed, denied
-from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import (
     INVALID_CONFIG,
@@ -33,8 +31,10 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
 )
-from loglake.broker.mutation_quota import gate
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import CLUSTER, TOPIC, AclOperation, allowed, denied
+from loglake.broker.security.authorizer import CLUSTER_NAME
+from loglake.broker.security.mutation_quota import gate
 from loglake.engine.config import validate_topic_name
 from loglake.engine.types import TopicInfo
 from loglake.kafka_errors import ErrorCode

@@ -1,7 +1,7 @@
 """DescribeClientQuotas (48) and AlterClientQuotas (49): Kafka's client quota administration (KIP-546).
 
 Semantics, checks and messages are those of Kafka's controller (ClientQuotaControlManager and
-ClientQuotasImage.describe); loglake.broker.quotas has the rules and enforcement.
+ClientQuotasImage.describe); loglake.broker.security.quotas has the rules and enforcement.
 
 * Describe: the filter's components (entity type, match type 0 exact / 1 default / 2 any, match
   string) select the entities; `strict` leaves out entities that have parts the filter does not
@@ -25,10 +25,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.quotas import (
+from loglake.broker.security.authorized import AclOperation, cluster_allowed
+from loglake.broker.security.quotas import (
     CLIENT_QUOTA_ENTITIES_MAX,
     QuotaRequestError,
     entity_text,
@@ -105,7 +105,7 @@ async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[
                 key, values = _altered(ctx, parts, entry.ops)
                 if validate_only or values == ctx.quotas.configs.get(key, {}):
                     continue
-                await ctx.off_loop(ctx.engine.save_client_quota, key, values)
+                await ctx.off_loop(ctx.quota_store.save, key, values)
             except QuotaRequestError as exc:
                 result["error_code"], result["error_message"] = exc.code, str(exc)
                 _limited.info(

@@ -9,7 +9,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from loglake.broker.authorized import (
+from loglake.broker.groups.consumer import HeartbeatRequest
+from loglake.broker.handlers.errors import (
+    GROUP_AUTHORIZATION_FAILED,
+    TOPIC_AUTHORIZATION_FAILED,
+    coordinator_error,
+)
+from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
+from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import (
     GROUP,
     TOPIC,
     AclOperation,
@@ -19,14 +27,6 @@ from loglake.broker.authorized import (
     operation_bits,
     who,
 )
-from loglake.broker.groups.consumer import HeartbeatRequest
-from loglake.broker.handlers.errors import (
-    GROUP_AUTHORIZATION_FAILED,
-    TOPIC_AUTHORIZATION_FAILED,
-    coordinator_error,
-)
-from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
-from loglake.broker.protocol import ApiKey, DecodedRequest
 
 ZERO_TOPIC_ID_HEX = "0" * 32
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.authorized import GROUP, TRANSACTIONAL_ID, AclOperation, denied
 from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
@@ -19,6 +18,7 @@ from loglake.broker.handlers.errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import GROUP, TRANSACTIONAL_ID, AclOperation, denied
 from loglake.engine.view import endpoint_of
 
 GROUP_KEY, TRANSACTION_KEY = 0, 1

@@ -13,17 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.authorized import (
-    CLUSTER,
-    GROUP,
-    TOPIC,
-    AclOperation,
-    allowed,
-    check,
-    denied,
-    group_operations,
-)
-from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
@@ -34,6 +23,17 @@ from loglake.broker.handlers.errors import (
     coordinator_error,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import (
+    CLUSTER,
+    GROUP,
+    TOPIC,
+    AclOperation,
+    allowed,
+    check,
+    denied,
+    group_operations,
+)
+from loglake.broker.security.authorizer import CLUSTER_NAME
 
 #: Authorized-operations value meaning "not requested / not computed".
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648

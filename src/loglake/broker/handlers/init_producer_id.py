@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from loglake.broker.authorized import TRANSACTIONAL_ID, AclOperation, check, idempotent_write_allowed
 from loglake.broker.handlers.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     COORDINATOR_NOT_AVAILABLE,
@@ -16,6 +15,7 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import TRANSACTIONAL_ID, AclOperation, check, idempotent_write_allowed
 from loglake.engine.partition_log import FEATURE_CODES, Feature
 from loglake.errors import LoglakeError
 from loglake.logsafe import RateLimitedLog

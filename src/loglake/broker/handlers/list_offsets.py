@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from loglake.broker.authorized import TOPIC, AclOperation, denied
 from loglake.broker.handlers.errors import NONE, TOPIC_AUTHORIZATION_FAILED, error_code
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.errors import LoglakeError
 
 LATEST = -1

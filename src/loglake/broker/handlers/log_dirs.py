@@ -17,9 +17,9 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.engine.partition_log import TierBytes
 from loglake.errors import LoglakeError
 

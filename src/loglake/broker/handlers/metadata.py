@@ -13,16 +13,6 @@ import logging
 import uuid
 from typing import Any
 
-from loglake.broker.authorized import (
-    CLUSTER,
-    TOPIC,
-    AclOperation,
-    allowed,
-    cluster_operations,
-    denied,
-    topic_operations,
-)
-from loglake.broker.authorizer import CLUSTER_NAME
 from loglake.broker.context import advertised_endpoint
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
@@ -34,6 +24,16 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.security.authorized import (
+    CLUSTER,
+    TOPIC,
+    AclOperation,
+    allowed,
+    cluster_operations,
+    denied,
+    topic_operations,
+)
+from loglake.broker.security.authorizer import CLUSTER_NAME
 from loglake.engine.view import endpoint_of
 from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError, UnknownTopicError
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import GROUP, TOPIC, AclOperation, check, denied
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
     NONE,
@@ -20,6 +19,7 @@ from loglake.broker.handlers.errors import (
     coordinator_error,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import GROUP, TOPIC, AclOperation, check, denied
 from loglake.errors import UnknownTopicError
 
 

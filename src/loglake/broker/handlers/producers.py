@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import TOPIC, AclOperation, denied
 from loglake.broker.handlers.errors import (
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
@@ -19,6 +18,7 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.errors import LoglakeError, UnknownTopicError
 
 

@@ -1,4 +1,4 @@
-"""SaslHandshake (17) and SaslAuthenticate (36); the state machine is loglake.broker.sasl's."""
+"""SaslHandshake (17) and SaslAuthenticate (36); the state machine is loglake.broker.security.sasl's."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.sasl import TOKEN_STATES, SaslError, SaslSession, SaslState
+from loglake.broker.security.sasl import TOKEN_STATES, SaslError, SaslSession, SaslState
 from loglake.kafka_errors import ErrorCode
 
 

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import AclOperation, cluster_allowed
 from loglake.broker.handlers.errors import error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
@@ -52,7 +52,7 @@ async def describe_user_scram_credentials(ctx: Any, conn: Any, req: DecodedReque
             "error_message": "Cluster authorization failed.",
             "results": [],
         }
-    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.engine.scram_credentials)
+    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.scram_store.credentials)
     users = req.body.users
     results = []
     if not users:
@@ -128,7 +128,7 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
                 for u in users
             ],
         }
-    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.engine.scram_credentials)
+    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.scram_store.credentials)
     errors: dict[str, tuple[int, str]] = {}
     pairs = [(name, m) for name, m, _u in changes]
     for name, code, upsertion in changes:
@@ -175,7 +175,7 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
                             int(upsertion.iterations),
                         )
                     )
-                await ctx.off_loop(ctx.engine.save_scram_credential, user, mechanism, cred)
+                await ctx.off_loop(ctx.scram_store.save, user, mechanism, cred)
         except ValueError as exc:  # the metadata refused it (SCRAM_USERS_MAX)
             results.append(
                 {"user": user, "error_code": ErrorCode.UNACCEPTABLE_CREDENTIAL, "error_message": str(exc)}

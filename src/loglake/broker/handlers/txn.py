@@ -13,7 +13,8 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loglake.broker.authorized import (
+from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.security.authorized import (
     GROUP,
     TOPIC,
     TRANSACTIONAL_ID,
@@ -23,7 +24,6 @@ from loglake.broker.authorized import (
     cluster_allowed,
     denied,
 )
-from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.txn.coordinator import Txn
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode

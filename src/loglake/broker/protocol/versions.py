@@ -38,7 +38,7 @@ def _r(api_key: ApiKey, lo: int, hi: int, advertised_min: int | None = None) -> 
 #: - ConsumerGroupHeartbeat / ConsumerGroupDescribe 68/69 (KIP-848): schemas are loglake's own
 #:   (protocol/schemas/), kafka-python 3.0.12 has none.
 #: - SaslHandshake 0 is accepted only to refuse it clearly (v0 means raw SASL tokens without
-#:   SaslAuthenticate, clients before Kafka 1.0); loglake.broker.sasl.
+#:   SaslAuthenticate, clients before Kafka 1.0); loglake.broker.security.sasl.
 #: - EndTxn 4: v5 is KIP-890 part 2 (an epoch bump per transaction, transaction.version 2), which
 #:   loglake does not finalize; the other transaction APIs' newest versions only add error codes.
 SUPPORTED: dict[int, ApiVersionRange] = {

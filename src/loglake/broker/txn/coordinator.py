@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loglake.broker.txn.id_store import TxnIdStore
+from loglake.engine import Engine
 from loglake.errors import LoglakeError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
@@ -131,7 +133,7 @@ def fenced_code(api_fenced_from: int, version: int) -> int:
 class TxnCoordinator:
     def __init__(
         self,
-        engine: Any,
+        engine: Engine,
         groups: Any,
         settings: TxnSettings,
         *,
@@ -139,6 +141,8 @@ class TxnCoordinator:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.engine = engine
+        #: the transactional ids' recorded states (`txn` records)
+        self.ids = TxnIdStore.of(engine)
         self.groups = groups
         self.settings = settings
         self._off_loop = off_loop
@@ -160,7 +164,7 @@ class TxnCoordinator:
 
     async def start_once(self) -> None:
         """`start` without the periodic sweep (one pass of it runs)."""
-        for tid, body in self.engine.txn_states().items():
+        for tid, body in self.ids.states().items():
             txn = Txn.from_body(body)
             self.txns[tid] = txn
             self.by_pid[txn.pid] = txn
@@ -222,7 +226,7 @@ class TxnCoordinator:
 
     async def _record(self, txn: Txn, markers: list[list[Any]] | None = None) -> None:
         txn.last_ms = self.now_ms()
-        await asyncio.wrap_future(self.engine.record_txn(txn.body(markers)))
+        await asyncio.wrap_future(self.ids.record(txn.body(markers)))
 
     # ---- InitProducerId ----------------------------------------------------------------------------
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from loglake.broker.security.acl_store import AclStore
+
 log = logging.getLogger("loglake.broker.authorizer")
 
 __all__ = [
@@ -351,9 +353,9 @@ def _wildcard_principal(principal: str) -> str:
     return f"{kind}:{WILDCARD}"
 
 
-def broker_authorizer(config: Any, engine: Any) -> Authorizer:
+def broker_authorizer(config: Any, acls: AclStore) -> Authorizer:
     """The broker's authorizer: its settings and the bindings stored in the metadata."""
-    authz = Authorizer(config.super_users, config.acl_default_allow(), (Binding.of(row) for row in engine.acl_bindings()))
+    authz = Authorizer(config.super_users, config.acl_default_allow(), (Binding.of(row) for row in acls.bindings()))
     log.info(
         "authorizer: %d ACL binding(s), %d super user(s), allow.everyone.if.no.acl.found=%s",
         len(authz), len(authz.super_users), str(authz.allow_if_no_acl).lower(),

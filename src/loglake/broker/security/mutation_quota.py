@@ -1,7 +1,7 @@
 """Controller mutation quotas (Kafka's KIP-599): partitions created or deleted per second.
 
 `controller_mutation_rate` on a user and/or client-id entity (the same eight-level precedence as
-the other quotas, `loglake.broker.quotas.resolve`) bounds how many partitions CreateTopics,
+the other quotas, `loglake.broker.security.quotas.resolve`) bounds how many partitions CreateTopics,
 CreatePartitions and DeleteTopics may create or delete per second. As in Kafka it is a token
 bucket, not a windowed rate: it holds up to `rate x quota_window_num x quota_window_size_seconds`
 partitions (a burst of a whole quota window), refills at `rate`, and a mutation is admitted while
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from loglake.broker.protocol.api_keys import ApiKey
-from loglake.broker.quotas import (
+from loglake.broker.security.quotas import (
     CONTROLLER_MUTATION_RATE,
     QUOTA_SENSORS_MAX,
     SENSOR_IDLE_S,

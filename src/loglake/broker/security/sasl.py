@@ -49,7 +49,7 @@ import enum
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from loglake.broker.listeners import split_list
 from loglake.broker.protocol.api_keys import ApiKey
@@ -186,18 +186,24 @@ class SaslStats:
         yield successes
 
 
+class CredentialLookup(Protocol):
+    """Where the authenticator finds credentials (`ScramStore`; tests give a fake)."""
+
+    def credential(self, user: str, mechanism: str) -> dict[str, Any] | None: ...
+
+
 class SaslAuthenticator:
     """The broker's side of SASL: enabled mechanisms, the failure delay, the credential lookup."""
 
-    def __init__(self, config: Any, engine: Any, stats: SaslStats) -> None:
+    def __init__(self, config: Any, credentials: CredentialLookup, stats: SaslStats) -> None:
         self.mechanisms = enabled_mechanisms(config.sasl_enabled_mechanisms)
         self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
-        self.engine = engine
+        self.credentials = credentials
         self.stats = stats
         self.secret = load_secret(config.data_dir)
 
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
-        doc = self.engine.scram_credential(user, mechanism)
+        doc = self.credentials.credential(user, mechanism)
         return None if doc is None else to_credential(mechanism, doc)
 
     def credential_or_fake(self, user: str, mechanism: str) -> tuple[ScramCredential, bool]:

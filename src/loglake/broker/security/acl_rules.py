@@ -1,6 +1,6 @@
 """Which operation on which resource each API needs: the one table, as Kafka's KafkaApis has it.
 
-Handlers enforce these rules through `loglake.broker.authorized` (`check`, `denied`,
+Handlers enforce these rules through `loglake.broker.security.authorized` (`check`, `denied`,
 `cluster_allowed`); this table is what they implement, in one readable place.
 `tests/test_authorizer.py` fails when an API has a handler but no row here, so the next API
 added cannot forget its rule.

@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Any
 
+from loglake.broker.security.scram_store import ScramStore
 from loglake.errors import LoglakeError
 from loglake.meta.scram import to_credential
 from loglake.scram import MECHANISMS
@@ -61,29 +62,29 @@ def write_atomically(directory: str, name: str, doc: dict[str, Any]) -> None:
     os.replace(tmp, os.path.join(directory, name))
 
 
-def list_users(engine: Any) -> dict[str, dict[str, int]]:
+def list_users(store: ScramStore) -> dict[str, dict[str, int]]:
     """user -> mechanism -> iterations."""
-    table = engine.scram_credentials()
+    table = store.credentials()
     return {
         u: {m: int(c["iterations"]) for m, c in sorted(mechs.items())} for u, mechs in sorted(table.items())
     }
 
 
-def apply_request(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
+def apply_request(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
     """Apply one request (from the inbox, or the command itself when it holds the directory);
     a metadata log that cannot be written (a failed engine, a full disk) is an error answer."""
     try:
-        return _apply(engine, doc)
+        return _apply(store, doc)
     except LoglakeError as exc:
         return {"ok": False, "error": f"not applied: {exc}"}
 
 
-def _apply(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
+def _apply(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
     op = doc.get("op")
     if op not in ("list", "add", "delete"):
         return {"ok": False, "error": f"unknown operation {op!r}"}
     if op == "list":
-        return {"ok": True, "users": list_users(engine)}
+        return {"ok": True, "users": list_users(store)}
     user, mechanism = doc.get("user"), doc.get("mechanism")
     if not isinstance(user, str) or not user:
         return {"ok": False, "error": "a user name is needed"}
@@ -92,23 +93,23 @@ def _apply(engine: Any, doc: dict[str, Any]) -> dict[str, Any]:
             return {"ok": False, "error": f"add needs a mechanism ({', '.join(MECHANISMS)}) and a credential"}
         try:
             to_credential(str(mechanism), doc["cred"])
-            engine.save_scram_credential(user, mechanism, doc["cred"])
+            store.save(user, mechanism, doc["cred"])
         except (ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "error": f"credential refused: {exc}"}
         return {"ok": True}
     # delete
-    have = engine.scram_credentials().get(user, {})
+    have = store.credentials().get(user, {})
     wanted = list(have) if mechanism is None else [mechanism]
     missing = [m for m in wanted if m not in have]
     if not wanted or missing:
         what = f"{missing[0]} credential" if missing else "credentials"
         return {"ok": False, "error": f"user {user!r} has no {what}"}
     for m in wanted:
-        engine.save_scram_credential(user, m, None)
+        store.save(user, m, None)
     return {"ok": True}
 
 
-def _answer(engine: Any, directory: str, name: str) -> None:
+def _answer(store: ScramStore, directory: str, name: str) -> None:
     path = os.path.join(directory, name)
     rid = name[: -len(REQUEST_SUFFIX)]
     try:
@@ -118,7 +119,7 @@ def _answer(engine: Any, directory: str, name: str) -> None:
             with open(path) as fh:
                 doc = json.load(fh)
             result = (
-                apply_request(engine, doc)
+                apply_request(store, doc)
                 if isinstance(doc, dict)
                 else {"ok": False, "error": "not a JSON object"}
             )
@@ -137,7 +138,7 @@ def _answer(engine: Any, directory: str, name: str) -> None:
     )
 
 
-def poll_once(engine: Any, data_dir: str) -> int:
+def poll_once(store: ScramStore, data_dir: str) -> int:
     """Answer the requests waiting in the inbox (at most INBOX_REQUESTS_PER_POLL); how many."""
     directory = inbox_path(data_dir)
     try:
@@ -147,7 +148,7 @@ def poll_once(engine: Any, data_dir: str) -> int:
     except FileNotFoundError:
         return 0
     for name in names[:INBOX_REQUESTS_PER_POLL]:
-        _answer(engine, directory, name)
+        _answer(store, directory, name)
     return min(len(names), INBOX_REQUESTS_PER_POLL)
 
 
@@ -158,7 +159,7 @@ async def serve_inbox(ctx: Any) -> None:
     while True:
         await asyncio.sleep(INBOX_POLL_S)
         try:
-            await ctx.off_loop(poll_once, ctx.engine, data_dir)
+            await ctx.off_loop(poll_once, ctx.scram_store, data_dir)
         except Exception as exc:  # a failed engine, a full disk: say so, keep polling
             log.warning("users inbox: %s", exc)
             await asyncio.sleep(INBOX_WAIT_S)

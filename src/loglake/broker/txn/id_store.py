@@ -1,0 +1,23 @@
+"""`TxnIdStore`: transactional ids in the metadata store, as ``txn`` records (loglake.meta.txn):
+each record is an id's new state, whole; the state keeps the last one per id (a ``dead`` one
+removes it). The transaction coordinator (loglake.broker.txn.coordinator) owns their meaning.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any
+
+from loglake.broker.meta_facts import MetaFacts
+
+__all__ = ["TxnIdStore"]
+
+
+class TxnIdStore(MetaFacts):
+    def states(self) -> dict[str, dict[str, Any]]:
+        """A copy of every transactional id's last recorded state (its ``txn`` record body)."""
+        return self.meta.read(lambda s: {tid: dict(body) for tid, body in s.txns.items()})
+
+    def record(self, body: dict[str, Any]) -> Future[int]:
+        """Log a transactional id's new state; resolves with the record's seq once durable."""
+        return self._append("txn", body)
