@@ -21,7 +21,7 @@ Isolation (v4+): read_uncommitted returns everything below the high watermark; r
 (isolation_level 1) only batches below the last stable offset, with the aborted transactions the
 client must filter out (engine/txn.py). Every response carries the LSO as `last_stable_offset`.
 
-Consumer byte-rate quotas (loglake.broker.quotas): a fetch's max_bytes is capped at what the
+Consumer byte-rate quotas (loglake.broker.security.quotas): a fetch's max_bytes is capped at what the
 quota allows in one window; a response that would go over the quota goes out empty with
 `throttle_time_ms`, its bytes not counted, and the connection is muted for that time (Kafka's rule).
 
@@ -37,7 +37,6 @@ import logging
 import uuid
 from typing import Any
 
-from loglake.broker.authorized import TOPIC, AclOperation, denied
 from loglake.broker.handlers.errors import (
     NONE,
     OFFSET_OUT_OF_RANGE,
@@ -58,7 +57,8 @@ from loglake.broker.protocol import (
     batch_bytes,
     fetch_limit_violations,
 )
-from loglake.broker.quotas import CONSUMER_BYTE_RATE
+from loglake.broker.security.authorized import TOPIC, AclOperation, denied
+from loglake.broker.security.quotas import CONSUMER_BYTE_RATE
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
 from loglake.logsafe import RateLimitedLog
 

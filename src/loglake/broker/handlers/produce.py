@@ -14,7 +14,7 @@ INVALID_PRODUCER_EPOCH, anything else INVALID_TXN_STATE (loglake.broker.txn).
 
 While memory is short (the pool under pressure, an append that waited for memory, request bytes
 spent) the response asks the client to back off with `throttle_time_ms` (loglake.broker.overload);
-over its producer_byte_rate quota (loglake.broker.quotas) it does too and the connection is muted.
+over its producer_byte_rate quota (loglake.broker.security.quotas) it does too and the connection is muted.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import time
 from concurrent.futures import Future
 from typing import Any
 
-from loglake.broker.authorized import TOPIC, TRANSACTIONAL_ID, AclOperation, check, denied
 from loglake.broker.handlers.errors import (
     INVALID_REQUIRED_ACKS,
     INVALID_TXN_STATE,
@@ -38,6 +37,7 @@ from loglake.broker.handlers.errors import (
 from loglake.broker.overload import produce_throttle_ms
 from loglake.broker.protocol import DecodedRequest
 from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
+from loglake.broker.security.authorized import TOPIC, TRANSACTIONAL_ID, AclOperation, check, denied
 from loglake.engine.types import AppendResult
 from loglake.errors import InvalidRecordError, LoglakeError
 from loglake.records.batch import peek_txn_producer
