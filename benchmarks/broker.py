@@ -5,6 +5,13 @@ confluent-kafka (librdkafka) — produce, consume, latency at half load — in o
     .venv/bin/python benchmarks/broker.py            # full run (~8 min on 2 cores: four 60 s half-load runs)
     .venv/bin/python benchmarks/broker.py --quick    # smoke run (< 60 s)
     .venv/bin/python benchmarks/broker.py --json-out /tmp/broker.json --profile-seconds 10
+    .venv/bin/python benchmarks/broker.py --quick --mode cluster   # the same runs against cluster mode
+
+`--mode cluster` runs the produce, consume and latency phases against one `loglake serve
+--cluster` broker over real etcd and moto's S3 server (tests/clusterkit.py; durability class
+`object`: an acknowledgement waits for the flush object's PUT and its etcd commit, flushed every
+`--object-flush-ms` 50 ms here), without the floor, transactions, fetch-session and security
+sections (cluster mode refuses transactions; the others measure the single node's edge).
 
 A JSON document goes to stdout, progress and a human table to stderr. Everything lives in a
 temporary directory next to the repository (or under `--dir`), removed at the end.
@@ -183,6 +190,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def broker_pid(broker: Broker) -> int:
+    """The broker's process id (a single-node Broker or a clusterkit ClusterBroker)."""
+    pid = broker.pid if not isinstance(broker, Broker) else (broker.proc.pid if broker.proc else None)
+    assert pid is not None
+    return int(pid)
 
 
 def broker_partitions(broker: Broker) -> int:
@@ -408,8 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--broker-arg", action="append", default=[], help="extra `loglake serve` argument (repeatable)"
     )
+    ap.add_argument(
+        "--mode", choices=("single", "cluster"), default="single",
+        help="a single-node broker (default), or one cluster-mode broker over etcd and moto's S3",
+    )
     args = ap.parse_args(argv)
     quick = args.quick
+    if args.mode == "cluster":  # what a cluster broker refuses or what measures the single node's edge
+        args.skip_floor = args.skip_transactions = args.skip_fetch_sessions = args.skip_security = True
+        if args.profile_seconds is None:
+            args.profile_seconds = 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
     latency_s = args.latency_seconds if args.latency_seconds is not None else (3.0 if quick else 60.0)
     latency_rates = {int(k): float(v) for k, v in (r.split("=", 1) for r in args.latency_rate)}
@@ -437,33 +459,42 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "cores": os.cpu_count(),
         "client": f"confluent-kafka {confluent_kafka.__version__} / librdkafka {confluent_kafka.libversion()[0]}",
+        "mode": args.mode,
         "runs": [],
         "load_average_before": os.getloadavg(),
     }
     broker: Broker | None = None
+    cluster = None
     try:
         if not args.skip_machine:
             doc["machine"] = machine_limits(str(work), quick)
         metrics_port = free_port()
-        broker = Broker(
-            work / "data",
-            [
-                "--default-partitions",
-                str(args.partitions),
-                "--metrics-listen",
-                f"127.0.0.1:{metrics_port}",
-                *args.broker_arg,
-            ],
-        ).start()
+        broker_args = [
+            "--default-partitions",
+            str(args.partitions),
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            *args.broker_arg,
+        ]
+        if args.mode == "cluster":
+            import clusterkit
+
+            cluster = clusterkit.Cluster(work / "cluster", brokers=0, broker_args=[*broker_args, "--object-flush-ms", "50"])
+            cluster.start()
+            broker = cluster.add_broker(1)  # type: ignore[assignment]
+            broker.extra_args = broker_args  # type: ignore[union-attr]
+            durability = "object (cluster mode: flush object PUT + etcd commit, --object-flush-ms 50)"
+        else:
+            broker = Broker(work / "data", broker_args).start()
+            durability = "fsync (engine default)"
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        assert broker.proc is not None
-        pid = broker.proc.pid
-        doc["broker"] = {"pid": pid, "args": broker.extra_args, "durability": "fsync (engine default)"}
+        pid = broker_pid(broker)
+        doc["broker"] = {"pid": pid, "args": broker_args, "durability": durability}
         for size in sizes:
             base = args.records or (600_000 if quick else 3_000_000)
             count = base if size <= 100 else max(base // 3, int(base * 100 / size))
             rate = latency_rates.get(size)
-            data = str(work / "data")
+            data = str(work / "data") if cluster is None else None
             floor = not args.skip_floor
             doc["runs"].append(run_size(broker, pid, metrics_url, size, count, latency_s, rate, data, floor))
         if not args.skip_transactions:
@@ -491,13 +522,18 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(doc["profile"]["raw_file"], keep)
                 doc["profile"]["raw_file"] = str(keep)
         doc["broker"]["exit_code"] = broker.stop()
+        if cluster is not None:
+            cluster.stop()
+            cluster = None
         doc["broker"]["log_warnings"] = [
             line for line in broker.log_text().splitlines() if " WARNING " in line or " ERROR " in line
         ][:20]
         doc["load_average_after"] = os.getloadavg()
         doc["targets"] = targets(doc)
     finally:
-        if broker is not None and broker.proc is not None and broker.proc.poll() is None:
+        if cluster is not None:
+            cluster.stop()
+        elif broker is not None and broker.proc is not None and broker.proc.poll() is None:
             broker.stop(signal.SIGKILL)
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(doc, indent=2, default=str)
