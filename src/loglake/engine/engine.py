@@ -65,7 +65,7 @@ from loglake.engine.types import (
 )
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.engine.view import ClusterView, SingleNodeView
-from loglake.errors import ConfigError, EngineClosedError, LoglakeError, UnknownTopicError
+from loglake.errors import ConfigError, EngineClosedError, EngineFailedError, LoglakeError, UnknownTopicError
 from loglake.fs.base import FileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import meta_dir, wal_dir
@@ -251,8 +251,13 @@ class Engine:
         return self.log.failure
 
     def _check_open(self) -> None:
+        """Before a change: EngineClosedError when not open, EngineFailedError once the log
+        stopped taking writes (reads of what is durable go on)."""
         if self._closed:
             raise EngineClosedError("engine is closed")
+        failure = self.log.failure
+        if failure is not None:
+            raise EngineFailedError(f"engine stopped accepting writes: {failure}")
 
     @property
     def cluster_id(self) -> str:
