@@ -168,6 +168,10 @@ class StallMixin:
             self._tries += 1
             return True
         self._tries = 0
+        # Healed first, then unstalled: whoever sees the shard unstalled also sees the free-space
+        # gate lifted (a producer admitted right after `stalled` turns False is not refused).
+        if self._on_healed is not None:
+            self._on_healed(self.directory)
         with self._cond:
             self._stalled = None
             self._sync_served = max(self._sync_served, self._stall_ticket)
@@ -179,6 +183,4 @@ class StallMixin:
                     entry.on_done(entry, None)
                 except Exception:
                     log.exception("WAL completion callback failed")
-        if self._on_healed is not None:
-            self._on_healed(self.directory)
         return True
