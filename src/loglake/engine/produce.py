@@ -11,7 +11,8 @@ The partition log then assigns offsets (loglake.engine.partition_log).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import TopicConfig
@@ -27,6 +28,7 @@ RecordTuple = tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, 
 PairTuple = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 
 Checked = tuple[bytearray, list[tuple[int, BatchHeader]]]
+T = TypeVar("T", RecordTuple, PairTuple)
 
 
 def codec_of(config: TopicConfig) -> int:
@@ -75,24 +77,38 @@ def built_from_records(
     topic: str, partition: int, config: TopicConfig, records: Iterable[RecordTuple], compression: int | None, now_ms: int
 ) -> Checked:
     """One batch of append_records' (timestamp or None, key, value, headers) tuples."""
-    if config.compacted:
-        records = list(records)
-        check_keys(topic, partition, (rec[1] for rec in records))
-    builder = new_builder(compression=_compression(config, compression))
-    builder.append_all(records, now_ms)
-    return _finish(topic, config, builder, "append_records")
+    return _built(
+        topic, partition, config, records, compression, lambda r: r[1], lambda b, rs: b.append_all(rs, now_ms), "append_records"
+    )
 
 
 def built_from_pairs(
     topic: str, partition: int, config: TopicConfig, records: Iterable[PairTuple], compression: int | None, now_ms: int
 ) -> Checked:
     """One batch of append_pairs' (key, value[, headers]) tuples, all stamped `now_ms`."""
+    return _built(
+        topic, partition, config, records, compression, lambda r: r[0], lambda b, rs: b.append_pairs(rs, now_ms), "append_pairs"
+    )
+
+
+def _built(
+    topic: str,
+    partition: int,
+    config: TopicConfig,
+    records: Iterable[T],
+    compression: int | None,
+    key_of: Callable[[T], bytes | None],
+    fill: Callable[[BatchBuilder, Iterable[T]], None],
+    what: str,
+) -> Checked:
+    """A compacted topic's records must each have a key (`key_of`); then one batch is filled
+    and finished."""
     if config.compacted:
         records = list(records)
-        check_keys(topic, partition, (rec[0] for rec in records))
+        check_keys(topic, partition, (key_of(rec) for rec in records))
     builder = new_builder(compression=_compression(config, compression))
-    builder.append_pairs(records, now_ms)
-    return _finish(topic, config, builder, "append_pairs")
+    fill(builder, records)
+    return _finish(topic, config, builder, what)
 
 
 def _compression(config: TopicConfig, compression: int | None) -> int:
