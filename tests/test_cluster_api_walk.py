@@ -124,10 +124,15 @@ def walk_request(api_key: int, version: int, variant: str) -> Any:
     return req
 
 
-def connection_log(broker: Broker, local_port: int) -> str:
-    """The broker's log lines about the connection from `local_port`."""
-    lines = [line for line in broker.log_text().splitlines() if f"127.0.0.1:{local_port}" in line]
-    return "\n".join(lines) or "(no log line names the connection)"
+def connection_log(broker: Broker, local_port: int, wait_s: float = 0.0) -> str:
+    """The broker's log lines about the connection from `local_port`, waiting up to `wait_s` for
+    one (a broker logs why it closed a connection just after closing it)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lines = [line for line in broker.log_text().splitlines() if f"127.0.0.1:{local_port}" in line]
+        if lines or time.monotonic() >= deadline:
+            return "\n".join(lines) or "(no log line names the connection)"
+        time.sleep(0.05)
 
 
 def answered(node: int, broker: Broker, api_key: int, version: int, variant: str) -> str | None:
@@ -149,8 +154,7 @@ def answered(node: int, broker: Broker, api_key: int, version: int, variant: str
         except TimeoutError:
             return f"{what}: no answer within {ANSWER_S} s\n{connection_log(broker, raw.local_port)}"
         except ConnectionError:
-            time.sleep(0.2)  # the broker logs why it closed just after closing
-            return f"{what}: connection closed\n{connection_log(broker, raw.local_port)}"
+            return f"{what}: connection closed\n{connection_log(broker, raw.local_port, wait_s=2.0)}"
     return None
 
 
