@@ -1,5 +1,11 @@
 """Admin APIs against the real broker process: confluent-kafka and kafka-python admin clients,
-raw requests for every advertised version, and the effects seen by producers and consumers."""
+raw requests for every advertised version, and the effects seen by producers and consumers.
+
+Every test that uses the module's `broker` runs against one broker and against a three-broker
+cluster (tests/modekit.py). Raw admin requests go to the first broker (any broker takes them);
+a check of what a client may read from any broker first waits until all brokers agree
+(`Served.agreed`). What cluster mode refuses by design — compaction, DeleteRecords — is
+asserted refused there, with the feature's Kafka code."""
 
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ from kafka.protocol.parser import KafkaProtocol
 from loglake.broker.protocol import SUPPORTED, request_class
 from loglake.cli.remote_raw import build as _build
 from loglake.engine.config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
+from loglake.engine.partition_log import Feature
+from loglake.kafka_errors import ErrorCode
+from modekit import MODES, Served, serving
 
 from brokerkit import Broker, running_broker
 
@@ -38,19 +47,31 @@ TIMEOUT = 15.0
 TOPIC, BROKER = ConfigResource.Type.TOPIC, ConfigResource.Type.BROKER
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    b = Broker(tmp_path_factory.mktemp("admin") / "data").start()
-    try:
-        yield b
-    finally:
-        if b.proc is not None and b.proc.poll() is None:
-            b.stop()
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with serving(request.param, tmp_path_factory.mktemp(f"admin-{request.param}")) as served:
+        yield served
 
 
 @pytest.fixture
-def admin(broker: Broker) -> AdminClient:
+def admin(broker: Served) -> AdminClient:
     return AdminClient({"bootstrap.servers": broker.bootstrap})
+
+
+def policy(broker: Served) -> str:
+    """The non-default cleanup.policy the tests set: compact, or delete where compaction is
+    refused (cluster mode; test_compaction_is_offered_or_refused asserts the refusal)."""
+    return "delete" if broker.refuses(Feature.COMPACTION) else "compact"
+
+
+def node_of(broker: Served) -> str:
+    """The BROKER config resource of the broker raw requests go to (the first)."""
+    return str(broker.node_ids[0])
+
+
+def listed(broker: Served) -> list[tuple[int, str, int]]:
+    """(node id, host, port) of every broker, as DescribeCluster and Metadata list them."""
+    return [(n, "127.0.0.1", broker.broker(n).port) for n in broker.node_ids]
 
 
 def result(fut: Future[Any]) -> Any:
@@ -65,17 +86,48 @@ def error_of(fut: Future[Any]) -> KafkaError:
     return err
 
 
-def create(admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+def create(
+    broker: Served, admin: AdminClient, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
+    """Create the topic; return once every broker has it (whichever broker a client asks next)."""
     result(admin.create_topics([NewTopic(name, partitions, config=config or {})])[name])
+    assert settled_partitions(broker, name) == partitions
 
 
-def describe_topic(admin: AdminClient, name: str) -> dict[str, Any]:
+def settled_configs(broker: Served, name: str) -> None:
+    """Wait until every broker describes the topic's configs alike."""
+
+    def configs(b: Broker) -> Any:
+        resp = raw_call(b, 32, 4, include_synonyms=False, include_documentation=False,
+                        resources=[{"resource_type": 2, "resource_name": name, "configuration_keys": None}])
+        [r] = resp.results
+        return r.error_code, sorted((c.name, c.value, c.config_source) for c in r.configs)
+
+    broker.agreed(configs)
+
+
+def settled_partitions(broker: Served, name: str) -> int | None:
+    """The topic's partition count (None: no such topic) once every broker's Metadata agrees."""
+
+    def count(b: Broker) -> int | None:
+        resp = raw_call(b, 3, 12, topics=[{"name": name, "topic_id": uuid.UUID(int=0)}],
+                        allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+        [t] = resp.topics
+        return None if t.error_code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION else len(t.partitions)
+
+    return broker.agreed(count)
+
+
+def describe_topic(broker: Served, admin: AdminClient, name: str) -> dict[str, Any]:
+    settled_configs(broker, name)
     res = ConfigResource(TOPIC, name)
     return dict(result(admin.describe_configs([res])[res]))
 
 
-def partitions_of(admin: AdminClient, name: str) -> int | None:
-    """The topic's partition count, None if it does not exist (a Metadata request that never creates)."""
+def partitions_of(broker: Served, admin: AdminClient, name: str) -> int | None:
+    """The topic's partition count, None if it does not exist (a Metadata request that never
+    creates), as the admin client reads it once every broker agrees."""
+    settled_partitions(broker, name)
     fut = admin.describe_topics(TopicCollection([name]))[name]
     exc = fut.exception(timeout=TIMEOUT)
     if exc is not None:
@@ -85,7 +137,7 @@ def partitions_of(admin: AdminClient, name: str) -> int | None:
 
 
 def produce(
-    broker: Broker,
+    broker: Served,
     topic: str,
     values: list[bytes],
     partition: int = 0,
@@ -103,7 +155,7 @@ def produce(
 
 
 def raw_call(broker: Broker, api_key: int, version: int, **fields: Any) -> Any:
-    """Send one request of exactly this version and return the decoded response."""
+    """Send one request of exactly this version to `broker` and return the decoded response."""
     cls = request_class(api_key)
     request = cls[version](**_build(cls._struct, version, fields))
     proto = KafkaProtocol(client_id="admin-test")
@@ -126,19 +178,19 @@ def versions(api_key: int) -> list[int]:
 # ---- confluent-kafka AdminClient --------------------------------------------------------------------
 
 
-def test_create_topics(admin: AdminClient) -> None:
-    config = {"retention.ms": "60000", "cleanup.policy": "compact"}
+def test_create_topics(admin: AdminClient, broker: Served) -> None:
+    config = {"retention.ms": "60000", "cleanup.policy": policy(broker)}
     futures = admin.create_topics(
         [NewTopic("ct-a", 3, config=config), NewTopic("ct-b", -1), NewTopic("ct-rf1", 2, replication_factor=1)]
     )
     for fut in futures.values():
         assert result(fut) is None
-    assert partitions_of(admin, "ct-a") == 3
-    assert partitions_of(admin, "ct-b") == 1  # the broker default
-    assert partitions_of(admin, "ct-rf1") == 2
+    assert partitions_of(broker, admin, "ct-a") == 3
+    assert partitions_of(broker, admin, "ct-b") == 1  # the broker default
+    assert partitions_of(broker, admin, "ct-rf1") == 2
 
     assert result(admin.create_topics([NewTopic("ct-validate", 2)], validate_only=True)["ct-validate"]) is None
-    assert partitions_of(admin, "ct-validate") is None
+    assert partitions_of(broker, admin, "ct-validate") is None
 
     assert error_of(admin.create_topics([NewTopic("ct-a", 1)])["ct-a"]).code() == KafkaError.TOPIC_ALREADY_EXISTS
     err = error_of(admin.create_topics([NewTopic("ct-bad", 1, config={"no.such.config": "1"})])["ct-bad"])
@@ -149,18 +201,36 @@ def test_create_topics(admin: AdminClient) -> None:
     assert err.code() == KafkaError.INVALID_REPLICATION_FACTOR
     err = error_of(admin.create_topics([NewTopic("bad name!", 1)])["bad name!"])
     assert err.code() == KafkaError.TOPIC_EXCEPTION
-    err = error_of(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[0], [1]])])["ct-assign"])
+    here, nowhere = broker.node_ids[0], max(broker.node_ids) + 1  # the controller, no broker
+    err = error_of(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[here], [nowhere]])])["ct-assign"])
     assert err.code() == KafkaError.INVALID_REQUEST
-    # A trivial manual assignment (every partition on this broker) is fine.
-    assert result(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[0], [0]])])["ct-assign"]) is None
-    assert partitions_of(admin, "ct-assign") == 2
+    # A trivial manual assignment (every partition on the broker asked, the controller) is fine.
+    assert result(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[here], [here]])])["ct-assign"]) is None
+    assert partitions_of(broker, admin, "ct-assign") == 2
     for name in ("ct-bad", "ct-rf3", "bad name!"):
-        assert partitions_of(admin, name) is None
+        assert partitions_of(broker, admin, name) is None
 
 
-def test_describe_configs_topic_and_broker(admin: AdminClient, broker: Broker) -> None:
-    create(admin, "dc", config={"retention.ms": "60000"})
-    configs = describe_topic(admin, "dc")
+def test_compaction_is_offered_or_refused(admin: AdminClient, broker: Served) -> None:
+    """A compacted topic is created, and a topic altered to compaction; cluster mode refuses both
+    with the feature's code (loglake.cluster.shared_log.REFUSED), creating nothing."""
+    futures = [admin.create_topics([NewTopic("cmp-new", 1, config={"cleanup.policy": "compact"})])["cmp-new"]]
+    create(broker, admin, "cmp-alter")
+    res = incremental("cmp-alter", ("cleanup.policy", "compact", AlterConfigOpType.SET))
+    futures.append(admin.incremental_alter_configs([res])[res])
+    if broker.refuses(Feature.COMPACTION):
+        assert [error_of(f).code() for f in futures] == [broker.refusal_code(Feature.COMPACTION)] * 2
+        assert partitions_of(broker, admin, "cmp-new") is None
+        assert describe_topic(broker, admin, "cmp-alter")["cleanup.policy"].value == "delete"
+    else:
+        assert [result(f) for f in futures] == [None, None]
+        assert describe_topic(broker, admin, "cmp-new")["cleanup.policy"].value == "compact"
+        assert describe_topic(broker, admin, "cmp-alter")["cleanup.policy"].value == "compact"
+
+
+def test_describe_configs_topic_and_broker(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "dc", config={"retention.ms": "60000"})
+    configs = describe_topic(broker, admin, "dc")
     retention = configs["retention.ms"]
     assert retention.value == "60000" and retention.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert not retention.is_default and not retention.is_read_only and not retention.is_sensitive
@@ -171,43 +241,43 @@ def test_describe_configs_topic_and_broker(admin: AdminClient, broker: Broker) -
     missing = ConfigResource(TOPIC, "dc-missing")
     assert error_of(admin.describe_configs([missing])[missing]).code() == KafkaError.UNKNOWN_TOPIC_OR_PART
 
-    node = ConfigResource(BROKER, "0")
-    configs = dict(result(admin.describe_configs([node])[node]))
-    assert configs["log.dirs"].value == str(broker.data_dir)
-    assert configs["broker.id"].value == "0" and configs["broker.id"].is_read_only
+    res = ConfigResource(BROKER, node_of(broker))
+    configs = dict(result(admin.describe_configs([res])[res]))
+    assert configs["log.dirs"].value == str(broker.first.data_dir)
+    assert configs["broker.id"].value == node_of(broker) and configs["broker.id"].is_read_only
     assert configs["num.partitions"].value == "1"
     assert configs["auto.create.topics.enable"].value == "true"
     assert configs["message.max.bytes"].value == "1048588"
 
 
-def test_describe_configs_lists_every_topic_config(admin: AdminClient, broker: Broker) -> None:
+def test_describe_configs_lists_every_topic_config(admin: AdminClient, broker: Served) -> None:
     """Every key of the engine's table, hot.retain.* included, with its type and documentation."""
-    create(admin, "dc-all", config={"hot.retain.segments": "2"})
-    configs = describe_topic(admin, "dc-all")
+    create(broker, admin, "dc-all", config={"hot.retain.segments": "2"})
+    configs = describe_topic(broker, admin, "dc-all")
     assert set(configs) == set(TOPIC_CONFIG_NAMES)
     segments, size = configs["hot.retain.segments"], configs["hot.retain.bytes"]
     assert segments.value == "2" and segments.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert size.value == "0" and size.is_default and size.source == ConfigSource.DEFAULT_CONFIG.value
 
     resource = {"resource_type": 2, "resource_name": "dc-all", "configuration_keys": None}
-    resp = raw_call(broker, 32, 4, resources=[resource], include_synonyms=False, include_documentation=True)
+    resp = raw_call(broker.first, 32, 4, resources=[resource], include_synonyms=False, include_documentation=True)
     entries = {c.name: c for c in resp.results[0].configs}
     assert list(entries) == list(TOPIC_CONFIG_NAMES)
     for key in TOPIC_CONFIG_KEYS:
         entry = entries[key.name]
         assert (entry.config_type, entry.documentation, entry.read_only) == (key.type, key.doc, key.read_only)
-    resp = raw_call(broker, 32, 4, resources=[resource], include_synonyms=False, include_documentation=False)
+    resp = raw_call(broker.first, 32, 4, resources=[resource], include_synonyms=False, include_documentation=False)
     assert all(c.documentation is None for c in resp.results[0].configs)
 
 
 @pytest.mark.filterwarnings("ignore:alter_configs has been deprecated:DeprecationWarning")
-def test_alter_configs_replaces_overrides(admin: AdminClient) -> None:
-    create(admin, "ac", config={"retention.ms": "60000", "cleanup.policy": "compact"})
+def test_alter_configs_replaces_overrides(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "ac", config={"retention.ms": "60000", "cleanup.policy": policy(broker)})
     res = ConfigResource(TOPIC, "ac", set_config={"segment.ms": "120000"})
     assert result(admin.alter_configs([res], validate_only=True)[res]) is None
-    assert describe_topic(admin, "ac")["retention.ms"].value == "60000"
+    assert describe_topic(broker, admin, "ac")["retention.ms"].value == "60000"
     assert result(admin.alter_configs([res])[res]) is None
-    configs = describe_topic(admin, "ac")
+    configs = describe_topic(broker, admin, "ac")
     assert configs["segment.ms"].value == "120000"
     assert configs["retention.ms"].is_default and configs["cleanup.policy"].value == "delete"
 
@@ -215,7 +285,7 @@ def test_alter_configs_replaces_overrides(admin: AdminClient) -> None:
     assert error_of(admin.alter_configs([bad])[bad]).code() == KafkaError.INVALID_CONFIG
     missing = ConfigResource(TOPIC, "ac-missing", set_config={"segment.ms": "1000"})
     assert error_of(admin.alter_configs([missing])[missing]).code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-    node = ConfigResource(BROKER, "0", set_config={"num.partitions": "3"})  # read-only: not dynamic
+    node = ConfigResource(BROKER, node_of(broker), set_config={"num.partitions": "3"})  # read-only: not dynamic
     err = error_of(admin.alter_configs([node])[node])
     assert err.code() == KafkaError.INVALID_CONFIG and "Cannot update these configs dynamically" in err.str()
 
@@ -225,49 +295,51 @@ def incremental(name: str, *ops: tuple[str, str | None, AlterConfigOpType]) -> C
     return ConfigResource(TOPIC, name, incremental_configs=entries)
 
 
-def test_incremental_alter_configs(admin: AdminClient) -> None:
-    create(admin, "iac", config={"retention.ms": "60000", "segment.ms": "120000"})
+def test_incremental_alter_configs(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "iac", config={"retention.ms": "60000", "segment.ms": "120000"})
+    compacts = policy(broker) == "compact"
     res = incremental(
         "iac",
         ("retention.bytes", "1000000", AlterConfigOpType.SET),
         ("segment.ms", None, AlterConfigOpType.DELETE),
-        ("cleanup.policy", "compact", AlterConfigOpType.APPEND),
+        *([("cleanup.policy", "compact", AlterConfigOpType.APPEND)] if compacts else []),
     )
     assert result(admin.incremental_alter_configs([res])[res]) is None
-    configs = describe_topic(admin, "iac")
+    configs = describe_topic(broker, admin, "iac")
     assert configs["retention.ms"].value == "60000"  # untouched
     assert configs["retention.bytes"].value == "1000000"
     assert configs["segment.ms"].is_default
-    assert configs["cleanup.policy"].value == "delete,compact"
+    assert configs["cleanup.policy"].value == ("delete,compact" if compacts else "delete")
 
-    res = incremental("iac", ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT))
-    assert result(admin.incremental_alter_configs([res])[res]) is None
-    assert describe_topic(admin, "iac")["cleanup.policy"].value == "compact"
+    if compacts:
+        res = incremental("iac", ("cleanup.policy", "delete", AlterConfigOpType.SUBTRACT))
+        assert result(admin.incremental_alter_configs([res])[res]) is None
+    assert describe_topic(broker, admin, "iac")["cleanup.policy"].value == policy(broker)
 
     res = incremental("iac", ("retention.ms", "5", AlterConfigOpType.SET))
     assert result(admin.incremental_alter_configs([res], validate_only=True)[res]) is None
-    assert describe_topic(admin, "iac")["retention.ms"].value == "60000"
+    assert describe_topic(broker, admin, "iac")["retention.ms"].value == "60000"
 
     for bad in (
         incremental("iac", ("retention.ms", "1000", AlterConfigOpType.APPEND)),  # not a list config
-        incremental("iac", ("cleanup.policy", "compact", AlterConfigOpType.SUBTRACT)),  # leaves it empty
+        incremental("iac", ("cleanup.policy", policy(broker), AlterConfigOpType.SUBTRACT)),  # leaves it empty
         incremental("iac", ("no.such.config", "1", AlterConfigOpType.SET)),
         incremental("iac", ("max.message.bytes", "lots", AlterConfigOpType.SET)),
     ):
         assert error_of(admin.incremental_alter_configs([bad])[bad]).code() == KafkaError.INVALID_CONFIG
-    assert describe_topic(admin, "iac")["cleanup.policy"].value == "compact"
-    node = ConfigResource(BROKER, "0", incremental_configs=[
+    assert describe_topic(broker, admin, "iac")["cleanup.policy"].value == policy(broker)
+    node = ConfigResource(BROKER, node_of(broker), incremental_configs=[
         ConfigEntry("num.partitions", "3", incremental_operation=AlterConfigOpType.SET)
     ])
     assert error_of(admin.incremental_alter_configs([node])[node]).code() == KafkaError.INVALID_CONFIG
 
 
-def test_create_partitions_then_produce(admin: AdminClient, broker: Broker) -> None:
-    create(admin, "cp", 2)
+def test_create_partitions_then_produce(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "cp", 2)
     assert result(admin.create_partitions([NewPartitions("cp", 4)], validate_only=True)["cp"]) is None
-    assert partitions_of(admin, "cp") == 2
+    assert partitions_of(broker, admin, "cp") == 2
     assert result(admin.create_partitions([NewPartitions("cp", 4)])["cp"]) is None
-    assert partitions_of(admin, "cp") == 4
+    assert partitions_of(broker, admin, "cp") == 4
     assert error_of(admin.create_partitions([NewPartitions("cp", 3)])["cp"]).code() == KafkaError.INVALID_PARTITIONS
     assert error_of(admin.create_partitions([NewPartitions("cp", 4)])["cp"]).code() == KafkaError.INVALID_PARTITIONS
     err = error_of(admin.create_partitions([NewPartitions("cp-missing", 4)])["cp-missing"])
@@ -276,12 +348,20 @@ def test_create_partitions_then_produce(admin: AdminClient, broker: Broker) -> N
     assert err is None and msg.partition() == 3 and msg.offset() == 0
 
 
-def test_delete_records(admin: AdminClient, broker: Broker) -> None:
-    create(admin, "dr", 2)
+def test_delete_records(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "dr", 2)
     reports = produce(broker, "dr", [b"v%d" % i for i in range(10)])
     assert [err for err, _m in reports] == [None] * 10
     futures = admin.delete_records([TopicPartition("dr", 0, 4)])
     [fut] = futures.values()
+    if broker.refuses(Feature.DELETE_RECORDS):
+        assert error_of(fut).code() == broker.refusal_code(Feature.DELETE_RECORDS)
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr-g"})
+        try:  # nothing was deleted
+            assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=TIMEOUT) == (0, 10)
+        finally:
+            consumer.close()
+        return
     assert result(fut).low_watermark == 4
 
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr-g", "auto.offset.reset": "earliest"})
@@ -304,55 +384,57 @@ def test_delete_records(admin: AdminClient, broker: Broker) -> None:
     assert error_of(fut).code() in (KafkaError._NOENT, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
-def test_max_message_bytes_is_enforced(admin: AdminClient, broker: Broker) -> None:
-    create(admin, "mmb", config={"max.message.bytes": "2000"})
+def test_max_message_bytes_is_enforced(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "mmb", config={"max.message.bytes": "2000"})
     [(err, _msg)] = produce(broker, "mmb", [b"x" * 5000], conf={"compression.type": "none", "retries": 0})
     assert err is not None and err.code() == KafkaError.MSG_SIZE_TOO_LARGE
     [(err, msg)] = produce(broker, "mmb", [b"x" * 500], conf={"compression.type": "none"})
     assert err is None and msg.offset() == 0
 
 
-def test_delete_topics(admin: AdminClient) -> None:
-    create(admin, "dt-a")
-    create(admin, "dt-b", 2)
+def test_delete_topics(admin: AdminClient, broker: Served) -> None:
+    create(broker, admin, "dt-a")
+    create(broker, admin, "dt-b", 2)
     futures = admin.delete_topics(["dt-a", "dt-b"])
     assert all(result(f) is None for f in futures.values())
-    assert partitions_of(admin, "dt-a") is None and partitions_of(admin, "dt-b") is None
+    assert partitions_of(broker, admin, "dt-a") is None and partitions_of(broker, admin, "dt-b") is None
     err = error_of(admin.delete_topics(["dt-a"])["dt-a"])
     assert err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-    create(admin, "dt-a", 3)  # the name can be used again
-    assert partitions_of(admin, "dt-a") == 3
+    create(broker, admin, "dt-a", 3)  # the name can be used again
+    assert partitions_of(broker, admin, "dt-a") == 3
 
 
-def test_list_all_topics(admin: AdminClient) -> None:
+def test_list_all_topics(admin: AdminClient, broker: Served) -> None:
     # librdkafka's all-topics Metadata v9+ request carries trailing bytes (librdkafka#5049).
-    create(admin, "lt")
+    create(broker, admin, "lt")
     assert "lt" in admin.list_topics(timeout=5).topics
 
 
-def test_describe_cluster(admin: AdminClient, broker: Broker) -> None:
+def test_describe_cluster(admin: AdminClient, broker: Served) -> None:
     cluster = result(admin.describe_cluster())  # librdkafka asks with Metadata, kafka-python with DescribeCluster
-    assert cluster.cluster_id and cluster.controller.id == 0
-    assert [(n.id, n.host, n.port) for n in cluster.nodes] == [(0, "127.0.0.1", broker.port)]
+    assert cluster.cluster_id and cluster.controller.id == broker.node_ids[0]
+    assert sorted((n.id, n.host, n.port) for n in cluster.nodes) == listed(broker)
 
 
 # ---- kafka-python KafkaAdminClient --------------------------------------------------------------------
 
 
-def test_kafka_python_admin(broker: Broker) -> None:
+def test_kafka_python_admin(broker: Served) -> None:
     client = KafkaAdminClient(bootstrap_servers=broker.bootstrap, request_timeout_ms=int(TIMEOUT * 1000))
     try:
         cluster = client.describe_cluster()  # the DescribeCluster API
-        assert cluster["controller_id"] == 0
-        assert [(n["broker_id"], n["port"]) for n in cluster["brokers"]] == [(0, broker.port)]
+        assert cluster["controller_id"] == broker.node_ids[0]
+        assert sorted((n["broker_id"], "127.0.0.1", n["port"]) for n in cluster["brokers"]) == listed(broker)
         client.create_topics([KpNewTopic("kp", 2, 1, topic_configs={"retention.ms": "90000"})])
+        assert settled_partitions(broker, "kp") == 2
         assert "kp" in client.list_topics()
+        settled_configs(broker, "kp")
         described = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")])
         assert described["topic"]["kp"]["retention.ms"]["value"] == "90000"
         every = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")], config_filter="all")
         assert every["topic"]["kp"]["segment.bytes"]["config_source"] == "DEFAULT_CONFIG"
-        node = client.describe_configs([KpConfigResource(KpResourceType.BROKER, "0")], config_filter="all")
-        assert node["broker"]["0"]["num.partitions"]["value"] == "1"
+        node = client.describe_configs([KpConfigResource(KpResourceType.BROKER, node_of(broker))], config_filter="all")
+        assert node["broker"][node_of(broker)]["num.partitions"]["value"] == "1"
 
         altered = client.alter_configs([KpConfigResource(KpResourceType.TOPIC, "kp", configs={"segment.ms": "70000"})])
         assert altered == {"topic": {"kp": "OK"}}
@@ -360,6 +442,7 @@ def test_kafka_python_admin(broker: Broker) -> None:
             [KpConfigResource(KpResourceType.TOPIC, "kp", configs={"retention.bytes": "123456"})], incremental=False
         )
         assert legacy == {"topic": {"kp": "OK"}}
+        settled_configs(broker, "kp")
         modified = client.describe_configs([KpConfigResource(KpResourceType.TOPIC, "kp")])["topic"]["kp"]
         # kafka-python carries the other modified configs over into the non-incremental request.
         assert {k: v["value"] for k, v in modified.items()} == {
@@ -367,8 +450,10 @@ def test_kafka_python_admin(broker: Broker) -> None:
         }
 
         client.create_partitions({"kp": KpNewPartitions(5)})
+        assert settled_partitions(broker, "kp") == 5
         assert len(client.describe_topics(["kp"])[0]["partitions"]) == 5
         client.delete_topics(["kp"])
+        assert settled_partitions(broker, "kp") is None
         assert "kp" not in client.list_topics()
     finally:
         client.close()
@@ -378,7 +463,7 @@ def test_kafka_python_admin(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize("version", versions(19))
-def test_raw_create_and_delete_every_version(broker: Broker, version: int) -> None:
+def test_raw_create_and_delete_every_version(broker: Served, version: int) -> None:
     name = f"raw-{version}"
     topics = [
         {"name": name, "num_partitions": 2, "replication_factor": -1, "assignments": [],
@@ -386,7 +471,7 @@ def test_raw_create_and_delete_every_version(broker: Broker, version: int) -> No
         {"name": "raw-dup", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
         {"name": "raw-dup", "num_partitions": 1, "replication_factor": 1, "assignments": [], "configs": []},
     ]
-    resp = raw_call(broker, 19, version, topics=topics, timeout_ms=5000, validate_only=False)
+    resp = raw_call(broker.first, 19, version, topics=topics, timeout_ms=5000, validate_only=False)
     ok, dup1, dup2 = resp.topics
     assert (ok.name, ok.error_code) == (name, 0)
     assert dup1.error_code == dup2.error_code == 42
@@ -400,20 +485,20 @@ def test_raw_create_and_delete_every_version(broker: Broker, version: int) -> No
 
     delete_version = min(version, SUPPORTED[20].max_version)
     if delete_version >= 6:
-        resp = raw_call(broker, 20, delete_version, topics=[{"name": name, "topic_id": uuid.UUID(int=0)}], timeout_ms=5000)
+        resp = raw_call(broker.first, 20, delete_version, topics=[{"name": name, "topic_id": uuid.UUID(int=0)}], timeout_ms=5000)
     else:
-        resp = raw_call(broker, 20, delete_version, topic_names=[name, "raw-missing"], timeout_ms=5000)
+        resp = raw_call(broker.first, 20, delete_version, topic_names=[name, "raw-missing"], timeout_ms=5000)
         assert resp.responses[1].error_code == 3
     assert (resp.responses[0].name, resp.responses[0].error_code) == (name, 0)
 
 
-def test_raw_delete_topics_by_id(broker: Broker, admin: AdminClient) -> None:
-    create(admin, "by-id")
-    meta = raw_call(broker, 3, 12, topics=[{"name": "by-id", "topic_id": uuid.UUID(int=0)}],
+def test_raw_delete_topics_by_id(broker: Served, admin: AdminClient) -> None:
+    create(broker, admin, "by-id")
+    meta = raw_call(broker.first, 3, 12, topics=[{"name": "by-id", "topic_id": uuid.UUID(int=0)}],
                     allow_auto_topic_creation=False, include_topic_authorized_operations=False)
     topic_id = meta.topics[0].topic_id
     unknown = uuid.uuid4()
-    resp = raw_call(broker, 20, 6, timeout_ms=5000, topics=[
+    resp = raw_call(broker.first, 20, 6, timeout_ms=5000, topics=[
         {"name": None, "topic_id": topic_id},
         {"name": None, "topic_id": unknown},
         {"name": "by-id", "topic_id": topic_id},
@@ -421,40 +506,40 @@ def test_raw_delete_topics_by_id(broker: Broker, admin: AdminClient) -> None:
     assert [(r.name, r.topic_id, r.error_code) for r in resp.responses] == [
         ("by-id", topic_id, 0), (None, unknown, 100), ("by-id", topic_id, 42),
     ]
-    assert partitions_of(admin, "by-id") is None
+    assert partitions_of(broker, admin, "by-id") is None
 
 
 @pytest.mark.parametrize("version", versions(32))
-def test_raw_describe_configs_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
-    create(admin, f"rdc-{version}", config={"cleanup.policy": "compact"})
+def test_raw_describe_configs_every_version(broker: Served, admin: AdminClient, version: int) -> None:
+    create(broker, admin, f"rdc-{version}", config={"cleanup.policy": policy(broker)})
     resources = [
         {"resource_type": 2, "resource_name": f"rdc-{version}", "configuration_keys": ["cleanup.policy", "retention.ms"]},
         {"resource_type": 4, "resource_name": "", "configuration_keys": None},
         {"resource_type": 4, "resource_name": "7", "configuration_keys": None},
         {"resource_type": 16, "resource_name": "x", "configuration_keys": None},
     ]
-    resp = raw_call(broker, 32, version, resources=resources, include_synonyms=True, include_documentation=True)
+    resp = raw_call(broker.first, 32, version, resources=resources, include_synonyms=True, include_documentation=True)
     topic, node, other_node, unknown = resp.results
     assert topic.error_code == 0 and node.error_code == 0
     assert other_node.error_code == 42 and unknown.error_code == 42 and unknown.error_message
     configs = {c.name: c for c in topic.configs}
     assert set(configs) == {"cleanup.policy", "retention.ms"}
-    policy = configs["cleanup.policy"]
-    assert (policy.value, policy.config_source) == ("compact", 1)
-    assert [(s.name, s.value, s.source) for s in policy.synonyms] == [
-        ("cleanup.policy", "compact", 1), ("log.cleanup.policy", "delete", 5),
+    entry = configs["cleanup.policy"]
+    assert (entry.value, entry.config_source) == (policy(broker), 1)
+    assert [(s.name, s.value, s.source) for s in entry.synonyms] == [
+        ("cleanup.policy", policy(broker), 1), ("log.cleanup.policy", "delete", 5),
     ]
     if version >= 3:
-        assert policy.config_type == 7 and configs["retention.ms"].config_type == 5  # LIST, LONG
-        assert policy.documentation
+        assert entry.config_type == 7 and configs["retention.ms"].config_type == 5  # LIST, LONG
+        assert entry.documentation
     assert all(c.read_only for c in node.configs)
 
 
 @pytest.mark.parametrize("api_key", [33, 44])
-def test_raw_alter_configs_every_version(broker: Broker, admin: AdminClient, api_key: int) -> None:
+def test_raw_alter_configs_every_version(broker: Served, admin: AdminClient, api_key: int) -> None:
     for version in versions(api_key):
         name = f"rac-{api_key}-{version}"
-        create(admin, name)
+        create(broker, admin, name)
         entry: dict[str, Any] = {"name": "retention.ms", "value": "4242"}
         if api_key == 44:
             entry["config_operation"] = 0
@@ -464,54 +549,60 @@ def test_raw_alter_configs_every_version(broker: Broker, admin: AdminClient, api
             {"resource_type": 2, "resource_name": name + "-x", "configs": [entry, entry]},
             {"resource_type": 4, "resource_name": "7", "configs": []},  # another broker's id
         ]
-        resp = raw_call(broker, api_key, version, resources=resources, validate_only=False)
+        resp = raw_call(broker.first, api_key, version, resources=resources, validate_only=False)
         assert [r.error_code for r in resp.responses] == [0, 3, 42, 42]
-        assert describe_topic(admin, name)["retention.ms"].value == "4242"
+        assert describe_topic(broker, admin, name)["retention.ms"].value == "4242"
 
 
 @pytest.mark.parametrize("version", versions(37))
-def test_raw_create_partitions_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
+def test_raw_create_partitions_every_version(broker: Served, admin: AdminClient, version: int) -> None:
     name = f"rcp-{version}"
-    create(admin, name)
+    create(broker, admin, name)
+    here = broker.node_ids[0]  # the broker asked
     topics = [
-        {"name": name, "count": 3, "assignments": [{"broker_ids": [0]}, {"broker_ids": [0]}]},
+        {"name": name, "count": 3, "assignments": [{"broker_ids": [here]}, {"broker_ids": [here]}]},
         {"name": "rcp-missing", "count": 3, "assignments": None},
     ]
-    resp = raw_call(broker, 37, version, topics=topics, timeout_ms=5000, validate_only=False)
+    resp = raw_call(broker.first, 37, version, topics=topics, timeout_ms=5000, validate_only=False)
     assert [r.error_code for r in resp.results] == [0, 3]
-    resp = raw_call(broker, 37, version, timeout_ms=5000, validate_only=False,
-                    topics=[{"name": name, "count": 4, "assignments": [{"broker_ids": [0, 1]}]}])
+    resp = raw_call(broker.first, 37, version, timeout_ms=5000, validate_only=False,
+                    topics=[{"name": name, "count": 4, "assignments": [{"broker_ids": [here, here + 1]}]}])
     assert resp.results[0].error_code == 39
-    assert partitions_of(admin, name) == 3
+    assert partitions_of(broker, admin, name) == 3
 
 
 @pytest.mark.parametrize("version", versions(21))
-def test_raw_delete_records_every_version(broker: Broker, admin: AdminClient, version: int) -> None:
+def test_raw_delete_records_every_version(broker: Served, admin: AdminClient, version: int) -> None:
     name = f"rdr-{version}"
-    create(admin, name)
+    create(broker, admin, name)
     produce(broker, name, [b"a", b"b", b"c"])
     topics = [
         {"name": name, "partitions": [{"partition_index": 0, "offset": 2}, {"partition_index": 1, "offset": 0}]},
         {"name": "rdr-missing", "partitions": [{"partition_index": 0, "offset": 0}]},
     ]
-    resp = raw_call(broker, 21, version, topics=topics, timeout_ms=5000)
+    resp = raw_call(broker.leader(name, 0), 21, version, topics=topics, timeout_ms=5000)
     got = [(t.name, p.partition_index, p.low_watermark, p.error_code) for t in resp.topics for p in t.partitions]
-    assert got == [(name, 0, 2, 0), (name, 1, -1, 3), ("rdr-missing", 0, -1, 3)]
+    if broker.refuses(Feature.DELETE_RECORDS):  # refused before the partition is looked at
+        refused = broker.refusal_code(Feature.DELETE_RECORDS)
+        assert got == [(name, 0, -1, refused), (name, 1, -1, refused), ("rdr-missing", 0, -1, 3)]
+    else:
+        assert got == [(name, 0, 2, 0), (name, 1, -1, 3), ("rdr-missing", 0, -1, 3)]
 
 
 @pytest.mark.parametrize("version", versions(60))
-def test_raw_describe_cluster_every_version(broker: Broker, version: int) -> None:
+def test_raw_describe_cluster_every_version(broker: Served, version: int) -> None:
     fields: dict[str, Any] = {"include_cluster_authorized_operations": False}
     if version >= 1:
         fields["endpoint_type"] = 1
-    resp = raw_call(broker, 60, version, **fields)
-    assert resp.error_code == 0 and resp.controller_id == 0 and resp.cluster_id
-    assert [(b.broker_id, b.port) for b in resp.brokers] == [(0, broker.port)]
-    assert resp.authorized_operations is None  # not requested
-    resp = raw_call(broker, 60, version, **{**fields, "include_cluster_authorized_operations": True})
+    for n in broker.node_ids:  # every broker lists them all
+        resp = raw_call(broker.broker(n), 60, version, **fields)
+        assert resp.error_code == 0 and resp.controller_id == broker.node_ids[0] and resp.cluster_id
+        assert sorted((b.broker_id, b.host, b.port) for b in resp.brokers) == listed(broker)
+        assert resp.authorized_operations is None  # not requested
+    resp = raw_call(broker.first, 60, version, **{**fields, "include_cluster_authorized_operations": True})
     assert resp.authorized_operations == {5, 7, 8, 9, 10, 11, 12}
     if version >= 1:
-        resp = raw_call(broker, 60, version, include_cluster_authorized_operations=False, endpoint_type=2)
+        resp = raw_call(broker.first, 60, version, include_cluster_authorized_operations=False, endpoint_type=2)
         assert resp.error_code == 114 and not resp.brokers
 
 
@@ -522,7 +613,7 @@ def test_broker_settings_show_as_static_config(tmp_path: Path) -> None:
     with running_broker(tmp_path / "data", ["--config", str(config), "--no-auto-create-topics"]) as b:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         assert result(admin.create_topics([NewTopic("st", -1)])["st"]) is None
-        assert partitions_of(admin, "st") == 2
+        assert partitions_of(Served("single", {3: b}), admin, "st") == 2
         res = ConfigResource(TOPIC, "st")
         entry = result(admin.describe_configs([res], request_timeout=TIMEOUT)[res])["retention.ms"]
         assert entry.value == "3600000" and entry.source == ConfigSource.STATIC_BROKER_CONFIG.value
@@ -550,25 +641,29 @@ def test_broker_settings_show_as_static_config(tmp_path: Path) -> None:
 # ---- durability: runs last, it restarts the module's broker ------------------------------------------------
 
 
-def test_zz_admin_changes_survive_restart(broker: Broker) -> None:
+def test_zz_admin_changes_survive_restart(broker: Served) -> None:
+    """Every broker stopped, then started: the topics and their configs are where they were."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    create(admin, "rs", 1, config={"retention.ms": "77777"})
-    res = incremental("rs", ("cleanup.policy", "compact", AlterConfigOpType.SET))
+    create(broker, admin, "rs", 1, config={"retention.ms": "77777"})
+    res = incremental("rs", ("cleanup.policy", policy(broker), AlterConfigOpType.SET))
     assert result(admin.incremental_alter_configs([res])[res]) is None
     assert result(admin.create_partitions([NewPartitions("rs", 3)])["rs"]) is None
     produce(broker, "rs", [b"a", b"b", b"c"], keyed=True)  # a compacted topic refuses keyless records
-    [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
-    assert result(fut).low_watermark == 2
+    start = 0  # DeleteRecords is refused in cluster mode: test_delete_records asserts the refusal
+    if not broker.refuses(Feature.DELETE_RECORDS):
+        [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
+        start = result(fut).low_watermark
+        assert start == 2
     del admin
 
     broker.restart()
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    assert partitions_of(admin, "rs") == 3
-    configs = describe_topic(admin, "rs")
-    assert configs["retention.ms"].value == "77777" and configs["cleanup.policy"].value == "compact"
+    assert partitions_of(broker, admin, "rs") == 3
+    configs = describe_topic(broker, admin, "rs")
+    assert configs["retention.ms"].value == "77777" and configs["cleanup.policy"].value == policy(broker)
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "rs-g"})
     try:
-        assert consumer.get_watermark_offsets(TopicPartition("rs", 0), timeout=TIMEOUT) == (2, 3)
+        assert consumer.get_watermark_offsets(TopicPartition("rs", 0), timeout=TIMEOUT) == (start, 3)
     finally:
         consumer.close()
-    assert partitions_of(admin, "dt-b") is None and partitions_of(admin, "ct-a") == 3
+    assert partitions_of(broker, admin, "dt-b") is None and partitions_of(broker, admin, "ct-a") == 3

@@ -1,5 +1,7 @@
 """Real Kafka clients against the real broker process: confluent-kafka (librdkafka), kafka-python,
-aiokafka and kcat. One broker for the whole module (auto-created topics get 3 partitions).
+aiokafka and kcat. Every test runs against one broker and against a three-broker cluster
+(tests/modekit.py; one of each for the whole module; auto-created topics get 3 partitions).
+Raw requests about a partition go to its leader.
 
 Consumers never use consumer groups: partitions are assigned explicitly (confluent-kafka needs a
 group.id to build a consumer at all, but nothing is committed or fetched from the group).
@@ -29,9 +31,8 @@ from kafka.protocol.metadata import MetadataRequest
 from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
 
 from loglake.records.batch import build_batch, peek_header
+from modekit import MODES, Served, serving
 from test_broker_malformed import RawClient
-
-from brokerkit import Broker, serving_broker
 
 PARTITIONS = 3
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
@@ -39,11 +40,11 @@ KCAT = shutil.which("kcat") or "/usr/bin/kcat"
 Message = tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    data = Path(tmp_path_factory.mktemp("clients")) / "data"
-    with serving_broker(data, ["--default-partitions", str(PARTITIONS)]) as b:
-        yield b
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = Path(tmp_path_factory.mktemp(f"clients-{request.param}"))
+    with serving(request.param, tmp, ["--default-partitions", str(PARTITIONS)]) as served:
+        yield served
 
 
 def new_topic(prefix: str) -> str:
@@ -245,7 +246,7 @@ CODECS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 @pytest.mark.parametrize(
     ("compression", "count"), [("lz4", 100_000), ("zstd", 100_000), ("snappy", 20_000), ("gzip", 20_000)]
 )
-def test_confluent_compressed_round_trip(broker: Broker, compression: str, count: int) -> None:
+def test_confluent_compressed_round_trip(broker: Served, compression: str, count: int) -> None:
     topic = new_topic(f"cf-{compression}")
     messages = make_messages(count, seed=count + len(compression))
     delivered = confluent_produce(
@@ -253,7 +254,7 @@ def test_confluent_compressed_round_trip(broker: Broker, compression: str, count
     )
     assert_exact(confluent_consume_all(broker.bootstrap, topic, count), delivered, messages)
     # The broker stored what the client sent: batches keep the client's compression codec.
-    with RawClient(broker.bootstrap) as c:
+    with RawClient(broker.leader(topic, 0).bootstrap) as c:
         part = raw_fetch(c, topic, 0, 0)
         assert part.error_code == 0 and part.high_watermark == sum(1 for p, _ in delivered if p == 0)
         header = peek_header(bytes(part.records), 0)
@@ -261,7 +262,7 @@ def test_confluent_compressed_round_trip(broker: Broker, compression: str, count
         assert header.producer_id >= 0 and header.base_sequence == 0  # idempotent batches
 
 
-def test_confluent_murmur2_partitioner(broker: Broker) -> None:
+def test_confluent_murmur2_partitioner(broker: Served) -> None:
     """Keyed records land where Java's default partitioner puts them (librdkafka murmur2_random)."""
     topic = new_topic("cf-murmur")
     keys = [b"user-%d" % i for i in range(500)] + [b"", b"\x00\xff" * 7, "\u00fc\u00f1\u00ee".encode()]
@@ -277,7 +278,7 @@ def test_confluent_murmur2_partitioner(broker: Broker) -> None:
 # ------------------------------------------------------------------------------------ kafka-python
 
 
-def test_kafka_python_default_settings_round_trip(broker: Broker) -> None:
+def test_kafka_python_default_settings_round_trip(broker: Served) -> None:
     topic = new_topic("kp")
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
     assert producer.config["enable_idempotence"] is True and producer.config["acks"] == -1
@@ -329,11 +330,12 @@ def _partition_response(resp: Any) -> Any:
     return part
 
 
-def test_retried_idempotent_batch_is_not_duplicated(broker: Broker) -> None:
+def test_retried_idempotent_batch_is_not_duplicated(broker: Served) -> None:
     """The same idempotent ProduceRequest sent twice (a client retry): same base offset, one copy."""
     topic = new_topic("idem")
-    with RawClient(broker.bootstrap) as c:
+    with RawClient(broker.first.bootstrap) as c:
         ensure_topic_raw(c, topic)
+    with RawClient(broker.leader(topic, 0).bootstrap) as c:
         init = c.request(InitProducerIdRequest[4](transactional_id=None, transaction_timeout_ms=60_000))
         assert init.error_code == 0 and init.producer_id >= 0
         pid, epoch = init.producer_id, init.producer_epoch
@@ -381,7 +383,7 @@ def test_retried_idempotent_batch_is_not_duplicated(broker: Broker) -> None:
 # ------------------------------------------------------------------------------------ aiokafka
 
 
-def test_aiokafka_round_trip(broker: Broker) -> None:
+def test_aiokafka_round_trip(broker: Served) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition as ATopicPartition
 
@@ -427,7 +429,7 @@ def test_aiokafka_round_trip(broker: Broker) -> None:
 # ------------------------------------------------------------------------------------ kcat
 
 
-def kcat(broker: Broker, *args: str, stdin: bytes | None = None) -> bytes:
+def kcat(broker: Served, *args: str, stdin: bytes | None = None) -> bytes:
     proc = subprocess.run(
         [KCAT, "-b", broker.bootstrap, *args], input=stdin, capture_output=True, timeout=60, check=False
     )
@@ -436,7 +438,7 @@ def kcat(broker: Broker, *args: str, stdin: bytes | None = None) -> bytes:
 
 
 @pytest.mark.skipif(not Path(KCAT).exists(), reason="kcat not installed")
-def test_kcat_round_trip(broker: Broker) -> None:
+def test_kcat_round_trip(broker: Served) -> None:
     topic = new_topic("kcat")
     lines = [f"k{i}:value {i} " + "x" * (i % 50) for i in range(500)]
     # Producing to a topic creates it (Metadata auto-create); partition 0 keeps the order total.
@@ -448,7 +450,7 @@ def test_kcat_round_trip(broker: Broker) -> None:
     meta = json.loads(kcat(broker, "-L", "-J", "-t", topic))
     (tmeta,) = meta["topics"]
     assert tmeta["topic"] == topic and len(tmeta["partitions"]) == PARTITIONS
-    assert [b["id"] for b in meta["brokers"]] == [0]
+    assert sorted(b["id"] for b in meta["brokers"]) == broker.node_ids
     text = kcat(broker, "-L").decode()
     assert f'topic "{topic}" with {PARTITIONS} partitions' in text
 
@@ -480,7 +482,7 @@ def test_kcat_round_trip(broker: Broker) -> None:
 # ------------------------------------------------------------------------------------ offsets
 
 
-def test_offsets_for_times_and_watermarks(broker: Broker) -> None:
+def test_offsets_for_times_and_watermarks(broker: Served) -> None:
     topic = new_topic("times")
     base = int(time.time() * 1000) - 3_600_000  # an hour ago, one record per second
     producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
@@ -529,7 +531,7 @@ def test_offsets_for_times_and_watermarks(broker: Broker) -> None:
 # ------------------------------------------------------------------------------------ long poll
 
 
-def test_fetch_long_poll_wakes_on_produce(broker: Broker) -> None:
+def test_fetch_long_poll_wakes_on_produce(broker: Served) -> None:
     """A consumer waiting at the end gets a record produced 1 s later."""
     topic = new_topic("longpoll")
     confluent_produce(broker.bootstrap, topic, [(None, b"first", [])], partitioner="murmur2_random")
@@ -561,12 +563,13 @@ def test_fetch_long_poll_wakes_on_produce(broker: Broker) -> None:
     assert [v for v, _t in received] == [b"wake-up"]
 
 
-def test_raw_fetch_long_poll(broker: Broker) -> None:
+def test_raw_fetch_long_poll(broker: Served) -> None:
     """Fetch(max_wait 5 s, min_bytes 1) at the end is parked, then answered when a record arrives;
     with nothing arriving it is answered empty after max_wait (not at once)."""
     topic = new_topic("rawpoll")
-    with RawClient(broker.bootstrap, timeout=30) as c:
+    with RawClient(broker.first.bootstrap) as c:
         ensure_topic_raw(c, topic)
+    with RawClient(broker.leader(topic, 0).bootstrap, timeout=30) as c:
         started = time.monotonic()
         empty = raw_fetch(c, topic, 0, 0, max_wait_ms=800)
         waited = time.monotonic() - started

@@ -1,9 +1,10 @@
-"""Consumer groups through real clients against the real broker process.
+"""Consumer groups through real clients against the real broker process, one broker and a
+three-broker cluster (tests/modekit.py: one of each for the module; each test its own topic).
 
 confluent-kafka: a group of 3 splits 6 partitions, members leave and the rest take over,
-committed offsets survive a broker restart; a broker restart in the middle of a group session
-(clients reconnect and continue, nothing lost). kafka-python and aiokafka: group consumption
-with commits.
+committed offsets survive a restart of every broker; a restart of the group's coordinator in the
+middle of a group session (clients reconnect and continue, nothing lost). kafka-python and
+aiokafka: group consumption with commits.
 """
 
 from __future__ import annotations
@@ -11,23 +12,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
-import loglake
-
-from brokerkit import Broker
+from modekit import MODES, Served, serving
 
 PARTITIONS = 6
 GROUP_ARGS = ["--auto-create-topics"]
 ENV = {"LOGLAKE_GROUP_INITIAL_REBALANCE_DELAY_MS": "0", "LOGLAKE_GROUP_MIN_SESSION_TIMEOUT_MS": "1000"}
-
-
-def make_topic(data_dir: Path, name: str, partitions: int = PARTITIONS) -> None:
-    with loglake.open(str(data_dir)) as log:
-        log.create_topic(name, partitions)
 
 
 def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> None:
@@ -37,13 +34,21 @@ def produce(bootstrap: str, topic: str, count: int, start: int = 0) -> None:
     assert p.flush(30) == 0
 
 
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = Path(tmp_path_factory.mktemp(f"groups-{request.param}"))
+    with serving(request.param, tmp, GROUP_ARGS, ENV) as served:
+        yield served
+
+
 @pytest.fixture
-def broker(tmp_path: Path):  # type: ignore[no-untyped-def]
-    make_topic(tmp_path / "data", "g")
-    b = Broker(tmp_path / "data", GROUP_ARGS, env=ENV).start()
-    yield b
-    if b.proc is not None and b.proc.poll() is None:
-        b.stop()
+def topic(broker: Served) -> str:
+    """A fresh topic of PARTITIONS partitions for the test, every partition with a live leader."""
+    name = f"g-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, PARTITIONS)])[name].result(30)
+    broker.leaders(name, PARTITIONS)
+    return name
 
 
 def _consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
@@ -59,8 +64,8 @@ def _consumer(bootstrap: str, group: str, **extra: object) -> Consumer:
     return Consumer(conf)
 
 
-def test_group_of_three_splits_partitions_and_survivors_take_over(broker: Broker) -> None:
-    produce(broker.bootstrap, "g", 600)
+def test_group_of_three_splits_partitions_and_survivors_take_over(broker: Served, topic: str) -> None:
+    produce(broker.bootstrap, topic, 600)
     seen: dict[int, list[bytes]] = {}
     assignments: dict[int, set[int]] = {}
     lock = threading.Lock()
@@ -69,7 +74,7 @@ def test_group_of_three_splits_partitions_and_survivors_take_over(broker: Broker
 
     def member(idx: int, stay_s: float) -> None:
         c = _consumer(broker.bootstrap, "trio")
-        c.subscribe(["g"])
+        c.subscribe([topic])
         deadline = None
         give_up = time.monotonic() + 30
         while True:
@@ -102,32 +107,32 @@ def test_group_of_three_splits_partitions_and_survivors_take_over(broker: Broker
     values = [v for vs in seen.values() for v in vs]
     assert sorted(values, key=int) == [b"%d" % i for i in range(600)]  # every record exactly once
     c = _consumer(broker.bootstrap, "trio")
-    committed = c.committed([TopicPartition("g", p) for p in range(PARTITIONS)], timeout=10)
+    committed = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10)
     c.close()
     assert [tp.offset for tp in committed] == [100] * PARTITIONS
 
 
-def test_committed_offsets_survive_a_broker_restart(broker: Broker) -> None:
-    produce(broker.bootstrap, "g", 60)
+def test_committed_offsets_survive_a_broker_restart(broker: Served, topic: str) -> None:
+    produce(broker.bootstrap, topic, 60)
     c = _consumer(broker.bootstrap, "durable")
-    c.assign([TopicPartition("g", p, 0) for p in range(PARTITIONS)])
-    c.commit(offsets=[TopicPartition("g", p, 7 + p) for p in range(PARTITIONS)], asynchronous=False)
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    c.commit(offsets=[TopicPartition(topic, p, 7 + p) for p in range(PARTITIONS)], asynchronous=False)
     c.close()
     broker.restart()
     c = _consumer(broker.bootstrap, "durable")
-    committed = c.committed([TopicPartition("g", p) for p in range(PARTITIONS)], timeout=15)
+    committed = c.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=15)
     c.close()
     assert [tp.offset for tp in committed] == [7 + p for p in range(PARTITIONS)]
 
 
-def test_broker_restart_in_the_middle_of_a_group_session(broker: Broker) -> None:
-    produce(broker.bootstrap, "g", 300)
+def test_broker_restart_in_the_middle_of_a_group_session(broker: Served, topic: str) -> None:
+    produce(broker.bootstrap, topic, 300)
     got: list[bytes] = []
     stop = threading.Event()
 
     def consume() -> None:
         c = _consumer(broker.bootstrap, "restart", **{"reconnect.backoff.max.ms": 500})
-        c.subscribe(["g"])
+        c.subscribe([topic])
         while not stop.is_set():
             m = c.poll(0.2)
             if m is not None and not m.error():
@@ -141,11 +146,8 @@ def test_broker_restart_in_the_middle_of_a_group_session(broker: Broker) -> None
     while len(got) < 300 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert len(got) == 300
-    port = broker.port
-    broker.extra_args = [*GROUP_ARGS, "--listen", f"127.0.0.1:{port}"]
-    broker.stop()
-    broker.start()  # same port: the clients reconnect on their own
-    produce(broker.bootstrap, "g", 300, start=300)
+    broker.restart(broker.coordinator_id("restart"))  # same port: the clients reconnect on their own
+    produce(broker.bootstrap, topic, 300, start=300)
     deadline = time.monotonic() + 60
     while len(set(got)) < 600 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -154,13 +156,13 @@ def test_broker_restart_in_the_middle_of_a_group_session(broker: Broker) -> None
     assert set(got) == {b"%d" % i for i in range(600)}  # nothing lost across the restart
 
 
-def test_kafka_python_group_consumer_commits(broker: Broker) -> None:
+def test_kafka_python_group_consumer_commits(broker: Served, topic: str) -> None:
     from kafka import KafkaConsumer
     from kafka import TopicPartition as KTP
 
-    produce(broker.bootstrap, "g", 120)
+    produce(broker.bootstrap, topic, 120)
     consumer = KafkaConsumer(
-        "g",
+        topic,
         bootstrap_servers=broker.bootstrap,
         group_id="kp",
         auto_offset_reset="earliest",
@@ -169,21 +171,25 @@ def test_kafka_python_group_consumer_commits(broker: Broker) -> None:
     )
     values = [m.value for m in consumer]
     consumer.commit()
-    committed = {p: consumer.committed(KTP("g", p)) for p in range(PARTITIONS)}
+    committed = {p: consumer.committed(KTP(topic, p)) for p in range(PARTITIONS)}
     consumer.close()
     assert sorted(values, key=int) == [b"%d" % i for i in range(120)]
     assert committed == {p: 20 for p in range(PARTITIONS)}
 
 
-def test_aiokafka_group_consumer_commits(broker: Broker) -> None:
+def test_aiokafka_group_consumer_commits(broker: Served, topic: str) -> None:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition as ATP
 
-    produce(broker.bootstrap, "g", 60)
+    produce(broker.bootstrap, topic, 60)
 
     async def run() -> tuple[list[bytes], dict[int, int | None]]:
         consumer = AIOKafkaConsumer(
-            "g", bootstrap_servers=broker.bootstrap, group_id="aio", auto_offset_reset="earliest", enable_auto_commit=False
+            topic,
+            bootstrap_servers=broker.bootstrap,
+            group_id="aio",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
         )
         await consumer.start()
         values: list[bytes] = []
@@ -194,7 +200,7 @@ def test_aiokafka_group_consumer_commits(broker: Broker) -> None:
                 for records in batch.values():
                     values.extend(r.value for r in records)
             await consumer.commit()
-            committed = {p: await consumer.committed(ATP("g", p)) for p in range(PARTITIONS)}
+            committed = {p: await consumer.committed(ATP(topic, p)) for p in range(PARTITIONS)}
         finally:
             await consumer.stop()
         return values, committed

@@ -1,6 +1,12 @@
 """Fetch bounds the whole response by max_bytes and each partition by partition_max_bytes, and
 oversteps only by the first batch of the first partition that returns data (Kafka's KIP-74 rule),
-from memory, from hot segments (sendfile) and from the cold store alike, with every client."""
+from memory, from hot segments (sendfile) and from the cold store alike, with every client.
+
+The broker tests run against one broker and against a three-broker cluster (tests/modekit.py).
+A cluster reads every partition from its bucket, so there the "memory" case is that read; it has
+no local segment files and no tier to relocate to (loglake.cluster.shared_log.REFUSED), so the
+"segments" and "cold" cases are skipped there, naming the refusal. Raw fetches go to each
+partition's leader."""
 
 from __future__ import annotations
 
@@ -22,12 +28,13 @@ from kafka import KafkaConsumer
 from kafka.protocol.consumer import FetchRequest
 
 from loglake.broker.protocol import FetchPartition, FetchResponseData, FetchTopic, fetch_limit_violations
+from loglake.cluster.shared_log import REFUSED
 from loglake.engine.engine import open_engine
+from loglake.engine.partition_log import Feature
 from loglake.records.batch import build_batch, split_batches
 from loglake.records.decode import decode_batches
+from modekit import MODES, Served, serving
 from test_broker_malformed import RawClient
-
-from brokerkit import Broker, serving_broker
 
 VALUE_BYTES = 990_000
 PER_PARTITION = 3
@@ -37,21 +44,28 @@ TIERS = {
     "segments": {"segment.records": "1"},
     "cold": {"segment.records": "1", "hot.retain.segments": "0", "retention.ms": "-1"},
 }
+#: What a tier needs of the partition log (cluster mode offers neither).
+TIER_FEATURES = {"segments": Feature.LOCAL_SEGMENTS, "cold": Feature.TIERING}
 #: The issue's consumer settings, in each client's spelling.
 FETCH_MAX_BYTES = 1_000_000
 PARTITION_MAX_BYTES = 20_000_000
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    root = Path(tmp_path_factory.mktemp("fetch-limits"))
-    with serving_broker(root / "data", ["--cold-store", f"file://{root / 'bucket'}"]) as b:
-        b.bucket = root / "bucket"  # type: ignore[attr-defined]
-        yield b
+def cold_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The single broker's cold store (a cluster's is its bucket)."""
+    return Path(tmp_path_factory.mktemp("fetch-limits-cold"))
+
+
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, cold_dir: Path) -> Iterator[Served]:
+    root = Path(tmp_path_factory.mktemp(f"fetch-limits-{request.param}"))
+    with serving(request.param, root, single_args=["--cold-store", f"file://{cold_dir}"]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def producer(broker: Broker) -> Iterator[Producer]:
+def producer(broker: Served) -> Iterator[Producer]:
     p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
     yield p
     p.flush(10)
@@ -61,8 +75,11 @@ def producer(broker: Broker) -> Iterator[Producer]:
 _topic_numbers = itertools.count()
 
 
-def _big_topic(broker: Broker, tier: str, client: str) -> str:
+def _big_topic(broker: Served, cold_dir: Path, tier: str, client: str) -> str:
     """A 3-partition topic holding PER_PARTITION messages of ~1 MB each, in the given tier."""
+    feature = TIER_FEATURES.get(tier)
+    if feature is not None and broker.refuses(feature):
+        pytest.skip(f"no {tier} tier in cluster mode: {REFUSED[feature]}")
     topic = f"big-{tier}-{client}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, 3, config=TIERS[tier])])[topic].result(10)
@@ -71,8 +88,10 @@ def _big_topic(broker: Broker, tier: str, client: str) -> str:
         for i in range(PER_PARTITION):
             producer.produce(topic, bytes([p * 16 + i]) * VALUE_BYTES, partition=p)
     assert producer.flush(30) == 0
-    local = broker.data_dir / "segments"
-    bucket: Path = broker.bucket  # type: ignore[attr-defined]
+    if broker.is_cluster:
+        return topic  # acknowledged once in the bucket, where every read comes from
+    local = broker.first.data_dir / "segments"
+    bucket = cold_dir
     deadline = time.monotonic() + 60  # wait until the broker has sealed (and relocated) them all
     while time.monotonic() < deadline:
         hot = len(list(local.rglob(f"{topic}-*/*/*.seg")))
@@ -90,8 +109,8 @@ def _expected() -> dict[int, list[int]]:
 
 
 @pytest.mark.parametrize("tier", list(TIERS))
-def test_large_messages_over_three_partitions_with_a_small_fetch_max_bytes(broker: Broker, tier: str) -> None:
-    topic = _big_topic(broker, tier, "confluent")
+def test_large_messages_over_three_partitions_with_a_small_fetch_max_bytes(broker: Served, cold_dir: Path, tier: str) -> None:
+    topic = _big_topic(broker, cold_dir, tier, "confluent")
     consumer = Consumer(
         {
             "bootstrap.servers": broker.bootstrap,
@@ -125,8 +144,8 @@ def test_large_messages_over_three_partitions_with_a_small_fetch_max_bytes(broke
 
 
 @pytest.mark.parametrize("tier", ["memory", "cold"])
-def test_kafka_python_with_a_small_fetch_max_bytes(broker: Broker, tier: str) -> None:
-    topic = _big_topic(broker, tier, "kafkapython")
+def test_kafka_python_with_a_small_fetch_max_bytes(broker: Served, cold_dir: Path, tier: str) -> None:
+    topic = _big_topic(broker, cold_dir, tier, "kafkapython")
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=broker.bootstrap,
@@ -148,9 +167,9 @@ def test_kafka_python_with_a_small_fetch_max_bytes(broker: Broker, tier: str) ->
     assert got == _expected()
 
 
-@pytest.mark.parametrize("tier", ["segments"])
-def test_aiokafka_with_a_small_fetch_max_bytes(broker: Broker, tier: str) -> None:
-    topic = _big_topic(broker, tier, "aiokafka")
+@pytest.mark.parametrize("tier", ["memory", "segments"])
+def test_aiokafka_with_a_small_fetch_max_bytes(broker: Served, cold_dir: Path, tier: str) -> None:
+    topic = _big_topic(broker, cold_dir, tier, "aiokafka")
 
     async def consume() -> dict[int, list[int]]:
         consumer = AIOKafkaConsumer(
@@ -201,11 +220,12 @@ def _raw_fetch(client: RawClient, topic: str, partitions: list[tuple[int, int, i
     order=st.randoms(use_true_random=False),
 )
 def test_every_fetch_response_obeys_the_size_rule(
-    broker: Broker, producer: Producer, sizes: list[list[int]], max_bytes: int, partition_max: list[int], order: random.Random
+    broker: Served, producer: Producer, sizes: list[list[int]], max_bytes: int, partition_max: list[int], order: random.Random
 ) -> None:
     """Random message sizes per partition, random max_bytes / partition_max_bytes and partition
     order: the broker's answer holds at most the limits, except the first partition with data, which
-    may hold exactly one batch more; and a partition with data is skipped only for lack of room."""
+    may hold exactly one batch more; and a partition with data is skipped only for lack of room.
+    Each leader is asked for the partitions it leads (one request: the single broker)."""
     topic = f"prop-{next(_topic_numbers)}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, len(sizes))])[topic].result(10)
@@ -213,26 +233,29 @@ def test_every_fetch_response_obeys_the_size_rule(
         for size in values:
             producer.produce(topic, b"v" * size, partition=p)
             producer.flush(10)  # one batch per message: the first-batch exception is exact
-    request = [(p, 0, partition_max[p]) for p in range(len(sizes))]
-    order.shuffle(request)
-    with RawClient(broker.bootstrap) as client:
-        resp, got = _raw_fetch(client, topic, request, max_bytes)
-    total = 0
-    seen_data = False
-    for (p, _offset, p_max), size, part in zip(request, got, resp.responses[0].partitions, strict=True):  # type: ignore[attr-defined]
-        assert part.partition_index == p and part.error_code == 0
-        batches = split_batches(bytes(part.records)) if size else []
-        limit = min(p_max, max(max_bytes - total, 0))
-        if size > limit:
-            assert not seen_data and len(batches) == 1, (p, size, limit, len(batches))
-        if sizes[p] and not size:
-            assert seen_data, "the first partition with data must return at least one batch"
-        seen_data = seen_data or size > 0
-        total += size
+    everything = [(p, 0, partition_max[p]) for p in range(len(sizes))]
+    order.shuffle(everything)
+    leaders = broker.leaders(topic, len(sizes))
+    for node in sorted(set(leaders.values())):
+        request = [r for r in everything if leaders[r[0]] == node]
+        with RawClient(broker.broker(node).bootstrap) as client:
+            resp, got = _raw_fetch(client, topic, request, max_bytes)
+        total = 0
+        seen_data = False
+        for (p, _offset, p_max), size, part in zip(request, got, resp.responses[0].partitions, strict=True):  # type: ignore[attr-defined]
+            assert part.partition_index == p and part.error_code == 0
+            batches = split_batches(bytes(part.records)) if size else []
+            limit = min(p_max, max(max_bytes - total, 0))
+            if size > limit:
+                assert not seen_data and len(batches) == 1, (p, size, limit, len(batches))
+            if sizes[p] and not size:
+                assert seen_data, "the first partition with data must return at least one batch"
+            seen_data = seen_data or size > 0
+            total += size
     assert "size rule" not in broker.log_text()
 
 
-def test_min_bytes_waits_for_more_data_on_a_partition_that_had_some(broker: Broker, producer: Producer) -> None:
+def test_min_bytes_waits_for_more_data_on_a_partition_that_had_some(broker: Served, producer: Producer) -> None:
     """A long poll holds the response until min_bytes have arrived, also when the partition already
     had data below min_bytes (not only when it was empty)."""
     topic = "minbytes"
@@ -247,7 +270,7 @@ def test_min_bytes_waits_for_more_data_on_a_partition_that_had_some(broker: Brok
         producer.flush(10)
 
     thread = threading.Thread(target=produce_later)
-    with RawClient(broker.bootstrap, timeout=30) as client:
+    with RawClient(broker.leader(topic, 0).bootstrap, timeout=30) as client:
         thread.start()
         resp, (size,) = _raw_fetch(client, topic, [(0, 0, 1 << 20)], 1 << 20, min_bytes=4_000, max_wait_ms=20_000)
     thread.join()
@@ -315,11 +338,11 @@ def test_reads_respect_the_limit_except_by_one_first_batch(
         engine.close()
 
 
-def test_min_bytes_zero_is_answered_at_once(broker: Broker) -> None:
+def test_min_bytes_zero_is_answered_at_once(broker: Served) -> None:
     """Kafka: "if the client sets min_bytes to 0 the server will always respond immediately". Here
     max_wait_ms is 30 s and the client's socket gives up after 10 s: only an immediate answer passes."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic("minzero", 1)])["minzero"].result(10)
-    with RawClient(broker.bootstrap, timeout=10) as client:
+    with RawClient(broker.leader("minzero", 0).bootstrap, timeout=10) as client:
         resp, (size,) = _raw_fetch(client, "minzero", [(0, 0, 1 << 20)], 1 << 20, min_bytes=0, max_wait_ms=30_000)
     assert size == 0 and resp.responses[0].partitions[0].error_code == 0  # type: ignore[attr-defined]
