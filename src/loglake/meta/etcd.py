@@ -100,8 +100,10 @@ POLL_INTERVAL_S = 1.0
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
 #: Record kinds whose rejection is an expected race, not damage, logged at debug (see `_apply`):
-#: two brokers creating one topic name, or taking the same next producer id, at once.
-QUIET_REJECTED_KINDS = frozenset({"topic_created", "producer_ids"})
+#: two brokers creating one topic name, or taking the same next producer id, at once; a topic
+#: deleted, altered or grown on one broker after another broker deleted it (its writer's client
+#: gets UNKNOWN_TOPIC_OR_PARTITION).
+QUIET_REJECTED_KINDS = frozenset({"topic_created", "topic_deleted", "topic_config", "partitions_added", "producer_ids"})
 
 
 @dataclass
