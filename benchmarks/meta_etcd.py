@@ -37,24 +37,25 @@ from loglake.cluster.membership import Membership  # noqa: E402
 from loglake.engine.view import BrokerInfo  # noqa: E402
 from loglake.meta.etcd import EtcdMetaStore  # noqa: E402
 from loglake.meta.etcd_client import EtcdClient  # noqa: E402
+from loglake.meta.records import Cluster, OffsetCommit  # noqa: E402
 
 
-def commit(group: str, i: int) -> tuple[str, dict[str, Any]]:
-    return "offset_commit", {"g": group, "rows": [["t", 0, i, -1, "", i]]}
+def commit(group: str, i: int) -> OffsetCommit:
+    return OffsetCommit(group, [("t", 0, i, -1, "", i)])
 
 
 def appends(endpoints: str, records: int) -> dict[str, Any]:
     one = EtcdMetaStore(EtcdClient(endpoints), "/bench")
     one.open()
-    one.append("cluster", {"cluster_id": "bench"}).result()
+    one.append(Cluster("bench")).result()
     started = time.monotonic()
-    for f in [one.append(*commit("a", i)) for i in range(records)]:
+    for f in [one.append(commit("a", i)) for i in range(records)]:
         f.result()
     pipelined = records / (time.monotonic() - started)
     latencies = []
     for i in range(200):
         t = time.monotonic()
-        one.append(*commit("a", i)).result()
+        one.append(commit("a", i)).result()
         latencies.append(time.monotonic() - t)
     latencies.sort()
     two = EtcdMetaStore(EtcdClient(endpoints), "/bench")
@@ -63,7 +64,7 @@ def appends(endpoints: str, records: int) -> dict[str, Any]:
     lock = threading.Lock()
 
     def writer(store: EtcdMetaStore, group: str) -> None:
-        mine = [store.append(*commit(group, i)) for i in range(records)]
+        mine = [store.append(commit(group, i)) for i in range(records)]
         with lock:
             futures.extend(mine)
 

@@ -20,9 +20,10 @@ from fuzzkit import Target
 from loglake.engine.txn import control_batch
 from loglake.errors import CorruptionError, CorruptRecordError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.records import RecordKind, decode_record, encode_record
 from loglake.meta.snapshot import HEADER as SNAP_HEADER
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
-from loglake.meta.state import RECORD_KINDS, MetaState, decode_record, encode_record
+from loglake.meta.state import MetaState
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.records.batch import build_batch
 from loglake.segment.format import TRAILER_CRC_OFFSET, TRAILER_FIELD_OFFSETS, TRAILER_SIZE, SegmentWriter
@@ -287,7 +288,7 @@ def run_snapshot(data: bytes) -> None:
         raise CorruptionError("snap", 0, repr(exc)) from None
 
 
-assert len(RECORD_KINDS) == len({k for k, _ in SEED_RECORDS})
+assert set(RecordKind) == {k for k, _ in SEED_RECORDS}
 
 TARGETS = [
     Target("wal_frames", make_wal, run_wal, (FrameError,)),

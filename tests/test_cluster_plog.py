@@ -28,6 +28,7 @@ from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
 from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.etcd_client import EtcdClient
+from loglake.meta.records import PlogLeader
 from loglake.records.decode import decode_batch
 from loglake.store.base import ObjectStore
 from loglake.store.retry import RetryPolicy
@@ -162,7 +163,7 @@ def test_leadership_move_fences_the_old_leader_and_the_new_one_continues(cluster
     assert b.log.acquire(t, 0) == 2
     stale_bump = Guard(epoch_key(t, 0), value=b"1")  # A's stale view loses a bump race cleanly
     with pytest.raises(MetaFencedError):
-        a.meta.append_if("plog_leader", {"id": t, "p": 0, "epoch": 2, "leader": 1}, [stale_bump]).result(WAIT)
+        a.meta.append_if(PlogLeader(t, 0, 2, 1), [stale_bump]).result(WAIT)
     a.log.flusher.flush(WAIT)
     with pytest.raises(FlushFailedError) as info:
         pending.result(WAIT)

@@ -28,9 +28,10 @@ from loglake.cluster.plog_maint import merge, sweep
 from loglake.engine.catalog import Catalog
 from loglake.engine.config import EngineConfig
 from loglake.errors import TopicExistsError
+from loglake.meta import records
 from loglake.meta.etcd import EtcdMetaStore
 from loglake.meta.etcd_client import EtcdClient, prefix_end
-from loglake.meta.state import decode_record
+from loglake.meta.records import RecordKind, decode_record
 from test_cluster_flushobj import batch
 from test_cluster_plog import CLUSTER_ID, WAIT, Cluster, read_all
 
@@ -54,7 +55,7 @@ def topic_records(meta: EtcdMetaStore) -> list[dict[str, object]]:
     out = []
     for kv in kvs:
         kind, body = decode_record(kv.value[8:], where=kv.key.decode(), position=0)
-        if kind == "topic_created":
+        if kind is RecordKind.TOPIC_CREATED:
             out.append(body)
     return out
 
@@ -67,7 +68,7 @@ def stores(etcd1: EtcdCluster) -> Iterator[list[EtcdMetaStore]]:
         meta = EtcdMetaStore(EtcdClient(",".join(etcd1.endpoints)), prefix)
         meta.open()
         made.append(meta)
-    made[0].append("cluster", {"cluster_id": CLUSTER_ID}).result(WAIT)  # what a broker's first start writes
+    made[0].append(records.Cluster(CLUSTER_ID)).result(WAIT)  # what a broker's first start writes
     yield made
     for meta in made:
         meta.close()
@@ -126,7 +127,7 @@ def test_brokers_creating_one_name_at_once_make_one_topic(
 
 def test_a_deleted_topics_flush_objects_and_segments_are_swept_after_the_grace(cluster: Cluster) -> None:
     a = cluster.broker(1)
-    a.meta.append("cluster", {"cluster_id": CLUSTER_ID}).result(WAIT)
+    a.meta.append(records.Cluster(CLUSTER_ID)).result(WAIT)
     catalog = Catalog(a.meta, EngineConfig(), time.time)
     gone = catalog.create_topic("gone", 2, None, validate_only=False).topic_id
     kept = catalog.create_topic("kept", 1, None, validate_only=False).topic_id

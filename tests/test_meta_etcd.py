@@ -26,6 +26,7 @@ from loglake.meta.checkpoint import capture
 from loglake.meta.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
 from loglake.meta.etcd_client import EtcdClient, parse_cluster_url
 from loglake.meta.log import LocalMetaStore
+from loglake.meta.records import Cluster, OffsetCommit, RecordKind, TopicCreated
 from loglake.meta.state import MetaState
 
 pytestmark = needs_etcd
@@ -40,21 +41,15 @@ def image(state: MetaState) -> Any:
     return img.seq, img.doc, b"".join(img.tables)
 
 
-def topic_record(i: int, partitions: int = 2) -> tuple[str, dict[str, Any]]:
-    return "topic_created", {
-        "name": f"t{i}",
-        "id": f"{i:032x}",
-        "partitions": partitions,
-        "config": {},
-        "created_ms": i,
-    }
+def topic_record(i: int, partitions: int = 2) -> TopicCreated:
+    return TopicCreated(f"t{i}", f"{i:032x}", partitions, {}, i)
 
 
-CLUSTER = ("cluster", {"cluster_id": "c1"})
+CLUSTER = Cluster("c1")
 
 
-def commit_record(group: str, offset: int) -> tuple[str, dict[str, Any]]:
-    return "offset_commit", {"g": group, "rows": [["t0", 0, offset, -1, "", offset]]}
+def commit_record(group: str, offset: int) -> OffsetCommit:
+    return OffsetCommit(group, [("t0", 0, offset, -1, "", offset)])
 
 
 @pytest.fixture(params=["local", "etcd"])
@@ -90,8 +85,8 @@ def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
 
 def test_records_apply_and_replay_after_reopen(opener: Opener) -> None:
     store = opener()
-    futures = [store.append(*CLUSTER), store.append(*topic_record(0))]
-    futures += [store.append(*commit_record("g", i)) for i in range(20)]
+    futures = [store.append(CLUSTER), store.append(topic_record(0))]
+    futures += [store.append(commit_record("g", i)) for i in range(20)]
     assert [f.result(timeout=30) for f in futures] == list(range(22))
     store.sync()
     assert store.state.groups["g"].offsets[("t0", 0)][0] == 19
@@ -104,12 +99,12 @@ def test_records_apply_and_replay_after_reopen(opener: Opener) -> None:
 
 def test_checkpoint_then_log_equals_the_state(opener: Opener) -> None:
     store = opener(checkpoint_records=5)
-    store.append(*CLUSTER)
+    store.append(CLUSTER)
     for i in range(12):
-        store.append(*topic_record(i)).result(timeout=30)
-        store.append(*commit_record("g", i)).result(timeout=30)
+        store.append(topic_record(i)).result(timeout=30)
+        store.append(commit_record("g", i)).result(timeout=30)
         store.maybe_checkpoint()
-    store.append(*commit_record("h", 99)).result(timeout=30)  # after the last checkpoint
+    store.append(commit_record("h", 99)).result(timeout=30)  # after the last checkpoint
     before = image(store.state)
     store.close()
     again = opener(checkpoint_records=5)
@@ -121,12 +116,12 @@ def test_watchers_see_every_record_in_order(opener: Opener) -> None:
     store = opener()
     seen: list[tuple[int, str]] = []
     store.watch(lambda seq, kind, body, raw: seen.append((seq, kind)))
-    kinds = ["cluster"]
-    store.append(*CLUSTER)
+    kinds = [RecordKind.CLUSTER]
+    store.append(CLUSTER)
     for i in range(10):
-        kind, body = topic_record(i) if i % 3 == 0 else commit_record("g", i)
-        kinds.append(kind)
-        store.append(kind, body)
+        record = topic_record(i) if i % 3 == 0 else commit_record("g", i)
+        kinds.append(record.kind)
+        store.append(record)
     store.sync()
     assert seen == list(enumerate(kinds))
 
@@ -167,7 +162,7 @@ def test_two_stores_appending_concurrently_serialize_without_loss_or_duplicate(e
     results: dict[str, list[Future[int]]] = {}
 
     def writer(name: str, store: EtcdMetaStore, base: int) -> None:
-        results[name] = [store.append(*commit_record(name, base + i)) for i in range(per_writer)]
+        results[name] = [store.append(commit_record(name, base + i)) for i in range(per_writer)]
 
     threads = [
         threading.Thread(target=writer, args=("a", a, 0)),
@@ -195,20 +190,20 @@ def test_conditional_append_with_a_stale_guard_is_refused(etcd1: EtcdCluster) ->
     usurper = _etcd_store(etcd1, "/c")
     epoch_key = "epochs/t0/0"
     leader.append_if(
-        *commit_record("g", 1), guards=[Guard(epoch_key, mod_revision=0)], sets={epoch_key: b"1"}
+        commit_record("g", 1), guards=[Guard(epoch_key, mod_revision=0)], sets={epoch_key: b"1"}
     ).result(timeout=30)
     assert leader.get_key(epoch_key)[0] == b"1"
     # A new leader bumps the epoch; the old one still believes in epoch 1.
     usurper.append_if(
-        *commit_record("g", 2), guards=[Guard(epoch_key, value=b"1")], sets={epoch_key: b"2"}
+        commit_record("g", 2), guards=[Guard(epoch_key, value=b"1")], sets={epoch_key: b"2"}
     ).result(timeout=30)
-    stale = leader.append_if(*commit_record("g", 3), guards=[Guard(epoch_key, value=b"1")])
+    stale = leader.append_if(commit_record("g", 3), guards=[Guard(epoch_key, value=b"1")])
     with pytest.raises(MetaFencedError):
         stale.result(timeout=30)
     leader.sync()
     assert leader.state.groups["g"].offsets[("t0", 0)][0] == 2  # the fenced record is nowhere
     assert leader.state.seq == 1
-    current = leader.append_if(*commit_record("g", 4), guards=[Guard(epoch_key, value=b"2")])
+    current = leader.append_if(commit_record("g", 4), guards=[Guard(epoch_key, value=b"2")])
     assert current.result(timeout=30) == 2
     leader.close()
     usurper.close()
@@ -216,13 +211,13 @@ def test_conditional_append_with_a_stale_guard_is_refused(etcd1: EtcdCluster) ->
 
 def test_a_checkpoint_larger_than_an_etcd_request_is_chunked(etcd1: EtcdCluster) -> None:
     store = _etcd_store(etcd1, "/big", checkpoint_records=1_000_000)
-    store.append(*CLUSTER)
+    store.append(CLUSTER)
     for i in range(40):
-        store.append(*topic_record(i, partitions=1000))
+        store.append(topic_record(i, partitions=1000))
     store.sync()
     seq = store.checkpoint()
     assert seq == 40
-    store.append(*commit_record("g", 1)).result(timeout=30)
+    store.append(commit_record("g", 1)).result(timeout=30)
     chunks, _ = store.client.range_all(b"/big/meta/ckpt/", b"/big/meta/ckpt0")
     assert len(chunks) >= 2 and all(len(kv.value) <= CHECKPOINT_CHUNK_BYTES for kv in chunks)
     before = image(store.state)
@@ -234,9 +229,9 @@ def test_a_checkpoint_larger_than_an_etcd_request_is_chunked(etcd1: EtcdCluster)
 
 def test_a_3_member_etcd_losing_a_member_keeps_serving_appends(etcd3: EtcdCluster) -> None:
     store = _etcd_store(etcd3, "/c")
-    store.append(*CLUSTER).result(timeout=30)
+    store.append(CLUSTER).result(timeout=30)
     etcd3.stop_member(0)  # the one the client talks to first
-    assert [store.append(*commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
+    assert [store.append(commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
     other = _etcd_store(etcd3, "/c")  # a broker starting now opens through the two left
     assert image(other.state) == image(store.state)
     etcd3.start_member(0)
@@ -248,10 +243,10 @@ def test_a_hung_etcd_member_is_failed_over(etcd3: EtcdCluster) -> None:
     """A member that accepts connections and answers nothing (SIGSTOP) costs one request timeout,
     then the client stays on a member that answers."""
     store = _etcd_store(etcd3, "/c")
-    store.append(*CLUSTER).result(timeout=30)
+    store.append(CLUSTER).result(timeout=30)
     etcd3.pause_member(0)  # the one the client talks to first
     try:
-        assert [store.append(*commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
+        assert [store.append(commit_record("g", i)).result(timeout=60) for i in range(5)] == [1, 2, 3, 4, 5]
         store.sync()
     finally:
         etcd3.resume_member(0)
@@ -262,16 +257,16 @@ def test_etcd_down_is_a_typed_error_and_the_store_recovers(
     etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = _etcd_store(etcd1, "/c", client={"unavailable_s": 2.0})
-    store.append(*CLUSTER).result(timeout=30)
+    store.append(CLUSTER).result(timeout=30)
     etcd1.stop_member(0)
-    failed = store.append(*commit_record("g", 1))
+    failed = store.append(commit_record("g", 1))
     with pytest.raises(EtcdUnavailableError) as info:
         failed.result(timeout=60)
     assert info.value.retriable
     with pytest.raises(EtcdUnavailableError):
         store.sync()
     etcd1.start_member(0)
-    assert store.append(*commit_record("g", 2)).result(timeout=60) >= 1
+    assert store.append(commit_record("g", 2)).result(timeout=60) >= 1
     store.sync()
     assert store.state.groups["g"].offsets[("t0", 0)][0] == 2
     unreachable = [r for r in caplog.records if "unreachable" in r.getMessage()]
@@ -284,7 +279,7 @@ def test_a_commit_whose_answer_was_lost_is_recognised_not_written_twice(etcd1: E
     The retry's compare fails, and the store must find its own batch in the log instead of
     appending it a second time."""
     store = _etcd_store(etcd1, "/c")
-    store.append(*CLUSTER).result(timeout=30)
+    store.append(CLUSTER).result(timeout=30)
     real_call = store.client.call
     lost = []
 
@@ -294,7 +289,7 @@ def test_a_commit_whose_answer_was_lost_is_recognised_not_written_twice(etcd1: E
         return real_call(path, payload, **kw)  # the retry
 
     store.client.call = answer_lost_once  # type: ignore[method-assign]
-    futures = [store.append(*commit_record("g", i)) for i in range(3)]
+    futures = [store.append(commit_record("g", i)) for i in range(3)]
     assert [f.result(timeout=30) for f in futures] == [1, 2, 3]
     assert lost and lost[0]["succeeded"]
     store.client.call = real_call  # type: ignore[method-assign]
@@ -312,13 +307,13 @@ def test_stores_appending_and_checkpointing_at_once_agree_and_reopen_to_the_same
     race, logs are deleted under readers, and still every store ends with one state, which a
     fourth store opening afterwards rebuilds exactly."""
     stores = [_etcd_store(etcd1, "/c", checkpoint_records=7) for _ in range(3)]
-    stores[0].append(*CLUSTER).result(timeout=30)
+    stores[0].append(CLUSTER).result(timeout=30)
     futures: list[Future[int]] = []
     lock = threading.Lock()
 
     def work(index: int, store: EtcdMetaStore) -> None:
         for i in range(80):
-            f = store.append(*commit_record(f"g{index}", i))
+            f = store.append(commit_record(f"g{index}", i))
             with lock:
                 futures.append(f)
             if i % 5 == 0:
@@ -347,12 +342,12 @@ def test_a_store_lagging_past_the_logs_compaction_reloads_from_the_checkpoint(
     etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
     writer = _etcd_store(etcd1, "/c", checkpoint_records=5)
-    writer.append(*CLUSTER).result(timeout=30)
+    writer.append(CLUSTER).result(timeout=30)
     laggard = _etcd_store(etcd1, "/c", poll_interval_s=3600)
     assert laggard._watch is not None
     laggard._watch.stop()  # deaf: it hears of nothing until it is asked to sync
     for i in range(30):
-        writer.append(*commit_record("g", i)).result(timeout=30)
+        writer.append(commit_record("g", i)).result(timeout=30)
         writer.maybe_checkpoint()  # two or more checkpoints: the log the laggard needs is gone
     oldest, _ = writer.client.range(b"/c/meta/log/", b"/c/meta/log0", limit=1)[:2]
     assert int(oldest[0].key.rsplit(b"/", 1)[1]) > 1

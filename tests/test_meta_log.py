@@ -19,9 +19,10 @@ from loglake.errors import CorruptionError
 from loglake.fs.faulty import FaultyFileSystem, SimulatedCrash
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.log import LocalMetaStore, checkpoint_name
+from loglake.meta.records import Cluster, MetaRecord, RecordKind, encode_record
 from loglake.meta.segments import SegmentRef, SegmentTable
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, encode_record
+from loglake.meta.state import MetaState
 from loglake.wal.frame import FrameError, decode_frame, encode_frame
 
 from enginekit import DATA_DIR, abandon, read_all, small_config
@@ -244,7 +245,7 @@ def test_torn_tail_of_the_metadata_log_is_truncated_and_reported() -> None:
     fs = FaultyFileSystem(seed=8)
     store = LocalMetaStore(fs, META_DIR)
     store.open()
-    store.append("cluster", {"cluster_id": "c"}).result()
+    store.append(Cluster("c")).result()
     store.close()
     log_dir = f"{META_DIR}/log/shard-00"
     path = f"{log_dir}/{sorted(fs.listdir(log_dir))[-1]}"
@@ -274,9 +275,9 @@ def test_create_topic_holding_the_catalog_lock_cannot_wedge_metadata_writers() -
     b_done = threading.Event()
     original = engine.meta.append
 
-    def pinned_append(kind: str, body: dict[str, Any]) -> Any:
-        fut = original(kind, body)
-        if kind == "topic_created":
+    def pinned_append(record: MetaRecord) -> Any:
+        fut = original(record)
+        if record.kind is RecordKind.TOPIC_CREATED:
             a_inside.set()
             b_done.wait(20)  # hold the catalog lock until B is through
         return fut

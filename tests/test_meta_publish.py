@@ -11,6 +11,7 @@ from loglake.engine import Engine, EngineConfig
 from loglake.fs import OsFileSystem
 from loglake.meta.checkpoint import capture
 from loglake.meta.publish import META_PUBLISH_PIECES_MAX, read_remote_state
+from loglake.meta.records import Acked
 from loglake.store.local import LocalStore
 
 
@@ -146,12 +147,12 @@ def test_acked_records_alone_cost_no_put(tmp_path: Path) -> None:
         assert publisher is not None
         publisher.publish()
         for end in range(1, 50):
-            engine.meta.append("acked", {"parts": [[tid, 0, end]]}).result()
+            engine.meta.append(Acked([(tid, 0, end)])).result()
         assert not publisher.due()  # maintenance publishes only when due: no PUT for these
         engine.create_topic("u", 1)  # a real change: everything pending goes up, in order
         assert publisher.due() and publisher.publish()
         for end in range(50, 50 + LAZY_RECORDS_MAX):
-            engine.meta.append("acked", {"parts": [[tid, 0, end]]}).result()
+            engine.meta.append(Acked([(tid, 0, end)])).result()
         assert publisher.due()  # the bound: they do not wait forever
         assert publisher.publish()
         assert image(read_remote_state(bucket).state) == image(engine.meta.state)

@@ -34,7 +34,7 @@ from loglake.broker.security.quotas import (
 )
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
-from loglake.meta.quotas import client_quota_body
+from loglake.meta.records import ClientQuota
 from loglake.meta.state import MetaState
 
 U, C = "user", "client-id"
@@ -291,16 +291,16 @@ def test_record_and_checkpoint_round_trip() -> None:
     alice = validate_entity([(U, "alice")])
     dflt = validate_entity([(C, None), (U, "bob")])
     state.apply(
-        "client_quota", json.loads(json.dumps(client_quota_body(alice, {PRODUCER_BYTE_RATE: 1024.0})))
+        "client_quota", json.loads(json.dumps(ClientQuota(alice, {PRODUCER_BYTE_RATE: 1024.0}).body()))
     )
-    state.apply("client_quota", json.loads(json.dumps(client_quota_body(dflt, {REQUEST_PERCENTAGE: 12.5}))))
+    state.apply("client_quota", json.loads(json.dumps(ClientQuota(dflt, {REQUEST_PERCENTAGE: 12.5}).body())))
     state.apply(
-        "client_quota", json.loads(json.dumps(client_quota_body(alice, {CONSUMER_BYTE_RATE: 2048.0})))
+        "client_quota", json.loads(json.dumps(ClientQuota(alice, {CONSUMER_BYTE_RATE: 2048.0}).body()))
     )
     assert state.client_quotas == {alice: {CONSUMER_BYTE_RATE: 2048.0}, dflt: {REQUEST_PERCENTAGE: 12.5}}
     back = decode_checkpoint(b"".join(encode_checkpoint(capture(state))), path="ck")
     assert back.client_quotas == state.client_quotas
-    state.apply("client_quota", client_quota_body(alice, None))
+    state.apply("client_quota", ClientQuota(alice, None).body())
     assert list(state.client_quotas) == [dflt]
 
 

@@ -14,8 +14,9 @@ import loglake
 from loglake.engine import Engine
 from loglake.meta import lifecycle
 from loglake.meta.lifecycle import TRANSITIONS, IllegalSegmentMove, Stage, Tier, move
+from loglake.meta.records import encode_record
 from loglake.meta.segments import ENTRY, SegmentRef, SegmentTable
-from loglake.meta.state import MetaState, encode_record
+from loglake.meta.state import MetaState
 from loglake.store.memory import MemoryStore
 
 from enginekit import abandon, small_config

@@ -38,7 +38,8 @@ from loglake.errors import CorruptionError
 from loglake.fs.faulty import FaultyFileSystem
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
-from loglake.meta.state import MetaState, decode_record, encode_record
+from loglake.meta.records import decode_record, encode_record
+from loglake.meta.state import MetaState
 from loglake.meta.txn_states import (
     KAFKA_NAMES,
     VALID_PREVIOUS_STATES,

@@ -9,6 +9,7 @@ group's configs whole (loglake.meta.state).
 from __future__ import annotations
 
 from loglake.broker.meta_facts import MetaFacts
+from loglake.meta.records import BrokerConfig, GroupConfig
 
 __all__ = ["ConfigStore"]
 
@@ -24,8 +25,8 @@ class ConfigStore(MetaFacts):
 
     def save_broker_configs(self, scope: str, configs: dict[str, str]) -> None:
         """Replace one scope's dynamic configs ({} removes them); durable on return."""
-        self._append("broker_config", {"scope": scope, "configs": dict(configs)}).result()
+        self._append(BrokerConfig(scope, configs)).result()
 
     def save_group_configs(self, group_id: str, configs: dict[str, str]) -> None:
         """Replace one group's configs ({} removes them); durable on return."""
-        self._append("group_config", {"g": group_id, "configs": dict(configs)}).result()
+        self._append(GroupConfig(group_id, configs)).result()

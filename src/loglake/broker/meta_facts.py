@@ -6,7 +6,7 @@ kind in a store next to the code that gives it meaning: ACL bindings
 (security.quota_store), dynamic broker and group configs (loglake.broker.config_store),
 transactional ids (loglake.broker.txn.id_store); consumer groups have their own
 (loglake.broker.groups.meta_store). Each reads through `meta.read` and copies out, and writes one
-record with `meta.append`, in the record kinds and bodies of loglake.meta.state.
+typed record (loglake.meta.records) with `meta.append`.
 
 A write while the engine is closed (before `open`, from the start of `close`) raises
 EngineClosedError: the engine's own check (`of`), so a store refuses exactly when the engine's
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Self
+from typing import Self
 
 from loglake.engine import Engine
+from loglake.meta.records import MetaRecord
 from loglake.meta.store import MetaStore
 
 __all__ = ["MetaFacts", "OpenCheck"]
@@ -41,7 +42,7 @@ class MetaFacts:
         """The store over `engine`'s metadata store, taking writes while the engine is open."""
         return cls(engine.meta, engine._check_open)
 
-    def _append(self, kind: str, body: dict[str, Any]) -> Future[int]:
+    def _append(self, record: MetaRecord) -> Future[int]:
         """Log one record; the future resolves with its seq once durable (committed in etcd)."""
         self._check_open()
-        return self.meta.append(kind, body)
+        return self.meta.append(record)

@@ -41,6 +41,7 @@ from loglake.engine.view import ClusterView
 from loglake.errors import MetaFencedError
 from loglake.meta import etcd_client as ec
 from loglake.meta.etcd import EtcdMetaStore, Guard
+from loglake.meta.records import GroupDeleted, GroupState, MetaRecord, OffsetCommit, OffsetExpire, OffsetRow
 
 log = logging.getLogger("loglake.broker")  # its lines are the broker's (docs/CLUSTER.md quotes them)
 
@@ -140,37 +141,37 @@ class FencedGroupStore(MetaGroupStore):
     # ---- fenced writes ---------------------------------------------------------------------------
 
     def commit(self, group_id: str, offsets: Mapping[TopicPartition, OffsetEntry]) -> Future[None]:
-        rows = [
-            [t, p, e.offset, e.leader_epoch, e.metadata, e.commit_ts_ms]
+        rows: list[OffsetRow] = [
+            (t, p, e.offset, e.leader_epoch, e.metadata, e.commit_ts_ms)
             for (t, p), e in sorted(offsets.items())
         ]
-        return self._write(group_id, "offset_commit", {"g": group_id, "rows": rows})
+        return self._write(group_id, OffsetCommit(group_id, rows))
 
     def expire(self, group_id: str, partitions: list[TopicPartition]) -> Future[None]:
-        return self._write(group_id, "offset_expire", {"g": group_id, "tps": [list(tp) for tp in partitions]})
+        return self._write(group_id, OffsetExpire(group_id, partitions))
 
     def delete_group(self, group_id: str) -> Future[None]:
-        return self._write(group_id, "group_deleted", {"g": group_id})
+        return self._write(group_id, GroupDeleted(group_id))
 
     def save_state(self, group_id: str, state: dict[str, Any] | None) -> Future[None]:
-        return self._write(group_id, "group_state", {"g": group_id, "state": state})
+        return self._write(group_id, GroupState(group_id, state))
 
-    def _write(self, group_id: str, kind: str, body: dict[str, Any]) -> Future[None]:
+    def _write(self, group_id: str, record: MetaRecord) -> Future[None]:
         with self._lock:
             if group_id in self.lost:
                 return _failed(MetaFencedError(f"group {group_id!r} is coordinated by another broker now"))
             claimed = group_id in self.claimed and group_id not in self._claiming
         if claimed:
-            return self._guarded(group_id, kind, body)
+            return self._guarded(group_id, record)
         with self._lock:
             if group_id not in self._claiming:
                 self._claiming[group_id] = self._writer.submit(self._claim_new, group_id)
-        return self._writer.submit(self._after_claim, group_id, kind, body)
+        return self._writer.submit(self._after_claim, group_id, record)
 
-    def _guarded(self, group_id: str, kind: str, body: dict[str, Any]) -> Future[None]:
+    def _guarded(self, group_id: str, record: MetaRecord) -> Future[None]:
         out: Future[None] = Future()
         try:
-            inner = self.etcd.append_if(kind, body, [Guard(self._claim_key(group_id), value=self.token)])
+            inner = self.etcd.append_if(record, [Guard(self._claim_key(group_id), value=self.token)])
         except Exception as exc:  # the store closed or failed: the coordinator answers retriably
             out.set_exception(exc)
             return out
@@ -207,11 +208,11 @@ class FencedGroupStore(MetaGroupStore):
                 if ok:
                     self.claimed.add(group_id)
 
-    def _after_claim(self, group_id: str, kind: str, body: dict[str, Any]) -> None:
+    def _after_claim(self, group_id: str, record: MetaRecord) -> None:
         with self._lock:
             if group_id in self.lost or group_id not in self.claimed:
                 raise MetaFencedError(f"group {group_id!r} is coordinated by another broker now")
-        self._guarded(group_id, kind, body).result(WRITE_WAIT_S)
+        self._guarded(group_id, record).result(WRITE_WAIT_S)
 
     def _lose(self, group_id: str) -> None:
         with self._lock:

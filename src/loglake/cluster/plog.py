@@ -52,6 +52,7 @@ from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.cluster import Plog, end_key, epoch_key
 from loglake.meta.etcd import EtcdMetaStore, Guard
+from loglake.meta.records import PlogCommit, PlogCommitRow, PlogLeader
 from loglake.records.batch import set_offset_and_epoch, split_batches
 from loglake.store.base import ObjectStore
 
@@ -147,8 +148,8 @@ class ClusterPartitionLog:
         if end_raw is None:
             guards.append(Guard(nk, mod_revision=0))
             sets[nk] = b"0"
-        body = {"id": topic_id, "p": partition, "epoch": old + 1, "leader": self.node_id}
-        self.meta.append_if("plog_leader", body, guards, sets).result(COMMIT_WAIT_S)
+        record = PlogLeader(topic_id, partition, old + 1, self.node_id)
+        self.meta.append_if(record, guards, sets).result(COMMIT_WAIT_S)
         plog: Plog = self.meta.read(lambda s: s.plogs.part(bytes.fromhex(topic_id), partition))
         if plog.epoch != old + 1:  # pragma: no cover - the guard and the record commit together
             raise EngineFailedError(f"{topic_id}-{partition}: epoch {plog.epoch} after bumping to {old + 1}")
@@ -326,19 +327,17 @@ class ClusterPartitionLog:
         while chunk:
             guards: list[Guard] = []
             sets: dict[str, bytes] = {}
-            rows = []
+            rows: list[PlogCommitRow] = []
             for e, _lead, epoch in chunk:
                 guards.append(Guard(epoch_key(e.topic_id, e.partition), value=str(epoch).encode()))
                 guards.append(Guard(end_key(e.topic_id, e.partition), value=str(e.base_offset).encode()))
                 sets[end_key(e.topic_id, e.partition)] = str(e.last_offset + 1).encode()
-                rows.append([
+                rows.append((
                     e.topic_id, e.partition, epoch, e.base_offset, e.last_offset, e.position, e.length,
                     e.record_count, e.max_timestamp, e.crc, e.batch_count,
-                ])  # fmt: skip
+                ))  # fmt: skip
             try:
-                self.meta.append_if("plog_commit", {"key": index.key, "ranges": rows}, guards, sets).result(
-                    COMMIT_WAIT_S
-                )
+                self.meta.append_if(PlogCommit(index.key, rows), guards, sets).result(COMMIT_WAIT_S)
             except MetaFencedError as exc:
                 # which guards broke? those partitions are fenced; the others commit on their own
                 held = [(e, lead, epoch) for e, lead, epoch in chunk if self._guards_hold(e, epoch)]

@@ -31,8 +31,9 @@ from loglake.cluster.flushobj import FlushIndexEntry, check_header, flush_prefix
 from loglake.cluster.merge import DELETE_GRACE_S, MergedSegment, MergeStats, merge_partition
 from loglake.cluster.plog import COMMIT_WAIT_S, ClusterPartitionLog, NotLeaderError
 from loglake.errors import CorruptionError, MetaFencedError
-from loglake.meta.cluster import Plog, epoch_key
+from loglake.meta.cluster import Plog, PlogSegment, epoch_key
 from loglake.meta.etcd import Guard
+from loglake.meta.records import PlogMerged, PlogSwept
 from loglake.meta.state import MetaState
 from loglake.segment.format import HEADER_SIZE, ZERO_HASH
 from loglake.store.base import ObjectNotFoundError
@@ -82,18 +83,12 @@ def merge(
 
     def switch(seg: MergedSegment) -> None:
         t = seg.trailer
-        body = {
-            "id": topic_id,
-            "p": partition,
-            "epoch": epoch,
-            "ms": wall_ms(),
-            "n": len(seg.sources),
-            "seg": [seg.key, t.base_offset, t.last_offset, t.size, t.index_position, t.data_crc,
-                    t.link_hash.hex(), t.record_count, t.max_timestamp],
-        }  # fmt: skip
+        merged = PlogSegment(seg.key, t.base_offset, t.last_offset, t.size, t.index_position, t.data_crc,
+                             t.link_hash.hex(), t.record_count, t.max_timestamp)  # fmt: skip
+        record = PlogMerged(topic_id, partition, epoch, wall_ms(), len(seg.sources), merged)
         guard = Guard(epoch_key(topic_id, partition), value=str(epoch).encode())
         try:
-            plog.meta.append_if("plog_merged", body, [guard]).result(COMMIT_WAIT_S)
+            plog.meta.append_if(record, [guard]).result(COMMIT_WAIT_S)
         except MetaFencedError:
             plog._stop(
                 (topic_id, partition), NotLeaderError(f"{topic_id}-{partition}: fenced during a merge")
@@ -157,7 +152,7 @@ def sweep(
     for i in range(0, len(keys), SWEEP_KEYS_PER_RECORD):
         part = keys[i : i + SWEEP_KEYS_PER_RECORD]
         try:
-            plog.meta.append("plog_swept", {"keys": part}).result(COMMIT_WAIT_S)
+            plog.meta.append(PlogSwept(part)).result(COMMIT_WAIT_S)
         except Exception as exc:  # became referenced (refused) or etcd away: delete nothing of these
             log.info(
                 "sweep of %d flush objects not committed (%s); retried at the next sweep", len(part), exc

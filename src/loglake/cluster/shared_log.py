@@ -54,6 +54,7 @@ from loglake.locks import Rank, ranked_lock
 from loglake.meta.cluster import Plog, PlogRange, PlogSegment
 from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.producers import ProducerStates
+from loglake.meta.records import Cluster, RecordKind
 from loglake.meta.state import MetaState
 from loglake.records.batch import BatchHeader, peek_header
 from loglake.records.decode import iter_records
@@ -174,8 +175,7 @@ class SharedPartitionLog:
             cid = new_cluster_id()
             try:
                 self.etcd.append_if(
-                    "cluster",
-                    {"cluster_id": cid},
+                    Cluster(cid),
                     [Guard(CLUSTER_ID_KEY, mod_revision=0)],
                     {CLUSTER_ID_KEY: cid.encode()},
                 ).result(COMMIT_WAIT_S)
@@ -222,8 +222,8 @@ class SharedPartitionLog:
 
     # ==== record watcher (runs under the store's lock: no I/O, no other lock but hw_cond) ==========
 
-    def _on_record(self, seq: int, kind: str, body: dict[str, object], raw: bytes) -> None:
-        if kind != "plog_commit":
+    def _on_record(self, seq: int, kind: RecordKind, body: dict[str, object], raw: bytes) -> None:
+        if kind != RecordKind.PLOG_COMMIT:
             return
         rows = body["ranges"]
         assert isinstance(rows, list)

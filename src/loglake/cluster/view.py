@@ -40,6 +40,7 @@ from loglake.engine.view import BrokerInfo, LiveListener
 from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
 from loglake.meta.etcd import EtcdMetaStore
 from loglake.meta.etcd_client import EtcdClient
+from loglake.meta.records import RecordKind
 from loglake.meta.state import MetaState
 
 __all__ = ["REBALANCE_INTERVAL_S", "EtcdClusterView"]
@@ -97,9 +98,9 @@ class EtcdClusterView:
         """Call `listener(live node ids)` (from the membership thread) whenever the live set changes."""
         self._live_listeners.append(listener)
 
-    def _on_record(self, seq: int, kind: str, body: dict[str, Any], raw: bytes) -> None:
+    def _on_record(self, seq: int, kind: RecordKind, body: dict[str, Any], raw: bytes) -> None:
         # under the store's lock: only a wake-up
-        if kind in TOPIC_KINDS or (kind == "plog_leader" and int(body.get("leader", -1)) != self.node_id):
+        if kind in TOPIC_KINDS or (kind == RecordKind.PLOG_LEADER and int(body.get("leader", -1)) != self.node_id):
             self._wake.set()
 
     def join(self, listeners: list[str]) -> None:

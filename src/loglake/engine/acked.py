@@ -36,6 +36,7 @@ from loglake.engine.types import RecoveryReport
 from loglake.errors import AcknowledgedDataLossError
 from loglake.meta.acked import ACKED_PARTS_MAX
 from loglake.meta.log import LocalMetaStore
+from loglake.meta.records import Acked, AckedRow
 from loglake.records.batch import CRC_COVERED_START, CRC_OFFSET, HEADER, LENGTH_FIELD_END
 from loglake.wal.shard import Durability
 
@@ -74,15 +75,15 @@ class AckedRecorder:
         if now - self._last < self.interval_s or (self._pending is not None and not self._pending.done()):
             return 0
         self._last = now
-        parts: list[list[object]] = []
+        parts: list[AckedRow] = []
         for topic, p in self.catalog.partitions():
             if topic.config.durability != Durability.FSYNC or p.deleted:
                 continue
             end = p.high_watermark
             if end > p.meta.acked_end:
-                parts.append([p.topic_id.hex(), p.index, end])
+                parts.append((p.topic_id.hex(), p.index, end))
         for i in range(0, len(parts), ACKED_PARTS_MAX):
-            self._pending = self.meta.append("acked", {"parts": parts[i : i + ACKED_PARTS_MAX]})
+            self._pending = self.meta.append(Acked(parts[i : i + ACKED_PARTS_MAX]))
         return len(parts)
 
 

@@ -40,6 +40,19 @@ from loglake.errors import (
 )
 from loglake.locks import Rank, ranked_lock
 from loglake.meta.lifecycle import Stage, Tier, move, stage_of
+from loglake.meta.records import (
+    LogStart,
+    MetaRecord,
+    PartitionsAdded,
+    ProducerIds,
+    RecordKind,
+    SegmentPublished,
+    SegmentRewritten,
+    SegmentTier,
+    TopicConfigSet,
+    TopicCreated,
+    TopicDeleted,
+)
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.store import MetaStore
 
@@ -50,7 +63,9 @@ log = logging.getLogger(__name__)
 #: Batches per producer carried in a segment_published record (duplicate detection needs 5).
 PRODUCER_BATCHES_PER_SEAL = 5
 #: Record kinds after which the topics map is rebuilt.
-TOPIC_KINDS = frozenset({"topic_created", "topic_deleted", "topic_config", "partitions_added"})
+TOPIC_KINDS = frozenset(
+    {RecordKind.TOPIC_CREATED, RecordKind.TOPIC_DELETED, RecordKind.TOPIC_CONFIG, RecordKind.PARTITIONS_ADDED}
+)
 #: How long a topic change waits for its record to be durable (local) or committed (etcd).
 COMMIT_WAIT_S = 60.0
 #: Rounds of taking a producer id while other brokers take theirs (each lost round means another
@@ -92,7 +107,7 @@ class Catalog:
         self._stale = True
         meta.watch(self._on_record)
 
-    def _on_record(self, seq: int, kind: str, body: dict[str, Any], raw: bytes) -> None:
+    def _on_record(self, seq: int, kind: RecordKind, body: dict[str, Any], raw: bytes) -> None:
         if kind in TOPIC_KINDS:
             self._stale = True  # under the store's lock: nothing more here
 
@@ -201,15 +216,8 @@ class Catalog:
         created_ms = int(self._clock() * 1000)
         if validate_only:
             return TopicInfo(name, topic_id.hex(), partitions, topic_config, created_ms)
-        body = {
-            "name": name,
-            "id": topic_id.hex(),
-            "partitions": partitions,
-            "config": dict(topic_config.overrides),
-            "created_ms": created_ms,
-        }
         try:
-            self._commit("topic_created", body)
+            self._commit(TopicCreated(name, topic_id.hex(), partitions, topic_config.overrides, created_ms))
         except MetaRecordRejectedError:  # created meanwhile (another broker, another thread)
             log.info("topic %s: created by another writer at the same time; answering TOPIC_ALREADY_EXISTS", name)
             raise TopicExistsError(f"topic {name!r} already exists") from None
@@ -221,7 +229,7 @@ class Catalog:
         topic = self.topic(name)
         try:
             # `ms` starts cluster mode's sweep grace for the topic's objects (the same on every broker)
-            self._commit("topic_deleted", {"id": topic.topic_id.hex(), "ms": int(self._clock() * 1000)})
+            self._commit(TopicDeleted(topic.topic_id.hex(), int(self._clock() * 1000)))
         except MetaRecordRejectedError:  # deleted meanwhile
             raise UnknownTopicError(f"unknown topic {name!r}") from None
         return topic
@@ -232,7 +240,7 @@ class Catalog:
         if validate_only:
             return
         try:
-            self._commit("partitions_added", {"id": topic.topic_id.hex(), "total": total})
+            self._commit(PartitionsAdded(topic.topic_id.hex(), total))
         except MetaRecordRejectedError as exc:
             raise InvalidPartitionsError(f"topic {name!r}: {exc}") from None
 
@@ -242,15 +250,15 @@ class Catalog:
         if validate_only:
             return new
         try:
-            self._commit("topic_config", {"id": topic.topic_id.hex(), "config": dict(new.overrides)})
+            self._commit(TopicConfigSet(topic.topic_id.hex(), new.overrides))
         except MetaRecordRejectedError:
             raise UnknownTopicError(f"unknown topic {name!r}") from None
         return new
 
-    def _commit(self, kind: str, body: dict[str, Any]) -> None:
+    def _commit(self, record: MetaRecord) -> None:
         """Append a topic record, wait until it is durable (or committed), rebuild the map."""
         try:
-            self.meta.append(kind, body).result(COMMIT_WAIT_S)
+            self.meta.append(record).result(COMMIT_WAIT_S)
         finally:
             self.refresh(force=True)
 
@@ -269,7 +277,7 @@ class Catalog:
         for _ in range(PRODUCER_ID_ATTEMPTS):
             pid = int(self.meta.read(lambda s: s.next_producer_id))
             try:
-                self.meta.append("producer_ids", {"next": pid + 1, "expect": pid}).result(COMMIT_WAIT_S)
+                self.meta.append(ProducerIds(pid + 1, pid)).result(COMMIT_WAIT_S)
             except MetaRecordRejectedError:
                 continue  # another broker (or thread) took it: look again
             return pid
@@ -279,10 +287,7 @@ class Catalog:
 
     def record_seal(self, p: Partition, ref: SegmentRef, producers: list[list[int]]) -> Future[int]:
         move(Stage.SEALED, ref.tier, ref.key)
-        return self.meta.append(
-            "segment_published",
-            {"id": p.topic_id.hex(), "p": p.index, "seg": ref.to_json(), "producers": producers},
-        )
+        return self.meta.append(SegmentPublished(p.topic_id.hex(), p.index, ref, producers))
 
     def record_tier(self, p: Partition, base_offset: int, tier: Tier) -> Future[int]:
         """Relocation's authoritative switch of the segment at `base_offset`, recorded hot: the
@@ -290,7 +295,7 @@ class Catalog:
         i = p.segments.find_base(base_offset)
         now = Stage.DELETED if i is None else stage_of(p.segments[i].tier)
         move(Stage.RELOCATING if now is Stage.HOT else now, tier, p.segments.key_for(base_offset))
-        return self.meta.append("segment_tier", {"id": p.topic_id.hex(), "p": p.index, "base": base_offset, "tier": tier})
+        return self.meta.append(SegmentTier(p.topic_id.hex(), p.index, base_offset, tier))
 
     def record_rewrite(
         self, p: Partition, replaced: list[SegmentRef], segs: list[SegmentRef], clean: dict[str, int] | None
@@ -309,15 +314,7 @@ class Catalog:
             move(seg.tier, Stage.REPLACED, seg.key)
         for seg in segs:
             move(Stage.SEALED, seg.tier, seg.key)
-        body: dict[str, Any] = {
-            "id": p.topic_id.hex(),
-            "p": p.index,
-            "replaced": [[s.base_offset, s.generation] for s in replaced],
-            "segs": [s.to_json() for s in segs],
-        }
-        if clean is not None:
-            body["clean"] = clean
-        return self.meta.append("segment_rewritten", body)
+        return self.meta.append(SegmentRewritten(p.topic_id.hex(), p.index, replaced, segs, clean))
 
     def record_log_start(self, p: Partition, offset: int) -> Future[int]:
         """Raise the log start offset; whole segments ending at or below it leave the chain."""
@@ -325,7 +322,7 @@ class Catalog:
             if seg.end_offset > offset:
                 break
             move(seg.tier, Stage.DELETED, seg.key)
-        return self.meta.append("log_start", {"id": p.topic_id.hex(), "p": p.index, "offset": offset})
+        return self.meta.append(LogStart(p.topic_id.hex(), p.index, offset))
 
 
 def producer_entries(batches: list[tuple[int, int, int, int, int]]) -> list[list[int]]:

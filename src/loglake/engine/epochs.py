@@ -39,6 +39,7 @@ from loglake.engine.partition import Partition
 from loglake.engine.types import RecoveryReport
 from loglake.errors import StorageError
 from loglake.fs.base import FileSystem
+from loglake.meta.records import LeaderEpoch
 from loglake.meta.state import PartitionMeta
 from loglake.wal.shard import Durability
 
@@ -95,9 +96,7 @@ def record_bump(catalog: Catalog, p: Partition, reason: str) -> Future[int]:
     epoch = p.meta.leader_epoch + 1
     start = p.next_offset
     log.warning("%s-%d: leader epoch %d starts at offset %d (%s)", p.topic, p.index, epoch, start, reason)
-    return catalog.meta.append(
-        "leader_epoch", {"id": p.topic_id.hex(), "p": p.index, "epoch": epoch, "start": start, "reason": reason}
-    )
+    return catalog.meta.append(LeaderEpoch(p.topic_id.hex(), p.index, epoch, start, reason))
 
 
 def bump_after_recovery(catalog: Catalog, *, clean: bool, restored: bool, report: RecoveryReport) -> None:

@@ -36,6 +36,7 @@ from loglake.meta.layout import wal_dir
 from loglake.meta.lifecycle import Tier
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import find_clusters, read_remote_state
+from loglake.meta.records import Cluster
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.records.batch import peek_header
 from loglake.segment.format import read_tail
@@ -76,7 +77,7 @@ def recover(
         meta.replace_state(remote_state)
         report.restored_from = stores.cold.url
     if not meta.state.cluster_id:
-        meta.append("cluster", {"cluster_id": new_cluster_id()}).result()
+        meta.append(Cluster(new_cluster_id())).result()
     if not meta.checkpoints:
         meta.checkpoint()  # every data directory has one: the stores' copy starts from it
     catalog.load()

@@ -25,8 +25,9 @@ from loglake.meta.checkpoint import decode_checkpoint
 from loglake.meta.layout import meta_dir, segments_dir
 from loglake.meta.lifecycle import Tier
 from loglake.meta.log import _CHECKPOINT_RE, checkpoint_name
+from loglake.meta.records import decode_record
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, PartitionMeta, decode_record
+from loglake.meta.state import MetaState, PartitionMeta
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.store.base import ObjectStore
 from loglake.store.local import LocalStore

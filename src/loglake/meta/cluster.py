@@ -41,12 +41,15 @@ __all__ = [
     "CONDEMNED_MAX",
     "DROPPED_SEGMENTS_MAX",
     "FREE_OBJECTS_MAX",
-    "PLOG_KINDS",
     "RANGES_PER_PARTITION_MAX",
     "Plog",
     "PlogRange",
     "PlogSegment",
     "PlogTable",
+    "apply_plog_commit",
+    "apply_plog_leader",
+    "apply_plog_merged",
+    "apply_plog_swept",
     "drop_topic",
     "end_key",
     "epoch_key",
@@ -62,8 +65,6 @@ CONDEMNED_MAX = 100_000
 #: Merged segments of deleted topics remembered for the sweep (oldest forgotten first: a
 #: forgotten one stays in the bucket, unreferenced, until an operator removes it).
 DROPPED_SEGMENTS_MAX = 100_000
-
-PLOG_KINDS = ("plog_leader", "plog_commit", "plog_merged", "plog_swept")
 
 TP = tuple[bytes, int]
 
@@ -202,31 +203,34 @@ class PlogState(Protocol):
     def plogs(self) -> PlogTable: ...
 
 
-def apply_plog(state: PlogState, b: dict[str, Any], *, kind: str) -> None:
+def apply_plog_leader(state: PlogState, b: dict[str, Any]) -> None:
+    plog = state.plogs.part(*_tp(b))
+    epoch = int(b["epoch"])
+    if epoch <= plog.epoch:
+        raise ValueError(f"leader epoch {epoch} is not above the current {plog.epoch}")
+    plog.epoch, plog.leader = epoch, int(b["leader"])
+
+
+def apply_plog_commit(state: PlogState, b: dict[str, Any]) -> None:
+    _commit(state.plogs, str(b["key"]), b["ranges"])
+
+
+def apply_plog_merged(state: PlogState, b: dict[str, Any]) -> None:
+    _merged(state.plogs, b)
+
+
+def apply_plog_swept(state: PlogState, b: dict[str, Any]) -> None:
     t = state.plogs
-    if kind == "plog_leader":
-        plog = t.part(*_tp(b))
-        epoch = int(b["epoch"])
-        if epoch <= plog.epoch:
-            raise ValueError(f"leader epoch {epoch} is not above the current {plog.epoch}")
-        plog.epoch, plog.leader = epoch, int(b["leader"])
-    elif kind == "plog_commit":
-        _commit(t, str(b["key"]), b["ranges"])
-    elif kind == "plog_merged":
-        _merged(t, b)
-    elif kind == "plog_swept":
-        keys = [str(k) for k in b["keys"]]
-        held = [k for k in keys if k in t.objects]
-        if held:
-            raise ValueError(f"sweep names {held[0]}, which committed ranges still reference")
-        for k in keys:
-            if t.dropped.pop(k, None) is not None:
-                continue
-            if t.free.pop(k, None) is None:
-                t.condemned[k] = None
-        _trim(t.condemned, CONDEMNED_MAX)
-    else:  # pragma: no cover - the dispatch table lists exactly PLOG_KINDS
-        raise ValueError(kind)
+    keys = [str(k) for k in b["keys"]]
+    held = [k for k in keys if k in t.objects]
+    if held:
+        raise ValueError(f"sweep names {held[0]}, which committed ranges still reference")
+    for k in keys:
+        if t.dropped.pop(k, None) is not None:
+            continue
+        if t.free.pop(k, None) is None:
+            t.condemned[k] = None
+    _trim(t.condemned, CONDEMNED_MAX)
 
 
 def _commit(t: PlogTable, key: str, rows: Any) -> None:

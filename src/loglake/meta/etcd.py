@@ -25,7 +25,7 @@ every store alike — `MetaState.apply` is deterministic — logged once, and it
 Records of other brokers are applied as a replay is (`state.replaying`): this broker's engine did
 not see them live.
 
-`append_if(kind, body, guards, sets)` adds compares on other keys (a partition's leader epoch) to
+`append_if(record, guards, sets)` adds compares on other keys (a partition's leader epoch) to
 the same transaction and may set keys with it: when a guard no longer holds, nothing is
 committed and the future fails with MetaFencedError. That is the fencing primitive: a leader
 that lost its epoch can never commit.
@@ -72,7 +72,8 @@ from loglake.meta.checkpoint import capture
 from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
 from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError, Guard
 from loglake.meta.log import META_CHECKPOINT_BYTES_DEFAULT, META_CHECKPOINT_RECORDS_DEFAULT, Watcher
-from loglake.meta.state import MetaState, decode_record, encode_record
+from loglake.meta.records import MetaRecord, RecordKind, decode_record, encode_record
+from loglake.meta.state import MetaState
 from loglake.meta.store import MetaStore
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "EtcdMetaStore", "Guard", "MetaRecordRejectedError"]
@@ -103,12 +104,20 @@ _BATCH_ID_BYTES = 8
 #: two brokers creating one topic name, or taking the same next producer id, at once; a topic
 #: deleted, altered or grown on one broker after another broker deleted it (its writer's client
 #: gets UNKNOWN_TOPIC_OR_PARTITION).
-QUIET_REJECTED_KINDS = frozenset({"topic_created", "topic_deleted", "topic_config", "partitions_added", "producer_ids"})
+QUIET_REJECTED_KINDS = frozenset(
+    {
+        RecordKind.TOPIC_CREATED,
+        RecordKind.TOPIC_DELETED,
+        RecordKind.TOPIC_CONFIG,
+        RecordKind.PARTITIONS_ADDED,
+        RecordKind.PRODUCER_IDS,
+    }
+)
 
 
 @dataclass
 class _Pending:
-    kind: str
+    kind: RecordKind | None  # None: a sync marker
     body: dict[str, Any]
     raw: bytes
     future: Future[int]
@@ -224,19 +233,20 @@ class EtcdMetaStore:
         with self._lock:
             self._watchers.append(watcher)
 
-    def append(self, kind: str, body: dict[str, Any]) -> Future[int]:
+    def append(self, record: MetaRecord) -> Future[int]:
         """Queue one record; the future resolves with its seq once committed and applied."""
+        kind, body = record.kind, record.body()
         return self._submit(_Pending(kind, body, encode_record(kind, body), Future()))
 
     def append_if(
         self,
-        kind: str,
-        body: dict[str, Any],
+        record: MetaRecord,
         guards: Sequence[Guard],
         sets: Mapping[str, bytes] | None = None,
     ) -> Future[int]:
         """Append only if every guard holds at commit (MetaFencedError otherwise); `sets` puts
         keys (relative to the prefix) in the same transaction (a new leader epoch, say)."""
+        kind, body = record.kind, record.body()
         pending = _Pending(
             kind, body, encode_record(kind, body), Future(), tuple(guards), tuple((sets or {}).items())
         )
@@ -273,7 +283,7 @@ class EtcdMetaStore:
             raise EngineFailedError("metadata store is not open")
         marker: Future[int] = Future()
         with self._cond:
-            self._pending.append(_Pending("", {}, b"", marker))  # a no-op the writer resolves in order
+            self._pending.append(_Pending(None, {}, b"", marker))  # a no-op the writer resolves in order
             self._cond.notify_all()
         marker.result()
 
@@ -332,7 +342,7 @@ class EtcdMetaStore:
         with self._cond:
             while self._pending:
                 p = self._pending[0]
-                if not p.kind:  # a sync marker: everything before it is committed
+                if p.kind is None:  # a sync marker: everything before it is committed
                     if out:
                         break
                     self._pending.popleft()
@@ -493,12 +503,13 @@ class EtcdMetaStore:
 
     def _apply_batch(self, base: int, batch: _Batch, *, own: bool) -> None:
         for i, p in enumerate(batch.items):
+            assert p.kind is not None  # a batch holds records, never a sync marker (_take_batch)
             self._apply(base + i, p.kind, p.body, p.raw, replaying=not own, future=p.future)
 
     def _apply(
         self,
         seq: int,
-        kind: str,
+        kind: RecordKind,
         body: dict[str, Any],
         raw: bytes,
         *,

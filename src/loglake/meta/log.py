@@ -8,7 +8,7 @@ Layout under ``<data_dir>/meta/``::
 
 Theory of operation
 -------------------
-`append(kind, body)` gives the record the next sequence number, applies it to the in-memory
+`append(record)` gives the record the next sequence number, applies it to the in-memory
 `MetaState` and queues it to the log's writer thread, all under one lock, so the order records
 are applied in is the order they are written in. It returns a future resolved once the record
 is durable (group commit: one fdatasync for every record queued meanwhile, the WAL's own writer,
@@ -43,8 +43,9 @@ from loglake.errors import CorruptionError, EngineFailedError, MetaRecordRejecte
 from loglake.fs.base import FileSystem
 from loglake.locks import Rank, ranked_lock
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
+from loglake.meta.records import Cluster, MetaRecord, decode_record, encode_record
 from loglake.meta.snapshot import SnapshotStore
-from loglake.meta.state import MetaState, decode_record, encode_record
+from loglake.meta.state import MetaState
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.meta.store import Watcher as StoreWatcher
 from loglake.wal.recovery import recover_wal, shard_dir_name
@@ -233,7 +234,7 @@ class LocalMetaStore:
         changes nothing): every log file before the older one goes, and the newer one still
         has a checkpoint and the log after it to fall back to."""
         for _ in range(CHECKPOINTS_KEPT):
-            self.append("cluster", {"cluster_id": self._state.cluster_id}).result()
+            self.append(Cluster(self._state.cluster_id)).result()
             self.checkpoint()
         log.info("metadata log compacted at open (it held more than %d files)", META_LOG_FILES_AT_OPEN_MAX)
 
@@ -275,8 +276,9 @@ class LocalMetaStore:
         with self._lock:
             self._watchers.append(watcher)
 
-    def append(self, kind: str, body: dict[str, Any]) -> Future[int]:
+    def append(self, record: MetaRecord) -> Future[int]:
         """Apply one change and log it; the future resolves (with its seq) once durable."""
+        kind, body = record.kind, record.body()
         raw = encode_record(kind, body)
         fut: Future[int] = Future()
         with self._lock:

@@ -31,7 +31,8 @@ from typing import Any
 from loglake.errors import CorruptionError, LoglakeError
 from loglake.meta.checkpoint import decode_checkpoint
 from loglake.meta.log import LocalMetaStore, checkpoint_name
-from loglake.meta.state import MetaState, decode_record
+from loglake.meta.records import RecordKind, decode_record
+from loglake.meta.state import MetaState
 from loglake.meta.state_v1 import state_from_snapshot
 from loglake.store.base import ObjectStore, cluster_prefix
 from loglake.wal.frame import FrameError, decode_frame, encode_frame
@@ -62,7 +63,7 @@ _NO_TOPIC = bytes(16)
 
 #: Record kinds that alone do not make a publish due (engine/acked.py writes one a second while
 #: producing: the bucket's copy needs them only to stay contiguous)...
-LAZY_KINDS = frozenset({"acked"})
+LAZY_KINDS = frozenset({RecordKind.ACKED})
 #: ...until this many of them wait.
 LAZY_RECORDS_MAX = 1000
 
@@ -133,7 +134,7 @@ class MetaPublisher:
         self.puts = 0
         meta.watch(self._on_record)
 
-    def _on_record(self, seq: int, kind: str, _body: dict[str, Any], raw: bytes) -> None:
+    def _on_record(self, seq: int, kind: RecordKind, _body: dict[str, Any], raw: bytes) -> None:
         with self._mu:
             self._pending.append((seq, raw))
             if kind not in LAZY_KINDS:

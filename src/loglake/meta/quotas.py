@@ -27,7 +27,6 @@ __all__ = [
     "ENTITY_TYPES",
     "EntityKey",
     "apply_client_quota",
-    "client_quota_body",
     "client_quotas_doc",
     "entity_key",
     "load_client_quotas",
@@ -68,11 +67,6 @@ def _values(raw: Any) -> dict[str, float]:
             raise ValueError(f"client quota {key}: {number} is not a positive finite number")
         out[str(key)] = number
     return out
-
-
-def client_quota_body(key: EntityKey, values: dict[str, float] | None) -> dict[str, Any]:
-    """The record body that sets `key`'s quotas to `values` (None or {}: removes the entity)."""
-    return {"entity": [[t, n] for t, n in key], "values": dict(values) if values else None}
 
 
 class QuotaState(Protocol):

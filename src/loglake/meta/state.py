@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-Every durable change of metadata is one record `(kind, body)`: a kind from `RECORD_KINDS` and a
-small JSON object. `MetaState.apply` is the one function that moves the state; the metadata
+Every durable change of metadata is one record `(kind, body)`: a `RecordKind` and a small JSON
+object, written by a typed record (both in loglake.meta.records, which also owns the kinds' codes
+and the encoding). `MetaState.apply` is the one function that moves the state; the metadata
 store calls it when a record is appended (live) and when the log is replayed after a checkpoint
 (recovery), so a checkpoint plus the records after it always equals the state before a crash.
 
@@ -60,20 +61,25 @@ Unknown kinds are refused (a newer release's log is not silently half-applied).
 
 from __future__ import annotations
 
-import functools
-import json
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from loglake.errors import CorruptionError
 from loglake.meta.acked import apply_acked
 from loglake.meta.acls import apply_acls
-from loglake.meta.cluster import PLOG_KINDS, PlogTable, apply_plog, drop_topic
+from loglake.meta.cluster import (
+    PlogTable,
+    apply_plog_commit,
+    apply_plog_leader,
+    apply_plog_merged,
+    apply_plog_swept,
+    drop_topic,
+)
 from loglake.meta.lifecycle import Tier
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import EntityKey, apply_client_quota
+from loglake.meta.records import RecordKind
 from loglake.meta.scram import apply_scram
 from loglake.meta.segments import SegmentRef, SegmentTable
 from loglake.meta.txn import (
@@ -85,18 +91,12 @@ from loglake.store.base import partition_prefix
 
 __all__ = [
     "LEADER_EPOCHS_MAX",
-    "RECORD_KINDS",
-    "RECORD_VERSION",
     "GroupMeta",
     "MetaState",
     "PartitionMeta",
     "TopicMeta",
-    "decode_record",
-    "encode_record",
 ]
 
-#: Version byte in front of every record's JSON body.
-RECORD_VERSION = 1
 #: Most clean marks (tombstone timing) a partition keeps; older ones merge conservatively.
 PASS_MARKS_MAX = 64
 #: Most leader-epoch history entries a partition keeps; past this the oldest are dropped (an
@@ -104,72 +104,12 @@ PASS_MARKS_MAX = 64
 #: epoch older than its cache: with the oldest kept entry's start offset). Epochs move only at
 #: unclean recoveries and operator-accepted losses (and, later, leadership changes).
 LEADER_EPOCHS_MAX = 1000
-#: Largest record body accepted (a group state with 1,000 members fits easily).
-RECORD_BYTES_MAX = 16 * 1024 * 1024
 #: Most partitions a topic may have (the engine refuses more); a record or checkpoint claiming more
 #: is corrupt, and is refused before one partition of it is built.
 PARTITIONS_PER_TOPIC_MAX = 10_000
 #: What reading a JSON document of the wrong shape raises (a list where an object belongs, a
 #: short row, a number out of int64 range): callers turn these into CorruptionError.
 DOC_SHAPE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error)
-RECORD_KINDS = (
-    "cluster",
-    "topic_created",
-    "topic_deleted",
-    "topic_config",
-    "partitions_added",
-    "segment_published",
-    "segment_tier",
-    "log_start",
-    "producer_ids",
-    "offset_commit",
-    "offset_expire",
-    "group_deleted",
-    "group_state",
-    "segment_rewritten",
-    "broker_config",
-    "group_config",
-    "leader_epoch",
-    "txn",
-    "acked",
-    "acls",
-    "scram_credential",
-    "client_quota",
-    *PLOG_KINDS,
-)
-_KIND_CODE = {k: i + 1 for i, k in enumerate(RECORD_KINDS)}
-
-# ---- records ---------------------------------------------------------------------------------
-
-
-def encode_record(kind: str, body: dict[str, Any]) -> bytes:
-    """version u8 · kind u8 · JSON body (UTF-8, compact)."""
-    code = _KIND_CODE.get(kind)
-    if code is None:
-        raise ValueError(f"unknown metadata record kind {kind!r}")
-    data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    if len(data) > RECORD_BYTES_MAX:
-        raise ValueError(f"metadata record {kind} is {len(data)} bytes, over the {RECORD_BYTES_MAX}-byte limit")
-    return bytes((RECORD_VERSION, code)) + data
-
-
-def decode_record(raw: bytes | memoryview, *, where: str, position: int) -> tuple[str, dict[str, Any]]:
-    if len(raw) < 2:
-        raise CorruptionError(where, position, "metadata record shorter than its header")
-    version, code = raw[0], raw[1]
-    if version != RECORD_VERSION:
-        raise CorruptionError(where, position, f"metadata record version {version} is not supported (want 1)")
-    if not 1 <= code <= len(RECORD_KINDS):
-        raise CorruptionError(where, position, f"unknown metadata record kind {code}")
-    try:
-        body = json.loads(bytes(raw[2:]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptionError(where, position, f"metadata record body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise CorruptionError(where, position, "metadata record body is not an object")
-    return RECORD_KINDS[code - 1], body
-
-
 # ---- state -----------------------------------------------------------------------------------
 
 
@@ -292,7 +232,7 @@ class MetaState:
 
     # ---- applying records --------------------------------------------------------------------
 
-    def apply(self, kind: str, body: dict[str, Any]) -> None:
+    def apply(self, kind: RecordKind, body: dict[str, Any]) -> None:
         """Move the state by one record. Raises KeyError/ValueError/TypeError on a record that
         does not fit the state (the store turns that into a CorruptionError on replay)."""
         handler = _APPLY.get(kind)
@@ -440,31 +380,34 @@ def _replace_configs(table: dict[str, dict[str, str]], key: str, configs: Any) -
 
 
 _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
-    "cluster": MetaState._cluster,
-    "topic_created": MetaState._topic_created,
-    "topic_deleted": MetaState._topic_deleted,
-    "topic_config": MetaState._topic_config,
-    "partitions_added": MetaState._partitions_added,
-    "segment_published": MetaState._segment_published,
-    "segment_tier": MetaState._segment_tier,
-    "log_start": MetaState._log_start,
-    "producer_ids": MetaState._producer_ids,
-    "offset_commit": MetaState._offset_commit,
-    "offset_expire": MetaState._offset_expire,
-    "group_deleted": MetaState._group_deleted,
-    "group_state": MetaState._group_state,
-    "segment_rewritten": MetaState._segment_rewritten,
-    "broker_config": MetaState._broker_config,
-    "group_config": MetaState._group_config,
-    "leader_epoch": MetaState._leader_epoch,
-    "txn": apply_txn,
-    "acked": apply_acked,
-    "acls": apply_acls,
-    "scram_credential": apply_scram,
-    "client_quota": apply_client_quota,
-    **{kind: functools.partial(apply_plog, kind=kind) for kind in PLOG_KINDS},
+    RecordKind.CLUSTER: MetaState._cluster,
+    RecordKind.TOPIC_CREATED: MetaState._topic_created,
+    RecordKind.TOPIC_DELETED: MetaState._topic_deleted,
+    RecordKind.TOPIC_CONFIG: MetaState._topic_config,
+    RecordKind.PARTITIONS_ADDED: MetaState._partitions_added,
+    RecordKind.SEGMENT_PUBLISHED: MetaState._segment_published,
+    RecordKind.SEGMENT_TIER: MetaState._segment_tier,
+    RecordKind.LOG_START: MetaState._log_start,
+    RecordKind.PRODUCER_IDS: MetaState._producer_ids,
+    RecordKind.OFFSET_COMMIT: MetaState._offset_commit,
+    RecordKind.OFFSET_EXPIRE: MetaState._offset_expire,
+    RecordKind.GROUP_DELETED: MetaState._group_deleted,
+    RecordKind.GROUP_STATE: MetaState._group_state,
+    RecordKind.SEGMENT_REWRITTEN: MetaState._segment_rewritten,
+    RecordKind.BROKER_CONFIG: MetaState._broker_config,
+    RecordKind.GROUP_CONFIG: MetaState._group_config,
+    RecordKind.LEADER_EPOCH: MetaState._leader_epoch,
+    RecordKind.TXN: apply_txn,
+    RecordKind.ACKED: apply_acked,
+    RecordKind.ACLS: apply_acls,
+    RecordKind.SCRAM_CREDENTIAL: apply_scram,
+    RecordKind.CLIENT_QUOTA: apply_client_quota,
+    RecordKind.PLOG_LEADER: apply_plog_leader,
+    RecordKind.PLOG_COMMIT: apply_plog_commit,
+    RecordKind.PLOG_MERGED: apply_plog_merged,
+    RecordKind.PLOG_SWEPT: apply_plog_swept,
 }
-assert set(_APPLY) == set(RECORD_KINDS)
+assert set(_APPLY) == set(RecordKind)
 
 
 def _partition_count(value: Any) -> int:

@@ -1,7 +1,7 @@
 """The `MetaStore` seam: how the engine (and the broker's stores) reach metadata.
 
-Nothing else reads or writes metadata files or keys. Callers append change records, read the
-state they built, and may watch the records go by. Two implementations:
+Nothing else reads or writes metadata files or keys. Callers append change records (the typed
+records of `loglake.meta.records`), read the state they built, and may watch the records go by. Two implementations:
 `loglake.meta.log.LocalMetaStore` (a log plus checkpoints on local disk; a record is applied when
 it is appended) and cluster mode's etcd store (records are applied when committed, in log order,
 on every broker alike). Records and the state they move are defined in `loglake.meta.state`.
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
+from loglake.meta.records import MetaRecord, RecordKind
 from loglake.meta.state import MetaState
 
 __all__ = ["MetaStore", "Watcher"]
@@ -21,7 +22,7 @@ T = TypeVar("T")
 
 #: Called with (seq, kind, body, encoded record) after each record is applied, under the store's
 #: lock: a watcher only notes what it needs (a flag, a counter) and never calls back into the store.
-Watcher = Callable[[int, str, dict[str, Any], bytes], None]
+Watcher = Callable[[int, RecordKind, dict[str, Any], bytes], None]
 
 
 class MetaStore(Protocol):
@@ -49,8 +50,8 @@ class MetaStore(Protocol):
         """`fn(state)` under the store's lock: a consistent read (keep it short, copy out)."""
         ...
 
-    def append(self, kind: str, body: dict[str, Any]) -> Future[int]:
-        """Log one change; the future resolves with its seq once durable (local) or committed
+    def append(self, record: MetaRecord) -> Future[int]:
+        """Log one change (`record.body()`, under `record.kind`); the future resolves with its seq once durable (local) or committed
         (etcd). A record that does not apply to the state is refused with
         MetaRecordRejectedError: raised here by the local store, through the future by etcd's.
 

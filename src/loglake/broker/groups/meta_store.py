@@ -29,12 +29,11 @@ from loglake.broker.groups.store import (
     StoreFormatError,
     TopicPartition,
 )
+from loglake.meta.records import GroupDeleted, GroupState, OffsetCommit, OffsetExpire, OffsetRow
 from loglake.meta.state import MetaState
 from loglake.meta.store import MetaStore
 
 log = logging.getLogger(__name__)
-
-OffsetRow = tuple[str, int, int, int, str, int]  # topic, partition, offset, leader_epoch, metadata, commit_ts_ms
 
 
 class GroupLog(Protocol):
@@ -67,16 +66,16 @@ class MetaGroupLog:
         return self.meta.read(copy)
 
     def commit_group_offsets(self, group_id: str, rows: list[OffsetRow]) -> Future[int]:
-        return self.meta.append("offset_commit", {"g": group_id, "rows": [list(r) for r in rows]})
+        return self.meta.append(OffsetCommit(group_id, rows))
 
     def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[int]:
-        return self.meta.append("offset_expire", {"g": group_id, "tps": [list(tp) for tp in partitions]})
+        return self.meta.append(OffsetExpire(group_id, partitions))
 
     def delete_group_metadata(self, group_id: str) -> Future[int]:
-        return self.meta.append("group_deleted", {"g": group_id})
+        return self.meta.append(GroupDeleted(group_id))
 
     def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
-        return self.meta.append("group_state", {"g": group_id, "state": state})
+        return self.meta.append(GroupState(group_id, state))
 
 
 class MetaGroupStore:

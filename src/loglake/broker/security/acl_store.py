@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from loglake.broker.meta_facts import MetaFacts
 from loglake.meta.acls import Binding
+from loglake.meta.records import Acls
 
 __all__ = ["AclStore"]
 
@@ -20,4 +21,4 @@ class AclStore(MetaFacts):
 
     def save(self, created: list[list[object]], deleted: list[list[object]]) -> None:
         """Record bindings created and deleted (JSON rows), as one ``acls`` record; durable on return."""
-        self._append("acls", {"created": created, "deleted": deleted}).result()
+        self._append(Acls(created, deleted)).result()

@@ -9,7 +9,8 @@ before it takes effect.
 from __future__ import annotations
 
 from loglake.broker.meta_facts import MetaFacts
-from loglake.meta.quotas import EntityKey, client_quota_body
+from loglake.meta.quotas import EntityKey
+from loglake.meta.records import ClientQuota
 
 __all__ = ["QuotaStore"]
 
@@ -21,4 +22,4 @@ class QuotaStore(MetaFacts):
 
     def save(self, key: EntityKey, values: dict[str, float] | None) -> None:
         """Replace one entity's quota configs (None or {} removes it); durable on return."""
-        self._append("client_quota", client_quota_body(key, values)).result()
+        self._append(ClientQuota(key, values)).result()

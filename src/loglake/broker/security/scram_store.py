@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from loglake.broker.meta_facts import MetaFacts
+from loglake.meta.records import ScramCredentialSet
 from loglake.meta.state import MetaState
 
 __all__ = ["ScramStore"]
@@ -37,4 +38,4 @@ class ScramStore(MetaFacts):
         """Set (or with None remove) one user's credential for one mechanism; durable on return.
         MetaRecordRejectedError (a ValueError) when the record is refused (too many users, a bad
         body): nothing was logged."""
-        self._append("scram_credential", {"user": user, "mechanism": mechanism, "cred": cred}).result()
+        self._append(ScramCredentialSet(user, mechanism, cred)).result()

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from loglake.broker.meta_facts import MetaFacts
+from loglake.meta.records import TxnRecord
 
 __all__ = ["TxnIdStore"]
 
@@ -20,4 +21,4 @@ class TxnIdStore(MetaFacts):
 
     def record(self, body: dict[str, Any]) -> Future[int]:
         """Log a transactional id's new state; resolves with the record's seq once durable."""
-        return self._append("txn", body)
+        return self._append(TxnRecord.from_body(body))
