@@ -145,7 +145,8 @@ def configure_logging(level: int, *, json_lines: bool = False) -> None:
 
 
 def log_formatter(*, json_lines: bool = False) -> logging.Formatter:
-    """The broker's log line: UTC time, level, logger, message (or one JSON object per line)."""
+    """How every command logs a record: UTC time, level, logger, message (or one JSON object per
+    line). The tests' in-process brokers write their log files with it too (tests/brokerkit.py)."""
     formatter: logging.Formatter = (
         JsonLineFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
