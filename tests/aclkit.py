@@ -32,7 +32,7 @@ from loglake.kafka_errors import ErrorCode as E
 from loglake.records.batch import BatchBuilder
 from tlskit import Pki, make_pki, ssl_args
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 AUTH_ERRORS = {E.TOPIC_AUTHORIZATION_FAILED, E.GROUP_AUTHORIZATION_FAILED, E.CLUSTER_AUTHORIZATION_FAILED,
                E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -48,12 +48,12 @@ def acl_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"), clients=("admin", "bob", "eve"))
 
 
-def acl_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def acl_broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     conf = tmp_path_factory.mktemp("conf") / "broker.toml"
     conf.write_text(f'ssl_principal_mapping_rules = "{MAPPING}"\n')
     args = ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, client_auth="required"), "--super-users", "User:admin",
             "--config", str(conf)]
-    with serving_broker(tmp_path_factory.mktemp("acls") / "data", args) as b:
+    with serving_in_process(tmp_path_factory.mktemp("acls") / "data", args) as b:
         yield b
 
 
@@ -86,7 +86,7 @@ class TlsClient:
         self.sock.close()
 
 
-def open_clients(broker: Broker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
+def open_clients(broker: InProcessBroker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
     out = {who: TlsClient(broker.port, pki, who) for who in ("admin", "bob", "eve")}
     yield out
     for c in out.values():

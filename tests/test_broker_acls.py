@@ -72,7 +72,7 @@ from loglake.broker.protocol.kip848 import ConsumerGroupDescribeRequest, Consume
 from loglake.kafka_errors import ErrorCode as E
 from tlskit import Pki
 
-from brokerkit import Broker
+from brokerkit import InProcessBroker
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +81,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     yield from acl_broker(tmp_path_factory, pki)
 
 
 @pytest.fixture(scope="module")
-def clients(broker: Broker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
+def clients(broker: InProcessBroker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
     yield from open_clients(broker, pki)
 
 

@@ -46,7 +46,7 @@ from aclkit import (
 from loglake.kafka_errors import ErrorCode as E
 from tlskit import Pki
 
-from brokerkit import Broker
+from brokerkit import InProcessBroker
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +55,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     yield from acl_broker(tmp_path_factory, pki)
 
 
 @pytest.fixture(scope="module")
-def clients(broker: Broker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
+def clients(broker: InProcessBroker, pki: Pki) -> Iterator[dict[str, TlsClient]]:
     yield from open_clients(broker, pki)
 
 
@@ -95,11 +95,11 @@ def test_list_groups_filtered(clients: dict[str, TlsClient], granted: None) -> N
         assert ("g-bob" in groups) == (who == "bob")
 
 
-def audit_lines(b: Broker) -> list[str]:
+def audit_lines(b: InProcessBroker) -> list[str]:
     return [line for line in b.log_text().splitlines() if "DENIED principal=" in line]
 
 
-def test_audit_line_once_per_denied_request(broker: Broker, clients: dict[str, TlsClient], granted: None) -> None:
+def test_audit_line_once_per_denied_request(broker: InProcessBroker, clients: dict[str, TlsClient], granted: None) -> None:
     eve = clients["eve"]
     before = len(audit_lines(broker))
     # One Produce naming two forbidden topics, three partitions: one line.
@@ -130,13 +130,13 @@ def test_audit_line_once_per_denied_request(broker: Broker, clients: dict[str, T
     assert len(new) == 1 and "api=OffsetFetch" in new[0] and "'g-bob','g-x'" in new[0], new
 
 
-def _admin(broker: Broker, pki: Pki, who: str) -> AdminClient:
+def _admin(broker: InProcessBroker, pki: Pki, who: str) -> AdminClient:
     pair = pki.clients[who]
     return AdminClient({"bootstrap.servers": broker.bootstrap, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
                         "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key), "log_level": 0})
 
 
-def test_admin_client_create_describe_delete_round_trip(broker: Broker, pki: Pki, granted: None) -> None:
+def test_admin_client_create_describe_delete_round_trip(broker: InProcessBroker, pki: Pki, granted: None) -> None:
     admin = _admin(broker, pki, "admin")
     name = f"rt-{uuid.uuid4().hex[:6]}"
     bindings = [
@@ -167,13 +167,13 @@ def test_admin_client_create_describe_delete_round_trip(broker: Broker, pki: Pki
     assert err.value.args[0].code() == E.CLUSTER_AUTHORIZATION_FAILED
 
 
-def _client_conf(broker: Broker, pki: Pki, who: str) -> dict[str, Any]:
+def _client_conf(broker: InProcessBroker, pki: Pki, who: str) -> dict[str, Any]:
     pair = pki.clients[who]
     return {"bootstrap.servers": broker.bootstrap, "security.protocol": "SSL", "ssl.ca.location": str(pki.ca),
             "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key), "log_level": 0}
 
 
-def test_confluent_idempotent_producer_and_group_consumer(broker: Broker, pki: Pki, granted: None) -> None:
+def test_confluent_idempotent_producer_and_group_consumer(broker: InProcessBroker, pki: Pki, granted: None) -> None:
     """Real clients: bob's idempotent producer (InitProducerId by WRITE on a topic, Kafka 3+) and
     subscribing consumer (group g-bob) work; eve's consumer is told GROUP_AUTHORIZATION_FAILED."""
     topic = f"pub-cg-{uuid.uuid4().hex[:6]}"
@@ -204,7 +204,7 @@ def test_confluent_idempotent_producer_and_group_consumer(broker: Broker, pki: P
     assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
 
 
-def test_acls_survive_a_restart(broker: Broker, pki: Pki, clients: dict[str, TlsClient], granted: None) -> None:
+def test_acls_survive_a_restart(broker: InProcessBroker, pki: Pki, clients: dict[str, TlsClient], granted: None) -> None:
     """Last in the module: the clients' connections close with the restart."""
     for c in clients.values():
         c.close()

@@ -23,7 +23,7 @@ from kafka.admin import NewTopic as KpNewTopic
 
 from test_broker_admin import error_of, produce, raw_call, result, versions
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 TOPIC, BROKER, GROUP = ConfigResource.Type.TOPIC, ConfigResource.Type.BROKER, ConfigResource.Type.GROUP
 SET, DELETE = AlterConfigOpType.SET, AlterConfigOpType.DELETE
@@ -33,16 +33,16 @@ STATIC_MAX_CONNECTIONS = "5000"
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     root = tmp_path_factory.mktemp("dynamic")
     config = root / "broker.toml"
     config.write_text(f'max_connections = {STATIC_MAX_CONNECTIONS}\n\n[topic_defaults]\n"segment.ms" = "7200000"\n')
-    with serving_broker(root / "data", ["--config", str(config)]) as b:
+    with serving_in_process(root / "data", ["--config", str(config)]) as b:
         yield b
 
 
 @pytest.fixture
-def admin(broker: Broker) -> AdminClient:
+def admin(broker: InProcessBroker) -> AdminClient:
     return AdminClient({"bootstrap.servers": broker.bootstrap})
 
 
@@ -53,7 +53,7 @@ def alter(admin: AdminClient, rtype: Any, name: str, *ops: tuple[str, str | None
     return error_of(fut) if fut.exception(timeout=15) is not None else None
 
 
-def alter_default(broker: Broker, *ops: tuple[str, str | None, AlterConfigOpType]) -> tuple[int, str | None]:
+def alter_default(broker: InProcessBroker, *ops: tuple[str, str | None, AlterConfigOpType]) -> tuple[int, str | None]:
     """IncrementalAlterConfigs of the cluster-wide default broker resource ("": confluent-kafka
     refuses an empty resource name, so a raw request); (error code, message)."""
     resp = raw_call(broker, 44, 1, validate_only=False, resources=[{
@@ -68,14 +68,14 @@ def describe(admin: AdminClient, rtype: Any, name: str) -> dict[str, Any]:
     return dict(result(admin.describe_configs([res])[res]))
 
 
-def describe_raw(broker: Broker, rtype: int, name: str, keys: list[str] | None = None) -> Any:
+def describe_raw(broker: InProcessBroker, rtype: int, name: str, keys: list[str] | None = None) -> Any:
     resp = raw_call(broker, 32, 4, include_synonyms=True, include_documentation=True, resources=[
         {"resource_type": rtype, "resource_name": name, "configuration_keys": keys},
     ])
     return resp.results[0]
 
 
-def closed_when_idle(broker: Broker) -> bool:
+def closed_when_idle(broker: InProcessBroker) -> bool:
     """Open a connection, send nothing, and see the broker close it (the socket timeout only bounds a hang)."""
     with socket.create_connection(("127.0.0.1", broker.port), timeout=60) as sock:
         return sock.recv(1) == b""
@@ -84,7 +84,7 @@ def closed_when_idle(broker: Broker) -> bool:
 # ---- flush.ms / flush.messages ----------------------------------------------------------------------
 
 
-def test_flush_configs_are_accepted_stored_and_described(admin: AdminClient, broker: Broker) -> None:
+def test_flush_configs_are_accepted_stored_and_described(admin: AdminClient, broker: InProcessBroker) -> None:
     result(admin.create_topics([NewTopic("fl", 1, config={"flush.ms": "1000", "flush.messages": "1"})])["fl"])
     configs = describe(admin, TOPIC, "fl")
     assert configs["flush.ms"].value == "1000" and configs["flush.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
@@ -114,7 +114,7 @@ def test_flush_configs_are_accepted_stored_and_described(admin: AdminClient, bro
 # ---- dynamic broker configs --------------------------------------------------------------------------
 
 
-def test_message_max_bytes_default_changes_at_runtime_with_kafkas_precedence(admin: AdminClient, broker: Broker) -> None:
+def test_message_max_bytes_default_changes_at_runtime_with_kafkas_precedence(admin: AdminClient, broker: InProcessBroker) -> None:
     result(admin.create_topics([NewTopic("mm", 1)])["mm"])
     no_retry = {"compression.type": "none", "retries": 0}
     [(err, _)] = produce(broker, "mm", [b"x" * 5000], conf=no_retry)
@@ -144,7 +144,7 @@ def test_message_max_bytes_default_changes_at_runtime_with_kafkas_precedence(adm
     assert describe_raw(broker, 4, "").configs == []  # "" lists only the defaults set, as Kafka
 
 
-def test_idle_timeout_changes_at_runtime_and_reverts(admin: AdminClient, broker: Broker) -> None:
+def test_idle_timeout_changes_at_runtime_and_reverts(admin: AdminClient, broker: InProcessBroker) -> None:
     assert alter_default(broker, ("connections.max.idle.ms", "1000", SET)) == (0, None)
     assert closed_when_idle(broker)
     assert alter_default(broker, ("connections.max.idle.ms", None, DELETE)) == (0, None)
@@ -152,7 +152,7 @@ def test_idle_timeout_changes_at_runtime_and_reverts(admin: AdminClient, broker:
     assert (entry.value, entry.source) == ("600000", ConfigSource.DEFAULT_CONFIG.value)
 
 
-def test_static_layer_and_legacy_alter_configs_replace(admin: AdminClient, broker: Broker) -> None:
+def test_static_layer_and_legacy_alter_configs_replace(admin: AdminClient, broker: InProcessBroker) -> None:
     entry = describe(admin, BROKER, "0")["max.connections"]
     assert (entry.value, entry.source, entry.is_read_only) == (STATIC_MAX_CONNECTIONS, 4, False)
     res = ConfigResource(BROKER, "0", set_config={"max.connections": "400", "log.cleaner.io.max.bytes.per.second": "1.5E7"})
@@ -187,7 +187,7 @@ def test_kip848_and_transaction_settings_are_described_by_kafkas_names(admin: Ad
     assert all(configs[k].is_read_only for k in expected)
 
 
-def test_read_only_unknown_and_bad_values_are_refused(admin: AdminClient, broker: Broker) -> None:
+def test_read_only_unknown_and_bad_values_are_refused(admin: AdminClient, broker: InProcessBroker) -> None:
     for name, value, words in (
         ("num.partitions", "3", "Cannot update these configs dynamically"),
         ("log.cleanup.policy", "compact", "Cannot update these configs dynamically"),
@@ -220,7 +220,7 @@ def test_read_only_unknown_and_bad_values_are_refused(admin: AdminClient, broker
 # ---- group configs -----------------------------------------------------------------------------------
 
 
-def test_group_configs_set_describe_validate(admin: AdminClient, broker: Broker) -> None:
+def test_group_configs_set_describe_validate(admin: AdminClient, broker: InProcessBroker) -> None:
     configs = describe(admin, GROUP, "gc")  # a group without configs shows the broker's defaults
     assert (configs["consumer.session.timeout.ms"].value, configs["consumer.session.timeout.ms"].source) == ("45000", 5)
     assert alter(admin, GROUP, "gc", ("consumer.session.timeout.ms", "50000", SET)) is None
@@ -250,7 +250,7 @@ def test_group_configs_set_describe_validate(admin: AdminClient, broker: Broker)
     assert configs["consumer.session.timeout.ms"].is_default and configs["consumer.heartbeat.interval.ms"].value == "6000"
 
 
-def test_deleting_a_group_keeps_its_configs(admin: AdminClient, broker: Broker) -> None:
+def test_deleting_a_group_keeps_its_configs(admin: AdminClient, broker: InProcessBroker) -> None:
     result(admin.create_topics([NewTopic("gd-t", 1)])["gd-t"])
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "gd", "enable.auto.commit": False})
     try:
@@ -280,7 +280,7 @@ def test_authorized_operations_with_confluent_admin(admin: AdminClient) -> None:
 
 
 @pytest.mark.parametrize("version", [v for v in versions(3) if v >= 8])
-def test_raw_metadata_authorized_operations(broker: Broker, version: int) -> None:
+def test_raw_metadata_authorized_operations(broker: InProcessBroker, version: int) -> None:
     fields: dict[str, Any] = {"topics": [{"name": "ao-raw", "topic_id": None}] if version >= 10 else [{"name": "ao-raw"}],
                               "allow_auto_topic_creation": True, "include_topic_authorized_operations": True}
     if version <= 10:
@@ -301,7 +301,7 @@ def test_raw_metadata_authorized_operations(broker: Broker, version: int) -> Non
 # ---- restart: runs last, it restarts the module's broker ---------------------------------------------
 
 
-def test_zz_dynamic_configs_survive_restart(broker: Broker) -> None:
+def test_zz_dynamic_configs_survive_restart(broker: InProcessBroker) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     assert alter_default(broker, ("message.max.bytes", "2000", SET), ("connections.max.idle.ms", "1000", SET)) == (0, None)
     assert alter(admin, BROKER, "0", ("log.retention.ms", "3600000", SET)) is None

@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 import loglake
 
-from brokerkit import Broker, free_port, start_on_port
+from brokerkit import InProcessBroker, free_port, start_on_port
 
 PARTITIONS = 6
 ENV = {
@@ -39,16 +39,16 @@ WAIT_S = 60  # upper bound on waits for progress; no assertion depends on timing
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
+def broker(tmp_path: Path) -> Iterator[InProcessBroker]:
     data = tmp_path / "data"
     with loglake.open(str(data)) as log:
         for name in ("k", "rx-a"):
             log.create_topic(name, PARTITIONS)
     port = free_port()
-    b = Broker(data, ["--listen", f"127.0.0.1:{port}"], env=ENV)
+    b = InProcessBroker(data, ["--listen", f"127.0.0.1:{port}"], env=ENV)
     start_on_port(b, port)
     yield b
-    if b.proc is not None and b.proc.poll() is None:
+    if b.running:
         b.stop()
     assert "Traceback" not in b.log_text()
 
@@ -122,7 +122,7 @@ def describe(bootstrap: str, group: str) -> object:
     return admin.describe_consumer_groups([group])[group].result(timeout=15)
 
 
-def test_members_join_and_leave_every_record_once(broker: Broker) -> None:
+def test_members_join_and_leave_every_record_once(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 60)
     r = Reader()
@@ -149,7 +149,7 @@ def test_members_join_and_leave_every_record_once(broker: Broker) -> None:
     assert committed(boot, "eo", "k") == [30] * PARTITIONS
 
 
-def test_broker_restart_keeps_the_group(broker: Broker) -> None:
+def test_broker_restart_keeps_the_group(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 60)
     r = Reader()
@@ -173,7 +173,7 @@ def test_broker_restart_keeps_the_group(broker: Broker) -> None:
     assert {m.member_id for m in after.members} == {m.member_id for m in before.members}  # type: ignore[attr-defined]
 
 
-def test_classic_and_consumer_groups_share_a_topic(broker: Broker) -> None:
+def test_classic_and_consumer_groups_share_a_topic(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 60)
     r_new, r_old = Reader(), Reader()
@@ -197,7 +197,7 @@ def test_classic_and_consumer_groups_share_a_topic(broker: Broker) -> None:
     assert [g.group_id for g in only_new.valid] == ["new-proto"]
 
 
-def test_regex_subscription_takes_topics_created_later(broker: Broker) -> None:
+def test_regex_subscription_takes_topics_created_later(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "rx-a", 0, 30)
     produce(boot, "k", 0, 30)  # does not match
@@ -215,7 +215,7 @@ def test_regex_subscription_takes_topics_created_later(broker: Broker) -> None:
     assert len(r.seen) == 40
 
 
-def test_describe_shows_members_and_assignments(broker: Broker) -> None:
+def test_describe_shows_members_and_assignments(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 12)
     r = Reader()
@@ -234,7 +234,7 @@ def test_describe_shows_members_and_assignments(broker: Broker) -> None:
     assert parts == list(range(PARTITIONS))
 
 
-def test_static_member_comes_back_without_a_rebalance(broker: Broker) -> None:
+def test_static_member_comes_back_without_a_rebalance(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 12)
     r = Reader()
@@ -267,7 +267,7 @@ def test_static_member_comes_back_without_a_rebalance(broker: Broker) -> None:
     assert sorted(m.group_instance_id for m in d.members) == ["inst-a", "inst-b"]  # type: ignore[attr-defined]
 
 
-def test_empty_classic_group_is_taken_over_by_the_consumer_protocol(broker: Broker) -> None:
+def test_empty_classic_group_is_taken_over_by_the_consumer_protocol(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 30)
     r = Reader()
@@ -303,7 +303,7 @@ while True:
 """
 
 
-def test_a_member_that_dies_is_fenced_after_its_session(broker: Broker) -> None:
+def test_a_member_that_dies_is_fenced_after_its_session(broker: InProcessBroker) -> None:
     boot = broker.bootstrap
     produce(boot, "k", 0, 60)
     child = subprocess.Popen([sys.executable, "-c", CHILD, boot], stdout=subprocess.PIPE, text=True)
@@ -334,7 +334,7 @@ def test_a_member_that_dies_is_fenced_after_its_session(broker: Broker) -> None:
     assert committed(boot, "crash", "k") == [20] * PARTITIONS  # every partition read to its end
 
 
-def test_group_config_overrides_reach_the_heartbeat(broker: Broker) -> None:
+def test_group_config_overrides_reach_the_heartbeat(broker: InProcessBroker) -> None:
     """Kafka 4.0's GROUP config resource: `consumer.heartbeat.interval.ms` set on one group is the
     interval its members are told; another group keeps the broker's setting (300 ms in ENV)."""
     from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType

@@ -1,9 +1,9 @@
-"""Raw sockets against the real broker process: truncated frames, bad size prefixes, unknown APIs
+"""Raw sockets against the real broker (in-process): truncated frames, bad size prefixes, unknown APIs
 and versions, garbage, idle and many connections.
 
 Every test runs while a well-behaved confluent-kafka producer keeps producing on its own
 connection (the `prober` fixture) and ends with a kafka-python produce/consume round trip on a
-fresh connection; the broker process must still be alive at the end of the module.
+fresh connection; the broker must still be serving at the end of the module.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kafka.protocol.consumer import FetchRequest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest
 from kafka.protocol.parser import KafkaProtocol
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 IDLE_TIMEOUT_MS = 2000
 PROBE_TOPIC = "probe"
@@ -113,7 +113,7 @@ def wait_closed(sock: socket.socket, timeout: float) -> float:
     return time.monotonic() - started
 
 
-def wait_for_log(broker: Broker, needle: str, timeout: float = 10.0) -> str:
+def wait_for_log(broker: InProcessBroker, needle: str, timeout: float = 10.0) -> str:
     """The first broker log line containing `needle` (the broker logs asynchronously)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -125,7 +125,7 @@ def wait_for_log(broker: Broker, needle: str, timeout: float = 10.0) -> str:
         time.sleep(0.05)
 
 
-def closing_line(broker: Broker, local_port: int) -> str:
+def closing_line(broker: InProcessBroker, local_port: int) -> str:
     return wait_for_log(broker, f"closing 127.0.0.1:{local_port}:")
 
 
@@ -196,16 +196,16 @@ class Prober(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = Path(tmp_path_factory.mktemp("malformed")) / "data"
     # Every malformed connection is checked for its own log line: no rate limiting of warnings here.
     env = {"LOGLAKE_IDLE_TIMEOUT_MS": str(IDLE_TIMEOUT_MS), "LOGLAKE_LOG_RATE_LIMIT_MS": "0"}
-    with serving_broker(data, env=env) as b:
+    with serving_in_process(data, env=env) as b:
         yield b
 
 
 @pytest.fixture(scope="module")
-def prober(broker: Broker) -> Iterator[Prober]:
+def prober(broker: InProcessBroker) -> Iterator[Prober]:
     p = Prober(broker.bootstrap)
     p.start()
     p.wait_delivered(1)
@@ -216,20 +216,20 @@ def prober(broker: Broker) -> Iterator[Prober]:
 
 
 @pytest.fixture(autouse=True)
-def keeps_serving(broker: Broker, prober: Prober, request: pytest.FixtureRequest) -> Iterator[None]:
+def keeps_serving(broker: InProcessBroker, prober: Prober, request: pytest.FixtureRequest) -> Iterator[None]:
     """The well-behaved producer makes progress during the test and a fresh client works after it."""
     before = prober.delivered
     yield
     prober.wait_delivered(before + 5)
     assert not prober.failures
-    assert broker.proc is not None and broker.proc.poll() is None, "the broker process died"
+    assert broker.running, "the broker died"
     assert_round_trip(broker.bootstrap, "after-" + re.sub(r"[^A-Za-z0-9._-]", "_", request.node.name))
 
 
 # ---------------------------------------------------------------------------------------- tests
 
 
-def test_truncated_frame_then_close(broker: Broker) -> None:
+def test_truncated_frame_then_close(broker: InProcessBroker) -> None:
     whole = metadata_frame()
     for cut in (1, 3, 4, 6, len(whole) // 2, len(whole) - 1):
         with socket.create_connection(_host_port(broker.bootstrap), timeout=5) as s:
@@ -241,7 +241,7 @@ def test_truncated_frame_then_close(broker: Broker) -> None:
             wait_closed(s, 10)
 
 
-def test_truncated_frame_then_wait_then_rest(broker: Broker) -> None:
+def test_truncated_frame_then_wait_then_rest(broker: InProcessBroker) -> None:
     """Half a request, a pause (other clients are served meanwhile), then the rest: answered."""
     whole = metadata_frame(correlation_id=7)
     with (
@@ -270,7 +270,7 @@ def test_truncated_frame_then_wait_then_rest(broker: Broker) -> None:
         assert [b.port for b in resp.brokers] == [broker.port]
 
 
-def test_request_sent_one_byte_at_a_time(broker: Broker) -> None:
+def test_request_sent_one_byte_at_a_time(broker: InProcessBroker) -> None:
     whole = metadata_frame(correlation_id=9)
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -281,7 +281,7 @@ def test_request_sent_one_byte_at_a_time(broker: Broker) -> None:
         assert len(head) == 8 and struct.unpack(">i", head[4:8])[0] == 9
 
 
-def test_truncated_frame_idle_is_closed(broker: Broker) -> None:
+def test_truncated_frame_idle_is_closed(broker: InProcessBroker) -> None:
     """A partial request that is never completed is dropped after the idle timeout."""
     whole = metadata_frame()
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
@@ -297,7 +297,7 @@ def test_truncated_frame_idle_is_closed(broker: Broker) -> None:
     [2**31 - 1, 2**31 - 2**20, 100 * 1024 * 1024 + 1, -1, -(2**31), -4096],
     ids=["2GiB", "2GiB-1MiB", "limit+1", "minus1", "int32min", "minus4096"],
 )
-def test_bad_size_prefix_closes_with_log_line(broker: Broker, size: int) -> None:
+def test_bad_size_prefix_closes_with_log_line(broker: InProcessBroker, size: int) -> None:
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
         s.sendall(struct.pack(">i", size) + b"\x00" * 64)
@@ -307,7 +307,7 @@ def test_bad_size_prefix_closes_with_log_line(broker: Broker, size: int) -> None
     assert "WARNING" in line
 
 
-def test_size_prefix_split_over_packets(broker: Broker) -> None:
+def test_size_prefix_split_over_packets(broker: InProcessBroker) -> None:
     """The limit is checked from the 4 prefix bytes even when they arrive one by one."""
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -319,7 +319,7 @@ def test_size_prefix_split_over_packets(broker: Broker) -> None:
     assert "frame size 2147483647" in closing_line(broker, port)
 
 
-def test_zero_length_frame(broker: Broker) -> None:
+def test_zero_length_frame(broker: InProcessBroker) -> None:
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
         s.sendall(struct.pack(">i", 0))
@@ -328,7 +328,7 @@ def test_zero_length_frame(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize("api_key", [999, 4, -1, 32767])  # 4: LeaderAndIsr, between brokers only
-def test_unknown_api_key(broker: Broker, api_key: int) -> None:
+def test_unknown_api_key(broker: InProcessBroker, api_key: int) -> None:
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
         s.sendall(framed(raw_header(api_key, 0, 31)))
@@ -338,7 +338,7 @@ def test_unknown_api_key(broker: Broker, api_key: int) -> None:
 
 
 @pytest.mark.parametrize(("api_key", "version"), [(3, 99), (3, -1), (0, 2), (1, 3), (0, 99)])
-def test_unsupported_version(broker: Broker, api_key: int, version: int) -> None:
+def test_unsupported_version(broker: InProcessBroker, api_key: int, version: int) -> None:
     """Metadata v99 etc.: the connection is closed with a log line (Kafka does the same)."""
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
@@ -348,7 +348,7 @@ def test_unsupported_version(broker: Broker, api_key: int, version: int) -> None
     assert f"api key {api_key} version {version} not supported (correlation id 32)" in line, line
 
 
-def test_api_versions_v99_gets_kip511_answer(broker: Broker) -> None:
+def test_api_versions_v99_gets_kip511_answer(broker: InProcessBroker) -> None:
     """KIP-511: a v0 response with UNSUPPORTED_VERSION and our version list; the connection stays usable."""
     with RawClient(broker.bootstrap) as c:
         c.sock.sendall(framed(raw_header(18, 99, 4242) + b"\x00\x00future bytes we cannot parse"))
@@ -379,7 +379,7 @@ def test_api_versions_v99_gets_kip511_answer(broker: Broker) -> None:
         )
 
 
-def test_malformed_body_after_valid_header(broker: Broker) -> None:
+def test_malformed_body_after_valid_header(broker: InProcessBroker) -> None:
     # Metadata v1 whose topic array claims 1000 entries that are not there.
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
@@ -418,13 +418,13 @@ def _garbage_connection(bootstrap: str, seed: int) -> None:
         pass  # the broker closed while we were still sending: fine
 
 
-def test_garbage_connections(broker: Broker) -> None:
+def test_garbage_connections(broker: InProcessBroker) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda seed: _garbage_connection(broker.bootstrap, seed), range(400)))
-    assert broker.proc is not None and broker.proc.poll() is None
+    assert broker.running
 
 
-def test_silent_client_is_closed_after_idle_timeout(broker: Broker) -> None:
+def test_silent_client_is_closed_after_idle_timeout(broker: InProcessBroker) -> None:
     with socket.create_connection(_host_port(broker.bootstrap), timeout=10) as s:
         port = s.getsockname()[1]
         took = wait_closed(s, IDLE_TIMEOUT_MS / 1000 + 10)
@@ -433,7 +433,7 @@ def test_silent_client_is_closed_after_idle_timeout(broker: Broker) -> None:
     assert f"idle for {IDLE_TIMEOUT_MS / 1000:.0f} s" in line, line
 
 
-def test_many_connections_at_once(broker: Broker) -> None:
+def test_many_connections_at_once(broker: InProcessBroker) -> None:
     """1000 sockets open together, each pipelining ApiVersions + Metadata; all answered in order.
 
     Each sends right after connecting (opening 1000 takes longer than the 2 s idle timeout here)."""
@@ -455,7 +455,7 @@ def test_many_connections_at_once(broker: Broker) -> None:
             c.close()
 
 
-def test_pipelined_requests_beyond_inflight_limit(broker: Broker) -> None:
+def test_pipelined_requests_beyond_inflight_limit(broker: InProcessBroker) -> None:
     """300 requests sent before reading any answer (the in-flight cap is 64): all answered in order."""
     with RawClient(broker.bootstrap, timeout=20) as c:
         for corr in range(300):
@@ -465,7 +465,7 @@ def test_pipelined_requests_beyond_inflight_limit(broker: Broker) -> None:
     assert got == list(range(300))
 
 
-def test_client_leaves_during_long_poll(broker: Broker) -> None:
+def test_client_leaves_during_long_poll(broker: InProcessBroker) -> None:
     """A Fetch waiting for data whose client goes away: nothing to answer, the broker goes on."""
     assert_round_trip(broker.bootstrap, "longpoll-gone", 1)
     F = FetchRequest.FetchTopic
@@ -484,14 +484,14 @@ def test_client_leaves_during_long_poll(broker: Broker) -> None:
         c.send(req)
         c.close()
     time.sleep(3.5)  # the parked fetches time out and find their connections gone
-    assert broker.proc is not None and broker.proc.poll() is None
+    assert broker.running
 
 
-def test_pending_requests_of_a_reset_connection(broker: Broker) -> None:
+def test_pending_requests_of_a_reset_connection(broker: InProcessBroker) -> None:
     """RST (SO_LINGER 0) right after pipelining requests whose answers are still being written."""
     for _ in range(20):
         s = socket.create_connection(_host_port(broker.bootstrap), timeout=5)
         s.sendall(b"".join(metadata_frame(i) for i in range(50)))
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
-    assert broker.proc is not None and broker.proc.poll() is None
+    assert broker.running

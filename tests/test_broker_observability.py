@@ -24,7 +24,7 @@ from loglake.broker.listeners import canonical_host_name
 from loglake.records import build_batch
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker, free_port, serving_broker
+from brokerkit import InProcessBroker, free_port, serving_broker, serving_in_process
 
 #: A consumer group id with everything the text format must escape, and non-ASCII.
 HOSTILE_GROUP = 'g "quoted" back\\slash\nnew line ü€ 日本'
@@ -45,14 +45,14 @@ def samples(families: dict[str, Any], family: str, name: str | None = None) -> l
 
 
 @pytest.fixture(scope="module")
-def metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def metrics_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     port = free_port()
-    with serving_broker(tmp_path_factory.mktemp("obs") / "data", ["--metrics-listen", f"127.0.0.1:{port}"]) as b:
+    with serving_in_process(tmp_path_factory.mktemp("obs") / "data", ["--metrics-listen", f"127.0.0.1:{port}"]) as b:
         b.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
         yield b
 
 
-def test_metrics_page_parses_with_hostile_labels_and_counts_errors_by_name(metrics_broker: Broker) -> None:
+def test_metrics_page_parses_with_hostile_labels_and_counts_errors_by_name(metrics_broker: InProcessBroker) -> None:
     b = metrics_broker
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     futures = admin.create_topics(
@@ -164,17 +164,21 @@ def _advertised(bootstrap: str) -> tuple[str, int]:
     return meta.host, meta.port
 
 
-def test_serve_freezes_its_startup_objects_and_reports_collector_pauses(metrics_broker: Broker) -> None:
+def test_serve_freezes_its_startup_objects_and_reports_collector_pauses(tmp_path: Path) -> None:
     """`loglake serve` moves what it holds at start out of the cyclic collector's reach (a full
-    collection stalls every request) and shows each generation's collections and pauses."""
-    url = metrics_broker.metrics_url  # type: ignore[attr-defined]
-    families, _ = scrape(url)
-    frozen = samples(families, "loglake_gc_frozen_objects")[0].value
-    assert frozen > 10_000, frozen  # modules, engine and config objects: tens of thousands
-    admin = AdminClient({"bootstrap.servers": metrics_broker.bootstrap})
-    for _ in range(20):  # requests allocate: young collections run and are counted
-        admin.list_topics(timeout=10)
-    families, _ = scrape(url)
+    collection stalls every request) and shows each generation's collections and pauses.
+
+    A broker process: the collector is the process's, an in-process broker leaves it alone."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    with serving_broker(tmp_path / "data", ["--metrics-listen", f"127.0.0.1:{port}"]) as b:
+        families, _ = scrape(url)
+        frozen = samples(families, "loglake_gc_frozen_objects")[0].value
+        assert frozen > 10_000, frozen  # modules, engine and config objects: tens of thousands
+        admin = AdminClient({"bootstrap.servers": b.bootstrap})
+        for _ in range(20):  # requests allocate: young collections run and are counted
+            admin.list_topics(timeout=10)
+        families, _ = scrape(url)
     by_gen = {
         name: {s.labels["generation"]: s.value for s in samples(families, family, name)}
         for family, name in (
@@ -190,7 +194,7 @@ def test_serve_freezes_its_startup_objects_and_reports_collector_pauses(metrics_
 
 
 def test_wildcard_listen_advertises_the_canonical_host_name(tmp_path: Path) -> None:
-    with serving_broker(tmp_path / "data", ["--listen", "0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
+    with serving_in_process(tmp_path / "data", ["--listen", "0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
         host, port = _advertised(b.bootstrap)
         assert host == canonical_host_name()
         fqdn = socket.getfqdn()
@@ -204,7 +208,7 @@ def test_wildcard_listen_advertises_the_canonical_host_name(tmp_path: Path) -> N
 
 def test_advertised_listener_overrides_the_wildcard(tmp_path: Path) -> None:
     args = ["--listen", "0.0.0.0:0", "--advertised-listener", "kafka.example.internal:19092", "--allow-unauthenticated-public-listener"]
-    with serving_broker(tmp_path / "data", args) as b:
+    with serving_in_process(tmp_path / "data", args) as b:
         assert _advertised(b.bootstrap) == ("kafka.example.internal", 19092)
         assert "advertising" not in b.log_text()
 
@@ -222,7 +226,7 @@ def _send_and_wait_close(port: int, data: bytes) -> None:
             pass
 
 
-def _wait_for_log(b: Broker, pattern: str, timeout: float = 10.0) -> list[str]:
+def _wait_for_log(b: InProcessBroker, pattern: str, timeout: float = 10.0) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         lines = [line for line in b.log_text().splitlines() if pattern in line]
@@ -234,7 +238,7 @@ def _wait_for_log(b: Broker, pattern: str, timeout: float = 10.0) -> list[str]:
 def test_oversized_frames_from_many_connections_log_one_line_and_a_summary(tmp_path: Path) -> None:
     connections = 200
     oversized = struct.pack(">i", 200 * 1024 * 1024) + b"\x00" * 64  # a 200 MiB request
-    b = Broker(tmp_path / "data").start()
+    b = InProcessBroker(tmp_path / "data").start()
     try:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda _i: _send_and_wait_close(b.port, oversized), range(connections)))
@@ -252,7 +256,7 @@ def test_oversized_frames_from_many_connections_log_one_line_and_a_summary(tmp_p
 
 def test_http_and_tls_clients_on_the_kafka_port_are_diagnosed(tmp_path: Path) -> None:
     client_hello = bytes.fromhex("16030100f8010000f40303") + b"\x00" * 240
-    with serving_broker(tmp_path / "data") as b:
+    with serving_in_process(tmp_path / "data") as b:
         for _ in range(3):
             _send_and_wait_close(b.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
         http = _wait_for_log(b, "looks like an HTTP request")

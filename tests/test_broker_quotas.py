@@ -33,7 +33,7 @@ from loglake.cli.remote_raw import build as _build
 from loglake.kafka_errors import ErrorCode
 from tlskit import make_pki, ssl_args
 
-from brokerkit import Broker, free_port, serving_broker
+from brokerkit import InProcessBroker, free_port, serving_in_process
 
 #: The byte-rate quota the throttled clients get (bytes per second).
 QUOTA = 128 * 1024
@@ -53,18 +53,18 @@ FETCH_BYTES = 8 * 1024
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     tmp = tmp_path_factory.mktemp("quotas")
     env = {"LOGLAKE_QUOTA_WINDOW_NUM": "2", "LOGLAKE_QUOTA_WINDOW_SIZE_SECONDS": "1"}
-    with serving_broker(tmp / "data", ["--metrics-listen", f"127.0.0.1:{free_port()}"], env=env) as b:
+    with serving_in_process(tmp / "data", ["--metrics-listen", f"127.0.0.1:{free_port()}"], env=env) as b:
         yield b
 
 
-def metrics_port(broker: Broker) -> int:
+def metrics_port(broker: InProcessBroker) -> int:
     return int(broker.extra_args[broker.extra_args.index("--metrics-listen") + 1].rsplit(":", 1)[1])
 
 
-def scrape(broker: Broker) -> str:
+def scrape(broker: InProcessBroker) -> str:
     with urllib.request.urlopen(
         f"http://127.0.0.1:{metrics_port(broker)}/metrics", timeout=TIMEOUT_S
     ) as resp:
@@ -75,7 +75,7 @@ class RawConnection:
     """One Kafka connection with a client id of our choosing (over TLS with `tls`); one request at a time."""
 
     def __init__(
-        self, broker: Broker, client_id: str, port: int | None = None, tls: ssl.SSLContext | None = None
+        self, broker: InProcessBroker, client_id: str, port: int | None = None, tls: ssl.SSLContext | None = None
     ) -> None:
         self.proto = KafkaProtocol(client_id=client_id)
         sock = socket.create_connection(("127.0.0.1", port or broker.port), timeout=TIMEOUT_S)
@@ -106,7 +106,7 @@ def entity(**parts: str | None) -> list[dict[str, Any]]:
 
 
 def alter(
-    broker: Broker, ents: list[dict[str, Any]], ops: dict[str, float | None], validate_only: bool = False
+    broker: InProcessBroker, ents: list[dict[str, Any]], ops: dict[str, float | None], validate_only: bool = False
 ) -> Any:
     """One AlterClientQuotas entry: value None removes the key."""
     conn = RawConnection(broker, "admin")
@@ -120,7 +120,7 @@ def alter(
         conn.close()
 
 
-def describe(broker: Broker, components: list[tuple[str, int, str | None]], strict: bool = False) -> Any:
+def describe(broker: InProcessBroker, components: list[tuple[str, int, str | None]], strict: bool = False) -> Any:
     conn = RawConnection(broker, "admin")
     try:
         comps = [{"entity_type": t, "match_type": m, "match": n} for t, m, n in components]
@@ -179,7 +179,7 @@ def _produce(
     producer.flush(TIMEOUT_S)
 
 
-def test_producer_is_held_to_its_quota_while_another_client_is_not(broker: Broker) -> None:
+def test_producer_is_held_to_its_quota_while_another_client_is_not(broker: InProcessBroker) -> None:
     assert (
         alter(broker, entity(client_id="capped-producer"), {"producer_byte_rate": QUOTA})
         .entries[0]
@@ -224,7 +224,7 @@ def test_producer_is_held_to_its_quota_while_another_client_is_not(broker: Broke
     assert not any("free-producer" in line for line in text.splitlines())  # no quota: no sensor, no series
 
 
-def test_consumer_is_held_to_its_quota_while_another_client_is_not(broker: Broker) -> None:
+def test_consumer_is_held_to_its_quota_while_another_client_is_not(broker: InProcessBroker) -> None:
     topic = "quota-fetch"
     total = 8 * 1024 * 1024
     loaded: list[tuple[float, int]] = []
@@ -290,7 +290,7 @@ def test_consumer_is_held_to_its_quota_while_another_client_is_not(broker: Broke
 # ---- request quota, dynamic change, muting ---------------------------------------------------------------
 
 
-def test_request_percentage_throttles_and_mutes_an_open_connection(broker: Broker) -> None:
+def test_request_percentage_throttles_and_mutes_an_open_connection(broker: InProcessBroker) -> None:
     busy, other = RawConnection(broker, "busy-client"), RawConnection(broker, "other-client")
     try:
         assert busy.metadata().throttle_time_ms == 0
@@ -333,7 +333,7 @@ def test_user_quota_follows_the_mtls_principal(tmp_path: Path) -> None:
         *ssl_args(pki, client_auth="requested"),
         "--allow-everyone-if-no-acl-found",  # quota tests, not ACL tests (client auth turns the default off)
     ]
-    with serving_broker(tmp_path / "data", args) as b:
+    with serving_in_process(tmp_path / "data", args) as b:
         user = "CN=alice,OU=eng,O=loglake"  # Kafka's DEFAULT mapping: the subject DN
         assert alter(b, entity(user=user), {"request_percentage": 0.0001}).entries[0].error_code == 0
         tls = ssl.create_default_context(cafile=str(pki.ca))
@@ -352,7 +352,7 @@ def test_user_quota_follows_the_mtls_principal(tmp_path: Path) -> None:
 
 
 def test_alter_describe_round_trip_persists_across_restart(tmp_path: Path) -> None:
-    with serving_broker(tmp_path / "data") as b:
+    with serving_in_process(tmp_path / "data") as b:
         assert (
             alter(b, entity(user="alice"), {"producer_byte_rate": 1048576, "request_percentage": 50})
             .entries[0]
@@ -450,7 +450,7 @@ BAD_ALTERATIONS = [
 ]
 
 
-def test_malformed_alterations_get_kafkas_error_codes(broker: Broker) -> None:
+def test_malformed_alterations_get_kafkas_error_codes(broker: InProcessBroker) -> None:
     conn = RawConnection(broker, "admin")
     try:
         entries = [
@@ -488,7 +488,7 @@ def _create(conn: RawConnection, version: int, name: str, partitions: int) -> An
     return conn.call(19, version, topics=[topic], timeout_ms=10_000, validate_only=False)
 
 
-def test_controller_mutation_rate_throttles_topic_creation_and_deletion(broker: Broker) -> None:
+def test_controller_mutation_rate_throttles_topic_creation_and_deletion(broker: InProcessBroker) -> None:
     """KIP-599: 0.5 partitions/s with this broker's 2-second window is a bucket of 1 partition. A
     4-partition topic is still admitted (the bucket is not below zero before it) and leaves it
     3 below: 6 s to wait. Until then a strict request (CreateTopics v6+, DeleteTopics v5+) fails

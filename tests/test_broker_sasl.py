@@ -1,4 +1,4 @@
-"""SASL (issue 16, part 2) against a real `loglake serve` with real clients: confluent-kafka,
+"""SASL (issue 16, part 2) against the real broker (in-process) with real clients: confluent-kafka,
 kafka-python, aiokafka and kcat over SASL_SSL with SCRAM-SHA-512 and over SASL_PLAINTEXT with
 PLAIN and SCRAM-SHA-256; wrong passwords and unknown users refused with
 SASL_AUTHENTICATION_FAILED while other clients go on; the principal set; /metrics counting
@@ -25,7 +25,7 @@ from loglake.kafka_errors import ErrorCode
 from saslkit import SASL_ERRORS_EVERY_LINE, USERS, RawClient, add_users, confluent_conf
 from tlskit import Pki, make_pki, ssl_args
 
-from brokerkit import Broker, free_port, serving_broker
+from brokerkit import InProcessBroker, free_port, serving_in_process
 
 KCAT = "kcat"
 
@@ -36,7 +36,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     """PLAINTEXT, SASL_PLAINTEXT and SASL_SSL listeners (ports in that order); alice and bob
     added with `loglake users` before the broker starts."""
     data = tmp_path_factory.mktemp("sasl") / "data"
@@ -53,12 +53,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
         "--metrics-listen",
         f"127.0.0.1:{free_port()}",
     ]
-    with serving_broker(data, args, env=SASL_ERRORS_EVERY_LINE, log_level="DEBUG") as b:
+    with serving_in_process(data, args, env=SASL_ERRORS_EVERY_LINE, log_level="DEBUG") as b:
         b.metrics_port = int(args[-1].rsplit(":", 1)[1])  # type: ignore[attr-defined]
         yield b
 
 
-def wait_log(b: Broker, text: str, timeout: float = 10.0) -> str:
+def wait_log(b: InProcessBroker, text: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in b.log_text().splitlines():
@@ -89,13 +89,13 @@ def confluent_round_trip(conf: dict[str, Any], n: int = 30) -> None:
 # ------------------------------------------------------------------------------ round trips
 
 
-def test_confluent_sasl_ssl_scram_sha512(broker: Broker, pki: Pki) -> None:
+def test_confluent_sasl_ssl_scram_sha512(broker: InProcessBroker, pki: Pki) -> None:
     confluent_round_trip(confluent_conf(broker.ports[2], "SASL_SSL", "SCRAM-SHA-512", ca=pki.ca))
     line = wait_log(broker, "authenticated as User:alice with SCRAM-SHA-512")
     assert "authenticated as User:alice" in line
 
 
-def test_confluent_sasl_plaintext_plain_and_scram_sha256(broker: Broker) -> None:
+def test_confluent_sasl_plaintext_plain_and_scram_sha256(broker: InProcessBroker) -> None:
     confluent_round_trip(confluent_conf(broker.ports[1], "SASL_PLAINTEXT", "PLAIN", user="bob"))
     wait_log(broker, "authenticated as User:bob with PLAIN")
     confluent_round_trip(confluent_conf(broker.ports[1], "SASL_PLAINTEXT", "SCRAM-SHA-256"))
@@ -126,7 +126,7 @@ def _kafka_python(port: int, protocol: str, mechanism: str, ca: Path | None = No
     assert got == [f"kp{i}".encode() for i in range(20)]
 
 
-def test_kafka_python_sasl_ssl_scram_sha512_and_plain(broker: Broker, pki: Pki) -> None:
+def test_kafka_python_sasl_ssl_scram_sha512_and_plain(broker: InProcessBroker, pki: Pki) -> None:
     _kafka_python(broker.ports[2], "SASL_SSL", "SCRAM-SHA-512", pki.ca)
     _kafka_python(broker.ports[1], "SASL_PLAINTEXT", "PLAIN")
 
@@ -173,13 +173,13 @@ def _aiokafka(port: int, protocol: str, mechanism: str, ca: Path | None = None) 
     return asyncio.run(run())
 
 
-def test_aiokafka_sasl_ssl_scram_sha512_and_sasl_plaintext_scram_sha256(broker: Broker, pki: Pki) -> None:
+def test_aiokafka_sasl_ssl_scram_sha512_and_sasl_plaintext_scram_sha256(broker: InProcessBroker, pki: Pki) -> None:
     want = [f"a{i}".encode() for i in range(20)]
     assert _aiokafka(broker.ports[2], "SASL_SSL", "SCRAM-SHA-512", pki.ca) == want
     assert _aiokafka(broker.ports[1], "SASL_PLAINTEXT", "SCRAM-SHA-256") == want
 
 
-def test_kcat_sasl_ssl_scram_sha512(broker: Broker, pki: Pki) -> None:
+def test_kcat_sasl_ssl_scram_sha512(broker: InProcessBroker, pki: Pki) -> None:
     topic = f"kcat-{uuid.uuid4().hex[:8]}"
     base = [
         KCAT,
@@ -223,7 +223,7 @@ def _confluent_auth_error(conf: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize(("user", "password"), [("alice", "wrong"), ("nobody", "whatever")])
 def test_wrong_password_and_unknown_user_are_refused_alike(
-    broker: Broker, pki: Pki, user: str, password: str
+    broker: InProcessBroker, pki: Pki, user: str, password: str
 ) -> None:
     for mechanism in ("PLAIN", "SCRAM-SHA-256"):
         conf = confluent_conf(broker.ports[1], "SASL_PLAINTEXT", mechanism, user="alice", password=password)
@@ -238,7 +238,7 @@ def test_wrong_password_and_unknown_user_are_refused_alike(
     confluent_round_trip(confluent_conf(broker.ports[2], "SASL_SSL", "SCRAM-SHA-512", ca=pki.ca), n=5)
 
 
-def test_failed_authentication_answers_58_then_closes(broker: Broker) -> None:
+def test_failed_authentication_answers_58_then_closes(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[1])
     try:
         assert c.handshake("PLAIN") == (ErrorCode.NONE, ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
@@ -260,7 +260,7 @@ def test_failed_authentication_answers_58_then_closes(broker: Broker) -> None:
         ok.close()
 
 
-def test_metrics_count_failures_by_principal_and_source_and_successes_by_mechanism(broker: Broker) -> None:
+def test_metrics_count_failures_by_principal_and_source_and_successes_by_mechanism(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[1])
     try:
         c.handshake("PLAIN")

@@ -29,26 +29,26 @@ from loglake.cli import command_config
 from loglake.cli.remote_raw import Connection
 from saslkit import add_users, confluent_conf
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 #: How long a client call may take before the test gives up.
 CALL_TIMEOUT_S = 30.0
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = tmp_path_factory.mktemp("sasl-acls") / "data"
     add_users(data)
     args = ["--listen", "SASL_PLAINTEXT://127.0.0.1:0", "--super-users", "User:alice"]
-    with serving_broker(data, args) as b:
+    with serving_in_process(data, args) as b:
         yield b
 
 
-def conf(b: Broker, user: str, **extra: Any) -> dict[str, Any]:
+def conf(b: InProcessBroker, user: str, **extra: Any) -> dict[str, Any]:
     return {**confluent_conf(b.ports[0], "SASL_PLAINTEXT", "SCRAM-SHA-256", user=user), **extra}
 
 
-def produce_error(b: Broker, user: str, topic: str) -> KafkaError | None:
+def produce_error(b: InProcessBroker, user: str, topic: str) -> KafkaError | None:
     """Produce one record as `user`; the delivery error (None when it was acknowledged)."""
     errors: list[KafkaError | None] = []
     p = Producer(conf(b, user, **{"message.timeout.ms": 10_000}))
@@ -58,7 +58,7 @@ def produce_error(b: Broker, user: str, topic: str) -> KafkaError | None:
     return errors[0]
 
 
-def test_a_scram_principal_gets_what_its_bindings_allow(broker: Broker) -> None:
+def test_a_scram_principal_gets_what_its_bindings_allow(broker: InProcessBroker) -> None:
     admin = AdminClient(conf(broker, "alice"))
     for f in admin.create_topics([NewTopic(t, 1) for t in ("bob-t", "other-t")]).values():
         f.result(CALL_TIMEOUT_S)
@@ -105,7 +105,7 @@ def test_a_scram_principal_gets_what_its_bindings_allow(broker: Broker) -> None:
 
 
 
-def test_a_regex_subscription_gets_only_topics_the_member_may_describe(broker: Broker) -> None:
+def test_a_regex_subscription_gets_only_topics_the_member_may_describe(broker: InProcessBroker) -> None:
     """KIP-848 ConsumerGroupHeartbeat v1 with SubscribedTopicRegex, sent as bob over SCRAM: the
     regex matches two topics, bob may describe one, so the group assigns him only that one (Kafka
     narrows resolved regexes the same way). Sent raw, because librdkafka resolves a regex itself

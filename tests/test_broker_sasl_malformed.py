@@ -19,13 +19,13 @@ from loglake.kafka_errors import ErrorCode
 from saslkit import SASL_ERRORS_EVERY_LINE, USERS, RawClient, ScramClient, add_users, request
 from tlskit import make_pki, ssl_args
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 ENABLED = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     """PLAINTEXT, SASL_PLAINTEXT and SASL_SSL listeners (ports in that order)."""
     pki = make_pki(tmp_path_factory.mktemp("pki"))
     data = tmp_path_factory.mktemp("sasl-bad") / "data"
@@ -39,12 +39,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
         "SASL_SSL://127.0.0.1:0",
         "--allow-everyone-if-no-acl-found",  # SASL tests, not ACL tests (test_broker_sasl_acls.py)
     ]
-    with serving_broker(data, [*args, *ssl_args(pki)], env=SASL_ERRORS_EVERY_LINE) as b:
+    with serving_in_process(data, [*args, *ssl_args(pki)], env=SASL_ERRORS_EVERY_LINE) as b:
         yield b
         _still_serves(b)
 
 
-def _still_serves(b: Broker) -> None:
+def _still_serves(b: InProcessBroker) -> None:
     """A well-behaved client authenticates and is answered."""
     c = RawClient(b.ports[1])
     try:
@@ -59,7 +59,7 @@ def _still_serves(b: Broker) -> None:
         c.close()
 
 
-def wait_log(b: Broker, text: str, timeout: float = 10.0) -> str:
+def wait_log(b: InProcessBroker, text: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in b.log_text().splitlines():
@@ -69,7 +69,7 @@ def wait_log(b: Broker, text: str, timeout: float = 10.0) -> str:
     raise AssertionError(f"no log line with {text!r}:\n{b.log_text()[-3000:]}")
 
 
-def test_scram_with_a_wrong_nonce_is_refused(broker: Broker) -> None:
+def test_scram_with_a_wrong_nonce_is_refused(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[1])
     try:
         c.handshake("SCRAM-SHA-256")
@@ -85,7 +85,7 @@ def test_scram_with_a_wrong_nonce_is_refused(broker: Broker) -> None:
     _still_serves(broker)
 
 
-def test_a_replayed_client_final_message_is_refused(broker: Broker) -> None:
+def test_a_replayed_client_final_message_is_refused(broker: InProcessBroker) -> None:
     first = RawClient(broker.ports[1])
     scram = ScramClient("SCRAM-SHA-512", "alice", USERS["alice"][0], nonce="replayednonce")
     try:
@@ -105,7 +105,7 @@ def test_a_replayed_client_final_message_is_refused(broker: Broker) -> None:
         again.close()
 
 
-def test_requests_before_authentication_close_the_connection(broker: Broker) -> None:
+def test_requests_before_authentication_close_the_connection(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[1])
     try:
         assert c.api_versions() == ErrorCode.NONE  # allowed before authentication
@@ -116,7 +116,7 @@ def test_requests_before_authentication_close_the_connection(broker: Broker) -> 
     wait_log(broker, "Metadata request before SASL authentication on the SASL_PLAINTEXT listener")
 
 
-def test_a_giant_token_closes_the_connection_with_one_line(broker: Broker) -> None:
+def test_a_giant_token_closes_the_connection_with_one_line(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[1])
     try:
         c.handshake("PLAIN")
@@ -135,7 +135,7 @@ def test_a_giant_token_closes_the_connection_with_one_line(broker: Broker) -> No
     )
 
 
-def test_truncated_handshakes(broker: Broker) -> None:
+def test_truncated_handshakes(broker: InProcessBroker) -> None:
     # A frame whose string claims more bytes than the frame has: a malformed request, closed.
     c = RawClient(broker.ports[1])
     try:
@@ -149,7 +149,7 @@ def test_truncated_handshakes(broker: Broker) -> None:
     _still_serves(broker)
 
 
-def test_plaintext_to_the_sasl_ssl_port(broker: Broker) -> None:
+def test_plaintext_to_the_sasl_ssl_port(broker: InProcessBroker) -> None:
     with socket.create_connection(("127.0.0.1", broker.ports[2]), timeout=10) as s:
         s.sendall(request(17, 1, 1, struct.pack(">h", 5) + b"PLAIN"))
         try:
@@ -161,7 +161,7 @@ def test_plaintext_to_the_sasl_ssl_port(broker: Broker) -> None:
     assert "not TLS" in line, line
 
 
-def test_handshake_state_errors(broker: Broker) -> None:
+def test_handshake_state_errors(broker: InProcessBroker) -> None:
     twice = RawClient(broker.ports[1])
     try:
         assert twice.handshake("PLAIN") == (ErrorCode.NONE, ENABLED)
@@ -194,7 +194,7 @@ def test_handshake_state_errors(broker: Broker) -> None:
     wait_log(broker, "SaslHandshake v0 on the SASL_PLAINTEXT listener asks for raw SASL tokens")
 
 
-def test_sasl_on_a_listener_without_sasl(broker: Broker) -> None:
+def test_sasl_on_a_listener_without_sasl(broker: InProcessBroker) -> None:
     c = RawClient(broker.ports[0], timeout=2)
     try:
         assert c.handshake("PLAIN") == (ErrorCode.ILLEGAL_SASL_STATE, ENABLED)

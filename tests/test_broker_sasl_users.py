@@ -22,7 +22,7 @@ from confluent_kafka.admin import (
 from loglake.kafka_errors import ErrorCode
 from saslkit import USERS, RawClient, ScramClient, add_users, confluent_conf, users
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 
 def scram_login(port: int, user: str, password: str, mechanism: str = "SCRAM-SHA-256") -> int:
@@ -77,17 +77,17 @@ def test_users_without_a_broker(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = tmp_path_factory.mktemp("users") / "data"
     add_users(data)
-    with serving_broker(data, [
+    with serving_in_process(data, [
         "--listen", "127.0.0.1:0", "--listen", "SASL_PLAINTEXT://127.0.0.1:0",
         "--allow-everyone-if-no-acl-found",  # SASL tests, not ACL tests (test_broker_sasl_acls.py)
     ]) as b:
         yield b
 
 
-def test_users_while_the_broker_runs(broker: Broker) -> None:
+def test_users_while_the_broker_runs(broker: InProcessBroker) -> None:
     port = broker.ports[1]
     assert scram_login(port, "erin", "first") == ErrorCode.SASL_AUTHENTICATION_FAILED
     users(
@@ -107,7 +107,7 @@ def test_users_while_the_broker_runs(broker: Broker) -> None:
     assert refused.returncode == 1 and "user 'erin' has no credentials" in refused.stderr
 
 
-def test_admin_client_scram_credentials_round_trip(broker: Broker) -> None:
+def test_admin_client_scram_credentials_round_trip(broker: InProcessBroker) -> None:
     admin = AdminClient(confluent_conf(broker.ports[1], "SASL_PLAINTEXT", "SCRAM-SHA-512"))
     sha256 = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192)
     futures = admin.alter_user_scram_credentials(
@@ -154,7 +154,7 @@ def test_admin_client_scram_credentials_round_trip(broker: Broker) -> None:
     assert scram_login(broker.ports[1], "frank", "frank-pw") == ErrorCode.SASL_AUTHENTICATION_FAILED
 
 
-def test_credentials_survive_a_restart(broker: Broker) -> None:
+def test_credentials_survive_a_restart(broker: InProcessBroker) -> None:
     admin = AdminClient(confluent_conf(broker.ports[1], "SASL_PLAINTEXT", "PLAIN"))
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
     admin.alter_user_scram_credentials([UserScramCredentialUpsertion("ivan", info, b"ivan-pw")])[
@@ -172,7 +172,7 @@ def test_credentials_survive_a_restart(broker: Broker) -> None:
         c.close()
 
 
-def test_users_through_bootstrap_server(broker: Broker) -> None:
+def test_users_through_bootstrap_server(broker: InProcessBroker) -> None:
     """The same command over the Kafka protocol (Describe/AlterUserScramCredentials)."""
     remote = ("--bootstrap-server", broker.bootstrap)  # the PLAINTEXT listener
     users(
@@ -196,7 +196,7 @@ def test_users_through_bootstrap_server(broker: Broker) -> None:
     assert refused.returncode == 1 and "user judy" in refused.stderr, refused.stderr
 
 
-def test_inbox_answers_a_bad_request_with_an_error(broker: Broker) -> None:
+def test_inbox_answers_a_bad_request_with_an_error(broker: InProcessBroker) -> None:
     inbox = broker.data_dir / "users-inbox"
     (inbox / "1-garbage.request.json").write_text("{not json")
     (inbox / "2-unknown.request.json").write_text('{"op": "drop-table"}')

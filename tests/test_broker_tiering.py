@@ -9,7 +9,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from brokerkit import Broker
+from brokerkit import InProcessBroker
 
 TOPIC_CONFIG = {"segment.bytes": "65536", "hot.retain.segments": "0", "retention.ms": "-1"}
 
@@ -34,7 +34,7 @@ def consume_all(bootstrap: str, topic: str, count: int) -> list[tuple[int, bytes
 def test_cold_history_through_the_broker_and_disaster_recovery(tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
     url = f"file://{bucket}"
-    broker = Broker(tmp_path / "a", ["--cold-store", url]).start()
+    broker = InProcessBroker(tmp_path / "a", ["--cold-store", url]).start()
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         admin.create_topics([NewTopic("t", 1, config=TOPIC_CONFIG)])["t"].result(10)
@@ -59,7 +59,7 @@ def test_cold_history_through_the_broker_and_disaster_recovery(tmp_path: Path) -
         assert broker.stop() == 0  # clean shutdown seals and uploads the rest
     assert list((bucket / next(bucket.iterdir()).name / "meta").glob("checkpoint-*.bin"))
     # The data disk is lost: a new broker on an empty directory, same bucket.
-    restored = Broker(tmp_path / "b", ["--cold-store", url]).start()
+    restored = InProcessBroker(tmp_path / "b", ["--cold-store", url]).start()
     try:
         assert "restored from" in restored.log_text()
         got = consume_all(restored.bootstrap, "t", len(sent))

@@ -1,8 +1,8 @@
-"""Listeners and TLS (issue 16, part 1) against a real `loglake serve` subprocess with real
-clients: confluent-kafka, kafka-python, aiokafka and kcat over SSL; mTLS with the principal taken
-from the client certificate; refused handshakes (untrusted, expired, TLS 1.1, plaintext bytes,
-truncated) that leave the broker serving; two listeners with their own advertised ports; the
-safe-by-default refusal; an encrypted key."""
+"""Listeners and TLS (issue 16, part 1) against the real broker (in-process; the start-up rules
+against `loglake serve` processes) with real clients: confluent-kafka, kafka-python, aiokafka and
+kcat over SSL; mTLS with the principal taken from the client certificate; refused handshakes
+(untrusted, expired, TLS 1.1, plaintext bytes, truncated) that leave the broker serving; two
+listeners with their own advertised ports; the safe-by-default refusal; an encrypted key."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from loglake.cli.startup import EXIT_CONFIG, EXIT_USAGE
 from loglake.errors import ConfigError
 from tlskit import Pki, make_pki, ssl_args
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 LOGLAKE = [sys.executable, "-m", "loglake.cli.main"]
 KCAT = "kcat"
@@ -42,7 +42,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     """PLAINTEXT and SSL listeners at once (the SSL one advertised as localhost); client
     certificates asked for but not required; the default principal mapping."""
     args = ["--listen", "127.0.0.1:0", "--listen", "SSL://127.0.0.1:0", "--advertised-listener", "SSL://localhost:0"]
@@ -50,19 +50,19 @@ def broker(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broke
     # Client authentication turns allow.everyone.if.no.acl.found off by default; these tests are
     # about listeners and TLS, not ACLs (tests/test_broker_acls.py), so everyone may do everything.
     args += ["--allow-everyone-if-no-acl-found"]
-    with serving_broker(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
+    with serving_in_process(tmp_path_factory.mktemp("tls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
         yield b
 
 
 @pytest.fixture(scope="module")
-def mtls(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[Broker]:
+def mtls(tmp_path_factory: pytest.TempPathFactory, pki: Pki) -> Iterator[InProcessBroker]:
     """One SSL listener that requires a client certificate; principals mapped by a rule."""
     args = [
         "--listen", "SSL://127.0.0.1:0", *ssl_args(pki, client_auth="required"),
         "--config", str(_toml(tmp_path_factory.mktemp("conf"), 'ssl_principal_mapping_rules = "RULE:^CN=(.*?),OU=eng,.*$/$1/U,DEFAULT"\n')),
         "--allow-everyone-if-no-acl-found",  # as above: TLS tests, not ACL tests
     ]
-    with serving_broker(tmp_path_factory.mktemp("mtls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
+    with serving_in_process(tmp_path_factory.mktemp("mtls") / "data", args, env=EVERY_LINE, log_level="DEBUG") as b:
         yield b
 
 
@@ -105,7 +105,7 @@ def advertised(conf: dict[str, Any]) -> tuple[str, int]:
     return meta.host, meta.port
 
 
-def wait_log(b: Broker, text: str, timeout: float = 10.0) -> str:
+def wait_log(b: InProcessBroker, text: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in b.log_text().splitlines():
@@ -186,7 +186,7 @@ def test_principal_mapping_rules() -> None:
 # --------------------------------------------------------------------- two listeners, clients
 
 
-def test_two_listeners_port_file_and_metadata_per_listener(broker: Broker, pki: Pki) -> None:
+def test_two_listeners_port_file_and_metadata_per_listener(broker: InProcessBroker, pki: Pki) -> None:
     plain, tls = broker.ports
     assert broker.port == plain and tls != plain
     assert advertised({"bootstrap.servers": f"127.0.0.1:{plain}", "log_level": 0}) == ("127.0.0.1", plain)
@@ -199,11 +199,11 @@ def test_two_listeners_port_file_and_metadata_per_listener(broker: Broker, pki: 
     assert configs["advertised.listeners"].value == f"PLAINTEXT://127.0.0.1:{plain},SSL://localhost:{tls}"
 
 
-def test_confluent_over_ssl(broker: Broker, pki: Pki) -> None:
+def test_confluent_over_ssl(broker: InProcessBroker, pki: Pki) -> None:
     confluent_round_trip(ssl_conf(pki, broker.ports[1]))
 
 
-def test_requested_client_certificate_gives_the_full_subject_or_anonymous(broker: Broker, pki: Pki) -> None:
+def test_requested_client_certificate_gives_the_full_subject_or_anonymous(broker: InProcessBroker, pki: Pki) -> None:
     tls_talk(broker.ports[1], client_ctx(pki, pki.alice))
     assert "on SSL listener" in wait_log(broker, "principal User:CN=alice,OU=eng,O=loglake")  # DEFAULT: Kafka's DN string
     before = broker.log_text().count("on SSL listener: principal User:ANONYMOUS")
@@ -217,7 +217,7 @@ def test_requested_client_certificate_gives_the_full_subject_or_anonymous(broker
         tls_talk(broker.ports[1], client_ctx(pki, pki.untrusted))
 
 
-def test_kafka_python_over_ssl(broker: Broker, pki: Pki) -> None:
+def test_kafka_python_over_ssl(broker: InProcessBroker, pki: Pki) -> None:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as KTP
 
@@ -234,7 +234,7 @@ def test_kafka_python_over_ssl(broker: Broker, pki: Pki) -> None:
     assert got == [f"kp{i}".encode() for i in range(20)]
 
 
-def test_aiokafka_over_ssl(broker: Broker, pki: Pki) -> None:
+def test_aiokafka_over_ssl(broker: InProcessBroker, pki: Pki) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka import TopicPartition as ATP
     from aiokafka.helpers import create_ssl_context
@@ -271,7 +271,7 @@ def test_aiokafka_over_ssl(broker: Broker, pki: Pki) -> None:
     assert asyncio.run(run()) == [f"a{i}".encode() for i in range(20)]
 
 
-def test_kcat_over_ssl(broker: Broker, pki: Pki) -> None:
+def test_kcat_over_ssl(broker: InProcessBroker, pki: Pki) -> None:
     topic = f"kcat-{uuid.uuid4().hex[:8]}"
     base = [KCAT, "-b", f"127.0.0.1:{broker.ports[1]}", "-X", "security.protocol=ssl", "-X", f"ssl.ca.location={pki.ca}"]
     subprocess.run([*base, "-P", "-t", topic], input=b"one\ntwo\nthree\n", check=True, timeout=60)
@@ -282,7 +282,7 @@ def test_kcat_over_ssl(broker: Broker, pki: Pki) -> None:
 # -------------------------------------------------------------------- refused, broker unaffected
 
 
-def test_plaintext_bytes_to_the_tls_port_close_with_one_line(broker: Broker, pki: Pki) -> None:
+def test_plaintext_bytes_to_the_tls_port_close_with_one_line(broker: InProcessBroker, pki: Pki) -> None:
     with socket.create_connection(("127.0.0.1", broker.ports[1]), timeout=10) as s:
         s.sendall(API_VERSIONS_V0)
         try:
@@ -295,7 +295,7 @@ def test_plaintext_bytes_to_the_tls_port_close_with_one_line(broker: Broker, pki
     confluent_round_trip(ssl_conf(pki, broker.ports[1]), n=5)
 
 
-def test_truncated_tls_handshake(broker: Broker, pki: Pki) -> None:
+def test_truncated_tls_handshake(broker: InProcessBroker, pki: Pki) -> None:
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = client_ctx(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
     with pytest.raises(ssl.SSLWantReadError):
@@ -312,7 +312,7 @@ def test_truncated_tls_handshake(broker: Broker, pki: Pki) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_tls_1_1_client_is_refused(broker: Broker, pki: Pki) -> None:
+def test_tls_1_1_client_is_refused(broker: InProcessBroker, pki: Pki) -> None:
     ctx = client_ctx(pki)
     ctx.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
     ctx.maximum_version = ssl.TLSVersion.TLSv1_1
@@ -326,13 +326,13 @@ def test_tls_1_1_client_is_refused(broker: Broker, pki: Pki) -> None:
     tls_talk(broker.ports[1], client_ctx(pki))
 
 
-def test_mtls_principal_from_the_certificate(mtls: Broker, pki: Pki) -> None:
+def test_mtls_principal_from_the_certificate(mtls: InProcessBroker, pki: Pki) -> None:
     confluent_round_trip(ssl_conf(pki, mtls.port, pki.alice), n=5)
     line = wait_log(mtls, "principal User:ALICE")
     assert "on SSL listener" in line
 
 
-def test_mtls_refuses_missing_untrusted_and_expired_certificates(mtls: Broker, pki: Pki) -> None:
+def test_mtls_refuses_missing_untrusted_and_expired_certificates(mtls: InProcessBroker, pki: Pki) -> None:
     for client in (None, pki.untrusted, pki.expired):
         with pytest.raises((ssl.SSLError, ConnectionError)):
             tls_talk(mtls.port, client_ctx(pki, client))
@@ -362,22 +362,22 @@ def test_public_listener_without_authentication_is_refused(tmp_path: Path, pki: 
 
 
 def test_public_listeners_that_authenticate_or_are_allowed_start(tmp_path: Path, pki: Pki) -> None:
-    with serving_broker(tmp_path / "a", ["--listen", "SSL://0.0.0.0:0", *ssl_args(pki, client_auth="required")]) as b:
+    with serving_in_process(tmp_path / "a", ["--listen", "SSL://0.0.0.0:0", *ssl_args(pki, client_auth="required")]) as b:
         tls_talk(b.port, client_ctx(pki, pki.alice))
-    with serving_broker(tmp_path / "b", ["--listen", "PLAINTEXT://0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
+    with serving_in_process(tmp_path / "b", ["--listen", "PLAINTEXT://0.0.0.0:0", "--allow-unauthenticated-public-listener"]) as b:
         assert advertised({"bootstrap.servers": f"127.0.0.1:{b.port}", "log_level": 0})[1] == b.port
 
 
 def test_public_sasl_listener_starts_and_sasl_ssl_needs_a_certificate(tmp_path: Path) -> None:
     # SASL authenticates every client (tests/test_broker_sasl*.py): no override needed beyond loopback.
-    with serving_broker(tmp_path / "a", ["--listen", "SASL_PLAINTEXT://0.0.0.0:0"]) as b:
+    with serving_in_process(tmp_path / "a", ["--listen", "SASL_PLAINTEXT://0.0.0.0:0"]) as b:
         assert b.port > 0
     result = serve("--data-dir", str(tmp_path / "d"), "--listen", "SASL_SSL://127.0.0.1:0")
     assert result.returncode == EXIT_CONFIG and "SASL_SSL listener needs --ssl-cert" in result.stderr, result.stderr
 
 
 def test_encrypted_key_with_its_password(tmp_path: Path, pki: Pki) -> None:
-    with serving_broker(tmp_path / "d", ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, encrypted=True)]) as b:
+    with serving_in_process(tmp_path / "d", ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, encrypted=True)]) as b:
         confluent_round_trip(ssl_conf(pki, b.port), n=3)
     args = ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, encrypted=True)]
     args[args.index("--ssl-key-password") + 1] = "wrong"

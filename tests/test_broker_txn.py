@@ -1,4 +1,4 @@
-"""Transactions end to end with confluent-kafka (librdkafka) against the real broker process:
+"""Transactions end to end with confluent-kafka (librdkafka) against the real broker (in-process):
 commit and abort across partitions, read_committed against read_uncommitted consumers, zombie
 fencing, the broker's abort of a timed-out transaction, consume-transform-produce with
 send_offsets_to_transaction, and the admin APIs (kafka-python's admin client).
@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from kafka import KafkaAdminClient
 from kafka.errors import TransactionalIdNotFoundError
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 PARTITIONS = 3
 #: How often the broker looks for timed-out transactions in this module (Kafka's default is 10 s).
@@ -28,10 +28,10 @@ WAIT_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = Path(tmp_path_factory.mktemp("txn")) / "data"
     env = {"LOGLAKE_TRANSACTION_ABORT_TIMED_OUT_TRANSACTION_CLEANUP_INTERVAL_MS": str(CLEANUP_MS)}
-    with serving_broker(data, ["--default-partitions", str(PARTITIONS)], env=env) as b:
+    with serving_in_process(data, ["--default-partitions", str(PARTITIONS)], env=env) as b:
         yield b
 
 
@@ -39,13 +39,13 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def txn_producer(broker: Broker, tid: str, **extra: object) -> Producer:
+def txn_producer(broker: InProcessBroker, tid: str, **extra: object) -> Producer:
     p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": tid, **extra})
     p.init_transactions(WAIT_S)
     return p
 
 
-def consume(broker: Broker, topic: str, isolation: str, want: int, partitions: int = PARTITIONS) -> list[bytes]:
+def consume(broker: InProcessBroker, topic: str, isolation: str, want: int, partitions: int = PARTITIONS) -> list[bytes]:
     """Values of `topic` from the beginning until `want` records arrived and every partition's
     position reached its end for this isolation level (the LSO for read_committed)."""
     c = Consumer(
@@ -78,7 +78,7 @@ def consume(broker: Broker, topic: str, isolation: str, want: int, partitions: i
     return got
 
 
-def test_commit_and_abort_across_partitions(broker: Broker) -> None:
+def test_commit_and_abort_across_partitions(broker: InProcessBroker) -> None:
     topic = new_name("txn-ca")
     p = txn_producer(broker, new_name("tid"))
     committed: list[bytes] = []
@@ -103,7 +103,7 @@ def test_commit_and_abort_across_partitions(broker: Broker) -> None:
     assert sorted(everything) == sorted(committed + aborted)
 
 
-def test_read_committed_waits_for_open_transaction(broker: Broker) -> None:
+def test_read_committed_waits_for_open_transaction(broker: InProcessBroker) -> None:
     """Records after an open transaction are held back until it ends (the LSO)."""
     topic = new_name("txn-lso")
     p = txn_producer(broker, new_name("tid"))
@@ -124,7 +124,7 @@ def test_read_committed_waits_for_open_transaction(broker: Broker) -> None:
     assert sorted(consume(broker, topic, "read_committed", 2)) == [b"after", b"in-txn"]
 
 
-def test_zombie_is_fenced(broker: Broker) -> None:
+def test_zombie_is_fenced(broker: InProcessBroker) -> None:
     topic = new_name("txn-fence")
     tid = new_name("tid")
     old = txn_producer(broker, tid)
@@ -143,7 +143,7 @@ def test_zombie_is_fenced(broker: Broker) -> None:
     assert consume(broker, topic, "read_committed", 1) == [b"fresh"]
 
 
-def test_timed_out_transaction_is_aborted(broker: Broker) -> None:
+def test_timed_out_transaction_is_aborted(broker: InProcessBroker) -> None:
     topic = new_name("txn-timeout")
     silent = txn_producer(broker, new_name("tid"), **{"transaction.timeout.ms": 1000})
     silent.begin_transaction()
@@ -163,7 +163,7 @@ def test_timed_out_transaction_is_aborted(broker: Broker) -> None:
         admin.close()
 
 
-def test_consume_transform_produce(broker: Broker) -> None:
+def test_consume_transform_produce(broker: InProcessBroker) -> None:
     source, sink, group = new_name("ctp-in"), new_name("ctp-out"), new_name("ctp-group")
     plain = Producer({"bootstrap.servers": broker.bootstrap})
     inputs = [f"in-{i}".encode() for i in range(300)]
@@ -216,7 +216,7 @@ def test_consume_transform_produce(broker: Broker) -> None:
     assert sorted(out) == sorted(b"out-" + v for v in inputs)  # every input exactly once
 
 
-def test_admin_describe_and_list(broker: Broker) -> None:
+def test_admin_describe_and_list(broker: InProcessBroker) -> None:
     topic = new_name("txn-admin")
     tid = new_name("tid-admin")
     p = txn_producer(broker, tid)
@@ -237,7 +237,7 @@ def test_admin_describe_and_list(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize("durability", ["disk", "memory", "ephemeral"])
-def test_transactions_in_each_durability_class(broker: Broker, durability: str) -> None:
+def test_transactions_in_each_durability_class(broker: InProcessBroker, durability: str) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     topic = new_name(f"txn-{durability}")

@@ -15,16 +15,16 @@ from aiokafka import AIOKafkaProducer
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 PARTITIONS = 2
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = Path(tmp_path_factory.mktemp("txnclients")) / "data"
-    with serving_broker(data, ["--default-partitions", str(PARTITIONS)]) as b:
+    with serving_in_process(data, ["--default-partitions", str(PARTITIONS)]) as b:
         yield b
 
 
@@ -32,7 +32,7 @@ def new_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def kcat_values(broker: Broker, topic: str, isolation: str) -> list[str]:
+def kcat_values(broker: InProcessBroker, topic: str, isolation: str) -> list[str]:
     proc = subprocess.run(
         [KCAT, "-b", broker.bootstrap, "-C", "-t", topic, "-e", "-o", "beginning", "-q", "-f", "%s\\n",
          "-X", f"isolation.level={isolation}"],
@@ -42,7 +42,7 @@ def kcat_values(broker: Broker, topic: str, isolation: str) -> list[str]:
     return proc.stdout.decode().splitlines()
 
 
-def kafka_python_transactions(broker: Broker, topic: str) -> tuple[list[str], list[str]]:
+def kafka_python_transactions(broker: InProcessBroker, topic: str) -> tuple[list[str], list[str]]:
     p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=new_name("kp-tid"))
     p.init_transactions()
     committed, aborted = [], []
@@ -63,14 +63,14 @@ def kafka_python_transactions(broker: Broker, topic: str) -> tuple[list[str], li
 
 
 @pytest.mark.skipif(not Path(KCAT).exists(), reason="kcat not installed")
-def test_kafka_python_producer_kcat_read_committed(broker: Broker) -> None:
+def test_kafka_python_producer_kcat_read_committed(broker: InProcessBroker) -> None:
     topic = new_name("kp-txn")
     committed, aborted = kafka_python_transactions(broker, topic)
     assert sorted(kcat_values(broker, topic, "read_committed")) == sorted(committed)
     assert sorted(kcat_values(broker, topic, "read_uncommitted")) == sorted(committed + aborted)
 
 
-def test_kafka_python_read_committed_consumer(broker: Broker) -> None:
+def test_kafka_python_read_committed_consumer(broker: InProcessBroker) -> None:
     topic = new_name("kp-rc")
     committed, _aborted = kafka_python_transactions(broker, topic)
     c = KafkaConsumer(
@@ -84,7 +84,7 @@ def test_kafka_python_read_committed_consumer(broker: Broker) -> None:
     assert sorted(got) == sorted(committed)
 
 
-def test_aiokafka_transactional_producer(broker: Broker) -> None:
+def test_aiokafka_transactional_producer(broker: InProcessBroker) -> None:
     topic = new_name("aio-txn")
 
     async def run() -> tuple[list[str], list[str]]:

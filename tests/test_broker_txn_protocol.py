@@ -29,15 +29,15 @@ from loglake.kafka_errors import ErrorCode as E
 from loglake.records.batch import BatchBuilder, split_batches
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 A = AddPartitionsToTxnRequest
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     data = Path(tmp_path_factory.mktemp("txnproto")) / "data"
-    with serving_broker(data, ["--default-partitions", "2"]) as b:
+    with serving_in_process(data, ["--default-partitions", "2"]) as b:
         yield b
 
 
@@ -99,7 +99,7 @@ def latest(c: RawClient, topic: str, isolation: int) -> int:
     return int(resp.topics[0].partitions[0].offset)
 
 
-def test_transaction_error_codes_and_isolation(broker: Broker) -> None:
+def test_transaction_error_codes_and_isolation(broker: InProcessBroker) -> None:
     topic, tid = f"proto-{uuid.uuid4().hex[:8]}", f"tid-{uuid.uuid4().hex[:8]}"
     with RawClient(broker.bootstrap) as c:
         T = MetadataRequest.MetadataRequestTopic
@@ -158,7 +158,7 @@ def test_transaction_error_codes_and_isolation(broker: Broker) -> None:
         assert latest(c, topic, 1) == 2
 
 
-def test_txn_offsets_visible_on_commit_only(broker: Broker) -> None:
+def test_txn_offsets_visible_on_commit_only(broker: InProcessBroker) -> None:
     """TxnOffsetCommit offsets reach the group at commit; until then OffsetFetch answers the old
     offset, or UNSTABLE_OFFSET_COMMIT with require_stable (KIP-447); an abort discards them."""
     topic, tid, group = f"off-{uuid.uuid4().hex[:8]}", f"tid-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
@@ -194,7 +194,7 @@ def test_txn_offsets_visible_on_commit_only(broker: Broker) -> None:
         assert fetched(c, True) == (9, E.NONE)  # the aborted 7 never reached the group
 
 
-def test_find_coordinator_for_transactions(broker: Broker) -> None:
+def test_find_coordinator_for_transactions(broker: InProcessBroker) -> None:
     with RawClient(broker.bootstrap) as c:
         one = c.request(FindCoordinatorRequest[3](key="some-tid", key_type=1))
         assert (one.error_code, one.node_id, one.port) == (E.NONE, 0, broker.port)

@@ -26,7 +26,7 @@ from loglake.kafka_errors import ErrorCode
 from loglake.records import CODEC_GZIP, CODEC_NONE, CODEC_ZSTD, BatchBuilder, build_batch
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 from enginekit import read_all
 
 INVALID_RECORD = 87
@@ -167,12 +167,12 @@ def test_embedded_api(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with serving_broker(Path(tmp_path_factory.mktemp("compacted")) / "data") as b:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
+    with serving_in_process(Path(tmp_path_factory.mktemp("compacted")) / "data") as b:
         yield b
 
 
-def create_topics(broker: Broker, prefix: str, partitions: int = 2) -> tuple[str, str]:
+def create_topics(broker: InProcessBroker, prefix: str, partitions: int = 2) -> tuple[str, str]:
     """A compacted topic and a delete-policy one."""
     suffix = uuid.uuid4().hex[:8]
     compacted, plain = f"{prefix}-c-{suffix}", f"{prefix}-d-{suffix}"
@@ -185,7 +185,7 @@ def create_topics(broker: Broker, prefix: str, partitions: int = 2) -> tuple[str
     return compacted, plain
 
 
-def watermarks(broker: Broker, topic: str, partitions: int = 2) -> list[int]:
+def watermarks(broker: InProcessBroker, topic: str, partitions: int = 2) -> list[int]:
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "unused", "log_level": 3})
     try:
         return [consumer.get_watermark_offsets(CTopicPartition(topic, p), timeout=10)[1] for p in range(partitions)]
@@ -207,7 +207,7 @@ def produce_request(version: int, topics: dict[str, dict[int, bytes]]) -> Any:
 
 
 @pytest.mark.parametrize("version", [8, 9, 12])
-def test_raw_produce_returns_record_errors(broker: Broker, version: int) -> None:
+def test_raw_produce_returns_record_errors(broker: InProcessBroker, version: int) -> None:
     compacted, plain = create_topics(broker, f"raw{version}")
     bad = build_batch(recs(b"k0", None, b"k2", b"k3", None), compression=CODEC_GZIP)
     good = build_batch(recs(b"a", b"b"))
@@ -227,7 +227,7 @@ def test_raw_produce_returns_record_errors(broker: Broker, version: int) -> None
     assert watermarks(broker, plain) == [1, 0]
 
 
-def test_raw_produce_before_v8_has_only_the_code(broker: Broker) -> None:
+def test_raw_produce_before_v8_has_only_the_code(broker: InProcessBroker) -> None:
     compacted, _plain = create_topics(broker, "raw7")
     with RawClient(broker.bootstrap) as c:
         resp = c.request(produce_request(7, {compacted: {0: build_batch(recs(None))}}))
@@ -237,7 +237,7 @@ def test_raw_produce_before_v8_has_only_the_code(broker: Broker) -> None:
 
 
 @pytest.mark.parametrize("idempotence", [False, True])
-def test_confluent_producer(broker: Broker, idempotence: bool) -> None:
+def test_confluent_producer(broker: InProcessBroker, idempotence: bool) -> None:
     compacted, plain = create_topics(broker, "cf")
     config = {"acks": "all", "linger.ms": 50, "enable.idempotence": idempotence, "log_level": 3}
     producer = Producer({"bootstrap.servers": broker.bootstrap, **config})

@@ -1,4 +1,4 @@
-"""Compacted topics through the real broker process, with real clients.
+"""Compacted topics through the real broker (in-process), with real clients.
 
 The broker's cleaner runs every 200 ms and the topics seal small segments after 200 records or
 300 ms with a dirty ratio of 0.01, so compaction (and merging of the small rewritten segments)
@@ -32,7 +32,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from brokerkit import Broker, free_port, serving_broker
+from brokerkit import InProcessBroker, free_port, serving_in_process
 
 KCAT = shutil.which("kcat")
 TOPIC_CONFIG = {
@@ -59,11 +59,11 @@ Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     root = Path(tmp_path_factory.mktemp("compaction"))
     (root / "broker.toml").write_text(BROKER_TOML)
     metrics_port = free_port()
-    with serving_broker(
+    with serving_in_process(
         root / "data", ["--config", str(root / "broker.toml"), "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     ) as b:
         b.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"  # type: ignore[attr-defined]
@@ -71,14 +71,14 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     assert "retried each round" not in b.log_text(), b.log_text()[-5000:]  # no cleaner failure
 
 
-def create_topic(broker: Broker, prefix: str, partitions: int = 1) -> str:
+def create_topic(broker: InProcessBroker, prefix: str, partitions: int = 1) -> str:
     topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(topic, partitions, config=TOPIC_CONFIG)])[topic].result(10)
     return topic
 
 
-def segment_files(broker: Broker, topic: str) -> list[Path]:
+def segment_files(broker: InProcessBroker, topic: str) -> list[Path]:
     """The topic's hot segment files in the broker's data directory."""
     return sorted(p for p in (broker.data_dir / "segments").rglob("*.seg") if p.parent.parent.name.startswith(topic + "-"))
 
@@ -95,7 +95,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = DEADLINE_S) 
         time.sleep(0.1)
 
 
-def produce(broker: Broker, topic: str, records: Sequence[tuple[bytes, bytes | None]], partition: int = 0) -> None:
+def produce(broker: InProcessBroker, topic: str, records: Sequence[tuple[bytes, bytes | None]], partition: int = 0) -> None:
     p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": True})
     for i, (k, v) in enumerate(records):
         p.produce(topic, key=k, value=v, partition=partition)
@@ -104,7 +104,7 @@ def produce(broker: Broker, topic: str, records: Sequence[tuple[bytes, bytes | N
     assert p.flush(30) == 0
 
 
-def read_confluent(broker: Broker, topic: str, partition: int = 0) -> list[Record]:
+def read_confluent(broker: InProcessBroker, topic: str, partition: int = 0) -> list[Record]:
     """Everything in the partition, from the beginning to its end."""
     c = Consumer({
         "bootstrap.servers": broker.bootstrap,
@@ -140,7 +140,7 @@ def newest(records: Sequence[tuple[bytes, bytes | None]]) -> dict[bytes, bytes |
     return out
 
 
-def one_per_key(broker: Broker, topic: str, keys: int) -> Callable[[], bool]:
+def one_per_key(broker: InProcessBroker, topic: str, keys: int) -> Callable[[], bool]:
     """True once the partition reads as exactly one record per key (fully compacted)."""
     return lambda: len(read_confluent(broker, topic)) == keys
 
@@ -154,7 +154,7 @@ def assert_compacted_view(got: list[Record], expected: dict[bytes, bytes | None]
     assert offsets[-1] < produced
 
 
-def test_compacted_topic_read_by_three_clients(broker: Broker) -> None:
+def test_compacted_topic_read_by_three_clients(broker: InProcessBroker) -> None:
     topic = create_topic(broker, "compact")
     keys = [b"user-%03d" % i for i in range(50)]
     records: list[tuple[bytes, bytes | None]] = [
@@ -200,7 +200,7 @@ def test_compacted_topic_read_by_three_clients(broker: Broker) -> None:
     assert kcat_view == got
 
 
-def test_schema_registry_workload_stays_bounded(broker: Broker) -> None:
+def test_schema_registry_workload_stays_bounded(broker: InProcessBroker) -> None:
     """20 subjects, 500 updates each in 5 rounds: the partition's bytes follow the keys."""
     topic = create_topic(broker, "schemas")
     subjects = [b"subject-%02d" % i for i in range(20)]
@@ -226,7 +226,7 @@ def test_schema_registry_workload_stays_bounded(broker: Broker) -> None:
     assert sizes[-1] < 10 * live, sizes  # proportional to the keys, far below the ~2 MB produced
 
 
-def test_consumer_group_never_sees_offsets_go_back(broker: Broker) -> None:
+def test_consumer_group_never_sees_offsets_go_back(broker: InProcessBroker) -> None:
     topic = create_topic(broker, "group", partitions=2)
     keys = [b"k%02d" % i for i in range(30)]
     total = 4000
@@ -297,7 +297,7 @@ def test_consumer_group_never_sees_offsets_go_back(broker: Broker) -> None:
     assert seen_while_rewritten > 0
 
 
-def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
+def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: InProcessBroker) -> None:
     topic = create_topic(broker, "metrics")
     produce(broker, topic, [(b"k%d" % (i % 5), b"v%d" % i) for i in range(500)])
     wait_for("the topic to be compacted", one_per_key(broker, topic, 5))
@@ -318,7 +318,7 @@ def test_cleaner_metrics_and_dirty_ratio_on_metrics(broker: Broker) -> None:
     assert "# TYPE loglake_cleaner_compactions_total counter" in text
 
 
-def test_aborted_transactions_never_supersede_committed_records(broker: Broker) -> None:
+def test_aborted_transactions_never_supersede_committed_records(broker: InProcessBroker) -> None:
     """A compacted topic written in transactions: the cleaner maps and keeps committed records
     only, so a key's newest *committed* value survives an aborted overwrite, and the aborted
     records are gone for read_uncommitted readers too (Kafka's cleaner removes them)."""

@@ -25,7 +25,7 @@ from kafka import TopicPartition as KTopicPartition
 from kafka.errors import CorruptRecordError
 from prometheus_client.parser import text_string_to_metric_families
 
-from brokerkit import Broker, free_port
+from brokerkit import InProcessBroker, free_port
 
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
 TOPIC = "damaged"
@@ -108,7 +108,7 @@ def confluent_read(bootstrap: str, partition: int, until_error: bool) -> tuple[l
     return offsets, errors
 
 
-def check_clients_see_the_error(broker: Broker, bad_offset: int, port: int, file_hint: str) -> None:
+def check_clients_see_the_error(broker: InProcessBroker, bad_offset: int, port: int, file_hint: str) -> None:
     offsets, errors = confluent_read(broker.bootstrap, 0, until_error=True)
     assert errors and errors[0] == CORRUPT_MESSAGE, errors  # an error, not a stall
     assert offsets == list(range(bad_offset))  # every good record before the bad batch
@@ -153,7 +153,7 @@ def check_clients_see_the_error(broker: Broker, bad_offset: int, port: int, file
 
 def test_corrupt_hot_batch_is_an_error_for_every_client(tmp_path: Path) -> None:
     port = free_port()
-    broker = Broker(tmp_path / "d", ["--metrics-listen", f"127.0.0.1:{port}"]).start()
+    broker = InProcessBroker(tmp_path / "d", ["--metrics-listen", f"127.0.0.1:{port}"]).start()
     try:
         produce(broker.bootstrap, {"segment.bytes": "16384"})
         root = tmp_path / "d" / "segments"
@@ -161,7 +161,7 @@ def test_corrupt_hot_batch_is_an_error_for_every_client(tmp_path: Path) -> None:
         bad = damage(second)  # with the broker running
         assert bad > 0
         check_clients_see_the_error(broker, bad, port, str(second))
-        assert broker.proc is not None and broker.proc.poll() is None
+        assert broker.running
     finally:
         assert broker.stop() == 0
 
@@ -170,7 +170,7 @@ def test_corrupt_cold_copy_is_an_error_for_every_client(tmp_path: Path) -> None:
     port = free_port()
     bucket = tmp_path / "bucket"
     args = ["--cold-store", f"file://{bucket}", "--metrics-listen", f"127.0.0.1:{port}"]
-    broker = Broker(tmp_path / "d", args).start()
+    broker = InProcessBroker(tmp_path / "d", args).start()
     try:
         produce(broker.bootstrap, {"segment.bytes": "16384", "hot.retain.segments": "0", "retention.ms": "-1"})
         second = wait_for_segments(bucket, 0, 3)[1]
@@ -194,7 +194,7 @@ def test_scrubber_repairs_a_hot_segment_from_its_cold_copy(tmp_path: Path) -> No
     bucket = tmp_path / "bucket"
     env = {"LOGLAKE_ENGINE__SCRUB_BYTES_PER_SECOND": "50000000", "LOGLAKE_ENGINE__SCRUB_INTERVAL_MS": "100"}
     args = ["--cold-store", f"file://{bucket}", "--metrics-listen", f"127.0.0.1:{port}"]
-    broker = Broker(tmp_path / "d", args, env=env).start()
+    broker = InProcessBroker(tmp_path / "d", args, env=env).start()
     try:
         produce(broker.bootstrap, {"segment.bytes": "16384", "hot.retain.segments": "1000"})
         root = tmp_path / "d" / "segments"
@@ -234,7 +234,7 @@ def verify(data_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_verify_on_a_running_brokers_data_dir(tmp_path: Path) -> None:
-    broker = Broker(tmp_path / "d").start()
+    broker = InProcessBroker(tmp_path / "d").start()
     try:
         produce(broker.bootstrap, {"segment.bytes": "16384"})
         root = tmp_path / "d" / "segments"
@@ -247,7 +247,7 @@ def test_verify_on_a_running_brokers_data_dir(tmp_path: Path) -> None:
         assert bad.returncode == 1 and "in use" not in bad.stderr
         assert second.name in bad.stderr and "CRC" in bad.stderr
         # The broker is unaffected: it still takes writes and serves the healthy partition.
-        assert broker.proc is not None and broker.proc.poll() is None
+        assert broker.running
         p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
         p.produce(TOPIC, value=b"after", partition=1)
         assert p.flush(30) == 0

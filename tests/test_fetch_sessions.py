@@ -20,7 +20,7 @@ from loglake.broker.fetch_sessions import FetchSessionCache, next_epoch
 from loglake.broker.protocol import FetchPartition, FetchResponseData, FetchTopic
 from test_broker_malformed import RawClient
 
-from brokerkit import Broker, serving_broker
+from brokerkit import InProcessBroker, serving_in_process
 
 FETCH_SESSION_ID_NOT_FOUND = 70
 INVALID_FETCH_SESSION_EPOCH = 71
@@ -31,22 +31,22 @@ SLOTS = 2
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    with serving_broker(Path(tmp_path_factory.mktemp("fsess")) / "data") as b:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
+    with serving_in_process(Path(tmp_path_factory.mktemp("fsess")) / "data") as b:
         yield b
 
 
 _names = itertools.count()
 
 
-def _topic(broker: Broker, partitions: int = PARTITIONS) -> str:
+def _topic(broker: InProcessBroker, partitions: int = PARTITIONS) -> str:
     name = f"fsess-{next(_names)}"
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(name, partitions, 1)])[name].result(30)
     return name
 
 
-def _produce(broker: Broker, topic: str, partition: int, n: int = 1) -> None:
+def _produce(broker: InProcessBroker, topic: str, partition: int, n: int = 1) -> None:
     p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
     for i in range(n):
         p.produce(topic, value=f"v{i}".encode(), partition=partition)
@@ -92,7 +92,7 @@ def returned(resp: Any) -> dict[int, tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("version", [12, 13, 17])
-def test_full_fetch_creates_a_session_and_incremental_fetches_carry_changes_only(broker: Broker, version: int) -> None:
+def test_full_fetch_creates_a_session_and_incremental_fetches_carry_changes_only(broker: InProcessBroker, version: int) -> None:
     topic = _topic(broker)
     _produce(broker, topic, 0, 3)
     with RawClient(broker.bootstrap) as c:
@@ -118,7 +118,7 @@ def test_full_fetch_creates_a_session_and_incremental_fetches_carry_changes_only
         assert set(returned(inc)) == {6} and returned(inc)[6][2] > 0
 
 
-def test_partitions_that_returned_data_go_to_the_back_so_none_starves(broker: Broker) -> None:
+def test_partitions_that_returned_data_go_to_the_back_so_none_starves(broker: InProcessBroker) -> None:
     """With max_bytes 1 each fetch returns one batch (KIP-74); the session's order rotates, so
     four fetches serve the four partitions, each once, and every response keeps the size rule."""
     topic = _topic(broker, 4)
@@ -141,7 +141,7 @@ def test_partitions_that_returned_data_go_to_the_back_so_none_starves(broker: Br
         assert returned(fetch(c, sid, 4, moved, topic=topic, max_bytes=1)) == {}
 
 
-def test_incremental_fetch_long_polls_until_a_session_partition_gets_data(broker: Broker) -> None:
+def test_incremental_fetch_long_polls_until_a_session_partition_gets_data(broker: InProcessBroker) -> None:
     topic = _topic(broker)
     with RawClient(broker.bootstrap, timeout=30) as c:
         full = fetch(c, 0, 0, dict.fromkeys(range(PARTITIONS), 0), topic=topic)
@@ -160,7 +160,7 @@ def _fetch_request(session_id: int, epoch: int, *, max_wait_ms: int, min_bytes: 
                             session_epoch=epoch, topics=[], forgotten_topics_data=[])
 
 
-def test_session_errors_and_closing(broker: Broker) -> None:
+def test_session_errors_and_closing(broker: InProcessBroker) -> None:
     topic = _topic(broker)
     parts = dict.fromkeys(range(PARTITIONS), 0)
     with RawClient(broker.bootstrap) as c:
@@ -194,7 +194,7 @@ def test_session_errors_and_closing(broker: Broker) -> None:
 
 def test_a_full_cache_makes_no_new_session_and_the_broker_keeps_working(tmp_path: Path) -> None:
     env = {"LOGLAKE_MAX_INCREMENTAL_FETCH_SESSION_CACHE_SLOTS": str(SLOTS)}
-    with serving_broker(tmp_path / "data", env=env) as b:
+    with serving_in_process(tmp_path / "data", env=env) as b:
         topic = _topic(b)
         parts = dict.fromkeys(range(PARTITIONS), 0)
         with RawClient(b.bootstrap) as c:
@@ -211,7 +211,7 @@ def test_a_full_cache_makes_no_new_session_and_the_broker_keeps_working(tmp_path
 
 
 def test_sessions_do_not_survive_a_restart(tmp_path: Path) -> None:
-    with serving_broker(tmp_path / "data") as b:
+    with serving_in_process(tmp_path / "data") as b:
         topic = _topic(b)
         with RawClient(b.bootstrap) as c:
             sid = fetch(c, 0, 0, {0: 0}, topic=topic).session_id
@@ -224,7 +224,7 @@ def test_sessions_do_not_survive_a_restart(tmp_path: Path) -> None:
 
 def test_idle_sessions_are_evicted(tmp_path: Path) -> None:
     env = {"LOGLAKE_MIN_INCREMENTAL_FETCH_SESSION_EVICTION_MS": "200"}
-    with serving_broker(tmp_path / "data", env=env) as b:
+    with serving_in_process(tmp_path / "data", env=env) as b:
         topic = _topic(b)
         with RawClient(b.bootstrap) as c:
             sid = fetch(c, 0, 0, {0: 0}, topic=topic).session_id
@@ -233,7 +233,7 @@ def test_idle_sessions_are_evicted(tmp_path: Path) -> None:
             assert fetch(c, sid, 1, {}, topic=topic).error_code == FETCH_SESSION_ID_NOT_FOUND
 
 
-def test_describe_configs_names_the_limits_as_kafka_does(broker: Broker) -> None:
+def test_describe_configs_names_the_limits_as_kafka_does(broker: InProcessBroker) -> None:
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     resource = ConfigResource(ConfigResource.Type.BROKER, "0")
     entries = admin.describe_configs([resource])[resource].result(30)

@@ -18,7 +18,7 @@ from kafka import TopicPartition as KTopicPartition
 
 from test_broker_observability import samples, scrape
 
-from brokerkit import Broker, free_port, serving_broker
+from brokerkit import InProcessBroker, free_port, serving_in_process
 
 PARTITIONS = 48
 RECORDS = 2_400
@@ -29,9 +29,9 @@ Record = tuple[int, int, bytes]
 
 
 @pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
     port = free_port()
-    with serving_broker(Path(tmp_path_factory.mktemp("fsess-clients")) / "data", ["--metrics-listen", f"127.0.0.1:{port}"]) as b:
+    with serving_in_process(Path(tmp_path_factory.mktemp("fsess-clients")) / "data", ["--metrics-listen", f"127.0.0.1:{port}"]) as b:
         b.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
         yield b
 
@@ -39,12 +39,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 _names = itertools.count()
 
 
-def _metric(b: Broker, family: str) -> float:
+def _metric(b: InProcessBroker, family: str) -> float:
     families, _ = scrape(b.metrics_url)  # type: ignore[attr-defined]
     return sum(s.value for s in samples(families, family) if not s.name.endswith("_created"))
 
 
-def _produce_while(b: Broker, topic: str, started: threading.Event) -> threading.Thread:
+def _produce_while(b: InProcessBroker, topic: str, started: threading.Event) -> threading.Thread:
     """Writes RECORDS records round-robin over the partitions, slowly enough to overlap the consumer."""
 
     def run() -> None:
@@ -71,14 +71,14 @@ def _check(got: list[Record]) -> None:
         assert offsets == list(range(len(offsets)))
 
 
-def _new_topic(b: Broker) -> str:
+def _new_topic(b: InProcessBroker) -> str:
     name = f"fsess-clients-{next(_names)}"
     admin = AdminClient({"bootstrap.servers": b.bootstrap})
     admin.create_topics([NewTopic(name, PARTITIONS, 1)])[name].result(30)
     return name
 
 
-def _consume(b: Broker, poll: Callable[[], list[Record]], started: threading.Event, topic: str) -> list[Record]:
+def _consume(b: InProcessBroker, poll: Callable[[], list[Record]], started: threading.Event, topic: str) -> list[Record]:
     writer = _produce_while(b, topic, started)
     got: list[Record] = []
     deadline = time.monotonic() + CONSUME_DEADLINE_S
@@ -92,7 +92,7 @@ def _consume(b: Broker, poll: Callable[[], list[Record]], started: threading.Eve
     return got
 
 
-def test_kafka_python_consumer_uses_sessions_and_reads_everything_once(broker: Broker) -> None:
+def test_kafka_python_consumer_uses_sessions_and_reads_everything_once(broker: InProcessBroker) -> None:
     topic = _new_topic(broker)
     created, incremental = _metric(broker, "loglake_fetch_sessions_opened"), _metric(broker, "loglake_fetch_incremental")
     errors = _metric(broker, "loglake_fetch_session_errors")
@@ -114,7 +114,7 @@ def test_kafka_python_consumer_uses_sessions_and_reads_everything_once(broker: B
     assert _metric(broker, "loglake_fetch_session_errors") == errors
 
 
-def test_confluent_consumer_reads_everything_once(broker: Broker) -> None:
+def test_confluent_consumer_reads_everything_once(broker: InProcessBroker) -> None:
     """librdkafka (2.16) does not implement KIP-227: it sends session id 0, epoch -1 (sessionless
     full fetches), which must keep working beside session users."""
     topic = _new_topic(broker)

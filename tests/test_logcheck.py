@@ -191,9 +191,9 @@ def test_a_real_history_from_a_single_node_broker_checks_clean(tmp_path: Path) -
 
     import clusterload
 
-    from brokerkit import serving_broker
+    from brokerkit import serving_in_process
 
-    with serving_broker(tmp_path / "data") as b:
+    with serving_in_process(tmp_path / "data") as b:
         admin = AdminClient({"bootstrap.servers": b.bootstrap})
         admin.create_topics([NewTopic("t", 4, 1)])["t"].result(30)
         h = History()

@@ -139,13 +139,19 @@ def configure_logging(level: int, *, json_lines: bool = False) -> None:
         if isinstance(handler, _StderrHandler):
             root.removeHandler(handler)
     handler = _StderrHandler()
+    handler.setFormatter(log_formatter(json_lines=json_lines))
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
+def log_formatter(*, json_lines: bool = False) -> logging.Formatter:
+    """How every command logs a record: UTC time, level, logger, message (or one JSON object per
+    line). The tests' in-process brokers write their log files with it too (tests/brokerkit.py)."""
     formatter: logging.Formatter = (
         JsonLineFormatter() if json_lines else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     )
     formatter.converter = time.gmtime
-    handler.setFormatter(formatter)
-    root.addHandler(handler)
-    root.setLevel(level)
+    return formatter
 
 
 # ---- verify ------------------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import typer.main
 
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
@@ -137,33 +139,7 @@ def serve(
     ] = False,
 ) -> None:
     """Run the Kafka-compatible broker until SIGTERM/SIGINT (then seal, record the seals and exit 0)."""
-    flags: dict[str, Any] = {
-        "data_dir": data_dir,
-        "cold_store": cold_store,
-        "listen": listen or None,
-        "advertised_listener": advertised_listener or None,
-        "port_file": port_file,
-        "metrics_listen": metrics_listen,
-        "ssl_cert": ssl_cert,
-        "ssl_key": ssl_key,
-        "ssl_key_password": ssl_key_password,
-        "ssl_ca": ssl_ca,
-        "ssl_client_auth": ssl_client_auth,
-        "ssl_principal_mapping_rules": ssl_principal_mapping_rules,
-        "sasl_enabled_mechanisms": sasl_enabled_mechanisms,
-        "allow_unauthenticated_public_listener": allow_unauthenticated_public_listener,
-        "event_loop": event_loop,
-        "super_users": super_users,
-        "allow_everyone_if_no_acl_found": allow_everyone_if_no_acl_found,
-        "auto_create_topics": auto_create_topics,
-        "default_partitions": default_partitions,
-        "cluster": cluster,
-        "node_id": node_id,
-        "rack": rack,
-        "cluster_lease_ttl_s": cluster_lease_ttl_s,
-        "object_flush_bytes": object_flush_bytes,
-        "object_flush_ms": object_flush_ms,
-    }
+    flags = settings_flags(locals())  # before any other name is bound: the parameters only
     try:
         code = _serve(config_file, flags, print_config, accept_data_loss)
     except Exception as exc:
@@ -178,12 +154,46 @@ def serve(
     sys.exit(code)
 
 
+#: `serve`'s options that are no broker setting; every other one is a flag of `BrokerConfig.load`.
+COMMAND_OPTIONS = frozenset({"config_file", "print_config", "accept_data_loss"})
+
+
+def settings_flags(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`BrokerConfig.load`'s flags from `serve`'s parameters: an option not given is None (the
+    environment, the file or the default decides), a repeatable one a list."""
+    return {
+        name: (list(value) or None) if isinstance(value, (list, tuple)) else value
+        for name, value in params.items()
+        if name not in COMMAND_OPTIONS
+    }
+
+
+def config_of(args: Sequence[str], env: Mapping[str, str] | None = None) -> BrokerConfig:
+    """The configuration `loglake serve ARGS` runs with in environment `env` (default: this
+    process's), checked as `serve` checks it before opening anything. Tests run the broker
+    in-process (`BrokerServer` over `compose(config)`) from the flags they would give the command."""
+    from loglake.broker.listeners import check_exposure
+
+    app = typer.Typer()
+    app.command()(serve)
+    with typer.main.get_command(app).make_context("serve", list(args)) as ctx:
+        params = dict(ctx.params)
+    config = _load(params["config_file"], settings_flags(params), params["accept_data_loss"], env)
+    check_exposure(config.listeners(), config.ssl_client_auth, config.allow_unauthenticated_public_listener)
+    return config
+
+
+def _load(config_file: str | None, flags: dict[str, Any], accept_data_loss: bool, env: Mapping[str, str] | None = None) -> BrokerConfig:
+    config = BrokerConfig.load(config_file, env, **flags)
+    config.accept_data_loss = accept_data_loss
+    return config
+
+
 def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = False, accept_data_loss: bool = False) -> int:
     from loglake.broker.listeners import PLAINTEXT, check_exposure
     from loglake.broker.server import run_server
 
-    config = BrokerConfig.load(config_file, **flags)
-    config.accept_data_loss = accept_data_loss
+    config = _load(config_file, flags, accept_data_loss)
     if print_config:
         sys.stdout.write(config.describe())
         return 0
