@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from etcdkit import EtcdCluster  # noqa: E402 - the tests' etcd launcher
+from loglake.cluster.etcd import EtcdMetaStore  # noqa: E402
+from loglake.cluster.etcd_client import EtcdClient  # noqa: E402
 from loglake.cluster.membership import Membership  # noqa: E402
 from loglake.engine.view import BrokerInfo  # noqa: E402
-from loglake.meta.etcd import EtcdMetaStore  # noqa: E402
-from loglake.meta.etcd_client import EtcdClient  # noqa: E402
 from loglake.meta.records import Cluster, OffsetCommit  # noqa: E402
 
 

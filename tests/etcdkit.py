@@ -82,7 +82,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        """HOST:PORT of every member (what `loglake.meta.etcd_client.EtcdClient` takes)."""
+        """HOST:PORT of every member (what `loglake.cluster.etcd_client.EtcdClient` takes)."""
         return [f"127.0.0.1:{m.client_port}" for m in self.members]
 
     def start(self) -> EtcdCluster:

@@ -26,11 +26,11 @@ from loglake.broker.groups.meta_store import MetaGroupLog
 from loglake.broker.groups.store import OffsetEntry
 from loglake.broker.handlers.errors import coordinator_error
 from loglake.cluster.coordinators import coordinator_of
+from loglake.cluster.etcd import EtcdMetaStore
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.groups import FencedGroupStore
 from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
-from loglake.meta.etcd import EtcdMetaStore
-from loglake.meta.etcd_client import EtcdClient
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1

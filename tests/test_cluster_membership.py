@@ -9,10 +9,10 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.membership import Membership
 from loglake.engine.view import BrokerInfo
 from loglake.errors import NodeIdInUseError
-from loglake.meta.etcd_client import EtcdClient
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 import etcdkit
 import s3kit
 from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster.etcd import EtcdMetaStore, Guard
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushSettings
 from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
@@ -26,8 +28,6 @@ from loglake.cluster.plog_maint import merge, sweep
 from loglake.errors import FlushFailedError, LoglakeError, MetaFencedError, OffsetOutOfRangeError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
-from loglake.meta.etcd import EtcdMetaStore, Guard
-from loglake.meta.etcd_client import EtcdClient
 from loglake.meta.records import PlogLeader
 from loglake.records.decode import decode_batch
 from loglake.store.base import ObjectStore

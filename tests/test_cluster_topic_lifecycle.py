@@ -23,14 +23,14 @@ import etcdkit
 import s3kit
 import test_cluster_plog
 from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster.etcd import EtcdMetaStore
+from loglake.cluster.etcd_client import EtcdClient, prefix_end
 from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.engine.catalog import Catalog
 from loglake.engine.config import EngineConfig
 from loglake.errors import TopicExistsError
 from loglake.meta import records
-from loglake.meta.etcd import EtcdMetaStore
-from loglake.meta.etcd_client import EtcdClient, prefix_end
 from loglake.meta.records import RecordKind, decode_record
 from test_cluster_flushobj import batch
 from test_cluster_plog import CLUSTER_ID, WAIT, Cluster, read_all
@@ -109,7 +109,7 @@ def test_brokers_creating_one_name_at_once_make_one_topic(
         assert {n: tid.hex() for n, tid in meta.state.names.items()} == applied  # every broker agrees
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     # a late broker replays the log without an ERROR line
-    with caplog.at_level(logging.INFO, logger="loglake.meta.etcd"):
+    with caplog.at_level(logging.INFO, logger="loglake.cluster.etcd"):
         late = EtcdMetaStore(stores[0].client, stores[0].prefix)
         late.open()
         late.close()

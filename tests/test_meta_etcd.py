@@ -20,11 +20,12 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.errors import ConfigError, EtcdUnavailableError, MetaFencedError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.checkpoint import capture
-from loglake.meta.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
-from loglake.meta.etcd_client import EtcdClient, parse_cluster_url
+from loglake.meta.etcd_url import parse_cluster_url
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.records import Cluster, OffsetCommit, RecordKind, TopicCreated
 from loglake.meta.state import MetaState

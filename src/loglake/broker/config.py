@@ -212,7 +212,7 @@ class BrokerConfig:
 
     def _validate_cluster(self) -> None:
         """Cluster mode needs a parseable etcd URL and a shared bucket (the data dir is a cache)."""
-        from loglake.meta.etcd_client import parse_cluster_url
+        from loglake.meta.etcd_url import parse_cluster_url
 
         where = self.sources.get("cluster", "default")
         try:

@@ -36,11 +36,11 @@ from typing import Any
 
 from loglake.broker.groups.meta_store import MetaGroupLog, MetaGroupStore
 from loglake.broker.groups.store import OffsetEntry, ReloadableGroupStore, StoredGroup, TopicPartition
+from loglake.cluster import etcd_client as ec
 from loglake.cluster.coordinators import coordinator_of
+from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.engine.view import ClusterView
 from loglake.errors import MetaFencedError
-from loglake.meta import etcd_client as ec
-from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.records import GroupDeleted, GroupState, MetaRecord, OffsetCommit, OffsetExpire, OffsetRow
 
 log = logging.getLogger("loglake.broker")  # its lines are the broker's (docs/CLUSTER.md quotes them)

@@ -25,10 +25,10 @@ import logging
 import threading
 from collections.abc import Callable
 
+from loglake.cluster import etcd_client as ec
+from loglake.cluster.etcd_client import EtcdClient, prefix_end
 from loglake.engine.view import BrokerInfo
 from loglake.errors import ConfigError, EtcdUnavailableError, NodeIdInUseError
-from loglake.meta import etcd_client as ec
-from loglake.meta.etcd_client import EtcdClient, prefix_end
 
 __all__ = ["BROKER_LEASE_TTL_S_DEFAULT", "BrokerInfo", "Membership"]
 

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.groups.store import GroupStoreFactory
+from loglake.cluster.etcd import EtcdMetaStore
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.groups import fenced_stores
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
@@ -24,8 +26,7 @@ from loglake.engine.engine import Engine, EngineParts
 from loglake.engine.space import SpaceGuard
 from loglake.errors import ConfigError
 from loglake.fs.os_fs import OsFileSystem
-from loglake.meta.etcd import EtcdMetaStore
-from loglake.meta.etcd_client import EtcdClient, parse_cluster_url
+from loglake.meta.etcd_url import parse_cluster_url
 from loglake.store.base import ObjectStore
 
 __all__ = ["cluster_node", "cluster_parts", "settings_of"]

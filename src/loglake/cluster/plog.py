@@ -38,6 +38,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushAck, Flusher, FlushSettings
 from loglake.cluster.flushobj import FlushIndex, FlushIndexEntry, topic_id_bytes
 from loglake.cluster.plog_read import PlogReader
@@ -51,7 +52,6 @@ from loglake.errors import (
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.cluster import Plog, end_key, epoch_key
-from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.records import PlogCommit, PlogCommitRow, PlogLeader
 from loglake.records.batch import set_offset_and_epoch, split_batches
 from loglake.store.base import ObjectStore

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loglake.cluster.etcd import Guard
 from loglake.cluster.flushobj import FlushIndexEntry, check_header, flush_prefix
 from loglake.cluster.merge import DELETE_GRACE_S, MergedSegment, MergeStats, merge_partition
 from loglake.cluster.plog import COMMIT_WAIT_S, ClusterPartitionLog, NotLeaderError
 from loglake.errors import CorruptionError, MetaFencedError
 from loglake.meta.cluster import Plog, PlogSegment, epoch_key
-from loglake.meta.etcd import Guard
 from loglake.meta.records import PlogMerged, PlogSwept
 from loglake.meta.state import MetaState
 from loglake.segment.format import HEADER_SIZE, ZERO_HASH

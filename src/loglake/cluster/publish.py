@@ -48,7 +48,7 @@ class ClusterMetaPublisher:
 
     def __init__(
         self,
-        etcd: Any,  # loglake.meta.etcd.EtcdMetaStore (read(fn) under its lock)
+        etcd: Any,  # loglake.cluster.etcd.EtcdMetaStore (read(fn) under its lock)
         store: ObjectStore,
         is_publisher: Callable[[], bool],
         *,

@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.producers import rebuild_producers
@@ -52,7 +53,6 @@ from loglake.errors import (
 )
 from loglake.locks import Rank, ranked_lock
 from loglake.meta.cluster import Plog, PlogRange, PlogSegment
-from loglake.meta.etcd import EtcdMetaStore, Guard
 from loglake.meta.producers import ProducerStates
 from loglake.meta.records import Cluster, RecordKind
 from loglake.meta.state import MetaState

@@ -32,14 +32,14 @@ from typing import Any
 
 from loglake.cluster.assign import assign
 from loglake.cluster.coordinators import coordinator_of
+from loglake.cluster.etcd import EtcdMetaStore
+from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.membership import Membership
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
 from loglake.engine.catalog import TOPIC_KINDS
 from loglake.engine.view import BrokerInfo, LiveListener
 from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
-from loglake.meta.etcd import EtcdMetaStore
-from loglake.meta.etcd_client import EtcdClient
 from loglake.meta.records import RecordKind
 from loglake.meta.state import MetaState
 

@@ -1,5 +1,5 @@
 """Checkpoints of the metadata log in etcd: chunked under etcd's request limit, swapped in by a
-manifest (loglake.meta.etcd's module doc; docs/CLUSTER.md).
+manifest (loglake.cluster.etcd's module doc; docs/CLUSTER.md).
 
 A checkpoint is the single-node checkpoint encoding (loglake.meta.state, docs/FORMAT.md) cut into
 CHECKPOINT_CHUNK_BYTES pieces under a name of its own, `<seq, 20 digits>-<random tag>`, so two
@@ -20,10 +20,10 @@ from typing import Any
 
 import crc32c
 
+from loglake.cluster import etcd_client as ec
+from loglake.cluster.etcd_client import EtcdClient, prefix_end
 from loglake.errors import CorruptionError
-from loglake.meta import etcd_client as ec
 from loglake.meta.checkpoint import CheckpointImage, decode_checkpoint, encode_checkpoint
-from loglake.meta.etcd_client import EtcdClient, prefix_end
 from loglake.meta.state import MetaState
 
 __all__ = ["CHECKPOINT_CHUNK_BYTES", "MetaKeys", "load_checkpoint", "write_checkpoint"]
@@ -35,7 +35,7 @@ CHECKPOINT_CHUNK_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class MetaKeys:
-    """The metadata keys under one cluster prefix (the layout in loglake.meta.etcd)."""
+    """The metadata keys under one cluster prefix (the layout in loglake.cluster.etcd)."""
 
     prefix: str
 

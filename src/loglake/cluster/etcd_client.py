@@ -16,7 +16,7 @@ adds what the metadata store and membership need and etcd3gw leaves out:
 Retrying a request that timed out can apply it twice only for requests that are idempotent or
 conditional: every write loglake sends is either a put of a value already decided or a
 transaction with a compare that fails the second time (the metadata store recognises its own
-records after an uncertain answer, loglake.meta.etcd).
+records after an uncertain answer, loglake.cluster.etcd).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from etcd3gw import exceptions as gw_exceptions
 from etcd3gw.client import Etcd3Client
 
 from loglake.errors import ConfigError, EtcdUnavailableError
+from loglake.meta.etcd_url import parse_endpoints
 
 __all__ = [
     "ETCD_REQUEST_TIMEOUT_S",
@@ -46,8 +47,6 @@ __all__ = [
     "KeyValue",
     "Watch",
     "b64",
-    "parse_cluster_url",
-    "parse_endpoints",
     "prefix_end",
 ]
 
@@ -65,8 +64,6 @@ RANGE_PAGE_KEYS = 1000
 #: Read timeout of a watch stream: a stream that sent nothing for this long is re-opened (the
 #: caller also re-reads, so a silently dead connection costs at most this much delay).
 WATCH_IDLE_S = 5.0
-#: Most endpoints accepted in one cluster URL.
-ENDPOINTS_MAX = 16
 
 
 class EtcdCompactedError(Exception):
@@ -95,37 +92,6 @@ def prefix_end(prefix: bytes) -> bytes:
             return bytes(end)
         end.pop()
     return b"\0"  # the whole keyspace
-
-
-def parse_endpoints(text: str) -> list[tuple[str, int]]:
-    """`host:port[,host:port...]` -> [(host, port), ...]; ConfigError on anything else."""
-    out: list[tuple[str, int]] = []
-    for part in text.split(","):
-        host, sep, port = part.strip().rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"etcd endpoint {part.strip()!r} is not HOST:PORT")
-        out.append((host.strip("[]"), int(port)))
-    if not out or len(out) > ENDPOINTS_MAX:
-        raise ConfigError(f"give 1 to {ENDPOINTS_MAX} etcd endpoints, not {len(out)}")
-    return out
-
-
-def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
-    """`etcd://HOST:PORT[,HOST:PORT...]/PREFIX` -> (endpoints, "/PREFIX"); ConfigError otherwise.
-
-    The PREFIX keeps several clusters (or test runs) apart in one etcd; it is required, so two
-    clusters never share the keyspace's root by accident.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme != "etcd":
-        raise ConfigError(f"cluster URL {url!r} must start with etcd://")
-    hosts, slash, prefix = rest.partition("/")
-    prefix = prefix.strip("/")
-    if not slash or not prefix:
-        raise ConfigError(f"cluster URL {url!r} needs a key prefix: etcd://HOST:PORT[,HOST:PORT...]/PREFIX")
-    if any(c in prefix for c in "\0\n") or "//" in prefix:
-        raise ConfigError(f"cluster URL {url!r}: the prefix {prefix!r} is not a clean key path")
-    return parse_endpoints(hosts), "/" + prefix
 
 
 def _kv(raw: dict[str, Any]) -> KeyValue:
@@ -450,7 +416,7 @@ def op_delete(key: bytes, range_end: bytes | None = None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Guard:
-    """A compare in a conditional append (loglake.meta.etcd's `append_if`): `key` (relative to the
+    """A compare in a conditional append (loglake.cluster.etcd's `append_if`): `key` (relative to the
     cluster prefix) holds `value`, or was last changed at `mod_revision` (0: the key does not
     exist). Exactly one of them is given."""
 

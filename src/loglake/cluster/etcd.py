@@ -34,14 +34,14 @@ An uncertain answer (a timeout after the request was sent) may hide a commit: ea
 a random id in front of every record, and a catch-up that finds the batch in flight resolves it
 as committed instead of writing it again.
 
-Checkpoints (loglake.meta.etcd_checkpoint): any store may take one when `checkpoint_records` /
+Checkpoints (loglake.cluster.etcd_checkpoint): any store may take one when `checkpoint_records` /
 `checkpoint_bytes` were added since the last; chunks, then a manifest swapped in by a compare,
 which also deletes the log up to the *previous* checkpoint, so a broker lagging by less than
 one checkpoint interval still finds every record it misses (one lagging more reloads from the
 newest checkpoint). Opening reads the manifest and its chunks at one etcd revision, then the log
 after it.
 
-etcd unreachable: requests retry over every endpoint for `unavailable_s` (loglake.meta.etcd_client,
+etcd unreachable: requests retry over every endpoint for `unavailable_s` (loglake.cluster.etcd_client,
 one warning per outage); then the batch's futures fail with EtcdUnavailableError and the thread
 keeps trying to catch up, so the store recovers by itself when etcd is back.
 """
@@ -58,6 +58,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from loglake.cluster import etcd_client as ec
+from loglake.cluster.etcd_checkpoint import (
+    CHECKPOINT_CHUNK_BYTES,
+    MetaKeys,
+    load_checkpoint,
+    write_checkpoint,
+)
+from loglake.cluster.etcd_client import EtcdClient, EtcdCompactedError, Guard
 from loglake.errors import (
     CorruptionError,
     EngineFailedError,
@@ -67,10 +75,7 @@ from loglake.errors import (
     MetaRecordRejectedError,
 )
 from loglake.locks import Rank, ranked_lock
-from loglake.meta import etcd_client as ec
 from loglake.meta.checkpoint import capture
-from loglake.meta.etcd_checkpoint import CHECKPOINT_CHUNK_BYTES, MetaKeys, load_checkpoint, write_checkpoint
-from loglake.meta.etcd_client import EtcdClient, EtcdCompactedError, Guard
 from loglake.meta.log import META_CHECKPOINT_BYTES_DEFAULT, META_CHECKPOINT_RECORDS_DEFAULT, Watcher
 from loglake.meta.records import MetaRecord, RecordKind, decode_record, encode_record
 from loglake.meta.state import MetaState
