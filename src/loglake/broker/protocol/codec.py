@@ -40,6 +40,14 @@ from loglake.broker.protocol.produce import decode_produce_body
 from loglake.broker.protocol.versions import DEFAULT_TABLE, VersionTable
 from loglake.kafka_errors import ErrorCode
 
+#: kafka-python's schema-generated request and response classes and the structs nested in them
+#: (``body.topics[0].partitions[0]``): the library ships no type information, so to mypy they are
+#: Any, and so is every value read from them. The `Any` of a request body is this one.
+KafkaStruct = Any
+#: A response as a handler gives it to `encode_response`: a mapping of its fields (the usual
+#: form), a kafka-python response object, or Fetch's FetchResponseData.
+Response = Mapping[str, object] | FetchResponseData | KafkaStruct
+
 
 @dataclass(frozen=True, slots=True)
 class DecodedRequest:
@@ -50,7 +58,7 @@ class DecodedRequest:
     #: Request header version: 1, or 2 for flexible versions (tagged fields in the header).
     header_version: int
     #: Produce: ProduceRequestData; others: the kafka-python request object.
-    body: Any
+    body: KafkaStruct
     #: Bytes of the request frame (after the length prefix): what a produce byte-rate quota counts.
     size: int = 0
 

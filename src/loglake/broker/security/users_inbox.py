@@ -29,6 +29,7 @@ import logging
 import os
 from typing import Any
 
+from loglake.broker.off_loop import OffLoop
 from loglake.broker.security.scram_store import ScramStore
 from loglake.errors import LoglakeError
 from loglake.meta.scram import to_credential
@@ -152,14 +153,13 @@ def poll_once(store: ScramStore, data_dir: str) -> int:
     return min(len(names), INBOX_REQUESTS_PER_POLL)
 
 
-async def serve_inbox(ctx: Any) -> None:
+async def serve_inbox(store: ScramStore, data_dir: str, off_loop: OffLoop) -> None:
     """The broker's poller (a task of the server, cancelled at shutdown)."""
-    data_dir = ctx.config.data_dir
     os.makedirs(inbox_path(data_dir), mode=0o700, exist_ok=True)
     while True:
         await asyncio.sleep(INBOX_POLL_S)
         try:
-            await ctx.off_loop(poll_once, ctx.scram_store, data_dir)
+            await off_loop(poll_once, store, data_dir)
         except Exception as exc:  # a failed engine, a full disk: say so, keep polling
             log.warning("users inbox: %s", exc)
             await asyncio.sleep(INBOX_WAIT_S)
