@@ -194,7 +194,9 @@ class BrokerServer:
         if listener.tls:
             try:
                 assert self._tls is not None
-                if not await handshake_or_close(writer, self._tls, security, self._principals, self.metrics, self.limited):
+                if not await handshake_or_close(
+                    writer, self._tls, security, self._principals, self.metrics.protocol_errors, self.limited
+                ):
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
                 writer.transport.abort()

@@ -10,7 +10,8 @@ import importlib
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.protocol.api_keys import ApiKey
-from loglake.broker.protocol.codec import DecodedRequest, KafkaStruct, api_versions_body
+from loglake.broker.protocol.codec import DecodedRequest, api_versions_body
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, VersionTable
 
 HANDLERS: dict[int, Handler] = {}

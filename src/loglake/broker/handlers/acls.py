@@ -19,7 +19,7 @@ from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.admin_common import _LoopLock
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST, NONE, error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.broker.security.authorizer import AclFilter, Binding, check_binding
 from loglake.errors import LoglakeError

@@ -47,7 +47,7 @@ from loglake.broker.handlers.errors import (
     TOPIC_AUTHORIZATION_FAILED,
 )
 from loglake.broker.protocol import DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import CLUSTER, GROUP, TOPIC, AclOperation, denied
 from loglake.broker.security.authorizer import CLUSTER_NAME
 from loglake.engine.config import TOPIC_CONFIGS, ConfigType, TopicConfig, validate_topic_name

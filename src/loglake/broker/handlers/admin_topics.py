@@ -32,7 +32,7 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from loglake.broker.protocol import DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import CLUSTER, TOPIC, AclOperation, allowed, denied
 from loglake.broker.security.authorizer import CLUSTER_NAME
 from loglake.broker.security.mutation_quota import MutationGate

@@ -27,7 +27,7 @@ from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.broker.security.quotas import (
     CLIENT_QUOTA_ENTITIES_MAX,

@@ -59,7 +59,7 @@ from loglake.broker.protocol import (
     batch_bytes,
     fetch_limit_violations,
 )
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.broker.security.quotas import CONSUMER_BYTE_RATE
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError

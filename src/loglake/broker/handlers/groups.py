@@ -24,7 +24,7 @@ from loglake.broker.handlers.errors import (
     coordinator_for,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import (
     CLUSTER,
     GROUP,

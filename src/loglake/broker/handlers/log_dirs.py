@@ -19,7 +19,7 @@ from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.engine import Engine
 from loglake.engine.partition_log import TierBytes

@@ -17,7 +17,7 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.engine import Engine
 from loglake.errors import LoglakeError, UnknownTopicError

@@ -21,7 +21,7 @@ from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
-from loglake.broker.protocol.codec import KafkaStruct
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
@@ -39,11 +39,13 @@ log = logging.getLogger(__name__)
 _BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
 
 
-#: user -> mechanism -> the credential record's body, as loglake.meta.scram types it.
-Credentials = dict[str, dict[str, dict[str, Any]]]
+# A stored credential: the record body, as the metadata layer (loglake.meta.scram) types it.
+CredentialBody = dict[str, Any]
+#: user -> mechanism -> its credential.
+Credentials = dict[str, dict[str, CredentialBody]]
 
 
-def _infos(mechs: dict[str, dict[str, Any]]) -> list[dict[str, int]]:  # a user's row of `Credentials`
+def _infos(mechs: dict[str, CredentialBody]) -> list[dict[str, int]]:
     return [
         {"mechanism": MECHANISM_TYPES[m], "iterations": int(c["iterations"])}
         for m, c in sorted(mechs.items())
