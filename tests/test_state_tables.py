@@ -404,7 +404,7 @@ class _Credentials:
 class _Conn(HandlerConn):
     """A connection on a SASL listener, with its session (made in a running loop)."""
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self) -> None:
         super().__init__(security=SecurityContext(Listener(SASL_PLAINTEXT, "127.0.0.1", 9092), ("127.0.0.1", 9092)),
                          off_loop=_off_loop)
         self.sasl: SaslSession = self.start_sasl()
@@ -439,7 +439,7 @@ def test_sasl_sessions_make_every_transition_of_the_table_and_no_other(ctx: Any,
     monkeypatch.setattr(SaslSession, "transition_to", spy)
 
     async def session(mechanism: str, *tokens: bytes | Callable[[bytes], bytes]) -> tuple[_Conn, list[int]]:
-        conn = _Conn(ctx)
+        conn = _Conn()
         assert (await _handshake(ctx, conn, mechanism))["error_code"] == ErrorCode.NONE
         codes: list[int] = []
         answer = b""
@@ -471,7 +471,7 @@ def test_a_sasl_move_outside_the_table_raises_and_changes_nothing(ctx: Any) -> N
     async def run() -> None:
         illegal = [(a, b) for b in SaslState for a in SaslState if a not in VALID_PREVIOUS_SASL_STATES[b]]
         assert len(illegal) == len(SaslState) ** 2 - len(edges(VALID_PREVIOUS_SASL_STATES))
-        conn = _Conn(ctx)
+        conn = _Conn()
         conn.sasl.close()
         for current, target in illegal:
             conn.sasl.state = current
@@ -498,7 +498,7 @@ def test_pipelined_sasl_authenticates_take_turns(
     ctx.sasl.failure_delay_s = 0.25
 
     async def run() -> list[dict[str, Any]]:
-        conn = _Conn(ctx)
+        conn = _Conn()
         assert (await _handshake(ctx, conn, "PLAIN"))["error_code"] == ErrorCode.NONE
         first = b"\0alice\0" + password.encode()
         good = b"\0alice\0" + PASSWORD.encode()
