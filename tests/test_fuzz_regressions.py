@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import struct
+from pathlib import Path
 
 import crc32c
 import pytest
 
 from loglake.broker.protocol import MalformedRequestError, decode_request, request_class
+from loglake.engine import Engine
 from loglake.errors import CorruptionError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.snapshot import decode_snapshot, encode_snapshot
@@ -21,6 +23,9 @@ from loglake.segment.index import INDEX_ENTRY_SIZE
 from loglake.segment.verify import SegmentReader
 from loglake.store.memory import MemoryStore
 from test_protocol_samples import client_bytes
+
+from ctxkit import HandlerConn, broker_context
+from enginekit import small_config
 
 TID = "ab" * 16
 
@@ -142,11 +147,14 @@ def test_null_in_a_non_nullable_field_is_malformed() -> None:
 
 # Found by the live-broker fuzz, seed 99: ConsumerGroupHeartbeat owning partitions of the zero
 # topic id (which kafka-python decodes as None) failed with AttributeError in the handler.
-def test_heartbeat_owning_the_zero_topic_id_is_answered() -> None:
+def test_heartbeat_owning_the_zero_topic_id_is_answered(tmp_path: Path) -> None:
     from loglake.broker.handlers.consumer_groups import consumer_group_heartbeat
 
     class Coordinator:
         owned: object = None
+
+        def close(self) -> None:
+            pass
 
         async def consumer_heartbeat(self, hb: object) -> object:
             Coordinator.owned = hb.owned  # type: ignore[attr-defined]
@@ -157,10 +165,20 @@ def test_heartbeat_owning_the_zero_topic_id_is_answered() -> None:
                  rebalance_timeout_ms=1000, subscribed_topic_names=["t"], server_assignor=None,
                  topic_partitions=[cls[0].TopicPartitions(topic_id=None, partitions=[0])])
     decoded = decode_request(client_bytes(req)[4:])
-    groups = type("Groups", (), {"gate": lambda self, group_id: 0})()  # this broker coordinates it
-    ctx = type("Ctx", (), {"coordinator": Coordinator(), "groups": groups})()
-    with pytest.raises(LookupError):
-        asyncio.run(consumer_group_heartbeat(ctx, type("Conn", (), {"peer": "127.0.0.1:1"})(), decoded))
+    engine = Engine(str(tmp_path / "data"), small_config(), start_background=False)
+    engine.open()
+
+    async def heartbeat() -> None:
+        async with broker_context(engine, str(tmp_path)) as ctx:
+            ctx.groups.coordinator.close()  # type: ignore[union-attr]
+            ctx.groups.coordinator = Coordinator()  # type: ignore[assignment]  # this broker coordinates "g"
+            await consumer_group_heartbeat(ctx, HandlerConn(), decoded)  # type: ignore[arg-type]
+
+    try:
+        with pytest.raises(LookupError):
+            asyncio.run(heartbeat())
+    finally:
+        engine.close()
     assert Coordinator.owned == [("0" * 32, [0])]
 
 

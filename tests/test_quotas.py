@@ -37,6 +37,8 @@ from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoin
 from loglake.meta.records import ClientQuota
 from loglake.meta.state import MetaState
 
+from ctxkit import HandlerConn
+
 U, C = "user", "client-id"
 
 # ---- precedence ----------------------------------------------------------------------------------------
@@ -157,7 +159,8 @@ def test_request_quota_throttle_is_bounded_by_one_window() -> None:
 def test_fetch_is_capped_and_a_throttled_fetch_is_not_counted() -> None:
     m = QuotaManager(window_num=11, window_size_s=1.0)
     m.load({((C, "c"),): {CONSUMER_BYTE_RATE: 100.0}})
-    conn = SimpleNamespace(security=SimpleNamespace(principal="User:u"))
+    conn = HandlerConn()
+    conn.security.principal = "User:u"
     req = SimpleNamespace(client_id="c", api_key=1, size=0)
     assert m.fetch_cap(conn, req) == 1000  # quota x (samples - 1) windows
     assert m.fetched(conn, req, 1000) == 0
@@ -414,32 +417,27 @@ class _Req:
         self.api_key, self.api_version, self.client_id = api_key, version, client_id
 
 
-class _Conn:
-    security = None
-    muted_until = 0.0
-
-
 def test_mutation_bucket_bursts_a_window_refills_at_the_rate_and_admits_while_not_below_zero() -> None:
     now = [100.0]
     q = QuotaManager(window_num=11, window_size_s=1.0)
     q.set(((CLIENT_ID, "c"),), {"controller_mutation_rate": 2.0})
     mq = MutationQuotas(q, clock=lambda: now[0])
-    gate = mq.gate(_Conn(), _Req(19, 7))
+    gate = mq.gate(HandlerConn(), _Req(19, 7))
     assert gate is not None and gate.strict
     assert gate.admit(22) and gate.bucket.tokens == 0  # the burst: 2/s x 11 windows of 1 s
     assert gate.admit(10)  # not below zero before it: admitted, and now 10 below
     assert not gate.admit(1)  # strict: refused while below zero
     assert gate.bucket.throttle_ms() == 5000  # 10 partitions at 2/s
     now[0] += 4.0
-    assert not mq.gate(_Conn(), _Req(19, 7)).admit(1)  # still 2 below
+    assert not mq.gate(HandlerConn(), _Req(19, 7)).admit(1)  # still 2 below
     now[0] += 1.0
-    late = mq.gate(_Conn(), _Req(19, 7))
+    late = mq.gate(HandlerConn(), _Req(19, 7))
     assert late.admit(1) and late.bucket.throttle_ms() == 500
-    old = mq.gate(_Conn(), _Req(19, 5))  # CreateTopics v5: permissive
+    old = mq.gate(HandlerConn(), _Req(19, 5))  # CreateTopics v5: permissive
     assert not old.strict and old.admit(4) and old.admit(4)
-    assert mq.gate(_Conn(), _Req(19, 7, client_id="other")) is None  # no quota for this client id
+    assert mq.gate(HandlerConn(), _Req(19, 7, client_id="other")) is None  # no quota for this client id
     response = old.finish({"throttle_time_ms": 0})
     assert response["throttle_time_ms"] == old.bucket.throttle_ms() > 0
     assert old.admit(3, validate_only=True) and old.bucket.tokens == -9  # checked, not counted
     q.set(((CLIENT_ID, "c"),), None)
-    assert mq.gate(_Conn(), _Req(19, 7)) is None
+    assert mq.gate(HandlerConn(), _Req(19, 7)) is None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import base64
-import collections
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +22,7 @@ import pytest
 import loglake
 from loglake.broker.groups import GroupState
 from loglake.broker.handlers.sasl import sasl_authenticate, sasl_handshake
+from loglake.broker.listeners import SASL_PLAINTEXT, Listener
 from loglake.broker.security.sasl import (
     VALID_PREVIOUS_SASL_STATES,
     IllegalSaslTransition,
@@ -31,6 +31,7 @@ from loglake.broker.security.sasl import (
     SaslState,
     SaslStats,
 )
+from loglake.broker.security.tls import SecurityContext
 from loglake.broker.txn import Txn, TxnCoordinator, TxnSettings
 from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
@@ -50,6 +51,7 @@ from loglake.meta.txn_states import (
 from loglake.records.batch import BatchBuilder
 from loglake.scram import ITERATIONS_MIN, ScramClient, make_credential
 
+from ctxkit import HandlerConn
 from enginekit import DATA_DIR, small_config
 
 SRC = Path(loglake.__file__).parent
@@ -400,41 +402,30 @@ class _Credentials:
         return self.doc if user == "alice" and mechanism == "SCRAM-SHA-256" else None
 
 
-class _Conn:
-    """What SaslSession and the SASL handlers use of a connection."""
+class _Conn(HandlerConn):
+    """A connection on a SASL listener, with its session (made in a running loop)."""
 
-    def __init__(self, ctx: Any) -> None:
-        self.ctx = ctx
-        self.peer, self.peer_host = "127.0.0.1:40000", "127.0.0.1"
-        self.closing = False
-        self.close_after_write: float | None = None
-        self.security = SimpleNamespace(listener=SimpleNamespace(name="SASL_PLAINTEXT"), principal="User:ANONYMOUS", extra={})
-        self.server = SimpleNamespace(limited=SimpleNamespace(warning=lambda *args: None))
-        self.sasl = SaslSession(self)
-
-    def _close_transport(self) -> None:
-        self.closing = True
+    def __init__(self) -> None:
+        super().__init__(security=SecurityContext(Listener(SASL_PLAINTEXT, "127.0.0.1", 9092), ("127.0.0.1", 9092)),
+                         off_loop=_off_loop)
+        self.sasl: SaslSession = self.start_sasl()
 
 
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[Any]:
+    """What the SASL handlers read of the context: the authenticator (here over fake credentials)."""
     config = SimpleNamespace(
         sasl_enabled_mechanisms="PLAIN,SCRAM-SHA-256", connection_failed_authentication_delay_ms=0, data_dir=str(tmp_path)
     )
-    yield SimpleNamespace(
-        sasl=SaslAuthenticator(config, _Credentials(), SaslStats()),
-        off_loop=_off_loop,
-        metrics=SimpleNamespace(protocol_errors=collections.Counter()),
-        config=SimpleNamespace(max_frame_bytes=1 << 20),
-    )
+    yield SimpleNamespace(sasl=SaslAuthenticator(config, _Credentials(), SaslStats()))
 
 
 def _handshake(ctx: Any, conn: _Conn, mechanism: str) -> Awaitable[dict[str, Any]]:
-    return sasl_handshake(ctx, conn, SimpleNamespace(api_version=1, body=SimpleNamespace(mechanism=mechanism)))  # type: ignore[arg-type]
+    return sasl_handshake(ctx, conn, SimpleNamespace(api_version=1, body=SimpleNamespace(mechanism=mechanism)))  # type: ignore[arg-type,return-value]
 
 
 def _authenticate(ctx: Any, conn: _Conn, token: bytes) -> Awaitable[dict[str, Any]]:
-    return sasl_authenticate(ctx, conn, SimpleNamespace(api_version=2, body=SimpleNamespace(auth_bytes=token)))  # type: ignore[arg-type]
+    return sasl_authenticate(ctx, conn, SimpleNamespace(api_version=2, body=SimpleNamespace(auth_bytes=token)))  # type: ignore[arg-type,return-value]
 
 
 def test_sasl_sessions_make_every_transition_of_the_table_and_no_other(ctx: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -449,7 +440,7 @@ def test_sasl_sessions_make_every_transition_of_the_table_and_no_other(ctx: Any,
     monkeypatch.setattr(SaslSession, "transition_to", spy)
 
     async def session(mechanism: str, *tokens: bytes | Callable[[bytes], bytes]) -> tuple[_Conn, list[int]]:
-        conn = _Conn(ctx)
+        conn = _Conn()
         assert (await _handshake(ctx, conn, mechanism))["error_code"] == ErrorCode.NONE
         codes: list[int] = []
         answer = b""
@@ -481,7 +472,7 @@ def test_a_sasl_move_outside_the_table_raises_and_changes_nothing(ctx: Any) -> N
     async def run() -> None:
         illegal = [(a, b) for b in SaslState for a in SaslState if a not in VALID_PREVIOUS_SASL_STATES[b]]
         assert len(illegal) == len(SaslState) ** 2 - len(edges(VALID_PREVIOUS_SASL_STATES))
-        conn = _Conn(ctx)
+        conn = _Conn()
         conn.sasl.close()
         for current, target in illegal:
             conn.sasl.state = current
@@ -508,7 +499,7 @@ def test_pipelined_sasl_authenticates_take_turns(
     ctx.sasl.failure_delay_s = 0.25
 
     async def run() -> list[dict[str, Any]]:
-        conn = _Conn(ctx)
+        conn = _Conn()
         assert (await _handshake(ctx, conn, "PLAIN"))["error_code"] == ErrorCode.NONE
         first = b"\0alice\0" + password.encode()
         good = b"\0alice\0" + PASSWORD.encode()

@@ -13,7 +13,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from loglake.broker.overload import rss_budget
 from loglake.broker.settings import (
@@ -153,7 +153,7 @@ class BrokerConfig:
     #: of quota_window_size_seconds each (Kafka's quota.window.num and quota.window.size.seconds).
     quota_window_num: int = default_of("quota_window_num", int)
     quota_window_size_seconds: int = default_of("quota_window_size_seconds", int)
-    engine: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, object] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     #: setting -> where its value came from ("default", "--flag", "LOGLAKE_X", "FILE:LINE")
     sources: dict[str, str] = field(default_factory=dict, repr=False)
@@ -266,7 +266,7 @@ class BrokerConfig:
         )
 
     @classmethod
-    def load(cls, config_file: str | None = None, env: Mapping[str, str] | None = None, **flags: Any) -> BrokerConfig:
+    def load(cls, config_file: str | None = None, env: Mapping[str, str] | None = None, **flags: object) -> BrokerConfig:
         """Flags > environment > TOML file > defaults, each value checked (loglake.broker.settings)."""
         loaded = load_settings(fields(cls), config_file, os.environ if env is None else env, flags)
         config = cls(**loaded.values, engine=loaded.engine, topic_defaults=loaded.topic_defaults)
@@ -279,7 +279,8 @@ class BrokerConfig:
         options = dict(self.engine)
         if self.cold_store:
             options["cold_store_url"] = self.cold_store
-        topic_defaults = {**options.pop("topic_defaults", {}), **self.topic_defaults}
+        given = options.pop("topic_defaults", {})  # an [engine] topic_defaults table
+        topic_defaults = {**(given if isinstance(given, dict) else {}), **self.topic_defaults}
         try:
             return EngineConfig.from_kwargs(**options, topic_defaults=topic_defaults, accept_data_loss=self.accept_data_loss)
         except ConfigError as exc:

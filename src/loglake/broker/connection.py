@@ -43,20 +43,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from loglake.broker import overload
 from loglake.broker.context import BrokerContext
 from loglake.broker.file_send import send_file_range
 from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import response_error
+from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol import (
     ApiKey,
     DecodedRequest,
     FrameDecoder,
     FrameTooLargeError,
     MalformedRequestError,
+    OutBuffer,
     ProtocolError,
     UnknownApiError,
     UnsupportedVersionError,
@@ -68,7 +69,6 @@ from loglake.broker.security.quotas import handle_request, wait_unmuted
 from loglake.broker.security.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
 from loglake.broker.security.tls import SecurityContext
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
-from loglake.engine import Engine
 from loglake.engine.types import FileRange
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
@@ -78,17 +78,13 @@ log = logging.getLogger("loglake.broker")
 #: Bytes read from a socket per call (loglake.broker.overload counts it into CONNECTION_BYTES).
 READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
 
-Handler = Callable[[BrokerContext, "Connection", DecodedRequest], Awaitable[Any]]
-
 
 class ConnectionServer(Protocol):
-    """What a connection and its helpers (`conn.server`: SASL, file sending) use of the server that
-    accepted it: `loglake.broker.server.BrokerServer`, which imports this module."""
+    """What a connection uses of the server that accepted it: `loglake.broker.server.BrokerServer`,
+    which imports this module."""
 
     @property
     def ctx(self) -> BrokerContext: ...
-    @property
-    def engine(self) -> Engine | None: ...
     @property
     def request_bytes(self) -> overload.RequestBytes: ...
     @property
@@ -105,6 +101,7 @@ class Connection:
     ) -> None:
         self.server = server
         self.ctx = server.ctx
+        self.limited = server.limited
         self.reader = reader
         self.writer = writer
         peer = writer.get_extra_info("peername")
@@ -115,8 +112,8 @@ class Connection:
         self.security = security or SecurityContext.plaintext(server.ctx.advertised_host, server.ctx.advertised_port)
         self.security.peer_host = self.peer_host
         self.append_lock = asyncio.Lock()
-        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[Any], int] | None] = asyncio.Queue(
-            self.ctx.config.max_inflight_per_connection
+        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[list[OutBuffer] | None], int] | None] = (
+            asyncio.Queue(self.ctx.config.max_inflight_per_connection)
         )
         self.busy = 0  # requests being handled (shutdown waits for these)
         self.closing = False
@@ -125,12 +122,27 @@ class Connection:
         self.close_after_write: float | None = None
         #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).
         self.muted_until = 0.0
+        self.decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        if self.sasl is not None:  # until authenticated (the session lifts it)
+            self.decoder.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, self.decoder.max_frame_bytes)
+
+    @property
+    def protocol_errors(self) -> dict[str, int]:
+        """Connections closed for a protocol error, by kind (the broker's metrics)."""
+        return self.ctx.metrics.protocol_errors
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The frame limit after SASL authentication (max_frame_bytes is dynamic: read when it applies)."""
+        return self.ctx.config.max_frame_bytes
+
+    @property
+    def off_loop(self) -> OffLoop:
+        return self.ctx.off_loop
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
-        decoder = self.decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
-        if self.sasl is not None:  # until authenticated (the session lifts it)
-            decoder.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, decoder.max_frame_bytes)
+        decoder = self.decoder
         gate = self.server.request_bytes
         partial = 0  # bytes of the frame in progress counted in `gate` (its declared size once reserved)
         try:
@@ -143,7 +155,7 @@ class Connection:
                         await gate.wait_for_room()
                         gate.add(whole - partial)
                         partial = whole
-                await wait_unmuted(self)
+                await wait_unmuted(self, self.ctx.quotas)
                 idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
                 try:
                     data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
@@ -168,7 +180,7 @@ class Connection:
                     partial = decoder.buffered
                 stop = False
                 for frame in frames:
-                    await wait_unmuted(self)  # pipelined requests wait out a quota throttle, as in Kafka
+                    await wait_unmuted(self, self.ctx.quotas)  # pipelined requests wait out a quota throttle, as in Kafka
                     if not await self._dispatch(frame):
                         stop = True
                         break
@@ -194,7 +206,7 @@ class Connection:
         except UnsupportedVersionError as exc:
             if exc.api_key == ApiKey.API_VERSIONS:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
-                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                done: asyncio.Future[list[OutBuffer] | None] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
                 self.server.request_bytes.add(len(frame))
                 await self._queue.put((None, done, len(frame)))
@@ -211,7 +223,7 @@ class Connection:
         await self._queue.put((req, task, len(frame)))
         return True
 
-    async def _handle(self, req: DecodedRequest) -> list[Any] | None:
+    async def _handle(self, req: DecodedRequest) -> list[OutBuffer] | None:
         handler = HANDLERS.get(req.api_key)
         name = api_name(req.api_key)
         CURRENT_API.set(name)  # this request's task only: the audit log names the API
@@ -221,7 +233,7 @@ class Connection:
         try:
             if handler is None:  # advertised nowhere, so a client should not send it
                 raise UnknownApiError(req.api_key, req.correlation_id)
-            response = await handle_request(handler, self.ctx, self, req)  # the request quota
+            response = await handle_request(self.ctx.quotas, self, req, handler(self.ctx, self, req))  # the request quota
             if response is None or not req.expects_response:
                 error = 0 if response is None else response_error(response)
                 return None
@@ -261,9 +273,11 @@ class Connection:
                     if isinstance(buf, FileRange):
                         await send_file_range(self, buf)
                         self.ctx.metrics.bytes_out += buf.length
-                    else:
+                    elif isinstance(buf, bytes | bytearray | memoryview):
                         self._write(buf)
                         self.ctx.metrics.bytes_out += len(buf)
+                    else:  # a file range the engine did not make: nothing opens it
+                        raise TypeError(f"cannot send a {type(buf).__name__}")
                 await self.writer.drain()
                 if self.close_after_write is not None:  # a refused SASL handshake or authentication
                     await asyncio.sleep(self.close_after_write)
@@ -271,12 +285,12 @@ class Connection:
                     self._close_transport()
                     return
             except (ConnectionError, OSError) as exc:
-                self.server.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
+                self.limited.info(("write_failed", self.peer_host), "closing %s: write failed: %s", self.peer, exc)
                 self.closing = True
                 self._drain_queue()
                 return
 
-    def _write(self, data: Any) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         # A closed TLS transport (shutdown closed it while a response was on its way) fails writes
         # with AttributeError in Python 3.11's sslproto rather than a ConnectionError: say it as one.
         if self.writer.transport.is_closing():
@@ -292,7 +306,7 @@ class Connection:
 
     def _protocol_error(self, kind: str, exc: BaseException) -> None:
         self.ctx.metrics.protocol_errors[kind] += 1
-        limited = self.server.limited
+        limited = self.limited
         if isinstance(exc, FrameTooLargeError):
             hint = foreign_protocol(prefix_bytes(exc.size))
             if hint is not None:

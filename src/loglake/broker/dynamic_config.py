@@ -35,7 +35,6 @@ import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
@@ -79,7 +78,7 @@ UNLIMITED_RATE = 2.0**63
 DEFAULT_SCOPE = ""
 #: Engine settings shown with a null value (URLs may carry credentials); broker ones say so in their row.
 _SENSITIVE_ENGINE_SETTINGS = frozenset({"cold_store_url", "hot_store_url"})
-_ENGINE_DEFAULTS: dict[str, Any] = {
+_ENGINE_DEFAULTS: dict[str, object] = {
     f.name: f.default for f in fields(EngineConfig) if f.default is not dataclasses.MISSING
 }
 #: How a dynamic engine setting reaches the running engine, by EngineConfig field.
@@ -178,8 +177,8 @@ class Setting:
 
 def config_entry(
     name: str, value: str | None, source: int, config_type: int, doc: str | None, *,
-    read_only: bool, synonyms: list[dict[str, Any]], sensitive: bool = False,
-) -> dict[str, Any]:
+    read_only: bool, synonyms: list[dict[str, object]], sensitive: bool = False,
+) -> dict[str, object]:
     """One DescribeConfigs entry (topic, broker and group resources alike)."""
     return {
         "name": name,
@@ -194,7 +193,7 @@ def config_entry(
     }
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):
@@ -204,7 +203,7 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
-def _loglake_type(value: Any) -> ConfigType:
+def _loglake_type(value: object) -> ConfigType:
     if isinstance(value, bool):
         return ConfigType.BOOLEAN
     if isinstance(value, int):
@@ -300,11 +299,11 @@ class BrokerConfigs:
 
     def describe(
         self, scope: str, keys: Iterable[str] | None, *, synonyms: bool, docs: bool
-    ) -> list[dict[str, Any]]:
+    ) -> list[dict[str, object]]:
         """DescribeConfigs entries: this node's every setting, or ("") the cluster-wide dynamic defaults set."""
         self.check_scope(scope)
         wanted = None if keys is None else set(keys)
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         for name, setting in self.settings.items():
             if wanted is not None and name not in wanted:
                 continue

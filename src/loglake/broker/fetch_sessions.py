@@ -43,12 +43,14 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from loglake.broker.protocol import FetchResponseData, FetchTopic
+from loglake.broker.config import BrokerConfig
+from loglake.broker.protocol import FetchPartition, FetchResponseData, FetchTopic
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 
@@ -78,6 +80,10 @@ def next_epoch(epoch: int) -> int:
     return 1 if epoch == _INT32_MAX else epoch + 1
 
 
+#: A session's topic: its name (Fetch v7-v12) or its id (v13+; kafka-python decodes the zero id as None).
+TopicKey = str | uuid.UUID | None
+
+
 class CachedPartition:
     """One partition of a session: the request fields the client last sent (so it reads like a
     request partition to the Fetch handler) and what the client was last told."""
@@ -95,20 +101,20 @@ class CachedPartition:
         "topic_key",
     )
 
-    def __init__(self, topic_key: Any, req: Any) -> None:
+    def __init__(self, topic_key: TopicKey, req: KafkaStruct) -> None:
         self.topic_key = topic_key
         self.partition = int(req.partition)
         self.high_watermark = self.local_log_start = self.last_stable_offset = -1
         self.update(req)
 
-    def update(self, req: Any) -> None:
+    def update(self, req: KafkaStruct) -> None:
         self.fetch_offset = req.fetch_offset
         self.partition_max_bytes = req.partition_max_bytes
         self.current_leader_epoch = getattr(req, "current_leader_epoch", -1)
         self.last_fetched_epoch = getattr(req, "last_fetched_epoch", -1)
         self.log_start_offset = getattr(req, "log_start_offset", -1)
 
-    def must_respond(self, p: Any) -> bool:
+    def must_respond(self, p: FetchPartition) -> bool:
         """Whether response partition `p` goes to the client, remembering what it is told."""
         respond = bool(p.records) or p.preferred_read_replica >= 0
         respond = respond or p.diverging_epoch is not None or p.current_leader is not None
@@ -133,7 +139,7 @@ class FetchSession:
     last_used_ms: float
     epoch: int = 1
     #: (topic key, partition) -> CachedPartition, in the session's order.
-    partitions: dict[tuple[Any, int], CachedPartition] = field(default_factory=dict)
+    partitions: dict[tuple[TopicKey, int], CachedPartition] = field(default_factory=dict)
 
     def evictable_key(self) -> tuple[bool, int, int]:
         return (self.privileged, len(self.partitions), self.id)
@@ -157,7 +163,7 @@ class _Topic:
 
     __slots__ = ("partitions", "topic", "topic_id")
 
-    def __init__(self, key: Any, by_id: bool) -> None:
+    def __init__(self, key: TopicKey, by_id: bool) -> None:
         self.topic = None if by_id else key
         self.topic_id = key if by_id else None
         self.partitions: list[CachedPartition] = []
@@ -166,18 +172,18 @@ class _Topic:
 class _SessionBody:
     """The request body with `topics` replaced by the session's partitions."""
 
-    def __init__(self, body: Any, topics: list[_Topic]) -> None:
+    def __init__(self, body: KafkaStruct, topics: list[_Topic]) -> None:
         self._body = body
         self.topics = topics
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> KafkaStruct:
         return getattr(self._body, name)
 
 
 class FetchPlan:
     """What one Fetch does with sessions: `body` to read (`None`: answer `error`), then `finish`."""
 
-    def __init__(self, cache: FetchSessionCache, body: Any, *, error: int = 0, session: FetchSession | None = None,
+    def __init__(self, cache: FetchSessionCache, body: KafkaStruct, *, error: int = 0, session: FetchSession | None = None,
                  create: bool = False, privileged: bool = False, by_id: bool = False) -> None:
         self.cache, self.body, self.error, self.session = cache, body, error, session
         self._create, self._privileged, self._by_id = create, privileged, by_id
@@ -242,7 +248,7 @@ class FetchSessionCache:
         self.stats = SessionStats()
 
     @classmethod
-    def from_config(cls, config: Any) -> FetchSessionCache:
+    def from_config(cls, config: BrokerConfig) -> FetchSessionCache:
         return cls(
             config.max_incremental_fetch_session_cache_slots,
             config.min_incremental_fetch_session_eviction_ms,
@@ -254,7 +260,7 @@ class FetchSessionCache:
 
     # -- requests -------------------------------------------------------------------------------
 
-    def begin(self, body: Any, version: int) -> FetchPlan | None:
+    def begin(self, body: KafkaStruct, version: int) -> FetchPlan | None:
         """The plan for one Fetch request, or None for a sessionless fetch with no session to close."""
         session_id = getattr(body, "session_id", INVALID_SESSION_ID) if version >= SESSIONS_FROM_VERSION else 0
         epoch = getattr(body, "session_epoch", FINAL_EPOCH) if version >= SESSIONS_FROM_VERSION else FINAL_EPOCH
@@ -290,12 +296,12 @@ class FetchSessionCache:
         self.stats.incremental_fetches += 1
         return FetchPlan(self, _SessionBody(body, _topics(session.partitions.values(), by_id)), session=session)
 
-    def _error(self, body: Any, code: ErrorCode) -> FetchPlan:
+    def _error(self, body: KafkaStruct, code: ErrorCode) -> FetchPlan:
         self.stats.errors[code.name] = self.stats.errors.get(code.name, 0) + 1
         return FetchPlan(self, None, error=int(code))
 
     @staticmethod
-    def _update(session: FetchSession, body: Any, by_id: bool) -> None:
+    def _update(session: FetchSession, body: KafkaStruct, by_id: bool) -> None:
         parts = session.partitions
         for topic in body.topics:
             key = topic.topic_id if by_id else topic.topic
@@ -312,9 +318,9 @@ class FetchSessionCache:
 
     # -- the cache ------------------------------------------------------------------------------
 
-    def maybe_create(self, body: Any, response: FetchResponseData, privileged: bool, by_id: bool) -> int:
+    def maybe_create(self, body: KafkaStruct, response: FetchResponseData, privileged: bool, by_id: bool) -> int:
         """A new session from a full fetch and its response, or INVALID_SESSION_ID without room."""
-        partitions: dict[tuple[Any, int], CachedPartition] = {}
+        partitions: dict[tuple[TopicKey, int], CachedPartition] = {}
         for topic, resp_topic in zip(body.topics, response.responses, strict=True):
             key = topic.topic_id if by_id else topic.topic
             for p, rp in zip(topic.partitions, resp_topic.partitions, strict=True):
@@ -383,7 +389,7 @@ class FetchSessionCache:
         return True
 
 
-def _is_follower(body: Any) -> bool:
+def _is_follower(body: KafkaStruct) -> bool:
     replica_id = getattr(body, "replica_id", -1)
     state = getattr(body, "replica_state", None)
     if state is not None and getattr(state, "replica_id", -1) >= 0:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from typing import Any
+from typing import Protocol
 
+from loglake.broker.context import BrokerContext
+from loglake.broker.security.tls import SecurityContext
 from loglake.engine.types import FileRange
 
 #: Bytes read from a file per write when sendfile cannot be used (TLS, or an event loop without it).
@@ -24,13 +26,25 @@ BUFFERED_SEND_BYTES = 1024 * 1024
 _sendfile_works = [True]
 
 
-async def send_file_range(conn: Any, buf: FileRange) -> None:
+class FileSink(Protocol):
+    """What sending a file range uses of its connection (`loglake.broker.connection.Connection`)."""
+
+    @property
+    def writer(self) -> asyncio.StreamWriter: ...
+    @property
+    def security(self) -> SecurityContext: ...
+    @property
+    def ctx(self) -> BrokerContext: ...
+    def _write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+
+async def send_file_range(conn: FileSink, buf: FileRange) -> None:
     """Write `buf` to the connection, after what is queued."""
     await conn.writer.drain()
     loop = asyncio.get_running_loop()
     engine = conn.ctx.engine
     try:
-        fh = await loop.run_in_executor(conn.ctx.executor, engine.open_file_range, buf)
+        fh = await conn.ctx.off_loop(engine.open_file_range, buf)
         try:
             if conn.security.listener.tls or not _sendfile_works[0]:
                 await _buffered(conn, fh.fileno(), buf)
@@ -50,14 +64,13 @@ async def send_file_range(conn: Any, buf: FileRange) -> None:
         raise
 
 
-async def _buffered(conn: Any, fd: int, buf: FileRange) -> None:
+async def _buffered(conn: FileSink, fd: int, buf: FileRange) -> None:
     """A file range through TLS: no sendfile (the kernel cannot encrypt), so read it in chunks
     off the event loop and write them."""
-    loop = asyncio.get_running_loop()
-    executor = conn.ctx.executor
+    off_loop = conn.ctx.off_loop
     position, left = buf.position, buf.length
     while left > 0:
-        chunk = await loop.run_in_executor(executor, os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
+        chunk = await off_loop(os.pread, fd, min(left, BUFFERED_SEND_BYTES), position)
         if not chunk:
             raise OSError(f"{buf.path}: ended {left} bytes before the range")
         conn._write(chunk)

@@ -17,7 +17,6 @@ import gc
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -56,7 +55,7 @@ class GcStats:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
 
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
             return

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
 from loglake.broker.dynamic_config import (
     DEFAULT_CONFIG,
@@ -64,9 +64,9 @@ def default_value(bounds: ConsumerLimits, name: str) -> int:
     return bounds.session_timeout_ms if name == SESSION_TIMEOUT else bounds.heartbeat_interval_ms
 
 
-def group_config_bounds(config: Any) -> ConsumerLimits:
+def group_config_bounds(config: BrokerConfig) -> ConsumerLimits:
     """The bounds from the broker's KIP-848 settings (`BrokerConfig.consumer_group_limits`)."""
-    return config.consumer_group_limits()  # type: ignore[no-any-return]
+    return config.consumer_group_limits()
 
 
 def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
@@ -139,12 +139,12 @@ class GroupConfigStore:
     def groups(self) -> list[str]:
         return sorted(self._configs)
 
-    def describe(self, group_id: str, keys: Iterable[str] | None, *, synonyms: bool, docs: bool) -> list[dict[str, Any]]:
+    def describe(self, group_id: str, keys: Iterable[str] | None, *, synonyms: bool, docs: bool) -> list[dict[str, object]]:
         check_group_id(group_id)
         bounds = self.bounds()
         set_values = self._configs.get(group_id, {})
         wanted = None if keys is None else set(keys)
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         for name in GROUP_CONFIG_NAMES:
             if wanted is not None and name not in wanted:
                 continue

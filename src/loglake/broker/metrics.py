@@ -28,13 +28,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from loglake.broker.fetch_sessions import FetchSessionCache
+from loglake.broker.gcstats import GcStats
+from loglake.broker.groups import GroupCoordinator
+from loglake.broker.overload import RequestBytes
 from loglake.broker.security.sasl import SaslStats
+from loglake.engine import Engine
+from loglake.engine.cleaner import Cleaner
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -57,12 +62,12 @@ def error_name(code: int) -> str:
     return _ERROR_NAMES.get(code) or str(code)
 
 
-def _children(obj: Any) -> Iterator[Any]:
+def _children(obj: object) -> Iterator[object]:
     """The list-valued fields of a response object, mapping or dataclass (nested structs)."""
     if isinstance(obj, dict):
-        values: Any = obj.values()
+        values: Iterable[object] = obj.values()
     else:
-        slots = getattr(type(obj), "__slots__", None)
+        slots = getattr(type(obj), "__slots__", None)  # kafka-python's structs and our dataclasses
         if slots is None:
             return
         values = (getattr(obj, name, None) for name in slots)
@@ -71,12 +76,12 @@ def _children(obj: Any) -> Iterator[Any]:
             yield from value
 
 
-def response_error(response: Any) -> int:
+def response_error(response: object) -> int:
     """The error code a response answers with: its own `error_code` if not NONE, else the first
     nested (topic, partition, ...) error code that is not NONE, else NONE."""
     level = [response]
     for depth in range(1, RESPONSE_ERROR_DEPTH + 1):
-        nested: list[Any] = []
+        nested: list[object] = []
         for item in level:
             code = item.get("error_code") if isinstance(item, dict) else getattr(item, "error_code", None)
             if isinstance(code, int) and code != 0:
@@ -92,7 +97,7 @@ def response_error(response: Any) -> int:
 class _WithoutCreated:
     """Collects prometheus-client metrics without their `_created` samples."""
 
-    def __init__(self, *metrics: Any) -> None:
+    def __init__(self, *metrics: Counter | Histogram) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
@@ -121,14 +126,14 @@ class Metrics:
             "loglake_request_seconds", "Time from decoding a request to its response being ready, by API.",
             ["api"], buckets=LATENCY_BUCKETS_S, registry=None,
         )
-        self._children: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._children: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections_open = 0
         self.connections_total = 0
         self.connections_rejected = 0
-        #: loglake.broker.overload.RequestBytes of the server (None: not serving), and the RSS budget.
-        self.request_bytes: Any = None
+        #: The server's request-bytes gate (None: not serving), and the RSS budget.
+        self.request_bytes: RequestBytes | None = None
         #: () -> the RSS budget in bytes (max_connections is dynamic, so it is computed per scrape).
         self.rss_budget: Callable[[], int] | None = None
         self.produce_throttled = 0
@@ -137,12 +142,12 @@ class Metrics:
         #: SASL failures per principal and source, successes per mechanism (loglake.broker.security.sasl).
         self.sasl = SaslStats()
         self.ready = False
-        #: The broker's `FetchSessionCache` (KIP-227), read at scrape time; set by the server.
-        self.fetch_sessions: Any = None
-        #: loglake.broker.gcstats.GcStats when this process is `loglake serve`'s own (else None).
-        self.gc: Any = None
-        self._engine: Any = None
-        self._coordinator: Any = None
+        #: The broker's fetch sessions (KIP-227), read at scrape time; set when the context is built.
+        self.fetch_sessions: FetchSessionCache | None = None
+        #: The collector's pauses when this process is `loglake serve`'s own (else None).
+        self.gc: GcStats | None = None
+        self._engine: Engine | None = None
+        self._coordinator: GroupCoordinator | None = None
         self.registry.register(_WithoutCreated(self._requests, self._latency))
         self.registry.register(_StateCollector(self))
 
@@ -156,7 +161,7 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def render(self, engine: Any = None, coordinator: Any = None) -> str:
+    def render(self, engine: Engine | None = None, coordinator: GroupCoordinator | None = None) -> str:
         """The /metrics page; engine-side families only once `engine` is given (after recovery)."""
         self._engine, self._coordinator = engine, coordinator
         try:
@@ -218,7 +223,7 @@ class _StateCollector:
             yield from self._engine_families(engine, m._coordinator)
         yield _gauge("loglake_ready", "1 once recovery is done and Kafka clients are accepted, else 0.", 1 if m.ready else 0)
 
-    def _engine_families(self, engine: Any, coordinator: Any) -> Iterator[Metric]:
+    def _engine_families(self, engine: Engine, coordinator: GroupCoordinator | None) -> Iterator[Metric]:
         pool = engine.memory_pool
         yield _gauge("loglake_memory_pool_used_bytes", "Bytes of unsealed data held in memory.", pool.used_bytes)
         yield _gauge("loglake_memory_pool_budget_bytes", "The memory pool's budget (memory_budget_bytes).", pool.budget_bytes)
@@ -243,7 +248,7 @@ class _StateCollector:
             for family, value in zip(wal, counts, strict=True):
                 family.add_metric([str(i)], value)
         yield from wal
-        cold = getattr(engine, "cold_reader", None)
+        cold = engine.cold_reader
         if cold is not None:
             yield _counter("loglake_cold_range_gets_total", "Ranged GETs from the cold store.", cold.gets)
             yield _counter("loglake_cold_range_cache_hits_total", "Cold reads served from the range cache.", cold.ranges.hits)
@@ -286,7 +291,7 @@ class _StateCollector:
             "loglake_consumer_group_lag", "High watermark minus the group's committed offset.",
             labels=["group", "topic", "partition"],
         )
-        if coordinator is not None and hasattr(coordinator, "fetch_offsets"):
+        if coordinator is not None:
             for entry in coordinator.list_groups():
                 group_id = entry[0]
                 _err, offsets = coordinator.fetch_offsets(group_id, None)
@@ -296,7 +301,7 @@ class _StateCollector:
                         lag.add_metric([group_id, topic_name, str(partition)], max(0, hw - offset))
         yield lag
 
-    def _cleaner_families(self, cleaner: Any) -> Iterator[Metric]:
+    def _cleaner_families(self, cleaner: Cleaner) -> Iterator[Metric]:
         stats = cleaner.stats
         for name, doc, value in (
             ("loglake_cleaner_bytes_read_total", "Bytes the log cleaner read.", stats.bytes_read),
@@ -329,7 +334,7 @@ class _StateCollector:
         yield errors
 
 
-def _fetch_session_families(cache: Any) -> Iterator[Metric]:
+def _fetch_session_families(cache: FetchSessionCache) -> Iterator[Metric]:
     """KIP-227 fetch sessions (`loglake.broker.fetch_sessions`): Kafka's NumIncrementalFetchSessions,
     NumIncrementalFetchPartitionsCached and IncrementalFetchSessionEvictionsPerSec, and more."""
     stats = cache.stats
@@ -368,11 +373,9 @@ def _fetch_session_families(cache: Any) -> Iterator[Metric]:
     yield errors
 
 
-def _storage_families(engine: Any) -> Iterator[Metric]:
+def _storage_families(engine: Engine) -> Iterator[Metric]:
     """The free-space reserve (loglake.engine.space): full or not, the numbers, refusals."""
-    space = getattr(engine, "space", None)
-    if space is None:
-        return
+    space = engine.space
     yield _gauge(
         "loglake_storage_full", "1 while produce is refused because the data directory's filesystem is below the "
         "free-space reserve (or a WAL write hit ENOSPC and has not been written again yet), else 0.",
@@ -386,29 +389,26 @@ def _storage_families(engine: Any) -> Iterator[Metric]:
     )
     yield _counter("loglake_storage_produce_refused_total", "Producer appends refused because storage was full.", space.refused)
     yield _counter("loglake_storage_full_events_total", "Times storage went from writable to full.", space.full_events)
-    failure = getattr(engine, "failure", None)
+    failure = engine.failure
     yield _gauge(
         "loglake_engine_failed", "1 once a WAL or metadata-log write or fsync failed with an I/O error other than "
         "ENOSPC: produce is refused (KAFKA_STORAGE_ERROR) until a restart, reads of durable data go on; else 0.",
         0 if failure is None else 1,
     )
-    read_errors = getattr(engine, "read_errors", None)
-    if read_errors is not None:
-        yield _counter(
-            "loglake_segment_read_errors_total", "Segment reads that failed with an I/O error (EIO, the cold store "
-            "failing after its retries); those readers got CORRUPT_MESSAGE.", read_errors.total,
-        )
-        yield _gauge("loglake_segments_failing_reads", "Segments whose last read failed within the last minute (listed on /readyz).", len(read_errors.failing()))
+    read_errors = engine.read_errors
+    yield _counter(
+        "loglake_segment_read_errors_total", "Segment reads that failed with an I/O error (EIO, the cold store "
+        "failing after its retries); those readers got CORRUPT_MESSAGE.", read_errors.total,
+    )
+    yield _gauge("loglake_segments_failing_reads", "Segments whose last read failed within the last minute (listed on /readyz).", len(read_errors.failing()))
     stalls = _counter("loglake_wal_stalls_total", "WAL writes or fsyncs that hit ENOSPC (written again once there was room), by shard.", labels=["shard"])
     for i, shard in enumerate(engine.shards):
-        stalls.add_metric([str(i)], getattr(shard, "stalls", 0))
+        stalls.add_metric([str(i)], shard.stalls)
     yield stalls
 
 
-def _corruption_families(engine: Any) -> Iterator[Metric]:
-    corruption = getattr(engine, "corruption", None)
-    if corruption is None:
-        return
+def _corruption_families(engine: Engine) -> Iterator[Metric]:
+    corruption = engine.corruption
     found = _counter("loglake_corruptions_found_total", "Corrupt sealed segments found, by who found them.", labels=["source"])
     for source, n in sorted(corruption.found_total.items()):
         found.add_metric([source], n)
@@ -427,7 +427,7 @@ def _corruption_families(engine: Any) -> Iterator[Metric]:
     for (topic, partition), n in sorted(counts.items()):
         marked.add_metric([topic, str(partition)], n)
     yield marked
-    scrubber = getattr(engine, "scrubber", None)
+    scrubber = engine.scrubber
     if scrubber is not None:
         stats = scrubber.stats
         for name, doc, value in (

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from loglake.engine.config import EngineConfig
 
@@ -86,7 +86,18 @@ class RequestBytes:
             self.paused -= 1
 
 
-def produce_throttle_ms(pool: Any, waited_s: float, request_bytes: RequestBytes | None) -> int:
+class PoolLevels(Protocol):
+    """What the throttle reads of the engine's memory pool (`loglake.engine.memory.MemoryPool`)."""
+
+    @property
+    def used_bytes(self) -> int: ...
+    @property
+    def pressure_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int: ...
+
+
+def produce_throttle_ms(pool: PoolLevels, waited_s: float, request_bytes: RequestBytes | None) -> int:
     """throttle_time_ms for a Produce response: 0 unless memory is short.
 
     Under pool pressure it grows from THROTTLE_MS_MIN (at `memory_pressure_ratio` of the budget)

@@ -3,8 +3,9 @@
 `BrokerServer(config, engine)` serves an engine it is given (a single node's, or cluster mode's
 over etcd and the bucket: the caller composes it, loglake.cli.serve; tests run it in-process).
 `start` opens the engine, binds the listeners, joins the cluster view with the advertised ones,
-builds what the handlers share (`BrokerContext`: group and transaction coordinators, authorizer,
-quotas, fetch sessions) and starts one asyncio server per listener; every accepted socket becomes
+builds what the handlers share (`loglake.broker.context.build_context`: group and transaction
+coordinators, authorizer, quotas, fetch sessions), and only then serves the listeners (a client
+that connects before waits in the accept backlog), one asyncio server each; every accepted socket becomes
 a `loglake.broker.connection.Connection`, whose docstring tells how requests are read, handled
 and answered. The broker never asks which mode it runs in.
 """
@@ -21,16 +22,11 @@ from collections.abc import Callable
 
 from loglake.broker import overload
 from loglake.broker.config import BrokerConfig, parse_host_port
-from loglake.broker.config_store import ConfigStore
 from loglake.broker.connection import Connection
-from loglake.broker.context import BrokerContext
-from loglake.broker.dynamic_config import BrokerConfigs
-from loglake.broker.fetch_sessions import FetchSessionCache
+from loglake.broker.context import BrokerContext, build_context
 from loglake.broker.gcstats import GcStats, freeze_startup_objects
-from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
-from loglake.broker.group_reload import GroupCoordination
-from loglake.broker.groups import GroupCoordinator, MetaGroupLog, MetaGroupStore
-from loglake.broker.groups.store import GroupStoreFactory, ReloadableGroupStore
+from loglake.broker.groups import MetaGroupLog, MetaGroupStore
+from loglake.broker.groups.store import GroupStoreFactory
 from loglake.broker.listeners import (
     PLAINTEXT,
     WILDCARD_HOSTS,
@@ -40,16 +36,11 @@ from loglake.broker.listeners import (
     match_advertised,
 )
 from loglake.broker.metrics import Metrics, serve_metrics
-from loglake.broker.security.authorized import TOPIC
-from loglake.broker.security.authorizer import AclOperation, broker_authorizer
-from loglake.broker.security.mutation_quota import MutationQuotas
-from loglake.broker.security.quotas import QuotaManager
-from loglake.broker.security.sasl import SaslAuthenticator
+from loglake.broker.off_loop import OffLoop
 from loglake.broker.security.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
 from loglake.broker.security.users_inbox import serve_inbox
-from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
-from loglake.errors import ListenError, UnknownTopicError
+from loglake.errors import ListenError
 from loglake.logsafe import RateLimitedLog, flush_all
 
 log = logging.getLogger("loglake.broker")
@@ -72,7 +63,9 @@ class BrokerServer:
         self._engine = engine
         self._group_stores = group_stores or (lambda _on_lost: MetaGroupStore(MetaGroupLog(engine.meta)))
         self.engine: Engine | None = None  # once open
-        self.ctx: BrokerContext
+        self._ctx: BrokerContext | None = None  # once started
+        #: The thread pool for blocking work (`ctx.off_loop`); shut down last.
+        self._off_loop: OffLoop | None = None
         self._servers: list[asyncio.Server] = []
         self._metrics_server: asyncio.Server | None = None
         self._connections: set[Connection] = set()
@@ -90,6 +83,19 @@ class BrokerServer:
         self.endpoints: list[tuple[Listener, tuple[str, int]]] = []
         self._tls: ssl.SSLContext | None = None
         self._principals = PrincipalMapper(config.ssl_principal_mapping_rules)
+
+    @property
+    def ctx(self) -> BrokerContext:
+        """What the handlers share; built by `start` (RuntimeError before)."""
+        if self._ctx is None:
+            raise RuntimeError("the broker is not started")
+        return self._ctx
+
+    def _render_metrics(self) -> str:
+        """/metrics: the engine's families once recovery is done."""
+        if self.engine is None or not self.metrics.ready:
+            return self.metrics.render()
+        return self.metrics.render(self.engine, self._ctx.coordinator if self._ctx is not None else None)
 
     def _readyz_notes(self) -> list[str]:
         """Lines /readyz adds while ready: engine failed, storage full, corrupt segments, segments
@@ -118,13 +124,7 @@ class BrokerServer:
                             "(it names topics and groups); bind it to 127.0.0.1 unless a scraper elsewhere needs it", self.config.metrics_listen)
             try:
                 self._metrics_server = await serve_metrics(
-                    mhost,
-                    mport,
-                    lambda: self.metrics.render(self.engine, self.ctx.coordinator if hasattr(self, "ctx") else None)
-                    if self.engine is not None and self.metrics.ready
-                    else self.metrics.render(),
-                    lambda: self.metrics.ready,
-                    self._readyz_notes,
+                    mhost, mport, self._render_metrics, lambda: self.metrics.ready, self._readyz_notes
                 )
             except OSError as exc:
                 raise ListenError("--metrics-listen", self.config.metrics_listen, exc) from exc
@@ -135,7 +135,8 @@ class BrokerServer:
         for lst in listeners:
             try:
                 server = await asyncio.start_server(
-                    functools.partial(self._on_connection, listener=lst), lst.host, lst.port, limit=READ_CHUNK_BYTES
+                    functools.partial(self._on_connection, listener=lst), lst.host, lst.port, limit=READ_CHUNK_BYTES,
+                    start_serving=False,  # once the context is built (a client waits in the accept backlog)
                 )
             except OSError as exc:
                 raise ListenError("--listen", lst.url() if lst.protocol != PLAINTEXT else f"{lst.host}:{lst.port}", exc) from exc
@@ -157,85 +158,23 @@ class BrokerServer:
                     lst.host, lst.port, adv_host, adv_port,
                 )
             self.endpoints.append((lst, (adv_host, adv_port)))
-        adv_host, adv_port = self.endpoints[0][1]
-        self.ctx = BrokerContext(engine, self.config, adv_host, adv_port, self.metrics)
         # take part in the cluster with the advertised listeners (a single node: nothing to register)
         await loop.run_in_executor(None, engine.join, [lst.url(*adv) for lst, adv in self.endpoints])
-        self.ctx.sasl = SaslAuthenticator(self.config, self.ctx.scram_store, self.metrics.sasl)
-        self.ctx.fetch_sessions = self.metrics.fetch_sessions = FetchSessionCache.from_config(self.config)
-        # Dynamic broker configs stored in the metadata log take effect before the first client.
-        self.ctx.broker_configs = BrokerConfigs(
-            self.config,
-            engine,
-            (self.host, self.port, adv_host, adv_port),
-            (",".join(lst.url() for lst, _ in self.endpoints), ",".join(lst.url(*adv) for lst, adv in self.endpoints)),
+        self._off_loop = OffLoop()
+        self._ctx = ctx = await build_context(
+            self.config, engine, self.metrics, self.endpoints, off_loop=self._off_loop, group_stores=self._group_stores
         )
-        await loop.run_in_executor(None, self.ctx.broker_configs.load)
-        self.ctx.quotas = QuotaManager(self.config.quota_window_num, self.config.quota_window_size_seconds)
-        self.ctx.quotas.load(self.ctx.quota_store.quotas())
-        self.metrics.registry.register(self.ctx.quotas)
-        self.ctx.mutation_quotas = MutationQuotas(self.ctx.quotas)
-        self.ctx.group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(self.config))
-        self.ctx.group_configs.load()
-        self.ctx.authorizer = broker_authorizer(self.config, self.ctx.acl_store)
-        groups = GroupCoordination(engine.view, self._group_stores, lambda store: self._make_coordinator(engine, store), self.ctx.off_loop)
-        self.ctx.groups = groups
-        await groups.start()
-        self.ctx.txn = TxnCoordinator(
-            engine,
-            groups.coordinator,
-            TxnSettings(
-                self.config.transaction_max_timeout_ms,
-                self.config.transactional_id_expiration_ms,
-                self.config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
-                self.config.transactional_ids_max,
-            ),
-            off_loop=self.ctx.off_loop,
-        )
-        await self.ctx.txn.start()  # completes transactions a crash left in a prepare state
+        for server in self._servers:
+            await server.start_serving()
         self._log_flusher = asyncio.create_task(self._flush_logs())
-        self._users_inbox = asyncio.create_task(serve_inbox(self.ctx))  # `loglake users` while we run
+        # `loglake users` while we run
+        self._users_inbox = asyncio.create_task(serve_inbox(ctx.scram_store, self.config.data_dir, ctx.off_loop))
         self.metrics.ready = True
         if self.config.port_file:
             tmp = f"{self.config.port_file}.tmp"
             with open(tmp, "w") as fh:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
-
-    def _make_coordinator(self, engine: Engine, store: ReloadableGroupStore) -> GroupCoordinator:
-        def topic_exists(name: str, partition: int) -> bool:
-            try:
-                return 0 <= partition < engine.topic(name).partitions
-            except UnknownTopicError:
-                return False
-
-        def topic_catalog() -> dict[str, tuple[str, int]]:
-            return {t.name: (t.topic_id, t.partitions) for t in engine.topics()}
-
-        retention_minutes = self.config.offsets_retention_minutes  # Kafka's offsets.retention.minutes
-        group_configs = self.ctx.group_configs
-        assert group_configs is not None  # made just before the coordinator
-        coordinator = GroupCoordinator(
-            store,
-            topic_exists=topic_exists,
-            initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms,
-            min_session_timeout_ms=self.config.group_min_session_timeout_ms,
-            max_session_timeout_ms=self.config.group_max_session_timeout_ms,
-            offsets_retention_ms=int(retention_minutes) * 60_000,
-            consumer_limits=self.config.consumer_group_limits(),
-            topic_catalog=topic_catalog,
-            group_overrides=group_configs.overrides,
-        )
-        authz = self.ctx.authorizer
-        if authz is not None:
-            # KIP-848 regex subscriptions select only the topics the member may DESCRIBE
-            coordinator.set_topic_filter(
-                lambda principal, host, names: [
-                    n for n in names if authz.authorize(principal, host, AclOperation.DESCRIBE, TOPIC, n)
-                ],
-                lambda: authz.generation,
-            )
-        return coordinator
 
     async def _flush_logs(self) -> None:
         """Write the summaries of rate-limited warnings once their window is over."""
@@ -255,7 +194,9 @@ class BrokerServer:
         if listener.tls:
             try:
                 assert self._tls is not None
-                if not await handshake_or_close(writer, self._tls, security, self._principals, self.metrics, self.limited):
+                if not await handshake_or_close(
+                    writer, self._tls, security, self._principals, self.metrics.protocol_errors, self.limited
+                ):
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
                 writer.transport.abort()
@@ -291,18 +232,15 @@ class BrokerServer:
         for conn in list(self._connections):
             conn.closing = True
             conn._close_transport()
-        groups = getattr(getattr(self, "ctx", None), "groups", None)
-        if groups is not None:
-            groups.close()
-        txn = getattr(getattr(self, "ctx", None), "txn", None)
-        if txn is not None:
-            txn.close()
+        if self._ctx is not None:
+            self._ctx.groups.close()
+            self._ctx.txn.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
         if self.engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
-        if hasattr(self, "ctx"):
-            self.ctx.executor.shutdown(wait=False)
+        if self._off_loop is not None:
+            self._off_loop.shutdown()
         if self._log_flusher is not None:
             self._log_flusher.cancel()
         flush_all(force=True)

@@ -65,6 +65,8 @@ DAY_MS = 24 * 3600 * 1000
 
 #: What a setting may hold: TOML's scalars, a list of strings as a tuple, or None (unset).
 SettingValue = bool | int | float | str | tuple[str, ...] | None
+#: A value `check_value` accepted, as the setting's type: a list setting as a list, a table as a dict.
+CheckedValue = bool | int | float | str | list[str] | dict[str, object]
 
 
 class Dynamic(Enum):
@@ -294,13 +296,15 @@ def list_default(name: str) -> Callable[[], list[str]]:
 class Loaded:
     """Values by setting name (engine settings as ``engine.NAME``) and where each came from."""
 
+    # Each of the type its BrokerConfig field declares (check_value saw to it): the config is built
+    # from this mapping, which no type spells.
     values: dict[str, Any] = field(default_factory=dict)
-    engine: dict[str, Any] = field(default_factory=dict)
+    engine: dict[str, object] = field(default_factory=dict)
     topic_defaults: dict[str, str] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def _kind(f: dataclasses.Field[Any]) -> type:
+def _kind(f: dataclasses.Field[object]) -> type:
     """The Python type a setting holds, from its annotation (`from __future__` makes it a string)."""
     ann = str(f.type).replace(" ", "")
     for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str), ("dict", dict), ("list", list)):
@@ -309,7 +313,7 @@ def _kind(f: dataclasses.Field[Any]) -> type:
     raise TypeError(f"setting {f.name}: unsupported annotation {f.type!r}")
 
 
-def _default(f: dataclasses.Field[Any]) -> Any:
+def _default(f: dataclasses.Field[object]) -> object:
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
@@ -324,7 +328,7 @@ def _describe(kind: type) -> str:
     }[kind]
 
 
-def check_value(name: str, kind: type, value: Any, source: str, *, from_text: bool) -> Any:
+def check_value(name: str, kind: type, value: object, source: str, *, from_text: bool) -> CheckedValue:
     """`value` as the setting's type, or ConfigError naming setting, value, source and what is allowed."""
     shown = f"{name}={value!r} (from {source})"
     if kind is list:
@@ -350,19 +354,22 @@ def check_value(name: str, kind: type, value: Any, source: str, *, from_text: bo
                 value = float(text)
         except ValueError:
             raise ConfigError(f"{shown}: expected {_describe(kind)}") from None
-    ok = (
-        (kind is bool and isinstance(value, bool))
-        or (kind is int and isinstance(value, int) and not isinstance(value, bool))
-        or (kind is float and isinstance(value, int | float) and not isinstance(value, bool))
-        or (kind is str and isinstance(value, str))
-        or (kind is dict and isinstance(value, dict))
-    )
-    if not ok:
+    checked: CheckedValue
+    if (kind is bool and isinstance(value, bool)) or (kind is int and isinstance(value, int) and not isinstance(value, bool)):
+        checked = value
+    elif kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        checked = float(value)
+    elif (kind is str and isinstance(value, str)) or (kind is dict and isinstance(value, dict)):
+        checked = value
+    else:
         raise ConfigError(f"{shown}: expected {_describe(kind)}, got {type(value).__name__}")
     setting = BROKER_SETTINGS.get(name)
-    if setting is not None and setting.bounds is not None and not setting.in_bounds(value):
+    if (
+        setting is not None and setting.bounds is not None and isinstance(checked, int | float)
+        and not setting.in_bounds(checked)
+    ):
         raise ConfigError(f"{shown}: out of range, allowed {setting.allowed()}")
-    return float(value) if kind is float else value
+    return checked
 
 
 def _toml_lines(text: str) -> dict[tuple[str, str], int]:
@@ -382,10 +389,10 @@ def _toml_lines(text: str) -> dict[tuple[str, str], int]:
 
 
 def load_settings(
-    broker_fields: tuple[dataclasses.Field[Any], ...],
+    broker_fields: tuple[dataclasses.Field[object], ...],
     config_file: str | None,
     env: Mapping[str, str],
-    flags: Mapping[str, Any],
+    flags: Mapping[str, object],
 ) -> Loaded:
     """Read the three sources into checked values with their sources (see the module doc)."""
     out = Loaded()
@@ -460,11 +467,11 @@ def load_settings(
     return out
 
 
-def render(values: Mapping[str, Any], engine: Mapping[str, Any], topic_defaults: Mapping[str, str], sources: Mapping[str, str]) -> str:
+def render(values: Mapping[str, object], engine: Mapping[str, object], topic_defaults: Mapping[str, str], sources: Mapping[str, str]) -> str:
     """The effective configuration as TOML, each value followed by a comment saying where it came
     from; unset optional settings are shown commented out."""
 
-    def line(name: str, value: Any, source: str) -> str:
+    def line(name: str, value: object, source: str) -> str:
         if value is None:
             return f"# {name} is unset  # {source}"
         if isinstance(value, bool):

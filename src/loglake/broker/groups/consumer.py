@@ -31,7 +31,6 @@ import re
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from loglake.broker.groups import errors as E
 from loglake.broker.groups.assignors import assign
@@ -43,6 +42,7 @@ from loglake.broker.groups.consumer_model import (
     ConsumerGroupData,
     ConsumerMember,
     MemberState,
+    SubscriptionKey,
     TopicMetadata,
     assignment_of,
 )
@@ -391,7 +391,7 @@ class ConsumerProtocol:
             self._allowed[key] = allowed
         return allowed
 
-    def subscription_key(self, m: ConsumerMember) -> tuple[Any, ...]:
+    def subscription_key(self, m: ConsumerMember) -> SubscriptionKey:
         """What a member's resolved topics depend on: its names and regex, and, for a regex when
         ACLs narrow it, who the member is."""
         who = m.principal if m.subscribed_regex and self.topic_filter is not None else None
@@ -453,7 +453,7 @@ class ConsumerProtocol:
 
     def _compute_target(self, cg: ConsumerGroupData, topics: Mapping[str, tuple[str, int]]) -> None:
         by_name = {name: tid for tid, (name, _n) in cg.subscription.items()}
-        resolved: dict[tuple[Any, ...], frozenset[str]] = {}  # once per distinct subscription
+        resolved: dict[SubscriptionKey, frozenset[str]] = {}  # once per distinct subscription
         subscriptions: dict[str, frozenset[str]] = {}
         for m in cg.members.values():
             key = self.subscription_key(m)

@@ -20,12 +20,14 @@ from __future__ import annotations
 import asyncio
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 #: topic id (hex) -> partitions
 Assignment = dict[str, frozenset[int]]
 #: topic id (hex) -> (name, partition count)
 TopicMetadata = dict[str, tuple[str, int]]
+#: What a member's resolved topics depend on: its subscribed names, its regex and, for a regex
+#: that ACLs narrow, (principal, host).
+SubscriptionKey = tuple[tuple[str, ...], str | None, tuple[str, str] | None]
 
 LEAVE_EPOCH = -1  # MemberEpoch of a member that leaves for good
 STATIC_LEAVE_EPOCH = -2  # MemberEpoch of a static member that leaves and will come back
@@ -76,7 +78,7 @@ class ConsumerGroupData:
         self.assignor = ""  # the assignor of the current target
         self.resolved_key: object = None  # what `subscription` was last resolved from (consumer.py; not saved)
         #: each distinct subscription's resolved topic names at `resolved_key` (not saved)
-        self.resolved_sets: dict[Any, frozenset[str]] | None = None
+        self.resolved_sets: dict[SubscriptionKey, frozenset[str]] | None = None
 
     def state(self) -> str:
         """Kafka's consumer group states: Empty, Assigning, Reconciling, Stable."""

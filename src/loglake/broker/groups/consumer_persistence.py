@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Literal, TypeVar, overload
 
 from loglake.broker.groups.consumer_model import (
     Assignment,
@@ -39,6 +39,9 @@ from loglake.broker.groups.consumer_model import (
     TopicMetadata,
 )
 from loglake.broker.groups.limits import ConsumerLimits
+from loglake.broker.groups.store import StateDoc
+
+T = TypeVar("T")
 
 CONSUMER_FORMAT_VERSION = 2
 _HEX_ID = re.compile(r"[0-9a-f]{32}")
@@ -52,7 +55,7 @@ def _assignment(a: Assignment) -> dict[str, list[int]]:
     return {t: sorted(p) for t, p in sorted(a.items()) if p}
 
 
-def encode_consumer(cg: ConsumerGroupData, empty_since_ms: int) -> dict[str, Any]:
+def encode_consumer(cg: ConsumerGroupData, empty_since_ms: int) -> StateDoc:
     return {
         "version": CONSUMER_FORMAT_VERSION,
         "type": "consumer",
@@ -84,7 +87,11 @@ def encode_consumer(cg: ConsumerGroupData, empty_since_ms: int) -> dict[str, Any
     }
 
 
-def _get(doc: Mapping[str, Any], name: str, kind: type, *, nullable: bool = False) -> Any:
+@overload
+def _get(doc: Mapping[str, object], name: str, kind: type[T]) -> T: ...
+@overload
+def _get(doc: Mapping[str, object], name: str, kind: type[T], *, nullable: Literal[True]) -> T | None: ...
+def _get(doc: Mapping[str, object], name: str, kind: type[T], *, nullable: bool = False) -> T | None:
     value = doc.get(name)
     if value is None and nullable:
         return None
@@ -93,7 +100,7 @@ def _get(doc: Mapping[str, Any], name: str, kind: type, *, nullable: bool = Fals
     return value
 
 
-def _decode_assignment(raw: Any, what: str, max_partitions: int) -> Assignment:
+def _decode_assignment(raw: object, what: str, max_partitions: int) -> Assignment:
     if not isinstance(raw, dict) or len(raw) > max_partitions:
         raise ConsumerStateError(f"{what}: not an assignment")
     out: Assignment = {}
@@ -107,7 +114,7 @@ def _decode_assignment(raw: Any, what: str, max_partitions: int) -> Assignment:
     return out
 
 
-def decode_consumer(doc: Mapping[str, Any], limits: ConsumerLimits, max_partitions: int = 1_000_000) -> tuple[
+def decode_consumer(doc: Mapping[str, object], limits: ConsumerLimits, max_partitions: int = 1_000_000) -> tuple[
     ConsumerGroupData, int | None
 ]:
     """The group's consumer data and its `empty_since_ms`; raises ConsumerStateError."""

@@ -41,7 +41,7 @@ import binascii
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal, TypeVar, overload
 
 from loglake.broker.groups.consumer_persistence import (
     CONSUMER_FORMAT_VERSION,
@@ -50,7 +50,9 @@ from loglake.broker.groups.consumer_persistence import (
 )
 from loglake.broker.groups.group import Group, GroupState, Member
 from loglake.broker.groups.limits import ConsumerLimits, CoordinatorLimits
-from loglake.broker.groups.store import StoredGroup
+from loglake.broker.groups.store import StateDoc, StoredGroup
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def encode_empty(group: Group) -> dict[str, Any]:
+def encode_empty(group: Group) -> StateDoc:
     return {
         "version": STATE_FORMAT_VERSION,
         "state": GroupState.EMPTY.value,
@@ -78,7 +80,7 @@ def encode_empty(group: Group) -> dict[str, Any]:
     }
 
 
-def encode_stable(group: Group, assignments: Mapping[str, bytes] | None = None) -> dict[str, Any]:
+def encode_stable(group: Group, assignments: Mapping[str, bytes] | None = None) -> StateDoc:
     """The Stable document for the group's current generation; `assignments` overrides the
     members' current assignment (the leader's SyncGroup, before it is applied)."""
     protocol = group.protocol_name or ""
@@ -131,16 +133,20 @@ class SavedState:
     empty_since_ms: int | None = None
 
 
-def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, nullable: bool = False) -> Any:
+@overload
+def _field(doc: Mapping[str, object], name: str, kind: type[T]) -> T: ...
+@overload
+def _field(doc: Mapping[str, object], name: str, kind: type[T], *, nullable: Literal[True]) -> T | None: ...
+def _field(doc: Mapping[str, object], name: str, kind: type[T], *, nullable: bool = False) -> T | None:
     value = doc.get(name)
     if value is None and nullable:
         return None
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise GroupStateError(f"field {name!r}: expected {getattr(kind, '__name__', kind)}, got {str(value)[:80]!r}")
+        raise GroupStateError(f"field {name!r}: expected {kind.__name__}, got {str(value)[:80]!r}")
     return value
 
 
-def _bytes_field(doc: Mapping[str, Any], name: str, max_bytes: int | None) -> bytes:
+def _bytes_field(doc: Mapping[str, object], name: str, max_bytes: int | None) -> bytes:
     text = _field(doc, name, str)
     if max_bytes is not None and len(text) > (max_bytes + 2) // 3 * 4:
         raise GroupStateError(f"field {name!r}: over {max_bytes} bytes")
@@ -150,7 +156,7 @@ def _bytes_field(doc: Mapping[str, Any], name: str, max_bytes: int | None) -> by
         raise GroupStateError(f"field {name!r}: not base64 ({exc})") from None
 
 
-def decode_state(doc: Any, limits: CoordinatorLimits) -> SavedState:
+def decode_state(doc: object, limits: CoordinatorLimits) -> SavedState:
     if not isinstance(doc, dict):
         raise GroupStateError(f"not a document: {str(doc)[:80]!r}")
     if doc.get("version") != STATE_FORMAT_VERSION:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 
 class OffsetEntry(NamedTuple):
@@ -31,6 +31,8 @@ class OffsetEntry(NamedTuple):
 
 TopicPartition = tuple[str, int]
 GroupOffsets = dict[TopicPartition, OffsetEntry]
+#: A group's saved state document: JSON-able (loglake.broker.groups.persistence writes and reads it).
+StateDoc = dict[str, object]
 
 
 @dataclass
@@ -39,7 +41,7 @@ class StoredGroup:
     document (`loglake.broker.groups.persistence` writes and reads it; None: never saved)."""
 
     offsets: GroupOffsets = field(default_factory=dict)
-    state: dict[str, Any] | None = None
+    state: StateDoc | None = None
 
 
 class StoreFormatError(ValueError):
@@ -63,7 +65,7 @@ class GroupStore(Protocol):
         """Forget the group: its offsets and its state."""
         ...
 
-    def save_state(self, group_id: str, state: dict[str, Any] | None) -> Future[None]:
+    def save_state(self, group_id: str, state: StateDoc | None) -> Future[None]:
         """Replace the group's state document (JSON-able; None clears it). Offsets are kept."""
         ...
 
@@ -147,7 +149,7 @@ class InMemoryGroupStore:
         self._data.pop(group_id, None)
         return resolved()
 
-    def save_state(self, group_id: str, state: dict[str, Any] | None) -> Future[None]:
+    def save_state(self, group_id: str, state: StateDoc | None) -> Future[None]:
         self.calls.append(("save_state", group_id))
         if self.fail is not None:
             return resolved(self.fail)
@@ -162,10 +164,10 @@ class InMemoryGroupStore:
         return sum(1 for k, g in self.calls if k == kind and (group_id is None or g == group_id))
 
 
-def _json_copy(state: dict[str, Any] | None) -> dict[str, Any] | None:
+def _json_copy(state: StateDoc | None) -> StateDoc | None:
     if state is None:
         return None
-    copied: dict[str, Any] = json.loads(json.dumps(state))
+    copied: StateDoc = json.loads(json.dumps(state))
     return copied
 
 
@@ -176,6 +178,7 @@ __all__ = [
     "InMemoryGroupStore",
     "OffsetEntry",
     "ReloadableGroupStore",
+    "StateDoc",
     "StoreFormatError",
     "StoredGroup",
     "TopicPartition",

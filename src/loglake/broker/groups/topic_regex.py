@@ -20,11 +20,13 @@ from re import _constants as _c  # type: ignore[attr-defined]  # Python 3.11+: r
 from re import _parser as _p  # type: ignore[attr-defined]
 from typing import Any
 
+# re's parser is private and has no types: a parsed pattern is a sequence of (op, argument) nodes.
+_Parsed = Any
 _REPEATS = {_c.MAX_REPEAT, _c.MIN_REPEAT, _c.POSSESSIVE_REPEAT}
 _REFUSED = {_c.GROUPREF, _c.GROUPREF_EXISTS, _c.ASSERT, _c.ASSERT_NOT}
 
 
-def _children(op: Any, av: Any) -> list[Any]:
+def _children(op: _Parsed, av: _Parsed) -> list[_Parsed]:
     """The sub-patterns of one parsed node."""
     if op in _REPEATS:
         return [av[2]]
@@ -37,7 +39,7 @@ def _children(op: Any, av: Any) -> list[Any]:
     return []
 
 
-def _has(pattern: Any, kinds: set[Any], many_only: bool) -> bool:
+def _has(pattern: _Parsed, kinds: set[_Parsed], many_only: bool) -> bool:
     for op, av in pattern:
         if op in kinds and (not many_only or op is _c.BRANCH or av[1] > 1):
             return True
@@ -46,7 +48,7 @@ def _has(pattern: Any, kinds: set[Any], many_only: bool) -> bool:
     return False
 
 
-def _safe(pattern: Any) -> bool:
+def _safe(pattern: _Parsed) -> bool:
     for op, av in pattern:
         if op in _REFUSED:
             return False

@@ -6,14 +6,15 @@ its answer is this registry's `ADVERTISED`."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.codec import DecodedRequest, api_versions_body
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, VersionTable
 
-HANDLERS: dict[int, Callable[..., Awaitable[Any]]] = {}
+HANDLERS: dict[int, Handler] = {}
 
 
 def api_name(api_key: int) -> str:
@@ -21,7 +22,7 @@ def api_name(api_key: int) -> str:
     return entry.name if entry is not None else f"api{api_key}"
 
 
-async def _api_versions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def _api_versions(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> KafkaStruct:
     """ApiVersions (18): the versions we support; v3+ bodies come with the v0 response header."""
     return api_versions_body(ADVERTISED, req.api_version)
 

@@ -13,13 +13,13 @@ so the bound `ACL_BINDINGS_MAX` holds.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-from loglake.broker.context import BrokerContext
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.admin_common import _LoopLock
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, INVALID_REQUEST, NONE, error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.broker.security.authorizer import AclFilter, Binding, check_binding
 from loglake.errors import LoglakeError
@@ -37,7 +37,7 @@ _LOCK = _LoopLock()
 _DENIED = "Cluster authorization failed."
 
 
-def _filter(f: Any) -> AclFilter:
+def _filter(f: KafkaStruct) -> AclFilter:
     return AclFilter(
         int(f.resource_type_filter), f.resource_name_filter, int(f.pattern_type_filter), f.principal_filter,
         f.host_filter, int(f.operation), int(f.permission_type),
@@ -48,13 +48,13 @@ async def _store(ctx: BrokerContext, created: list[Binding], deleted: list[Bindi
     await ctx.off_loop(ctx.acl_store.save, [b.row() for b in created], [b.row() for b in deleted])
 
 
-async def create_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def create_acls(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     creations = list(req.body.creations)
     if not cluster_allowed(ctx, conn, AclOperation.ALTER):
         return {"throttle_time_ms": 0,
                 "results": [{"error_code": CLUSTER_AUTHORIZATION_FAILED, "error_message": _DENIED} for _ in creations]}
     authz = ctx.authorizer
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     async with _LOCK.get():
         new: list[Binding] = []
         for c in creations:
@@ -64,9 +64,8 @@ async def create_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
             if problem is not None:
                 results.append({"error_code": INVALID_REQUEST, "error_message": problem})
                 continue
-            known = authz is not None and b in authz
-            if not known and b not in new:
-                count = (len(authz) if authz is not None else 0) + len(new)
+            if b not in authz and b not in new:
+                count = len(authz) + len(new)
                 if count >= ACL_BINDINGS_MAX:
                     results.append({"error_code": POLICY_VIOLATION,
                                     "error_message": f"at most {ACL_BINDINGS_MAX} ACL bindings (ACL_BINDINGS_MAX); delete unused ones first"})
@@ -80,15 +79,14 @@ async def create_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
                 code = error_code(exc)
                 return {"throttle_time_ms": 0,
                         "results": [r if r["error_code"] else {"error_code": code, "error_message": str(exc)} for r in results]}
-            if authz is not None:
-                authz.add(new)
+            authz.add(new)
             log.info("ACLs created: %s", "; ".join(b.describe() for b in new))
     return {"throttle_time_ms": 0, "results": results}
 
 
-def _grouped(bindings: list[Binding]) -> list[dict[str, Any]]:
+def _grouped(bindings: list[Binding]) -> list[dict[str, object]]:
     """DescribeAcls' resources: bindings grouped by resource pattern, in creation order."""
-    out: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+    out: dict[tuple[int, str, int], list[dict[str, object]]] = {}
     for b in bindings:
         out.setdefault((b.resource_type, b.name, b.pattern_type), []).append(
             {"principal": b.principal, "host": b.host, "operation": b.operation, "permission_type": b.permission}
@@ -96,33 +94,33 @@ def _grouped(bindings: list[Binding]) -> list[dict[str, Any]]:
     return [{"resource_type": t, "resource_name": n, "pattern_type": p, "acls": acls} for (t, n, p), acls in out.items()]
 
 
-async def describe_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_acls(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):
         return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "error_message": _DENIED, "resources": []}
     f = _filter(req.body)
     problem = f.problem()
     if problem is not None:
         return {"throttle_time_ms": 0, "error_code": INVALID_REQUEST, "error_message": problem, "resources": []}
-    bindings = ctx.authorizer.bindings() if ctx.authorizer is not None else []
+    bindings = ctx.authorizer.bindings()
     return {"throttle_time_ms": 0, "error_code": NONE, "error_message": None,
             "resources": _grouped([b for b in bindings if f.matches(b)])}
 
 
-def _matching_acl(b: Binding, code: int = NONE, message: str | None = None) -> dict[str, Any]:
+def _matching_acl(b: Binding, code: int = NONE, message: str | None = None) -> dict[str, object]:
     return {"error_code": code, "error_message": message, "resource_type": b.resource_type, "resource_name": b.name,
             "pattern_type": b.pattern_type, "principal": b.principal, "host": b.host, "operation": b.operation,
             "permission_type": b.permission}
 
 
-async def delete_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def delete_acls(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     filters = list(req.body.filters)
     if not cluster_allowed(ctx, conn, AclOperation.ALTER):
         return {"throttle_time_ms": 0, "filter_results": [
             {"error_code": CLUSTER_AUTHORIZATION_FAILED, "error_message": _DENIED, "matching_acls": []} for _ in filters]}
     authz = ctx.authorizer
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     async with _LOCK.get():
-        bindings = authz.bindings() if authz is not None else []
+        bindings = authz.bindings()
         gone: dict[Binding, None] = {}
         matched: list[list[Binding] | str] = []
         for i, raw in enumerate(filters):
@@ -141,8 +139,7 @@ async def delete_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
             except LoglakeError as exc:
                 code, message = error_code(exc), str(exc)
             else:
-                if authz is not None:
-                    authz.remove(gone)
+                authz.remove(gone)
                 log.info("ACLs deleted: %s", "; ".join(b.describe() for b in gone))
         for outcome in matched:
             if isinstance(outcome, str):
@@ -154,7 +151,7 @@ async def delete_acls(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dic
     return {"throttle_time_ms": 0, "filter_results": results}
 
 
-HANDLERS: dict[int, Callable[[BrokerContext, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_ACLS: describe_acls,
     ApiKey.CREATE_ACLS: create_acls,
     ApiKey.DELETE_ACLS: delete_acls,

@@ -6,10 +6,8 @@ table. The handlers live in `admin_topics` and `admin_configs`; DescribeCluster 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from loglake.broker.context import BrokerContext
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.admin_common import MISMATCHED_ENDPOINT_TYPE
 from loglake.broker.handlers.admin_configs import alter_configs, describe_configs, incremental_alter_configs
 from loglake.broker.handlers.admin_topics import (
@@ -27,10 +25,10 @@ from loglake.broker.security.authorizer import CLUSTER_NAME
 ENDPOINT_BROKERS = 1
 
 
-async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_cluster(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     endpoint_type = int(getattr(body, "endpoint_type", ENDPOINT_BROKERS))
-    response: dict[str, Any] = {
+    response: dict[str, object] = {
         "throttle_time_ms": 0,
         "error_code": NONE,
         "error_message": None,
@@ -63,7 +61,7 @@ async def describe_cluster(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
     return response
 
 
-HANDLERS: dict[int, Callable[[BrokerContext, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.CREATE_TOPICS: create_topics,
     ApiKey.DELETE_TOPICS: delete_topics,
     ApiKey.DELETE_RECORDS: delete_records,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Hashable
+from typing import ParamSpec, TypeVar
 
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import UNKNOWN_SERVER_ERROR, error_code
@@ -18,6 +18,8 @@ from loglake.kafka_errors import ErrorCode
 log = logging.getLogger("loglake.broker.admin")
 
 T = TypeVar("T")
+P = ParamSpec("P")
+H = TypeVar("H", bound=Hashable)
 
 TOPIC_ALREADY_EXISTS: int = ErrorCode.TOPIC_ALREADY_EXISTS
 INVALID_PARTITIONS: int = ErrorCode.INVALID_PARTITIONS
@@ -56,7 +58,7 @@ def failure(exc: Exception, what: str) -> tuple[int, str]:
     return UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}"
 
 
-async def engine_call(ctx: BrokerContext, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+async def engine_call(ctx: BrokerContext, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking engine call (topic admin waits for a durable metadata record) on the executor."""
     return await ctx.off_loop(functools.partial(fn, *args, **kwargs))
 
@@ -79,9 +81,9 @@ class _LoopLock:
 CONFIG_ALTER_LOCK = _LoopLock()
 
 
-def duplicates(names: list[Any]) -> set[Any]:
-    seen: set[Any] = set()
-    dup: set[Any] = set()
+def duplicates(names: list[H]) -> set[H]:
+    seen: set[H] = set()
+    dup: set[H] = set()
     for name in names:
         (dup if name in seen else seen).add(name)
     return dup

@@ -22,10 +22,10 @@ one lock so that merges do not lose each other's writes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
-from loglake.broker.dynamic_config import DEFAULT_CONFIG, DYNAMIC_TOPIC_CONFIG, config_entry
+from loglake.broker.dynamic_config import DYNAMIC_TOPIC_CONFIG, config_entry
 from loglake.broker.group_configs import parse_value
 from loglake.broker.handlers.admin_common import (
     CONFIG_ALTER_LOCK,
@@ -47,6 +47,7 @@ from loglake.broker.handlers.errors import (
     TOPIC_AUTHORIZATION_FAILED,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import CLUSTER, GROUP, TOPIC, AclOperation, denied
 from loglake.broker.security.authorizer import CLUSTER_NAME
 from loglake.engine.config import TOPIC_CONFIGS, ConfigType, TopicConfig, validate_topic_name
@@ -59,18 +60,18 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 def topic_config_entries(
     ctx: BrokerContext, config: TopicConfig, keys: Iterable[str] | None = None, *,
     include_synonyms: bool = False, include_documentation: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, object]]:
     """DescribeConfigs entries of a topic's configuration (every config, or those in `keys`)."""
     defaults = ctx.engine.config.topic_defaults
     wanted = None if keys is None else set(keys)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for name, (value, is_default) in config.effective(defaults).items():
         if wanted is not None and name not in wanted:
             continue
         key = TOPIC_CONFIGS[name]
         layers = _default_layers(ctx, name)
         source = layers[0][0] if is_default else DYNAMIC_TOPIC_CONFIG
-        synonyms: list[dict[str, Any]] = []
+        synonyms: list[dict[str, object]] = []
         if include_synonyms:
             if not is_default:
                 synonyms.append({"name": name, "value": value, "source": DYNAMIC_TOPIC_CONFIG})
@@ -83,10 +84,7 @@ def topic_config_entries(
 
 
 def _default_layers(ctx: BrokerContext, name: str) -> list[tuple[int, str, str | None]]:
-    if ctx.broker_configs is not None:
-        return ctx.broker_configs.topic_default_layers(name)
-    key = TOPIC_CONFIGS[name]  # no broker settings object (an embedded context): built-in defaults
-    return [(DEFAULT_CONFIG, key.broker_synonym or name, key.default)]
+    return ctx.broker_configs.topic_default_layers(name)
 
 
 def _topic_info(ctx: BrokerContext, name: str) -> TopicInfo:
@@ -103,7 +101,9 @@ _ACL_OF_CONFIG = {
 }
 
 
-def _refused(ctx: BrokerContext, conn: Any, operation: int, resources: list[Any]) -> dict[tuple[int, str], int]:
+def _refused(
+    ctx: BrokerContext, conn: Conn, operation: int, resources: list[KafkaStruct]
+) -> dict[tuple[int, str], int]:
     """(config resource type, name) -> the authorization error of each resource the principal may
     not `operation` (DESCRIBE_CONFIGS or ALTER_CONFIGS); broker resources are the cluster's."""
     out: dict[tuple[int, str], int] = {}
@@ -117,17 +117,17 @@ def _refused(ctx: BrokerContext, conn: Any, operation: int, resources: list[Any]
     return out
 
 
-async def describe_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_configs(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     synonyms = bool(getattr(body, "include_synonyms", False))
     docs = bool(getattr(body, "include_documentation", False))
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     refused = _refused(ctx, conn, AclOperation.DESCRIBE_CONFIGS, list(body.resources))
     for res in body.resources:
         rtype, name = res.resource_type, res.resource_name
         # Kafka describes every config when the key list is null or empty.
         keys = list(res.configuration_keys) if res.configuration_keys else None
-        result: dict[str, Any] = {"resource_type": rtype, "resource_name": name, "error_code": NONE,
+        result: dict[str, object] = {"resource_type": rtype, "resource_name": name, "error_code": NONE,
                                   "error_message": None, "configs": []}
         try:
             if (rtype, name) in refused:
@@ -138,10 +138,8 @@ async def describe_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
                     ctx, config, keys, include_synonyms=synonyms, include_documentation=docs
                 )
             elif rtype == RESOURCE_BROKER:
-                assert ctx.broker_configs is not None
                 result["configs"] = ctx.broker_configs.describe(name, keys, synonyms=synonyms, docs=docs)
             elif rtype == RESOURCE_GROUP:
-                assert ctx.group_configs is not None
                 result["configs"] = ctx.group_configs.describe(name, keys, synonyms=synonyms, docs=docs)
             else:
                 raise AdminError(INVALID_REQUEST, f"Unsupported resource type {rtype}")
@@ -151,7 +149,7 @@ async def describe_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -
     return {"throttle_time_ms": 0, "results": results}
 
 
-def _check_config_names(configs: list[Any]) -> None:
+def _check_config_names(configs: list[KafkaStruct]) -> None:
     dup = duplicates([c.name for c in configs])
     if dup:
         raise AdminError(INVALID_REQUEST, f"Error due to duplicate config keys: {', '.join(sorted(dup))}")
@@ -161,7 +159,9 @@ def _null_value(name: str) -> AdminError:
     return AdminError(INVALID_CONFIG, f"Null value not supported for topic configs: {name}")
 
 
-async def _alter_topic(ctx: BrokerContext, name: str, configs: list[Any], incremental: bool, validate_only: bool) -> None:
+async def _alter_topic(
+    ctx: BrokerContext, name: str, configs: list[KafkaStruct], incremental: bool, validate_only: bool
+) -> None:
     validate_topic_name(name)
     info = ctx.engine.topic(name)
     if incremental:
@@ -176,7 +176,7 @@ async def _alter_topic(ctx: BrokerContext, name: str, configs: list[Any], increm
 
 
 def merge_dynamic(
-    current: dict[str, str], ops: list[Any], incremental: bool, parse: Callable[[str, str | None], str]
+    current: dict[str, str], ops: list[KafkaStruct], incremental: bool, parse: Callable[[str, str | None], str]
 ) -> dict[str, str]:
     """A broker scope's or group's new config set: `ops` replace (AlterConfigs) or merge into (Incremental)
     `current`; `parse(name, value)` refuses unknown or read-only names and bad values."""
@@ -198,19 +198,17 @@ def merge_dynamic(
     return new
 
 
-async def _alter_one(ctx: BrokerContext, rtype: int, name: str, configs: list[Any], incremental: bool,
+async def _alter_one(ctx: BrokerContext, rtype: int, name: str, configs: list[KafkaStruct], incremental: bool,
                      validate_only: bool) -> None:
     if rtype == RESOURCE_TOPIC:
         await _alter_topic(ctx, name, configs, incremental, validate_only)
     elif rtype == RESOURCE_BROKER:
         brokers = ctx.broker_configs
-        assert brokers is not None
         brokers.check_scope(name)
         new = merge_dynamic(brokers.current(name), configs, incremental, lambda n, v: brokers.parse(name, n, v))
         await engine_call(ctx, brokers.alter, name, new, validate_only=validate_only)
     elif rtype == RESOURCE_GROUP:
         groups = ctx.group_configs
-        assert groups is not None
         new = merge_dynamic(groups.current(name), configs, incremental, _group_value)
         await engine_call(ctx, groups.alter, name, new, validate_only=validate_only)
     elif rtype == RESOURCE_BROKER_LOGGER:
@@ -224,12 +222,12 @@ def _group_value(name: str, value: str | None) -> str:
 
 
 async def _alter_resources(
-    ctx: BrokerContext, conn: Any, req: DecodedRequest, incremental: bool
-) -> dict[str, Any]:
+    ctx: BrokerContext, conn: Conn, req: DecodedRequest, incremental: bool
+) -> dict[str, object]:
     body = req.body
     validate_only = bool(body.validate_only)
     dup = duplicates([(r.resource_type, r.resource_name) for r in body.resources])
-    responses: list[dict[str, Any]] = []
+    responses: list[dict[str, object]] = []
     refused = _refused(ctx, conn, AclOperation.ALTER_CONFIGS, list(body.resources))
     for res in body.resources:
         rtype, name = res.resource_type, res.resource_name
@@ -255,7 +253,7 @@ def _split(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[Any]) -> dict[str, str]:
+def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[KafkaStruct]) -> dict[str, str]:
     """The topic's new override set after IncrementalAlterConfigs `ops` (validated by the engine)."""
     overrides = dict(config.overrides)
     effective = config.effective(ctx.engine.config.topic_defaults)
@@ -287,9 +285,9 @@ def apply_incremental(ctx: BrokerContext, config: TopicConfig, ops: list[Any]) -
     return overrides
 
 
-async def alter_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def alter_configs(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     return await _alter_resources(ctx, conn, req, incremental=False)
 
 
-async def incremental_alter_configs(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def incremental_alter_configs(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     return await _alter_resources(ctx, conn, req, incremental=True)

@@ -9,8 +9,8 @@ waits for its metadata record to be durable, so it runs on the executor, and a s
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
+from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.admin_common import (
     INVALID_CONFIG,
@@ -32,9 +32,10 @@ from loglake.broker.handlers.errors import (
     UNKNOWN_TOPIC_OR_PARTITION,
 )
 from loglake.broker.protocol import DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import CLUSTER, TOPIC, AclOperation, allowed, denied
 from loglake.broker.security.authorizer import CLUSTER_NAME
-from loglake.broker.security.mutation_quota import gate
+from loglake.broker.security.mutation_quota import MutationGate
 from loglake.engine.config import validate_topic_name
 from loglake.engine.types import TopicInfo
 from loglake.kafka_errors import ErrorCode
@@ -49,7 +50,7 @@ _CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sens
 # ---- CreateTopics ---------------------------------------------------------------------------------
 
 
-def _partition_count(ctx: BrokerContext, topic: Any) -> int:
+def _partition_count(ctx: BrokerContext, topic: KafkaStruct) -> int:
     """The partition count a CreatableTopic asks for, after checking replication and assignments."""
     count, factor = topic.num_partitions, topic.replication_factor
     assignments = list(topic.assignments or [])
@@ -88,7 +89,7 @@ def _partition_count(ctx: BrokerContext, topic: Any) -> int:
     return int(count)
 
 
-def _topic_configs(topic: Any) -> dict[str, str]:
+def _topic_configs(topic: KafkaStruct) -> dict[str, str]:
     configs: dict[str, str] = {}
     for c in topic.configs or []:
         if c.value is None:
@@ -97,7 +98,7 @@ def _topic_configs(topic: Any) -> dict[str, str]:
     return configs
 
 
-async def _create_one(ctx: BrokerContext, topic: Any, validate_only: bool, quota: Any) -> TopicInfo:
+async def _create_one(ctx: BrokerContext, topic: KafkaStruct, validate_only: bool, quota: MutationGate | None) -> TopicInfo:
     name = topic.name
     validate_topic_name(name)
     if ctx.engine.has_topic(name):
@@ -111,18 +112,18 @@ async def _create_one(ctx: BrokerContext, topic: Any, validate_only: bool, quota
     )
 
 
-async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def create_topics(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     validate_only = bool(getattr(body, "validate_only", False))
     dup = duplicates([t.name for t in body.topics])
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     # CREATE on the cluster allows every topic, else CREATE on each topic (Kafka's KafkaApis).
     refused: set[str] = set()
-    quota = gate(ctx, conn, req)
+    quota = ctx.mutation_quotas.gate(conn, req)
     if not allowed(ctx, conn, AclOperation.CREATE, CLUSTER, CLUSTER_NAME):
         refused = denied(ctx, conn, AclOperation.CREATE, TOPIC, [t.name for t in body.topics if t.name not in dup])
     for topic in body.topics:
-        result: dict[str, Any] = {"name": topic.name, "topic_id": ZERO_UUID, "error_code": NONE, "error_message": None}
+        result: dict[str, object] = {"name": topic.name, "topic_id": ZERO_UUID, "error_code": NONE, "error_message": None}
         try:
             if topic.name in refused:
                 raise AdminError(TOPIC_AUTHORIZATION_FAILED, "Authorization failed.")
@@ -145,14 +146,14 @@ async def create_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"CreateTopics {topic.name}")
         results.append(result)
-    response = {"throttle_time_ms": 0, "topics": results}
+    response: dict[str, object] = {"throttle_time_ms": 0, "topics": results}
     return quota.finish(response) if quota is not None else response
 
 
 # ---- DeleteTopics ---------------------------------------------------------------------------------
 
 
-async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def delete_topics(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if req.api_version >= 6:
         wanted = [(t.name, t.topic_id or ZERO_UUID) for t in body.topics]
@@ -164,10 +165,10 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         by_id = {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
     named = [n if n is not None else (by_id or {}).get(i) for n, i in wanted]
     refused = denied(ctx, conn, AclOperation.DELETE, TOPIC, [n for n in named if n is not None])
-    quota = gate(ctx, conn, req)
-    responses: list[dict[str, Any]] = []
+    quota = ctx.mutation_quotas.gate(conn, req)
+    responses: list[dict[str, object]] = []
     for name, topic_id in wanted:
-        result: dict[str, Any] = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
+        result: dict[str, object] = {"name": name, "topic_id": topic_id, "error_code": NONE, "error_message": None}
         try:
             if name is not None and topic_id != ZERO_UUID:
                 raise AdminError(INVALID_REQUEST, "You may not specify both topic name and topic id.")
@@ -192,14 +193,14 @@ async def delete_topics(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> d
         except Exception as exc:
             result["error_code"], result["error_message"] = failure(exc, f"DeleteTopics {name or topic_id}")
         responses.append(result)
-    response = {"throttle_time_ms": 0, "responses": responses}
+    response: dict[str, object] = {"throttle_time_ms": 0, "responses": responses}
     return quota.finish(response) if quota is not None else response
 
 
 # ---- CreatePartitions -----------------------------------------------------------------------------
 
 
-def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: list[Any] | None) -> None:
+def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: list[KafkaStruct] | None) -> None:
     if not assignments:  # null (or empty): the broker places the new partitions
         return
     current = ctx.engine.topic(name).partitions
@@ -219,13 +220,13 @@ def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: l
             )
 
 
-async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def create_partitions(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     validate_only = bool(body.validate_only)
     dup = duplicates([t.name for t in body.topics])
-    results: list[dict[str, Any]] = []
+    results: list[dict[str, object]] = []
     refused = denied(ctx, conn, AclOperation.ALTER, TOPIC, [t.name for t in body.topics if t.name not in dup])
-    quota = gate(ctx, conn, req)
+    quota = ctx.mutation_quotas.gate(conn, req)
     for topic in body.topics:
         code, message = NONE, None
         try:
@@ -244,19 +245,19 @@ async def create_partitions(ctx: BrokerContext, conn: Any, req: DecodedRequest) 
         except Exception as exc:
             code, message = failure(exc, f"CreatePartitions {topic.name}")
         results.append({"name": topic.name, "error_code": code, "error_message": message})
-    response = {"throttle_time_ms": 0, "results": results}
+    response: dict[str, object] = {"throttle_time_ms": 0, "results": results}
     return quota.finish(response) if quota is not None else response
 
 
 # ---- DeleteRecords --------------------------------------------------------------------------------
 
 
-async def delete_records(ctx: BrokerContext, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def delete_records(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     """Raise log start offsets; durable on return, so `timeout_ms` has nothing to wait for."""
-    topics: list[dict[str, Any]] = []
+    topics: list[dict[str, object]] = []
     refused = denied(ctx, conn, AclOperation.DELETE, TOPIC, (t.name for t in req.body.topics))
     for topic in req.body.topics:
-        partitions: list[dict[str, Any]] = []
+        partitions: list[dict[str, object]] = []
         for part in topic.partitions:
             low, code = -1, NONE
             if topic.name in refused:

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.broker.security.quotas import (
     CLIENT_QUOTA_ENTITIES_MAX,
@@ -50,13 +51,13 @@ ERROR_SHOWN_CHARS = 300
 QUOTA_ALTER_LOCK = asyncio.Lock()
 
 
-def _entity_out(key: EntityKey) -> list[dict[str, Any]]:
+def _entity_out(key: EntityKey) -> list[dict[str, object]]:
     return [{"entity_type": t, "entity_name": n} for t, n in key]
 
 
-async def describe_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_client_quotas(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
-    response: dict[str, Any] = {
+    response: dict[str, object] = {
         "throttle_time_ms": 0,
         "error_code": NONE,
         "error_message": None,
@@ -81,15 +82,15 @@ async def describe_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> di
     return response
 
 
-async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def alter_client_quotas(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     validate_only = bool(body.validate_only)
     allowed = cluster_allowed(ctx, conn, AclOperation.ALTER_CONFIGS)
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     async with QUOTA_ALTER_LOCK:
         for entry in body.entries:
             parts = [(e.entity_type, e.entity_name) for e in entry.entity]
-            result: dict[str, Any] = {
+            result: dict[str, object] = {
                 "error_code": NONE,
                 "error_message": None,
                 "entity": [{"entity_type": t, "entity_name": n} for t, n in parts],
@@ -109,9 +110,9 @@ async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[
             except QuotaRequestError as exc:
                 result["error_code"], result["error_message"] = exc.code, str(exc)
                 _limited.info(
-                    ("refused", getattr(conn, "peer_host", "?")),
+                    ("refused", conn.peer_host),
                     "AlterClientQuotas from %s refused: %s",
-                    getattr(conn, "peer", "?"),
+                    conn.peer,
                     str(exc)[:ERROR_SHOWN_CHARS],
                 )
                 continue
@@ -120,7 +121,9 @@ async def alter_client_quotas(ctx: Any, conn: Any, req: DecodedRequest) -> dict[
     return {"throttle_time_ms": 0, "entries": out}
 
 
-def _altered(ctx: Any, parts: list[tuple[str, str | None]], ops: Any) -> tuple[EntityKey, dict[str, float]]:
+def _altered(
+    ctx: BrokerContext, parts: list[tuple[str, str | None]], ops: list[KafkaStruct]
+) -> tuple[EntityKey, dict[str, float]]:
     """The entity and its quotas after `ops`; QuotaRequestError if Kafka would refuse them."""
     key = validate_entity(parts)
     values = dict(ctx.quotas.configs.get(key, {}))
@@ -138,7 +141,7 @@ def _altered(ctx: Any, parts: list[tuple[str, str | None]], ops: Any) -> tuple[E
     return key, values
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_CLIENT_QUOTAS: describe_client_quotas,
     ApiKey.ALTER_CLIENT_QUOTAS: alter_client_quotas,
 }

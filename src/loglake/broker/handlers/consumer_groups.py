@@ -7,13 +7,14 @@ coordinator) and `GroupCoordinator.consumer_heartbeat` / `consumer_describe`.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.groups.consumer import HeartbeatRequest
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
     TOPIC_AUTHORIZATION_FAILED,
-    coordinator_error,
+    coordinator_for,
 )
 from loglake.broker.handlers.groups import AUTHORIZED_OPERATIONS_OMITTED, _client_host
 from loglake.broker.protocol import ApiKey, DecodedRequest
@@ -32,7 +33,7 @@ ZERO_TOPIC_ID_HEX = "0" * 32
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol
 
 
-async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def consumer_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     refused: tuple[int, str | None] | None = None
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
@@ -42,8 +43,9 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
     if refused is not None:
         return {"throttle_time_ms": 0, "error_code": refused[0], "error_message": refused[1],
                 "member_id": body.member_id, "member_epoch": body.member_epoch}
-    if unavailable := coordinator_error(ctx, body.group_id):
-        return {"throttle_time_ms": 0, "error_code": unavailable, "member_id": body.member_id,
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"throttle_time_ms": 0, "error_code": coordinator, "member_id": body.member_id,
                 "member_epoch": body.member_epoch}
     owned = None
     if body.topic_partitions is not None:
@@ -51,7 +53,7 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
         owned = [(t.topic_id.hex if t.topic_id is not None else ZERO_TOPIC_ID_HEX, list(t.partitions))
                  for t in body.topic_partitions]
     names = body.subscribed_topic_names
-    result = await ctx.coordinator.consumer_heartbeat(
+    result = await coordinator.consumer_heartbeat(
         HeartbeatRequest(
             group_id=body.group_id,
             member_id=body.member_id,
@@ -66,10 +68,10 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
             client_id=req.client_id or "",
             client_host=_client_host(conn),
             version=req.api_version,
-            principal=who(conn) if getattr(ctx, "authorizer", None) is not None else None,
+            principal=who(conn),
         )
     )
-    assignment = None
+    assignment: dict[str, object] | None = None
     if result.assignment is not None:
         assignment = {
             "topic_partitions": [
@@ -88,7 +90,7 @@ async def consumer_group_heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> 
     }
 
 
-def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
+def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, object]:
     return {
         "topic_partitions": [
             {"topic_id": uuid.UUID(hex=tid), "topic_name": name, "partitions": parts} for tid, name, parts in described
@@ -96,8 +98,8 @@ def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, Any]:
     }
 
 
-async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    out = []
+async def consumer_group_describe(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    out: list[dict[str, object]] = []
     refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, req.body.group_ids)
     with_ops = bool(getattr(req.body, "include_authorized_operations", False))
     for group_id in req.body.group_ids:
@@ -105,10 +107,11 @@ async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> A
             out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id,
                         "error_message": "Group authorization failed."})
             continue
-        if unavailable := coordinator_error(ctx, group_id):
-            out.append({"error_code": unavailable, "group_id": group_id})
+        coordinator = coordinator_for(ctx, group_id)
+        if isinstance(coordinator, int):
+            out.append({"error_code": coordinator, "group_id": group_id})
             continue
-        d = ctx.coordinator.consumer_describe(group_id)
+        d = coordinator.consumer_describe(group_id)
         out.append(
             {
                 "error_code": d.error_code,
@@ -142,7 +145,7 @@ async def consumer_group_describe(ctx: Any, conn: Any, req: DecodedRequest) -> A
     return {"throttle_time_ms": 0, "groups": out}
 
 
-HANDLERS = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.CONSUMER_GROUP_HEARTBEAT: consumer_group_heartbeat,
     ApiKey.CONSUMER_GROUP_DESCRIBE: consumer_group_describe,
 }

@@ -5,8 +5,8 @@ The numbers live in `loglake.kafka_errors`; these names are re-exported for the 
 
 from __future__ import annotations
 
-from typing import Any
-
+from loglake.broker.context import BrokerContext
+from loglake.broker.groups import GroupCoordinator
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 
@@ -39,13 +39,20 @@ NOT_COORDINATOR: int = ErrorCode.NOT_COORDINATOR
 COORDINATOR_LOAD_IN_PROGRESS: int = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
 
 
-def coordinator_error(ctx: Any, group_id: str) -> int:
+def coordinator_error(ctx: BrokerContext, group_id: str) -> int:
     """NONE when this broker coordinates `group_id` now, else why not (GroupCoordination.gate:
     COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS)."""
-    groups = ctx.groups
-    if groups is None:
-        return COORDINATOR_NOT_AVAILABLE
-    return int(groups.gate(group_id))
+    return ctx.groups.gate(group_id)
+
+
+def coordinator_for(ctx: BrokerContext, group_id: str) -> GroupCoordinator | int:
+    """The coordinator to ask about `group_id` when this broker coordinates it now, else the
+    error code that says why not (`coordinator_error`)."""
+    code = coordinator_error(ctx, group_id)
+    coordinator = ctx.coordinator
+    if code != NONE or coordinator is None:
+        return code or COORDINATOR_NOT_AVAILABLE
+    return coordinator
 
 
 def epoch_check(current: int, client: int) -> int:

@@ -35,8 +35,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any
+from collections.abc import Set
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     NONE,
     OFFSET_OUT_OF_RANGE,
@@ -57,6 +59,7 @@ from loglake.broker.protocol import (
     batch_bytes,
     fetch_limit_violations,
 )
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.broker.security.quotas import CONSUMER_BYTE_RATE
 from loglake.errors import LoglakeError, OffsetOutOfRangeError, UnknownTopicError
@@ -73,7 +76,9 @@ LIMIT_LOG_INTERVAL_S = 60.0
 _size_rule_log = RateLimitedLog(log, LIMIT_LOG_INTERVAL_S)
 
 
-def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | None) -> tuple[str | None, dict[uuid.UUID, str] | None]:
+def _resolve(
+    ctx: BrokerContext, topic: KafkaStruct, version: int, by_id: dict[uuid.UUID, str] | None
+) -> tuple[str | None, dict[uuid.UUID, str] | None]:
     if version >= 13:
         by_id = by_id or {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
         return by_id.get(topic.topic_id), by_id
@@ -81,7 +86,7 @@ def _resolve(ctx: Any, topic: Any, version: int, by_id: dict[uuid.UUID, str] | N
 
 
 async def _read_all(
-    ctx: Any, body: Any, version: int, refused: set[str] = frozenset()  # type: ignore[assignment]
+    ctx: BrokerContext, body: KafkaStruct, version: int, refused: Set[str] = frozenset()
 ) -> tuple[FetchResponseData, int, list[tuple[str, int, int]]]:
     """The response, its record bytes, and where to wait for more: (topic, partition, offset) of
     every partition read up to its high watermark. Topics in `refused` (no READ) are answered
@@ -159,12 +164,12 @@ async def _read_all(
     return out, total, waits
 
 
-def _leader(ctx: Any, name: str, partition: int) -> int:
+def _leader(ctx: BrokerContext, name: str, partition: int) -> int:
     """The partition's leader as the cluster view names it (-1: none live)."""
-    return int(ctx.view.leader_of(ctx.engine.topic_id_of(name), partition))
+    return ctx.view.leader_of(ctx.engine.topic_id_of(name), partition)
 
 
-def _max_bytes(body: Any) -> int:
+def _max_bytes(body: KafkaStruct) -> int:
     # As Kafka: 0 (or less) still returns the first batch of the first partition with data.
     return max(int(body.max_bytes), 0)
 
@@ -176,7 +181,7 @@ def _first_batch(chunk: Chunk) -> int:
     return chunk.first_batch
 
 
-def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData:
+def _enforce_limits(body: KafkaStruct, response: FetchResponseData) -> FetchResponseData:
     """Kafka's size rule, checked on what is about to be sent; records that break it are dropped
     (the client fetches them again) and logged at most once a minute."""
     limits = [[p.partition_max_bytes for p in t.partitions] for t in body.topics]
@@ -201,18 +206,17 @@ def _enforce_limits(body: Any, response: FetchResponseData) -> FetchResponseData
     return response
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    sessions = getattr(ctx, "fetch_sessions", None)
-    plan = sessions.begin(req.body, req.api_version) if sessions is not None else None
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> FetchResponseData:
+    plan = ctx.fetch_sessions.begin(req.body, req.api_version)
     if plan is not None and plan.body is None:
         return plan.error_response()
     body = req.body if plan is None else plan.body
-    quotas = getattr(ctx, "quotas", None)
-    cap = quotas.fetch_cap(conn, req) if quotas is not None and quotas.enabled(CONSUMER_BYTE_RATE) else None
+    quotas = ctx.quotas
+    cap = quotas.fetch_cap(conn, req) if quotas.enabled(CONSUMER_BYTE_RATE) else None
     if cap is not None and cap < _max_bytes(body):
         body = _QuotaCapped(body, cap)
     response = await _fetch(ctx, conn, req, body)
-    if cap is not None and quotas is not None:
+    if cap is not None:
         throttle_ms = quotas.fetched(conn, req, response_bytes(response))
         if throttle_ms:
             # Kafka's throttled fetch: no partitions, nothing counted; the session (if any) stays as it was.
@@ -224,12 +228,12 @@ class _QuotaCapped:
     """A fetch whose max_bytes is lowered to what the consumer quota allows in one window (Kafka's
     getMaxValueInQuotaWindow), so that one response never takes more than the quota can pay back."""
 
-    def __init__(self, body: Any, cap: int) -> None:
+    def __init__(self, body: KafkaStruct, cap: int) -> None:
         self._body = body
         self.max_bytes = cap
         self.min_bytes = min(int(body.min_bytes), cap)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> KafkaStruct:
         return getattr(self._body, name)
 
 
@@ -246,7 +250,7 @@ def response_bytes(response: FetchResponseData) -> int:
     return total
 
 
-async def _fetch(ctx: Any, conn: Any, req: DecodedRequest, body: Any) -> FetchResponseData:
+async def _fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest, body: KafkaStruct) -> FetchResponseData:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), FETCH_WAIT_MS_MAX) / 1000.0
     # Checked once per request (not per long-poll round), so a refusal is one audit line.

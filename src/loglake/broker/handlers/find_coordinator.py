@@ -7,9 +7,8 @@ known (this one is registering again): COORDINATOR_NOT_AVAILABLE, which clients 
 
 from __future__ import annotations
 
-from typing import Any
-
-from loglake.broker.context import advertised_endpoint
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
@@ -24,7 +23,7 @@ from loglake.engine.view import endpoint_of
 GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     key_type = getattr(body, "key_type", GROUP_KEY) if req.api_version >= 1 else GROUP_KEY
     served = key_type in (GROUP_KEY, TRANSACTION_KEY)
@@ -34,7 +33,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP if key_type == GROUP_KEY else TRANSACTIONAL_ID, keys)
     denial = GROUP_AUTHORIZATION_FAILED if key_type == GROUP_KEY else TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
-    def entry(key: str) -> dict[str, Any]:
+    def entry(key: str) -> dict[str, object]:
         if key in refused:
             return {"node_id": -1, "host": "", "port": -1, "error_code": denial, "error_message": None}
         if not served:
@@ -47,10 +46,10 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, **entry(keys[0])}
 
 
-def _entry(ctx: Any, conn: Any, key: str) -> dict[str, Any]:
+def _entry(ctx: BrokerContext, conn: Conn, key: str) -> dict[str, object]:
     chosen = ctx.view.coordinator_of(key)
     if chosen == ctx.node_id:
-        host, port = advertised_endpoint(ctx, conn)
+        host, port = conn.security.advertised  # this broker: at the request's listener
         return {"node_id": chosen, "host": host, "port": port, "error_code": NONE, "error_message": None}
     info = next((b for b in ctx.view.brokers() if b.node_id == chosen), None)
     where = endpoint_of(info, conn.security.listener.protocol) if info else None

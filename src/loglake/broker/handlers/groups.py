@@ -11,8 +11,8 @@ future without blocking the loop).
 
 from __future__ import annotations
 
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
@@ -21,8 +21,10 @@ from loglake.broker.handlers.errors import (
     TOPIC_AUTHORIZATION_FAILED,
     UNSTABLE_OFFSET_COMMIT,
     coordinator_error,
+    coordinator_for,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import (
     CLUSTER,
     GROUP,
@@ -39,17 +41,17 @@ from loglake.broker.security.authorizer import CLUSTER_NAME
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
 
 
-def _client_host(conn: Any) -> str:
-    return "/" + str(conn.peer).rsplit(":", 1)[0]
+def _client_host(conn: Conn) -> str:
+    return "/" + conn.peer.rsplit(":", 1)[0]
 
 
-async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def join_group(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
-    coordinator = ctx.coordinator
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "generation_id": -1, "member_id": body.member_id}
-    if code := coordinator_error(ctx, body.group_id):
-        return {"error_code": code, "generation_id": -1, "member_id": body.member_id}
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"error_code": coordinator, "generation_id": -1, "member_id": body.member_id}
     version = req.api_version
     result = await coordinator.join_group(
         body.group_id,
@@ -82,14 +84,15 @@ async def join_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     }
 
 
-async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def sync_group(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "assignment": b""}
-    if unavailable := coordinator_error(ctx, body.group_id):
-        return {"error_code": unavailable, "assignment": b""}
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"error_code": coordinator, "assignment": b""}
     version = req.api_version
-    result = await ctx.coordinator.sync_group(
+    result = await coordinator.sync_group(
         body.group_id,
         body.generation_id,
         body.member_id,
@@ -107,13 +110,14 @@ async def sync_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     }
 
 
-async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED}
-    if unavailable := coordinator_error(ctx, body.group_id):
-        return {"throttle_time_ms": 0, "error_code": unavailable}
-    code = ctx.coordinator.heartbeat(
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"throttle_time_ms": 0, "error_code": coordinator}
+    code = coordinator.heartbeat(
         body.group_id,
         body.generation_id,
         body.member_id,
@@ -122,17 +126,18 @@ async def heartbeat(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "error_code": code}
 
 
-async def leave_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def leave_group(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if not check(ctx, conn, AclOperation.READ, GROUP, body.group_id):
         return {"throttle_time_ms": 0, "error_code": GROUP_AUTHORIZATION_FAILED, "members": []}
-    if unavailable := coordinator_error(ctx, body.group_id):
-        return {"throttle_time_ms": 0, "error_code": unavailable, "members": []}
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"throttle_time_ms": 0, "error_code": coordinator, "members": []}
     if req.api_version >= 3:
         members = [(m.member_id, m.group_instance_id) for m in body.members]
     else:
         members = [(body.member_id, None)]
-    code, results = ctx.coordinator.leave_group(body.group_id, members)
+    code, results = coordinator.leave_group(body.group_id, members)
     if req.api_version < 3:
         if code == NONE and results:
             code = results[0][2]  # v0-2 answer with the one member's error
@@ -146,7 +151,7 @@ async def leave_group(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     }
 
 
-async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def offset_commit(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     version = req.api_version
     items: list[tuple[str, int, int, int, str | None]] = []
@@ -161,10 +166,11 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         # Kafka commits the authorized partitions and refuses the others.
         results = [(t, p, TOPIC_AUTHORIZATION_FAILED) for t, p, *_ in items if t in refused]
         items = [item for item in items if item[0] not in refused]
+    coordinator = coordinator_for(ctx, body.group_id) if items else COORDINATOR_NOT_AVAILABLE
     if not items:
         pass
-    elif unavailable := coordinator_error(ctx, body.group_id):
-        results += [(t, p, unavailable) for t, p, *_ in items]
+    elif isinstance(coordinator, int):
+        results += [(t, p, coordinator) for t, p, *_ in items]
     else:
         engine = ctx.engine
 
@@ -172,7 +178,7 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             return bool(engine.has_topic(name) and 0 <= partition < engine.topic(name).partitions)
 
         generation = getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1))
-        results += await ctx.coordinator.commit_offsets(
+        results += await coordinator.commit_offsets(
             body.group_id,
             generation,
             body.member_id,
@@ -180,7 +186,7 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             items,
             topic_exists=topic_exists,
         )
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+    by_topic: dict[str, list[dict[str, object]]] = {}
     for name, partition, code in results:
         by_topic.setdefault(name, []).append({"partition_index": partition, "error_code": code})
     return {
@@ -190,7 +196,8 @@ async def offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
 
 
 def _fetch_group(
-    ctx: Any, conn: Any, group_id: str, topics: Any, member_id: str | None = None, member_epoch: int = -1,
+    ctx: BrokerContext, conn: Conn, group_id: str, topics: list[KafkaStruct] | None, member_id: str | None = None,
+    member_epoch: int = -1,
     require_stable: bool = False, refused_groups: set[str] | None = None,
 ) -> tuple[int, list[tuple[str, int, int, int, str, int]]]:
     # v8+ asks for several groups: the caller checks them together (one audit line).
@@ -198,26 +205,28 @@ def _fetch_group(
         refused_groups = set() if check(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id) else {group_id}
     if group_id in refused_groups:
         return GROUP_AUTHORIZATION_FAILED, []
-    if unavailable := coordinator_error(ctx, group_id):
-        return unavailable, []
+    coordinator = coordinator_for(ctx, group_id)
+    if isinstance(coordinator, int):
+        return coordinator, []
     wanted = None
     refused: set[str] = set()
     if topics is not None:
         refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.name for t in topics))
         wanted = [(t.name, p) for t in topics for p in t.partition_indexes if t.name not in refused]
-    code, items = ctx.coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
+    code, items = coordinator.fetch_offsets(group_id, wanted, member_id, member_epoch)
     if topics is None:  # every committed offset: only those of topics the principal may describe
         items = [i for i in items if allowed(ctx, conn, AclOperation.DESCRIBE, TOPIC, i[0])]
     elif refused:
         items = list(items) + [(t.name, p, -1, -1, "", TOPIC_AUTHORIZATION_FAILED)
                                for t in topics if t.name in refused for p in t.partition_indexes]
-    if require_stable and ctx.txn is not None and (pending := ctx.txn.pending_offsets(group_id)):
-        items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if (t, p) in pending else (t, p, *rest) for t, p, *rest in items]
+    if require_stable and (pending := ctx.txn.pending_offsets(group_id)):
+        items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if (t, p) in pending else (t, p, o, e, m, c)
+                 for t, p, o, e, m, c in items]
     return int(code), list(items)
 
 
-def _group_topics(items: list[tuple[str, int, int, int, str, int]], version: int) -> list[dict[str, Any]]:
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+def _group_topics(items: list[tuple[str, int, int, int, str, int]], version: int) -> list[dict[str, object]]:
+    by_topic: dict[str, list[dict[str, object]]] = {}
     for name, partition, offset, epoch, metadata, code in items:
         by_topic.setdefault(name, []).append(
             {
@@ -231,7 +240,7 @@ def _group_topics(items: list[tuple[str, int, int, int, str, int]], version: int
     return [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
 
 
-async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def offset_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     version = req.api_version
     if version >= 8:
@@ -250,8 +259,9 @@ async def offset_fetch(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 
-async def list_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    if ctx.coordinator is None:
+async def list_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    coordinator = ctx.coordinator
+    if coordinator is None:
         return {"throttle_time_ms": 0, "error_code": COORDINATOR_NOT_AVAILABLE, "groups": []}
     states = list(req.body.states_filter or []) if req.api_version >= 4 else None
     types = list(req.body.types_filter or []) if req.api_version >= 5 else []
@@ -259,24 +269,25 @@ async def list_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     every = allowed(ctx, conn, AclOperation.DESCRIBE, CLUSTER, CLUSTER_NAME)
     groups = [
         {"group_id": group_id, "protocol_type": protocol_type, "group_state": state, "group_type": group_type}
-        for group_id, protocol_type, state, group_type in ctx.coordinator.list_groups_typed(states or None, types or None)
+        for group_id, protocol_type, state, group_type in coordinator.list_groups_typed(states or None, types or None)
         if every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id)
     ]
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
 
 
-async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    out = []
+async def describe_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    out: list[dict[str, object]] = []
     refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, req.body.groups)
     with_ops = req.api_version >= 3 and bool(getattr(req.body, "include_authorized_operations", False))
     for group_id in req.body.groups:
         if group_id in refused:
             out.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group_id, "members": []})
             continue
-        if unavailable := coordinator_error(ctx, group_id):
-            out.append({"error_code": unavailable, "group_id": group_id, "members": []})
+        coordinator = coordinator_for(ctx, group_id)
+        if isinstance(coordinator, int):
+            out.append({"error_code": coordinator, "group_id": group_id, "members": []})
             continue
-        d = ctx.coordinator.describe_group(group_id)
+        d = coordinator.describe_group(group_id)
         if d.error_code == GROUP_ID_NOT_FOUND:  # a consumer-protocol group (Kafka: v6+ says so, older: Dead)
             if req.api_version >= 6:
                 out.append({"error_code": GROUP_ID_NOT_FOUND, "group_id": group_id, "group_state": "Dead",
@@ -309,22 +320,23 @@ async def describe_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "groups": out}
 
 
-async def delete_groups(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def delete_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     names = list(req.body.groups_names)
     refused = denied(ctx, conn, AclOperation.DELETE, GROUP, names)
     results = [(g, GROUP_AUTHORIZATION_FAILED) for g in names if g in refused]
     names = [g for g in names if g not in refused]
-    if ctx.coordinator is None:
+    coordinator = ctx.coordinator
+    if coordinator is None:
         results += [(g, COORDINATOR_NOT_AVAILABLE) for g in names]
     elif names:
         elsewhere = [g for g in names if coordinator_error(ctx, g)]
         results += [(g, coordinator_error(ctx, g)) for g in elsewhere]
         names = [g for g in names if g not in elsewhere]
-        results += await ctx.coordinator.delete_groups(names) if names else []
+        results += await coordinator.delete_groups(names) if names else []
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 
 
-HANDLERS = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_COMMIT: offset_commit,
     ApiKey.OFFSET_FETCH: offset_fetch,
     ApiKey.JOIN_GROUP: join_group,

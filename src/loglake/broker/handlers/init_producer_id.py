@@ -5,8 +5,9 @@ transaction: loglake.broker.txn)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     COORDINATOR_NOT_AVAILABLE,
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if body.transactional_id and not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, body.transactional_id):
         return {"throttle_time_ms": 0, "error_code": TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "producer_id": -1, "producer_epoch": -1}
@@ -48,7 +49,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 req.api_version,
             )
         except LoglakeError as exc:
-            _limited.warning(("init_txn", getattr(conn, "peer_host", conn.peer)), "InitProducerId for %r failed: %s", body.transactional_id, exc)
+            _limited.warning(("init_txn", conn.peer_host), "InitProducerId for %r failed: %s", body.transactional_id, exc)
             code, pid, epoch = COORDINATOR_NOT_AVAILABLE, -1, -1
         return {"throttle_time_ms": 0, "error_code": code, "producer_id": pid, "producer_epoch": epoch}
     existing = getattr(body, "producer_id", -1)

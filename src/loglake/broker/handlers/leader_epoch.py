@@ -12,9 +12,8 @@ the check. Unknown topics and partitions: UNKNOWN_TOPIC_OR_PARTITION.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
@@ -23,12 +22,13 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
 from loglake.errors import LoglakeError, UnknownTopicError
 
 
-def _partition(ctx: Any, topic: str, part: Any, refused: set[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {"partition": part.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
+def _partition(ctx: BrokerContext, topic: str, part: KafkaStruct, refused: set[str]) -> dict[str, object]:
+    out: dict[str, object] = {"partition": part.partition, "error_code": NONE, "leader_epoch": -1, "end_offset": -1}
     if topic in refused:
         out["error_code"] = TOPIC_AUTHORIZATION_FAILED
         return out
@@ -47,7 +47,7 @@ def _partition(ctx: Any, topic: str, part: Any, refused: set[str]) -> dict[str, 
     return out
 
 
-async def offset_for_leader_epoch(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def offset_for_leader_epoch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.topic for t in req.body.topics))
     topics = [
         {"topic": t.topic, "partitions": [_partition(ctx, t.topic, p, refused) for p in t.partitions]}
@@ -56,6 +56,6 @@ async def offset_for_leader_epoch(ctx: Any, conn: Any, req: DecodedRequest) -> d
     return {"throttle_time_ms": 0, "topics": topics}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
 }

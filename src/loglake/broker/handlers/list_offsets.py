@@ -8,8 +8,8 @@ when no offset is found.
 
 from __future__ import annotations
 
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import NONE, TOPIC_AUTHORIZATION_FAILED, error_code
 from loglake.broker.protocol import DecodedRequest
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
@@ -22,7 +22,7 @@ EARLIEST_LOCAL = -4  # KIP-405: first offset on local storage
 LATEST_TIERED = -5  # KIP-1005: highest offset in tiered storage
 
 
-def _lookup(ctx: Any, name: str, partition: int, ts: int, committed: bool = False) -> tuple[int, int]:
+def _lookup(ctx: BrokerContext, name: str, partition: int, ts: int, committed: bool = False) -> tuple[int, int]:
     engine = ctx.engine
     info = engine.partition_info(name, partition)
     if ts == LATEST:
@@ -38,14 +38,14 @@ def _lookup(ctx: Any, name: str, partition: int, ts: int, committed: bool = Fals
     return found if found is not None else (-1, -1)
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    topics = []
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    topics: list[dict[str, object]] = []
     committed = getattr(req.body, "isolation_level", 0) == 1
     refused = denied(ctx, conn, AclOperation.DESCRIBE, TOPIC, (t.name for t in req.body.topics))
     for topic in req.body.topics:
-        parts = []
+        parts: list[dict[str, object]] = []
         for p in topic.partitions:
-            entry: dict[str, Any] = {"partition_index": p.partition_index, "leader_epoch": -1}
+            entry: dict[str, object] = {"partition_index": p.partition_index, "leader_epoch": -1}
             if topic.name in refused:
                 entry.update(error_code=TOPIC_AUTHORIZATION_FAILED, offset=-1, timestamp=-1)
                 parts.append(entry)

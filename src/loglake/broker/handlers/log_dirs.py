@@ -14,19 +14,21 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import CLUSTER_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR, NONE
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
+from loglake.engine import Engine
 from loglake.engine.partition_log import TierBytes
 from loglake.errors import LoglakeError
 
 log = logging.getLogger(__name__)
 
 
-def _wanted(engine: Any, topics: Any) -> list[tuple[str, list[int]]]:
+def _wanted(engine: Engine, topics: list[KafkaStruct] | None) -> list[tuple[str, list[int]]]:
     if topics is None:
         return [(t.name, list(range(t.partitions))) for t in engine.topics()]
     out = []
@@ -47,7 +49,7 @@ def _volume(path: str) -> tuple[int, int] | None:
     return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
 
 
-def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
+def _describe(ctx: BrokerContext, topics: list[KafkaStruct] | None) -> list[dict[str, object]]:
     engine = ctx.engine
     sizes: dict[str, list[tuple[int, TierBytes]]] = {}
     for name, partitions in _wanted(engine, topics):
@@ -60,7 +62,7 @@ def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
     volume = _volume(engine.data_dir)
     hot_error = NONE if volume is not None else KAFKA_STORAGE_ERROR
     total, usable = volume if volume is not None else (-1, -1)
-    dirs = [
+    dirs: list[dict[str, object]] = [
         {
             "error_code": hot_error,
             "log_dir": engine.data_dir,
@@ -101,11 +103,11 @@ def _describe(ctx: Any, topics: Any) -> list[dict[str, Any]]:
     return dirs
 
 
-async def describe_log_dirs(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_log_dirs(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):  # Kafka: v3+ say so, older answer nothing
         return {"throttle_time_ms": 0, "error_code": CLUSTER_AUTHORIZATION_FAILED, "results": []}
     results = await ctx.off_loop(_describe, ctx, req.body.topics)
     return {"throttle_time_ms": 0, "error_code": NONE, "results": results}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs}
+HANDLERS: dict[int, Handler] = {ApiKey.DESCRIBE_LOG_DIRS: describe_log_dirs}

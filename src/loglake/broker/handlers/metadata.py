@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import Any
+from typing import TypedDict
 
-from loglake.broker.context import advertised_endpoint
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     INVALID_TOPIC_EXCEPTION,
     LEADER_NOT_AVAILABLE,
@@ -40,7 +41,16 @@ from loglake.errors import InvalidTopicError, LoglakeError, TopicExistsError, Un
 log = logging.getLogger(__name__)
 
 
-def _partition_entry(ctx: Any, name: str, topic_id: bytes, p: int) -> dict[str, Any]:
+class BrokerEntry(TypedDict):
+    """One broker as Metadata lists it (DescribeCluster renames node_id)."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+def _partition_entry(ctx: BrokerContext, name: str, topic_id: bytes, p: int) -> dict[str, object]:
     leader = ctx.view.leader_of(topic_id, p)
     nodes = [leader] if leader >= 0 else []
     return {
@@ -54,7 +64,7 @@ def _partition_entry(ctx: Any, name: str, topic_id: bytes, p: int) -> dict[str, 
     }
 
 
-def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) -> dict[str, Any]:
+def _topic_entry(ctx: BrokerContext, conn: Conn, name: str, with_operations: bool = False) -> dict[str, object]:
     info = ctx.engine.topic(name)
     topic_id = bytes.fromhex(info.topic_id)
     return {
@@ -68,7 +78,7 @@ def _topic_entry(ctx: Any, conn: Any, name: str, with_operations: bool = False) 
     }
 
 
-def _entry_if_exists(ctx: Any, conn: Any, name: str, with_operations: bool) -> dict[str, Any] | None:
+def _entry_if_exists(ctx: BrokerContext, conn: Conn, name: str, with_operations: bool) -> dict[str, object] | None:
     """The topic's entry, or None when it is gone since it was listed."""
     try:
         return _topic_entry(ctx, conn, name, with_operations)
@@ -76,7 +86,7 @@ def _entry_if_exists(ctx: Any, conn: Any, name: str, with_operations: bool) -> d
         return None
 
 
-async def ensure_topic(ctx: Any, name: str) -> int:
+async def ensure_topic(ctx: BrokerContext, name: str) -> int:
     """Create `name` with the default partition count if auto-creation is on; an error code."""
     if ctx.engine.has_topic(name):
         return NONE
@@ -94,16 +104,16 @@ async def ensure_topic(ctx: Any, name: str) -> int:
     return NONE
 
 
-def _id_to_name(ctx: Any) -> dict[uuid.UUID, str]:
+def _id_to_name(ctx: BrokerContext) -> dict[uuid.UUID, str]:
     return {uuid.UUID(hex=t.topic_id): t.name for t in ctx.engine.topics()}
 
 
-def brokers_of(ctx: Any, conn: Any) -> list[dict[str, Any]]:
-    """Every live broker, at its listener of the request's protocol (this one: the listener the
-    request came in on)."""
-    host, port = advertised_endpoint(ctx, conn)
+def brokers_of(ctx: BrokerContext, conn: Conn) -> list[BrokerEntry]:
+    """Every live broker, at its listener of the request's protocol (this one: the endpoint the
+    listener the request came in on advertises, as Kafka answers)."""
+    host, port = conn.security.advertised
     protocol = conn.security.listener.protocol
-    out = []
+    out: list[BrokerEntry] = []
     for info in ctx.view.brokers():
         where = (host, port) if info.node_id == ctx.node_id else endpoint_of(info, protocol)
         if where is not None:
@@ -113,13 +123,13 @@ def brokers_of(ctx: Any, conn: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     version = req.api_version
     allow_create = bool(getattr(body, "allow_auto_topic_creation", True))
     topic_ops = version >= 8 and bool(getattr(body, "include_topic_authorized_operations", False))
     cluster_ops = 8 <= version <= 10 and bool(getattr(body, "include_cluster_authorized_operations", False))
-    topics: list[dict[str, Any]] = []
+    topics: list[dict[str, object]] = []
     if body.topics is None or (version == 0 and not body.topics):
         # Every topic: only those the principal may describe, silently (as Kafka lists them).
         names = [t.name for t in ctx.engine.topics()]

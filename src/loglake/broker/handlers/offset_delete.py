@@ -8,22 +8,21 @@ is the top-level error code with no topics.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
-    coordinator_error,
+    coordinator_for,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.security.authorized import GROUP, TOPIC, AclOperation, check, denied
 from loglake.errors import UnknownTopicError
 
 
-def _exists(ctx: Any, topic: str, partition: int) -> bool:
+def _exists(ctx: BrokerContext, topic: str, partition: int) -> bool:
     try:
         ctx.engine.leader_epoch(topic, partition)
     except UnknownTopicError:
@@ -31,12 +30,13 @@ def _exists(ctx: Any, topic: str, partition: int) -> bool:
     return True
 
 
-async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def offset_delete(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     if not check(ctx, conn, AclOperation.DELETE, GROUP, body.group_id):
         return {"error_code": GROUP_AUTHORIZATION_FAILED, "throttle_time_ms": 0, "topics": []}
-    if unavailable := coordinator_error(ctx, body.group_id):
-        return {"error_code": unavailable, "throttle_time_ms": 0, "topics": []}
+    coordinator = coordinator_for(ctx, body.group_id)
+    if isinstance(coordinator, int):
+        return {"error_code": coordinator, "throttle_time_ms": 0, "topics": []}
     codes: dict[tuple[str, int], int] = {}
     wanted: list[tuple[str, int]] = []
     refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in body.topics))
@@ -49,7 +49,7 @@ async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, A
                 wanted.append(tp)
             else:
                 codes[tp] = UNKNOWN_TOPIC_OR_PARTITION
-    group_error, results = await ctx.coordinator.delete_offsets(body.group_id, wanted)
+    group_error, results = await coordinator.delete_offsets(body.group_id, wanted)
     if group_error != NONE:
         return {"error_code": group_error, "throttle_time_ms": 0, "topics": []}
     for topic, partition, code in results:
@@ -64,4 +64,4 @@ async def offset_delete(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, A
     }
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.OFFSET_DELETE: offset_delete}
+HANDLERS: dict[int, Handler] = {ApiKey.OFFSET_DELETE: offset_delete}

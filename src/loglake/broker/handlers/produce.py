@@ -22,11 +22,11 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import Future
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     INVALID_REQUIRED_ACKS,
-    INVALID_TXN_STATE,
     NONE,
     REQUEST_TIMED_OUT,
     TOPIC_AUTHORIZATION_FAILED,
@@ -36,26 +36,24 @@ from loglake.broker.handlers.errors import (
 )
 from loglake.broker.overload import produce_throttle_ms
 from loglake.broker.protocol import DecodedRequest
-from loglake.broker.protocol.produce import RECORD_ERRORS_FROM
+from loglake.broker.protocol.produce import RECORD_ERRORS_FROM, ProduceRequestData
 from loglake.broker.security.authorized import TOPIC, TRANSACTIONAL_ID, AclOperation, check, denied
 from loglake.engine.types import AppendResult
 from loglake.errors import InvalidRecordError, LoglakeError
 from loglake.records.batch import peek_txn_producer
 
 
-def _txn_check(ctx: Any, name: str, index: int, records: bytes) -> int:
+def _txn_check(ctx: BrokerContext, name: str, index: int, records: memoryview) -> int:
     """NONE, or why a transactional batch may not be appended (KIP-890 part 1)."""
     producer = peek_txn_producer(records)
     if producer is None:
         return NONE
     pid, epoch = producer
-    if ctx.txn is None:
-        return INVALID_TXN_STATE
-    return int(ctx.txn.check_produce(pid, epoch, name, index))
+    return ctx.txn.check_produce(pid, epoch, name, index)
 
 
 #: (topic, partition, append future or None, error code, error message, record errors)
-Pending = tuple[str, int, Future[AppendResult] | None, int, str | None, tuple[tuple[int, str], ...]]
+Pending = tuple[str | None, int, Future[AppendResult] | None, int, str | None, tuple[tuple[int, str], ...]]
 
 
 def _error_fields(exc: BaseException) -> tuple[int, str, tuple[tuple[int, str], ...]]:
@@ -71,7 +69,7 @@ def _partition_response(
     result: AppendResult | None,
     message: str | None = None,
     record_errors: tuple[tuple[int, str], ...] = (),
-) -> dict[str, Any]:
+) -> dict[str, object]:
     if version < RECORD_ERRORS_FROM:
         record_errors = ()  # no such field before v8 (nor error_message, which the encoder leaves out)
     return {
@@ -85,8 +83,8 @@ def _partition_response(
     }
 
 
-async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    body = req.body
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object] | None:
+    body: ProduceRequestData = req.body
     engine = ctx.engine
     pending: list[Pending] = []
     refuse = NONE
@@ -95,11 +93,11 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     pool = engine.memory_pool
     waited_s = 0.0
     forbidden: set[str] = set()
-    tid = getattr(body, "transactional_id", None)
+    tid = body.transactional_id
     if refuse == NONE and tid is not None and not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, tid):
         refuse = TRANSACTIONAL_ID_AUTHORIZATION_FAILED  # Kafka refuses the whole request
     elif refuse == NONE:
-        forbidden = denied(ctx, conn, AclOperation.WRITE, TOPIC, (t.name for t in body.topic_data))
+        forbidden = denied(ctx, conn, AclOperation.WRITE, TOPIC, (t.name for t in body.topic_data if t.name is not None))
     async with conn.append_lock:
         for topic in body.topic_data:
             name = topic.name
@@ -107,8 +105,9 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
                 if refuse != NONE or name in forbidden:
                     pending.append((name, part.index, None, refuse or TOPIC_AUTHORIZATION_FAILED, None, ()))
                     continue
-                if part.records is None or not engine.has_topic(name):
-                    code = UNKNOWN_TOPIC_OR_PARTITION if not engine.has_topic(name) else NONE
+                if name is None or part.records is None or not engine.has_topic(name):
+                    # a null topic name (the wire allows none before v13, which is not served) names no topic
+                    code = UNKNOWN_TOPIC_OR_PARTITION if name is None or not engine.has_topic(name) else NONE
                     pending.append((name, part.index, None, code, None, ()))
                     continue
                 refused = _txn_check(ctx, name, part.index, part.records)
@@ -134,9 +133,7 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         ctx.metrics.produce_throttle_ms += throttle_ms
     # The producer byte-rate quota counts the request as it came (acks=0 too: the connection is
     # muted without an answer); the response carries the larger of the two throttles.
-    quotas = getattr(ctx, "quotas", None)
-    if quotas is not None:
-        throttle_ms = max(throttle_ms, quotas.produce(conn, req))
+    throttle_ms = max(throttle_ms, ctx.quotas.produce(conn, req))
     if body.acks == 0:
         return None
     waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]
@@ -146,16 +143,16 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
         wait.add_done_callback(_retrieve)
     if waits:
         await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
-    responses: dict[str, list[dict[str, Any]]] = {}
-    for name, index, fut, code, message, record_errors in pending:
+    responses: dict[str | None, list[dict[str, object]]] = {}
+    for name, index, appended, code, message, record_errors in pending:
         result = None
-        if fut is not None:
-            if not fut.done():
+        if appended is not None:
+            if not appended.done():
                 code, message = REQUEST_TIMED_OUT, "not durable within timeout_ms"
-            elif (failure := fut.exception()) is not None:
+            elif (failure := appended.exception()) is not None:
                 code, message, record_errors = _error_fields(failure)
             else:
-                result = fut.result()
+                result = appended.result()
         responses.setdefault(name, []).append(_partition_response(req.api_version, index, code, result, message, record_errors))
     return {
         "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
@@ -163,6 +160,6 @@ async def handle(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     }
 
 
-def _retrieve(wait: asyncio.Future[Any]) -> None:
+def _retrieve(wait: asyncio.Future[AppendResult]) -> None:
     if not wait.cancelled():
         wait.exception()

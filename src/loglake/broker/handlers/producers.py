@@ -8,9 +8,8 @@ UNKNOWN_TOPIC_OR_PARTITION with a message.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
@@ -18,11 +17,13 @@ from loglake.broker.handlers.errors import (
     error_code,
 )
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import TOPIC, AclOperation, denied
+from loglake.engine import Engine
 from loglake.errors import LoglakeError, UnknownTopicError
 
 
-def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[str, Any]:
+def _partition(engine: Engine, topic: str, index: int, refused: set[str]) -> dict[str, object]:
     if topic in refused:
         return {"partition_index": index, "error_code": TOPIC_AUTHORIZATION_FAILED, "error_message": "Authorization failed."}
     try:
@@ -49,16 +50,16 @@ def _partition(engine: Any, topic: str, index: int, refused: set[str]) -> dict[s
     }
 
 
-def _describe(engine: Any, topics: Any, refused: set[str]) -> list[dict[str, Any]]:
+def _describe(engine: Engine, topics: list[KafkaStruct], refused: set[str]) -> list[dict[str, object]]:
     return [
         {"name": t.name, "partitions": [_partition(engine, t.name, p, refused) for p in t.partition_indexes]}
         for t in topics
     ]
 
 
-async def describe_producers(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_producers(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in req.body.topics))
     return {"throttle_time_ms": 0, "topics": await ctx.off_loop(_describe, ctx.engine, req.body.topics, refused)}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {ApiKey.DESCRIBE_PRODUCERS: describe_producers}
+HANDLERS: dict[int, Handler] = {ApiKey.DESCRIBE_PRODUCERS: describe_producers}

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.security.sasl import TOKEN_STATES, SaslError, SaslSession, SaslState
 from loglake.kafka_errors import ErrorCode
 
 
-def _mechanisms(ctx: Any) -> list[str]:
-    return list(ctx.sasl.mechanisms) if ctx.sasl is not None else []
-
-
-async def sasl_handshake(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
-    session = getattr(conn, "sasl", None)
-    enabled = _mechanisms(ctx)
+async def sasl_handshake(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    session = conn.sasl
+    enabled = list(ctx.sasl.mechanisms)
     if session is None:  # a listener without SASL: nothing to hand shake about (Kafka's answer)
         return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": enabled}
-    limited, where = conn.server.limited, conn.security.listener.name
+    limited, where = conn.limited, conn.security.listener.name
     if req.api_version == 0:
         limited.warning(
             ("sasl_v0", conn.peer_host),
@@ -57,8 +52,8 @@ async def sasl_handshake(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, 
     return {"error_code": ErrorCode.NONE, "mechanisms": enabled}
 
 
-async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
-    session = getattr(conn, "sasl", None)
+async def sasl_authenticate(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    session = conn.sasl
     if session is None:
         return {
             "error_code": ErrorCode.ILLEGAL_SASL_STATE,
@@ -70,9 +65,9 @@ async def sasl_authenticate(ctx: Any, conn: Any, req: DecodedRequest) -> dict[st
         return await _authenticate(ctx, conn, req, session)
 
 
-async def _authenticate(ctx: Any, conn: Any, req: DecodedRequest, session: SaslSession) -> dict[str, Any]:
+async def _authenticate(ctx: BrokerContext, conn: Conn, req: DecodedRequest, session: SaslSession) -> dict[str, object]:
     if session.state not in TOKEN_STATES:
-        conn.server.limited.warning(
+        conn.limited.warning(
             ("sasl_state", conn.peer_host),
             "closing %s: SaslAuthenticate in SASL state %s on the %s listener",
             conn.peer,
@@ -107,7 +102,7 @@ async def _authenticate(ctx: Any, conn: Any, req: DecodedRequest, session: SaslS
     }
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.SASL_HANDSHAKE: sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: sasl_authenticate,
 }

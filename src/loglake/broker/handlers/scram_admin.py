@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
 from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import error_code
 from loglake.broker.protocol import ApiKey, DecodedRequest
+from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
@@ -37,14 +39,20 @@ log = logging.getLogger(__name__)
 _BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
 
 
-def _infos(mechs: dict[str, dict[str, Any]]) -> list[dict[str, int]]:
+# A stored credential: the record body, as the metadata layer (loglake.meta.scram) types it.
+CredentialBody = dict[str, Any]
+#: user -> mechanism -> its credential.
+Credentials = dict[str, dict[str, CredentialBody]]
+
+
+def _infos(mechs: dict[str, CredentialBody]) -> list[dict[str, int]]:
     return [
         {"mechanism": MECHANISM_TYPES[m], "iterations": int(c["iterations"])}
         for m, c in sorted(mechs.items())
     ]
 
 
-async def describe_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def describe_user_scram_credentials(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     if not cluster_allowed(ctx, conn, AclOperation.DESCRIBE):
         return {
             "throttle_time_ms": 0,
@@ -52,9 +60,9 @@ async def describe_user_scram_credentials(ctx: Any, conn: Any, req: DecodedReque
             "error_message": "Cluster authorization failed.",
             "results": [],
         }
-    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.scram_store.credentials)
+    table: Credentials = await ctx.off_loop(ctx.scram_store.credentials)
     users = req.body.users
-    results = []
+    results: list[dict[str, object]] = []
     if not users:
         results = [
             {"user": u, "error_code": ErrorCode.NONE, "error_message": None, "credential_infos": _infos(m)}
@@ -93,7 +101,7 @@ async def describe_user_scram_credentials(ctx: Any, conn: Any, req: DecodedReque
     return {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "error_message": None, "results": results}
 
 
-def _check_upsertion(u: Any, mechanism: str) -> tuple[int, str] | None:
+def _check_upsertion(u: KafkaStruct, mechanism: str) -> tuple[int, str] | None:
     if not u.iterations >= ITERATIONS_MIN:
         return (
             ErrorCode.UNACCEPTABLE_CREDENTIAL,
@@ -111,9 +119,10 @@ def _check_upsertion(u: Any, mechanism: str) -> tuple[int, str] | None:
     return None
 
 
-async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest) -> dict[str, Any]:
+async def alter_user_scram_credentials(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
-    changes: list[tuple[str, int, Any]] = [(str(d.name), int(d.mechanism), None) for d in body.deletions]
+    #: (user, mechanism type, the upsertion or None for a deletion)
+    changes: list[tuple[str, int, KafkaStruct | None]] = [(str(d.name), int(d.mechanism), None) for d in body.deletions]
     changes += [(str(u.name), int(u.mechanism), u) for u in body.upsertions]
     users = list(dict.fromkeys(name for name, _m, _u in changes))
     if not cluster_allowed(ctx, conn, AclOperation.ALTER):
@@ -128,7 +137,7 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
                 for u in users
             ],
         }
-    table: dict[str, dict[str, dict[str, Any]]] = await ctx.off_loop(ctx.scram_store.credentials)
+    table: Credentials = await ctx.off_loop(ctx.scram_store.credentials)
     errors: dict[str, tuple[int, str]] = {}
     pairs = [(name, m) for name, m, _u in changes]
     for name, code, upsertion in changes:
@@ -154,7 +163,7 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
             )
         elif upsertion is not None and (problem := _check_upsertion(upsertion, mechanism)) is not None:
             errors[name] = problem
-    results = []
+    results: list[dict[str, object]] = []
     for user in users:
         if user in errors:
             code, message = errors[user]
@@ -189,7 +198,7 @@ async def alter_user_scram_credentials(ctx: Any, conn: Any, req: DecodedRequest)
     return {"throttle_time_ms": 0, "results": results}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: describe_user_scram_credentials,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: alter_user_scram_credentials,
 }

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.protocol import ApiKey, DecodedRequest
 from loglake.broker.security.authorized import (
     GROUP,
@@ -45,14 +45,14 @@ def _failed(what: str, exc: BaseException) -> int:
     return E.COORDINATOR_NOT_AVAILABLE
 
 
-def _topic_results(codes: dict[tuple[str, int], int]) -> list[dict[str, Any]]:
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+def _topic_results(codes: dict[tuple[str, int], int]) -> list[dict[str, object]]:
+    by_topic: dict[str, list[dict[str, object]]] = {}
     for (name, index), code in codes.items():
         by_topic.setdefault(name, []).append({"partition_index": index, "partition_error_code": code})
     return [{"name": n, "results_by_partition": parts} for n, parts in by_topic.items()]
 
 
-async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def add_partitions_to_txn(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
     coord = ctx.txn
     if req.api_version <= 3:
@@ -75,7 +75,7 @@ async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any
         return {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _topic_results(codes)}
     if not cluster_allowed(ctx, conn, AclOperation.CLUSTER_ACTION):  # v4+ is the brokers' batched form
         return {"throttle_time_ms": 0, "error_code": E.CLUSTER_AUTHORIZATION_FAILED, "results_by_transaction": []}
-    results = []
+    results: list[dict[str, object]] = []
     for t in body.transactions:
         parts = [(tp.name, p) for tp in t.topics for p in tp.partitions]
         try:
@@ -88,7 +88,7 @@ async def add_partitions_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any
     return {"throttle_time_ms": 0, "error_code": E.NONE, "results_by_transaction": results}
 
 
-async def add_offsets_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def add_offsets_to_txn(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     b = req.body
     if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
         return {"throttle_time_ms": 0, "error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -101,7 +101,7 @@ async def add_offsets_to_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "error_code": code}
 
 
-async def end_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def end_txn(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     b = req.body
     if not check(ctx, conn, AclOperation.WRITE, TRANSACTIONAL_ID, b.transactional_id):
         return {"throttle_time_ms": 0, "error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -112,7 +112,7 @@ async def end_txn(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "error_code": code}
 
 
-async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def txn_offset_commit(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     b = req.body
     offsets = [
         (t.name, p.partition_index, p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata)
@@ -135,13 +135,13 @@ async def txn_offset_commit(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
             codes.update(await ctx.txn.txn_offset_commit(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, offsets))
         except LoglakeError as exc:
             codes.update(dict.fromkeys(((t, p) for t, p, *_ in offsets), _failed("TxnOffsetCommit", exc)))
-    by_topic: dict[str, list[dict[str, Any]]] = {}
+    by_topic: dict[str, list[dict[str, object]]] = {}
     for (name, index), code in codes.items():
         by_topic.setdefault(name, []).append({"partition_index": index, "error_code": code})
     return {"throttle_time_ms": 0, "topics": [{"name": n, "partitions": parts} for n, parts in by_topic.items()]}
 
 
-def _topics_of(ctx: Any, conn: Any, txn: Txn) -> list[dict[str, Any]]:
+def _topics_of(ctx: BrokerContext, conn: Conn, txn: Txn) -> list[dict[str, object]]:
     """The transaction's partitions, of the topics the principal may describe (as Kafka lists them)."""
     by_topic: dict[str, list[int]] = {}
     for name, index in txn.parts:
@@ -151,8 +151,8 @@ def _topics_of(ctx: Any, conn: Any, txn: Txn) -> list[dict[str, Any]]:
     return [{"topic": n, "partitions": sorted(ps)} for n, ps in by_topic.items()]
 
 
-async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
-    states = []
+async def describe_transactions(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    states: list[dict[str, object]] = []
     tids = list(req.body.transactional_ids)[:DESCRIBE_IDS_MAX]
     refused = denied(ctx, conn, AclOperation.DESCRIBE, TRANSACTIONAL_ID, tids)
     for tid in tids:
@@ -180,7 +180,7 @@ async def describe_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any
     return {"throttle_time_ms": 0, "transaction_states": states}
 
 
-async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
+async def list_transactions(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     b = req.body
     wanted = list(b.state_filters or [])
     unknown = [s for s in wanted if by_kafka_name(s) is None]
@@ -213,7 +213,7 @@ async def list_transactions(ctx: Any, conn: Any, req: DecodedRequest) -> Any:
     return {"throttle_time_ms": 0, "error_code": E.NONE, "unknown_state_filters": unknown, "transaction_states": out}
 
 
-HANDLERS: dict[int, Callable[[Any, Any, DecodedRequest], Awaitable[Any]]] = {
+HANDLERS: dict[int, Handler] = {
     ApiKey.ADD_PARTITIONS_TO_TXN: add_partitions_to_txn,
     ApiKey.ADD_OFFSETS_TO_TXN: add_offsets_to_txn,
     ApiKey.END_TXN: end_txn,

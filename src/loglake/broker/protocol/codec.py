@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kafka.protocol.schemas.fields import ArrayField, SimpleField, StructArrayField, StructField
 from kafka.protocol.schemas.fields.codecs import Bytes, EncodeBuffer, String
@@ -35,10 +34,15 @@ from loglake.broker.protocol.errors import (
     UnsupportedVersionError,
 )
 from loglake.broker.protocol.fetch import FetchResponseData, OutBuffer, encode_fetch_response
+from loglake.broker.protocol.kafka_types import KafkaField, KafkaStruct
 from loglake.broker.protocol.messages import make_response, request_class, response_class
-from loglake.broker.protocol.produce import decode_produce_body
+from loglake.broker.protocol.produce import ProduceRequestData, decode_produce_body
 from loglake.broker.protocol.versions import DEFAULT_TABLE, VersionTable
 from loglake.kafka_errors import ErrorCode
+
+#: A response as a handler gives it to `encode_response`: a mapping of its fields (the usual
+#: form), a kafka-python response object, or Fetch's FetchResponseData.
+Response = Mapping[str, object] | FetchResponseData | KafkaStruct
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ class DecodedRequest:
     #: Request header version: 1, or 2 for flexible versions (tagged fields in the header).
     header_version: int
     #: Produce: ProduceRequestData; others: the kafka-python request object.
-    body: Any
+    body: KafkaStruct
     #: Bytes of the request frame (after the length prefix): what a produce byte-rate quota counts.
     size: int = 0
 
@@ -100,10 +104,12 @@ class _TagReader:
 
 
 _COPYING_LINE = "_BytesIO(bytes(data[pos:]))"
-_decoders: dict[tuple[int, int], Any] = {}
+#: A generated decoder: (frame, position of the body) -> (the request object, position after it).
+_Decode = Callable[[memoryview, int], tuple[KafkaStruct, int]]
+_decoders: dict[tuple[int, int], _Decode] = {}
 
 
-def _compile_decoder(api_key: int, version: int) -> Any:
+def _compile_decoder(api_key: int, version: int) -> _Decode:
     """kafka-python's generated decoder for this request, with the tagged-field copy removed."""
     cls = request_class(api_key)
     flexible = bool(cls.flexible_version_q(version))
@@ -122,10 +128,11 @@ def _compile_decoder(api_key: int, version: int) -> Any:
         raise RuntimeError("unexpected kafka-python generated decoder; update codec._compile_decoder")
     ctx.globs["_TagReader"] = _TagReader
     exec(compile(source, f"<loglake:{cls.name}_v{version}>", "exec"), ctx.globs)
-    return ctx.globs["_decode"]
+    decode: _Decode = ctx.globs["_decode"]
+    return decode
 
 
-def _decoder(api_key: int, version: int) -> Any:
+def _decoder(api_key: int, version: int) -> _Decode:
     key = (api_key, version)
     fn = _decoders.get(key)
     if fn is None:
@@ -133,11 +140,13 @@ def _decoder(api_key: int, version: int) -> Any:
     return fn
 
 
-_NullCheck = tuple[tuple[str, Any, bool], ...]
+#: (field name, what to check inside it, whether it may be null): inside a struct its own checks;
+#: `_ELEMENTS` for an array of strings or bytes (no element may be null); () for nothing.
+_NullCheck = tuple[tuple[str, "_NullCheck | str", bool], ...]
 _ELEMENTS = "elements"
 
 
-def _can_be_null(f: Any) -> bool:
+def _can_be_null(f: KafkaField) -> bool:
     """Fields the generated decoder reads as None for a null length (strings, bytes, arrays, structs),
     or array elements it reads as None (strings, bytes)."""
     if isinstance(f, ArrayField | StructArrayField | StructField):
@@ -145,13 +154,13 @@ def _can_be_null(f: Any) -> bool:
     return isinstance(f, SimpleField) and (isinstance(f._type, String) or f._type is Bytes)
 
 
-def _null_checks(struct: Any, version: int) -> _NullCheck:
+def _null_checks(struct: KafkaField, version: int) -> _NullCheck:
     """(field, checks of its struct elements, may be null) for the fields a version carries."""
-    out = []
+    out: list[tuple[str, _NullCheck | str, bool]] = []
     for f in struct.fields.values():
         if not f.for_version_q(version) or (f.tag is not None and f.tagged_field_q(version)):
             continue
-        inner: Any = _null_checks(f, version) if isinstance(f, StructArrayField | StructField) else ()
+        inner: _NullCheck | str = _null_checks(f, version) if isinstance(f, StructArrayField | StructField) else ()
         if isinstance(f, ArrayField) and not isinstance(f, StructArrayField) and _can_be_null(f.array_of):
             inner = _ELEMENTS  # an array of strings or bytes: no element may be null
         nullable = bool(f.nullable_for_version_q(version))
@@ -163,7 +172,7 @@ def _null_checks(struct: Any, version: int) -> _NullCheck:
 _null_check_cache: dict[tuple[int, int], _NullCheck] = {}
 
 
-def _null_field(obj: Any, checks: _NullCheck) -> str | None:
+def _null_field(obj: KafkaStruct, checks: _NullCheck) -> str | None:
     """The first non-nullable field of `obj` (recursively) that decoded as null, if any."""
     for name, inner, nullable in checks:
         value = getattr(obj, name, None)
@@ -174,7 +183,7 @@ def _null_field(obj: Any, checks: _NullCheck) -> str | None:
         if inner is _ELEMENTS:
             if None in value:
                 return f"{name}[{value.index(None)}]"
-        elif inner:
+        elif isinstance(inner, tuple) and inner:
             for item in value if isinstance(value, list) else (value,):
                 bad = _null_field(item, inner)
                 if bad is not None:
@@ -182,7 +191,7 @@ def _null_field(obj: Any, checks: _NullCheck) -> str | None:
     return None
 
 
-def _check_nulls(api_key: int, version: int, body: Any) -> None:
+def _check_nulls(api_key: int, version: int, body: KafkaStruct) -> None:
     """Kafka refuses a request with null in a non-nullable field; kafka-python's decoder lets it
     through (a compact length of 0), so handlers would meet None where the schema promises a list."""
     key = (api_key, version)
@@ -195,10 +204,12 @@ def _check_nulls(api_key: int, version: int, body: Any) -> None:
 
 
 _TAGS_CALL = re.compile(r"(_tf\d+)\.encode_into\([^,]+, out, version=\d+\)")
-_encoders: dict[tuple[int, int], Any] = {}
+#: A generated encoder: writes the response object's body into the buffer.
+_Encode = Callable[[KafkaStruct, EncodeBuffer], None]
+_encoders: dict[tuple[int, int], _Encode] = {}
 
 
-def _compile_encoder(api_key: int, version: int) -> Any:
+def _compile_encoder(api_key: int, version: int) -> _Encode:
     """kafka-python's generated encoder for this response, with empty tagged sections inlined.
 
     The generated code calls ``TaggedFields.encode_into`` for every struct of a flexible version,
@@ -216,10 +227,11 @@ def _compile_encoder(api_key: int, version: int) -> Any:
 
     source = _TAGS_CALL.sub(inline_empty, ctx.source())
     exec(compile(source, f"<loglake:{cls.name}_v{version}>", "exec"), ctx.globs)
-    return ctx.globs["_encode"]
+    encode: _Encode = ctx.globs["_encode"]
+    return encode
 
 
-def _encoder(api_key: int, version: int) -> Any:
+def _encoder(api_key: int, version: int) -> _Encode:
     key = (api_key, version)
     fn = _encoders.get(key)
     if fn is None:
@@ -265,7 +277,7 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
         if flexible:
             pos = skip_tagged_fields(data, pos)
         if api_key == ApiKey.PRODUCE:
-            body: Any = decode_produce_body(data, pos, api_version)
+            body: ProduceRequestData | KafkaStruct = decode_produce_body(data, pos, api_version)
         else:
             body, pos = _decoder(api_key, api_version)(data, pos)
             # The generated code skips __init__; ApiMessage's own slots must exist for encode().
@@ -286,7 +298,7 @@ def decode_request(frame: bytes | bytearray | memoryview, table: VersionTable = 
 # --- responses ------------------------------------------------------------------------------
 
 
-def encode_response(req: DecodedRequest, response: Any) -> list[OutBuffer]:
+def encode_response(req: DecodedRequest, response: Response) -> list[OutBuffer]:
     """The framed response to `req` as buffers to write in order.
 
     `response` is a kafka-python response object for ``req.api_key`` (its version is forced to
@@ -324,7 +336,7 @@ def encode_response(req: DecodedRequest, response: Any) -> list[OutBuffer]:
     return [memoryview(buf)[: out.pos]]
 
 
-def api_versions_body(table: VersionTable, version: int, error_code: int = ErrorCode.NONE) -> Any:
+def api_versions_body(table: VersionTable, version: int, error_code: int = ErrorCode.NONE) -> KafkaStruct:
     """An ApiVersionsResponse object listing `table` (for the ApiVersions handler)."""
     return make_response(
         ApiKey.API_VERSIONS,

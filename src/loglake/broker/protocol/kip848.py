@@ -7,21 +7,20 @@ kafka-python makes its own (``class X(ApiMessage, load_json=package)``: the meta
 
 from __future__ import annotations
 
-from typing import Any
-
 from kafka.protocol.api_message import ApiMessage
 
 from loglake.broker.protocol import schemas
+from loglake.broker.protocol.kafka_types import KafkaClass
 
 
-def _message(name: str) -> Any:
+def _message(name: str) -> KafkaClass:
     return type(ApiMessage)(name, (ApiMessage,), {"__module__": __name__, "__qualname__": name}, load_json=schemas)
 
 
-ConsumerGroupHeartbeatRequest: Any = _message("ConsumerGroupHeartbeatRequest")
-ConsumerGroupHeartbeatResponse: Any = _message("ConsumerGroupHeartbeatResponse")
-ConsumerGroupDescribeRequest: Any = _message("ConsumerGroupDescribeRequest")
-ConsumerGroupDescribeResponse: Any = _message("ConsumerGroupDescribeResponse")
+ConsumerGroupHeartbeatRequest: KafkaClass = _message("ConsumerGroupHeartbeatRequest")
+ConsumerGroupHeartbeatResponse: KafkaClass = _message("ConsumerGroupHeartbeatResponse")
+ConsumerGroupDescribeRequest: KafkaClass = _message("ConsumerGroupDescribeRequest")
+ConsumerGroupDescribeResponse: KafkaClass = _message("ConsumerGroupDescribeResponse")
 
 __all__ = [
     "ConsumerGroupDescribeRequest",

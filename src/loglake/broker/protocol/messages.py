@@ -12,8 +12,7 @@ become the nested struct classes), which is what handlers should use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from kafka.protocol.admin import (
     AlterClientQuotasRequest,
@@ -113,6 +112,7 @@ from kafka.protocol.sasl import (
 )
 
 from loglake.broker.protocol.errors import ResponseEncodingError
+from loglake.broker.protocol.kafka_types import KafkaClass, KafkaField, KafkaStruct
 from loglake.broker.protocol.kip848 import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupDescribeResponse,
@@ -121,7 +121,7 @@ from loglake.broker.protocol.kip848 import (
 )
 
 #: api_key -> (request class, response class); the primary (unversioned) kafka-python classes.
-MESSAGES: dict[int, tuple[Any, Any]] = {
+MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
     req.API_KEY: (req, resp)
     for req, resp in (
         (ProduceRequest, ProduceResponse),
@@ -173,12 +173,12 @@ MESSAGES: dict[int, tuple[Any, Any]] = {
 }
 
 
-def request_class(api_key: int) -> Any:
+def request_class(api_key: int) -> KafkaClass:
     """The primary kafka-python request class of this api key (KeyError if not served)."""
     return MESSAGES[api_key][0]
 
 
-def response_class(api_key: int, version: int | None = None) -> Any:
+def response_class(api_key: int, version: int | None = None) -> KafkaClass:
     """The kafka-python response class; with `version`, the version-bound class ``Cls[version]``."""
     cls = MESSAGES[api_key][1]
     return cls if version is None else cls[version]
@@ -194,15 +194,15 @@ def is_flexible(api_key: int, version: int) -> bool:
     return bool(request_class(api_key).flexible_version_q(version))
 
 
-def _convert(struct: Any, version: int, values: Mapping[str, Any], path: str) -> dict[str, Any]:
+def _convert(struct: KafkaField, version: int, values: Mapping[str, object], path: str) -> dict[str, object]:
     """Field values with nested dicts turned into the struct's kafka-python classes."""
     fields = struct.fields  # snake_case name -> field
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for name, value in values.items():
         field = fields.get(name)
         if field is None:
             raise ResponseEncodingError(f"{path}: unknown field {name!r} (fields: {', '.join(fields)})")
-        if value is not None and field.is_struct_array():
+        if isinstance(value, Iterable) and field.is_struct_array():
             value = [
                 _nested(field, version, v, f"{path}.{name}[{i}]") if isinstance(v, Mapping) else v
                 for i, v in enumerate(value)
@@ -213,7 +213,7 @@ def _convert(struct: Any, version: int, values: Mapping[str, Any], path: str) ->
     return out
 
 
-def _nested(field: Any, version: int, values: Mapping[str, Any], path: str) -> Any:
+def _nested(field: KafkaField, version: int, values: Mapping[str, object], path: str) -> KafkaStruct:
     # Binding the version makes the constructor store every default in its slot; unbound objects
     # resolve defaults through a slow __getattr__ on every encode (about 10x slower encoding).
     try:
@@ -222,7 +222,7 @@ def _nested(field: Any, version: int, values: Mapping[str, Any], path: str) -> A
         raise ResponseEncodingError(f"{path}: {e}") from e
 
 
-def make_response(api_key: int, version: int, fields: Mapping[str, Any] | None = None, **kw: Any) -> Any:
+def make_response(api_key: int, version: int, fields: Mapping[str, object] | None = None, **kw: object) -> KafkaStruct:
     """A kafka-python response object bound to `version`, from plain values.
 
     Nested structs may be dicts or kafka-python struct objects; unknown field names raise

@@ -2,8 +2,7 @@
 
 Every handler asks through these functions (never the `Authorizer` directly), so that the
 principal and host come from the connection (`conn.security`), denials are written to the audit
-log in one place, and a context without an authorizer (unit tests that build a bare
-`BrokerContext`) allows everything. The per-API rules (which operation on which resource, which
+log in one place. The per-API rules (which operation on which resource, which
 error code) are in `loglake.broker.security.acl_rules`.
 
 Audit: every request refused in whole or in part writes one line on the logger
@@ -22,8 +21,9 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Iterable
-from typing import Any
 
+from loglake.broker.conn import Conn
+from loglake.broker.context import BrokerContext
 from loglake.broker.security.authorizer import CLUSTER_NAME, AclOperation, ResourceType, resource_type_name
 
 __all__ = [
@@ -72,28 +72,20 @@ TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = (int(t) for t in (ResourceType.TOPIC, 
                                                             ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID))
 
 
-def who(conn: Any) -> tuple[str, str]:
-    """(principal, host) of the connection; ``User:ANONYMOUS`` when it has no security context."""
-    security = getattr(conn, "security", None)
-    if security is None:
-        return "User:ANONYMOUS", ""
-    return str(security.principal), str(security.peer_host)
+def who(conn: Conn) -> tuple[str, str]:
+    """(principal, host) of the connection."""
+    return conn.security.principal, conn.security.peer_host
 
 
-def allowed(ctx: Any, conn: Any, operation: int, resource_type: int, name: str) -> bool:
+def allowed(ctx: BrokerContext, conn: Conn, operation: int, resource_type: int, name: str) -> bool:
     """Whether the connection's principal may perform `operation` on the resource (no audit line)."""
-    authz = getattr(ctx, "authorizer", None)
-    if authz is None:
-        return True
     principal, host = who(conn)
-    return bool(authz.authorize(principal, host, operation, resource_type, name))
+    return ctx.authorizer.authorize(principal, host, operation, resource_type, name)
 
 
-def denied(ctx: Any, conn: Any, operation: int, resource_type: int, names: Iterable[str]) -> set[str]:
+def denied(ctx: BrokerContext, conn: Conn, operation: int, resource_type: int, names: Iterable[str]) -> set[str]:
     """The names of `names` the principal may not `operation`; one audit line when any."""
-    authz = getattr(ctx, "authorizer", None)
-    if authz is None:
-        return set()
+    authz = ctx.authorizer
     principal, host = who(conn)
     refused: set[str] = set()
     decided: set[str] = set()
@@ -108,12 +100,12 @@ def denied(ctx: Any, conn: Any, operation: int, resource_type: int, names: Itera
     return refused
 
 
-def check(ctx: Any, conn: Any, operation: int, resource_type: int, name: str) -> bool:
+def check(ctx: BrokerContext, conn: Conn, operation: int, resource_type: int, name: str) -> bool:
     """`allowed`, with an audit line when not."""
     return not denied(ctx, conn, operation, resource_type, (name,))
 
 
-def cluster_allowed(ctx: Any, conn: Any, operation: AclOperation) -> bool:
+def cluster_allowed(ctx: BrokerContext, conn: Conn, operation: AclOperation) -> bool:
     """Whether the connection's principal may perform `operation` on the cluster resource.
 
     The one call every cluster-level API (ACL, SCRAM credential and quota administration) makes
@@ -123,12 +115,10 @@ def cluster_allowed(ctx: Any, conn: Any, operation: AclOperation) -> bool:
     return check(ctx, conn, int(operation), CLUSTER, CLUSTER_NAME)
 
 
-def idempotent_write_allowed(ctx: Any, conn: Any) -> bool:
+def idempotent_write_allowed(ctx: BrokerContext, conn: Conn) -> bool:
     """Kafka 3+ (KIP-679): an idempotent producer needs IDEMPOTENT_WRITE on the cluster or WRITE
     on some topic. Audited when refused."""
-    authz = getattr(ctx, "authorizer", None)
-    if authz is None:
-        return True
+    authz = ctx.authorizer
     principal, host = who(conn)
     if authz.authorize(principal, host, _OP.IDEMPOTENT_WRITE, CLUSTER, CLUSTER_NAME):
         return True
@@ -138,7 +128,7 @@ def idempotent_write_allowed(ctx: Any, conn: Any) -> bool:
     return False
 
 
-def audit(conn: Any, operation: int, resource_type: int, names: list[str]) -> None:
+def audit(conn: Conn, operation: int, resource_type: int, names: list[str]) -> None:
     principal, host = who(conn)
     shown = [n if len(n) <= AUDIT_NAME_CHARS_MAX else n[:AUDIT_NAME_CHARS_MAX] + "..." for n in names[:AUDIT_NAMES_MAX]]
     more = f" and {len(names) - AUDIT_NAMES_MAX} more" if len(names) > AUDIT_NAMES_MAX else ""
@@ -153,17 +143,17 @@ def audit(conn: Any, operation: int, resource_type: int, names: list[str]) -> No
     )
 
 
-def operations(ctx: Any, conn: Any, resource_type: int, name: str, valid: Iterable[int]) -> set[int]:
+def operations(ctx: BrokerContext, conn: Conn, resource_type: int, name: str, valid: Iterable[int]) -> set[int]:
     """The operations of `valid` the principal may perform on the resource (no audit lines)."""
     return {int(op) for op in valid if allowed(ctx, conn, int(op), resource_type, name)}
 
 
-def topic_operations(ctx: Any, conn: Any, topic: str) -> set[int]:
+def topic_operations(ctx: BrokerContext, conn: Conn, topic: str) -> set[int]:
     """The operations on `topic` the caller may perform (Metadata's topic_authorized_operations)."""
     return operations(ctx, conn, TOPIC, topic, TOPIC_OPERATIONS)
 
 
-def cluster_operations(ctx: Any, conn: Any) -> set[int]:
+def cluster_operations(ctx: BrokerContext, conn: Conn) -> set[int]:
     """The operations on the cluster the caller may perform (cluster_authorized_operations)."""
     return operations(ctx, conn, CLUSTER, CLUSTER_NAME, CLUSTER_OPERATIONS)
 
@@ -174,6 +164,6 @@ def operation_bits(ops: set[int]) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def group_operations(ctx: Any, conn: Any, group: str) -> set[int]:
+def group_operations(ctx: BrokerContext, conn: Conn, group: str) -> set[int]:
     """The operations on `group` the caller may perform (DescribeGroups' authorized_operations)."""
     return operations(ctx, conn, GROUP, group, GROUP_OPERATIONS)

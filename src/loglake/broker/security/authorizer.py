@@ -27,8 +27,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
 
+from loglake.broker.config import BrokerConfig
 from loglake.broker.security.acl_store import AclStore
 
 log = logging.getLogger("loglake.broker.authorizer")
@@ -353,7 +353,7 @@ def _wildcard_principal(principal: str) -> str:
     return f"{kind}:{WILDCARD}"
 
 
-def broker_authorizer(config: Any, acls: AclStore) -> Authorizer:
+def broker_authorizer(config: BrokerConfig, acls: AclStore) -> Authorizer:
     """The broker's authorizer: its settings and the bindings stored in the metadata."""
     authz = Authorizer(config.super_users, config.acl_default_allow(), (Binding.of(row) for row in acls.bindings()))
     log.info(

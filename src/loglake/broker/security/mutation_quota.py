@@ -25,9 +25,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
+from loglake.broker.conn import Conn
 from loglake.broker.protocol.api_keys import ApiKey
+from loglake.broker.protocol.codec import DecodedRequest
 from loglake.broker.security.quotas import (
     CONTROLLER_MUTATION_RATE,
     QUOTA_SENSORS_MAX,
@@ -71,7 +72,7 @@ class MutationQuotas:
         self.clock = clock
         self._buckets: OrderedDict[Tags, TokenBucket] = OrderedDict()
 
-    def gate(self, conn: Any, req: Any) -> MutationGate | None:
+    def gate(self, conn: Conn, req: DecodedRequest) -> MutationGate | None:
         """The quota one request's mutations are checked against; None when none applies."""
         if not self.quotas.enabled(CONTROLLER_MUTATION_RATE):
             return None
@@ -105,7 +106,7 @@ class MutationQuotas:
 class MutationGate:
     """One request's view of its bucket: `admit` each topic, then `finish` the response."""
 
-    def __init__(self, bucket: TokenBucket, strict: bool, conn: Any) -> None:
+    def __init__(self, bucket: TokenBucket, strict: bool, conn: Conn) -> None:
         self.bucket, self.strict, self.conn = bucket, strict, conn
 
     def admit(self, partitions: int, validate_only: bool = False) -> bool:
@@ -117,14 +118,10 @@ class MutationGate:
             self.bucket.tokens -= partitions
         return True
 
-    def finish(self, response: dict[str, Any]) -> dict[str, Any]:
+    def finish(self, response: dict[str, object]) -> dict[str, object]:
         ms = self.bucket.throttle_ms()
         if ms:
-            response["throttle_time_ms"] = max(int(response.get("throttle_time_ms") or 0), ms)
+            before = response.get("throttle_time_ms")
+            response["throttle_time_ms"] = max(before if isinstance(before, int) else 0, ms)
             mute(self.conn, ms)
         return response
-
-
-def gate(ctx: Any, conn: Any, req: Any) -> MutationGate | None:
-    quotas = getattr(ctx, "mutation_quotas", None)
-    return quotas.gate(conn, req) if quotas is not None else None

@@ -57,13 +57,15 @@ import asyncio
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from loglake.broker.conn import Conn
 from loglake.broker.protocol.api_keys import ApiKey
+from loglake.broker.protocol.codec import DecodedRequest
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.quotas import EntityKey
 
@@ -419,7 +421,7 @@ class QuotaManager:
 
     # ---- what the connection and the handlers call --------------------------------------------------
 
-    def produce(self, conn: Any, req: Any) -> int:
+    def produce(self, conn: Conn, req: DecodedRequest) -> int:
         """Count a Produce request's bytes; the throttle time (the connection is muted for it)."""
         if PRODUCER_BYTE_RATE not in self._enabled:
             return 0
@@ -430,7 +432,7 @@ class QuotaManager:
             mute(conn, ms)
         return ms
 
-    def request_time(self, conn: Any, req: Any, seconds: float) -> int:
+    def request_time(self, conn: Conn, req: DecodedRequest, seconds: float) -> int:
         """Count a request's handler time on the request quota; the throttle time (muted for it)."""
         if req.api_key in REQUEST_QUOTA_EXEMPT_APIS or REQUEST_PERCENTAGE not in self._enabled:
             return 0
@@ -441,13 +443,13 @@ class QuotaManager:
             mute(conn, ms)
         return ms
 
-    def fetch_cap(self, conn: Any, req: Any) -> int | None:
+    def fetch_cap(self, conn: Conn, req: DecodedRequest) -> int | None:
         """The most record bytes this Fetch may return under the consumer quota (None: no quota)."""
         user, client = identity(conn, req)
         allowance = self.window_allowance(CONSUMER_BYTE_RATE, user, client)
         return None if allowance is None else max(int(allowance), 1)
 
-    def fetched(self, conn: Any, req: Any, nbytes: int) -> int:
+    def fetched(self, conn: Conn, req: DecodedRequest, nbytes: int) -> int:
         """Count a Fetch response's bytes; when that goes over the quota, take them back (the
         response goes out empty, as Kafka's does), mute the connection and return the throttle time."""
         user, client = identity(conn, req)
@@ -485,35 +487,33 @@ class QuotaManager:
         yield from (rate, limit, throttled, throttle_ms)
 
 
-def identity(conn: Any, req: Any) -> tuple[str, str]:
+def identity(conn: Conn, req: DecodedRequest) -> tuple[str, str]:
     """(user, client id) of a request: the connection's principal's name and the header's client id."""
-    security = getattr(conn, "security", None)
-    principal = getattr(security, "principal", None) or f"User:{ANONYMOUS}"
-    return principal_user(str(principal)), req.client_id or ""
+    principal = conn.security.principal or f"User:{ANONYMOUS}"
+    return principal_user(principal), req.client_id or ""
 
 
-def mute(conn: Any, ms: int) -> None:
-    """Read nothing more from `conn` for `ms` (KIP-219); `Connection.wait_unmuted` honours it."""
+def mute(conn: Conn, ms: int) -> None:
+    """Read nothing more from `conn` for `ms` (KIP-219); `wait_unmuted` honours it."""
     until = time.monotonic() + ms / 1000.0
-    if until > getattr(conn, "muted_until", 0.0):
+    if until > conn.muted_until:
         conn.muted_until = until
 
 
-async def wait_unmuted(conn: Any) -> None:
+async def wait_unmuted(conn: Conn, quotas: QuotaManager) -> None:
     """Return once `conn` is not muted. With quotas configured it first lets the requests handed
     to handlers just before run up to their quota check, so that requests a client pipelined in
     one read wait out the throttle the first of them earns (Kafka reads one request at a time)."""
-    quotas = getattr(getattr(conn, "ctx", None), "quotas", None)
-    if quotas is not None and quotas.configs:
+    if quotas.configs:
         await asyncio.sleep(0)
     while True:
-        left = getattr(conn, "muted_until", 0.0) - time.monotonic()
+        left = conn.muted_until - time.monotonic()
         if left <= 0:
             return
         await asyncio.sleep(left)
 
 
-def set_throttle(req: Any, response: Any, ms: int) -> None:
+def set_throttle(req: DecodedRequest, response: object, ms: int) -> None:
     """Raise the response's throttle_time_ms to `ms` where the response's version carries one."""
     if ms <= 0 or response is None:
         return
@@ -521,7 +521,7 @@ def set_throttle(req: Any, response: Any, ms: int) -> None:
         if "throttle_time_ms" in response or _has_throttle_field(req.api_key):
             response["throttle_time_ms"] = max(int(response.get("throttle_time_ms") or 0), ms)
         return
-    if hasattr(response, "throttle_time_ms"):
+    if hasattr(response, "throttle_time_ms"):  # a response object whose version carries one
         response.throttle_time_ms = max(int(response.throttle_time_ms or 0), ms)
 
 
@@ -541,37 +541,41 @@ def _has_throttle_field(api_key: int) -> bool:
     return known
 
 
-async def handle_request(handler: Callable[..., Any], ctx: Any, conn: Any, req: Any) -> Any:
-    """Run a request's handler; under a request quota, time it and throttle its response."""
-    quotas: QuotaManager | None = getattr(ctx, "quotas", None)
-    if quotas is None or not quotas.enabled(REQUEST_PERCENTAGE) or req.api_key in REQUEST_QUOTA_EXEMPT_APIS:
-        return await handler(ctx, conn, req)
-    timed = TimedHandler(handler(ctx, conn, req))
+R = TypeVar("R")
+
+
+async def handle_request(quotas: QuotaManager, conn: Conn, req: DecodedRequest, handling: Awaitable[R]) -> R:
+    """Await a request's handler (`handling`: its coroutine); under a request quota, time it and
+    throttle its response."""
+    if not quotas.enabled(REQUEST_PERCENTAGE) or req.api_key in REQUEST_QUOTA_EXEMPT_APIS:
+        return await handling
+    timed = TimedHandler(handling)
     response = await timed
     if response is not None:  # Produce with acks=0 is exempt from the request quota (as in Kafka)
         set_throttle(req, response, quotas.request_time(conn, req, timed.seconds))
     return response
 
 
-class TimedHandler:
+class TimedHandler(Generic[R]):
     """Awaits a handler coroutine and adds up the time the event loop spent running it (not the
     time it waited): what the request quota charges."""
 
-    def __init__(self, coro: Any) -> None:
-        self.coro = coro
+    def __init__(self, handling: Awaitable[R]) -> None:
+        self.handling = handling
         self.seconds = 0.0
 
-    def __await__(self) -> Any:
-        coro = self.coro
-        send: Any = None
+    def __await__(self) -> Generator[object, object, R]:
+        steps = self.handling.__await__()
+        send: object = None
         throw: BaseException | None = None
         while True:
             started = time.perf_counter()
             try:
-                yielded = coro.throw(throw) if throw is not None else coro.send(send)
+                yielded = steps.throw(throw) if throw is not None else steps.send(send)
             except StopIteration as stop:
                 self.seconds += time.perf_counter() - started
-                return stop.value
+                result: R = stop.value
+                return result
             except BaseException:
                 self.seconds += time.perf_counter() - started
                 raise

@@ -49,11 +49,15 @@ import enum
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from loglake.broker.listeners import split_list
+from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.api_keys import ApiKey
+from loglake.broker.protocol.framing import FrameDecoder
+from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.scram import to_credential
 from loglake.scram import (
     MECHANISMS,
@@ -63,6 +67,9 @@ from loglake.scram import (
     fake_credential,
     verify_password,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 log = logging.getLogger("loglake.broker.sasl")
 
@@ -164,7 +171,7 @@ class SaslStats:
     def succeeded(self, mechanism: str) -> None:
         self.successes[mechanism] = self.successes.get(mechanism, 0) + 1
 
-    def families(self) -> Iterator[Any]:
+    def families(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily
 
         failures = CounterMetricFamily(
@@ -189,13 +196,25 @@ class SaslStats:
 class CredentialLookup(Protocol):
     """Where the authenticator finds credentials (`ScramStore`; tests give a fake)."""
 
+    # The credential record's body, typed as loglake.meta.scram (the metadata layer) types it.
     def credential(self, user: str, mechanism: str) -> dict[str, Any] | None: ...
+
+
+class SaslSettings(Protocol):
+    """The broker settings SASL reads (`loglake.broker.config.BrokerConfig`, which imports this module)."""
+
+    @property
+    def sasl_enabled_mechanisms(self) -> str: ...
+    @property
+    def connection_failed_authentication_delay_ms(self) -> int: ...
+    @property
+    def data_dir(self) -> str: ...
 
 
 class SaslAuthenticator:
     """The broker's side of SASL: enabled mechanisms, the failure delay, the credential lookup."""
 
-    def __init__(self, config: Any, credentials: CredentialLookup, stats: SaslStats) -> None:
+    def __init__(self, config: SaslSettings, credentials: CredentialLookup, stats: SaslStats) -> None:
         self.mechanisms = enabled_mechanisms(config.sasl_enabled_mechanisms)
         self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
         self.credentials = credentials
@@ -224,10 +243,37 @@ class SaslError(Exception):
     """Authentication failed; the text is the reason for the broker's log, not for the client."""
 
 
+class SaslConn(Protocol):
+    """What a SASL session uses of its connection (`loglake.broker.connection.Connection`)."""
+
+    closing: bool
+    close_after_write: float | None
+
+    @property
+    def peer(self) -> str: ...
+    @property
+    def peer_host(self) -> str: ...
+    @property
+    def security(self) -> SecurityContext: ...
+    @property
+    def limited(self) -> RateLimitedLog: ...
+    @property
+    def protocol_errors(self) -> dict[str, int]:
+        """Connections closed for a protocol error, by kind (the broker's metrics)."""
+    @property
+    def decoder(self) -> FrameDecoder: ...
+    @property
+    def max_frame_bytes(self) -> int:
+        """The frame limit once authenticated (max_frame_bytes: dynamic, so read when it applies)."""
+    @property
+    def off_loop(self) -> OffLoop: ...
+    def _close_transport(self) -> None: ...
+
+
 class SaslSession:
     """One connection's SASL state: handshake -> authenticate (-> scram_final) -> done or failed."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: SaslConn) -> None:
         self.conn = conn
         self.state = SaslState.HANDSHAKE
         #: Held while a SaslAuthenticate is answered: pipelined ones wait their turn.
@@ -253,7 +299,7 @@ class SaslSession:
     def _expired(self) -> None:
         if self.authenticated or self.conn.closing:
             return
-        self.conn.server.limited.warning(
+        self.conn.limited.warning(
             ("sasl_timeout", self.conn.peer_host),
             "closing %s: SASL authentication on the %s listener not finished within %.0f s (state %s)",
             self.conn.peer,
@@ -261,7 +307,7 @@ class SaslSession:
             SASL_AUTHENTICATION_TIMEOUT_S,
             self.state,
         )
-        self.conn.ctx.metrics.protocol_errors["sasl_timeout"] += 1
+        self.conn.protocol_errors["sasl_timeout"] += 1
         self.conn.closing = True
         self.conn._close_transport()
 
@@ -273,8 +319,8 @@ class SaslSession:
         logs the one line."""
         if self.authenticated or api_key in PRE_AUTH_APIS:
             return False
-        self.conn.ctx.metrics.protocol_errors["sasl_unauthenticated_request"] += 1
-        self.conn.server.limited.warning(
+        self.conn.protocol_errors["sasl_unauthenticated_request"] += 1
+        self.conn.limited.warning(
             ("sasl_unauthenticated", self.conn.peer_host),
             "closing %s: %s request before SASL authentication on the %s listener (only ApiVersions, "
             "SaslHandshake and SaslAuthenticate are allowed until then)",
@@ -288,7 +334,7 @@ class SaslSession:
         """A frame over the pre-authentication bound: one log line (True) instead of the general one."""
         if self.authenticated:
             return False
-        self.conn.server.limited.warning(
+        self.conn.limited.warning(
             ("sasl_frame_too_large", self.conn.peer_host),
             "closing %s: a %d-byte frame before SASL authentication finished on the %s listener "
             "(over SASL_MAX_RECEIVE_BYTES, %d: Kafka's sasl.server.max.receive.size)",
@@ -304,9 +350,7 @@ class SaslSession:
         self._timer.cancel()
         self.conn.security.principal = f"User:{self.user}"
         self.conn.security.extra["sasl_mechanism"] = self.mechanism
-        decoder = getattr(self.conn, "decoder", None)
-        if decoder is not None:
-            decoder.max_frame_bytes = self.conn.ctx.config.max_frame_bytes
+        self.conn.decoder.max_frame_bytes = self.conn.max_frame_bytes
         authenticator.stats.succeeded(self.mechanism)
         log.debug("%s authenticated as User:%s with %s", self.conn.peer, self.user, self.mechanism)
 
@@ -316,7 +360,7 @@ class SaslSession:
         self._timer.cancel()
         principal = f"User:{self.user}"[:PRINCIPAL_SHOWN_MAX] if self.user else "unknown"
         authenticator.stats.failed(principal, self.conn.peer_host)
-        self.conn.server.limited.warning(
+        self.conn.limited.warning(
             ("sasl_failed", self.conn.peer_host),  # not per user: a scan of names is one line a window
             "SASL authentication failed for %s from %s on the %s listener with %s: %s; closing the connection in %.0f ms",
             principal,
@@ -337,7 +381,7 @@ class SaslSession:
             if self._scram is None:
                 self._scram = ScramServer(self.mechanism)
                 self.user = self._scram.first(token)
-                cred, self._known = await self.conn.ctx.off_loop(
+                cred, self._known = await self.conn.off_loop(
                     authenticator.credential_or_fake, self.user, self.mechanism
                 )
                 self.transition_to(SaslState.SCRAM_FINAL)
@@ -361,7 +405,7 @@ class SaslSession:
             raise SaslError("PLAIN user name is not UTF-8") from None
         if not self.user or not password:
             raise SaslError("PLAIN user name or password is empty")
-        ok, why = await self.conn.ctx.off_loop(authenticator.check_plain, self.user, password)
+        ok, why = await self.conn.off_loop(authenticator.check_plain, self.user, password)
         if not ok:
             raise SaslError(why)
         self.succeeded(authenticator)

@@ -20,11 +20,13 @@ import asyncio
 import os
 import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import cast
 
 from loglake.broker.listeners import PLAINTEXT, Listener
 from loglake.errors import ConfigError
+from loglake.logsafe import RateLimitedLog
 
 ANONYMOUS = "User:ANONYMOUS"
 CLIENT_AUTH = ("none", "requested", "required")
@@ -59,7 +61,8 @@ class SecurityContext:
     cipher: str | None = None
     #: The client certificate's subject DN (RFC 2253), when one was presented and verified.
     peer_dn: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: What else authenticated it: ``sasl_mechanism``.
+    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def protocol(self) -> str:
@@ -79,10 +82,15 @@ def _escape(value: str) -> str:
     return out
 
 
-def subject_dn(cert: dict[str, Any]) -> str:
+#: A certificate's subject as `SSLSocket.getpeercert()` gives it: RDNs of (attribute, value) pairs.
+Subject = tuple[tuple[tuple[str, str], ...], ...]
+
+
+def subject_dn(cert: Mapping[str, object]) -> str:
     """The subject of a verified peer certificate (`SSLSocket.getpeercert()`) as an RFC 2253 DN."""
+    subject = cast(Subject, cert.get("subject", ()))  # getpeercert's documented layout
     rdns = []
-    for rdn in reversed(cert.get("subject", ())):
+    for rdn in reversed(subject):
         rdns.append("+".join(f"{_SHORT.get(k, k)}={_escape(str(v))}" for k, v in rdn))
     return ",".join(rdns)
 
@@ -208,16 +216,16 @@ async def upgrade(
 
 async def handshake_or_close(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper,
-    metrics: Any, limited: Any,
+    protocol_errors: dict[str, int], limited: RateLimitedLog,
 ) -> bool:
     """`upgrade` an accepted connection; False, with the connection closed, one rate-limited line
-    (`limited`: the server's RateLimitedLog) and the protocol-error count, when that fails."""
+    (`limited`: the server's) and one more `tls_handshake` in `protocol_errors`, when that fails."""
     failure = await upgrade(writer, context, security, mapper)
     if failure is None:
         return True
     peer = writer.get_extra_info("peername")
     shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-    metrics.protocol_errors["tls_handshake"] += 1
+    protocol_errors["tls_handshake"] += 1
     limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown), "closing %s: %s", shown, failure)
     try:
         writer.transport.abort()

@@ -27,8 +27,8 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any
 
+from loglake.broker.off_loop import OffLoop
 from loglake.broker.security.scram_store import ScramStore
 from loglake.errors import LoglakeError
 from loglake.meta.scram import to_credential
@@ -53,7 +53,11 @@ def inbox_path(data_dir: str) -> str:
     return os.path.join(data_dir, INBOX_DIR)
 
 
-def write_atomically(directory: str, name: str, doc: dict[str, Any]) -> None:
+#: A request or a result: a JSON object.
+Doc = dict[str, object]
+
+
+def write_atomically(directory: str, name: str, doc: Doc) -> None:
     tmp = os.path.join(directory, f".{name}.tmp")
     with open(tmp, "w") as fh:
         json.dump(doc, fh)
@@ -70,7 +74,7 @@ def list_users(store: ScramStore) -> dict[str, dict[str, int]]:
     }
 
 
-def apply_request(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
+def apply_request(store: ScramStore, doc: Doc) -> Doc:
     """Apply one request (from the inbox, or the command itself when it holds the directory);
     a metadata log that cannot be written (a failed engine, a full disk) is an error answer."""
     try:
@@ -79,7 +83,7 @@ def apply_request(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"not applied: {exc}"}
 
 
-def _apply(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
+def _apply(store: ScramStore, doc: Doc) -> Doc:
     op = doc.get("op")
     if op not in ("list", "add", "delete"):
         return {"ok": False, "error": f"unknown operation {op!r}"}
@@ -89,23 +93,24 @@ def _apply(store: ScramStore, doc: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(user, str) or not user:
         return {"ok": False, "error": "a user name is needed"}
     if op == "add":
-        if mechanism not in MECHANISMS or not isinstance(doc.get("cred"), dict):
+        cred = doc.get("cred")
+        if not isinstance(mechanism, str) or mechanism not in MECHANISMS or not isinstance(cred, dict):
             return {"ok": False, "error": f"add needs a mechanism ({', '.join(MECHANISMS)}) and a credential"}
         try:
-            to_credential(str(mechanism), doc["cred"])
-            store.save(user, mechanism, doc["cred"])
+            to_credential(mechanism, cred)
+            store.save(user, mechanism, cred)
         except (ValueError, KeyError, TypeError) as exc:
             return {"ok": False, "error": f"credential refused: {exc}"}
         return {"ok": True}
     # delete
     have = store.credentials().get(user, {})
-    wanted = list(have) if mechanism is None else [mechanism]
+    wanted: list[object] = list(have) if mechanism is None else [mechanism]
     missing = [m for m in wanted if m not in have]
     if not wanted or missing:
         what = f"{missing[0]} credential" if missing else "credentials"
         return {"ok": False, "error": f"user {user!r} has no {what}"}
     for m in wanted:
-        store.save(user, m, None)
+        store.save(user, str(m), None)  # one of `have`: a mechanism name
     return {"ok": True}
 
 
@@ -114,7 +119,7 @@ def _answer(store: ScramStore, directory: str, name: str) -> None:
     rid = name[: -len(REQUEST_SUFFIX)]
     try:
         if os.path.getsize(path) > INBOX_REQUEST_BYTES_MAX:
-            result: dict[str, Any] = {"ok": False, "error": f"request over {INBOX_REQUEST_BYTES_MAX} bytes"}
+            result: Doc = {"ok": False, "error": f"request over {INBOX_REQUEST_BYTES_MAX} bytes"}
         else:
             with open(path) as fh:
                 doc = json.load(fh)
@@ -152,14 +157,13 @@ def poll_once(store: ScramStore, data_dir: str) -> int:
     return min(len(names), INBOX_REQUESTS_PER_POLL)
 
 
-async def serve_inbox(ctx: Any) -> None:
+async def serve_inbox(store: ScramStore, data_dir: str, off_loop: OffLoop) -> None:
     """The broker's poller (a task of the server, cancelled at shutdown)."""
-    data_dir = ctx.config.data_dir
     os.makedirs(inbox_path(data_dir), mode=0o700, exist_ok=True)
     while True:
         await asyncio.sleep(INBOX_POLL_S)
         try:
-            await ctx.off_loop(poll_once, ctx.scram_store, data_dir)
+            await off_loop(poll_once, store, data_dir)
         except Exception as exc:  # a failed engine, a full disk: say so, keep polling
             log.warning("users inbox: %s", exc)
             await asyncio.sleep(INBOX_WAIT_S)

@@ -24,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loglake.broker.groups import GroupCoordinator
 from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
 from loglake.errors import LoglakeError, UnknownTopicError
@@ -59,6 +60,10 @@ TXN_OFFSETS_PER_GROUP_MAX = 100_000
 
 E = ErrorCode
 PartKey = tuple[str, int]  # (topic name, partition)
+#: A transaction's pending offset of a partition: (offset, leader epoch, metadata).
+OffsetRow = tuple[int, int, str | None]
+#: A marker written when a transaction ended: (topic id hex, partition, its offset).
+Marker = tuple[str, int, int]
 
 
 @dataclass
@@ -82,7 +87,7 @@ class Txn:
     parts: dict[PartKey, tuple[str, int]] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
     #: group -> (topic, partition) -> [offset, leader_epoch, metadata]
-    offsets: dict[str, dict[PartKey, list[Any]]] = field(default_factory=dict)
+    offsets: dict[str, dict[PartKey, OffsetRow]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def transition_to(self, target: TxnState) -> None:
@@ -90,8 +95,9 @@ class Txn:
         check_transition(self.tid, self.state, target)
         self.state = target
 
-    def body(self, markers: list[list[Any]] | None = None) -> dict[str, Any]:
-        b: dict[str, Any] = {
+    def body(self, markers: list[Marker] | None = None) -> dict[str, object]:
+        """The ``txn`` record of this state (loglake.meta.txn), with the markers an abort wrote."""
+        b: dict[str, object] = {
             "tid": self.tid,
             "pid": self.pid,
             "epoch": self.epoch,
@@ -105,11 +111,11 @@ class Txn:
             "offsets": {g: [[t, p, *row] for (t, p), row in rows.items()] for g, rows in self.offsets.items()},
         }
         if markers is not None:
-            b["markers"] = markers
+            b["markers"] = [list(m) for m in markers]
         return b
 
     @classmethod
-    def from_body(cls, b: dict[str, Any]) -> Txn:
+    def from_body(cls, b: dict[str, Any]) -> Txn:  # a record body, as loglake.meta types it
         txn = cls(str(b["tid"]), int(b["pid"]), int(b["epoch"]), int(b["timeout_ms"]), parse_txn_state(b["state"]))
         txn.start_ms = int(b.get("start_ms", -1))
         txn.last_ms = int(b.get("last_ms", 0))
@@ -119,7 +125,7 @@ class Txn:
             txn.parts[(name, int(p))] = (str(tid_hex), int(first))
         txn.groups = [str(g) for g in b.get("groups") or []]
         txn.offsets = {
-            str(g): {(str(t), int(p)): [int(o), int(e), m] for t, p, o, e, m in rows}
+            str(g): {(str(t), int(p)): (int(o), int(e), m) for t, p, o, e, m in rows}
             for g, rows in (b.get("offsets") or {}).items()
         }
         return txn
@@ -134,16 +140,18 @@ class TxnCoordinator:
     def __init__(
         self,
         engine: Engine,
-        groups: Any,
+        group_coordinator: Callable[[], GroupCoordinator | None] | None,
         settings: TxnSettings,
         *,
-        off_loop: Callable[..., Any],
+        off_loop: Callable[[Callable[[], int]], Awaitable[int]],
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`group_coordinator()`: the coordinator a commit writes its offsets to, asked when it
+        does (the broker replaces it when the live set moves); None: offsets are not written."""
         self.engine = engine
         #: the transactional ids' recorded states (`txn` records)
         self.ids = TxnIdStore.of(engine)
-        self.groups = groups
+        self._group_coordinator = group_coordinator
         self.settings = settings
         self._off_loop = off_loop
         self._clock = clock
@@ -224,7 +232,7 @@ class TxnCoordinator:
             if self.by_pid.get(txn.pid) is txn:
                 del self.by_pid[txn.pid]
 
-    async def _record(self, txn: Txn, markers: list[list[Any]] | None = None) -> None:
+    async def _record(self, txn: Txn, markers: list[Marker] | None = None) -> None:
         txn.last_ms = self.now_ms()
         await asyncio.wrap_future(self.ids.record(txn.body(markers)))
 
@@ -393,7 +401,7 @@ class TxnCoordinator:
                 if len(rows) >= TXN_OFFSETS_PER_GROUP_MAX and (t, p) not in rows:
                     out[(t, p)] = E.INVALID_REQUEST
                     continue
-                rows[(t, p)] = [offset, leader_epoch, metadata or ""]
+                rows[(t, p)] = (offset, leader_epoch, metadata or "")
                 out[(t, p)] = E.NONE
             await self._record(txn)
             return out
@@ -429,14 +437,15 @@ class TxnCoordinator:
             fut = self.engine.write_txn_marker(bytes.fromhex(tid_hex), index, txn.pid, txn.epoch, commit)
             if fut is not None:
                 pending.append((tid_hex, index, fut))
-        markers: list[list[Any]] = []
+        markers: list[Marker] = []
         for tid_hex, index, fut in pending:
             result = await asyncio.wrap_future(fut)
-            markers.append([tid_hex, index, result.base_offset])
-        if commit and txn.offsets and self.groups is not None:
+            markers.append((tid_hex, index, result.base_offset))
+        groups = self._group_coordinator() if self._group_coordinator is not None else None
+        if commit and txn.offsets and groups is not None:
             for group, rows in txn.offsets.items():
                 items = [(t, p, int(o), int(e), m) for (t, p), (o, e, m) in rows.items()]
-                await self.groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
+                await groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
         txn.transition_to(complete_state(commit))
         await self._record(txn, markers if not commit else None)
         for tid_hex, index, _offset in markers:  # the LSO moved: read_committed fetches look again
