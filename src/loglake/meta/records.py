@@ -50,6 +50,7 @@ __all__ = [
     "GroupConfig",
     "GroupDeleted",
     "GroupState",
+    "JsonDoc",
     "LeaderEpoch",
     "LogStart",
     "MetaRecord",
@@ -184,6 +185,11 @@ def decode_record(raw: bytes | memoryview, *, where: str, position: int) -> tupl
 # Rows are tuples here and lists in the body (JSON writes both alike; the state reads lists).
 
 #: offset_commit row: topic, partition, offset, leader_epoch, metadata, commit_ts_ms
+#: A JSON object stored in a record as its writer gave it (a group's state, a SCRAM credential, a
+#: transactional id's body): `json.loads` types every JSON value as Any, so this alias is where
+#: that third-party typing shows; readers check the shapes they use.
+JsonDoc = dict[str, Any]
+
 OffsetRow = tuple[str, int, int, int, str, int]
 #: acked row: topic id hex, partition, acknowledged end
 AckedRow = tuple[str, int, int]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Protocol
 
 from loglake.broker.groups.store import (
     GroupOffsets,
@@ -29,7 +29,7 @@ from loglake.broker.groups.store import (
     StoreFormatError,
     TopicPartition,
 )
-from loglake.meta.records import GroupDeleted, GroupState, OffsetCommit, OffsetExpire, OffsetRow
+from loglake.meta.records import GroupDeleted, GroupState, JsonDoc, OffsetCommit, OffsetExpire, OffsetRow
 from loglake.meta.state import MetaState
 from loglake.meta.store import MetaStore
 
@@ -39,15 +39,15 @@ log = logging.getLogger(__name__)
 class GroupLog(Protocol):
     """Where group changes are recorded (`MetaGroupLog`; tests give a fake)."""
 
-    def group_metadata(self) -> dict[str, dict[str, Any]]: ...
+    def group_metadata(self) -> dict[str, JsonDoc]: ...
 
-    def commit_group_offsets(self, group_id: str, rows: list[OffsetRow]) -> Future[Any]: ...
+    def commit_group_offsets(self, group_id: str, rows: list[OffsetRow]) -> Future[int]: ...
 
-    def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[Any]: ...
+    def expire_group_offsets(self, group_id: str, partitions: list[tuple[str, int]]) -> Future[int]: ...
 
-    def delete_group_metadata(self, group_id: str) -> Future[Any]: ...
+    def delete_group_metadata(self, group_id: str) -> Future[int]: ...
 
-    def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[Any]: ...
+    def save_group_state(self, group_id: str, state: JsonDoc | None) -> Future[int]: ...
 
 
 class MetaGroupLog:
@@ -56,8 +56,8 @@ class MetaGroupLog:
     def __init__(self, meta: MetaStore) -> None:
         self.meta = meta
 
-    def group_metadata(self) -> dict[str, dict[str, Any]]:
-        def copy(state: MetaState) -> dict[str, dict[str, Any]]:
+    def group_metadata(self) -> dict[str, JsonDoc]:
+        def copy(state: MetaState) -> dict[str, JsonDoc]:
             return {
                 g: {"offsets": {tp: list(row) for tp, row in gm.offsets.items()}, "state": gm.state}
                 for g, gm in state.groups.items()
@@ -74,7 +74,7 @@ class MetaGroupLog:
     def delete_group_metadata(self, group_id: str) -> Future[int]:
         return self.meta.append(GroupDeleted(group_id))
 
-    def save_group_state(self, group_id: str, state: dict[str, Any] | None) -> Future[int]:
+    def save_group_state(self, group_id: str, state: JsonDoc | None) -> Future[int]:
         return self.meta.append(GroupState(group_id, state))
 
 
@@ -125,15 +125,15 @@ class MetaGroupStore:
     def delete_group(self, group_id: str) -> Future[None]:
         return settled(self._engine.delete_group_metadata(group_id))
 
-    def save_state(self, group_id: str, state: dict[str, Any] | None) -> Future[None]:
+    def save_state(self, group_id: str, state: JsonDoc | None) -> Future[None]:
         return settled(self._engine.save_group_state(group_id, state))
 
 
-def settled(inner: Future[Any]) -> Future[None]:
+def settled(inner: Future[int]) -> Future[None]:
     """A Future[None] that settles as `inner` does (the coordinator needs no record seq)."""
     out: Future[None] = Future()
 
-    def done(f: Future[Any]) -> None:
+    def done(f: Future[int]) -> None:
         exc = f.exception()
         if exc is not None:
             out.set_exception(exc)
@@ -144,11 +144,11 @@ def settled(inner: Future[Any]) -> Future[None]:
     return out
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _parse_offsets(group_id: str, offsets: Any) -> GroupOffsets:
+def _parse_offsets(group_id: str, offsets: object) -> GroupOffsets:
     if not isinstance(offsets, dict):
         raise StoreFormatError(f"stored offsets of group {group_id!r}: not a mapping")
     out: GroupOffsets = {}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
 
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
@@ -25,6 +24,7 @@ from loglake.broker.protocol.kafka_types import KafkaStruct
 from loglake.broker.security.authorized import AclOperation, cluster_allowed
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
+from loglake.meta.records import JsonDoc
 from loglake.meta.scram import USER_NAME_BYTES_MAX, credential_body
 from loglake.scram import (
     ITERATIONS_MAX,
@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 _BY_TYPE = {code: name for name, code in MECHANISM_TYPES.items()}
 
 
-# A stored credential: the record body, as the metadata layer (loglake.meta.scram) types it.
-CredentialBody = dict[str, Any]
+#: A stored credential (a JSON document of the `scram_credential` record).
+CredentialBody = JsonDoc
 #: user -> mechanism -> its credential.
 Credentials = dict[str, dict[str, CredentialBody]]
 

@@ -49,7 +49,7 @@ import enum
 import logging
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from loglake.broker.listeners import split_list
 from loglake.broker.off_loop import OffLoop
@@ -58,6 +58,7 @@ from loglake.broker.protocol.framing import FrameDecoder
 from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.records import JsonDoc
 from loglake.meta.scram import to_credential
 from loglake.scram import (
     MECHANISMS,
@@ -196,8 +197,9 @@ class SaslStats:
 class CredentialLookup(Protocol):
     """Where the authenticator finds credentials (`ScramStore`; tests give a fake)."""
 
-    # The credential record's body, typed as loglake.meta.scram (the metadata layer) types it.
-    def credential(self, user: str, mechanism: str) -> dict[str, Any] | None: ...
+    def credential(self, user: str, mechanism: str) -> JsonDoc | None:
+        """The stored credential document (the `scram_credential` record's), or None."""
+        ...
 
 
 class SaslSettings(Protocol):

@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from loglake.broker.groups import GroupCoordinator
 from loglake.broker.txn.id_store import TxnIdStore
@@ -34,6 +33,7 @@ from loglake.engine import Engine
 from loglake.errors import LoglakeError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
+from loglake.meta.records import JsonDoc
 from loglake.meta.txn_states import (
     IDLE_STATES,
     OPEN_STATES,
@@ -115,7 +115,7 @@ class Txn:
         return b
 
     @classmethod
-    def from_body(cls, b: dict[str, Any]) -> Txn:  # a record body, as loglake.meta types it
+    def from_body(cls, b: JsonDoc) -> Txn:
         txn = cls(str(b["tid"]), int(b["pid"]), int(b["epoch"]), int(b["timeout_ms"]), parse_txn_state(b["state"]))
         txn.start_ms = int(b.get("start_ms", -1))
         txn.last_ms = int(b.get("last_ms", 0))

@@ -6,19 +6,18 @@ removes it). The transaction coordinator (loglake.broker.txn.coordinator) owns t
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Any
 
 from loglake.broker.meta_facts import MetaFacts
-from loglake.meta.records import TxnRecord
+from loglake.meta.records import JsonDoc, TxnRecord
 
 __all__ = ["TxnIdStore"]
 
 
 class TxnIdStore(MetaFacts):
-    def states(self) -> dict[str, dict[str, Any]]:
+    def states(self) -> dict[str, JsonDoc]:
         """A copy of every transactional id's last recorded state (its ``txn`` record body)."""
         return self.meta.read(lambda s: {tid: dict(body) for tid, body in s.txns.items()})
 
-    def record(self, body: dict[str, Any]) -> Future[int]:
+    def record(self, body: JsonDoc) -> Future[int]:
         """Log a transactional id's new state; resolves with the record's seq once durable."""
         return self._append(TxnRecord.from_body(body))
