@@ -17,6 +17,7 @@ from loglake.errors import (
     CorruptionError,
     CorruptRecordError,
     DataDirLockedError,
+    EngineClosedError,
     InvalidPartitionsError,
     InvalidTopicError,
     OffsetOutOfRangeError,
@@ -382,3 +383,29 @@ def test_delete_records_moves_log_start_durably(tmp_path: Path) -> None:
         assert engine.partition_info("t", 0).log_start_offset == 3
         assert [v for _o, _k, v in read_all(engine, "t")[0]] == [b"d", b"e"]
         assert engine.delete_records("t", 0, -1) == 5
+
+
+def test_an_engine_that_is_not_open_refuses_with_engine_closed(tmp_path: Path) -> None:
+    """Before `open` and after `close` every data call raises EngineClosedError (a typed,
+    retriable error the broker answers), never an AssertionError or a lookup error."""
+    engine = Engine(str(tmp_path / "d"))
+    calls = [
+        lambda: engine.append_batch("t", 0, build_batch([(1, None, b"x", [])])),
+        lambda: engine.read("t", 0, 0, 1024),
+        lambda: engine.read_async("t", 0, 0, 1024),
+        lambda: engine.partition_info("t", 0),
+        lambda: engine.producers("t", 0),
+        lambda: engine.create_topic("t", 1),
+        lambda: engine.delete_records("t", 0, 0),
+        lambda: engine.flush(),
+        lambda: engine.allocate_producer_id(),
+    ]
+    for call in calls:
+        with pytest.raises(EngineClosedError):
+            call()
+    engine.open()
+    engine.create_topic("t", 1)
+    engine.close()
+    for call in calls:
+        with pytest.raises(EngineClosedError):
+            call()

@@ -337,6 +337,10 @@ class Engine:
         self.log.wake()
 
     def _partition(self, topic: str, partition: int) -> Partition:
+        """The partition every data call works on; EngineClosedError before `open` and after
+        `close` (never a lookup in a catalog that is not loaded)."""
+        if self._closed:
+            raise EngineClosedError("engine is closed")
         return self.catalog.partition(topic, partition)
 
     # ==== appends =====================================================================================
