@@ -522,9 +522,6 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(doc["profile"]["raw_file"], keep)
                 doc["profile"]["raw_file"] = str(keep)
         doc["broker"]["exit_code"] = broker.stop()
-        if cluster is not None:
-            cluster.stop()
-            cluster = None
         doc["broker"]["log_warnings"] = [
             line for line in broker.log_text().splitlines() if " WARNING " in line or " ERROR " in line
         ][:20]
@@ -532,8 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         doc["targets"] = targets(doc)
     finally:
         if cluster is not None:
-            cluster.stop()
-        elif broker is not None and broker.proc is not None and broker.proc.poll() is None:
+            cluster.stop()  # its broker too
+        elif isinstance(broker, Broker) and broker.proc is not None and broker.proc.poll() is None:
             broker.stop(signal.SIGKILL)
         shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(doc, indent=2, default=str)

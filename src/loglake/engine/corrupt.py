@@ -194,7 +194,11 @@ class BatchChecker:
         needs no I/O to check them again)."""
         with self._lock:
             state = self._verified.get(key)
-            return state is not None and all(state.has(i) for i in range(first, end))
+            if state is None:
+                return False
+            if end <= state.prefix:
+                return True  # the common case: everything up to there was checked in order
+            return all(state.has(i) for i in range(first, end))
 
     def _state(self, key: str, n: int) -> _Verified:
         with self._lock:
