@@ -422,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--broker-arg", action="append", default=[], help="extra `loglake serve` argument (repeatable)"
     )
+    ap.add_argument("--keep", action="store_true", help="keep the data and broker logs (their folder is printed)")
     ap.add_argument(
         "--mode", choices=("single", "cluster"), default="single",
         help="a single-node broker (default), or one cluster-mode broker over etcd and moto's S3",
@@ -532,7 +533,10 @@ def main(argv: list[str] | None = None) -> int:
             cluster.stop()  # its broker too
         elif isinstance(broker, Broker) and broker.proc is not None and broker.proc.poll() is None:
             broker.stop(signal.SIGKILL)
-        shutil.rmtree(work, ignore_errors=True)
+        if args.keep:
+            log(f"kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
     text = json.dumps(doc, indent=2, default=str)
     print(text)
     if args.json_out:
