@@ -225,8 +225,8 @@ class _StateCollector:
 
     def _engine_families(self, engine: Engine, coordinator: GroupCoordinator | None) -> Iterator[Metric]:
         pool = engine.memory_pool
-        yield _gauge("loglake_memory_pool_used_bytes", "Bytes of unsealed data held in memory.", pool.used_bytes)
-        yield _gauge("loglake_memory_pool_budget_bytes", "The memory pool's budget (memory_budget_bytes).", pool.budget_bytes)
+        yield _gauge("loglake_memory_pool_used_bytes", "Bytes of unsealed (cluster mode: unflushed) data held in memory.", pool.used_bytes)
+        yield _gauge("loglake_memory_pool_budget_bytes", "The memory pool's budget (memory_budget_bytes; cluster mode: the flush buffer's).", pool.budget_bytes)
         yield _counter("loglake_memory_pool_waits_total", "Appends that waited for memory.", pool.waits)
         wal = [
             _counter("loglake_wal_fsyncs_total", "WAL fsyncs, by shard.", labels=["shard"]),

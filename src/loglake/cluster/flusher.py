@@ -15,8 +15,11 @@ order. The Flusher does not check offsets across flushes: after a failed flush t
 assigned the offsets) must not commit later ranges of the same partition past the hole — the
 metadata commit's guard on each partition's end offset is where that is enforced.
 
-Memory is bounded: buffered bytes plus the flush in flight never pass `buffer_bytes_max`;
-`append` waits for room (back-pressure) up to `append_wait_s`, then BackPressureTimeoutError.
+Memory is bounded: buffered bytes plus the flush in flight are reserved from a MemoryPool whose
+budget is `buffer_bytes_max` (the engine's memory pool in cluster mode: the broker sees the flush
+buffer's pressure as it sees the local log's); `append` waits for room (back-pressure) up to
+`append_wait_s`, then BackPressureTimeoutError. Room frees once a flush has settled its appends'
+futures — so a caller that waits for room must not hold a lock those futures' callbacks take.
 An object whose commit failed is left in the bucket (the commit may have landed with its answer
 lost); sweeping unreferenced flush objects is the caller's, by the rule in loglake.cluster.merge.
 """
@@ -42,6 +45,7 @@ from loglake.cluster.flushobj import (
     new_session,
     topic_id_bytes,
 )
+from loglake.engine.memory import MemoryPool
 from loglake.errors import (
     BackPressureTimeoutError,
     EngineClosedError,
@@ -134,9 +138,19 @@ class Flusher:
         session: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        pool: MemoryPool | None = None,
     ) -> None:
+        """`pool`: where the held bytes are reserved (default: a pool of its own); its budget must
+        be `settings.buffer_bytes_max`."""
         self.store = store
         self.settings = settings or FlushSettings()
+        if pool is None:
+            pool = MemoryPool(self.settings.buffer_bytes_max, 1.0, lambda: None)
+        elif pool.budget_bytes != self.settings.buffer_bytes_max:
+            raise ValueError(
+                f"flush pool budget {pool.budget_bytes} is not buffer_bytes_max {self.settings.buffer_bytes_max}"
+            )
+        self.pool = pool
         self.cluster_id = cluster_id
         self.node_id = node_id
         self.prefix = prefix
@@ -146,7 +160,7 @@ class Flusher:
         self._clock = clock
         self._wall_ms = wall_ms
         self._cond = threading.Condition()
-        # both bounded by buffer_bytes_max: an entry per buffered batch, per partition buffered
+        # both bounded by the pool (buffer_bytes_max): an entry per buffered batch, per partition buffered
         self._pending: list[_Pending] = []
         self._last: dict[tuple[str, int], int] = {}  # last offset buffered per partition
         self._buffered = 0
@@ -182,17 +196,30 @@ class Flusher:
             raise RecordTooLargeError(
                 f"batch of {n} bytes is larger than the flush buffer ({s.buffer_bytes_max})"
             )
+        if self._closing:
+            raise EngineClosedError(f"flusher of node {self.node_id} is closed")
         fut: Future[FlushAck] = Future()
-        deadline = self._clock() + s.append_wait_s
+        try:
+            self.pool.reserve(n, s.append_wait_s)
+        except BackPressureTimeoutError:
+            raise BackPressureTimeoutError(
+                f"flush buffer full ({self.pool.used_bytes} of {s.buffer_bytes_max} bytes) "
+                f"for {s.append_wait_s} s: the bucket is slower than the produce rate"
+            ) from None
+        try:
+            self._buffer(topic_id, partition, view, h, fut)
+        except BaseException:
+            self.pool.release(n)
+            raise
+        return fut
+
+    def _buffer(
+        self, topic_id: str, partition: int, view: memoryview, h: BatchHeader, fut: Future[FlushAck]
+    ) -> None:
+        """Queue one batch whose bytes are reserved."""
+        s = self.settings
+        n = len(view)
         with self._cond:
-            while not self._closing and self._buffered + self._inflight + n > s.buffer_bytes_max:
-                left = deadline - self._clock()
-                if left <= 0:
-                    raise BackPressureTimeoutError(
-                        f"flush buffer full ({self._buffered + self._inflight} of {s.buffer_bytes_max} bytes) "
-                        f"for {s.append_wait_s} s: the bucket is slower than the produce rate"
-                    )
-                self._cond.wait(left)
             if self._closing:
                 raise EngineClosedError(f"flusher of node {self.node_id} is closed")
             k = (topic_id, partition)
@@ -208,7 +235,6 @@ class Flusher:
             self.stats.appends += 1
             if self._buffered >= s.object_flush_bytes:
                 self._cond.notify_all()
-        return fut
 
     def flush(self, timeout: float | None = None) -> None:
         """Flush everything buffered now and wait for it (outcomes are on the futures)."""
@@ -285,9 +311,11 @@ class Flusher:
                     [p for p in taken if not p.future.done()], FlushFailedError("(unnamed)", "build", exc)
                 )
             finally:
+                size = sum(len(p.view) for p in taken)
                 with self._cond:
-                    self._inflight -= sum(len(p.view) for p in taken)
+                    self._inflight -= size
                     self._cond.notify_all()
+                self.pool.release(size)
 
     def _flush(self, taken: list[_Pending]) -> None:
         key = flush_object_key(self.cluster_id, self.node_id, self.session, self._seq, self.prefix)

@@ -42,6 +42,7 @@ from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushAck, Flusher, FlushSettings
 from loglake.cluster.flushobj import FlushIndex, FlushIndexEntry, topic_id_bytes
 from loglake.cluster.plog_read import PlogReader
+from loglake.engine.memory import MemoryPool
 from loglake.errors import (
     CorruptRecordError,
     EngineFailedError,
@@ -117,7 +118,9 @@ class ClusterPartitionLog:
         prefix: str = "",
         settings: FlushSettings | None = None,
         reader: PlogReader | None = None,
+        pool: MemoryPool | None = None,
     ) -> None:
+        """`pool`: where the flush buffer reserves its bytes (see Flusher)."""
         self.meta = meta
         self.store = store
         self.cluster_id = cluster_id
@@ -127,7 +130,7 @@ class ClusterPartitionLog:
         self._leads: dict[TP, _Lead] = {}  # bounded by the partitions this broker leads
         self.reader = reader or PlogReader(meta, store)
         self.flusher = Flusher(
-            store, self._commit, cluster_id=cluster_id, node_id=node_id, prefix=prefix, settings=settings
+            store, self._commit, cluster_id=cluster_id, node_id=node_id, prefix=prefix, settings=settings, pool=pool
         )
 
     # ---- leadership ------------------------------------------------------------------------------

@@ -128,8 +128,9 @@ class SharedPartitionLog:
         self._publishes = publishes
         self.corruption = Corruption()
         self.read_errors = ReadErrors()
-        #: no unsealed buffers here: the flusher bounds what waits for the bucket
-        self.memory_pool = MemoryPool(config.memory_budget_bytes, config.memory_pressure_ratio, lambda: None)
+        #: no unsealed buffers here: the flush buffer (what waits for the bucket) is the pool, so the
+        #: broker routes an append that may wait for room off the event loop as in local mode
+        self.memory_pool = MemoryPool(settings.flush.buffer_bytes_max, config.memory_pressure_ratio, lambda: None)
         self.bucket: ObjectStore | None = None
         self._plog: ClusterPartitionLog | None = None
         self.publisher: ClusterMetaPublisher | None = None
@@ -189,6 +190,7 @@ class SharedPartitionLog:
             cluster_id=self.catalog.cluster_id,
             node_id=self.settings.node_id,
             settings=self.settings.flush,
+            pool=self.memory_pool,
         )
         self.etcd.watch(self._on_record)
         self.catalog.refresh(force=True)
@@ -313,6 +315,9 @@ class SharedPartitionLog:
         tid = p.topic_id.hex()
         tp = (tid, p.index)
         heads = [h for _, h in batches]
+        # p.lock orders the partition's appends (offsets, producer state); the in-flight map is
+        # under _ready_lock alone, because `done` runs on the flusher's thread, which must never
+        # wait for p.lock: an append holding it may be waiting for the room that thread frees.
         with p.lock:
             with self._ready_lock:
                 states = self._producers.get(tp) if tp in self._ready else None
@@ -321,23 +326,23 @@ class SharedPartitionLog:
                 raise NotLeaderError(f"node {self.settings.node_id} does not lead {p.topic}-{p.index}")
             dup = states.check_batches(heads)
             if dup is not None:
-                original = next(
-                    (inflight.get(k) for k in _idempotent_keys(heads) if k in inflight), None
-                )
+                with self._ready_lock:
+                    original = next((inflight[k] for k in _idempotent_keys(heads) if k in inflight), None)
                 return self._answer_duplicate(original, p, tid, dup)
             base, inner = plog.append_assigned(tid, p.index, buf)
             # Recorded at once (as the local log does), so that a retry arriving while this
             # append is in flight is answered as a duplicate rather than appended again.
             states.record_batches(heads, base)
             keys = []
-            for key in _idempotent_keys(heads):
-                if len(inflight) < INFLIGHT_PER_PARTITION_MAX:
-                    inflight[key] = inner
-                    keys.append(key)
+            with self._ready_lock:
+                for key in _idempotent_keys(heads):
+                    if len(inflight) < INFLIGHT_PER_PARTITION_MAX:
+                        inflight[key] = inner
+                        keys.append(key)
         out: Future[AppendResult] = Future()
 
         def done(f: Future[AppendAck]) -> None:
-            with p.lock:
+            with self._ready_lock:
                 for key in keys:
                     if inflight.get(key) is f:
                         del inflight[key]

@@ -358,9 +358,10 @@ class Engine:
     def submit_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[Future[AppendResult]]:
         """`append_batch` that never blocks its caller (the broker's event loop). The outer
         future resolves once the batches have offsets, with the future of their durability. While
-        memory is plentiful that is at once; while the memory pool is past its pressure ratio the
-        append (which may wait for room, `memory_wait_ms`) runs on the engine's append thread, one
-        at a time in arrival order."""
+        memory is plentiful that is at once; when these bytes would take the memory pool (the
+        unsealed buffers, or the flush buffer in cluster mode) past its pressure ratio the append
+        (which may wait for room, `memory_wait_ms`) runs on the engine's append thread, one at a
+        time in arrival order — the caller's thread never waits for room."""
         assigned: Future[Future[AppendResult]] = Future()
 
         def run() -> None:
@@ -370,7 +371,7 @@ class Engine:
                 assigned.set_exception(exc)
 
         pool = self.memory_pool
-        if pool.used_bytes < pool.pressure_bytes:
+        if pool.used_bytes + len(data) < pool.pressure_bytes:
             run()
         else:
             try:
