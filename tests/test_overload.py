@@ -29,6 +29,8 @@ from kafka.protocol.producer import ProduceRequest
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.overload import (
+    CONNECTION_FLOOR_BYTES,
+    CONNECTION_SHARE_DIVISOR,
     THROTTLE_MS_MAX,
     THROTTLE_MS_MIN,
     RequestBytes,
@@ -48,7 +50,7 @@ def pool(used: int, budget: int = 100, pressure: int = 75) -> SimpleNamespace:
 
 
 def test_throttle_is_zero_until_pressure_then_grows_to_the_max() -> None:
-    gate = RequestBytes(10)
+    gate = RequestBytes(10, 10)
     assert produce_throttle_ms(pool(0), 0.0, gate) == 0
     assert produce_throttle_ms(pool(74), 0.0, gate) == 0
     assert produce_throttle_ms(pool(75), 0.0, gate) == THROTTLE_MS_MIN
@@ -56,21 +58,79 @@ def test_throttle_is_zero_until_pressure_then_grows_to_the_max() -> None:
     assert produce_throttle_ms(pool(100), 0.0, gate) == THROTTLE_MS_MAX
     assert produce_throttle_ms(pool(0), 0.2, gate) == 200  # waited for memory: at least that long
     assert produce_throttle_ms(pool(0), 30.0, gate) == THROTTLE_MS_MAX
-    gate.add(10)
+    gate.connection().add(CONNECTION_FLOOR_BYTES + 10)
     assert produce_throttle_ms(pool(0), 0.0, gate) == THROTTLE_MS_MIN  # request bytes spent
 
 
-def test_request_bytes_pause_readers_until_released() -> None:
+def test_every_connection_keeps_its_floor_however_full_the_bound_is() -> None:
+    gate = RequestBytes(MIB, 100 * MIB)
+    hog, other = gate.connection(), gate.connection()
+    hog.add(CONNECTION_FLOOR_BYTES + gate.share)  # its floor and its whole share
+    assert hog.pooled == gate.share and gate.used == gate.share
+    assert hog.allowance(0) == 0  # between frames and at its share: not read
+    assert other.allowance(0) == CONNECTION_FLOOR_BYTES + gate.share  # the rest is the others'
+    for _ in range(CONNECTION_SHARE_DIVISOR - 1):  # spend the bound
+        gate.connection().add(CONNECTION_FLOOR_BYTES + gate.share)
+    assert gate.full
+    assert other.allowance(0) == CONNECTION_FLOOR_BYTES  # its floor still: small requests are read
+    other.add(CONNECTION_FLOOR_BYTES)
+    assert other.allowance(0) == 0
+    other.add(-CONNECTION_FLOOR_BYTES)  # answered
+    assert other.held == 0 and gate.full
+
+
+def test_frames_in_progress_finish_one_at_a_time_under_the_overdraft_lease() -> None:
     async def main() -> None:
-        gate = RequestBytes(100)
-        await asyncio.wait_for(gate.wait_for_room(), 1)  # room: at once
-        gate.add(100)
-        waiters = [asyncio.ensure_future(gate.wait_for_room()) for _ in range(3)]
+        gate = RequestBytes(MIB, 2 * MIB)
+        frame = 3 * MIB // 2
+        a, b = gate.connection(), gate.connection()
+        for c in (a, b):  # each in the middle of a 1.5 MiB frame, at its floor and share
+            c.add(CONNECTION_FLOOR_BYTES + gate.share)
+        filler = gate.connection()
+        filler.add(CONNECTION_FLOOR_BYTES + gate.limit - gate.used)
+        assert gate.full and a.allowance(frame - a.held) == 0
+        got_a = await asyncio.wait_for(a.room(frame - a.held), 1)  # the lease: at once
+        assert a.leased and got_a == frame - a.held  # the rest of its frame, past the bound
+        waiting_b = asyncio.ensure_future(b.room(frame - b.held))
         await asyncio.sleep(0.05)
-        assert not any(w.done() for w in waiters) and gate.paused == 3 and gate.pauses == 3
-        gate.add(-1)
-        await asyncio.wait_for(asyncio.gather(*waiters), 1)
-        assert gate.paused == 0 and gate.used == 99
+        assert not waiting_b.done() and gate.paused == 1  # B waits for the lease
+        a.add(got_a)
+        a.frame_done()  # A's frame is complete: the lease goes to B
+        got_b = await asyncio.wait_for(waiting_b, 1)
+        assert b.leased and not a.leased and gate.leases == 1
+        # the overdraft is bounded (one frame in all): B gets what is left of it, not its whole rest
+        assert got_b == gate.limit + gate.overdraft - gate.used < frame - b.held
+        b.add(got_b)
+        assert gate.used == gate.limit + gate.overdraft
+        waiting_more = asyncio.ensure_future(b.room(frame - b.held))
+        await asyncio.sleep(0.05)
+        assert not waiting_more.done()
+        a.add(-frame)  # A's request answered: its bytes come back
+        assert await asyncio.wait_for(waiting_more, 1) == frame - b.held  # B finishes
+        for c in (a, b, filler):
+            c.close()
+        assert gate.used == 0 and gate.paused == 0
+
+    asyncio.run(main())
+
+
+def test_a_stalled_reader_does_not_head_the_lease_line() -> None:
+    async def main() -> None:
+        gate = RequestBytes(MIB, 2 * MIB)
+        holder, stalled, waiter = gate.connection(), gate.connection(), gate.connection()
+        filler = gate.connection()
+        filler.add(CONNECTION_FLOOR_BYTES + gate.limit)
+        holder.add(CONNECTION_FLOOR_BYTES)
+        assert await holder.room(MIB) > 0 and holder.leased
+        stalled.add(CONNECTION_FLOOR_BYTES)
+        queued = asyncio.ensure_future(stalled.room(MIB))
+        await asyncio.sleep(0.01)
+        filler.add(-MIB)  # room again: `stalled` reads without the lease, then waits on its socket
+        assert await asyncio.wait_for(queued, 1) > 0 and not stalled.leased
+        holder.frame_done()
+        waiter.add(CONNECTION_FLOOR_BYTES)
+        filler.add(MIB)
+        assert await asyncio.wait_for(waiter.room(MIB), 1) > 0 and waiter.leased  # not behind `stalled`
 
     asyncio.run(main())
 
@@ -169,10 +229,10 @@ def test_produce_under_memory_pressure_is_throttled_and_nothing_acknowledged_is_
 
 
 def test_request_bytes_bound_pauses_reading_and_a_frame_in_progress_finishes(tmp_path: Path) -> None:
-    """queued_max_request_bytes = 1 MiB on the real broker. A sends the first half of a 1.2 MB
-    Produce and B the first half of another: A reserves its whole frame, which spends the bound,
-    so B's chunk and C's ApiVersions are held undecoded and nothing more is read from them. A's second half is read anyway (a frame in
-    progress finishes), A is answered, and then B and C are too; the gauge returns to 0."""
+    """queued_max_request_bytes = 1 MiB on the real broker (a share of 256 KiB per connection). A
+    and B each send the first half of a 1.2 MB Produce: A takes the overdraft lease and reads on,
+    B waits for it (not read); C's ApiVersions is answered at once (its floor). Once the second
+    halves come, A finishes, the lease goes to B, both are answered; the gauge returns to 0."""
     from test_broker_malformed import RawClient
 
     metrics_port = free_port()
@@ -190,26 +250,20 @@ def test_request_bytes_bound_pauses_reading_and_a_frame_in_progress_finishes(tmp
             time.sleep(0.5)
             bb.sock.sendall(frames[1][:half])
             time.sleep(0.5)
-            c.proto.send_request(ApiVersionsRequest[0]())
-            c.sock.sendall(c.proto.send_bytes())
-            time.sleep(0.5)
             paused = scrape(metrics_port)
-            assert paused["loglake_request_read_paused_connections"] == 2, str({k: v for k, v in paused.items() if "request_" in k or "bytes_" in k})
-            assert paused["loglake_request_queue_bytes"] >= MIB
-            c.sock.settimeout(0.5)
-            with pytest.raises(TimeoutError):
-                c.sock.recv(1)  # not read, so not answered
-            c.sock.settimeout(10)
+            assert paused["loglake_request_read_paused_connections"] == 1, str({k: v for k, v in paused.items() if "request_" in k or "bytes_" in k})
+            assert paused["loglake_request_queue_bytes"] > MIB // 2  # A past its share (the lease), B at it
+            started = time.monotonic()
+            assert c.request(ApiVersionsRequest[0]()).error_code == 0  # answered while B waits
+            assert time.monotonic() - started < 2
             bb.sock.sendall(frames[1][half:])
             a.sock.sendall(frames[0][half:])
             for client in (a, bb):
                 _corr, resp = client.receive()
                 assert [p.error_code for p in resp.responses[0].partition_responses] == [0, 0]
-            _corr, versions = c.receive()
-            assert versions.error_code == 0
         deadline = time.monotonic() + 5
         while scrape(metrics_port)["loglake_request_queue_bytes"] != 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         after = scrape(metrics_port)
         assert after["loglake_request_queue_bytes"] == 0 and after["loglake_request_read_paused_connections"] == 0
-        assert after["loglake_request_read_pauses_total"] >= 2
+        assert after["loglake_request_read_pauses_total"] >= 1 and after["loglake_request_overdraft_leases_total"] >= 2

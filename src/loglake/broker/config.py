@@ -114,6 +114,7 @@ class BrokerConfig:
     max_frame_bytes: int = default_of("max_frame_bytes", int)
     max_inflight_per_connection: int = default_of("max_inflight_per_connection", int)
     idle_timeout_ms: int = default_of("idle_timeout_ms", int)
+    frame_receive_timeout_ms: int = default_of("frame_receive_timeout_ms", int)
     max_connections: int = default_of("max_connections", int)
     #: Kafka's queued.max.request.bytes: request bytes read and not yet handled, all connections
     #: together; while spent, no connection is read (loglake.broker.overload, docs/RELIABILITY.md).

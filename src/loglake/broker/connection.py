@@ -52,6 +52,7 @@ from loglake.broker.handlers import ADVERTISED, HANDLERS, api_name
 from loglake.broker.metrics import response_error
 from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol import (
+    FRAME_PREFIX_BYTES,
     ApiKey,
     DecodedRequest,
     FrameDecoder,
@@ -77,6 +78,7 @@ log = logging.getLogger("loglake.broker")
 
 #: Bytes read from a socket per call (loglake.broker.overload counts it into CONNECTION_BYTES).
 READ_CHUNK_BYTES = overload.READ_CHUNK_BYTES
+SEND_CHUNK_BYTES = overload.SEND_CHUNK_BYTES
 
 
 class ConnectionServer(Protocol):
@@ -112,6 +114,9 @@ class Connection:
         self.security = security or SecurityContext.plaintext(server.ctx.advertised_host, server.ctx.advertised_port)
         self.security.peer_host = self.peer_host
         self.append_lock = asyncio.Lock()
+        #: Request bytes read and not yet answered (each frame's with its size prefix), in the
+        #: shared bound (overload.RequestBytes); released as requests are answered.
+        self.request_bytes = server.request_bytes.connection()
         self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[list[OutBuffer] | None], int] | None] = (
             asyncio.Queue(self.ctx.config.max_inflight_per_connection)
         )
@@ -137,47 +142,55 @@ class Connection:
         return self.ctx.config.max_frame_bytes
 
     @property
+    def send_buffered(self) -> int:
+        """Response bytes in this connection's transport, not yet taken by the socket."""
+        transport = self.writer.transport
+        return 0 if transport.is_closing() else transport.get_write_buffer_size()
+
+    @property
     def off_loop(self) -> OffLoop:
         return self.ctx.off_loop
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
         decoder = self.decoder
-        gate = self.server.request_bytes
-        partial = 0  # bytes of the frame in progress counted in `gate` (its declared size once reserved)
+        held = self.request_bytes
+        frame_started = 0.0  # time.monotonic() of the frame in progress's first byte
         try:
             while not self.closing:
-                if decoder.buffered == 0:
-                    await gate.wait_for_room()
-                else:
-                    whole = decoder.buffered + decoder.bytes_needed()
-                    if partial < whole:  # reserve the rest of the frame before reading it
-                        await gate.wait_for_room()
-                        gate.add(whole - partial)
-                        partial = whole
+                frame_left = decoder.bytes_needed() if decoder.buffered else 0
+                waited = time.monotonic()
+                allowed = await held.room(frame_left)
                 await wait_unmuted(self, self.ctx.quotas)
-                idle_s = self.ctx.config.idle_timeout_ms / 1000.0  # connections.max.idle.ms is dynamic
+                if frame_left:  # the broker's own waits do not count against the client
+                    frame_started += time.monotonic() - waited
+                config = self.ctx.config  # connections.max.idle.ms is dynamic
+                idle_s = config.idle_timeout_ms / 1000.0
+                frame_s = frame_started + config.frame_receive_timeout_ms / 1000.0 - time.monotonic()
+                timeout_s = min(idle_s, frame_s) if frame_left else idle_s
                 try:
-                    data = await asyncio.wait_for(self.reader.read(READ_CHUNK_BYTES), idle_s)
+                    data = await asyncio.wait_for(self.reader.read(min(READ_CHUNK_BYTES, allowed)), max(timeout_s, 0.0))
                 except TimeoutError:
-                    log.info("closing %s: idle for %.0f s", self.peer, idle_s)
+                    if frame_left and frame_s <= idle_s:
+                        self._frame_timed_out(config.frame_receive_timeout_ms)
+                    else:
+                        log.info("closing %s: idle for %.0f s", self.peer, idle_s)
                     break
                 if not data:
                     break
                 self.ctx.metrics.bytes_in += len(data)
-                if decoder.buffered == 0 and gate.full:
-                    # It passed the gate before this arrived: hold the chunk (CONNECTION_BYTES
-                    # counts it) undecoded until there is room, and read nothing more meanwhile.
-                    await gate.wait_for_room()
+                if not decoder.buffered:
+                    frame_started = time.monotonic()
+                held.add(len(data))
                 try:
                     frames = decoder.feed(data)
                 except FrameTooLargeError as exc:
                     self._protocol_error("frame_too_large", exc)
                     break
-                # A completed frame's bytes are counted by _dispatch; the next one's as they arrive.
-                if frames or decoder.buffered > partial:
-                    gate.add(decoder.buffered - partial)
-                    partial = decoder.buffered
+                if frames:
+                    held.frame_done()
+                    if decoder.buffered:  # the next frame began in this chunk
+                        frame_started = time.monotonic()
                 stop = False
                 for frame in frames:
                     await wait_unmuted(self, self.ctx.quotas)  # pipelined requests wait out a quota throttle, as in Kafka
@@ -191,13 +204,23 @@ class Connection:
         finally:
             if self.sasl is not None:
                 self.sasl.close()
-            gate.add(-partial)
             await self._queue.put(None)
             try:
                 await writer_task
             finally:
                 self._drain_queue()  # whatever the reader queued after the writer stopped
+                held.close()
                 self._close_transport()
+
+    def _frame_timed_out(self, timeout_ms: int) -> None:
+        self.ctx.metrics.protocol_errors["frame_timeout"] += 1
+        d = self.decoder
+        self.limited.warning(
+            ("frame_timeout", self.peer_host),
+            "closing %s: a request of %d bytes had not arrived %d ms after its first byte (%d bytes came); "
+            "a stalled or very slow client (frame_receive_timeout_ms)",
+            self.peer, d.buffered + d.bytes_needed() - 4, timeout_ms, max(d.buffered - 4, 0),
+        )
 
     async def _dispatch(self, frame: bytes | bytearray | memoryview) -> bool:
         """Decode one frame and queue its handling; False when the connection must close."""
@@ -208,8 +231,7 @@ class Connection:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[list[OutBuffer] | None] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
-                self.server.request_bytes.add(len(frame))
-                await self._queue.put((None, done, len(frame)))
+                await self._queue.put((None, done, FRAME_PREFIX_BYTES + len(frame)))
                 return True
             self._protocol_error("unsupported_version", exc)
             return False
@@ -219,8 +241,7 @@ class Connection:
         if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key)):
             return False
         task = asyncio.ensure_future(self._handle(req))
-        self.server.request_bytes.add(len(frame))
-        await self._queue.put((req, task, len(frame)))
+        await self._queue.put((req, task, FRAME_PREFIX_BYTES + len(frame)))
         return True
 
     async def _handle(self, req: DecodedRequest) -> list[OutBuffer] | None:
@@ -265,7 +286,7 @@ class Connection:
                 # The request is handled: its frame is released (the response is the writer's,
                 # one at a time per connection), so a client that does not read its responses
                 # holds no more than max_inflight_per_connection of them.
-                self.server.request_bytes.add(-size)
+                self.request_bytes.add(-size)
             if not buffers:
                 continue
             try:
@@ -274,7 +295,7 @@ class Connection:
                         await send_file_range(self, buf)
                         self.ctx.metrics.bytes_out += buf.length
                     elif isinstance(buf, bytes | bytearray | memoryview):
-                        self._write(buf)
+                        await self._send(buf)
                         self.ctx.metrics.bytes_out += len(buf)
                     else:  # a file range the engine did not make: nothing opens it
                         raise TypeError(f"cannot send a {type(buf).__name__}")
@@ -290,6 +311,18 @@ class Connection:
                 self._drain_queue()
                 return
 
+    async def _send(self, data: bytes | bytearray | memoryview) -> None:
+        """Hand `data` to the transport SEND_CHUNK_BYTES at a time, each drained before the next:
+        the transport copies what the socket does not take at once (Python 3.11), so a client that
+        does not read holds one piece's copy, not the response's."""
+        if len(data) <= SEND_CHUNK_BYTES:
+            self._write(data)
+            return
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), SEND_CHUNK_BYTES):
+            self._write(view[start : start + SEND_CHUNK_BYTES])
+            await self.writer.drain()
+
     def _write(self, data: bytes | bytearray | memoryview) -> None:
         # A closed TLS transport (shutdown closed it while a response was on its way) fails writes
         # with AttributeError in Python 3.11's sslproto rather than a ConnectionError: say it as one.
@@ -302,7 +335,7 @@ class Connection:
             item = self._queue.get_nowait()
             if item is not None:
                 item[1].cancel()
-                self.server.request_bytes.add(-item[2])
+                self.request_bytes.add(-item[2])
 
     def _protocol_error(self, kind: str, exc: BaseException) -> None:
         self.ctx.metrics.protocol_errors[kind] += 1

@@ -136,6 +136,8 @@ class Metrics:
         self.request_bytes: RequestBytes | None = None
         #: () -> the RSS budget in bytes (max_connections is dynamic, so it is computed per scrape).
         self.rss_budget: Callable[[], int] | None = None
+        #: () -> bytes of responses in the connections' transports, not yet taken by their sockets.
+        self.send_buffered: Callable[[], int] | None = None
         self.produce_throttled = 0
         self.produce_throttle_ms = 0
         self.protocol_errors: dict[str, int] = defaultdict(int)
@@ -183,6 +185,15 @@ def _overload_families(m: Metrics) -> Iterator[Metric]:
             gate.pauses,
         )
         yield _gauge("loglake_request_read_paused_connections", "Connections not read now: queued_max_request_bytes spent.", gate.paused)
+        yield _counter(
+            "loglake_request_overdraft_leases_total", "Frames finished past queued_max_request_bytes under the one overdraft lease.",
+            gate.leases,
+        )
+    if m.send_buffered is not None:
+        yield _gauge(
+            "loglake_send_buffer_bytes", "Response bytes handed to connections' transports and not yet sent (per connection at most SEND_CHUNK_BYTES + 64 KiB).",
+            m.send_buffered(),
+        )
     yield _counter("loglake_produce_throttled_total", "Produce responses with throttle_time_ms above 0.", m.produce_throttled)
     yield _counter("loglake_produce_throttle_ms_total", "Sum of throttle_time_ms of Produce responses.", m.produce_throttle_ms)
     if m.rss_budget is not None:

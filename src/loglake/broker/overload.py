@@ -5,12 +5,16 @@ Three things keep a broker's memory bounded when clients send more than it can t
 
 * the engine's memory pool (`memory_budget_bytes`) bounds unsealed data; an append that finds it
   full waits (up to `memory_wait_ms`, then REQUEST_TIMED_OUT, retriable);
-* `RequestBytes` bounds request frames read from sockets and not yet answered, across all
-  connections (`queued_max_request_bytes`, Kafka's queued.max.request.bytes): while it is spent,
-  connections stop being read (TCP back-pressure; one already waiting for data holds the chunk it
-  got undecoded) — except one in the middle of a frame, which reserves the frame's declared size
-  and finishes it so that its bytes can be handled and released (without that, connections
-  holding partial frames could wait for each other forever);
+* `RequestBytes` bounds request bytes read from sockets and not yet answered, across all
+  connections (`queued_max_request_bytes`, Kafka's queued.max.request.bytes), granted as bytes
+  arrive — never for the size a prefix merely claims. Every connection may hold
+  `CONNECTION_FLOOR_BYTES` outside it (so the small requests every client lives on are read
+  whatever the bound holds), and at most a `CONNECTION_SHARE_DIVISOR`-th of it beyond that. A
+  connection whose frame needs more waits for the one overdraft lease: its holder finishes that
+  frame past the bound, by at most `max_frame_bytes` in all (the one frame the RSS budget lets
+  cross it), so frames in progress never wait for each other forever. When the bound is spent,
+  only connections that hold it (or want more than their floor) stop being read. A frame must
+  arrive within `frame_receive_timeout_ms` of its first byte, or its connection is closed;
 * `max_connections` bounds connections, each holding at most `CONNECTION_BYTES` of buffers
   outside the two budgets above.
 
@@ -24,6 +28,7 @@ pressure, an append had to wait for memory, or the request bytes are spent; clie
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,10 +37,21 @@ from loglake.engine.config import EngineConfig
 
 #: Bytes read from a socket per call (the connection's read loop).
 READ_CHUNK_BYTES = 256 * 1024
+#: Request bytes each connection may hold outside `queued_max_request_bytes`: ApiVersions,
+#: Metadata, heartbeats, commits and small produces are read however full the bound is.
+CONNECTION_FLOOR_BYTES = 64 * 1024
+#: One connection holds at most 1/this of `queued_max_request_bytes` beyond its floor (a larger
+#: frame finishes under the overdraft lease), so a few stalled or non-reading clients cannot spend it.
+CONNECTION_SHARE_DIVISOR = 4
+#: Bytes of a response handed to the transport at a time: the writer waits for each piece to
+#: drain, so a client that does not read holds at most this (and the transport's high-water
+#: mark) of copies, whatever the response's size.
+SEND_CHUNK_BYTES = 256 * 1024
 #: What one connection holds outside the request-bytes bound: asyncio's StreamReader buffer
 #: (the transport pauses above twice its limit, READ_CHUNK_BYTES, and one socket read may land on
-#: top), the chunk being decoded, and the connection's objects (tasks, queue, transport).
-CONNECTION_BYTES = 4 * READ_CHUNK_BYTES + 64 * 1024
+#: top), the chunk being decoded, its request floor, the piece of a response being sent (and the
+#: transport's write buffer up to its 64 KiB high-water mark), and the connection's objects.
+CONNECTION_BYTES = 4 * READ_CHUNK_BYTES + CONNECTION_FLOOR_BYTES + SEND_CHUNK_BYTES + 64 * 1024 + 64 * 1024
 #: The process without data: interpreter, loglake and its libraries loaded, thread stacks touched,
 #: metadata state of a small broker (measured: about 90 MiB idle on CPython 3.11; doubled).
 BASE_RSS_BYTES = 192 * 1024 * 1024
@@ -50,40 +66,137 @@ THROTTLE_MS_MIN = 50
 
 
 class RequestBytes:
-    """Bytes of requests read and not yet answered, across all connections (one event loop)."""
+    """Bytes of requests read and not yet answered, across all connections (one event loop; the
+    module doc has the rules). Each connection holds a `ConnectionBytes` of it."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, overdraft: int) -> None:
         self.limit = limit
-        self.used = 0
-        #: Times a connection waited before reading because the bound was spent.
+        #: How far past `limit` the lease holder may read (max_frame_bytes: one frame).
+        self.overdraft = overdraft
+        self.used = 0  # bytes held beyond the connections' floors
+        #: Times a connection waited before reading because the bound (or its share) was spent.
         self.pauses = 0
         #: Connections waiting now.
         self.paused = 0
-        self._room: asyncio.Event | None = None
+        #: Frames finished under the overdraft lease.
+        self.leases = 0
+        self._lease: ConnectionBytes | None = None
+        self._lease_queue: collections.deque[ConnectionBytes] = collections.deque()  # bounded by max_connections
+        self._changed: asyncio.Event | None = None
 
     @property
     def full(self) -> bool:
         return self.used >= self.limit
 
-    def add(self, n: int) -> None:
-        self.used += n
-        if n < 0 and self.used < self.limit and self._room is not None:
-            self._room.set()
-            self._room = None
+    @property
+    def share(self) -> int:
+        """The most one connection holds beyond its floor without the lease."""
+        return max(self.limit // CONNECTION_SHARE_DIVISOR, READ_CHUNK_BYTES)
 
-    async def wait_for_room(self) -> None:
-        """Return once fewer than `limit` bytes are held (at once if they are)."""
-        if self.used < self.limit:
-            return
-        self.pauses += 1
-        self.paused += 1
+    def connection(self) -> ConnectionBytes:
+        return ConnectionBytes(self)
+
+    def _change(self, delta: int) -> None:
+        self.used += delta
+        if delta < 0:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    def _take_lease(self, c: ConnectionBytes) -> bool:
+        if self._lease is c:
+            return True
+        if c not in self._lease_queue:
+            self._lease_queue.append(c)
+        if self._lease is None and self._lease_queue[0] is c:
+            self._lease = self._lease_queue.popleft()
+            return True
+        return False
+
+    def _drop_lease(self, c: ConnectionBytes) -> None:
+        if self._lease is c:
+            self._lease = None
+            self.leases += 1
+            self._wake()
+        elif c in self._lease_queue:
+            self._lease_queue.remove(c)
+
+    async def _wait(self) -> None:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
+
+
+class ConnectionBytes:
+    """One connection's request bytes read and not yet answered: its floor, then the shared bound."""
+
+    def __init__(self, gate: RequestBytes) -> None:
+        self.gate = gate
+        self.held = 0
+
+    @property
+    def pooled(self) -> int:
+        """Bytes of the shared bound this connection holds."""
+        return max(0, self.held - CONNECTION_FLOOR_BYTES)
+
+    @property
+    def leased(self) -> bool:
+        return self.gate._lease is self
+
+    def allowance(self, frame_left: int) -> int:
+        """Bytes this connection may read now; `frame_left`: what its frame in progress still
+        misses (0 between frames)."""
+        g = self.gate
+        room = max(0, CONNECTION_FLOOR_BYTES - self.held)
+        if g.used < g.limit:
+            room += max(0, min(g.limit - g.used, g.share - self.pooled))
+        if frame_left and g._lease is self:
+            room = max(room, min(frame_left, g.limit + g.overdraft - g.used))
+        return room
+
+    async def room(self, frame_left: int) -> int:
+        """Wait until this connection may read; how many bytes. In the middle of a frame it
+        queues for the overdraft lease when the bound (or its share) has no room for it."""
+        g = self.gate
+        allowed = self.allowance(frame_left)
+        if allowed > 0:
+            return allowed
+        g.pauses += 1
+        g.paused += 1
         try:
-            while self.used >= self.limit:
-                if self._room is None:
-                    self._room = asyncio.Event()
-                await self._room.wait()
+            while True:
+                if frame_left and g._take_lease(self):
+                    allowed = self.allowance(frame_left)
+                    if allowed > 0:
+                        return allowed
+                await g._wait()
+                allowed = self.allowance(frame_left)
+                if allowed > 0:
+                    return allowed
         finally:
-            self.paused -= 1
+            g.paused -= 1
+            if not self.leased:  # read without it: out of the line (a stalled reader must not head it)
+                g._drop_lease(self)
+
+    def add(self, n: int) -> None:
+        """`n` bytes read (negative: released once answered)."""
+        before = self.pooled
+        self.held += n
+        if self.held < 0:
+            raise AssertionError("a connection released more request bytes than it read")
+        self.gate._change(self.pooled - before)
+
+    def frame_done(self) -> None:
+        """The frame in progress is complete: the lease (if held) goes to the next in line."""
+        self.gate._drop_lease(self)
+
+    def close(self) -> None:
+        """The connection is gone: everything it held is released."""
+        self.gate._drop_lease(self)
+        self.add(-self.held)
 
 
 class PoolLevels(Protocol):

@@ -196,6 +196,10 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "Requests one connection may have in flight before the broker stops reading from it."),
     _S("idle_timeout_ms", "connections.max.idle.ms", _LONG, 600_000, (1000, 7 * DAY_MS), "Close connections idle this long.",
        dynamic=_CW),
+    # Kafka has none: a request must arrive within this of its first byte (a stalled half-frame
+    # would otherwise hold its bytes until the idle timeout)
+    _S("frame_receive_timeout_ms", None, _LONG, 30_000, (100, DAY_MS),
+       "Close a connection whose request has not fully arrived this long after its first byte."),
     # Kafka's max.connections is an INT defaulting to Int.MaxValue ("no bound"): any int32 from 1 is taken.
     _S("max_connections", "max.connections", _INT, 10_000, (1, INT32_MAX),
        "Most concurrent client connections; new ones beyond it are closed at once.", dynamic=_CW),

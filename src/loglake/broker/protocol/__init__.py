@@ -41,7 +41,7 @@ from loglake.broker.protocol.fetch import (
     encode_fetch_response,
     fetch_limit_violations,
 )
-from loglake.broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
+from loglake.broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES, FrameDecoder
 from loglake.broker.protocol.messages import make_response, request_class, response_class
 from loglake.broker.protocol.produce import ProducePartitionData, ProduceRequestData, ProduceTopicData
 from loglake.broker.protocol.versions import DEFAULT_TABLE, SUPPORTED, ApiVersionRange, VersionTable
@@ -50,6 +50,7 @@ __all__ = [
     "BATCH_HEAD",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_TABLE",
+    "FRAME_PREFIX_BYTES",
     "SUPPORTED",
     "AbortedTransaction",
     "ApiKey",

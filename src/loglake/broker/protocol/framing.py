@@ -12,6 +12,8 @@ from struct import Struct
 from loglake.broker.protocol.errors import FrameTooLargeError
 
 _SIZE = Struct(">i")
+#: Bytes of the size prefix before every request and response.
+FRAME_PREFIX_BYTES = _SIZE.size
 
 #: Kafka's socket.request.max.bytes default.
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
@@ -39,12 +41,12 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held of the frame (and prefix) not yet complete."""
-        return len(self._prefix) + self._have + (4 if self._need >= 0 else 0)
+        return len(self._prefix) + self._have + (FRAME_PREFIX_BYTES if self._need >= 0 else 0)
 
     def bytes_needed(self) -> int:
         """Bytes still missing to complete the frame in progress (at least 1)."""
         if self._need < 0:
-            return 4 - len(self._prefix)
+            return FRAME_PREFIX_BYTES - len(self._prefix)
         return self._need - self._have
 
     def _start(self, size: int) -> None:
