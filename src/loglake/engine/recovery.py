@@ -98,6 +98,9 @@ def recover(
         p.durable_sealed_end = p.sealed_end
     losses = find_losses(catalog)
     check_losses(losses, accept_data_loss, data_dir)  # refuses, unless the loss is accepted
+    if not losses:  # only now is a torn tail known to be a write that was never acknowledged
+        for path, at, torn in wal.torn_tails:
+            log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, at, torn)
     report.acked_lost = [str(x) for x in losses]
     bump_after_recovery(catalog, clean=report.clean_shutdown, restored=remote_state is not None, report=report)
     meta.sync()  # adoptions are durable before any WAL file behind them may go
