@@ -2,11 +2,12 @@
 
 A real broker takes acks=all produces (durability fsync), records its acknowledged ends in the
 metadata, and is killed. The newest WAL file is then damaged as an operator's accident would
-damage it: cut short, or half of its last frames zeroed in place. The next start refuses (exit
-10, naming the partition and the lost offsets, pointing at --accept-data-loss) instead of calling
-it a torn write and handing the offsets out again. With --accept-data-loss it starts: the lost
-offsets stay reserved (an empty batch), consumers move past them, new records get offsets above
-everything ever acknowledged, and the leader epoch moves.
+damage it: cut short, its last tenth zeroed in place, or one bit of its last frame flipped. The
+next start refuses (exit 10, naming the partition and the lost offsets, pointing at
+--accept-data-loss) instead of calling it a torn write and handing the offsets out again; its log
+does not call the damage an unacknowledged write either. With --accept-data-loss it starts: the
+lost offsets stay reserved (an empty batch), consumers move past them, new records get offsets
+above everything ever acknowledged, and the leader epoch moves.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from loglake.engine.acked import empty_batch
 from loglake.errors import CorruptionError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.records.decode import decode_batch
-from loglake.wal.frame import encode_frame
+from loglake.wal.frame import decode_frame, encode_frame
 from loglake.wal.recovery import recover_wal
 
 from brokerkit import Broker
@@ -83,6 +84,15 @@ def _damage(path: Path, how: str) -> None:
     assert end > 100_000
     if how == "cut":  # the file cut short inside a frame, as a bad copy or a truncate(1) leaves it
         os.truncate(path, end // 2 + 7)
+    elif how == "flipped":  # one bit of the last frame's records: in the file alone, a torn write
+        buf = memoryview(raw)
+        pos, last = 0, None
+        while (frame := decode_frame(buf, pos)) is not None:
+            pos, last = pos + frame.size, frame
+        assert last is not None
+        with open(path, "r+b") as f:
+            f.seek(last.position + last.size // 2)
+            f.write(bytes([raw[last.position + last.size // 2] ^ 0x01]))
     else:  # the last tenth of the written bytes zeroed in place
         with open(path, "r+b") as f:
             f.seek(end - end // 10)
@@ -94,7 +104,7 @@ def _serve(data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=WAIT_S, env={**os.environ, **ENV})
 
 
-@pytest.mark.parametrize("how", ["cut", "zeroed"])
+@pytest.mark.parametrize("how", ["cut", "zeroed", "flipped"])
 def test_damaged_wal_refuses_to_start_and_an_accepted_loss_keeps_offsets(tmp_path: Path, how: str) -> None:
     data = tmp_path / "data"
     b = Broker(data, ["--default-partitions", "1"], env=ENV).start()
@@ -105,10 +115,12 @@ def test_damaged_wal_refuses_to_start_and_an_accepted_loss_keeps_offsets(tmp_pat
     b.stop(signal.SIGKILL)
     _damage(_newest_wal(data), how)
 
-    refused = _serve(data)
+    refused = _serve(data, "--log-level", "INFO")
     assert refused.returncode == 10, refused.stderr
     assert "--accept-data-loss" in refused.stderr
-    if how == "zeroed":  # a torn tail would explain the damage, the acknowledged end does not
+    # nothing calls the damage an unacknowledged write, at any level, before the check that refutes it
+    assert "unacknowledged" not in refused.stderr, refused.stderr
+    if how != "cut":  # a torn tail would explain the damage, the acknowledged end does not
         assert f"..{RECORDS - 1} (" in refused.stderr and "t-0 offsets" in refused.stderr, refused.stderr
     else:
         assert "cut short" in refused.stderr, refused.stderr

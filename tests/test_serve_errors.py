@@ -3,6 +3,7 @@ exit code per cause (src/loglake/cli/startup.py), as a real subprocess."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fskit import mounted_tmpfs
+from loglake.cli import startup
 from loglake.cli.startup import (
     EXIT_ADDRESS,
     EXIT_CONFIG,
@@ -25,6 +27,7 @@ from loglake.cli.startup import (
 from brokerkit import serving_broker
 
 LOGLAKE = [sys.executable, "-m", "loglake.cli.main"]
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
@@ -114,3 +117,17 @@ def test_no_room_for_the_wal_preallocation(small_fs: Path) -> None:
         producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
         producer.produce("fits", b"x" * 1000)
         assert producer.flush(30) == 0
+
+
+def test_every_exit_code_is_distinct_and_documented() -> None:
+    """The EXIT_* table in loglake/cli/startup.py is the one owner; README's list and the module's
+    own table name every code in it."""
+    codes = {name: value for name, value in vars(startup).items() if name.startswith("EXIT_")}
+    assert len(set(codes.values())) == len(codes), codes
+    text = README.read_text()
+    start = text.index("exits with a code that says why:")
+    listed = text[start : text.index('"Safe by default"', start)]
+    table = startup.__doc__ or ""
+    for name, value in codes.items():
+        assert re.search(rf"(?<![\w.]){value} [a-z`]", listed), f"README.md does not list exit code {value} ({name})"
+        assert re.search(rf"(?m)(^|\s){value}  \S", table), f"startup.py's table does not list exit code {value} ({name})"

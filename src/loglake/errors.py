@@ -148,6 +148,21 @@ class CorruptBatchError(CorruptionError):
         self.reason = detail
 
 
+class MetadataDamagedError(CorruptionError):
+    """The data directory's metadata does not load: every checkpoint is damaged, or a metadata
+    log record that was durable is (names the file and byte, as CorruptionError does). Nothing
+    opens without it. `meta_dir` is the damaged directory; `cold_store` the configured cold store
+    (None: none) and `copy_found` whether it holds a copy of this metadata to restore from (None:
+    it could not be told)."""
+
+    def __init__(self, cause: CorruptionError, meta_dir: str, cold_store: str | None, copy_found: bool | None) -> None:
+        super().__init__(cause.path, cause.offset, cause.detail)
+        self.args = (f"the metadata is damaged: {cause}",)
+        self.meta_dir = meta_dir
+        self.cold_store = cold_store
+        self.copy_found = copy_found
+
+
 class AcknowledgedDataLossError(LoglakeError):
     """Recovery found acknowledged records missing (engine/acked.py): the data directory was
     damaged, not torn by a crash. `losses` names each partition and offset range. Opening with

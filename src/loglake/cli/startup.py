@@ -12,6 +12,7 @@ Exit codes (also in README.md, "The broker"):
     3  invalid configuration              7  the data directory is not a directory
     4  address in use / not on this host  8  no space left on the device
                                           9  the data directory is in use by another process
+   10  acknowledged records are missing  11  the metadata is damaged
 
 2 is also a listener that does not authenticate clients bound to a non-loopback address without
 --allow-unauthenticated-public-listener (`UnsafeListenerError`; docs/SECURITY.md, "Safe by default").
@@ -22,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import shlex
 import socket
 from typing import NamedTuple
 
@@ -32,6 +34,7 @@ from loglake.errors import (
     DataDirLockedError,
     ListenError,
     LoglakeError,
+    MetadataDamagedError,
     StorageError,
     UnsafeListenerError,
 )
@@ -46,6 +49,7 @@ EXIT_NOT_A_DIRECTORY = 7
 EXIT_NO_SPACE = 8
 EXIT_LOCKED = 9
 EXIT_DATA_LOSS = 10
+EXIT_META_DAMAGED = 11
 
 log = logging.getLogger("loglake.serve")
 MIB = 1024 * 1024
@@ -144,6 +148,25 @@ def check_space(
     return None
 
 
+def _restore_hint(exc: MetadataDamagedError) -> str:
+    """How to get the metadata back: from the cold store's copy (an empty `meta/` and the same
+    --cold-store: recovery restores it, keeping the segments and WAL that are still here), or
+    from a backup when no store holds one."""
+    see = 'docs/RELIABILITY.md, "Damaged metadata"'
+    if exc.cold_store is None or exc.copy_found is False:
+        where = "no cold store (--cold-store) is configured" if exc.cold_store is None else f"the cold store {exc.cold_store} holds no copy of it"
+        return f"{where}, so there is no copy to restore it from: restore the data directory from a backup ({see})"
+    meta = shlex.quote(exc.meta_dir)
+    data_dir = shlex.quote(os.path.dirname(exc.meta_dir))
+    holds = "holds a copy of it" if exc.copy_found else "may hold a copy of it (this could not be checked)"
+    return (
+        f"the cold store {exc.cold_store} {holds} (at most meta_publish_interval_ms, 1 s by default, behind): move "
+        f"the damaged metadata aside and start again with the same --cold-store to restore it from there, keeping "
+        f"the segments and WAL here: mv {meta} {meta}.damaged && loglake serve --data-dir {data_dir} --cold-store "
+        f"{shlex.quote(exc.cold_store)} (with your other flags; {see})"
+    )
+
+
 def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
     """The failure to report for `exc`, or None when it is not a start-up failure we know (a bug:
     the caller lets it propagate with its traceback)."""
@@ -160,6 +183,8 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
         return StartupFailure(EXIT_ADDRESS, str(exc))
     if isinstance(exc, DataDirLockedError):
         return StartupFailure(EXIT_LOCKED, str(exc))
+    if isinstance(exc, MetadataDamagedError):
+        return StartupFailure(EXIT_META_DAMAGED, str(exc), _restore_hint(exc))
     wal_damage = isinstance(exc, CorruptionError) and f"{os.sep}wal{os.sep}" in exc.path
     if isinstance(exc, AcknowledgedDataLossError) or wal_damage:
         return StartupFailure(
@@ -190,6 +215,7 @@ __all__ = [
     "EXIT_DATA_LOSS",
     "EXIT_ERROR",
     "EXIT_LOCKED",
+    "EXIT_META_DAMAGED",
     "EXIT_NOT_A_DIRECTORY",
     "EXIT_NO_SPACE",
     "EXIT_PERMISSION",

@@ -67,6 +67,7 @@ from loglake.engine.verify import Progress, VerifyReport
 from loglake.engine.view import ClusterView, SingleNodeView
 from loglake.errors import ConfigError, EngineClosedError, EngineFailedError, LoglakeError, UnknownTopicError
 from loglake.fs.base import FileSystem
+from loglake.fs.modes import DIR_MODE, FILE_MODE
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.layout import meta_dir, wal_dir
 from loglake.meta.lock import DataDirLock
@@ -200,6 +201,7 @@ class Engine:
         self.fs.makedirs(self.data_dir)
         self._dir_lock.acquire()
         try:
+            _make_private(self.fs, self.data_dir)
             report = self.log.open()
         except BaseException:
             self._dir_lock.release()
@@ -655,6 +657,35 @@ class Engine:
     @property
     def read_errors(self) -> ReadErrors:
         return self.log.read_errors
+
+
+def _make_private(fs: FileSystem, data_dir: str) -> None:
+    """The data directory and everything in it for the broker's user only (loglake.fs.modes).
+    What loglake creates already is; this narrows what an earlier release left readable (0644
+    files, 0755 directories), saying so in one line. Narrowing, not refusing as PostgreSQL does:
+    an upgrade opens the previous release's data without a manual chmod, and taking bits away
+    never keeps loglake from its own files."""
+    narrowed = fs.make_private(data_dir)
+    if narrowed.shared_root:
+        log.warning(
+            "data directory %s is a shared directory (sticky bit, as /tmp): file modes in it are left as they are, "
+            "and other users may read what they allow; give loglake a directory of its own (docs/SECURITY.md, "
+            "\"Files on disk\")",
+            data_dir,
+        )
+    if narrowed.changed:
+        path, mode = narrowed.changed[0]
+        log.warning(
+            "data directory %s was readable by other users: %d files and directories (e.g. %s, mode %03o) are now "
+            "the broker's user's only (directories %03o, files %03o; docs/SECURITY.md, \"Files on disk\")",
+            data_dir, len(narrowed.changed), path, mode, DIR_MODE, FILE_MODE,
+        )
+    if narrowed.left:
+        log.warning(
+            "data directory %s: %d entries other users may read could not be narrowed (another user's, e.g. %s): "
+            "chmod go= them",
+            data_dir, len(narrowed.left), narrowed.left[0],
+        )
 
 
 def open_engine(data_dir: str, **kwargs: Any) -> Engine:

@@ -30,12 +30,12 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import Stores
 from loglake.engine.types import RecoveryReport
-from loglake.errors import ConfigError, CorruptionError, LoglakeError
+from loglake.errors import ConfigError, CorruptionError, LoglakeError, MetadataDamagedError
 from loglake.fs.base import FileSystem
 from loglake.meta.layout import wal_dir
 from loglake.meta.lifecycle import Tier
 from loglake.meta.log import LocalMetaStore
-from loglake.meta.publish import find_clusters, read_remote_state
+from loglake.meta.publish import find_clusters, meta_prefix, read_remote_state
 from loglake.meta.records import Cluster
 from loglake.meta.state import MetaState, PartitionMeta
 from loglake.records.batch import peek_header
@@ -64,7 +64,13 @@ def recover(
     remote_state: MetaState | None = None
     if stores.cold is not None and meta.is_empty():
         remote_state = _read_cold(stores.cold, data_dir)
-    meta.open()
+    try:
+        meta.open()
+    except CorruptionError as exc:
+        cold = stores.cold
+        raise MetadataDamagedError(
+            exc, meta.directory, cold.url if cold is not None else None, _copy_in(cold, stores.hot) if cold is not None else None
+        ) from exc
     mr = meta.report
     report.snapshot_seq = mr.checkpoint_seq
     report.meta_records_replayed = mr.records_replayed
@@ -73,7 +79,7 @@ def recover(
     report.meta_migrated_from = mr.migrated_from
     if remote_state is not None:
         assert stores.cold is not None
-        _restore_from_cold(remote_state, stores.cold, report)
+        _restore_from_cold(remote_state, stores.cold, stores.hot, report)
         meta.replace_state(remote_state)
         report.restored_from = stores.cold.url
     if not meta.state.cluster_id:
@@ -98,11 +104,28 @@ def recover(
         p.durable_sealed_end = p.sealed_end
     losses = find_losses(catalog)
     check_losses(losses, accept_data_loss, data_dir)  # refuses, unless the loss is accepted
+    if not losses:  # only now is a torn tail known to be a write that was never acknowledged
+        for path, at, torn in wal.torn_tails:
+            log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, at, torn)
     report.acked_lost = [str(x) for x in losses]
     bump_after_recovery(catalog, clean=report.clean_shutdown, restored=remote_state is not None, report=report)
     meta.sync()  # adoptions are durable before any WAL file behind them may go
     report.seconds = time.perf_counter() - started
     return report, wal
+
+
+def _copy_in(cold: ObjectStore, hot: ObjectStore) -> bool | None:
+    """Does the cold store hold a copy of this data directory's metadata (to restore it from)?
+    Its cluster id is read from the hot store (which holds the segments and a copy of the metadata
+    under ``loglake-<cluster id>/``), so the bucket costs one short LIST, not a listing of every
+    segment. None: it cannot be told (no cluster id here, or a store failed)."""
+    try:
+        ids = find_clusters(hot)
+        if not ids:
+            return None
+        return any(cold.list(meta_prefix(cluster_id)) for cluster_id in ids)
+    except LoglakeError:
+        return None
 
 
 def _read_cold(cold: ObjectStore, data_dir: str) -> MetaState | None:
@@ -196,8 +219,11 @@ def _adopt(catalog: Catalog, store: ObjectStore, p: Partition, key: str) -> bool
     return True
 
 
-def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryReport) -> None:
-    """Disaster recovery: keep what the bucket really holds, drop what lived only on the lost disk."""
+def _restore_from_cold(state: MetaState, cold: ObjectStore, hot: ObjectStore, report: RecoveryReport) -> None:
+    """Disaster recovery: keep what the bucket really holds, drop what lived only on the lost disk.
+    A segment the bucket lacks that the hot store still holds (only the metadata was lost: a
+    damaged `meta/` moved aside) is not reported lost here: the hot store's reconciliation that
+    follows adopts it when it continues the chain, and warns when it does not."""
     for tm in state.topics.values():
         for i in range(tm.partitions):
             pm = state.partition(tm.topic_id, i)
@@ -211,6 +237,8 @@ def _restore_from_cold(state: MetaState, cold: ObjectStore, report: RecoveryRepo
             for k in range(kept):
                 table.set_tier(table.base_at(k), Tier.COLD)
             for seg in lost:
+                if hot.head(seg.key) is not None:
+                    continue
                 report.segments_lost.append(seg.key)
                 log.warning(
                     "segment %s was only on the lost local disk: offsets %d..%d are gone", seg.key, seg.base_offset, seg.last_offset

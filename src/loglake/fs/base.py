@@ -7,6 +7,8 @@ after any mutating call (see `loglake.fs.faulty`).
 Writes are positional (`pwrite`); callers track their own positions. Durability is explicit:
 data is durable after `File.datasync()`; a directory entry (create, rename, unlink) is durable
 after `FileSystem.fsync_dir()` of its parent directory.
+
+What a filesystem creates is its user's only (`loglake.fs.modes`: files 0600, directories 0700).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
+
+from loglake.fs.modes import Narrowed
 
 
 class Buffer(Protocol):
@@ -118,7 +122,7 @@ class FileSystem(abc.ABC):
 
     @abc.abstractmethod
     def open(self, path: str, *, write: bool = False, create: bool = False, exclusive: bool = False) -> File:
-        """Open `path`. `create` makes it if missing; `exclusive` fails if it exists."""
+        """Open `path`. `create` makes it if missing (`FILE_MODE`); `exclusive` fails if it exists."""
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...
@@ -132,7 +136,7 @@ class FileSystem(abc.ABC):
 
     @abc.abstractmethod
     def makedirs(self, path: str) -> None:
-        """Create a directory and its parents (no error if it exists); durable on return."""
+        """Create a directory and its parents (`DIR_MODE`; no error if it exists); durable on return."""
 
     @abc.abstractmethod
     def rename(self, src: str, dst: str) -> None:
@@ -153,6 +157,12 @@ class FileSystem(abc.ABC):
 
         Raises BlockingIOError when another holder has it.
         """
+
+    def make_private(self, path: str) -> Narrowed:
+        """Take the group's and others' permission bits off `path` and everything under it
+        (`loglake.fs.modes.narrow_tree`); what was changed. A filesystem without permissions
+        (a model) has nothing to do."""
+        return Narrowed()
 
     def disk_space(self, path: str) -> tuple[int, int] | None:
         """(bytes an unprivileged writer may still use, total bytes) of the filesystem holding

@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from loglake.fs.base import BytesLike, File, FileLock, FileSystem
+from loglake.fs.modes import DIR_MODE, FILE_MODE, Narrowed, narrow_tree
 
 #: os.writev accepts at most IOV_MAX buffers per call (1024 on Linux).
 IOV_MAX = 1024
@@ -154,7 +155,7 @@ class OsFileSystem(FileSystem):
             flags |= os.O_CREAT
         if exclusive:
             flags |= os.O_EXCL
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, FILE_MODE)
         return OsFile(path, fd)
 
     def exists(self, path: str) -> bool:
@@ -175,7 +176,7 @@ class OsFileSystem(FileSystem):
             probe = os.path.dirname(probe)
         for d in reversed(missing):
             try:
-                os.mkdir(d, 0o755)
+                os.mkdir(d, DIR_MODE)
             except FileExistsError:
                 if not os.path.isdir(d):
                     raise
@@ -197,6 +198,9 @@ class OsFileSystem(FileSystem):
         finally:
             os.close(fd)
 
+    def make_private(self, path: str) -> Narrowed:
+        return narrow_tree(path)
+
     def disk_space(self, path: str) -> tuple[int, int] | None:
         try:
             st = os.statvfs(path)
@@ -205,7 +209,7 @@ class OsFileSystem(FileSystem):
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
     def lock(self, path: str) -> FileLock:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -160,12 +160,13 @@ class LocalMetaStore:
         self.fs.makedirs(self.directory)
         state: MetaState | None = None
         seqs = self._list_checkpoints()
-        for seq in reversed(seqs):
+        for i, seq in reversed(list(enumerate(seqs))):
             path = posixpath.join(self.directory, checkpoint_name(seq))
             try:
                 state = decode_checkpoint(self.fs.read_file(path), path=path)
             except CorruptionError as exc:
-                log.error("metadata checkpoint %s is damaged at byte %d (%s); trying the previous one", path, exc.offset, exc.detail)
+                then = "trying the previous one" if i else "there is no other"
+                log.error("metadata checkpoint %s is damaged at byte %d (%s); %s", path, exc.offset, exc.detail, then)
                 self.report.checkpoints_damaged.append(path)
                 continue
             if state.seq != seq:

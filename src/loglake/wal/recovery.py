@@ -5,8 +5,10 @@ in sequence order. What recovery may do to a shard:
 
 * A zero length where a frame should start, in the untouched preallocated tail: the clean end.
 * A bad frame (length CRC, data CRC, trailer magic) in the newest file of a shard, with no intact
-  frame of a *later* group commit behind it: a torn write that was never acknowledged. The
-  file is truncated there and the bytes are counted in the report.
+  frame of a *later* group commit behind it: a torn tail. The file is truncated there and the
+  bytes are counted in the report (`torn_tails`). A torn write, never acknowledged, leaves one;
+  so does damage confined to the newest group, which the file alone cannot tell from it: the
+  engine does, by the acknowledged ends it checks after the replay (engine/acked.py).
 * A bad frame anywhere else, or with an intact later group behind it, or a newest file that ends
   inside a frame (cut short: a torn write never shortens a preallocated file): corruption of data
   that was once durable. Recovery stops with CorruptionError naming the file and byte offset; it
@@ -76,6 +78,9 @@ class WalRecovery:
     bytes_read: int = 0
     bytes_truncated: int = 0
     truncated_files: list[str] = field(default_factory=list)
+    #: torn tails cut: (file, byte the cut is at, bytes cut). Whether they were unacknowledged
+    #: writes is the caller's to tell (the engine checks acknowledged ends after the replay).
+    torn_tails: list[tuple[str, int, int]] = field(default_factory=list)
     #: bytes after the last frame of recycled files, cut (the newest file) or left (closed ones)
     recycled_bytes_cut: int = 0
     removed_files: list[str] = field(default_factory=list)
@@ -143,7 +148,10 @@ def _recover_shard(fs: FileSystem, directory: str, result: WalRecovery, accept: 
                     torn = max(0, garbage_end - bad_at)
                     result.bytes_truncated += torn
                     if not damaged:
-                        log.warning("WAL %s: torn tail at byte %d, %d bytes of an unacknowledged write truncated", path, bad_at, torn)
+                        # Not "unacknowledged" yet: damage can look the same, and only the check of
+                        # acknowledged ends after the replay tells (engine/acked.py).
+                        result.torn_tails.append((path, bad_at, torn))
+                        log.info("WAL %s: %d bytes from byte %d are no intact frame: cut there", path, torn, bad_at)
                 f.truncate(bad_at)
                 f.datasync()
         next_seq = max(next_seq, first_seq)

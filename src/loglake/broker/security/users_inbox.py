@@ -31,6 +31,7 @@ import os
 from loglake.broker.off_loop import OffLoop
 from loglake.broker.security.scram_store import ScramStore
 from loglake.errors import LoglakeError
+from loglake.fs.modes import DIR_MODE, FILE_MODE
 from loglake.meta.scram import to_credential
 from loglake.scram import MECHANISMS
 
@@ -59,7 +60,8 @@ Doc = dict[str, object]
 
 def write_atomically(directory: str, name: str, doc: Doc) -> None:
     tmp = os.path.join(directory, f".{name}.tmp")
-    with open(tmp, "w") as fh:
+    # a request holds a user's StoredKey and ServerKey: the broker's user's only, like the metadata
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE), "w") as fh:
         json.dump(doc, fh)
         fh.flush()
         os.fsync(fh.fileno())
@@ -159,7 +161,7 @@ def poll_once(store: ScramStore, data_dir: str) -> int:
 
 async def serve_inbox(store: ScramStore, data_dir: str, off_loop: OffLoop) -> None:
     """The broker's poller (a task of the server, cancelled at shutdown)."""
-    os.makedirs(inbox_path(data_dir), mode=0o700, exist_ok=True)
+    os.makedirs(inbox_path(data_dir), mode=DIR_MODE, exist_ok=True)
     while True:
         await asyncio.sleep(INBOX_POLL_S)
         try:
