@@ -37,11 +37,29 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
     return parse(value, what)
 
 
+def _simple_principal(text: str) -> bool:
+    """``Type:name`` whose name has no ``=`` (so not a certificate's DN, which has commas of its own)."""
+    kind, sep, name = text.strip().partition(":")
+    return bool(sep and kind and name) and "=" not in name
+
+
 def split_principals(value: list[str] | str, source: str) -> list[str]:
-    """`super_users` as a list of ``Type:name`` principals (Kafka separates them with ``;``; a
-    comma works too), or ConfigError naming the bad entry."""
-    items = [value] if isinstance(value, str) else list(value)
-    out = [p.strip() for item in items for part in item.split(";") for p in part.split(",") if p.strip()]
+    """`super_users` as a list of ``Type:name`` principals, or ConfigError naming the bad entry.
+
+    A string (a flag, LOGLAKE_SUPER_USERS, a TOML string) is separated by ``;``, as Kafka's
+    super.users is, so a certificate principal such as ``User:CN=admin,OU=eng,O=example`` is one
+    principal; a list (a TOML array) is taken element by element, never split. A piece of a
+    string whose comma-separated parts are each a ``Type:name`` principal without ``=`` in the
+    name (``User:a,User:b``) is still read as those principals, as before ``;`` was the separator.
+    """
+    if isinstance(value, str):
+        out = []
+        for piece in value.split(BROKER_SETTINGS["super_users"].separator):
+            parts = piece.split(",")
+            out += [p.strip() for p in parts] if len(parts) > 1 and all(map(_simple_principal, parts)) else [piece.strip()]
+    else:
+        out = [item.strip() for item in value]
+    out = [p for p in out if p]
     for principal in out:
         kind, sep, name = principal.partition(":")
         if not sep or not kind or not name:
