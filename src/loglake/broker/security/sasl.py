@@ -22,7 +22,9 @@ peer, the user and the reason (the client is told only that it failed), waits
 `connection_failed_authentication_delay_ms` and closes the connection. Every credential is a
 SCRAM credential in the metadata log (loglake.meta.scram); PLAIN derives the password against
 it. A user without one is answered with a fake credential derived from this broker's secret
-(`SECRET_FILE` in the data directory), so it fails exactly as a wrong password does.
+(`SECRET_FILE` in the data directory) and shaped as most real users' credentials are (their
+iteration count and salt length, `ScramStore.shapes`), so it fails exactly as a wrong password
+does: the same server-first message, the same key derivation for PLAIN.
 
 There is no KIP-368 re-authentication: SaslAuthenticate answers session_lifetime_ms = 0, so an
 authenticated connection stays authenticated until it closes.
@@ -59,9 +61,10 @@ from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc
-from loglake.meta.scram import to_credential
+from loglake.meta.scram import TypicalShapes, to_credential
 from loglake.scram import (
     MECHANISMS,
+    PLAIN_CHECKED_WITH,
     ScramCredential,
     ScramError,
     ScramServer,
@@ -201,6 +204,10 @@ class CredentialLookup(Protocol):
         """The stored credential document (the `scram_credential` record's), or None."""
         ...
 
+    def shapes(self) -> TypicalShapes:
+        """What the stored credentials look like (`loglake.meta.scram.typical_shapes`)."""
+        ...
+
 
 class SaslSettings(Protocol):
     """The broker settings SASL reads (`loglake.broker.config.BrokerConfig`, which imports this module)."""
@@ -228,16 +235,22 @@ class SaslAuthenticator:
         return None if doc is None else to_credential(mechanism, doc)
 
     def credential_or_fake(self, user: str, mechanism: str) -> tuple[ScramCredential, bool]:
+        """The user's credential, or a fake one shaped as most users' of `mechanism` are (whether it is real)."""
         cred = self.credential(user, mechanism)
-        return (cred, True) if cred is not None else (fake_credential(self.secret, mechanism, user), False)
+        if cred is not None:
+            return cred, True
+        return fake_credential(self.secret, mechanism, user, self.credentials.shapes().shape(mechanism)), False
 
     def check_plain(self, user: str, password: bytes) -> tuple[bool, str]:
-        """PLAIN against the user's SCRAM credential (SHA-512 if it has one, else SHA-256)."""
-        for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+        """PLAIN against the user's SCRAM credential (`PLAIN_CHECKED_WITH`: SHA-512 if it has one,
+        else SHA-256). A user without one gets the derivation most users' PLAIN logins cost: the
+        same mechanism and iteration count, one derivation and one constant-time compare."""
+        for mechanism in PLAIN_CHECKED_WITH:
             cred = self.credential(user, mechanism)
             if cred is not None:
                 return verify_password(cred, password), "wrong password"
-        verify_password(fake_credential(self.secret, "SCRAM-SHA-512", user), password)  # the same work
+        mechanism, shape = self.credentials.shapes().plain
+        verify_password(fake_credential(self.secret, mechanism, user, shape), password)  # the same work
         return False, "unknown user"
 
 
@@ -356,7 +369,7 @@ class SaslSession:
         authenticator.stats.succeeded(self.mechanism)
         log.debug("%s authenticated as User:%s with %s", self.conn.peer, self.user, self.mechanism)
 
-    def failed(self, authenticator: SaslAuthenticator, why: str) -> str:
+    def failed(self, authenticator: SaslAuthenticator, error: SaslError) -> str:
         """Count and log a failed authentication, schedule the close; the client's message."""
         self.transition_to(SaslState.FAILED)
         self._timer.cancel()
@@ -369,7 +382,7 @@ class SaslSession:
             self.conn.peer,
             self.conn.security.listener.name,
             self.mechanism or "no mechanism",
-            why,
+            error,
             authenticator.failure_delay_s * 1000,
         )
         self.conn.close_after_write = authenticator.failure_delay_s
