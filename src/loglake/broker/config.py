@@ -100,6 +100,11 @@ class BrokerConfig:
     #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
     #: authentication failed is kept (answered, then closed) before it is closed.
     connection_failed_authentication_delay_ms: int = default_of("connection_failed_authentication_delay_ms", int)
+    #: The failed-login throttle (loglake.broker.security.login_throttle): failures per source
+    #: address and per principal a window takes before further logins are refused unchecked.
+    sasl_login_failures_per_source: int = default_of("sasl_login_failures_per_source", int)
+    sasl_login_failures_per_principal: int = default_of("sasl_login_failures_per_principal", int)
+    sasl_login_failure_window_ms: int = default_of("sasl_login_failure_window_ms", int)
     #: Start even when a listener without client authentication is bound to a non-loopback address.
     allow_unauthenticated_public_listener: bool = default_of("allow_unauthenticated_public_listener", bool)
     #: Kafka's super.users: principals (``User:admin``) every ACL check allows (docs/SECURITY.md, ACLs).

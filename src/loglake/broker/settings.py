@@ -169,6 +169,13 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
     _S("connection_failed_authentication_delay_ms", "connection.failed.authentication.delay.ms", _INT, 100, (0, 60_000),
        "How long a connection whose SASL authentication failed stays open after the error is sent."),
+    # Kafka has no failed-login throttle (loglake.broker.security.login_throttle, docs/SECURITY.md)
+    _S("sasl_login_failures_per_source", None, _LONG, 20, (0, 1_000_000),
+       "Failed SASL logins from one address (IPv6: its /64) per window before its logins are refused unchecked; 0: no limit."),
+    _S("sasl_login_failures_per_principal", None, _LONG, 40, (0, 1_000_000),
+       "Failed SASL logins as one principal, all addresses together, per window before its logins are refused unchecked; 0: no limit."),
+    _S("sasl_login_failure_window_ms", None, _LONG, 60_000, (1000, DAY_MS),
+       "The window of the failed-login limits: each limit's worth of failures is forgotten per window."),
     _S("allow_unauthenticated_public_listener", None, _BOOLEAN, False, None,
        "Start even though a listener without client authentication is on a non-loopback address."),
     # separated by ";" as in Kafka: a certificate principal (User:CN=admin,OU=eng) holds commas
