@@ -96,10 +96,13 @@ def request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
 
 
 class RawClient:
-    """One connection to a listener; `ssl_ca` wraps it in TLS first."""
+    """One connection to a listener; `ssl_ca` wraps it in TLS first; `source` is the loopback
+    address it connects from (127.0.0.2 is another client address to the broker)."""
 
-    def __init__(self, port: int, ssl_ca: Path | None = None, timeout: float = 10.0) -> None:
-        raw = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, ssl_ca: Path | None = None, timeout: float = 10.0, source: str | None = None) -> None:
+        raw = socket.create_connection(
+            ("127.0.0.1", port), timeout=timeout, source_address=None if source is None else (source, 0)
+        )
         if ssl_ca is not None:
             ctx = ssl.create_default_context(cafile=str(ssl_ca))
             raw = ctx.wrap_socket(raw, server_hostname="localhost")

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 import loglake
+from loglake.broker.config import BrokerConfig
 from loglake.broker.groups import GroupState
 from loglake.broker.handlers.sasl import sasl_authenticate, sasl_handshake
 from loglake.broker.listeners import SASL_PLAINTEXT, Listener
@@ -40,6 +41,7 @@ from loglake.fs.faulty import FaultyFileSystem
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
 from loglake.meta.records import decode_record, encode_record
+from loglake.meta.scram import TypicalShapes, typical_shapes
 from loglake.meta.state import MetaState
 from loglake.meta.txn_states import (
     KAFKA_NAMES,
@@ -401,6 +403,9 @@ class _Credentials:
     def credential(self, user: str, mechanism: str) -> dict[str, Any] | None:
         return self.doc if user == "alice" and mechanism == "SCRAM-SHA-256" else None
 
+    def shapes(self) -> TypicalShapes:
+        return typical_shapes({"alice": {"SCRAM-SHA-256": self.doc}})
+
 
 class _Conn(HandlerConn):
     """A connection on a SASL listener, with its session (made in a running loop)."""
@@ -414,7 +419,7 @@ class _Conn(HandlerConn):
 @pytest.fixture
 def ctx(tmp_path: Path) -> Iterator[Any]:
     """What the SASL handlers read of the context: the authenticator (here over fake credentials)."""
-    config = SimpleNamespace(
+    config = BrokerConfig(
         sasl_enabled_mechanisms="PLAIN,SCRAM-SHA-256", connection_failed_authentication_delay_ms=0, data_dir=str(tmp_path)
     )
     yield SimpleNamespace(sasl=SaslAuthenticator(config, _Credentials(), SaslStats()))

@@ -12,8 +12,9 @@ salt, the iterations), client-final (the channel-binding echo, the whole nonce a
 checked in constant time), server-final (the server signature). Any deviation is a `ScramError`
 whose text says what was wrong, for the broker's log; the client only learns that authentication
 failed. A user with no credential gets a fake one derived from a per-broker secret (`fake_credential`):
-the same salt every time for that name and the same work, so an unknown user cannot be told
-from a wrong password.
+the same salt every time for that name, and the iteration count and salt length it is given (the
+broker gives the `common_shape` of its real users), so an unknown user cannot be told from a
+wrong password by what the server-first message shows or by the work PLAIN does.
 
 `ScramClient` is the other side, for the CLI's own requests to a SASL listener: it refuses a
 server that asks for fewer than `ITERATIONS_MIN` or more than `ITERATIONS_MAX` iterations (a
@@ -30,6 +31,8 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
@@ -38,12 +41,15 @@ __all__ = [
     "ITERATIONS_MIN",
     "MECHANISMS",
     "MECHANISM_TYPES",
+    "PLAIN_CHECKED_WITH",
     "SALT_BYTES",
     "SCRAM_FIELD_BYTES_MAX",
+    "CredentialShape",
     "ScramClient",
     "ScramCredential",
     "ScramError",
     "ScramServer",
+    "common_shape",
     "fake_credential",
     "from_salted_password",
     "make_credential",
@@ -67,6 +73,8 @@ SALT_BYTES = 32
 SCRAM_FIELD_BYTES_MAX = 1024
 #: Most bytes a salt may have in a credential (AlterUserScramCredentials, the metadata log).
 SALT_BYTES_MAX = 1024
+#: The credentials a PLAIN login's password is checked against, the first the user has.
+PLAIN_CHECKED_WITH = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 
 
 class ScramError(Exception):
@@ -80,6 +88,29 @@ class ScramCredential:
     iterations: int
     stored_key: bytes
     server_key: bytes
+
+
+@dataclass(frozen=True, order=True)
+class CredentialShape:
+    """What a SCRAM exchange shows of a credential before the proof (the server-first message's
+    ``i=`` and the length of its ``s=``); PLAIN's work is set by the iterations too."""
+
+    iterations: int = ITERATIONS_DEFAULT
+    salt_bytes: int = SALT_BYTES
+
+    @classmethod
+    def of(cls, cred: ScramCredential) -> CredentialShape:
+        return cls(cred.iterations, len(cred.salt))
+
+
+def common_shape(shapes: Iterable[CredentialShape]) -> CredentialShape:
+    """The most common of `shapes` (a tie: the larger, so the fake costs no less than a real
+    one); the default (`ITERATIONS_DEFAULT`, `SALT_BYTES`: what `make_credential` makes) when
+    there are none."""
+    counts = Counter(shapes)
+    if not counts:
+        return CredentialShape()
+    return max(counts, key=lambda shape: (counts[shape], shape))
 
 
 def _hash(mechanism: str) -> str:
@@ -124,14 +155,24 @@ def verify_password(cred: ScramCredential, password: bytes) -> bool:
     return hmac.compare_digest(derived.stored_key, cred.stored_key)
 
 
-def fake_credential(secret: bytes, mechanism: str, user: str) -> ScramCredential:
-    """A credential for a user that has none: stable per name (the salt a second attempt sees is
-    the same), unguessable without the broker's secret, and matching no password."""
+def fake_credential(
+    secret: bytes, mechanism: str, user: str, shape: CredentialShape = CredentialShape()
+) -> ScramCredential:
+    """A credential for a user that has none, of `shape` (iterations, salt length): stable per
+    name (the salt a second attempt sees is the same), unguessable without the broker's secret,
+    and matching no password."""
     h = _hash(mechanism)
     name = user.encode("utf-8", "surrogatepass")
-    salt = hmac.digest(secret, b"salt\0" + mechanism.encode() + b"\0" + name, h)[:SALT_BYTES]
+    info = b"salt\0" + mechanism.encode() + b"\0" + name
+    # HMAC blocks until the salt is long enough (the first block alone is what this made before
+    # salts had a shape: a broker's fake salts of the default length did not change).
+    salt = hmac.digest(secret, info, h)
+    block = 1
+    while len(salt) < shape.salt_bytes:
+        salt += hmac.digest(secret, info + b"\0" + block.to_bytes(4, "big"), h)
+        block += 1
     keys = hmac.digest(secret, b"keys\0" + mechanism.encode() + b"\0" + name, h)
-    return ScramCredential(mechanism, salt, ITERATIONS_DEFAULT, keys, keys)
+    return ScramCredential(mechanism, salt[: shape.salt_bytes], shape.iterations, keys, keys)
 
 
 def _b64(data: bytes) -> str:

@@ -37,11 +37,29 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
     return parse(value, what)
 
 
+def _simple_principal(text: str) -> bool:
+    """``Type:name`` whose name has no ``=`` (so not a certificate's DN, which has commas of its own)."""
+    kind, sep, name = text.strip().partition(":")
+    return bool(sep and kind and name) and "=" not in name
+
+
 def split_principals(value: list[str] | str, source: str) -> list[str]:
-    """`super_users` as a list of ``Type:name`` principals (Kafka separates them with ``;``; a
-    comma works too), or ConfigError naming the bad entry."""
-    items = [value] if isinstance(value, str) else list(value)
-    out = [p.strip() for item in items for part in item.split(";") for p in part.split(",") if p.strip()]
+    """`super_users` as a list of ``Type:name`` principals, or ConfigError naming the bad entry.
+
+    A string (a flag, LOGLAKE_SUPER_USERS, a TOML string) is separated by ``;``, as Kafka's
+    super.users is, so a certificate principal such as ``User:CN=admin,OU=eng,O=example`` is one
+    principal; a list (a TOML array) is taken element by element, never split. A piece of a
+    string whose comma-separated parts are each a ``Type:name`` principal without ``=`` in the
+    name (``User:a,User:b``) is still read as those principals, as before ``;`` was the separator.
+    """
+    if isinstance(value, str):
+        out = []
+        for piece in value.split(BROKER_SETTINGS["super_users"].separator):
+            parts = piece.split(",")
+            out += [p.strip() for p in parts] if len(parts) > 1 and all(map(_simple_principal, parts)) else [piece.strip()]
+    else:
+        out = [item.strip() for item in value]
+    out = [p for p in out if p]
     for principal in out:
         kind, sep, name = principal.partition(":")
         if not sep or not kind or not name:
@@ -82,6 +100,11 @@ class BrokerConfig:
     #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
     #: authentication failed is kept (answered, then closed) before it is closed.
     connection_failed_authentication_delay_ms: int = default_of("connection_failed_authentication_delay_ms", int)
+    #: The failed-login throttle (loglake.broker.security.login_throttle): failures per source
+    #: address and per principal a window takes before further logins are refused unchecked.
+    sasl_login_failures_per_source: int = default_of("sasl_login_failures_per_source", int)
+    sasl_login_failures_per_principal: int = default_of("sasl_login_failures_per_principal", int)
+    sasl_login_failure_window_ms: int = default_of("sasl_login_failure_window_ms", int)
     #: Start even when a listener without client authentication is bound to a non-loopback address.
     allow_unauthenticated_public_listener: bool = default_of("allow_unauthenticated_public_listener", bool)
     #: Kafka's super.users: principals (``User:admin``) every ACL check allows (docs/SECURITY.md, ACLs).

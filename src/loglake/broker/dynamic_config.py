@@ -193,13 +193,13 @@ def config_entry(
     }
 
 
-def _text(value: object) -> str | None:
+def _text(value: object, separator: str = ",") -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list | tuple):
-        return ",".join(str(v) for v in value)
+        return separator.join(str(v) for v in value)
     return str(value)
 
 
@@ -249,8 +249,8 @@ class BrokerConfigs:
                 value, default = resolved[setting.name]
             else:
                 efield = setting.engine_field
-                value = _text(getattr(econf, efield) if efield is not None else getattr(conf, setting.name))
-                default = _text(setting.default)
+                value = _text(getattr(econf, efield) if efield is not None else getattr(conf, setting.name), setting.separator)
+                default = _text(setting.default, setting.separator)
             for name in (*setting.aliases, setting.described_as):
                 rows.append(Setting(name, value, default, setting.type, setting.doc, sensitive=setting.sensitive))
         rows += [Setting(name, "1", "1", ctype, "Always 1: loglake keeps a single replica.") for name, ctype in _FIXED]

@@ -100,6 +100,11 @@ class BrokerSetting:
     sensitive: bool = False
     #: More Kafka names described with the same value (``broker.id`` beside ``node.id``).
     aliases: tuple[str, ...] = ()
+    #: What separates the items of a list setting written as one string, and joins them when it
+    #: is described. Not a comma: the string is handed whole to the setting's owner, which splits
+    #: it (super_users: `loglake.broker.config.split_principals`), and a TOML array's elements are
+    #: taken as they are.
+    separator: str = ","
 
     @property
     def described_as(self) -> str:
@@ -164,9 +169,19 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
     _S("connection_failed_authentication_delay_ms", "connection.failed.authentication.delay.ms", _INT, 100, (0, 60_000),
        "How long a connection whose SASL authentication failed stays open after the error is sent."),
+    # Kafka has no failed-login throttle (loglake.broker.security.login_throttle, docs/SECURITY.md)
+    _S("sasl_login_failures_per_source", None, _LONG, 20, (0, 1_000_000),
+       "Failed SASL logins from one address (IPv6: its /64) per window before its logins are refused unchecked; 0: no limit."),
+    _S("sasl_login_failures_per_principal", None, _LONG, 40, (0, 1_000_000),
+       "Failed SASL logins as one principal, all addresses together, per window before its logins are refused unchecked; 0: no limit."),
+    _S("sasl_login_failure_window_ms", None, _LONG, 60_000, (1000, DAY_MS),
+       "The window of the failed-login limits: each limit's worth of failures is forgotten per window."),
     _S("allow_unauthenticated_public_listener", None, _BOOLEAN, False, None,
        "Start even though a listener without client authentication is on a non-loopback address."),
-    _S("super_users", "super.users", _STRING, (), None, "Principals (User:admin) every ACL check allows."),
+    # separated by ";" as in Kafka: a certificate principal (User:CN=admin,OU=eng) holds commas
+    _S("super_users", "super.users", _STRING, (), None,
+       "Principals (User:admin) every ACL check allows, separated by ';' (a TOML array: one per element).",
+       separator=";"),
     _S("allow_everyone_if_no_acl_found", "allow.everyone.if.no.acl.found", _BOOLEAN, None, None,
        "Whether a resource no ACL names is open to everyone; unset: only while no listener authenticates clients."),
     _S("event_loop", None, _STRING, "asyncio", None, "The event loop: asyncio, or uvloop (the fast extra)."),
@@ -337,9 +352,14 @@ def check_value(name: str, kind: type, value: object, source: str, *, from_text:
     shown = f"{name}={value!r} (from {source})"
     if kind is list:
         # A list setting (listeners): a TOML array or tuple of strings, or a comma-separated string.
+        # One with another separator (super_users) is its owner's to split: a string stays whole,
+        # an array is taken element by element.
+        split = BROKER_SETTINGS[name].separator == "," if name in BROKER_SETTINGS else True
         if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
+            return [part.strip() for part in value.split(",") if part.strip()] if split else value
         if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+            if not split:
+                return [v.strip() for v in value if v.strip()]
             return [part.strip() for v in value for part in v.split(",") if part.strip()]
         raise ConfigError(f"{shown}: expected {_describe(kind)}, got {type(value).__name__}")
     if from_text and kind is not str:

@@ -87,7 +87,11 @@ def serve(
     ] = None,
     super_users: Annotated[
         str | None,
-        typer.Option("--super-users", help="Principals every ACL allows, comma-separated: User:admin,User:ops."),
+        typer.Option(
+            "--super-users",
+            help="Principals every ACL allows, separated by ';' as Kafka's super.users: 'User:admin;User:CN=ops,O=example' "
+            "(a list of plain names like User:admin,User:ops still works).",
+        ),
     ] = None,
     allow_everyone_if_no_acl_found: Annotated[
         bool | None,

@@ -13,18 +13,32 @@ AlterUserScramCredentials write them (docs/SECURITY.md).
 from __future__ import annotations
 
 import base64
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from loglake.scram import ITERATIONS_MAX, ITERATIONS_MIN, MECHANISMS, SALT_BYTES_MAX, ScramCredential
+from loglake.scram import (
+    ITERATIONS_MAX,
+    ITERATIONS_MIN,
+    MECHANISMS,
+    PLAIN_CHECKED_WITH,
+    SALT_BYTES_MAX,
+    CredentialShape,
+    ScramCredential,
+    common_shape,
+)
 
 __all__ = [
     "SCRAM_USERS_MAX",
     "USER_NAME_BYTES_MAX",
+    "TypicalShapes",
     "apply_scram",
     "credential_body",
     "load_scram",
     "scram_doc",
     "to_credential",
+    "typical_shapes",
 ]
 
 #: Most users with SCRAM credentials a cluster keeps; a record adding one more is refused before
@@ -108,3 +122,36 @@ def load_scram(state: ScramState, doc: dict[str, Any]) -> None:
         for mechanism, cred in mechs.items():
             _check(str(user), str(mechanism), cred)
             state.scram.setdefault(str(user), {})[str(mechanism)] = dict(cred)
+
+
+@dataclass(frozen=True)
+class TypicalShapes:
+    """What the credentials of a user table look like, so that a fake one for a name without
+    credentials looks the same: per mechanism the `common_shape` of its credentials, and the
+    mechanism and shape most users' PLAIN logins derive with (`PLAIN_CHECKED_WITH`)."""
+
+    by_mechanism: Mapping[str, CredentialShape]
+    plain: tuple[str, CredentialShape]
+
+    def shape(self, mechanism: str) -> CredentialShape:
+        return self.by_mechanism.get(mechanism, CredentialShape())
+
+
+def _shape(doc: Mapping[str, Any]) -> CredentialShape:
+    return CredentialShape(int(doc["iterations"]), len(base64.b64decode(doc["salt"])))
+
+
+def typical_shapes(table: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> TypicalShapes:
+    """The `TypicalShapes` of a user -> mechanism -> credential doc table (`ScramState.scram`);
+    the defaults (SCRAM-SHA-512 for PLAIN) where it has none."""
+    shapes: dict[str, list[CredentialShape]] = {m: [] for m in MECHANISMS}
+    plain: Counter[tuple[str, CredentialShape]] = Counter()
+    for mechs in table.values():
+        for mechanism, doc in mechs.items():
+            shapes.setdefault(mechanism, []).append(_shape(doc))
+        checked = next((m for m in PLAIN_CHECKED_WITH if m in mechs), None)
+        if checked is not None:
+            plain[(checked, _shape(mechs[checked]))] += 1
+    # a tie: the larger shape, then SHA-512 (the fake costs no less than a real one)
+    common = max(plain, key=lambda p: (plain[p], p[1], p[0])) if plain else (PLAIN_CHECKED_WITH[0], CredentialShape())
+    return TypicalShapes({m: common_shape(s) for m, s in shapes.items()}, common)

@@ -86,7 +86,7 @@ async def _authenticate(ctx: BrokerContext, conn: Conn, req: DecodedRequest, ses
     try:
         answer = await session.step(ctx.sasl, bytes(req.body.auth_bytes or b""))
     except SaslError as exc:
-        message = session.failed(ctx.sasl, str(exc))
+        message = session.failed(ctx.sasl, exc)
         return {
             "error_code": ErrorCode.SASL_AUTHENTICATION_FAILED,
             "error_message": message,

@@ -22,7 +22,13 @@ peer, the user and the reason (the client is told only that it failed), waits
 `connection_failed_authentication_delay_ms` and closes the connection. Every credential is a
 SCRAM credential in the metadata log (loglake.meta.scram); PLAIN derives the password against
 it. A user without one is answered with a fake credential derived from this broker's secret
-(`SECRET_FILE` in the data directory), so it fails exactly as a wrong password does.
+(`SECRET_FILE` in the data directory) and shaped as most real users' credentials are (their
+iteration count and salt length, `ScramStore.shapes`), so it fails exactly as a wrong password
+does: the same server-first message, the same key derivation for PLAIN.
+
+Failed logins are throttled per source address and per claimed principal
+(loglake.broker.security.login_throttle): once either has failed too often, a login is refused
+before its password is checked, with the same answer, and one rate-limited line is logged.
 
 There is no KIP-368 re-authentication: SaslAuthenticate answers session_lifetime_ms = 0, so an
 authenticated connection stays authenticated until it closes.
@@ -48,20 +54,23 @@ import asyncio
 import enum
 import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from loglake.broker.listeners import split_list
 from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.framing import FrameDecoder
+from loglake.broker.security.login_throttle import LoginThrottle, Refusal
 from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc
-from loglake.meta.scram import to_credential
+from loglake.meta.scram import TypicalShapes, to_credential
 from loglake.scram import (
     MECHANISMS,
+    PLAIN_CHECKED_WITH,
     ScramCredential,
     ScramError,
     ScramServer,
@@ -157,11 +166,13 @@ def load_secret(data_dir: str) -> bytes:
 
 
 class SaslStats:
-    """What /metrics shows of SASL: failures per principal and source, successes per mechanism."""
+    """What /metrics shows of SASL: failures per principal and source, successes per mechanism,
+    and the login throttle's refusals and table sizes (once an authenticator set `throttle`)."""
 
     def __init__(self) -> None:
         self.failures: dict[tuple[str, str], int] = {}
         self.successes: dict[str, int] = {}
+        self.throttle: LoginThrottle | None = None
 
     def failed(self, principal: str, source: str) -> None:
         key = (principal, source)
@@ -192,6 +203,29 @@ class SaslStats:
         for mechanism, n in sorted(self.successes.items()):
             successes.add_metric([mechanism], n)
         yield successes
+        if self.throttle is not None:
+            yield from _throttle_families(self.throttle)
+
+
+def _throttle_families(throttle: LoginThrottle) -> Iterator[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    refused = CounterMetricFamily(
+        "loglake_sasl_login_throttled_total",
+        "SASL logins refused without checking the password by the failed-login throttle, by the bucket that was full.",
+        labels=["scope"],
+    )
+    for scope, n in throttle.refused.items():
+        refused.add_metric([scope.value], n)
+    yield refused
+    entries = GaugeMetricFamily(
+        "loglake_sasl_login_throttle_entries",
+        "Entries of the failed-login throttle's bounded tables: sources, principals, trusted (principal, source) pairs.",
+        labels=["table"],
+    )
+    for table, n in throttle.sizes().items():
+        entries.add_metric([table], n)
+    yield entries
 
 
 class CredentialLookup(Protocol):
@@ -199,6 +233,10 @@ class CredentialLookup(Protocol):
 
     def credential(self, user: str, mechanism: str) -> JsonDoc | None:
         """The stored credential document (the `scram_credential` record's), or None."""
+        ...
+
+    def shapes(self) -> TypicalShapes:
+        """What the stored credentials look like (`loglake.meta.scram.typical_shapes`)."""
         ...
 
 
@@ -210,39 +248,75 @@ class SaslSettings(Protocol):
     @property
     def connection_failed_authentication_delay_ms(self) -> int: ...
     @property
+    def sasl_login_failures_per_source(self) -> int: ...
+    @property
+    def sasl_login_failures_per_principal(self) -> int: ...
+    @property
+    def sasl_login_failure_window_ms(self) -> int: ...
+    @property
     def data_dir(self) -> str: ...
 
 
 class SaslAuthenticator:
-    """The broker's side of SASL: enabled mechanisms, the failure delay, the credential lookup."""
+    """The broker's side of SASL: enabled mechanisms, the failure delay, the credential lookup,
+    the failed-login throttle."""
 
-    def __init__(self, config: SaslSettings, credentials: CredentialLookup, stats: SaslStats) -> None:
+    def __init__(
+        self, config: SaslSettings, credentials: CredentialLookup, stats: SaslStats, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.mechanisms = enabled_mechanisms(config.sasl_enabled_mechanisms)
         self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
         self.credentials = credentials
         self.stats = stats
         self.secret = load_secret(config.data_dir)
+        self.throttle = stats.throttle = LoginThrottle(
+            config.sasl_login_failures_per_source,
+            config.sasl_login_failures_per_principal,
+            config.sasl_login_failure_window_ms / 1000.0,
+            clock,
+        )
 
     def credential(self, user: str, mechanism: str) -> ScramCredential | None:
         doc = self.credentials.credential(user, mechanism)
         return None if doc is None else to_credential(mechanism, doc)
 
     def credential_or_fake(self, user: str, mechanism: str) -> tuple[ScramCredential, bool]:
+        """The user's credential, or a fake one shaped as most users' of `mechanism` are (whether it is real)."""
         cred = self.credential(user, mechanism)
-        return (cred, True) if cred is not None else (fake_credential(self.secret, mechanism, user), False)
+        if cred is not None:
+            return cred, True
+        return fake_credential(self.secret, mechanism, user, self.credentials.shapes().shape(mechanism)), False
 
     def check_plain(self, user: str, password: bytes) -> tuple[bool, str]:
-        """PLAIN against the user's SCRAM credential (SHA-512 if it has one, else SHA-256)."""
-        for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+        """PLAIN against the user's SCRAM credential (`PLAIN_CHECKED_WITH`: SHA-512 if it has one,
+        else SHA-256). A user without one gets the derivation most users' PLAIN logins cost: the
+        same mechanism and iteration count, one derivation and one constant-time compare."""
+        for mechanism in PLAIN_CHECKED_WITH:
             cred = self.credential(user, mechanism)
             if cred is not None:
                 return verify_password(cred, password), "wrong password"
-        verify_password(fake_credential(self.secret, "SCRAM-SHA-512", user), password)  # the same work
+        mechanism, shape = self.credentials.shapes().plain
+        verify_password(fake_credential(self.secret, mechanism, user, shape), password)  # the same work
         return False, "unknown user"
+
+    def admit(self, user: str, host: str) -> None:
+        """LoginThrottled when a login as `user` from `host` is refused unchecked now; else it
+        is charged to the throttle until it succeeds (`LoginThrottle.admit`)."""
+        refusal = self.throttle.admit(f"User:{user}", host)
+        if refusal is not None:
+            raise LoginThrottled(refusal)
 
 
 class SaslError(Exception):
     """Authentication failed; the text is the reason for the broker's log, not for the client."""
+
+
+class LoginThrottled(SaslError):
+    """Refused before the password was checked: the source or the principal failed too often."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
 
 
 class SaslConn(Protocol):
@@ -284,6 +358,7 @@ class SaslSession:
         self.user = ""
         self._scram: ScramServer | None = None
         self._known = True  # whether the SCRAM user has a credential (the log says "unknown user")
+        self._admitted = False  # whether the login throttle admitted (and charged) this login
         self._timer = asyncio.get_running_loop().call_later(SASL_AUTHENTICATION_TIMEOUT_S, self._expired)
 
     @property
@@ -350,26 +425,34 @@ class SaslSession:
     def succeeded(self, authenticator: SaslAuthenticator) -> None:
         self.transition_to(SaslState.DONE)
         self._timer.cancel()
+        authenticator.throttle.succeeded(f"User:{self.user}", self.conn.peer_host)
         self.conn.security.principal = f"User:{self.user}"
         self.conn.security.extra["sasl_mechanism"] = self.mechanism
         self.conn.decoder.max_frame_bytes = self.conn.max_frame_bytes
         authenticator.stats.succeeded(self.mechanism)
         log.debug("%s authenticated as User:%s with %s", self.conn.peer, self.user, self.mechanism)
 
-    def failed(self, authenticator: SaslAuthenticator, why: str) -> str:
+    def failed(self, authenticator: SaslAuthenticator, error: SaslError) -> str:
         """Count and log a failed authentication, schedule the close; the client's message."""
         self.transition_to(SaslState.FAILED)
         self._timer.cancel()
         principal = f"User:{self.user}"[:PRINCIPAL_SHOWN_MAX] if self.user else "unknown"
         authenticator.stats.failed(principal, self.conn.peer_host)
+        if isinstance(error, LoginThrottled):
+            # Not per peer: a guesser spread over many addresses is still one line a window.
+            key: tuple[str, ...] = ("sasl_throttled", error.refusal.scope.value)
+        else:
+            principal_claimed = f"User:{self.user}" if self.user else None
+            authenticator.throttle.failed(principal_claimed, self.conn.peer_host, admitted=self._admitted)
+            key = ("sasl_failed", self.conn.peer_host)  # not per user: a scan of names is one line a window
         self.conn.limited.warning(
-            ("sasl_failed", self.conn.peer_host),  # not per user: a scan of names is one line a window
+            key,
             "SASL authentication failed for %s from %s on the %s listener with %s: %s; closing the connection in %.0f ms",
             principal,
             self.conn.peer,
             self.conn.security.listener.name,
             self.mechanism or "no mechanism",
-            why,
+            error,
             authenticator.failure_delay_s * 1000,
         )
         self.conn.close_after_write = authenticator.failure_delay_s
@@ -383,6 +466,8 @@ class SaslSession:
             if self._scram is None:
                 self._scram = ScramServer(self.mechanism)
                 self.user = self._scram.first(token)
+                authenticator.admit(self.user, self.conn.peer_host)
+                self._admitted = True
                 cred, self._known = await self.conn.off_loop(
                     authenticator.credential_or_fake, self.user, self.mechanism
                 )
@@ -407,6 +492,8 @@ class SaslSession:
             raise SaslError("PLAIN user name is not UTF-8") from None
         if not self.user or not password:
             raise SaslError("PLAIN user name or password is empty")
+        authenticator.admit(self.user, self.conn.peer_host)
+        self._admitted = True
         ok, why = await self.conn.off_loop(authenticator.check_plain, self.user, password)
         if not ok:
             raise SaslError(why)
@@ -427,6 +514,7 @@ __all__ = [
     "TOKEN_STATES",
     "VALID_PREVIOUS_SASL_STATES",
     "IllegalSaslTransition",
+    "LoginThrottled",
     "SaslAuthenticator",
     "SaslError",
     "SaslSession",
