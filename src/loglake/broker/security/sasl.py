@@ -65,6 +65,7 @@ from loglake.broker.protocol.framing import FrameDecoder
 from loglake.broker.security.login_throttle import LoginThrottle, Refusal
 from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
+from loglake.fs.modes import FILE_MODE
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc
 from loglake.meta.scram import TypicalShapes, to_credential
@@ -147,7 +148,7 @@ def load_secret(data_dir: str) -> bytes:
     """This broker's secret, made on first use (O_EXCL, mode 0600)."""
     path = os.path.join(data_dir, SECRET_FILE)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     except FileExistsError:
         with open(path, "rb") as fh:
             secret = fh.read(SECRET_BYTES * 2)
