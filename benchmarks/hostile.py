@@ -6,6 +6,8 @@ costs everyone else, measured from outside.
   every PROBE_INTERVAL_S on a connection opened before the attack and on a fresh one each time;
   the figures are those round trips (a probe unanswered within PROBE_TIMEOUT_S counts as that long
   and as a timeout), and how many stalled connections the broker closed by the end.
+* **produce flood**: FLOOD_PRODUCERS idempotent producers send one 100 B record per request
+  (linger.ms 0) as fast as they can; a probe's ApiVersions round trips meanwhile.
 * **unread fetches**: DATA_BYTES of 1 KiB records over 4 partitions (unsealed: the memory budget
   holds them), then N connections each send one Fetch for all of it and never read the answer;
   the broker's VmRSS is sampled from /proc before and for UNREAD_HOLD_S after.
@@ -25,6 +27,7 @@ import statistics
 import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,8 @@ from test_broker_malformed import RawClient  # noqa: E402
 from brokerkit import Broker  # noqa: E402
 
 PROBE_INTERVAL_S = 0.1
+FLOOD_PRODUCERS = 4
+FLOOD_RECORD_BYTES = 100
 PROBE_TIMEOUT_S = 5.0
 UNREAD_HOLD_S = 10.0
 
@@ -188,12 +193,55 @@ def unread_fetches(work: Path, connections: int, data_bytes: int) -> dict[str, A
         b.stop()
 
 
+def _flood(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all", "enable.idempotence": True})
+    n = 0
+    while not stop.is_set():
+        try:
+            p.produce(topic, b"x" * FLOOD_RECORD_BYTES)
+            n += 1
+        except BufferError:
+            p.poll(0.01)
+        p.poll(0)
+    p.flush(30)
+    sent.append(n)
+
+
+def produce_flood(work: Path, seconds: float) -> dict[str, Any]:
+    """ApiVersions round trips while FLOOD_PRODUCERS producers send one-record requests (linger 0)."""
+    b = Broker(work / "flood-data", ["--default-partitions", str(PARTITIONS)]).start()
+    try:
+        stop = threading.Event()
+        sent: list[int] = []
+        threads = [threading.Thread(target=_flood, args=(b.bootstrap, "flood", stop, sent)) for _ in range(FLOOD_PRODUCERS)]
+        for t in threads:
+            t.start()
+        time.sleep(2.0)  # the flood is on
+        took: list[float] = []
+        timeouts = 0
+        with RawClient(b.bootstrap, timeout=PROBE_TIMEOUT_S) as probe:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                t0, ok = _probe(b.bootstrap, probe)
+                took.append(t0)
+                timeouts += not ok
+                time.sleep(PROBE_INTERVAL_S)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        return {"producers": FLOOD_PRODUCERS, "records_sent": sum(sent), "probes": len(took), "timeouts": timeouts, **_latencies(took)}
+    finally:
+        b.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer seconds and less data")
     ap.add_argument("--connections", type=int, default=100)
     ap.add_argument("--json", help="also write the JSON here")
-    ap.add_argument("--only", choices=["stall", "fetch"], help="one scenario")
+    ap.add_argument("--only", choices=["stall", "fetch", "flood"], help="one scenario")
     args = ap.parse_args()
     out: dict[str, Any] = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="loglake-hostile-") as tmp:
@@ -205,6 +253,9 @@ def main() -> None:
             data = 40 * MIB if args.quick else 160 * MIB
             log(f"unread fetches: {args.connections} connections, {data // MIB} MiB")
             out["unread_fetches"] = unread_fetches(work, args.connections, data)
+        if args.only in (None, "flood"):
+            log(f"produce flood: {FLOOD_PRODUCERS} producers, one record per request")
+            out["produce_flood"] = produce_flood(work, 5.0 if args.quick else 20.0)
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
@@ -225,6 +276,12 @@ def main() -> None:
             f"peak {u['rss_peak_mib']:.0f} MiB (+{u['rss_growth_mib']:.0f}); a probe meanwhile "
             f"{'answered' if u['probe_answered'] else 'NOT answered'} in {u['probe_ms']:.0f} ms; "
             f"each response {u['response_bytes'] / MIB:.1f} MiB"
+        )
+    if "produce_flood" in out:
+        f = out["produce_flood"]
+        rows.append(
+            f"produce flood x{f['producers']} ({f['records_sent']} records): ApiVersions p50 {f['p50_ms']:.1f} ms, "
+            f"p99 {f['p99_ms']:.1f} ms, max {f['max_ms']:.1f} ms, {f['timeouts']}/{f['probes']} timed out"
         )
     log("\n".join(rows))
 
