@@ -32,8 +32,9 @@ from loglake.wal.shard import (
     Durability,
 )
 
-#: Default free-space reserve: a new WAL file (wal_file_bytes, 64 MiB) when writes resume, plus
-#: room for seals of what the WAL holds unsealed, metadata log files (4 MiB) and a checkpoint.
+#: Default free-space reserve: room for what no admitted append pays for — metadata log files
+#: (4 MiB) and checkpoints, compaction's output. WAL rolls and seals of admitted data are counted
+#: on top of it before produce is admitted (loglake.engine.space).
 STORAGE_MIN_FREE_BYTES_DEFAULT = 128 * 1024 * 1024
 #: ...or 1 % of the filesystem, whichever is larger (big disks get a proportionate margin).
 STORAGE_MIN_FREE_PERCENT_DEFAULT = 1.0
@@ -370,9 +371,10 @@ class EngineConfig:
     #: Pause between two full scrub passes over every sealed segment.
     scrub_interval_ms: int = 3_600_000
 
-    #: Free-space reserve of the data directory's filesystem: below the larger of this and
-    #: `storage_min_free_percent`, produce is refused with KAFKA_STORAGE_ERROR (StorageFullError)
-    #: while seals, metadata and WAL rolls still have room (loglake.engine.space; RELIABILITY.md
+    #: Free-space reserve of the data directory's filesystem: when free space less what loglake
+    #: owes (seals of unsealed data, WAL files ahead) falls below the larger of this and
+    #: `storage_min_free_percent`, produce is refused with KAFKA_STORAGE_ERROR (StorageFullError);
+    #: metadata and checkpoints still have the reserve (loglake.engine.space; RELIABILITY.md
     #: "Disk full"). 0 with 0 % turns the reserve off.
     storage_min_free_bytes: int = STORAGE_MIN_FREE_BYTES_DEFAULT
     #: ...or this share of the filesystem, in percent, whichever is larger.
