@@ -241,6 +241,7 @@ class LocalPartitionLog:
             shards=lambda: [*shards, *retired],
             space=self.space,
             wal_max_bytes=config.wal_max_bytes,
+            wal_replay_bytes=config.wal_replay_bound,
             relocator=relocator,
             publisher=publisher,
             acked=AckedRecorder(self.catalog, self.meta, config.acked_end_interval_ms, self._clock),

@@ -47,6 +47,7 @@ class Maintenance:
         shards: Callable[[], list[WalShard]],
         space: SpaceGuard | None = None,
         wal_max_bytes: int | None = None,
+        wal_replay_bytes: int | None = None,
         relocator: Relocator | None = None,
         publisher: MetaPublisher | None = None,
         acked: AckedRecorder | None = None,
@@ -62,7 +63,9 @@ class Maintenance:
         self._shards = shards
         self.space = space
         self.wal_max_bytes = wal_max_bytes
-        #: seals asked for to let WAL files go: past wal_max_bytes, or tight space
+        #: the bound on all shards' WAL files together (EngineConfig.wal_replay_bound)
+        self.wal_replay_bytes = wal_replay_bytes
+        #: seals asked for to let WAL files go: past wal_max_bytes or the replay bound, or tight space
         self.wal_bound_seals = 0
         self.relocator = relocator
         self.publisher = publisher
@@ -159,13 +162,16 @@ class Maintenance:
 
         * a shard's files past `wal_max_bytes`: without this an idle partition's few records
           hold every later file for up to its segment.ms;
+        * all shards' files past the replay bound, taken from the shards with the most: a
+          restart after a crash reads and replays at most that much (docs/RELIABILITY.md);
         * every closed file while free space is tight (loglake.engine.space): the files go
           before produce must be refused for the seals they wait for.
 
-        Files count at `file_bytes` each, the active one too."""
+        Files count at `file_bytes` each, the active one too (recovery reads it whole)."""
         shards = [(shard, shard.files(), shard.closed_files()) for shard in self._shards()]
         tight = self.space is not None and self.space.tight
         doomed: list[WalFile] = []
+        left: list[tuple[int, list[WalFile], int]] = []  # (bytes of files kept, closed kept, file size)
         for shard, files, closed in shards:
             size = shard.file_bytes
             take = len(closed) if tight else 0
@@ -173,6 +179,17 @@ class Maintenance:
                 over = len(files) * size - self.wal_max_bytes
                 take = max(take, min(len(closed), -(-over // size)))
             doomed += closed[:take]
+            left.append(((len(files) - take) * size, closed[take:], size))
+        if self.wal_replay_bytes is not None:
+            total = sum(kept for kept, _closed, _size in left)
+            while total > self.wal_replay_bytes:
+                i = max(range(len(left)), key=lambda j: left[j][0] if left[j][1] else -1, default=-1)
+                if i < 0 or not left[i][1]:
+                    break  # only active files left
+                kept, closed, size = left[i]
+                doomed.append(closed[0])
+                left[i] = (kept - size, closed[1:], size)
+                total -= size
         by_id = self.catalog.by_id
         for wal_file in doomed:
             for (topic_id, index), end in list(wal_file.partitions.items()):
