@@ -398,6 +398,11 @@ def _storage_families(engine: Engine) -> Iterator[Metric]:
         "loglake_storage_reserve_bytes", "The free-space reserve: max(storage_min_free_bytes, storage_min_free_percent).",
         space.reserve_bytes,
     )
+    yield _gauge(
+        "loglake_storage_owed_bytes", "What loglake will still write for data it admitted (segments of unsealed data, "
+        "WAL and metadata log files ahead), counted against free space before more produce is admitted.",
+        space.owed_bytes,
+    )
     yield _counter("loglake_storage_produce_refused_total", "Producer appends refused because storage was full.", space.refused)
     yield _counter("loglake_storage_full_events_total", "Times storage went from writable to full.", space.full_events)
     failure = engine.failure

@@ -22,6 +22,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition
 from loglake.engine.partition_log import Batches
 from loglake.engine.seal import Sealer
+from loglake.engine.space import SpaceGuard, append_writes
 from loglake.engine.types import AppendResult
 from loglake.errors import EngineFailedError, StorageFullError, UnknownTopicError
 from loglake.records.batch import peek_header, set_log_append_time, set_offset_and_epoch
@@ -43,7 +44,7 @@ class Appender:
         clock: Callable[[], float],
         check_open: Callable[[], None],
         *,
-        admit: Callable[[int], None] = lambda size: None,
+        space: SpaceGuard | None = None,
     ) -> None:
         self.catalog = catalog
         self.pool = pool
@@ -52,8 +53,8 @@ class Appender:
         self.config = config
         self._clock = clock
         self._check_open = check_open
-        #: the free-space reserve's gate (SpaceGuard.admit): StorageFullError while storage is full
-        self._admit = admit
+        #: the free-space reserve (SpaceGuard.admit): StorageFullError while storage is full
+        self._space = space
         #: the first WAL failure: the engine stops accepting writes
         self.failure: BaseException | None = None
 
@@ -69,8 +70,19 @@ class Appender:
         """Append checked batches; `buf` is taken over (patched in place). `produced`: a client's
         batches, refused while storage is full; the engine's own (markers, gaps) are always taken."""
         size = len(buf)
-        if produced and config.durability != Durability.EPHEMERAL:
-            self._admit(size)  # before anything is assigned or queued: nothing half-written
+        space = self._space if produced and config.durability != Durability.EPHEMERAL else None
+        writes = append_writes(size, len(batches))
+        if space is not None:
+            space.admit(writes)  # before anything is assigned or queued: nothing half-written
+        try:
+            return self._append(p, config, buf, batches, size)
+        finally:
+            if space is not None:
+                space.settle(writes)  # in the buffer and the WAL queue now, or failed
+
+    def _append(
+        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, size: int
+    ) -> Future[AppendResult]:
         self.pool.reserve(size, self.config.memory_wait_ms / 1000.0)
         fut: Future[AppendResult] = Future()
         durability = config.durability

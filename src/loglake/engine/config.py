@@ -32,8 +32,13 @@ from loglake.wal.shard import (
     Durability,
 )
 
-#: Default free-space reserve: a new WAL file (wal_file_bytes, 64 MiB) when writes resume, plus
-#: room for seals of what the WAL holds unsealed, metadata log files (4 MiB) and a checkpoint.
+#: Default bound on the WAL a restart reads and replays (`EngineConfig.wal_replay_bytes_max`): with
+#: the files that roll while the seals run, under a second of recovery on the development VM
+#: (docs/RELIABILITY.md, "Restart time").
+WAL_REPLAY_BYTES_MAX_DEFAULT = 256 * 1024 * 1024
+#: Default free-space reserve: room for what no admitted append pays for — metadata log files
+#: (4 MiB) and checkpoints, compaction's output. WAL rolls and seals of admitted data are counted
+#: on top of it before produce is admitted (loglake.engine.space).
 STORAGE_MIN_FREE_BYTES_DEFAULT = 128 * 1024 * 1024
 #: ...or 1 % of the filesystem, whichever is larger (big disks get a proportionate margin).
 STORAGE_MIN_FREE_PERCENT_DEFAULT = 1.0
@@ -298,6 +303,12 @@ class EngineConfig:
     #: the oldest file are sealed, so that file can go: an idle partition's tail never makes the
     #: WAL grow for up to its segment.ms (an hour by default) while busy ones write past it.
     wal_max_bytes: int = 1024 * 1024 * 1024
+    #: Most bytes of WAL files all shards together keep, and so the most a restart after a crash
+    #: reads and replays (its time grows with them; docs/RELIABILITY.md, "Restart time"). Past it,
+    #: the partitions whose unsealed data holds the oldest files of the shards with the most are
+    #: sealed, so those files can go. Each shard's active file stays: the bound in effect is at
+    #: least a file per shard and one more (`wal_replay_bound`).
+    wal_replay_bytes_max: int = WAL_REPLAY_BYTES_MAX_DEFAULT
     #: Global budget for unsealed (in-memory) partition data.
     memory_budget_bytes: int = 512 * 1024 * 1024
     #: Fraction of the budget at which an emergency seal starts.
@@ -370,9 +381,10 @@ class EngineConfig:
     #: Pause between two full scrub passes over every sealed segment.
     scrub_interval_ms: int = 3_600_000
 
-    #: Free-space reserve of the data directory's filesystem: below the larger of this and
-    #: `storage_min_free_percent`, produce is refused with KAFKA_STORAGE_ERROR (StorageFullError)
-    #: while seals, metadata and WAL rolls still have room (loglake.engine.space; RELIABILITY.md
+    #: Free-space reserve of the data directory's filesystem: when free space less what loglake
+    #: owes (seals of unsealed data, WAL files ahead) falls below the larger of this and
+    #: `storage_min_free_percent`, produce is refused with KAFKA_STORAGE_ERROR (StorageFullError);
+    #: metadata and checkpoints still have the reserve (loglake.engine.space; RELIABILITY.md
     #: "Disk full"). 0 with 0 % turns the reserve off.
     storage_min_free_bytes: int = STORAGE_MIN_FREE_BYTES_DEFAULT
     #: ...or this share of the filesystem, in percent, whichever is larger.
@@ -380,6 +392,12 @@ class EngineConfig:
     #: How often free space is read (statvfs) while writable; while full, a refused produce reads
     #: it again at most every 100 ms.
     storage_space_check_interval_ms: int = 1_000
+
+    @property
+    def wal_replay_bound(self) -> int:
+        """`wal_replay_bytes_max`, but at least a WAL file per shard and one more: the active
+        files never go, and one closed file is what sealing has to let go at a time."""
+        return max(self.wal_replay_bytes_max, (self.wal_shards + 1) * self.wal_file_bytes)
 
     def validate(self) -> None:
         if not 0 <= self.storage_min_free_bytes <= 2**50:
@@ -404,6 +422,8 @@ class EngineConfig:
             raise ConfigError("wal_file_bytes must be at least 64 KiB")
         if self.wal_max_bytes < 2 * self.wal_file_bytes:
             raise ConfigError("wal_max_bytes must be at least twice wal_file_bytes")
+        if self.wal_replay_bytes_max < 2 * self.wal_file_bytes:
+            raise ConfigError("wal_replay_bytes_max must be at least twice wal_file_bytes")
         if self.wal_group_bytes_max > self.wal_queue_bytes_max:
             raise ConfigError("wal_group_bytes_max must not exceed wal_queue_bytes_max")
         if self.memory_budget_bytes < 4 * 1024 * 1024:

@@ -47,7 +47,7 @@ from loglake.engine.read import Reader
 from loglake.engine.recovery import recover
 from loglake.engine.scrubber import Scrubber
 from loglake.engine.seal import Sealer
-from loglake.engine.space import SpaceGuard
+from loglake.engine.space import Owed, SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.engine.txn import last_stable_offset
@@ -66,6 +66,7 @@ from loglake.meta.layout import segments_dir, wal_dir
 from loglake.meta.lifecycle import Tier
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
+from loglake.segment.format import sealed_size
 from loglake.store.base import ObjectStore
 from loglake.store.local import LocalStore
 from loglake.wal.recovery import shard_dir_name
@@ -148,6 +149,7 @@ class LocalPartitionLog:
         self.read_errors = ReadErrors()
         self._parts: _Parts | None = None
         self.recovery_report: RecoveryReport | None = None
+        space.count_owed(self._owed)
 
     # ==== lifecycle =================================================================================
 
@@ -210,7 +212,7 @@ class LocalPartitionLog:
             self.catalog, stores, self.pool, indexes, self._clock, threads=config.seal_threads, on_sealed=self.wake
         )
         appender = Appender(
-            self.catalog, self.pool, sealer, shards, config, self._clock, self._check_open, admit=self.space.admit
+            self.catalog, self.pool, sealer, shards, config, self._clock, self._check_open, space=self.space
         )
         reader = Reader(self.catalog, stores, indexes, BatchChecker(self.corruption), self.read_errors)
         relocator = (
@@ -239,6 +241,7 @@ class LocalPartitionLog:
             shards=lambda: [*shards, *retired],
             space=self.space,
             wal_max_bytes=config.wal_max_bytes,
+            wal_replay_bytes=config.wal_replay_bound,
             relocator=relocator,
             publisher=publisher,
             acked=AckedRecorder(self.catalog, self.meta, config.acked_end_interval_ms, self._clock),
@@ -296,9 +299,29 @@ class LocalPartitionLog:
             on_full=self.space.wal_full,
             on_healed=self.space.wal_healed,
             spare=self.config.wal_spare_file,
-            spare_keep_free=self.space.reserve_for,
+            spare_keep_free=self.space.keep_free,
             files=files,
         )
+
+    def _owed(self) -> Owed:
+        """What this log will still write for what it holds (loglake.engine.space): the segments
+        of every partition's unsealed data, the WAL files the shards and the metadata log may
+        still allocate. Read without locks (a snapshot of counters); the catalog as last built,
+        which names every partition an append reached."""
+        parts = self._parts
+        if parts is None:
+            return Owed(0, 0)
+        segments = 0
+        for topic in list(self.catalog.topics.values()):
+            segment_bytes = topic.config.segment_bytes
+            for p in list(topic.partitions):
+                size = p.buffer_bytes
+                if size > 0:
+                    # sealed as segments of at most segment.bytes, each with its header and trailer
+                    segments += sealed_size(size, p.buffer_batches) + size // segment_bytes * sealed_size(0, 0)
+        meta_shard = self.meta.shard
+        meta_files = meta_shard.allocation_ahead() if meta_shard is not None else 0
+        return Owed(segments + meta_files, sum(shard.allocation_ahead() for shard in parts.shards))
 
     def _alive(self, topic: str, partition: int, key: str) -> bool:
         """Whether a segment is still in its partition's chain (a corruption mark is dropped once

@@ -25,7 +25,7 @@ from loglake.engine.tiering import Relocator
 from loglake.errors import StorageError, StorageFullError
 from loglake.meta.log import LocalMetaStore
 from loglake.meta.publish import MetaPublisher
-from loglake.wal.shard import WalShard
+from loglake.wal.shard import WalFile, WalShard
 
 __all__ = ["Maintenance"]
 
@@ -47,6 +47,7 @@ class Maintenance:
         shards: Callable[[], list[WalShard]],
         space: SpaceGuard | None = None,
         wal_max_bytes: int | None = None,
+        wal_replay_bytes: int | None = None,
         relocator: Relocator | None = None,
         publisher: MetaPublisher | None = None,
         acked: AckedRecorder | None = None,
@@ -62,7 +63,10 @@ class Maintenance:
         self._shards = shards
         self.space = space
         self.wal_max_bytes = wal_max_bytes
-        self.wal_bound_seals = 0  # seals asked for because a shard's WAL passed wal_max_bytes
+        #: the bound on all shards' WAL files together (EngineConfig.wal_replay_bound)
+        self.wal_replay_bytes = wal_replay_bytes
+        #: seals asked for to let WAL files go: past wal_max_bytes or the replay bound, or tight space
+        self.wal_bound_seals = 0
         self.relocator = relocator
         self.publisher = publisher
         self.acked = acked
@@ -153,17 +157,42 @@ class Maintenance:
                 target -= size
 
     def _seal_wal_holders(self) -> None:
-        """A shard whose files pass `wal_max_bytes`: seal the partitions whose unsealed data its
-        oldest file still holds (truncation, next tick, then lets the file go). Without this an
-        idle partition's few records hold every later file for up to its segment.ms."""
-        if self.wal_max_bytes is None:
-            return
+        """Seal the partitions whose unsealed data holds closed WAL files that should go
+        (truncation, next tick, then lets them go), oldest files first:
+
+        * a shard's files past `wal_max_bytes`: without this an idle partition's few records
+          hold every later file for up to its segment.ms;
+        * all shards' files past the replay bound, taken from the shards with the most: a
+          restart after a crash reads and replays at most that much (docs/RELIABILITY.md);
+        * every closed file while free space is tight (loglake.engine.space): the files go
+          before produce must be refused for the seals they wait for.
+
+        Files count at `file_bytes` each, the active one too (recovery reads it whole)."""
+        shards = [(shard, shard.files(), shard.closed_files()) for shard in self._shards()]
+        tight = self.space is not None and self.space.tight
+        doomed: list[WalFile] = []
+        left: list[tuple[int, list[WalFile], int]] = []  # (bytes of files kept, closed kept, file size)
+        for shard, files, closed in shards:
+            size = shard.file_bytes
+            take = len(closed) if tight else 0
+            if self.wal_max_bytes is not None and len(files) >= 2:
+                over = len(files) * size - self.wal_max_bytes
+                take = max(take, min(len(closed), -(-over // size)))
+            doomed += closed[:take]
+            left.append(((len(files) - take) * size, closed[take:], size))
+        if self.wal_replay_bytes is not None:
+            total = sum(kept for kept, _closed, _size in left)
+            while total > self.wal_replay_bytes:
+                i = max(range(len(left)), key=lambda j: left[j][0] if left[j][1] else -1, default=-1)
+                if i < 0 or not left[i][1]:
+                    break  # only active files left
+                kept, closed, size = left[i]
+                doomed.append(closed[0])
+                left[i] = (kept - size, closed[1:], size)
+                total -= size
         by_id = self.catalog.by_id
-        for shard in self._shards():
-            files = shard.files()
-            if len(files) < 2 or len(files) * shard.file_bytes <= self.wal_max_bytes:
-                continue
-            for (topic_id, index), end in list(files[0].partitions.items()):
+        for wal_file in doomed:
+            for (topic_id, index), end in list(wal_file.partitions.items()):
                 topic = by_id.get(topic_id)
                 if topic is None or index >= len(topic.partitions):
                     continue

@@ -64,6 +64,8 @@ class Partition:
     buffer_bases: list[int] = field(default_factory=list)
     buffer_bytes: int = 0
     buffer_records: int = 0
+    #: Kafka batches in the buffer: each adds an index entry to the segment that seals it
+    buffer_batches: int = 0
     seal_scheduled: bool = False
     deleted: bool = False
     lock: threading.Lock | CheckedLock = field(default_factory=lambda: ranked_lock(Rank.PARTITION, "Partition.lock"))
@@ -162,6 +164,7 @@ class Partition:
         self.buffer_bases.append(item.base_offset)
         self.buffer_bytes += item.size
         self.buffer_records += record_count
+        self.buffer_batches += len(item.batch_positions)
 
     def buffer_pop_front(self, count: int) -> list[BufferedAppend]:
         items = self.buffer[:count]
@@ -170,6 +173,7 @@ class Partition:
         freed = sum(item.size for item in items)
         self.buffer_bytes -= freed
         self.buffer_records -= sum(item.end_offset - item.base_offset for item in items)
+        self.buffer_batches -= sum(len(item.batch_positions) for item in items)
         return items
 
     def buffer_find(self, offset: int) -> int | None:

@@ -127,6 +127,14 @@ MIN_BATCH_LENGTH = KAFKA_HEADER_SIZE - KAFKA_LENGTH_OVERHEAD  # 49
 MIN_SEGMENT_SIZE = HEADER_SIZE + KAFKA_HEADER_SIZE + INDEX_ENTRY_SIZE + TRAILER_SIZE
 
 
+def sealed_size(data_bytes: int, batches: int) -> int:
+    """Bytes a seal writes for `batches` Kafka batches of `data_bytes` in one segment: the header,
+    the batches, an index entry each and the (larger, version-2) trailer. The free-space reserve
+    counts them before it admits the batches (loglake.engine.space); a transaction index adds its
+    aborted transactions' few bytes on top."""
+    return HEADER_SIZE + data_bytes + batches * INDEX_ENTRY_SIZE + TRAILER_V2_SIZE
+
+
 #: The parsed header (fields, size, last_offset, attribute bits) is the records package's.
 KafkaBatchHeader = _records.BatchHeader
 

@@ -143,6 +143,7 @@ class WalShard(StallMixin):
         self._last_group_frames = 0
         self._fsync_ewma_s = 0.0  # moving average of fdatasync latency
         self._in_flight = 0
+        self._in_flight_bytes = 0  # of the group being written (frames included)
         self._sync_requests = 0  # tickets handed out by sync()
         self._sync_served = 0  # tickets whose data the writer has fsynced
         # stats
@@ -272,10 +273,33 @@ class WalShard(StallMixin):
         with self._cond:
             return list(self._files)
 
+    def allocation_ahead(self) -> int:
+        """Bytes of new WAL files this shard may still allocate for what it holds (queued, being
+        written, or kept by a disk-full stall) and for what comes next: the free-space reserve
+        counts them before it admits more (loglake.engine.space).
+
+        What does not fit in the active file's preallocated rest takes new files of
+        `file_bytes` (or one as large as a group); one file more is counted until the rest holds
+        a whole file, as a write admitted before the next reading may need it. A bound, not an
+        exact figure: a ready spare (made or recycled earlier, on disk already) is not
+        subtracted."""
+        with self._cond:
+            unwritten = self._queue_bytes + self._in_flight_bytes
+            stalled = self._stalled
+            room = self._active_capacity - self._active_pos if self._active is not None else 0
+        if stalled is not None:
+            unwritten += sum(len(entry.payload) + FRAME_OVERHEAD for entry, _acked in stalled)
+        return max(0, unwritten - room + self.file_bytes)
+
     def has_closed_files(self) -> bool:
         """Files that are not the active one (candidates for truncation)."""
         with self._cond:
             return len(self._files) > (1 if self._active is not None else 0)
+
+    def closed_files(self) -> list[WalFile]:
+        """The files that are not the active one, oldest first (truncation can take only these)."""
+        with self._cond:
+            return self._files[:-1] if self._active is not None else list(self._files)
 
     def delete_obsolete(self, is_obsolete: Callable[[bytes, int, int], bool]) -> int:
         """Delete closed WAL files all of whose frames are durable elsewhere. Returns how many.
@@ -343,6 +367,8 @@ class WalShard(StallMixin):
                 self._queue.popleft()
                 group.append(entry)
                 group_bytes += size
+            # in flight before it leaves the queue: `allocation_ahead` never misses it in between
+            self._in_flight_bytes = group_bytes
             self._queue_bytes -= group_bytes
             self._in_flight = len(group)
             self._last_group_frames = len(group)
@@ -394,6 +420,7 @@ class WalShard(StallMixin):
             self._queue.clear()
             self._queue_bytes = 0
             self._in_flight = 0
+            self._in_flight_bytes = 0
             self._cond.notify_all()
             self._idle.notify_all()
         for entry in pending:
@@ -445,6 +472,7 @@ class WalShard(StallMixin):
             self._unsynced.extend(group)
         with self._cond:
             self._in_flight = 0
+            self._in_flight_bytes = 0
             self._sync_served = max(self._sync_served, ticket)
             self._idle.notify_all()
         for entry in group:

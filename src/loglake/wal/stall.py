@@ -39,6 +39,7 @@ class StallMixin:
     _stalled: list[tuple[WalEntry, bool]] | None
     _stall_ticket: int
     _in_flight: int
+    _in_flight_bytes: int
     _tries: int
     _stopping: bool
     _aborting: bool
@@ -120,6 +121,7 @@ class StallMixin:
             self._stalled = pending
             self._stall_ticket = ticket
             self._in_flight = 0
+            self._in_flight_bytes = 0  # the failed group is among `_stalled` now
             self._idle.notify_all()
         assert self._on_full is not None
         self._on_full(self.directory, exc)
