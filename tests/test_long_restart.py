@@ -5,8 +5,8 @@ producer into 8 partitions that would never seal on their own (segment.bytes 1 G
 day, a 3 GiB memory budget), SIGKILL right after the last acknowledgement, then a start on the
 same data directory. Asserted: the WAL files a restart reads stay within the replay bound
 (`wal_replay_bound`, 256 MiB here) plus a file per shard that rolls while the seals run (and one
-more for a slow seal), the restart takes at most `TARGET_RESTART_S`, and every acknowledged
-record is there. Before the
+more for a slow seal), and every acknowledged record is there. The restart's seconds are
+printed, not asserted (a wall-clock figure on a shared machine is the benchmark's). Before the
 bound (issue 31) the whole GiB stayed in the WAL: 1.1 GiB read, 3.9 s to listening on the
 development VM (docs/RELIABILITY.md, "Restart time").
 """
@@ -29,8 +29,6 @@ pytestmark = pytest.mark.long
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024
-#: kill -9 to "listening" (process start and imports included) on 2 cores
-TARGET_RESTART_S = 3.0
 SHARDS = 2
 #: WAL files that may roll past the bound while the seals that let files go run: one per shard,
 #: one more for a slow seal (measured: one per shard)
@@ -60,4 +58,3 @@ def test_restart_after_kill_with_a_gib_produced(tmp_path: Path) -> None:
     print(bench.fmt_table({"runs": [run]}))
     assert run["all_acked_records_there"], run
     assert run["wal_file_bytes_at_kill"] <= config.wal_replay_bound + SLACK_FILES * config.wal_file_bytes, run
-    assert run["restart_seconds"] <= TARGET_RESTART_S, run
