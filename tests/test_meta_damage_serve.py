@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from loglake.cli.startup import EXIT_META_DAMAGED
 from loglake.wal.frame import decode_frame
+from test_acked_end import _produce, _read_all  # acks=all producer; read to the end offset
 
 from brokerkit import Broker
 
@@ -34,36 +34,6 @@ RECORDS = 2000
 #: small segments: part of the log is sealed (segments, and their copy in the bucket), part only in the WAL
 TOPIC_CONFIG = {"segment.bytes": "65536", "hot.retain.segments": "2", "retention.ms": "-1"}
 ENV = {"LOGLAKE_ENGINE__META_PUBLISH_INTERVAL_MS": "100"}
-
-
-def _produce(bootstrap: str, values: list[bytes]) -> list[int]:
-    acked: list[int] = []
-
-    def report(err: object, msg: object) -> None:
-        assert err is None, err
-        acked.append(msg.offset())  # type: ignore[attr-defined]
-
-    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "batch.num.messages": 100})
-    for v in values:
-        p.produce("t", value=v, partition=0, on_delivery=report)
-        p.poll(0)
-    assert p.flush(WAIT_S) == 0
-    return acked
-
-
-def _read_all(bootstrap: str, count: int) -> dict[int, bytes]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g{time.monotonic_ns()}", "enable.auto.commit": False})
-    c.assign([TopicPartition("t", 0, 0)])
-    got: dict[int, bytes] = {}
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while len(got) < count and time.monotonic() < deadline:
-            for m in c.consume(500, timeout=0.5):
-                if not m.error():
-                    got[m.offset()] = m.value()
-    finally:
-        c.close()
-    return got
 
 
 def _serve(data: Path, *extra: str) -> subprocess.CompletedProcess[str]:
