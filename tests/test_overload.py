@@ -149,6 +149,16 @@ def test_queued_max_request_bytes_is_range_checked_and_print_config_names_the_bu
     assert f"# rss budget: {budget.total // MIB} MiB" in out or f"# rss budget: {round(budget.total / MIB)} MiB" in out
 
 
+def test_the_rss_budget_counts_the_serving_engines_pool() -> None:
+    """Cluster mode's pool is its flush buffer (64 MiB), not memory_budget_bytes: the server passes
+    the engine's pool budget, the config alone gives memory_budget_bytes."""
+    config = BrokerConfig.load(env={"LOGLAKE_MAX_CONNECTIONS": "100"})
+    local = rss_budget(config)
+    assert local.memory_pool == config.engine_config().memory_budget_bytes
+    flush = rss_budget(config, 64 * MIB)
+    assert flush.memory_pool == 64 * MIB and local.total - flush.total == local.memory_pool - 64 * MIB
+
+
 def scrape(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     return {

@@ -266,13 +266,15 @@ class BudgetedConfig(Protocol):
     def engine_config(self) -> EngineConfig: ...
 
 
-def rss_budget(config: BudgetedConfig) -> RssBudget:
+def rss_budget(config: BudgetedConfig, memory_pool_bytes: int | None = None) -> RssBudget:
     """The RSS budget: base + memory pool + queued request bytes (+ the one frame that may cross
-    it) + WAL group buffers + cold range cache + compaction key map + max_connections x CONNECTION_BYTES."""
+    it) + WAL group buffers + cold range cache + compaction key map + max_connections x CONNECTION_BYTES.
+    `memory_pool_bytes`: the serving engine's pool budget (cluster mode's is the flush buffer), else
+    `memory_budget_bytes`."""
     engine = config.engine_config()
     return RssBudget(
         base=BASE_RSS_BYTES,
-        memory_pool=engine.memory_budget_bytes,
+        memory_pool=engine.memory_budget_bytes if memory_pool_bytes is None else memory_pool_bytes,
         queued_requests=config.queued_max_request_bytes,
         largest_frame=config.max_frame_bytes,
         wal_groups=engine.wal_shards * engine.wal_group_bytes_max,

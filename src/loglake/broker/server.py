@@ -74,7 +74,7 @@ class BrokerServer:
         self.metrics = Metrics()
         #: Request bytes read and not yet handled, all connections (queued_max_request_bytes).
         self.request_bytes = self.metrics.request_bytes = overload.RequestBytes(config.queued_max_request_bytes, config.max_frame_bytes)
-        self.metrics.rss_budget = lambda: overload.rss_budget(self.config).total
+        self.metrics.rss_budget = lambda: overload.rss_budget(self.config, engine.memory_pool.budget_bytes).total
         self.metrics.send_buffered = lambda: sum(c.send_buffered for c in self._connections)
         #: Warnings a client can repeat at will, keyed by condition and peer address.
         self.limited = RateLimitedLog(log, config.log_rate_limit_ms / 1000.0)
