@@ -9,6 +9,7 @@ leadership, so epochs are read from Metadata rather than assumed 0."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,21 @@ def test_describe_log_dirs_lists_data_dir_and_cold_store(broker: Served, kadmin:
     create(broker, kadmin, "dirs-b", 1)
     produce(broker, "dirs-a", 20)
     answers = kadmin.describe_log_dirs()  # one answer per broker
+    # In a cluster the brokers that did not lead the produce learn of its commit from etcd's watch:
+    # ask again until each has (what a client reading from any broker may rely on).
+    deadline = time.monotonic() + 30
+    while broker.is_cluster and time.monotonic() < deadline and not all(
+        p["partition_size"] > 0
+        for a in answers
+        for d in a["log_dirs"]
+        if d["log_dir"].startswith("s3://")
+        for t in d["topics"]
+        if t["name"] == "dirs-a"
+        for p in t["partitions"]
+        if p["partition_index"] == 0
+    ):
+        time.sleep(0.1)
+        answers = kadmin.describe_log_dirs()
     assert sorted(a["broker"] for a in answers) == broker.node_ids
     for answer in answers:
         data_dir = str(broker.broker(answer["broker"]).data_dir.resolve())
