@@ -438,6 +438,9 @@ def test_kafka_python_admin(broker: Served) -> None:
 
         altered = client.alter_configs([KpConfigResource(KpResourceType.TOPIC, "kp", configs={"segment.ms": "70000"})])
         assert altered == {"topic": {"kp": "OK"}}
+        # kafka-python's non-incremental alter describes first and sends everything back: every
+        # broker must have the change above (a cluster's others learn it from etcd's watch)
+        settled_configs(broker, "kp")
         legacy = client.alter_configs(
             [KpConfigResource(KpResourceType.TOPIC, "kp", configs={"retention.bytes": "123456"})], incremental=False
         )
