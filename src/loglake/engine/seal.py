@@ -20,6 +20,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import BufferedAppend, Partition, SegmentRef
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.txn import segment_aborted
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.lifecycle import Tier
 from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
 from loglake.records.committed import ABORT_MARKER, marker_of
@@ -57,6 +58,10 @@ class Sealer:
         self._executor: ThreadPoolExecutor | None = None
         #: (topic id, partition) -> (failed seals in a row, monotonic time of the next try)
         self._failing: dict[tuple[bytes, int], tuple[int, float]] = {}
+        #: A disk-full episode makes seals fail and work by turns (small ones fit, large ones do
+        #: not, and maintenance seals early to free WAL files): one line per kind per window, the
+        #: rest summarised, not two lines per partition per turn.
+        self._limited = RateLimitedLog(log)
 
     def start(self) -> None:
         self._executor = ThreadPoolExecutor(self.threads, thread_name_prefix="loglake-seal")
@@ -103,7 +108,8 @@ class Sealer:
         self._failing[key] = (count, time.monotonic() + delay_ms / 1000.0)
         if count == 1:
             # One line (an ENOSPC needs no traceback); the traceback is at DEBUG.
-            log.error(
+            self._limited.error(
+                ("seal_failed",),
                 "sealing %s-%d failed: %s; retrying with a backoff up to %d s, logged again when it works",
                 p.topic, p.index, exc, SEAL_RETRY_MS_MAX // 1000,
             )
@@ -114,7 +120,9 @@ class Sealer:
     def _succeeded(self, p: Partition) -> None:
         failing = self._failing.pop((p.topic_id, p.index), None)
         if failing is not None:
-            log.warning("sealing %s-%d works again after %d failed attempt(s)", p.topic, p.index, failing[0])
+            self._limited.warning(
+                ("seal_works",), "sealing %s-%d works again after %d failed attempt(s)", p.topic, p.index, failing[0]
+            )
 
     @property
     def failing_partitions(self) -> int:
