@@ -208,7 +208,8 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
     # connections and requests (docs/RELIABILITY.md, "Overload")
     _S("max_frame_bytes", "socket.request.max.bytes", _INT, 100 * MIB, (MIB, INT32_MAX), "Largest request accepted, in bytes."),
     _S("max_inflight_per_connection", None, _LONG, 64, (1, 10_000),
-       "Requests one connection may have in flight before the broker stops reading from it."),
+       "Requests other than Produce one connection may have in flight before the broker stops reading from it "
+       "(Produce requests are bounded by their bytes: docs/RELIABILITY.md, \"Overload\")."),
     _S("idle_timeout_ms", "connections.max.idle.ms", _LONG, 600_000, (1000, 7 * DAY_MS), "Close connections idle this long.",
        dynamic=_CW),
     # Kafka has none: a request must arrive within this of its first byte (a stalled half-frame
