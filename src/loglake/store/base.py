@@ -94,6 +94,17 @@ class ObjectStore(abc.ABC):
         """Publish `parts` (concatenated) as object `key`, atomically: readers see the whole
         object or none of it (an existing object is replaced whole). Durable on return."""
 
+    def put_if_absent(self, key: str, parts: Sequence[BytesLike]) -> bool:
+        """Publish `parts` as object `key` only if no object `key` exists: True when this call
+        published it, False when one was there (this call then wrote nothing). Atomic, durable
+        on return. Of several writers racing for one key, exactly one gets True in the backends
+        that override this (the local folder, memory); the default is a HEAD then a `put`, which
+        two writers can both pass."""
+        if self.head(key) is not None:
+            return False
+        self.put(key, parts)
+        return True
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """The whole object. Missing: ObjectNotFoundError."""

@@ -1,11 +1,18 @@
 """`LocalStore`: objects as plain files under a root folder, through the FileSystem seam.
 
-`put` publishes crash-atomically: `<path>.tmp` is written and datasynced, renamed over
-`<path>`, and the directory is fsynced. A crash leaves either no object (maybe a stale `.tmp`
-file, which `list` ignores and `delete_stale_temps` removes) or the whole object.
+`put` publishes crash-atomically: a temp file of its own, `<path>.<random>.tmp`, is written and
+datasynced, renamed over `<path>`, and the directory is fsynced; so are the directories above
+it the first time this store writes under them, so an acknowledged object never hangs on a
+directory entry another process has not made durable yet. A crash leaves either no object
+(maybe a stale `.tmp` file, which `list` ignores and `delete_stale_temps` removes) or the whole
+object.
 
-Two concurrent `put`s of the same key are not supported (they share the temp name); segment
-keys are written by one owner each.
+Several processes may share one root, as cluster mode's brokers on one host share a folder
+(docs/CLUSTER.md, "One host, every core"): they are given what an S3 bucket gives them.
+Concurrent `put`s of one key each publish a whole object and the last rename wins (S3's
+last-writer-wins PutObject); `put_if_absent` of one key by several writers publishes exactly
+one of them (link(2) refuses an existing name, as S3's `If-None-Match: *` refuses an existing
+key); a reader sees an object whole or not at all.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import secrets
+import threading
 from collections.abc import Sequence
 
 from loglake.errors import StorageError
@@ -40,6 +49,9 @@ class LocalStore(ObjectStore):
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
         self._fs = fs
+        #: directories whose chain of entries up to the root this store has fsynced itself
+        self._synced_dirs: set[str] = set()
+        self._synced_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root!r})"
@@ -50,13 +62,44 @@ class LocalStore(ObjectStore):
     # ---- writes ---------------------------------------------------------------------------
 
     def put(self, key: str, parts: Sequence[BytesLike]) -> None:
+        self._publish("put", key, parts, replace=True)
+
+    def put_if_absent(self, key: str, parts: Sequence[BytesLike]) -> bool:
+        return self._publish("put_if_absent", key, parts, replace=False)
+
+    def _publish(self, op: str, key: str, parts: Sequence[BytesLike], *, replace: bool) -> bool:
         path = self._path(key)
+        # a temp name of its own: two writers of one key (two brokers on one folder) never
+        # write into, remove or rename each other's temp file
+        tmp = f"{path}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
         try:
-            self._fs.makedirs(os.path.dirname(path))
-            self._fs.write_file_atomic(path, parts)
+            self._make_dir(os.path.dirname(path))
+            self._fs.write_file_atomic(path, parts, tmp=tmp, replace=replace)
+        except FileExistsError:
+            if replace:
+                raise
+            self._discard_temp(tmp)
+            return False
         except OSError as exc:
-            self._discard_temp(path + TEMP_SUFFIX)
-            raise _storage_error("put", key, exc) from exc
+            self._discard_temp(tmp)
+            with self._synced_lock:  # made again next time, should the folder have gone
+                self._synced_dirs.discard(os.path.dirname(path))
+            raise _storage_error(op, key, exc) from exc
+        return True
+
+    def _make_dir(self, directory: str) -> None:
+        """Create `directory` and make its entry and every one above it (up to the root)
+        durable, once per store: makedirs fsyncs what it created, but a directory another
+        process created a moment ago may not be durable yet."""
+        if directory in self._synced_dirs:
+            return
+        self._fs.makedirs(directory)
+        d = directory
+        while d != self.root and d.startswith(self.root):
+            self._fs.fsync_dir(os.path.dirname(d))
+            d = os.path.dirname(d)
+        with self._synced_lock:
+            self._synced_dirs.add(directory)
 
     def _discard_temp(self, tmp: str) -> None:
         try:
