@@ -220,9 +220,11 @@ def single(work: Path, partitions: int, producers: int, seconds: float) -> dict[
     return {"brokers": 1, "mode": "single node", **row}
 
 
-def cluster(work: Path, brokers: int, partitions: int, producers: int, seconds: float) -> dict[str, Any]:
-    log(f"cluster: {brokers} brokers over etcd and one folder, {partitions} partitions, {producers} producers ...")
-    with clusterkit.running_cluster(work / "cluster", brokers=brokers, cold_store="file") as c:
+def cluster(
+    work: Path, brokers: int, partitions: int, producers: int, seconds: float, args: list[str] | None = None
+) -> dict[str, Any]:
+    log(f"cluster: {brokers} brokers over etcd and one folder, {partitions} partitions, {producers} producers {args or ''}...")
+    with clusterkit.running_cluster(work / "cluster", brokers=brokers, cold_store="file", broker_args=args) as c:
         c.create_topic("cores", partitions)
         leaders = c.wait_leaders("cores", partitions)
         pids = {f"broker {b.node_id}": b.pid for b in c.brokers if b.pid is not None}
@@ -232,7 +234,8 @@ def cluster(work: Path, brokers: int, partitions: int, producers: int, seconds: 
         row = run_load(c.bootstrap, "cores", producers, seconds, pids)
     led = sorted(leaders.values())
     log(f"  {row['records_per_s']:,} records/s; CPU s {row['cpu_s']}, producers {row['producers_cpu_s']}")
-    return {"brokers": brokers, "mode": "cluster, file://", "leaders": {n: led.count(n) for n in set(led)}, **row}
+    mode = "cluster, file://" + (f" ({' '.join(args)})" if args else "")
+    return {"brokers": brokers, "mode": mode, "broker_args": args or [], "leaders": {n: led.count(n) for n in set(led)}, **row}
 
 
 def fmt_table(doc: dict[str, Any]) -> str:
@@ -266,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--producers", type=int, default=2, help="producer processes in each phase")
     ap.add_argument("--seconds", type=float, default=20.0, help="how long each phase produces")
+    ap.add_argument(
+        "--cluster-arg", action="append", default=[], help="a flag of the cluster brokers (repeat), beside the defaults"
+    )
     ap.add_argument("--dir", help="parent directory for data (default: the system temp dir)")
     ap.add_argument("--json-out", help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -274,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["machine"] = machine_limits(str(work))
     doc["runs"] = [
         single(work, args.partitions, args.producers, args.seconds),
-        cluster(work, args.brokers, args.partitions, args.producers, args.seconds),
+        cluster(work, args.brokers, args.partitions, args.producers, args.seconds, args.cluster_arg),
     ]
     doc["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     doc["ratio"] = round(doc["runs"][1]["records_per_s"] / doc["runs"][0]["records_per_s"], 2)
