@@ -6,6 +6,7 @@ import errno
 import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from loglake.store import (
     segment_key,
     topic_prefix,
 )
+from loglake.store.local import _temp_started_ms
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -322,6 +324,39 @@ def test_local_concurrent_puts_of_one_key_never_publish_a_torn_object(tmp_path: 
         p.join(60)
         assert p.exitcode == 0
     assert seen > 0 and reader.list("") == [key]
+
+
+def test_local_delete_abandoned_uploads_goes_by_the_start_time_in_the_temp_name(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path), OsFileSystem())
+    store.put("c/flush/1/s/1.lfo", [b"whole"])
+    folder = tmp_path / "c" / "flush" / "1" / "s"
+    old = folder / f"2.lfo.{1_000}-{'a' * 16}.tmp"
+    new = folder / f"3.lfo.{5_000}-{'b' * 16}.tmp"
+    legacy = folder / "4.lfo.tmp"  # a single node's temp name: no start time, left alone
+    elsewhere = tmp_path / "d" / f"5.lfo.{1_000}-{'c' * 16}.tmp"
+    for p in (old, new, legacy, elsewhere):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"partial")
+    assert store.delete_abandoned_uploads("c/", started_before_ms=5_000) == 1
+    assert not old.exists() and new.exists() and legacy.exists() and elsewhere.exists()
+    assert store.list("") == ["c/flush/1/s/1.lfo"]
+    assert MemoryStore().delete_abandoned_uploads("c/", started_before_ms=5_000) == 0
+
+    class Capture(OsFileSystem):
+        tmps: list[str] = []
+
+        def write_file_atomic(
+            self, path: str, parts: Sequence[BytesLike], *, tmp: str | None = None, replace: bool = True
+        ) -> None:
+            assert tmp is not None
+            self.tmps.append(tmp)
+            super().write_file_atomic(path, parts, tmp=tmp, replace=replace)
+
+    fs = Capture()
+    before = int(time.time() * 1000)
+    LocalStore(str(tmp_path), fs).put("c/x", [b"1"])
+    started = _temp_started_ms(os.path.basename(fs.tmps[0]))  # what a killed put would leave
+    assert started is not None and before <= started <= int(time.time() * 1000)
 
 
 def test_rename_noreplace_refuses_an_existing_name(tmp_path: Path) -> None:

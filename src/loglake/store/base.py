@@ -130,6 +130,14 @@ class ObjectStore(abc.ABC):
         """A filesystem path holding the object as a plain file (for sendfile), else None."""
         return None
 
+    def delete_abandoned_uploads(self, prefix: str, started_before_ms: int) -> int:
+        """Remove what writers under `prefix` left of uploads they started before
+        `started_before_ms` (wall clock) and never finished — they crashed — and return how
+        many. The default has nothing to remove: an S3 PUT that never completed leaves no object
+        (incomplete multipart uploads are a bucket lifecycle rule's to expire)."""
+        check_prefix(prefix)
+        return 0
+
     def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
         """The last `length` bytes (all of it if shorter) and the object size.
 

@@ -1,10 +1,11 @@
 """`LocalStore`: objects as plain files under a root folder, through the FileSystem seam.
 
-`put` publishes crash-atomically: a temp file of its own, `<path>.<random>.tmp`, is written and
-datasynced, renamed over `<path>`, and the directory is fsynced; so are the directories above
-it the first time this store writes under them, so an acknowledged object never hangs on a
-directory entry another process has not made durable yet. A crash leaves either no object
-(maybe a stale `.tmp` file, which `list` ignores and `delete_stale_temps` removes) or the whole
+`put` publishes crash-atomically: a temp file of its own, `<path>.<start ms>-<random>.tmp`, is
+written and datasynced, renamed over `<path>`, and the directory is fsynced; so are the
+directories above it the first time this store writes under them, so an acknowledged object never
+hangs on a directory entry another process has not made durable yet. A crash leaves either no
+object (maybe a stale `.tmp` file, which `list` ignores, `delete_stale_temps` removes when no
+put runs, and `delete_abandoned_uploads` removes by its age while others write) or the whole
 object.
 
 Several processes may share one root, as cluster mode's brokers on one host share a folder
@@ -22,6 +23,7 @@ import errno
 import os
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 
 from loglake.errors import StorageError
@@ -42,6 +44,13 @@ _RETRIABLE_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETI
 
 def _storage_error(op: str, key: str, exc: OSError) -> StorageError:
     return StorageError(op, key, exc, retriable=exc.errno in _RETRIABLE_ERRNOS)
+
+
+def _temp_started_ms(name: str) -> int | None:
+    """The start time in a temp file name `<name>.<ms>-<hex>.tmp`, else None."""
+    stamp = name[: -len(TEMP_SUFFIX)].rpartition(".")[2]
+    ms, dash, token = stamp.partition("-")
+    return int(ms) if dash and ms.isdigit() and ms.isascii() and token.isalnum() else None
 
 
 class LocalStore(ObjectStore):
@@ -70,8 +79,9 @@ class LocalStore(ObjectStore):
     def _publish(self, op: str, key: str, parts: Sequence[BytesLike], *, replace: bool) -> bool:
         path = self._path(key)
         # a temp name of its own: two writers of one key (two brokers on one folder) never
-        # write into, remove or rename each other's temp file
-        tmp = f"{path}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+        # write into, remove or rename each other's temp file; its start time tells a crashed
+        # writer's leftover from an upload under way (delete_abandoned_uploads)
+        tmp = f"{path}.{int(time.time() * 1000)}-{secrets.token_hex(8)}{TEMP_SUFFIX}"
         try:
             self._make_dir(os.path.dirname(path))
             self._fs.write_file_atomic(path, parts, tmp=tmp, replace=replace)
@@ -134,6 +144,28 @@ class LocalStore(ObjectStore):
                 removed += 1
         except OSError as exc:
             raise _storage_error("delete_stale_temps", prefix, exc) from exc
+        return removed
+
+    def delete_abandoned_uploads(self, prefix: str, started_before_ms: int) -> int:
+        """Remove temp files under `prefix` whose put started before `started_before_ms` (the
+        time is in their name): a writer killed mid-put leaves one, as a crashed S3 upload
+        leaves parts. Safe while other processes write under the root, given a bound longer than
+        any put takes. Temp files without a start time (a single node's, named `<key>.tmp`)
+        are `delete_stale_temps`'."""
+        removed = 0
+        try:
+            for path in self._walk(prefix, temps=True):
+                started = _temp_started_ms(os.path.basename(path))
+                if started is None or started >= started_before_ms:
+                    continue
+                try:
+                    self._fs.unlink(path)
+                except FileNotFoundError:
+                    continue  # another broker's sweep removed it first
+                self._fs.fsync_dir(os.path.dirname(path))
+                removed += 1
+        except OSError as exc:
+            raise _storage_error("delete_abandoned_uploads", prefix, exc) from exc
         return removed
 
     # ---- reads ----------------------------------------------------------------------------
