@@ -332,7 +332,7 @@ def test_local_delete_abandoned_uploads_goes_by_the_start_time_in_the_temp_name(
     folder = tmp_path / "c" / "flush" / "1" / "s"
     old = folder / f"2.lfo.{1_000}-{'a' * 16}.tmp"
     new = folder / f"3.lfo.{5_000}-{'b' * 16}.tmp"
-    legacy = folder / "4.lfo.tmp"  # a single node's temp name: no start time, left alone
+    legacy = folder / "4.lfo.tmp"  # an older version's temp name: no start time, left alone
     elsewhere = tmp_path / "d" / f"5.lfo.{1_000}-{'c' * 16}.tmp"
     for p in (old, new, legacy, elsewhere):
         p.parent.mkdir(parents=True, exist_ok=True)

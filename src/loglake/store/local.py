@@ -150,8 +150,8 @@ class LocalStore(ObjectStore):
         """Remove temp files under `prefix` whose put started before `started_before_ms` (the
         time is in their name): a writer killed mid-put leaves one, as a crashed S3 upload
         leaves parts. Safe while other processes write under the root, given a bound longer than
-        any put takes. Temp files without a start time (a single node's, named `<key>.tmp`)
-        are `delete_stale_temps`'."""
+        any put takes. Temp files without a start time (`<key>.tmp`, as older versions named them)
+        are left to `delete_stale_temps`."""
         removed = 0
         try:
             for path in self._walk(prefix, temps=True):
