@@ -34,6 +34,7 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         single(work, args.partitions, args.producers, args.seconds),
         cluster(work, args.brokers, args.partitions, args.producers, args.seconds, args.cluster_arg),
     ]
+    shutil.rmtree(work, ignore_errors=True)
     doc["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     doc["ratio"] = round(doc["runs"][1]["records_per_s"] / doc["runs"][0]["records_per_s"], 2)
     doc["target_ratio"] = TARGET_RATIO

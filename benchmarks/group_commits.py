@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             t.join(args.seconds + 120)
         wall = time.perf_counter() - t0
         cpu = {k: round(client.proc_cpu_seconds(pids[k]) - v, 2) for k, v in cpu0.items()}
+    shutil.rmtree(work, ignore_errors=True)
     assert len(out) == args.consumers, "a consumer failed"
     assert all(r["read_back"] == r["last"] for r in out), [(r["read_back"], r["last"]) for r in out]
     lat = sorted(x for r in out for x in r["latencies"])
