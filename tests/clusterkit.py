@@ -1,5 +1,6 @@
 """Real processes for the cluster-mode tests and benchmark: etcd, moto's S3 server behind a fault
-proxy, and N brokers `loglake serve --cluster ...`.
+proxy (or one folder the brokers share: `cold_store="file"`), and N brokers
+`loglake serve --cluster ...`.
 
 - etcd: `etcdkit.EtcdCluster` (1 or 3 members; a member can be stopped and restarted).
 - S3: moto's server as its own process (`MotoProcess`: the brokers' PUTs do not share the test's
@@ -220,9 +221,12 @@ class Cluster:
         broker_args: list[str] | None = None,
         broker_env: dict[str, str] | None = None,
         netns: bool = False,
+        cold_store: str = "s3",
     ) -> None:
         """`netns`: each broker on a host of its own (tests/netkit.py), so the network between it
-        and etcd or the bucket can be cut while its clients still reach it."""
+        and etcd or the bucket can be cut while its clients still reach it. `cold_store`: "s3"
+        (moto behind the fault proxy) or "file" (one folder under `tmp` that every broker
+        shares, as brokers on one host do: no moto, no proxy)."""
         if etcdkit.ETCD_BINARY is None:
             import pytest
 
@@ -235,6 +239,9 @@ class Cluster:
         self._subnets = netkit.subnets(16) if netns else []
         self.moto = MotoProcess(tmp)
         self.proxy: s3kit.FaultProxy | None = None
+        assert cold_store in ("s3", "file"), cold_store
+        self.cold_store = cold_store
+        self.shared_dir = tmp / "shared"
         self.bucket = f"cluster-{uuid.uuid4().hex[:12]}"
         self.prefix = f"loglake/{uuid.uuid4().hex[:8]}"
         self.broker_args = list(broker_args or [])
@@ -250,6 +257,8 @@ class Cluster:
 
     @property
     def cold_store_url(self) -> str:
+        if self.cold_store == "file":
+            return f"file://{self.shared_dir}"
         assert self.proxy is not None
         return s3kit.store_url(self.proxy.endpoint, self.bucket, "data")
 
@@ -271,9 +280,10 @@ class Cluster:
             os.environ.pop(k, None)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.etcd.start()
-        self.moto.start()
-        self.proxy = s3kit.FaultProxy(("127.0.0.1", self.moto.port), listen_host=self.listen_host).start()
-        s3kit.raw_client(self.moto.endpoint).create_bucket(Bucket=self.bucket)
+        if self.cold_store == "s3":
+            self.moto.start()
+            self.proxy = s3kit.FaultProxy(("127.0.0.1", self.moto.port), listen_host=self.listen_host).start()
+            s3kit.raw_client(self.moto.endpoint).create_bucket(Bucket=self.bucket)
         for i in range(self.n_brokers):
             self.add_broker(i + 1)
         return self
@@ -331,7 +341,8 @@ class Cluster:
             parts.append(b.log_text()[-LOG_TAIL_CHARS:])
         for i, m in enumerate(self.etcd.members):
             parts.append(f"===== etcd {m.name} =====\n{self.etcd.log_tail(i)}")
-        parts.append(f"===== moto =====\n{self.moto.log_tail()}")
+        if self.cold_store == "s3":
+            parts.append(f"===== moto =====\n{self.moto.log_tail()}")
         return "\n".join(parts)
 
     def etcd_leader(self) -> int:

@@ -7,10 +7,13 @@ appends and nothing of it becomes visible; merge and sweep keep every record rea
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,11 +29,13 @@ from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.errors import FlushFailedError, LoglakeError, MetaFencedError, OffsetOutOfRangeError
+from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
 from loglake.meta.records import PlogLeader
 from loglake.records.decode import decode_batch
 from loglake.store.base import ObjectStore
+from loglake.store.local import LocalStore
 from loglake.store.retry import RetryPolicy
 from test_cluster_flushobj import batch, iter_batches, topic_ids
 
@@ -266,6 +271,31 @@ def test_merge_then_read_gives_the_same_records_and_sweep_deletes_only_unreferen
     assert read_all(reader, tids[1], 1)[-1] == (12, b"fresh@0")
     for tp in parts:
         assert read_all(reader, *tp)[:12] == before[tp]
+
+
+def test_sweep_removes_what_a_broker_killed_mid_put_left_in_a_shared_folder(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """Over a folder (brokers on one host), a broker killed during a PUT leaves its temp file;
+    the sweep removes it once the orphans' grace has passed, and never an upload under way."""
+    store = LocalStore(str(tmp_path / "shared"), OsFileSystem())
+    c = Cluster(etcd1, store)
+    try:
+        a = c.broker(1)
+        (t,) = topic_ids(1)
+        a.log.acquire(t, 0)
+        f = a.log.append(t, 0, batch(0, 2, "x"))
+        a.log.flusher.flush(WAIT)
+        kept = ack(f).key
+        folder = tmp_path / "shared" / os.path.dirname(kept)
+        now_ms = int(time.time() * 1000)
+        dead = folder / f"00000000000000000099.lfo.{now_ms - 3_600_000}-{'a' * 16}.tmp"  # an hour old
+        busy = folder / f"00000000000000000100.lfo.{now_ms}-{'b' * 16}.tmp"  # a PUT under way
+        dead.write_bytes(b"half a flush object")
+        busy.write_bytes(b"being written")
+        report = sweep(a.log)
+        assert report.abandoned == 1 and not dead.exists() and busy.exists()
+        assert store.list(flush_prefix(CLUSTER_ID)) == [kept] and report.orphans == []
+    finally:
+        c.close()
 
 
 def test_reads_refuse_offsets_outside_the_committed_log(cluster: Cluster) -> None:
