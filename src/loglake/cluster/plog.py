@@ -38,11 +38,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from loglake.broker.metrics import LATENCY_BUCKETS_S
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushAck, Flusher, FlushSettings
 from loglake.cluster.flushobj import FlushIndex, FlushIndexEntry, topic_id_bytes
 from loglake.cluster.plog_read import PlogReader
 from loglake.engine.memory import MemoryPool
+from loglake.engine.telemetry import LatencyHistogram
 from loglake.errors import (
     CorruptRecordError,
     EngineFailedError,
@@ -129,6 +131,8 @@ class ClusterPartitionLog:
         self._lock = threading.Condition()  # _leads and every _Lead's counters
         self._leads: dict[TP, _Lead] = {}  # bounded by the partitions this broker leads
         self.reader = reader or PlogReader(meta, store)
+        #: seconds from a range commit's submission to etcd's answer (/metrics)
+        self.commit_seconds = LatencyHistogram(LATENCY_BUCKETS_S)
         self.flusher = Flusher(
             store, self._commit, cluster_id=cluster_id, node_id=node_id, prefix=prefix, settings=settings, pool=pool
         )
@@ -339,8 +343,10 @@ class ClusterPartitionLog:
                     e.topic_id, e.partition, epoch, e.base_offset, e.last_offset, e.position, e.length,
                     e.record_count, e.max_timestamp, e.crc, e.batch_count,
                 ))  # fmt: skip
+            started = time.monotonic()
             try:
                 self.meta.append_if(PlogCommit(index.key, rows), guards, sets).result(COMMIT_WAIT_S)
+                self.commit_seconds.observe(time.monotonic() - started)
             except MetaFencedError as exc:
                 # which guards broke? those partitions are fenced; the others commit on their own
                 held = [(e, lead, epoch) for e, lead, epoch in chunk if self._guards_hold(e, epoch)]
