@@ -81,3 +81,33 @@ def test_a_joining_broker_takes_only_its_share() -> None:
     before = assign(parts, {1, 2}, {})
     after = assign(parts, {1, 2, 3}, before)
     assert list(after.values()).count(3) == 4 and moves(before, after) == 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenario(), st.data())
+def test_a_refused_partition_goes_to_a_broker_that_does_not_refuse_it(
+    s: tuple[list[tuple[str, int]], set[int], dict[tuple[str, int], int]], data: st.DataObject
+) -> None:
+    """A broker whose acquire failed hands the partition back: it neither keeps nor gets it while
+    another live broker does not refuse it; with everyone refusing, it is assigned as usual."""
+    parts, brokers, previous = s
+    refused = {p: data.draw(st.sets(st.integers(0, 12), max_size=3)) for p in parts if data.draw(st.booleans())}
+    out = assign(parts, brokers, previous, refused)
+    if not brokers:
+        assert out == {}
+        return
+    assert set(out) == set(parts) and set(out.values()) <= brokers
+    for p, b in out.items():
+        if not brokers <= refused.get(p, set()):
+            assert b not in refused.get(p, set()), (p, b, refused[p])
+    everyone = {p: set(brokers) for p in parts}
+    assert assign(parts, brokers, previous, everyone) == assign(parts, brokers, previous)
+
+
+def test_a_handed_back_partition_moves_and_nothing_else_does() -> None:
+    parts = [("t", i) for i in range(6)]
+    before = assign(parts, {1, 2, 3}, {})
+    p = next(tp for tp, b in sorted(before.items()) if b == 3)
+    after = assign(parts, {1, 2, 3}, before, {p: {3}})
+    assert after[p] != 3
+    assert {tp: b for tp, b in after.items() if tp != p} == {tp: b for tp, b in before.items() if tp != p}
