@@ -266,6 +266,15 @@ class SharedPartitionLog:
             self._inflight.pop(tp, None)
         self.plog.release(topic_id, partition)
 
+    def abandon(self, topic_id: str, partition: int) -> int:
+        """Stop leading the partition at once: appends are refused and those not committed yet fail
+        now (NOT_LEADER_OR_FOLLOWER, so clients go to the next leader) instead of when their flush
+        settles; `release` still follows. Returns how many appends failed."""
+        with self._ready_lock:
+            self._ready.discard((topic_id, partition))
+        plog = self._plog
+        return 0 if plog is None else plog.abandon(topic_id, partition)
+
     def leads(self, topic_id: str, partition: int) -> bool:
         """Whether this broker leads the partition: acquired, not stopped, and its epoch is still
         the partition's in the shared state — another broker's later acquire (its view of the live

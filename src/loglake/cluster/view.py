@@ -230,11 +230,11 @@ class EtcdClusterView:
         if not etcd_ok:
             # nothing commits without etcd: appends fail fast instead of waiting for a commit; the
             # lease lapses and the others take the partitions (registering again follows the loss)
-            self._release_all()
+            self._abandon_all()
             return
         self._stand(bucket_ok)
         if not bucket_ok:
-            self._release_all()
+            self._abandon_all()
             return
         live = self.membership.known
         leaders = self.membership.leaders & set(live)
@@ -344,6 +344,16 @@ class EtcdClusterView:
     def _release_all(self) -> None:
         for tp in sorted(self.held):
             self._release(tp)
+
+    def _abandon_all(self) -> None:
+        """Stop leading everything because etcd or the bucket does not answer: appends not
+        committed fail now (their clients go to the next leader at once), then each partition is
+        released (which waits for its flush in flight to settle)."""
+        if not self.held:
+            return
+        failed = sum(self.log.abandon(*tp) for tp in sorted(self.held))
+        log.info("node %d stops leading %d partition(s); %d append(s) not committed fail", self.node_id, len(self.held), failed)
+        self._release_all()
 
     def _rejoin(self) -> None:
         """Register again under a new lease after losing the old one."""
