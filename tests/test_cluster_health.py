@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
 
@@ -26,9 +26,11 @@ import clusterkit
 import clusterload
 import s3kit
 from logcheck import History, value_for
-from loglake.cluster import health as cluster_health
 
 import brokerkit
+
+if TYPE_CHECKING:  # imported where used, so that the process tests run against a tree without it
+    from loglake.cluster.health import ClusterHealth
 
 PARTITIONS = 6
 #: The broker setting's default (cluster_unreachable_release_ms), which these tests run with.
@@ -57,7 +59,7 @@ class Clock:
         return self.now
 
 
-def health(clock: Clock, *, fail_list: list[bool], writes: list[str]) -> cluster_health.ClusterHealth:
+def health(clock: Clock, *, fail_list: list[bool], writes: list[str]) -> ClusterHealth:
     def probe_list() -> None:
         if fail_list[0]:
             raise OSError("connection refused")
@@ -66,7 +68,9 @@ def health(clock: Clock, *, fail_list: list[bool], writes: list[str]) -> cluster
         writes.append("put+delete")
         probe_list()
 
-    return cluster_health.ClusterHealth(
+    from loglake.cluster.health import ClusterHealth
+
+    return ClusterHealth(
         7, RELEASE_S, bucket_url="s3://b/p", etcd_url="etcd://e/p",
         probe_list=probe_list, probe_write=probe_write, etcd_answered=lambda: clock.now, clock=clock,
     )  # fmt: skip
@@ -109,7 +113,9 @@ def test_silence_or_failing_writes_for_the_release_time_is_down() -> None:
 
 def test_etcd_silent_for_the_release_time_is_down() -> None:
     clock, answered = Clock(), [100.0]
-    h = cluster_health.ClusterHealth(
+    from loglake.cluster.health import ClusterHealth
+
+    h = ClusterHealth(
         7, RELEASE_S, bucket_url="s3://b/p", etcd_url="etcd://e/p", probe_list=lambda: None,
         probe_write=lambda: None, etcd_answered=lambda: answered[0], clock=clock,
     )  # fmt: skip
