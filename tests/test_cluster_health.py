@@ -80,12 +80,14 @@ def test_never_answered_is_down_at_once_and_a_write_probe_brings_it_up() -> None
     clock, fail, writes = Clock(), [True], []
     h = health(clock, fail_list=fail, writes=writes)
     assert h.check() == (True, False)
-    assert not h.probe()
+    assert not h.start(first_wait_s=10)  # the prober probes at once; the start waits for it
+    h.stop()
+    assert writes == ["put+delete"] and not h.probe()
     lines = h.not_ready()
     assert len(lines) == 1 and "s3://b/p" in lines[0] and "connection refused" in lines[0]
     assert "credentials" in lines[0]  # the hint
     fail[0] = False
-    assert h.probe() and writes == ["put+delete", "put+delete"]  # not standing: it writes
+    assert h.probe() and writes == ["put+delete"] * 3  # not standing: it writes
     assert h.check() == (True, True) and h.not_ready() == []
 
 

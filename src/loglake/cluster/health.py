@@ -95,6 +95,7 @@ class ClusterHealth:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._probed = threading.Event()  # the prober's first probe is done
         self._thread: threading.Thread | None = None
 
     # ---- what the bucket's users report ------------------------------------------------------------
@@ -106,13 +107,15 @@ class ClusterHealth:
             if write:
                 self.bucket.writes_failing_since = None
 
-    def bucket_failed(self, error: BaseException, *, write: bool) -> None:
-        """A request to the bucket failed after its retries."""
+    def bucket_failed(self, error: BaseException, *, write: bool, probe: bool = False) -> None:
+        """A request to the bucket failed after its retries (`probe`: the prober's own, which
+        does not wake the prober: a failure that comes at once must not become a busy loop)."""
         with self._lock:
             self.bucket.last_error = f"{type(error).__name__}: {error}"
             if write and self.bucket.writes_failing_since is None:
                 self.bucket.writes_failing_since = self._clock()
-        self._wake.set()  # look now rather than at the next interval
+        if not probe:
+            self._wake.set()  # look now rather than at the next interval
 
     # ---- the verdict -------------------------------------------------------------------------------
 
@@ -179,9 +182,14 @@ class ClusterHealth:
     def probe_interval_s(self) -> float:
         return self.release_s / PROBES_PER_RELEASE
 
-    def start(self) -> None:
+    def start(self, first_wait_s: float) -> bool:
+        """Start the prober, whose first probe is at once; wait up to `first_wait_s` for it (a
+        bucket that holds requests unanswered must not hold the start). True if it answered."""
         self._thread = threading.Thread(target=self._run, name="loglake-cluster-health", daemon=True)
         self._thread.start()
+        self._probed.wait(first_wait_s)
+        with self._lock:
+            return self.bucket.last_ok is not None
 
     def stop(self) -> None:
         self._stop.set()
@@ -202,12 +210,14 @@ class ClusterHealth:
             (self._probe_write if write else self._probe_list)()
         except Exception as exc:  # whatever the store raises: it did not answer as it must
             self.probe_failures += 1
-            self.bucket_failed(exc, write=write)
+            self.bucket_failed(exc, write=write, probe=True)
             return False
         self.bucket_answered(write=write)
         return True
 
     def _run(self) -> None:
+        self.probe()
+        self._probed.set()
         while not self._stop.is_set():
             woken = self._wake.wait(self.probe_interval_s)
             self._wake.clear()

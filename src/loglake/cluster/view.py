@@ -174,11 +174,11 @@ class EtcdClusterView:
         the assignment gives this broker; rounds run on the view's own thread from here on."""
         self.me = BrokerInfo(self._node_id, tuple(listeners), self.settings.rack)
         self.health = health = self._health()
-        health.probe()  # at once: a broker that reaches the bucket stands from its first round
+        # a broker that reaches the bucket stands from its first round
+        health.start(first_wait_s=health.release_s)
         health.standing = health.check()[1]
         self.membership = self._membership(leads=health.standing)
         self.membership.start()
-        health.start()
         self.rebalance()
         self._thread = threading.Thread(target=self._run, name="loglake-cluster-leadership", daemon=True)
         self._thread.start()
