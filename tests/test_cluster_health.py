@@ -333,3 +333,59 @@ def bucket_goes_away(c: clusterkit.Cluster, proxy: s3kit.FaultProxy) -> None:
     assert rep.stats.get("acked", 0) >= PARTITIONS * 40
     text = b3.log_text()
     assert text.count("cannot reach bucket") == 1, text[-3000:]
+
+
+def test_a_partition_a_broker_cannot_acquire_is_handed_to_another(tmp_path: Path) -> None:
+    proxies: list[s3kit.FaultProxy] = []
+    try:
+        with clusterkit.running_cluster(tmp_path, brokers=2) as c:
+            proxy = s3kit.FaultProxy(("127.0.0.1", c.moto.port)).start()
+            proxies.append(proxy)
+            cannot_acquire(c, proxy)
+    finally:
+        for proxy in proxies:
+            proxy.clear()
+            proxy.stop()
+
+
+def produce_to_all(c: clusterkit.Cluster, n: int, bound_s: float) -> dict[int, float]:
+    """Produce `n` records to each partition; the seconds until each partition's first ack."""
+    p = Producer({"bootstrap.servers": c.bootstrap, "enable.idempotence": True, "acks": "all"})
+    done: dict[int, float] = {}
+    errors: list[Any] = []
+    started = time.monotonic()
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            done.setdefault(msg.partition(), time.monotonic() - started)
+
+    for i in range(PARTITIONS * n):
+        p.produce("t", b"v%d" % i, partition=i % PARTITIONS, on_delivery=report)
+    assert p.flush(bound_s) == 0, (done, errors)
+    assert not errors and len(done) == PARTITIONS, (done, errors)
+    return done
+
+
+def cannot_acquire(c: clusterkit.Cluster, proxy: s3kit.FaultProxy) -> None:
+    """Broker 3 reaches the bucket (its LIST and write probes answer) but may not read flush
+    objects, so it cannot rebuild a partition's producers at acquire: it hands the partition back."""
+    b3, m3 = add_broker(c, 3, s3kit.store_url(proxy.endpoint, c.bucket, "data"), c.broker_env)
+    c.create_topic("t", PARTITIONS)
+    produce_to_all(c, 10, CARRY_ON_S)  # every partition has a committed tail to rebuild from
+    proxy.fail(10**9, 403, "AccessDenied", method="GET", path_contains=f"/{c.bucket}/data/loglake-")
+    victim = next(n for n in c.leaders("t").values() if n != 3)
+    note(f"kill -9 node {victim}: node 3 is given partitions it cannot acquire")
+    c.by_node(victim).kill()
+    killed = time.monotonic()
+    moved = c.wait_leaders("t", PARTITIONS, CARRY_ON_S, avoid=victim)
+    note(f"every partition led by a live broker {time.monotonic() - killed:.1f} s after the kill: {moved}")
+    done = produce_to_all(c, 10, PRODUCE_BOUND_S)  # the partition node 3 cannot acquire included
+    note(f"first ack per partition (s): {sorted(done.items())}")
+    assert metric(m3, 'loglake_cluster_leadership_changes_total{change="acquire_failed"}') >= 1
+    assert metric(m3, "loglake_cluster_leader_candidate") == 1  # it still reaches the bucket
+    assert http_get(m3, "/readyz")[0] == 200
+    text = b3.log_text()
+    assert 1 <= text.count("could not acquire") <= 3, text[-3000:]  # rate-limited, not per round
+    assert "acquiring" not in text
