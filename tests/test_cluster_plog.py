@@ -390,3 +390,43 @@ def test_random_interleavings_keep_every_acknowledged_record_once_at_its_offset(
     finally:
         c.close()
         store.close()
+
+
+def test_abandon_fails_uncommitted_appends_at_once_and_they_never_commit(
+    cluster: Cluster, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that stops leading for its health (loglake.cluster.view) fails its appends not
+    committed yet at once, not when their PUT settles; the range they were in is then refused
+    at commit, so nothing the client was told failed can land."""
+    import threading
+
+    a = cluster.broker(1)
+    tid = topic_ids(1)[0]
+    a.log.acquire(tid, 0)
+    first = a.log.append(tid, 0, batch(0, 3, "kept"))
+    a.log.flusher.flush(WAIT)
+    assert ack(first).last_offset == 2
+    entered, gate = threading.Event(), threading.Event()
+    real_put = store.put
+
+    def held_put(key: str, parts: list[bytes]) -> None:  # a bucket that holds the request
+        entered.set()
+        assert gate.wait(WAIT)
+        real_put(key, parts)
+
+    monkeypatch.setattr(store, "put", held_put)
+    late = a.log.append(tid, 0, batch(0, 2, "late"))
+    flushing = threading.Thread(target=a.log.flusher.flush, args=(WAIT,))
+    flushing.start()
+    assert entered.wait(WAIT)
+    assert a.log.abandon(tid, 0) == 1
+    with pytest.raises(NotLeaderError):
+        late.result(1)  # at once, while its PUT is still held
+    with pytest.raises(NotLeaderError):
+        a.log.append(tid, 0, batch(0, 1, "refused"))
+    gate.set()
+    flushing.join(WAIT)
+    assert a.log.committed_end(tid, 0) == 3
+    assert [v for _, v in read_all(a, tid, 0)] == [v for _, v in read_all(cluster.broker(2), tid, 0)]
+    assert len(read_all(a, tid, 0)) == 3
+    a.log.release(tid, 0)  # drains: nothing left in flight

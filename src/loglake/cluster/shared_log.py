@@ -27,8 +27,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from loglake.broker.settings import CLUSTER_UNREACHABLE_RELEASE_MS
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
+from loglake.cluster.health import probe_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.producers import rebuild_producers
 from loglake.cluster.publish import ClusterMetaPublisher
@@ -101,6 +103,8 @@ class ClusterSettings:
     lease_ttl_s: int = 3
     flush: FlushSettings = field(default_factory=FlushSettings)
     maintenance_interval_ms: int = 10_000
+    #: etcd or the bucket unanswered this long: lead nothing (loglake.cluster.health)
+    unreachable_release_ms: int = CLUSTER_UNREACHABLE_RELEASE_MS
 
 
 class SharedPartitionLog:
@@ -261,6 +265,15 @@ class SharedPartitionLog:
             self._producers.pop(tp, None)
             self._inflight.pop(tp, None)
         self.plog.release(topic_id, partition)
+
+    def abandon(self, topic_id: str, partition: int) -> int:
+        """Stop leading the partition at once: appends are refused and those not committed yet fail
+        now (NOT_LEADER_OR_FOLLOWER, so clients go to the next leader) instead of when their flush
+        settles; `release` still follows. Returns how many appends failed."""
+        with self._ready_lock:
+            self._ready.discard((topic_id, partition))
+        plog = self._plog
+        return 0 if plog is None else plog.abandon(topic_id, partition)
 
     def leads(self, topic_id: str, partition: int) -> bool:
         """Whether this broker leads the partition: acquired, not stopped, and its epoch is still
@@ -572,16 +585,17 @@ def _idempotent_keys(heads: list[BatchHeader]) -> list[tuple[int, int, int]]:
 def _probe_bucket(bucket: ObjectStore, cluster_id: str) -> None:
     """One LIST of a prefix nothing uses: a bucket that does not exist stops the start with one
     line (every flush would fail otherwise, and nothing could be acknowledged); a bucket that does
-    not answer now is only a warning (an outage heals, and produces wait or fail retriably)."""
+    not answer now is only a warning (an outage heals): the broker does not stand for leadership
+    until it answers (loglake.cluster.health)."""
     try:
-        bucket.list(f"loglake-{cluster_id}/start-probe/")
+        bucket.list(probe_prefix(cluster_id))
     except LoglakeError as exc:
         if getattr(exc, "code", None) == "NoSuchBucket":
             raise ConfigError(
                 f"cluster mode: the cold store {bucket.url} has no bucket (NoSuchBucket); create it first"
             ) from exc
         log.warning(
-            "cluster mode: the cold store %s did not answer at start (%s); produces wait for it",
+            "cluster mode: the cold store %s did not answer at start (%s); this broker leads no partition until it does",
             bucket.url,
             exc,
         )
