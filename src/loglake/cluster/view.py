@@ -38,7 +38,7 @@ from loglake.cluster.membership import Membership
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
 from loglake.engine.catalog import TOPIC_KINDS
-from loglake.engine.view import BrokerInfo, LiveListener
+from loglake.engine.view import BrokerInfo, LiveListener, read_replica_among, replicas_among
 from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
 from loglake.meta.records import RecordKind
 from loglake.meta.state import MetaState
@@ -288,6 +288,16 @@ class EtcdClusterView:
 
     def coordinator_of(self, key: str) -> int:
         return coordinator_of(key, self.live_ids())
+
+    def replicas_of(self, topic_id: bytes, partition: int, factor: int) -> list[int]:
+        """Any live broker can serve the partition's committed data (from the bucket): `factor`
+        of them, the leader first (engine.view.replicas_among)."""
+        return replicas_among(self.leader_of(topic_id, partition), self.live_ids(), factor, partition)
+
+    def read_replica_for(self, topic_id: bytes, partition: int, factor: int, rack: str) -> int:
+        leader = self.leader_of(topic_id, partition)
+        replicas = replicas_among(leader, self.live_ids(), factor, partition)
+        return read_replica_among(replicas, leader, self.brokers(), rack, partition)
 
     def publishes(self) -> bool:
         """Whether this broker sweeps the bucket and copies the metadata into it: the lowest live
