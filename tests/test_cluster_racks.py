@@ -151,10 +151,11 @@ def test_a_consumer_fetches_from_the_replica_in_its_rack(racked: Racked) -> None
             if msg is not None and msg.error() is None:
                 got.append(msg.value())
         assert got == [f"v{i}".encode() for i in range(50)] + [f"w{i}".encode() for i in range(10)]
-        consumer.poll(0.5)  # one more statistics round
-        until("statistics", lambda: stats)
+        stats.clear()
+        while not stats and time.monotonic() < deadline + TIMEOUT:
+            consumer.poll(0.2)  # statistics are delivered by poll, every statistics.interval.ms
         part = stats[-1]["topics"][topic]["partitions"]["0"]
-        assert (part["leader"], part["broker"]) == (leader, follower), part
+        assert (part["leader"], part["broker"], part["hi_offset"]) == (leader, follower, 60), part
     finally:
         consumer.close()
     assert racked.fetches(follower) > before
