@@ -148,8 +148,9 @@ HISTORY = [
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
-#: its last record (the topic's deletion)
-CHECKPOINT_SHA256 = "a4e8a88abc994b6fbfed4661d652ca24e2dfd56f223b5ac50aa07c1cf82c37d3"
+#: its last record (the topic's deletion). Changed once on purpose: a `plog_leader` now also enters
+#: its epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch).
+CHECKPOINT_SHA256 = "c30f60443e5370661a404da4634e066e58d2362d57596cc2a7dbafc2d0afda13"
 CHECKPOINT_AFTER_DELETE_SHA256 = "0469b55c7a3e74ff110d2d27e0a5269350a46596256d4324d7184a4ae53e9aa7"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
@@ -319,7 +320,8 @@ def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None
     state = _replay(HISTORY[:-1])
     assert _checkpoint_sha(state) == CHECKPOINT_SHA256
     pm = state.partition(bytes.fromhex(TID), 1)
-    assert (pm.log_start, pm.leader_epoch, pm.aborted_txns) == (5, 2, [[2000, 7, 11]])
+    # the plog_leader of epoch 4 (at committed end 0) replaced the history the leader_epoch records made
+    assert (pm.log_start, pm.leader_epochs, pm.aborted_txns) == (5, [[4, 0]], [[2000, 7, 11]])
     assert state.plogs.condemned == {"orphan/1": None} and state.groups[G].offsets == {
         ("orders", 1): [7, 2, "m", 1700000000010]
     }

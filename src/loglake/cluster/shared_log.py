@@ -39,6 +39,7 @@ from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import Corruption
+from loglake.engine.epochs import end_offset_in, epoch_at
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
@@ -482,18 +483,37 @@ class SharedPartitionLog:
     def cold_url(self) -> str | None:
         return self.bucket.url if self.bucket is not None else None
 
+    def _epochs(self, p: Partition) -> tuple[int, int, list[list[int]] | None]:
+        """(current epoch, committed end, epoch history) at one moment of this broker's view; the
+        history is None when it does not reach the current epoch (a checkpoint of a release that
+        kept none for cluster partitions, until the next leadership change)."""
+        key = (p.topic_id, p.index)
+
+        def read(s: MetaState) -> tuple[int, int, list[list[int]] | None]:
+            pl = s.plogs.parts.get(key)
+            pm = s.partitions.get(key)
+            epoch, end = (pl.epoch, pl.end) if pl is not None else (0, 0)
+            history = [list(e) for e in pm.epoch_history()] if pm is not None else [[0, 0]]
+            return epoch, end, history if history[-1][0] == epoch else None
+
+        return self.etcd.read(read)
+
     def leader_epoch(self, p: Partition, offset: int | None) -> int:
-        """The partition's current leader epoch (cluster mode keeps no per-offset epoch history:
-        committed data is never truncated, so the current epoch is what clients validate with)."""
-        return self.plog_of(p.topic_id.hex(), p.index).epoch
+        """The partition's current leader epoch, or the epoch that wrote `offset` (by the epoch
+        history each `plog_leader` extends)."""
+        epoch, _end, history = self._epochs(p)
+        return epoch if offset is None or history is None else epoch_at(history, offset)
 
     def epoch_end_offset(self, p: Partition, epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch: committed data is never truncated in cluster mode, so any epoch
-        up to the current one ends at the committed end (a consumer never sees a truncation)."""
-        pl = self.plog_of(p.topic_id.hex(), p.index)
-        if epoch > pl.epoch:
-            return -1, -1
-        return epoch, pl.end
+        """OffsetForLeaderEpoch by Kafka's rule over the partition's epoch history: the current
+        epoch ends at the committed end, an older one where the next epoch that wrote data began.
+        Without a history (see `_epochs`) any epoch up to the current one ends at the committed end:
+        committed data is never truncated in cluster mode, so that is never below a consumer's
+        position."""
+        current, end, history = self._epochs(p)
+        if history is None:
+            return (-1, -1) if epoch > current else (epoch, end)
+        return end_offset_in(history, end, epoch)
 
     def producer_states(self, p: Partition) -> list[tuple[int, int, int, int]]:
         """The partition's idempotent producers as its leader knows them (rebuilt from the

@@ -52,7 +52,7 @@ from loglake.cluster.plog_maint import merge, sweep
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
 from loglake.engine.catalog import TOPIC_KINDS
 from loglake.engine.telemetry import Family, HistogramFamily
-from loglake.engine.view import BrokerInfo, LiveListener
+from loglake.engine.view import BrokerInfo, LiveListener, read_replica_among, replicas_among
 from loglake.errors import EngineClosedError, EtcdUnavailableError, LoglakeError, MetaFencedError
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import RecordKind
@@ -434,6 +434,23 @@ class EtcdClusterView:
 
     def coordinator_of(self, key: str) -> int:
         return coordinator_of(key, self.live_ids())
+
+    def _serving_ids(self) -> set[int]:
+        """The live brokers that can serve a partition's committed data: those reaching the bucket
+        (standing for leadership); all live ones before membership is known."""
+        live = self.live_ids()
+        m = self.membership
+        return live if m is None else (m.leaders & live) or live
+
+    def replicas_of(self, topic_id: bytes, partition: int, factor: int) -> list[int]:
+        """Any broker reaching the bucket can serve the partition's committed data: `factor` of
+        them, the leader first (engine.view.replicas_among)."""
+        return replicas_among(self.leader_of(topic_id, partition), self._serving_ids(), factor, partition)
+
+    def read_replica_for(self, topic_id: bytes, partition: int, factor: int, rack: str) -> int:
+        leader = self.leader_of(topic_id, partition)
+        replicas = replicas_among(leader, self._serving_ids(), factor, partition)
+        return read_replica_among(replicas, leader, self.brokers(), rack, partition)
 
     def publishes(self) -> bool:
         """Whether this broker sweeps the bucket and copies the metadata into it: the lowest live

@@ -286,11 +286,21 @@ class Engine:
     # ==== topics ====================================================================================
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, *, validate_only: bool = False
+        self,
+        name: str,
+        partitions: int = 1,
+        config: dict[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+        replication_factor: int = 1,
     ) -> TopicInfo:
+        """`replication_factor`: remembered with the topic (Metadata reports that many replicas
+        per partition where the cluster view has that many live brokers); the broker checks it."""
         self._check_open()
         self._check_topic_config(config)
-        return self.catalog.create_topic(name, partitions, config, validate_only=validate_only)
+        return self.catalog.create_topic(
+            name, partitions, config, validate_only=validate_only, replication_factor=replication_factor
+        )
 
     def delete_topic(self, name: str) -> None:
         self._check_open()
