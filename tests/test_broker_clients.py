@@ -591,3 +591,38 @@ def test_raw_fetch_long_poll(broker: Served) -> None:
         assert part.error_code == 0 and part.high_watermark == 1
         assert b"wake-up-raw" in bytes(part.records)
         assert woke < 4.5, f"the parked fetch was answered after {woke:.2f} s, not when the record came"
+
+
+def test_log_append_time_topic_stamps_the_brokers_time(broker: Served) -> None:
+    """message.timestamp.type=LogAppendTime: the broker stamps each batch with its own time and
+    says so in the Produce answer; consumers see the type and the time (in cluster mode too,
+    where the batches were stored as the producer sent them)."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = new_topic("lat")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, config={"message.timestamp.type": "LogAppendTime"})])[topic].result(30)
+    before = int(time.time() * 1000)
+    with RawClient(broker.leader(topic, 0).bootstrap) as c:
+        P = ProduceRequest.TopicProduceData
+        batch = build_batch([(5, b"k", b"v", [])])
+        resp = c.request(ProduceRequest[8](
+            transactional_id=None, acks=-1, timeout_ms=30_000,
+            topic_data=[P(name=topic, partition_data=[P.PartitionProduceData(index=0, records=batch)])],
+        ))  # fmt: skip
+        part = resp.responses[0].partition_responses[0]
+    after = int(time.time() * 1000)
+    stamp = part.log_append_time_ms
+    assert part.error_code == 0 and before <= stamp <= after
+    c2 = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lat", "enable.auto.commit": False})
+    try:
+        c2.assign([CTopicPartition(topic, 0, OFFSET_BEGINNING)])
+        msg = None
+        deadline = time.monotonic() + 30
+        while msg is None and time.monotonic() < deadline:
+            msg = c2.poll(0.5)
+        assert msg is not None and msg.error() is None
+        assert msg.timestamp() == (TIMESTAMP_LOG_APPEND_TIME, stamp)
+    finally:
+        c2.close()

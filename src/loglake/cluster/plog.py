@@ -56,7 +56,7 @@ from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.cluster import Plog, end_key, epoch_key
 from loglake.meta.records import PlogCommit, PlogCommitRow, PlogLeader
-from loglake.records.batch import set_offset_and_epoch, split_batches
+from loglake.records.batch import set_log_append_time, set_offset_and_epoch, split_batches
 from loglake.store.base import ObjectStore
 
 __all__ = ["COMMIT_PARTITIONS_MAX", "AppendAck", "ClusterPartitionLog", "NotLeaderError"]
@@ -256,10 +256,11 @@ class ClusterPartitionLog:
         return self.append_assigned(topic_id, partition, data)[1]
 
     def append_assigned(
-        self, topic_id: str, partition: int, data: bytes | bytearray
+        self, topic_id: str, partition: int, data: bytes | bytearray, log_append_time: int = -1
     ) -> tuple[int, Future[AppendAck]]:
         """`append`, also returning the base offset it assigned (the broker records idempotent
-        producers' batches at once, so that a retry still in flight is known as a duplicate)."""
+        producers' batches at once, so that a retry still in flight is known as a duplicate).
+        `log_append_time` >= 0: the batches are stamped with it (a LogAppendTime topic)."""
         if len(data) > APPEND_BYTES_MAX:
             raise CorruptRecordError(f"append of {len(data)} bytes is over {APPEND_BYTES_MAX}")
         batches = split_batches(data)
@@ -281,6 +282,8 @@ class ClusterPartitionLog:
                 epoch = lead.epoch
             for pos, h in batches:
                 set_offset_and_epoch(buf, pos, offset, h.batch_length, epoch)
+                if log_append_time >= 0:
+                    set_log_append_time(buf, pos, log_append_time)
                 offset += h.last_offset_delta + 1
             inner = self.flusher.append(topic_id, partition, buf)  # raises: nothing was assigned
             out: Future[AppendAck] = Future()

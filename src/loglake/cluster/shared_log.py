@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -343,7 +344,8 @@ class SharedPartitionLog:
                 with self._ready_lock:
                     original = next((inflight[k] for k in _idempotent_keys(heads) if k in inflight), None)
                 return self._answer_duplicate(original, p, tid, dup)
-            base, inner = plog.append_assigned(tid, p.index, buf)
+            stamp = int(time.time() * 1000) if config.log_append_time else -1
+            base, inner = plog.append_assigned(tid, p.index, buf, stamp)
             # Recorded at once (as the local log does), so that a retry arriving while this
             # append is in flight is answered as a duplicate rather than appended again.
             states.record_batches(heads, base)
@@ -365,7 +367,9 @@ class SharedPartitionLog:
                 out.set_exception(error)
                 return
             ack = f.result()
-            out.set_result(AppendResult(p.topic, p.index, ack.base_offset, ack.last_offset, -1, self._log_start(tid, p.index)))
+            out.set_result(
+                AppendResult(p.topic, p.index, ack.base_offset, ack.last_offset, stamp, self._log_start(tid, p.index))
+            )
 
         inner.add_done_callback(done)
         return out
