@@ -11,9 +11,10 @@ free port and are stopped when the block is done (every ``--listen`` of a ``logl
 free port of its own, and the block's later commands are pointed at it); ``--follow`` runs until a
 short timeout. A document is one shell session: its blocks run in order, in one working
 directory, and an ``export`` or a variable assignment (``SSL="-X ..."``) holds for the rest of it;
-a here-document (``python - <<'PY'``) is one command. A command's comment may say what it does:
-``# prints WORD`` (its output holds WORD) or ``# refused`` (it exits non-zero); any other command
-must exit 0.
+a here-document (``python - <<'PY'``) is one command; ``make test`` and ``. .venv/bin/activate``
+are what this suite already is and has. A command's comment may say what it does: ``# prints
+WORD`` (its output holds WORD) or ``# refused`` (it exits non-zero); any other command must exit
+0. A shell block that runs Spark (``loglake pipeline``) runs with the Spark tests, apart.
 """
 
 from __future__ import annotations
@@ -232,21 +233,44 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.wait(60)
 
 
-_SESSIONS: dict[Path, Path] = {}
+_SESSIONS: dict[tuple[Path, bool], Path] = {}
 
 
-@pytest.mark.parametrize("block", of("sh", "bash"))
+def runs_spark(block: Block) -> bool:
+    """A shell block that starts Spark (a `loglake pipeline` job, pyspark): it runs with the Spark
+    tests (tests/conftest.py's Spark group), so that no two JVMs run at once."""
+    return "loglake pipeline" in block.code or "pyspark" in block.code
+
+
+@pytest.mark.parametrize("block", [p for p in of("sh", "bash") if not runs_spark(p.values[0])])
 def test_shell_example(block: Block, broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> None:
     if block.skip:
         pytest.skip(block.skip)
+    _run_shell_block(block, _substitute(block.code, broker.bootstrap), tmp_path_factory)
+
+
+@pytest.mark.parametrize("block", [p for p in of("sh", "bash") if runs_spark(p.values[0])])
+def test_spark_shell_example(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Spark's shell blocks: on the Spark tests' worker, in a working directory of their own (the
+    rest of their document may run on another worker), so each stands alone, with no broker."""
+    if block.skip:
+        pytest.skip(block.skip)
+    assert not any(a in block.code for a in BROKER_ADDRESSES), f"{block.id}: a Spark shell block gets no broker"
+    _run_shell_block(block, block.code, tmp_path_factory)
+
+
+def _run_shell_block(block: Block, code: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     servers: list[subprocess.Popen[str]] = []
     # A document is read as one shell session: `export K=V` holds for its later blocks too, and
     # they share a working directory (a recipe goes on with the files an earlier one made).
     exported = _EXPORTS.setdefault(block.path, {})
-    cwd = _SESSIONS.setdefault(block.path, tmp_path_factory.mktemp(block.path.stem))
+    session = (block.path, runs_spark(block))
+    if session not in _SESSIONS:
+        _SESSIONS[session] = tmp_path_factory.mktemp(block.path.stem)
+    cwd = _SESSIONS[session]
     ports: dict[str, str] = {}
     try:
-        for line in _commands(_substitute(block.code, broker.bootstrap)):
+        for line in _commands(code):
             first, newline, heredoc = line.partition("\n")
             command, comment = _split_comment(first)
             command += newline + heredoc
@@ -256,6 +280,8 @@ def test_shell_example(block: Block, broker: Broker, tmp_path_factory: pytest.Te
             if words[0] == "export" or (len(words) == 1 and _ASSIGNMENT.match(words[0])):
                 exported.update(w.split("=", 1) for w in words[words[0] == "export" :] if "=" in w)  # type: ignore[misc]
                 continue
+            if words[0] in (".", "source") and words[1:] == [".venv/bin/activate"]:
+                continue  # the venv's bin is first on every command's PATH here (_env)
             if words[:2] == ["make", "test"]:
                 continue  # this suite is what `make test` runs
             if words[:2] == ["make", "run"]:
