@@ -2,29 +2,42 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Re-install whenever pyproject.toml changes.
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Two installs, each re-done whenever pyproject.toml changes: `make run` needs only what a broker
+# needs (the package and its s3 extra), `make test` everything (test tools, Spark, cluster mode).
+# The full install is a superset, so it stamps both: `make test` then `make run` installs nothing.
+HASH := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+RUN_STAMP := $(VENV)/.installed-run-$(HASH)
+TEST_STAMP := $(VENV)/.installed-test-$(HASH)
+RUN_EXTRAS := s3
+TEST_EXTRAS := test,s3,spark,cluster
 DATA_DIR ?= ./loglake-data
 
 .PHONY: venv run test test-long lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,s3,spark,cluster]'
-	rm -f $(VENV)/.installed-*
+
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[$(RUN_EXTRAS)]'
+	rm -f $(VENV)/.installed-run-*
 	touch $@
 
-venv: $(STAMP)
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[$(TEST_EXTRAS)]'
+	rm -f $(VENV)/.installed-*
+	touch $@ $(RUN_STAMP)
+
+venv: $(TEST_STAMP)
 
 LISTEN ?= 127.0.0.1:9092
 # e.g. SERVE_FLAGS=--allow-unauthenticated-public-listener for LISTEN=0.0.0.0:9092 (docs/SECURITY.md)
 SERVE_FLAGS ?=
 
-run: venv
+run: $(RUN_STAMP)
 	$(BIN)/loglake serve --data-dir $(DATA_DIR) --listen $(LISTEN) $(SERVE_FLAGS)
 
-lint: venv
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
 
@@ -33,20 +46,20 @@ lint: venv
 TEST_WORKERS ?= 2
 
 test: lint
-	$(BIN)/pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -m "not long" -n $(TEST_WORKERS) --dist loadgroup --durations=20
 
 LONG_RUN := build/long-run
 
 # The long runs write their figures to $(LONG_RUN); docs/RELIABILITY.md's table is regenerated
 # from them (scripts/reliability_report.py) only when every long test passed.
-test-long: venv
+test-long: $(TEST_STAMP)
 	rm -rf $(LONG_RUN) && mkdir -p $(LONG_RUN)
 	LOGLAKE_LONG_REPORT=$(LONG_RUN)/soak.json LOGLAKE_FUZZ_REPORT=$(LONG_RUN)/fuzz.json \
 	LOGLAKE_CANARY_REPORT=$(LONG_RUN)/canaries.json LOGLAKE_OVERLOAD_REPORT=$(LONG_RUN)/overload.json \
 	$(BIN)/pytest -q -m long
 	$(BIN)/python scripts/reliability_report.py $(LONG_RUN) --write docs/RELIABILITY.md
 
-bench: venv
+bench: $(RUN_STAMP)
 	$(BIN)/python benchmarks/engine.py
 
 clean:

@@ -8,7 +8,7 @@
   fixture's teardown, also when the test failed.
 
 The tests skip, with the reason, when the binary is missing (a machine without Debian's
-etcd-server package; .ci/run installs it).
+etcd-server package; .ci/run installs it), and fail so under CI (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ START_TIMEOUT_S = 60.0
 #: SIGTERM grace before SIGKILL when stopping a member.
 STOP_GRACE_S = 5.0
 
-needs_etcd = pytest.mark.skipif(
-    ETCD_BINARY is None, reason="etcd is not installed (Debian package etcd-server; .ci/run installs it)"
-)
+#: Why the cluster tests skip here (tests/conftest.py turns the skip into a failure under CI).
+ETCD_MISSING = "etcd is not installed (Debian package etcd-server; .ci/run installs it)"
+
+needs_etcd = pytest.mark.skipif(ETCD_BINARY is None, reason=ETCD_MISSING)
 
 
 def free_port() -> int:
@@ -176,7 +177,7 @@ class EtcdCluster:
 
 def _cluster(tmp_path: Path, members: int) -> Iterator[EtcdCluster]:
     if ETCD_BINARY is None:
-        pytest.skip("etcd is not installed (Debian package etcd-server; .ci/run installs it)")
+        pytest.skip(ETCD_MISSING)
     cluster = EtcdCluster(tmp_path, members)
     try:
         cluster.start()

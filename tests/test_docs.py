@@ -7,12 +7,16 @@ run here says why on the line before it: ``<!-- doctest: skip REASON -->``.
 
 Where an example talks to a broker (``127.0.0.1:9092``, ``localhost:9092``, ``broker:9092``) it
 gets a real one started for this module; ``loglake serve`` and ``make run`` start their own on a
-free port and are stopped when the block is done; ``--follow`` runs until a short timeout. The
-address a block's ``loglake serve --listen`` names is moved to a free port everywhere in that
-block, so its later commands reach that broker. ``etcd`` starts a real member (its 127.0.0.1
-client and peer ports moved to free ones the same way), waited on until healthy and stopped after
-the block's brokers. A document is one shell session: its blocks run in order, and an ``export``
-holds for the rest of it.
+free port and are stopped when the block is done (every ``--listen`` of a ``loglake serve`` gets a
+free port of its own, and the block's later commands are pointed at it); ``--follow`` runs until a
+short timeout. ``etcd`` starts a real member (its 127.0.0.1 client and peer ports moved to free
+ones in its block), waited on until healthy and stopped after the block's brokers. A document is
+one shell session: its blocks run in order, in one working directory, and an ``export`` or a
+variable assignment (``SSL="-X ..."``) holds for the rest of it; a here-document (``python -
+<<'PY'``) is one command; ``make test`` and ``. .venv/bin/activate`` are what this suite already
+is and has. A command's comment may say what it does: ``# prints WORD`` (its output holds WORD)
+or ``# refused`` (it exits non-zero); any other command must exit 0. A shell block that runs
+Spark (``loglake pipeline``) runs with the Spark tests, apart.
 """
 
 from __future__ import annotations
@@ -100,6 +104,25 @@ def test_every_block_says_what_it_is() -> None:
     assert len([b for b in ALL if b.lang in RUNNABLE and b.skip is None]) >= 5
 
 
+def test_the_shell_session_reads_commands_as_a_shell_would() -> None:
+    """What test_shell_example relies on: here-documents stay whole (a `#` in them is no comment),
+    a trailing comment says what a command does, and every --listen gets a port of its own."""
+    code = "A='x # y'  # prints x\npython - <<'PY'\n# a comment in Python\nprint(1)\nPY\n# alone\nls \\\n  -l  # refused: no\n"
+    assert _commands(code) == [
+        "A='x # y'  # prints x",
+        "python - <<'PY'\n# a comment in Python\nprint(1)\nPY",
+        "ls    -l  # refused: no",
+    ]
+    assert _split_comment("A='x # y'  # prints x") == ("A='x # y'", "prints x")
+    assert Expect.of("prints hi (no group)") == Expect(prints="hi")
+    assert Expect.of("refused: no client certificate") == Expect(refused=True)
+    assert Expect.of("lag per partition") == Expect()
+    ports: dict[str, str] = {}
+    served = _listen_on_free_ports("loglake serve --listen 127.0.0.1:9092 --listen SASL_SSL://127.0.0.1:9094", ports)
+    assert set(ports) == {"127.0.0.1:9092", "127.0.0.1:9094"} and len(set(ports.values())) == 2
+    assert served == f"loglake serve --listen {ports['127.0.0.1:9092']} --listen SASL_SSL://{ports['127.0.0.1:9094']}"
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     with serving_broker(tmp_path_factory.mktemp("docs-broker") / "data") as b:
@@ -112,20 +135,75 @@ def _substitute(code: str, bootstrap: str) -> str:
     return code
 
 
+_HEREDOC = re.compile(r"<<-?\s*'?\"?(\w+)")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
 def _commands(code: str) -> list[str]:
-    """Shell commands of a block: continuation lines joined, comments and blank lines dropped."""
+    """Shell commands of a block: continuation lines joined, a here-document kept with its
+    command, comments and blank lines dropped (a command's own trailing comment stays)."""
     out: list[str] = []
     pending = ""
-    for raw in code.splitlines():
+    lines = iter(code.splitlines())
+    for raw in lines:
         line = raw.rstrip()
         if line.endswith("\\"):
             pending += line[:-1] + " "
             continue
         line = pending + line
         pending = ""
+        heredoc = _HEREDOC.search(_split_comment(line)[0])
+        if heredoc:
+            body = []
+            for more in lines:
+                body.append(more)
+                if more.strip() == heredoc.group(1):
+                    break
+            line = "\n".join([line, *body])
         if line.strip() and not line.lstrip().startswith("#"):
             out.append(line.strip())
     return out
+
+
+def _split_comment(command: str) -> tuple[str, str]:
+    """A command line and its trailing comment (a `#` starting a word outside quotes)."""
+    quote = ""
+    for i, ch in enumerate(command):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or command[i - 1].isspace()):
+            return command[:i].rstrip(), command[i + 1 :].strip()
+    return command, ""
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a command's comment says it does: `prints WORD` or `refused`."""
+
+    prints: str | None = None
+    refused: bool = False
+
+    @classmethod
+    def of(cls, comment: str) -> Expect:
+        words = comment.split()
+        if words[:1] == ["prints"] and len(words) > 1:
+            return cls(prints=words[1])
+        return cls(refused=bool(words) and words[0].rstrip(":") == "refused")
+
+
+def _listen_on_free_ports(command: str, ports: dict[str, str]) -> str:
+    """Each `--listen [PROTO://]HOST:PORT` of a server command on a free port; `ports` maps the
+    written HOST:PORT to the one it got, for the commands after it."""
+
+    def rewrite(m: re.Match[str]) -> str:
+        proto, host, port = m.group(2) or "", m.group(3), m.group(4)
+        new = f"{host}:{free_port()}"
+        ports[f"{host}:{port}"] = new
+        return f"{m.group(1)}{proto}{new}"
+
+    return re.sub(r"(--listen[ =])((?:[A-Z_]+://)?)([\w.-]+|\[[\w:]+\]):(\d+)", rewrite, command)
 
 
 def _env(exported: dict[str, str] | None = None) -> dict[str, str]:
@@ -137,9 +215,9 @@ def _env(exported: dict[str, str] | None = None) -> dict[str, str]:
 _EXPORTS: dict[Path, dict[str, str]] = {}
 
 
-def _start_server(command: str, cwd: Path) -> subprocess.Popen[str]:
+def _start_server(command: str, cwd: Path, exported: dict[str, str] | None = None) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        command, shell=True, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        command, shell=True, cwd=cwd, env=_env(exported), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + COMMAND_TIMEOUT_S
@@ -198,48 +276,92 @@ def _stop(proc: subprocess.Popen[str]) -> None:
     proc.wait(60)
 
 
-@pytest.mark.parametrize("block", of("sh", "bash"))
-def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
+_SESSIONS: dict[tuple[Path, bool], Path] = {}
+
+
+def runs_spark(block: Block) -> bool:
+    """A shell block that starts Spark (a `loglake pipeline` job, pyspark): it runs with the Spark
+    tests (tests/conftest.py's Spark group), so that no two JVMs run at once."""
+    return "loglake pipeline" in block.code or "pyspark" in block.code
+
+
+@pytest.mark.parametrize("block", [p for p in of("sh", "bash") if not runs_spark(p.values[0])])
+def test_shell_example(block: Block, broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> None:
     if block.skip:
         pytest.skip(block.skip)
+    _run_shell_block(block, _substitute(block.code, broker.bootstrap), tmp_path_factory)
+
+
+@pytest.mark.parametrize("block", [p for p in of("sh", "bash") if runs_spark(p.values[0])])
+def test_spark_shell_example(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Spark's shell blocks: on the Spark tests' worker, in a working directory of their own (the
+    rest of their document may run on another worker), so each stands alone, with no broker."""
+    if block.skip:
+        pytest.skip(block.skip)
+    assert not any(a in block.code for a in BROKER_ADDRESSES), f"{block.id}: a Spark shell block gets no broker"
+    _run_shell_block(block, block.code, tmp_path_factory)
+
+
+def _run_shell_block(block: Block, code: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     servers: list[subprocess.Popen[str]] = []
-    # A document is read as one shell session: `export K=V` holds for its later blocks too.
+    # A document is read as one shell session: `export K=V` holds for its later blocks too, and
+    # they share a working directory (a recipe goes on with the files an earlier one made).
     exported = _EXPORTS.setdefault(block.path, {})
+    session = (block.path, runs_spark(block))
+    if session not in _SESSIONS:
+        _SESSIONS[session] = tmp_path_factory.mktemp(block.path.stem)
+    cwd = _SESSIONS[session]
+    ports: dict[str, str] = {}
     try:
-        for command in _commands(_moved_addresses(_substitute(block.code, broker.bootstrap))):
-            words = shlex.split(command, comments=True)
-            if words[0] == "export":
-                exported.update(w.split("=", 1) for w in words[1:] if "=" in w)  # type: ignore[misc]
+        for line in _commands(_moved_addresses(code)):
+            first, newline, heredoc = line.partition("\n")
+            command, comment = _split_comment(first)
+            command += newline + heredoc
+            for written, got in ports.items():
+                command = command.replace(written, got)
+            words = shlex.split(command.split("\n", 1)[0], comments=True)
+            if words[0] == "export" or (len(words) == 1 and _ASSIGNMENT.match(words[0])):
+                exported.update(w.split("=", 1) for w in words[words[0] == "export" :] if "=" in w)  # type: ignore[misc]
                 continue
+            if words[0] in (".", "source") and words[1:] == [".venv/bin/activate"]:
+                continue  # the venv's bin is first on every command's PATH here (_env)
             if words[:2] == ["make", "test"]:
                 continue  # this suite is what `make test` runs
             if words[:2] == ["make", "run"]:
                 port = free_port()
-                servers.append(_start_server(f"make -s -C {ROOT} run LISTEN=127.0.0.1:{port} DATA_DIR={tmp_path / 'make-run-data'}", tmp_path))
+                servers.append(_start_server(f"make -s -C {ROOT} run LISTEN=127.0.0.1:{port} DATA_DIR={cwd / 'make-run-data'}", cwd))
                 continue
             if words[:2] == ["loglake", "serve"]:
-                servers.append(_start_server(command, tmp_path))
+                servers.append(_start_server(_listen_on_free_ports(command, ports), cwd, exported))
                 continue
             if words[0] == "etcd":
-                servers.append(_start_etcd(command, tmp_path))
+                servers.append(_start_etcd(command, cwd))
                 continue
-            follow = "--follow" in words
-            # its own session, so that a timeout stops the command and not only its shell
-            proc = subprocess.Popen(
-                command, shell=True, cwd=tmp_path, env=_env(exported), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, start_new_session=True,
-            )
-            try:
-                out, err = proc.communicate(timeout=FOLLOW_TIMEOUT_S if follow else COMMAND_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.communicate(timeout=60)
-                assert follow, f"{block.id}: {command!r} did not finish in {COMMAND_TIMEOUT_S} s"
-                continue
-            assert proc.returncode == 0, f"{block.id}: {command!r} exited {proc.returncode}:\n{out}\n{err}"
+            _run(block, command, Expect.of(comment), cwd, exported, follow="--follow" in words)
     finally:
         for proc in reversed(servers):  # brokers before the etcd they hand their partitions back through
             _stop(proc)
+
+
+def _run(block: Block, command: str, expect: Expect, cwd: Path, exported: dict[str, str], follow: bool) -> None:
+    # its own session, so that a timeout stops the command and not only its shell
+    proc = subprocess.Popen(
+        command, shell=True, cwd=cwd, env=_env(exported), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=FOLLOW_TIMEOUT_S if follow else COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert follow, f"{block.id}: {command!r} did not finish in {COMMAND_TIMEOUT_S} s"
+        return
+    if expect.refused:
+        assert proc.returncode != 0, f"{block.id}: {command!r} says it is refused, but exited 0:\n{out}\n{err}"
+        return
+    assert proc.returncode == 0, f"{block.id}: {command!r} exited {proc.returncode}:\n{out}\n{err}"
+    if expect.prints is not None:
+        assert expect.prints in out.split(), f"{block.id}: {command!r} should print {expect.prints!r}:\n{out}\n{err}"
 
 
 @pytest.mark.parametrize("block", [p for p in of("python") if not uses_spark(p.values[0])])

@@ -17,7 +17,7 @@ from loglake.errors import ConfigError
 from loglake.kafka_errors import ErrorCode
 from tlskit import Pki, make_pki, ssl_args
 
-from brokerkit import serving_in_process
+from brokerkit import Broker, serving_in_process
 from enginekit import small_config
 
 DN = "User:CN=admin,OU=eng,O=example"
@@ -76,3 +76,28 @@ def test_a_certificate_principal_with_commas_is_a_super_user(tmp_path_factory: p
         finally:
             admin.close()
             eve.close()
+
+
+NOBODY_MAY = "with no super user and no ACL binding"
+
+
+def start_warnings(data_dir: Path, *args: str) -> list[str]:
+    """The WARNING lines a real `loglake serve` prints (at its default log level) by the time it listens."""
+    broker = Broker(data_dir, ["--listen", "127.0.0.1:0", *args], log_level="WARNING").start()
+    broker.stop()
+    return [line for line in broker.log_text().splitlines() if " WARNING " in line]
+
+
+def test_a_broker_nobody_may_use_or_administer_says_so_once_at_start(tmp_path: Path) -> None:
+    # a SASL listener authenticates clients, so nothing is open to everyone, and nobody is super
+    sasl = ("--listen", "SASL_PLAINTEXT://127.0.0.1:0")
+    (line,) = [w for w in start_warnings(tmp_path / "locked", *sasl) if NOBODY_MAY in w]
+    assert "because a listener authenticates clients" in line
+    assert "hint: start with --super-users User:NAME" in line and "--allow-everyone-if-no-acl-found" in line
+    assert "nobody may grant an ACL" in line
+    # set off by hand on a PLAINTEXT broker: the same line, without the listener's reason
+    (line,) = [w for w in start_warnings(tmp_path / "off", "--no-allow-everyone-if-no-acl-found") if NOBODY_MAY in w]
+    assert "because" not in line
+    # a super user can grant what is needed; a PLAINTEXT broker is open to everyone: nothing to say
+    assert not [w for w in start_warnings(tmp_path / "super", *sasl, "--super-users", "User:admin") if NOBODY_MAY in w]
+    assert not [w for w in start_warnings(tmp_path / "open") if NOBODY_MAY in w]

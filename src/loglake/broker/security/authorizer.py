@@ -360,4 +360,14 @@ def broker_authorizer(config: BrokerConfig, acls: AclStore) -> Authorizer:
         "authorizer: %d ACL binding(s), %d super user(s), allow.everyone.if.no.acl.found=%s",
         len(authz), len(authz.super_users), str(authz.allow_if_no_acl).lower(),
     )
+    if not authz.allow_if_no_acl and not authz.super_users and not len(authz):
+        # Nobody may do anything, and nobody may grant it (CreateAcls needs ALTER on the cluster):
+        # say so once at start rather than leave the first client to find out.
+        why = " because a listener authenticates clients" if config.allow_everyone_if_no_acl_found is None else ""
+        log.warning(
+            "ACLs are enforced (allow.everyone.if.no.acl.found is off%s) with no super user and no ACL binding: "
+            "every client is refused, and nobody may grant an ACL; hint: start with --super-users User:NAME and "
+            "grant ACLs as that principal, or with --allow-everyone-if-no-acl-found (docs/SECURITY.md, \"ACLs\")",
+            why,
+        )
     return authz
