@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import BinaryIO
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
+from loglake.cluster.plog_maint import advance_start, retention_start
 from loglake.cluster.producers import rebuild_producers
 from loglake.cluster.publish import ClusterMetaPublisher
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
@@ -80,9 +82,7 @@ COMMIT_WAIT_S = 60.0
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
     Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
-    Feature.DELETE_RECORDS: "DeleteRecords is not supported in cluster mode yet",
     Feature.COMPACTION: "compaction (cleanup.policy=compact) is not supported in cluster mode yet",
-    Feature.RETENTION: "retention runs are not offered in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",
@@ -280,14 +280,14 @@ class SharedPartitionLog:
         return plog.epoch_of(topic_id, partition) == self.etcd.read(epoch)
 
     def plog_of(self, topic_id: str, partition: int) -> Plog:
-        """A copy of the partition's committed state (epoch, leader, end, segments, ranges)."""
+        """A copy of the partition's committed state (epoch, leader, end, segments, ranges, start)."""
         tid = bytes.fromhex(topic_id)
 
         def copy(s: MetaState) -> Plog:
             pl = s.plogs.parts.get((tid, partition))
             if pl is None:
                 return Plog()
-            return Plog(pl.epoch, pl.leader, pl.end, list(pl.segments), list(pl.ranges))
+            return Plog(pl.epoch, pl.leader, pl.end, list(pl.segments), list(pl.ranges), pl.start)
 
         return self.etcd.read(copy)
 
@@ -296,11 +296,7 @@ class SharedPartitionLog:
 
         def start(s: MetaState) -> int:
             pl = s.plogs.parts.get((tid, partition))
-            if pl is None:
-                return 0
-            if pl.segments:
-                return int(pl.segments[0].base)
-            return int(pl.ranges[0].base) if pl.ranges else int(pl.end)
+            return pl.log_start if pl is not None else 0
 
         return self.etcd.read(start)
 
@@ -505,7 +501,15 @@ class SharedPartitionLog:
         log.info("topic %s: its flush objects and merged segments are swept after the grace", topic.name)
 
     def delete_records(self, p: Partition, offset: int) -> int:
-        raise refusal(REFUSED, Feature.DELETE_RECORDS)
+        """Kafka DeleteRecords on the partition's leader (NotLeaderError elsewhere): its log
+        start is raised by a `plog_start` record fenced by the leader's epoch, durable in etcd
+        on return; every broker's reads below it fail from then on (plog_maint.advance_start)."""
+        tid = p.topic_id.hex()
+        if not self.leads(tid, p.index):
+            raise NotLeaderError(f"node {self.settings.node_id} does not lead {p.topic}-{p.index}")
+        start = advance_start(self.plog, tid, p.index, offset)
+        p.wake_all()  # long-polling fetches below the new start answer now
+        return start
 
     def bump_leader_epoch(self, p: Partition, reason: str) -> int:
         raise refusal(REFUSED, Feature.LEADER_EPOCH_BUMP)
@@ -522,7 +526,29 @@ class SharedPartitionLog:
         raise refusal(REFUSED, Feature.COMPACTION)
 
     def apply_retention(self) -> int:
-        raise refusal(REFUSED, Feature.RETENTION)
+        """Retention of the partitions this broker leads: each one's log start is raised past
+        the whole merged segments and flush ranges beyond retention.ms / retention.bytes
+        (plog_maint.retention_start), fenced as DeleteRecords is; the sweep deletes them after
+        its grace. Returns how many partitions' starts moved (the leader's maintenance round
+        runs this; a partition that fails is retried at the next round)."""
+        now_ms = int(time.time() * 1000)
+        with self._ready_lock:
+            led = sorted(self._ready)
+        moved = 0
+        for tid, index in led:
+            topic = self.catalog.topic_by_id(bytes.fromhex(tid))
+            if topic is None or not self.leads(tid, index):
+                continue
+            target = retention_start(self.plog_of(tid, index), topic.config, now_ms)
+            if target is None:
+                continue
+            try:
+                advance_start(self.plog, tid, index, target)
+            except LoglakeError as exc:
+                log.info("retention of %s-%d: %s (next round)", topic.name, index, exc)
+                continue
+            moved += 1
+        return moved
 
     def relocate_due(self) -> int:
         raise refusal(REFUSED, Feature.TIERING)
