@@ -697,11 +697,9 @@ def test_zz_admin_changes_survive_restart(broker: Served) -> None:
     assert result(admin.incremental_alter_configs([res])[res]) is None
     assert result(admin.create_partitions([NewPartitions("rs", 3)])["rs"]) is None
     produce(broker, "rs", [b"a", b"b", b"c"], keyed=True)  # a compacted topic refuses keyless records
-    start = 0  # DeleteRecords is refused in cluster mode: test_delete_records asserts the refusal
-    if not broker.refuses(Feature.DELETE_RECORDS):
-        [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
-        start = result(fut).low_watermark
-        assert start == 2
+    [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
+    start = result(fut).low_watermark
+    assert start == 2
     del admin
 
     broker.restart()
