@@ -371,6 +371,8 @@ def test_delete_records(admin: AdminClient, broker: Served) -> None:
         assert msg is not None and msg.error() is None
         assert (msg.offset(), msg.value()) == (4, b"v4")
         assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=TIMEOUT) == (4, 10)
+        [by_time] = consumer.offsets_for_times([TopicPartition("dr", 0, 0)], timeout=TIMEOUT)
+        assert by_time.offset == 4  # ListOffsets by time finds nothing below the start
     finally:
         consumer.close()
 

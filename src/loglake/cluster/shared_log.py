@@ -417,33 +417,36 @@ class SharedPartitionLog:
                 offset = h.last_offset + 1
 
     def offset_for_timestamp(self, p: Partition, timestamp_ms: int) -> tuple[int, int] | None:
-        """ListOffsets by time: the first record at or after `timestamp_ms`; the metadata's
-        per-range and per-segment max timestamps skip what cannot hold it."""
+        """ListOffsets by time: the first record at or after `timestamp_ms` from the log start
+        on; the metadata's per-range and per-segment max timestamps skip what cannot hold it."""
         pl = self.plog_of(p.topic_id.hex(), p.index)
+        start = pl.log_start
         sources: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
-        first = next((s for s in sources if s.max_ts >= timestamp_ms), None)
+        first = next((s for s in sources if s.max_ts >= timestamp_ms and s.last >= start), None)
         if first is None:
             return None
-        for h, view in self._scan(p, first.base):
+        for h, view in self._scan(p, max(first.base, start)):
             if h.max_timestamp < timestamp_ms or h.is_control:
                 continue
             for rec in iter_records(view):
-                if rec.timestamp >= timestamp_ms:
+                if rec.timestamp >= timestamp_ms and rec.offset >= start:
                     return rec.offset, rec.timestamp
         return None
 
     def max_timestamp(self, p: Partition) -> tuple[int, int] | None:
         pl = self.plog_of(p.topic_id.hex(), p.index)
-        sources: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
+        start = pl.log_start
+        every: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
+        sources = [s for s in every if s.last >= start]
         if not sources:
             return None
         best = max(sources, key=lambda s: s.max_ts)
         found: tuple[int, int] | None = None
-        for h, view in self._scan(p, best.base):
+        for h, view in self._scan(p, max(best.base, start)):
             if h.base_offset > best.last:
                 break
             for rec in iter_records(view):
-                if found is None or rec.timestamp > found[1]:
+                if rec.offset >= start and (found is None or rec.timestamp > found[1]):
                     found = (rec.offset, rec.timestamp)
         return found
 
@@ -529,17 +532,18 @@ class SharedPartitionLog:
         """Retention of the partitions this broker leads: each one's log start is raised past
         the whole merged segments and flush ranges beyond retention.ms / retention.bytes
         (plog_maint.retention_start), fenced as DeleteRecords is; the sweep deletes them after
-        its grace. Returns how many partitions' starts moved (the leader's maintenance round
-        runs this; a partition that fails is retried at the next round)."""
+        its grace. Returns how many merged segments and flush ranges went (the leader's
+        maintenance round runs this; a partition that fails is retried at the next round)."""
         now_ms = int(time.time() * 1000)
         with self._ready_lock:
             led = sorted(self._ready)
-        moved = 0
+        dropped = 0
         for tid, index in led:
             topic = self.catalog.topic_by_id(bytes.fromhex(tid))
             if topic is None or not self.leads(tid, index):
                 continue
-            target = retention_start(self.plog_of(tid, index), topic.config, now_ms)
+            current = self.plog_of(tid, index)
+            target = retention_start(current, topic.config, now_ms)
             if target is None:
                 continue
             try:
@@ -547,8 +551,9 @@ class SharedPartitionLog:
             except LoglakeError as exc:
                 log.info("retention of %s-%d: %s (next round)", topic.name, index, exc)
                 continue
-            moved += 1
-        return moved
+            dropped += sum(1 for seg in current.segments if seg.last < target)
+            dropped += sum(1 for r in current.ranges if r.last < target)
+        return dropped
 
     def relocate_due(self) -> int:
         raise refusal(REFUSED, Feature.TIERING)
