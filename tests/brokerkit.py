@@ -45,10 +45,14 @@ class Broker:
         #: Every listener's port, in listener order (from --port-file).
         self.ports: list[int] = []
         self.log_path = log_path_of(data_dir)
+        #: Where clients reach it, and the command prefix that runs it elsewhere (a network
+        #: namespace: tests/netkit.py).
+        self.host = "127.0.0.1"
+        self.wrap: list[str] = []
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -60,6 +64,7 @@ class Broker:
             port_file.unlink()
         log = open(self.log_path, "a")  # noqa: SIM115 - closed with the process
         cmd = [
+            *self.wrap,
             sys.executable,
             "-m",
             "loglake.cli.main",

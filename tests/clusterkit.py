@@ -1,5 +1,6 @@
 """Real processes for the cluster-mode tests and benchmark: etcd, moto's S3 server behind a fault
-proxy, and N brokers `loglake serve --cluster ...`.
+proxy (or one folder the brokers share: `cold_store="file"`), and N brokers
+`loglake serve --cluster ...`.
 
 - etcd: `etcdkit.EtcdCluster` (1 or 3 members; a member can be stopped and restarted).
 - S3: moto's server as its own process (`MotoProcess`: the brokers' PUTs do not share the test's
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import etcdkit
+import netkit
 import s3kit
 
 import brokerkit
@@ -110,22 +112,35 @@ class MotoProcess:
 class ClusterBroker:
     """One `loglake serve --cluster` process with a node id, a data dir and a fixed port."""
 
-    def __init__(self, node_id: int, data_dir: Path, port: int, args: list[str], env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        data_dir: Path,
+        port: int,
+        args: list[str],
+        env: dict[str, str],
+        host: netkit.Host | None = None,
+    ) -> None:
         self.node_id = node_id
         self.port = port
         self.data_dir = data_dir
         self.args = args
         self.env = env
         self.paused = False
+        #: Its own network namespace (network-partition tests), or None: the test's.
+        self.host = host
+        self.ip = "127.0.0.1" if host is None else host.ip
         self.broker = brokerkit.Broker(data_dir, self._cmd_args(), env)
+        self.broker.host = self.ip
+        self.broker.wrap = [] if host is None else host.wrap()
         self.starts = 0
 
     def _cmd_args(self) -> list[str]:
-        return ["--listen", f"127.0.0.1:{self.port}", "--node-id", str(self.node_id), *self.args]
+        return ["--listen", f"{self.ip}:{self.port}", "--node-id", str(self.node_id), *self.args]
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.ip}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -205,16 +220,28 @@ class Cluster:
         etcd_members: int = 1,
         broker_args: list[str] | None = None,
         broker_env: dict[str, str] | None = None,
+        netns: bool = False,
+        cold_store: str = "s3",
     ) -> None:
+        """`netns`: each broker on a host of its own (tests/netkit.py), so the network between it
+        and etcd or the bucket can be cut while its clients still reach it. `cold_store`: "s3"
+        (moto behind the fault proxy) or "file" (one folder under `tmp` that every broker
+        shares, as brokers on one host do: no moto, no proxy)."""
         if etcdkit.ETCD_BINARY is None:
             import pytest
 
             pytest.skip("etcd is not installed (Debian package etcd-server; .ci/run installs it)")
         self.tmp = tmp
         self.n_brokers = brokers
-        self.etcd = etcdkit.EtcdCluster(tmp, etcd_members)
+        self.netns = netns
+        self.listen_host = "0.0.0.0" if netns else "127.0.0.1"
+        self.etcd = etcdkit.EtcdCluster(tmp, etcd_members, listen_host=self.listen_host)
+        self._subnets = netkit.subnets(16) if netns else []
         self.moto = MotoProcess(tmp)
         self.proxy: s3kit.FaultProxy | None = None
+        assert cold_store in ("s3", "file"), cold_store
+        self.cold_store = cold_store
+        self.shared_dir = tmp / "shared"
         self.bucket = f"cluster-{uuid.uuid4().hex[:12]}"
         self.prefix = f"loglake/{uuid.uuid4().hex[:8]}"
         self.broker_args = list(broker_args or [])
@@ -230,6 +257,8 @@ class Cluster:
 
     @property
     def cold_store_url(self) -> str:
+        if self.cold_store == "file":
+            return f"file://{self.shared_dir}"
         assert self.proxy is not None
         return s3kit.store_url(self.proxy.endpoint, self.bucket, "data")
 
@@ -251,21 +280,32 @@ class Cluster:
             os.environ.pop(k, None)
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.etcd.start()
-        self.moto.start()
-        self.proxy = s3kit.FaultProxy(("127.0.0.1", self.moto.port)).start()
-        s3kit.raw_client(self.moto.endpoint).create_bucket(Bucket=self.bucket)
+        if self.cold_store == "s3":
+            self.moto.start()
+            self.proxy = s3kit.FaultProxy(("127.0.0.1", self.moto.port), listen_host=self.listen_host).start()
+            s3kit.raw_client(self.moto.endpoint).create_bucket(Bucket=self.bucket)
         for i in range(self.n_brokers):
             self.add_broker(i + 1)
         return self
 
     def add_broker(self, node_id: int, extra_args: list[str] | None = None) -> ClusterBroker:
+        etcd_url, cold_store_url, host = self.etcd_url, self.cold_store_url, None
+        if self.netns:
+            assert self.proxy is not None
+            host = netkit.Host(self._subnets.pop(0)).up()
+            etcd_ip = host.service_ip("etcd")
+            etcd_url = f"etcd://{','.join(f'{etcd_ip}:{m.client_port}' for m in self.etcd.members)}/{self.prefix}"
+            bucket_endpoint = f"http://{host.service_ip('bucket')}:{self.proxy.port}"
+            cold_store_url = s3kit.store_url(bucket_endpoint, self.bucket, "data")
+            # a private test address, but not loopback: the broker asks for the flag that says so
+            extra_args = ["--allow-unauthenticated-public-listener", *(extra_args or [])]
         args = [
-            "--cluster", self.etcd_url,
-            "--cold-store", self.cold_store_url,
+            "--cluster", etcd_url,
+            "--cold-store", cold_store_url,
             *self.broker_args,
             *(extra_args or []),
         ]  # fmt: skip
-        b = ClusterBroker(node_id, self.tmp / f"node{node_id}", brokerkit.free_port(), args, self.broker_env)
+        b = ClusterBroker(node_id, self.tmp / f"node{node_id}", brokerkit.free_port(), args, self.broker_env, host)
         self.brokers.append(b)
         return b.start()
 
@@ -284,6 +324,9 @@ class Cluster:
             self.moto.stop()
         with contextlib.suppress(Exception):
             self.etcd.stop()
+        for b in self.brokers:
+            if b.host is not None:
+                b.host.down()
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -298,7 +341,8 @@ class Cluster:
             parts.append(b.log_text()[-LOG_TAIL_CHARS:])
         for i, m in enumerate(self.etcd.members):
             parts.append(f"===== etcd {m.name} =====\n{self.etcd.log_tail(i)}")
-        parts.append(f"===== moto =====\n{self.moto.log_tail()}")
+        if self.cold_store == "s3":
+            parts.append(f"===== moto =====\n{self.moto.log_tail()}")
         return "\n".join(parts)
 
     def etcd_leader(self) -> int:
@@ -338,7 +382,8 @@ class Cluster:
         """partition -> leader node id, from any live broker's Metadata."""
         from confluent_kafka.admin import AdminClient
 
-        live = [b for b in self.brokers if b.alive() and not b.paused]
+        # a broker cut off from etcd or the bucket answers from a view that may be stale
+        live = [b for b in self.brokers if b.alive() and not b.paused and not (b.host and b.host.cuts)]
         admin = AdminClient({"bootstrap.servers": ",".join(b.bootstrap for b in live)})
         md = admin.list_topics(topic, timeout=timeout_s)
         t = md.topics[topic]

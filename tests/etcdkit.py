@@ -48,6 +48,9 @@ def free_port() -> int:
 
 class EtcdMember:
     def __init__(self, name: str, data_dir: Path, client_port: int, peer_port: int) -> None:
+        #: Where clients are served: 127.0.0.1, or every address (network-partition tests reach
+        #: it from other namespaces, tests/netkit.py).
+        self.listen_host = "127.0.0.1"
         self.name = name
         self.data_dir = data_dir
         self.client_port = client_port
@@ -72,11 +75,13 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    def __init__(self, tmp: Path, members: int = 1) -> None:
+    def __init__(self, tmp: Path, members: int = 1, listen_host: str = "127.0.0.1") -> None:
         assert ETCD_BINARY is not None
         self.members = [
             EtcdMember(f"m{i}", tmp / f"etcd-m{i}", free_port(), free_port()) for i in range(members)
         ]
+        for m in self.members:
+            m.listen_host = listen_host
         self.initial_cluster = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         self._started: set[int] = set()
 
@@ -97,7 +102,7 @@ class EtcdCluster:
             str(ETCD_BINARY),
             "--name", m.name,
             "--data-dir", str(m.data_dir),
-            "--listen-client-urls", m.client_url,
+            "--listen-client-urls", f"http://{m.listen_host}:{m.client_port}",
             "--advertise-client-urls", m.client_url,
             "--listen-peer-urls", m.peer_url,
             "--initial-advertise-peer-urls", m.peer_url,

@@ -157,7 +157,8 @@ def _error_xml(code: str, message: str, extra: str = "") -> bytes:
 class FaultProxy:
     """An HTTP/1.1 forwarding proxy to `upstream` ("host", port) with switchable faults."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], listen_host: str = "127.0.0.1") -> None:
+        """`listen_host`: "0.0.0.0" for brokers in other network namespaces (tests/netkit.py)."""
         self.upstream = upstream
         #: The latest requests, oldest dropped past SEEN_MAX (a long cluster run makes many).
         self.seen: collections.deque[Seen] = collections.deque(maxlen=SEEN_MAX)
@@ -177,7 +178,7 @@ class FaultProxy:
             daemon_threads = True
             allow_reuse_address = True
 
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = Server((listen_host, 0), Handler)
         self.port = int(self._server.server_address[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="s3-fault-proxy", daemon=True)

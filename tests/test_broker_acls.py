@@ -395,3 +395,26 @@ def test_create_topics_returns_configs_only_with_describe_configs(clients: dict[
     assert theirs.error_code == 0 and theirs.topic_config_error_code == 0 and theirs.configs
 
 
+
+
+def test_a_long_poll_that_times_out_keeps_the_read_refusals(clients: dict[str, TlsClient], granted: None) -> None:
+    """A fetch of a topic bob may read (at its end: it waits) and one he may not (with records):
+    the answer after the wait times out still refuses the second (the re-read once dropped it)."""
+    bob, admin = clients["bob"], clients["admin"]
+    assert create_topic(admin, "secret-t") in (0, E.TOPIC_ALREADY_EXISTS)
+    assert produce(admin, "secret-t", batch()) == [0]
+    F = FetchRequest.FetchTopic
+    end = _list_end(bob, "pub-t")
+    resp = bob.request(FetchRequest[12](max_wait_ms=300, min_bytes=1, max_bytes=1 << 20, isolation_level=0, topics=[
+        F(topic="pub-t", partitions=[F.FetchPartition(partition=0, fetch_offset=end, partition_max_bytes=1 << 20)]),
+        F(topic="secret-t", partitions=[F.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)]),
+    ]))
+    got = {t.topic: (t.partitions[0].error_code, bool(t.partitions[0].records)) for t in resp.responses}
+    assert got == {"pub-t": (0, False), "secret-t": (E.TOPIC_AUTHORIZATION_FAILED, False)}
+
+
+def _list_end(c: TlsClient, topic: str) -> int:
+    T = ListOffsetsRequest.ListOffsetsTopic
+    resp = c.request(ListOffsetsRequest[5](replica_id=-1, isolation_level=0, topics=[
+        T(name=topic, partitions=[T.ListOffsetsPartition(partition_index=0, current_leader_epoch=-1, timestamp=-1)])]))
+    return int(resp.topics[0].partitions[0].offset)

@@ -202,8 +202,11 @@ def test_create_topics(admin: AdminClient, broker: Served) -> None:
     assert err.code() == KafkaError.INVALID_CONFIG and "no.such.config" in err.str()
     err = error_of(admin.create_topics([NewTopic("ct-bad", 1, config={"retention.ms": "soon"})])["ct-bad"])
     assert err.code() == KafkaError.INVALID_CONFIG
-    err = error_of(admin.create_topics([NewTopic("ct-rf3", 1, replication_factor=3)])["ct-rf3"])
+    # More replicas than live brokers (one, or the cluster's three): refused, the live ones counted.
+    live = len(broker.node_ids)
+    err = error_of(admin.create_topics([NewTopic("ct-rf-over", 1, replication_factor=live + 1)])["ct-rf-over"])
     assert err.code() == KafkaError.INVALID_REPLICATION_FACTOR
+    assert f"only {live} broker(s) are registered" in err.str()
     err = error_of(admin.create_topics([NewTopic("bad name!", 1)])["bad name!"])
     assert err.code() == KafkaError.TOPIC_EXCEPTION
     here, nowhere = broker.node_ids[0], max(broker.node_ids) + 1  # the controller, no broker
@@ -212,8 +215,42 @@ def test_create_topics(admin: AdminClient, broker: Served) -> None:
     # A trivial manual assignment (every partition on the broker asked, the controller) is fine.
     assert result(admin.create_topics([NewTopic("ct-assign", 2, replica_assignment=[[here], [here]])])["ct-assign"]) is None
     assert partitions_of(broker, admin, "ct-assign") == 2
-    for name in ("ct-bad", "ct-rf3", "bad name!"):
+    for name in ("ct-bad", "ct-rf-over", "bad name!"):
         assert partitions_of(broker, admin, name) is None
+
+
+def metadata_replicas(b: Broker, name: str) -> list[tuple[int, int, list[int], list[int]]]:
+    """(partition, leader, replicas, ISR) of each partition, as `b`'s Metadata reports them."""
+    resp = raw_call(b, 3, 12, topics=[{"name": name, "topic_id": uuid.UUID(int=0)}],
+                    allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+    [t] = resp.topics
+    return sorted((p.partition_index, p.leader_id, list(p.replica_nodes), list(p.isr_nodes)) for p in t.partitions)
+
+
+def test_replication_factor_up_to_the_live_brokers(admin: AdminClient, broker: Served) -> None:
+    """A factor of every live broker (1 on a single node, 3 in the cluster) is accepted and
+    remembered: every broker's Metadata reports that many replicas per partition, the leader first,
+    the ISR the same (in a cluster any live broker serves a partition from the bucket), the admin
+    client describes them, and CreateTopics v5+ answers the factor."""
+    rf, name = len(broker.node_ids), "rf-all"
+    assert result(admin.create_topics([NewTopic(name, 4, replication_factor=rf)])[name]) is None
+    assert settled_partitions(broker, name) == 4
+    broker.leaders(name, 4)
+    reported = broker.agreed(lambda b: metadata_replicas(b, name))
+    for _p, leader, replicas, isr in reported:
+        assert replicas[0] == leader and isr == replicas and sorted(replicas) == broker.node_ids
+    described = result(admin.describe_topics(TopicCollection([name]))[name])
+    assert [len(p.replicas) for p in described.partitions] == [rf] * 4
+    topic = {"name": "rf-validate", "num_partitions": 1, "replication_factor": rf, "assignments": [], "configs": []}
+    [answer] = raw_call(broker.first, 19, 5, topics=[topic], timeout_ms=5000, validate_only=True).topics
+    assert (answer.error_code, answer.replication_factor) == (0, rf)
+    if broker.is_cluster:  # fewer than every broker: each partition names that many, followers spread
+        assert result(admin.create_topics([NewTopic("rf-two", 6, replication_factor=2)])["rf-two"]) is None
+        assert settled_partitions(broker, "rf-two") == 6
+        broker.leaders("rf-two", 6)
+        two = broker.agreed(lambda b: metadata_replicas(b, "rf-two"))
+        assert all(len(set(r)) == 2 and r[0] == leader and isr == r for _p, leader, r, isr in two)
+        assert len({r[1] for _p, _l, r, _i in two}) > 1, two
 
 
 def test_compaction_is_offered_or_refused(admin: AdminClient, broker: Served) -> None:

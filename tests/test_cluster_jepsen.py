@@ -2,10 +2,12 @@
 clients' history is held to the model of a log at the end (tests/logcheck.py).
 
 Three brokers over a 3-member etcd and moto behind the fault proxy; two idempotent producers
-and a consumer group of three run throughout. For `LOGLAKE_CLUSTER_MINUTES` (default 4) the
+and a consumer group of three run throughout. For `LOGLAKE_CLUSTER_MINUTES` (default 10) the
 schedule draws one fault at a time — kill -9 of a broker (restarted after a while, its data dir
 sometimes wiped), SIGSTOP of a broker past its lease, the loss of one etcd member, a bucket
-outage of 5-30 s, a graceful restart — heals it, and waits until the producers make progress
+outage of 5-30 s, a graceful restart, one broker's network path to etcd or to the bucket cut
+for 3-24 s while its clients still reach it (each broker in a network namespace of its own,
+tests/netkit.py) — heals it, and waits until the producers make progress
 again before the next. The seed comes from `LOGLAKE_CLUSTER_SEED` (default: drawn) and is
 printed first and in every failure message, with the schedule as it ran, so a failing run
 replays with `LOGLAKE_CLUSTER_SEED=<seed> make test-long` (the faults repeat; the timing of a
@@ -24,9 +26,10 @@ import pytest
 import clusterkit
 import clusterload
 from logcheck import History
+from netkit import needs_netns
 from test_cluster_faults import BROKER_ARGS, CARRY_ON_S, PARTITIONS, RATE
 
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.long, needs_netns]
 
 SEED_ENV = "LOGLAKE_CLUSTER_SEED"
 MINUTES_ENV = "LOGLAKE_CLUSTER_MINUTES"
@@ -34,7 +37,9 @@ MINUTES_ENV = "LOGLAKE_CLUSTER_MINUTES"
 PROGRESS = 200
 #: The broker lease the schedule pauses past (the default; see docs/CLUSTER.md).
 LEASE_S = 3.0
-FAULTS = ("kill", "pause", "etcd", "bucket", "restart")
+#: "cut-etcd" / "cut-bucket": one broker's network path to etcd or to the bucket is cut while its
+#: clients still reach it (each broker on a host of its own: tests/netkit.py).
+FAULTS = ("kill", "pause", "etcd", "bucket", "restart", "cut-etcd", "cut-bucket")
 
 
 def run_fault(c: clusterkit.Cluster, rng: random.Random, kind: str) -> str:
@@ -62,6 +67,15 @@ def run_fault(c: clusterkit.Cluster, rng: random.Random, kind: str) -> str:
         time.sleep(down)
         c.etcd.start_member(i)
         return f"etcd member {i} down {down:.1f} s"
+    if kind in ("cut-etcd", "cut-bucket"):
+        b = rng.choice(c.brokers)
+        service = kind.removeprefix("cut-")
+        down = rng.uniform(LEASE_S, 8 * LEASE_S)
+        assert b.host is not None
+        b.host.cut(service)
+        time.sleep(down)
+        b.host.heal(service)
+        return f"node {b.node_id} cut off from {service} for {down:.1f} s"
     if kind == "bucket":
         down = rng.uniform(5.0, 30.0)
         hole = c.proxy.blackhole()
@@ -75,7 +89,7 @@ def run_fault(c: clusterkit.Cluster, rng: random.Random, kind: str) -> str:
 
 def test_random_fault_schedule(tmp_path: Path) -> None:
     seed = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
-    minutes = float(os.environ.get(MINUTES_ENV) or 4.0)
+    minutes = float(os.environ.get(MINUTES_ENV) or 10.0)
     print(f"cluster fault schedule: {SEED_ENV}={seed} {MINUTES_ENV}={minutes}", flush=True)
     rng = random.Random(seed)
     ran: list[str] = []
@@ -83,7 +97,9 @@ def test_random_fault_schedule(tmp_path: Path) -> None:
     def context() -> str:
         return f"{SEED_ENV}={seed}; schedule so far: {ran}"
 
-    with clusterkit.running_cluster(tmp_path, brokers=3, etcd_members=3, broker_args=BROKER_ARGS) as c:
+    with clusterkit.running_cluster(
+        tmp_path, brokers=3, etcd_members=3, broker_args=BROKER_ARGS, netns=True
+    ) as c:
         c.create_topic("t", PARTITIONS)
         h = History()
         with clusterload.Load(h, c.bootstrap, "t", producers=2, consumers=3, rate=RATE) as load:

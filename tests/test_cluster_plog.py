@@ -9,10 +9,13 @@ sweep deletes only what lies wholly below it."""
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,11 +38,13 @@ from loglake.errors import (
     MetaRecordRejectedError,
     OffsetOutOfRangeError,
 )
+from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import Plog, epoch_key
 from loglake.meta.records import PlogLeader, PlogStart
 from loglake.records.decode import decode_batch
 from loglake.store.base import ObjectStore
+from loglake.store.local import LocalStore
 from loglake.store.retry import RetryPolicy
 from test_cluster_flushobj import batch, iter_batches, topic_ids
 
@@ -277,6 +282,31 @@ def test_merge_then_read_gives_the_same_records_and_sweep_deletes_only_unreferen
         assert read_all(reader, *tp)[:12] == before[tp]
 
 
+def test_sweep_removes_what_a_broker_killed_mid_put_left_in_a_shared_folder(etcd1: EtcdCluster, tmp_path: Path) -> None:
+    """Over a folder (brokers on one host), a broker killed during a PUT leaves its temp file;
+    the sweep removes it once the orphans' grace has passed, and never an upload under way."""
+    store = LocalStore(str(tmp_path / "shared"), OsFileSystem())
+    c = Cluster(etcd1, store)
+    try:
+        a = c.broker(1)
+        (t,) = topic_ids(1)
+        a.log.acquire(t, 0)
+        f = a.log.append(t, 0, batch(0, 2, "x"))
+        a.log.flusher.flush(WAIT)
+        kept = ack(f).key
+        folder = tmp_path / "shared" / os.path.dirname(kept)
+        now_ms = int(time.time() * 1000)
+        dead = folder / f"00000000000000000099.lfo.{now_ms - 3_600_000}-{'a' * 16}.tmp"  # an hour old
+        busy = folder / f"00000000000000000100.lfo.{now_ms}-{'b' * 16}.tmp"  # a PUT under way
+        dead.write_bytes(b"half a flush object")
+        busy.write_bytes(b"being written")
+        report = sweep(a.log)
+        assert report.abandoned == 1 and not dead.exists() and busy.exists()
+        assert store.list(flush_prefix(CLUSTER_ID)) == [kept] and report.orphans == []
+    finally:
+        c.close()
+
+
 def test_reads_refuse_offsets_outside_the_committed_log(cluster: Cluster) -> None:
     a = cluster.broker(1)
     (t,) = topic_ids(1)
@@ -486,3 +516,43 @@ def test_random_interleavings_keep_every_acknowledged_record_once_at_its_offset(
     finally:
         c.close()
         store.close()
+
+
+def test_abandon_fails_uncommitted_appends_at_once_and_they_never_commit(
+    cluster: Cluster, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that stops leading for its health (loglake.cluster.view) fails its appends not
+    committed yet at once, not when their PUT settles; the range they were in is then refused
+    at commit, so nothing the client was told failed can land."""
+    import threading
+
+    a = cluster.broker(1)
+    tid = topic_ids(1)[0]
+    a.log.acquire(tid, 0)
+    first = a.log.append(tid, 0, batch(0, 3, "kept"))
+    a.log.flusher.flush(WAIT)
+    assert ack(first).last_offset == 2
+    entered, gate = threading.Event(), threading.Event()
+    real_put = store.put
+
+    def held_put(key: str, parts: list[bytes]) -> None:  # a bucket that holds the request
+        entered.set()
+        assert gate.wait(WAIT)
+        real_put(key, parts)
+
+    monkeypatch.setattr(store, "put", held_put)
+    late = a.log.append(tid, 0, batch(0, 2, "late"))
+    flushing = threading.Thread(target=a.log.flusher.flush, args=(WAIT,))
+    flushing.start()
+    assert entered.wait(WAIT)
+    assert a.log.abandon(tid, 0) == 1
+    with pytest.raises(NotLeaderError):
+        late.result(1)  # at once, while its PUT is still held
+    with pytest.raises(NotLeaderError):
+        a.log.append(tid, 0, batch(0, 1, "refused"))
+    gate.set()
+    flushing.join(WAIT)
+    assert a.log.committed_end(tid, 0) == 3
+    assert [v for _, v in read_all(a, tid, 0)] == [v for _, v in read_all(cluster.broker(2), tid, 0)]
+    assert len(read_all(a, tid, 0)) == 3
+    a.log.release(tid, 0)  # drains: nothing left in flight

@@ -7,8 +7,12 @@ run here says why on the line before it: ``<!-- doctest: skip REASON -->``.
 
 Where an example talks to a broker (``127.0.0.1:9092``, ``localhost:9092``, ``broker:9092``) it
 gets a real one started for this module; ``loglake serve`` and ``make run`` start their own on a
-free port and are stopped when the block is done; ``--follow`` runs until a short timeout. A
-document is one shell session: its blocks run in order, and an ``export`` holds for the rest of it.
+free port and are stopped when the block is done; ``--follow`` runs until a short timeout. The
+address a block's ``loglake serve --listen`` names is moved to a free port everywhere in that
+block, so its later commands reach that broker. ``etcd`` starts a real member (its 127.0.0.1
+client and peer ports moved to free ones the same way), waited on until healthy and stopped after
+the block's brokers. A document is one shell session: its blocks run in order, and an ``export``
+holds for the rest of it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +154,45 @@ def _start_server(command: str, cwd: Path) -> subprocess.Popen[str]:
     raise AssertionError(f"{command!r} did not start listening:\n{''.join(seen)}")
 
 
+#: 127.0.0.1 ports of an example's etcd member (client, peer): moved to free ports in its block
+ETCD_ADDRESSES = ("127.0.0.1:2379", "127.0.0.1:2380")
+
+
+def _moved_addresses(code: str) -> str:
+    """`code` with every address a `loglake serve --listen` or an `etcd` member of it binds
+    replaced by 127.0.0.1 and a free port, wherever the block names it."""
+    wanted = [*re.findall(r"--listen\s+(?:[A-Za-z_]+://)?([^\s,]+)", code)]
+    if re.search(r"^\s*etcd\s", code, re.MULTILINE):
+        wanted += [a for a in ETCD_ADDRESSES if a in code]
+    for address in dict.fromkeys(wanted):
+        code = re.sub(rf"(?<![\w.]){re.escape(address)}(?!\d)", f"127.0.0.1:{free_port()}", code)
+    return code
+
+
+def _start_etcd(command: str, cwd: Path) -> subprocess.Popen[str]:
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (Debian package etcd-server; .ci/run installs it)")
+    clients = re.search(r"--listen-client-urls\s+(\S+)", command)
+    assert clients, f"{command!r}: name --listen-client-urls so the test can wait for the member"
+    proc = subprocess.Popen(
+        command, shell=True, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + COMMAND_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{clients.group(1).split(',')[0]}/health", timeout=1.0) as resp:
+                if b'"true"' in resp.read():
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    _stop(proc)
+    raise AssertionError(f"{command!r} did not become healthy")
+
+
 def _stop(proc: subprocess.Popen[str]) -> None:
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(60)
@@ -161,7 +206,7 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
     # A document is read as one shell session: `export K=V` holds for its later blocks too.
     exported = _EXPORTS.setdefault(block.path, {})
     try:
-        for command in _commands(_substitute(block.code, broker.bootstrap)):
+        for command in _commands(_moved_addresses(_substitute(block.code, broker.bootstrap))):
             words = shlex.split(command, comments=True)
             if words[0] == "export":
                 exported.update(w.split("=", 1) for w in words[1:] if "=" in w)  # type: ignore[misc]
@@ -173,8 +218,10 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
                 servers.append(_start_server(f"make -s -C {ROOT} run LISTEN=127.0.0.1:{port} DATA_DIR={tmp_path / 'make-run-data'}", tmp_path))
                 continue
             if words[:2] == ["loglake", "serve"]:
-                command = re.sub(r"--listen\s+\S+", f"--listen 127.0.0.1:{free_port()}", command)
                 servers.append(_start_server(command, tmp_path))
+                continue
+            if words[0] == "etcd":
+                servers.append(_start_etcd(command, tmp_path))
                 continue
             follow = "--follow" in words
             # its own session, so that a timeout stops the command and not only its shell
@@ -191,7 +238,7 @@ def test_shell_example(block: Block, broker: Broker, tmp_path: Path) -> None:
                 continue
             assert proc.returncode == 0, f"{block.id}: {command!r} exited {proc.returncode}:\n{out}\n{err}"
     finally:
-        for proc in servers:
+        for proc in reversed(servers):  # brokers before the etcd they hand their partitions back through
             _stop(proc)
 
 

@@ -127,3 +127,55 @@ def test_a_checkpoint_without_log_starts_still_loads() -> None:
     restored = decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck")
     pl = restored.plogs.part(bytes.fromhex(T), 0)
     assert (pl.start, pl.log_start, pl.end) == (0, 0, 5)
+
+
+def topic_led(rf: int = 1) -> MetaState:
+    s = MetaState("c")
+    body: dict[str, Any] = {"name": "t", "id": T, "partitions": 1, "config": {}, "created_ms": 1}
+    if rf != 1:
+        body["rf"] = rf
+    s.apply("topic_created", body)
+    return s
+
+
+def test_each_leadership_enters_the_epoch_history_at_the_committed_end() -> None:
+    """A `plog_leader` starts its epoch at the committed end as it applies (every commit is
+    guarded by its epoch, so the new leader's first range starts there); an epoch that wrote
+    nothing is replaced by the next, as in Kafka's epoch cache. A checkpoint carries the history."""
+    from loglake.engine.epochs import end_offset_in, epoch_at
+
+    s = topic_led()
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 1, "leader": 1})
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 9)]})
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 2, "leader": 2})
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 3, "leader": 3})  # epoch 2 wrote nothing
+    s.apply("plog_commit", {"key": "k2", "ranges": [rng(3, 10, 14)]})
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 4, "leader": 1})
+    pm = s.partition(bytes.fromhex(T), 0)
+    assert pm.leader_epochs == [[1, 0], [3, 10], [4, 15]] and pm.leader_epoch == 4
+    back = decode_checkpoint(b"".join(bytes(x) for x in encode_checkpoint(capture(s))), path="ckpt")
+    assert back.partition(bytes.fromhex(T), 0).leader_epochs == pm.leader_epochs
+    history, end = pm.epoch_history(), 15
+    assert end_offset_in(history, end, 1) == (1, 10)  # epoch 1 ends where epoch 3 began
+    assert end_offset_in(history, end, 2) == (1, 10)  # no offsets of its own: the largest epoch below
+    assert end_offset_in(history, end, 3) == (3, 15)
+    assert end_offset_in(history, end, 4) == (4, 15)  # the current epoch: the committed end
+    assert end_offset_in(history, end, 5) == (-1, -1)
+    assert end_offset_in(history, end, 0) == (0, 0)  # older than the history: its first start
+    assert [epoch_at(history, o) for o in (0, 9, 10, 14, 15)] == [1, 1, 3, 3, 4]
+
+
+def test_a_topic_remembers_its_replication_factor() -> None:
+    """`rf` is written only when not 1 (a single node's records keep their bytes); the state and a
+    checkpoint keep it."""
+    from loglake.meta.records import TopicCreated
+
+    assert "rf" not in TopicCreated("t", T, 1, {}, 1).body()
+    assert TopicCreated("t", T, 1, {}, 1, replication_factor=3).body()["rf"] == 3
+    s = topic_led(rf=3)
+    assert s.topics[bytes.fromhex(T)].replication_factor == 3
+    back = decode_checkpoint(b"".join(bytes(x) for x in encode_checkpoint(capture(s))), path="ckpt")
+    assert back.topics[bytes.fromhex(T)].replication_factor == 3
+    assert topic_led().topics[bytes.fromhex(T)].replication_factor == 1
+    with pytest.raises(ValueError, match="replication factor"):
+        topic_led(rf=0)

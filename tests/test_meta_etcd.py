@@ -10,6 +10,7 @@ losing a member, and etcd going away and coming back.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -20,7 +21,15 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.cluster.etcd import CHECKPOINT_CHUNK_BYTES, EtcdMetaStore, Guard
+from loglake.cluster import etcd_client as ec
+from loglake.cluster.etcd import (
+    CHECKPOINT_CHUNK_BYTES,
+    TXN_RECORDS_MAX,
+    EtcdMetaStore,
+    Guard,
+    _batchable,
+    _Pending,
+)
 from loglake.cluster.etcd_client import EtcdClient
 from loglake.errors import ConfigError, EtcdUnavailableError, MetaFencedError
 from loglake.fs.os_fs import OsFileSystem
@@ -208,6 +217,60 @@ def test_conditional_append_with_a_stale_guard_is_refused(etcd1: EtcdCluster) ->
     assert current.result(timeout=30) == 2
     leader.close()
     usurper.close()
+
+
+def test_guarded_appends_are_group_committed_and_a_broken_guard_fails_only_its_records(etcd1: EtcdCluster) -> None:
+    """Offset commits of ten groups, each guarded by its own claim key, queued while a transaction
+    is in flight: they go in one transaction comparing all ten claims. One claim was taken by
+    another coordinator, so that transaction fails; exactly that group's record is fenced, and the
+    other nine commit together in the next one."""
+    store = _etcd_store(etcd1, "/c")
+    groups = [f"g{i}" for i in range(10)]
+    for g in groups:
+        owner = b"other" if g == "g3" else b"me"
+        store.client.txn([], [ec.op_put(store.keys.key(f"claims/{g}"), owner)], [])
+    real_call = store.client.call
+    release = threading.Event()
+    txns: list[int] = []
+
+    def held(path: str, payload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if path == "kv/txn":
+            txns.append(len(payload.get("compare", [])))
+            release.wait(30)  # the first transaction waits until every commit is queued
+        return real_call(path, payload, **kw)
+
+    store.client.call = held  # type: ignore[method-assign]
+    first = store.append(CLUSTER)
+    while not txns:
+        time.sleep(0.01)
+    futures = {g: store.append_if(commit_record(g, 7), [Guard(f"claims/{g}", value=b"me")]) for g in groups}
+    release.set()
+    assert first.result(timeout=30) == 0
+    with pytest.raises(MetaFencedError, match="claims/g3"):
+        futures.pop("g3").result(timeout=30)
+    seqs = sorted(f.result(timeout=30) for f in futures.values())
+    assert seqs == list(range(1, 10))  # nine records, one after another
+    # the cluster record alone, then the ten compared at once (head + 10 claims), then the nine
+    assert txns == [1, 11, 10]
+    store.client.call = real_call  # type: ignore[method-assign]
+    assert sorted(store.state.groups) == sorted(g for g in groups if g != "g3")
+    store.close()
+
+
+def test_only_consistent_guards_without_sets_share_a_transaction() -> None:
+    def pending(*guards: Guard, sets: tuple[tuple[str, bytes], ...] = ()) -> _Pending:
+        return _Pending(RecordKind.OFFSET_COMMIT, {}, b"", Future(), guards, sets)
+
+    a, b = Guard("claims/a", value=b"me"), Guard("claims/b", value=b"me")
+    assert _batchable([pending()], pending(a))
+    assert _batchable([pending(a)], pending(b)) and _batchable([pending(a)], pending(a))
+    assert not _batchable([pending(a)], pending(Guard("claims/a", value=b"other")))
+    assert not _batchable([pending(a)], pending(Guard("claims/a", mod_revision=0)))
+    assert not _batchable([pending(a)], pending(b, sets=(("epoch", b"2"),)))
+    assert not _batchable([pending(a, sets=(("epoch", b"2"),))], pending(b))
+    many = [pending(Guard(f"claims/{i}", value=b"me")) for i in range(TXN_RECORDS_MAX)]
+    assert not _batchable(many, pending(Guard("claims/one-more", value=b"me")))
+    assert _batchable(many, pending(Guard("claims/0", value=b"me")))
 
 
 def test_a_checkpoint_larger_than_an_etcd_request_is_chunked(etcd1: EtcdCluster) -> None:

@@ -151,8 +151,10 @@ HISTORY = [
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
-#: its last record (the topic's deletion)
-CHECKPOINT_SHA256 = "f6853a30c4725af8ff6349eff04831e6feb737023ee1aec6e0890896a8e6267a"
+#: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
+#: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
+#: history gained a `plog_start`.
+CHECKPOINT_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
 CHECKPOINT_AFTER_DELETE_SHA256 = "f2bc51867e2a0d7a6ec87817936280e9ce78a5ffccf390968cbc0ac5200ffa65"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
@@ -323,7 +325,8 @@ def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None
     state = _replay(HISTORY[:-1])
     assert _checkpoint_sha(state) == CHECKPOINT_SHA256
     pm = state.partition(bytes.fromhex(TID), 1)
-    assert (pm.log_start, pm.leader_epoch, pm.aborted_txns) == (5, 2, [[2000, 7, 11]])
+    # the plog_leader of epoch 4 (at committed end 0) replaced the history the leader_epoch records made
+    assert (pm.log_start, pm.leader_epochs, pm.aborted_txns) == (5, [[4, 0]], [[2000, 7, 11]])
     assert state.plogs.condemned == {"orphan/1": None} and state.groups[G].offsets == {
         ("orders", 1): [7, 2, "m", 1700000000010]
     }

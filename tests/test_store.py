@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from loglake.errors import ConfigError, LoglakeError, StorageError
 from loglake.fs.base import BytesLike
+from loglake.fs.faulty import FaultyFileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.store import (
     InvalidObjectKeyError,
@@ -27,6 +31,7 @@ from loglake.store import (
     segment_key,
     topic_prefix,
 )
+from loglake.store.local import _temp_started_ms
 
 
 @pytest.fixture(params=["local", "memory"])
@@ -173,11 +178,13 @@ def test_local_ignores_and_cleans_temp_leftovers(tmp_path: Path) -> None:
     assert store.list("") == ["p/0/1.seg"]
     assert store.list("p/0/2") == []
     assert store.head("p/0/2.seg") is None
-    # Retrying the put replaces the leftover.
+    # Retrying the put publishes through a temp file of its own: the leftover could be another
+    # writer's upload in flight (brokers sharing a folder), so only delete_stale_temps removes it.
     store.put("p/0/2.seg", [b"retried"])
     assert store.get("p/0/2.seg") == b"retried"
+    assert store.list("") == ["p/0/1.seg", "p/0/2.seg"]
+    assert store.delete_stale_temps() == 2
     assert not (tmp_path / "p" / "0" / "2.seg.tmp").exists()
-    assert store.delete_stale_temps() == 1
     assert not (tmp_path / "p" / "3.seg.tmp").exists()
     assert store.list("") == ["p/0/1.seg", "p/0/2.seg"]
     assert store.delete_stale_temps() == 0
@@ -210,8 +217,10 @@ def test_local_failed_put_publishes_nothing(tmp_path: Path, err: int, retriable:
 class _PartialWriteFs(OsFileSystem):
     """Simulates a crash in the middle of writing the temp file."""
 
-    def write_file_atomic(self, path: str, parts: Sequence[BytesLike]) -> None:
-        with self.open(path + ".tmp", write=True, create=True) as f:
+    def write_file_atomic(
+        self, path: str, parts: Sequence[BytesLike], *, tmp: str | None = None, replace: bool = True
+    ) -> None:
+        with self.open(tmp or path + ".tmp", write=True, create=True) as f:
             f.pwrite(0, parts[0])
         raise OSError(errno.EIO, "crashed")
 
@@ -234,6 +243,142 @@ def test_local_wraps_read_errors(tmp_path: Path) -> None:
     with pytest.raises(StorageError) as info:
         store.list("")
     assert info.value.retriable is False
+
+
+# ---- several writers of one key (brokers sharing a folder) -----------------------------------
+
+
+def test_put_if_absent_publishes_only_the_first(store: ObjectStore) -> None:
+    assert store.put_if_absent("a/k", [b"first"]) is True
+    assert store.put_if_absent("a/k", [b"second", b"!"]) is False
+    assert store.get("a/k") == b"first"
+    store.put("a/k", [b"replaced"])  # a plain put still replaces
+    assert store.get("a/k") == b"replaced"
+    assert store.list("a/") == ["a/k"]
+
+
+def _race_create(root: str, key: str, payload: bytes, start: Any, out: Any) -> None:
+    """Child process: wait at the barrier, then try to create `key`; report whether it won."""
+    store = LocalStore(root, OsFileSystem())
+    start.wait()
+    out.put((payload[:8], store.put_if_absent(key, [payload[: len(payload) // 2], payload[len(payload) // 2 :]])))
+
+
+#: writers per race and races per test: processes, as brokers on one host are
+RACERS = 6
+RACES = 5
+
+
+def test_local_racing_creates_of_one_key_exactly_one_wins(tmp_path: Path) -> None:
+    """Writers in separate processes create one key at once: exactly one is told it won, the
+    object is that writer's bytes, whole, and no temp file stays behind."""
+    ctx = multiprocessing.get_context("fork")
+    root = str(tmp_path / "shared")
+    reader = LocalStore(root, OsFileSystem())
+    for race in range(RACES):
+        key = f"loglake-c/t-0/0/{race:020d}.seg"
+        # 2 MiB each: bigger than a write-behind chunk, so the writes overlap in time
+        payloads = {i: bytes([i]) * 8 + os.urandom(2 * 1024 * 1024) for i in range(RACERS)}
+        start, out = ctx.Barrier(RACERS), ctx.Queue()
+        procs = [ctx.Process(target=_race_create, args=(root, key, payloads[i], start, out)) for i in range(RACERS)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+        winners = [tag for tag, won in results if won]
+        assert len(winners) == 1, results
+        assert reader.get(key) == payloads[winners[0][0]]
+    assert [n for n in os.listdir(Path(root) / "loglake-c" / "t-0" / "0") if n.endswith(".tmp")] == []
+
+
+def _overwrite(root: str, key: str, tag: int, rounds: int, start: Any) -> None:
+    store = LocalStore(root, OsFileSystem())
+    start.wait()
+    for r in range(rounds):
+        store.put(key, [bytes([tag, r]) * (256 * 1024)])
+
+
+def test_local_concurrent_puts_of_one_key_never_publish_a_torn_object(tmp_path: Path) -> None:
+    """Processes replacing one key over and over (S3's last-writer-wins PutObject): every read
+    in between sees one writer's whole object, never a mix or a truncated one."""
+    ctx = multiprocessing.get_context("fork")
+    root = str(tmp_path / "shared")
+    reader = LocalStore(root, OsFileSystem())
+    key = "loglake-c/meta/checkpoint-00000000000000000007.bin"
+    writers, rounds = 4, 30
+    start = ctx.Barrier(writers)
+    procs = [ctx.Process(target=_overwrite, args=(root, key, t, rounds, start)) for t in range(writers)]
+    for p in procs:
+        p.start()
+    seen = 0
+    while any(p.is_alive() for p in procs):
+        try:
+            data = reader.get(key)
+        except ObjectNotFoundError:
+            continue
+        assert len(data) == 512 * 1024 and data == data[:2] * (256 * 1024)
+        seen += 1
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert seen > 0 and reader.list("") == [key]
+
+
+def test_local_delete_abandoned_uploads_goes_by_the_start_time_in_the_temp_name(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path), OsFileSystem())
+    store.put("c/flush/1/s/1.lfo", [b"whole"])
+    folder = tmp_path / "c" / "flush" / "1" / "s"
+    old = folder / f"2.lfo.{1_000}-{'a' * 16}.tmp"
+    new = folder / f"3.lfo.{5_000}-{'b' * 16}.tmp"
+    legacy = folder / "4.lfo.tmp"  # an older version's temp name: no start time, left alone
+    elsewhere = tmp_path / "d" / f"5.lfo.{1_000}-{'c' * 16}.tmp"
+    for p in (old, new, legacy, elsewhere):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"partial")
+    assert store.delete_abandoned_uploads("c/", started_before_ms=5_000) == 1
+    assert not old.exists() and new.exists() and legacy.exists() and elsewhere.exists()
+    assert store.list("") == ["c/flush/1/s/1.lfo"]
+    assert MemoryStore().delete_abandoned_uploads("c/", started_before_ms=5_000) == 0
+
+    class Capture(OsFileSystem):
+        tmps: list[str] = []
+
+        def write_file_atomic(
+            self, path: str, parts: Sequence[BytesLike], *, tmp: str | None = None, replace: bool = True
+        ) -> None:
+            assert tmp is not None
+            self.tmps.append(tmp)
+            super().write_file_atomic(path, parts, tmp=tmp, replace=replace)
+
+    fs = Capture()
+    before = int(time.time() * 1000)
+    LocalStore(str(tmp_path), fs).put("c/x", [b"1"])
+    started = _temp_started_ms(os.path.basename(fs.tmps[0]))  # what a killed put would leave
+    assert started is not None and before <= started <= int(time.time() * 1000)
+
+
+def test_rename_noreplace_refuses_an_existing_name(tmp_path: Path) -> None:
+    for fs, base in ((OsFileSystem(), str(tmp_path)), (FaultyFileSystem(), "/r")):
+        fs.makedirs(base)
+        for name, data in (("a", b"A"), ("b", b"B"), ("c", b"C")):
+            with fs.open(f"{base}/{name}", write=True, create=True) as f:
+                f.pwrite(0, data)
+        fs.rename_noreplace(f"{base}/a", f"{base}/new")
+        assert not fs.exists(f"{base}/a") and fs.read_file(f"{base}/new") == b"A"
+        with pytest.raises(FileExistsError):
+            fs.rename_noreplace(f"{base}/b", f"{base}/c")
+        assert fs.read_file(f"{base}/b") == b"B" and fs.read_file(f"{base}/c") == b"C"
+
+
+def test_local_put_if_absent_is_durable_on_return() -> None:
+    """On the model filesystem, a crash right after put_if_absent returned keeps the object and
+    every directory above it (the entries were fsynced before it returned)."""
+    fs = FaultyFileSystem()
+    store = LocalStore("/bucket", fs)
+    assert store.put_if_absent("loglake-c/flush/1/s/0001.lfo", [b"acked"])
+    assert fs.durable_tree() == {"/bucket/loglake-c/flush/1/s/0001.lfo": b"acked"}
 
 
 # ---- MemoryStore specifics --------------------------------------------------------------------

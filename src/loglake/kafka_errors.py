@@ -85,6 +85,7 @@ class ErrorCode(IntEnum):
     INVALID_FETCH_SESSION_EPOCH = (71, True, "The fetch session epoch is invalid.")
     FENCED_LEADER_EPOCH = (74, True, "The leader epoch in the request is older than the epoch on the broker.")
     UNKNOWN_LEADER_EPOCH = (75, True, "The leader epoch in the request is newer than the epoch on the broker.")
+    OFFSET_NOT_AVAILABLE = (78, True, "The leader high watermark has not caught up from a recent leader election so the offsets cannot be guaranteed to be monotonically increasing.")
     MEMBER_ID_REQUIRED = (79, False, "The group member needs to have a valid member id before actually entering a consumer group.")
     GROUP_MAX_SIZE_REACHED = (81, False, "The consumer group has reached its max size.")
     FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")

@@ -132,6 +132,9 @@ class BrokerConfig:
     #: Cluster mode: how often each broker merges the flush ranges of partitions it leads into
     #: segments and sweeps flush objects no range references (loglake.cluster.plog_maint).
     cluster_maintenance_interval_ms: int = default_of("cluster_maintenance_interval_ms", int)
+    #: Cluster mode: a broker that has not reached etcd or the bucket for this long stops leading,
+    #: hands its partitions over and answers /readyz "not ready" (loglake.cluster.health).
+    cluster_unreachable_release_ms: int = default_of("cluster_unreachable_release_ms", int)
     auto_create_topics: bool = default_of("auto_create_topics", bool)
     default_partitions: int = default_of("default_partitions", int)
     max_frame_bytes: int = default_of("max_frame_bytes", int)

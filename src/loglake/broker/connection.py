@@ -4,8 +4,11 @@ Theory of operation
 -------------------
 One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
 enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
-handler task for it at once; the task goes into a bounded queue (`max_inflight_per_connection`,
-so a client that pipelines without reading stops being read). Request bytes read and not yet
+handler task for it at once, in arrival order. Requests in flight are bounded per connection, so
+a client that pipelines without reading stops being read: `max_inflight_per_connection` of them
+other than Produce, `overload.PRODUCE_INFLIGHT_PER_CONNECTION` Produce requests (whose answers are
+no larger than they are; they wait for durability, a cluster's object flush, in flight), and each
+is charged `overload.REQUEST_OVERHEAD_BYTES` on top of its bytes. Request bytes read and not yet
 handled are bounded across all connections (`queued_max_request_bytes`, `overload.RequestBytes`):
 while that is spent no connection starts reading a new frame, and one in the middle of a frame
 first reserves the frame's whole declared size, as Kafka's queued.max.request.bytes pool does.
@@ -117,9 +120,10 @@ class Connection:
         #: Request bytes read and not yet answered (each frame's with its size prefix), in the
         #: shared bound (overload.RequestBytes); released as requests are answered.
         self.request_bytes = server.request_bytes.connection()
-        self._queue: asyncio.Queue[tuple[DecodedRequest | None, asyncio.Future[list[OutBuffer] | None], int] | None] = (
-            asyncio.Queue(self.ctx.config.max_inflight_per_connection)
-        )
+        # Bounded by the two semaphores: each queued request holds one of them (`_Item.slots`).
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
+        self._others = asyncio.Semaphore(self.ctx.config.max_inflight_per_connection)
+        self._produces = asyncio.Semaphore(overload.PRODUCE_INFLIGHT_PER_CONNECTION)
         self.busy = 0  # requests being handled (shutdown waits for these)
         self.closing = False
         #: SASL state on SASL listeners (loglake.broker.security.sasl); seconds to wait after the next response, then close.
@@ -231,7 +235,7 @@ class Connection:
                 # KIP-511: answer with a v0 body listing what we support; the client retries.
                 done: asyncio.Future[list[OutBuffer] | None] = asyncio.get_running_loop().create_future()
                 done.set_result([encode_unsupported_api_versions(exc.correlation_id, ADVERTISED)])
-                await self._queue.put((None, done, FRAME_PREFIX_BYTES + len(frame)))
+                await self._queue_item(None, done, len(frame))
                 return True
             self._protocol_error("unsupported_version", exc)
             return False
@@ -240,9 +244,20 @@ class Connection:
             return False
         if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key)):
             return False
-        task = asyncio.ensure_future(self._handle(req))
-        await self._queue.put((req, task, FRAME_PREFIX_BYTES + len(frame)))
+        slots = self._produces if req.api_key == ApiKey.PRODUCE else self._others
+        await slots.acquire()  # before the handler starts: what is bounded is work, not queue places
+        self._put(_Item(req, asyncio.ensure_future(self._handle(req)), len(frame), slots))
         return True
+
+    async def _queue_item(
+        self, req: DecodedRequest | None, task: asyncio.Future[list[OutBuffer] | None], frame_bytes: int
+    ) -> None:
+        await self._others.acquire()
+        self._put(_Item(req, task, frame_bytes, self._others))
+
+    def _put(self, item: _Item) -> None:
+        self.request_bytes.add(overload.REQUEST_OVERHEAD_BYTES)
+        self._queue.put_nowait(item)
 
     async def _handle(self, req: DecodedRequest) -> list[OutBuffer] | None:
         handler = HANDLERS.get(req.api_key)
@@ -273,7 +288,7 @@ class Connection:
             item = await self._queue.get()
             if item is None:
                 return
-            req, task, size = item
+            req, task = item.req, item.task
             try:
                 buffers = await task
             except Exception as exc:
@@ -285,8 +300,8 @@ class Connection:
             finally:
                 # The request is handled: its frame is released (the response is the writer's,
                 # one at a time per connection), so a client that does not read its responses
-                # holds no more than max_inflight_per_connection of them.
-                self.request_bytes.add(-size)
+                # holds no more than its bounds of requests in flight.
+                item.done(self.request_bytes)
             if not buffers:
                 continue
             try:
@@ -334,8 +349,8 @@ class Connection:
         while not self._queue.empty():
             item = self._queue.get_nowait()
             if item is not None:
-                item[1].cancel()
-                self.request_bytes.add(-item[2])
+                item.task.cancel()
+                item.done(self.request_bytes)
 
     def _protocol_error(self, kind: str, exc: BaseException) -> None:
         self.ctx.metrics.protocol_errors[kind] += 1
@@ -363,6 +378,30 @@ class Connection:
             self.writer.close()
         except Exception:  # already closed by the peer
             pass
+
+
+class _Item:
+    """A request in flight: its handling, the request bytes it holds (frame, size prefix,
+    REQUEST_OVERHEAD_BYTES) and the in-flight slot it took."""
+
+    __slots__ = ("req", "size", "slots", "task")
+
+    def __init__(
+        self,
+        req: DecodedRequest | None,
+        task: asyncio.Future[list[OutBuffer] | None],
+        frame_bytes: int,
+        slots: asyncio.Semaphore,
+    ) -> None:
+        self.req = req
+        self.task = task
+        self.size = FRAME_PREFIX_BYTES + frame_bytes + overload.REQUEST_OVERHEAD_BYTES
+        self.slots = slots
+
+    def done(self, held: overload.ConnectionBytes) -> None:
+        """Answered or dropped: its bytes and its slot are free."""
+        held.add(-self.size)
+        self.slots.release()
 
 
 def decode_request(frame: bytes | bytearray | memoryview) -> DecodedRequest:

@@ -20,7 +20,9 @@ line while produce is refused for lack of space: reads go on and writes resume b
 so that is not a reason to take it out of rotation either; alert on `loglake_storage_full`), an
 "engine failed: ..." line once a WAL or metadata-log I/O error stopped writes (reads go on; alert on
 `loglake_engine_failed`) and a "read errors: ..." line per segment whose reads failed with an I/O
-error in the last minute).
+error in the last minute; 503 "not ready" with one line per reason while the engine's parts say the
+broker should get no traffic: a cluster broker that cannot reach etcd or the bucket, which leads
+nothing then — `loglake.engine.telemetry`, whose families /metrics adds too).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.gcstats import GcStats
@@ -40,6 +42,7 @@ from loglake.broker.overload import RequestBytes
 from loglake.broker.security.sasl import SaslStats
 from loglake.engine import Engine
 from loglake.engine.cleaner import Cleaner
+from loglake.engine.telemetry import HistogramFamily, Telemetry
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -269,6 +272,7 @@ class _StateCollector:
             yield _gauge("loglake_cold_range_cache_bytes", "Bytes held in the cold range cache.", cold.ranges.size_bytes)
         yield from _corruption_families(engine)
         yield from _storage_families(engine)
+        yield from _telemetry_families(engine.telemetry)
         labels = ["topic", "partition"]
         hw_family = _gauge("loglake_partition_high_watermark", "Offset of the next record of the partition.", labels=labels)
         start_family = _gauge("loglake_partition_log_start_offset", "First offset still kept.", labels=labels)
@@ -423,6 +427,20 @@ def _storage_families(engine: Engine) -> Iterator[Metric]:
     yield stalls
 
 
+def _telemetry_families(telemetry: Telemetry) -> Iterator[Metric]:
+    """What the engine's parts add (cluster mode: leadership, flush and commit latency, health)."""
+    for family in telemetry.families():
+        if isinstance(family, HistogramFamily):
+            buckets = [("+Inf" if bound == float("inf") else repr(bound), n) for bound, n in family.buckets]
+            yield HistogramMetricFamily(family.name, family.doc, buckets=buckets, sum_value=family.total)
+            continue
+        make = _gauge if family.kind == "gauge" else _counter
+        out = make(family.name, family.doc, labels=list(family.labels))
+        for labels, value in family.samples:
+            out.add_metric(list(labels), value)
+        yield out
+
+
 def _corruption_families(engine: Engine) -> Iterator[Metric]:
     corruption = engine.corruption
     found = _counter("loglake_corruptions_found_total", "Corrupt sealed segments found, by who found them.", labels=["source"])
@@ -462,8 +480,11 @@ async def serve_metrics(
     render: Callable[[], str],
     ready: Callable[[], bool],
     notes: Callable[[], list[str]] | None = None,
+    blockers: Callable[[], list[str]] | None = None,
 ) -> asyncio.Server:
-    """`notes()`: lines /readyz adds while ready (corrupt partitions); they do not make it 503."""
+    """`notes()`: lines /readyz adds while ready (corrupt partitions); they do not make it 503.
+    `blockers()`: reasons the started broker should get no traffic now (cluster mode: etcd or the
+    bucket unreachable); any makes /readyz 503 "not ready" with them."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
@@ -479,10 +500,13 @@ async def serve_metrics(
             elif path.startswith("/healthz"):
                 status, body, ctype = "200 OK", "ok\n", "text/plain"
             elif path.startswith("/readyz"):
-                ok = ready()
+                started = ready()
+                reasons = (blockers() if blockers is not None else []) if started else []
+                ok = started and not reasons
                 status = "200 OK" if ok else "503 Service Unavailable"
-                extra = (notes() if notes is not None else []) if ok else []
-                body = "ready\n" + "".join(f"{line}\n" for line in extra) if ok else "recovering\n"
+                extra = (notes() if notes is not None else []) if ok else reasons
+                verdict = "ready" if ok else "not ready" if started else "recovering"
+                body = verdict + "\n" + "".join(f"{line}\n" for line in extra)
                 ctype = "text/plain"
             else:
                 status, body, ctype = "404 Not Found", "not found\n", "text/plain"

@@ -109,6 +109,12 @@ class BrokerServer:
         failed = [] if failure is None else [f"engine failed: {failure}; produce refused until restart, reads served"]
         return failed + full + engine.corruption.readyz_lines() + engine.read_errors.readyz_lines()
 
+    def _readyz_blockers(self) -> list[str]:
+        """Why /readyz says "not ready" once started: what the engine's parts report (cluster mode:
+        etcd or the bucket unreachable, so this broker leads nothing)."""
+        engine = self.engine
+        return [] if engine is None else engine.telemetry.not_ready()
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listeners = self.config.listeners()
@@ -125,7 +131,8 @@ class BrokerServer:
                             "(it names topics and groups); bind it to 127.0.0.1 unless a scraper elsewhere needs it", self.config.metrics_listen)
             try:
                 self._metrics_server = await serve_metrics(
-                    mhost, mport, self._render_metrics, lambda: self.metrics.ready, self._readyz_notes
+                    mhost, mport, self._render_metrics, lambda: self.metrics.ready, self._readyz_notes,
+                    self._readyz_blockers,
                 )
             except OSError as exc:
                 raise ListenError("--metrics-listen", self.config.metrics_listen, exc) from exc

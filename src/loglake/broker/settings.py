@@ -48,6 +48,11 @@ OBJECT_FLUSH_MS = 500
 #: Bound on the flush buffer's bytes: buffered plus the flush in flight (16 flushes' worth at the
 #: default); `object_flush_bytes` may not pass it (loglake.cluster.flusher).
 FLUSH_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+#: A cluster broker that has not reached etcd or the bucket for this long stops leading and hands
+#: its partitions to the others (loglake.cluster.health): above the lease TTL's default (3 s), so
+#: an etcd member's election passes first, and above a few failed PUT retries, so one slow S3
+#: answer does not move partitions.
+CLUSTER_UNREACHABLE_RELEASE_MS = 5000
 
 ENV_PREFIX = "LOGLAKE_"
 ENGINE_ENV_PREFIX = "LOGLAKE_ENGINE__"
@@ -198,6 +203,8 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "Cluster mode: flush the buffered batches of every partition to one bucket object at this many bytes."),
     _S("object_flush_ms", None, _LONG, OBJECT_FLUSH_MS, (1, 3_600_000),
        "Cluster mode: flush them once the oldest buffered batch is this old."),
+    _S("cluster_unreachable_release_ms", None, _LONG, CLUSTER_UNREACHABLE_RELEASE_MS, (500, 600_000),
+       "Cluster mode: a broker that has not reached etcd or the bucket for this long leads nothing (its partitions move) and is not ready."),
     _S("cluster_maintenance_interval_ms", None, _LONG, 10_000, (100, DAY_MS),
        "Cluster mode: how often a broker merges its partitions' flush ranges into segments and sweeps unreferenced objects."),
     # topics

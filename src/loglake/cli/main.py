@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 import time
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.progress import (
@@ -173,6 +173,8 @@ def verify(
     are skipped; unsealed data is the broker's).
     """
     console = stderr_console()
+    if cold_store and (cluster_report := _verify_cluster_bucket(cold_store)) is not None:
+        _verify_exit(cluster_report, as_json)  # a cluster's bucket is proven from itself: no data dir
     if not os.path.isdir(data_dir):
         raise CliError(f"data directory {data_dir} does not exist (use --data-dir or {DATA_DIR_ENV})")
     with Progress(
@@ -204,12 +206,27 @@ def verify(
             finally:
                 if cold is not None:
                     cold.close()
+    _verify_exit(report, as_json)
+
+
+def _verify_cluster_bucket(cold_store: str) -> VerifyReport | None:
+    """The report on a cluster-mode bucket (merged segments and flush ranges, from the metadata the
+    cluster publishes there), or None when `cold_store` is not one."""
+    from loglake.cluster.verify import is_cluster_bucket, verify_cluster_bucket
+
+    store = open_store(cold_store, OsFileSystem())
+    try:
+        return verify_cluster_bucket(store) if is_cluster_bucket(store) else None
+    finally:
+        store.close()
+
+
+def _verify_exit(report: VerifyReport, as_json: bool) -> NoReturn:
     if as_json:
         typer.echo(json.dumps(report.to_json(), indent=2))
     else:
         _print_verify(report)
-    if not report.ok:
-        raise typer.Exit(1)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 def _print_verify(report: VerifyReport) -> None:

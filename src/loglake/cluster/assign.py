@@ -12,11 +12,15 @@ possible — each move is a leader-epoch bump and a client round trip to new Met
 The moves are then exactly the partitions whose previous leader is gone plus each broker's
 excess over its quota, which no balanced assignment can beat. Deterministic: every broker that
 computes it from the same inputs gets the same answer.
+
+`refused` names, per partition, brokers that handed it back (their acquire failed): such a broker
+neither keeps it nor is given it, unless every live broker refuses it (then the rules above
+apply as if nobody did). A refused partition may leave a broker one over its quota.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence, Set
 from typing import TypeVar
 
 __all__ = ["assign", "moves"]
@@ -24,16 +28,22 @@ __all__ = ["assign", "moves"]
 P = TypeVar("P", bound=Hashable)
 
 
-def assign(partitions: Sequence[P], brokers: Collection[int], previous: Mapping[P, int]) -> dict[P, int]:
+def assign(
+    partitions: Sequence[P],
+    brokers: Collection[int],
+    previous: Mapping[P, int],
+    refused: Mapping[P, Set[int]] | None = None,
+) -> dict[P, int]:
     """The leader of each partition among `brokers` (empty when no broker is live)."""
     live = sorted(set(brokers))
     if not live or not partitions:
         return {}
+    refused = {p: r for p, r in (refused or {}).items() if not set(live) <= r}  # all refuse: as if none did
     base, extra = divmod(len(partitions), len(live))
     kept: dict[int, list[P]] = {b: [] for b in live}
     for p in partitions:
         owner = previous.get(p)
-        if owner in kept:
+        if owner in kept and owner not in refused.get(p, ()):
             kept[owner].append(p)
     by_kept = sorted(live, key=lambda b: (-len(kept[b]), b))
     quota = {b: base + (1 if i < extra else 0) for i, b in enumerate(by_kept)}
@@ -45,7 +55,8 @@ def assign(partitions: Sequence[P], brokers: Collection[int], previous: Mapping[
     for p in partitions:
         if p in out:
             continue
-        b = max(live, key=lambda x: (quota[x] - count[x], -x))
+        no = refused.get(p, ())
+        b = max((x for x in live if x not in no), key=lambda x: (quota[x] - count[x], -x))
         out[p] = b
         count[b] += 1
     return out

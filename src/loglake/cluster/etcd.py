@@ -28,7 +28,12 @@ not see them live.
 `append_if(record, guards, sets)` adds compares on other keys (a partition's leader epoch) to
 the same transaction and may set keys with it: when a guard no longer holds, nothing is
 committed and the future fails with MetaFencedError. That is the fencing primitive: a leader
-that lost its epoch can never commit.
+that lost its epoch can never commit. Guarded records without `sets` are group-committed like
+plain ones (offset commits of many groups, each guarded by its coordinator's claim): one
+transaction compares every guard of the records it carries, so each record still commits only
+while its own guards hold; when some guard fails, exactly the records guarded by it fail and the
+others go again in the next transaction. A record that sets keys goes alone, and so does one
+whose guard on a key differs from a guard on that key already in the batch.
 
 An uncertain answer (a timeout after the request was sent) may hide a commit: each batch carries
 a random id in front of every record, and a catch-up that finds the batch in flight resolves it
@@ -102,6 +107,9 @@ CONFLICTS_MAX = 1000
 #: How often the writer looks for other brokers' records without a watch event (the watch is the
 #: fast path; this bounds the delay when it is down).
 POLL_INTERVAL_S = 1.0
+#: For this long after a commit lost its compare to another broker's append, the writer reads
+#: the log before each transaction instead of letting the transaction's compare find out.
+CONTENDED_READ_FIRST_S = 1.0
 #: Attempts to open (a checkpoint swapped or compacted away while it was being read starts over).
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
@@ -128,6 +136,21 @@ class _Pending:
     future: Future[int]
     guards: tuple[Guard, ...] = ()
     sets: tuple[tuple[str, bytes], ...] = ()
+
+
+def _batchable(batch: list[_Pending], p: _Pending) -> bool:
+    """Whether `p` may join `batch` in one transaction: neither sets keys (a set may be what
+    another record's guard compares: a new leader epoch), `p`'s guards agree with the guards on
+    the same keys already in the batch (one compare per key, which all of them expect), and the
+    batch still compares at most TXN_RECORDS_MAX keys."""
+    if p.sets or batch[0].sets:
+        return False
+    if not p.guards:
+        return True
+    held = {g.key: g for q in batch for g in q.guards}
+    if len(held.keys() | {g.key for g in p.guards}) > TXN_RECORDS_MAX:
+        return False  # one compare each: etcd refuses more than --max-txn-ops (128) of them
+    return all(held.get(g.key, g) == g for g in p.guards)
 
 
 @dataclass
@@ -176,6 +199,8 @@ class EtcdMetaStore:
         #: the batch whose compare just failed, by id, while the writer catches up: finding it in the
         #: log means an earlier answer was lost and it is committed (at most one; the writer's own)
         self._in_doubt: dict[bytes, _Batch] = {}
+        #: when a commit last lost its compare to another broker's append (`_run` reads first then)
+        self._contended_at = float("-inf")
         self._woken = False
         self._watchers: list[Watcher] = []
         self._since_records = 0
@@ -305,10 +330,17 @@ class EtcdMetaStore:
                 if not self._pending and not self._woken:
                     self._cond.wait(self.poll_interval_s)
                 self._woken = False
+                writes = bool(self._pending)
             if self._stop.is_set():
                 break
             try:
-                self._catch_up(replay=False)
+                # With records to write, their transaction's compare on the head is the look:
+                # it fails only when another broker appended, and then `_commit` catches up and
+                # goes again, so a read first would cost every commit a second round trip. While
+                # other brokers are appending too (the last compare lost), reading first is the
+                # cheaper way: a lost compare costs a transaction more.
+                if not writes or time.monotonic() - self._contended_at < CONTENDED_READ_FIRST_S:
+                    self._catch_up(replay=False)
                 self._write_pending()
                 if self._outage_logged:
                     log.debug("metadata store %s: etcd reachable again", self.prefix)
@@ -353,7 +385,7 @@ class EtcdMetaStore:
                     self._pending.popleft()
                     self._cond.notify_all()
                     return [], p
-                if out and (p.guards or p.sets or out[0].guards or out[0].sets):
+                if out and not _batchable(out, p):
                     break
                 if out and (len(out) >= TXN_RECORDS_MAX or size + len(p.raw) > TXN_BYTES_MAX):
                     break
@@ -390,38 +422,39 @@ class EtcdMetaStore:
                 raise
 
     def _commit(self, batch: _Batch) -> None:
-        first = batch.items[0]
         for _ in range(CONFLICTS_MAX):
             base = self._state.seq + 1
             last = base + len(batch.items) - 1
+            # every record's guards (one compare per distinct guard: `_batchable` keeps them consistent)
+            guards = list(dict.fromkeys(g for p in batch.items for g in p.guards))
             compare = [ec.cmp_mod(self._k_head, self._head_mod)]
-            for g in first.guards:
-                key = self._key(g.key)
-                compare.append(g.compare(key))
+            compare += [g.compare(self._key(g.key)) for g in guards]
             success = [ec.op_put(self._k_head, str(last).encode())]
             success += [
                 ec.op_put(self._log_key(base + i), batch.id + p.raw) for i, p in enumerate(batch.items)
             ]
-            success += [ec.op_put(self._key(k), v) for k, v in first.sets]
-            failure = [ec.op_get(self._k_head)] + [ec.op_get(self._key(g.key)) for g in first.guards]
+            success += [ec.op_put(self._key(k), v) for p in batch.items for k, v in p.sets]
+            failure = [ec.op_get(self._k_head)] + [ec.op_get(self._key(g.key)) for g in guards]
             ok, responses, revision = self.client.txn(compare, success, failure)
             if ok:
                 self._head_mod = revision
                 self._apply_batch(base, batch, own=True)
                 return
             head = ec.response_kvs(responses[0])
-            if (head[0].mod_revision if head else 0) == self._head_mod:
-                fenced = [
-                    g.key
-                    for g, r in zip(first.guards, responses[1:], strict=True)
-                    if not g.holds(ec.response_kvs(r))
-                ]
-                first.future.set_exception(
-                    MetaFencedError(
-                        f"metadata record {first.kind} fenced: {', '.join(fenced) or 'a guard'} changed"
-                    )
-                )
-                return
+            if (head[0].mod_revision if head else 0) != self._head_mod:
+                self._contended_at = time.monotonic()
+            else:
+                # Not committed: a guard failed. Exactly the records it guards fail; the others
+                # go again (the head did not move, so nothing is to be caught up first).
+                broken = {g for g, r in zip(guards, responses[1:], strict=True) if not g.holds(ec.response_kvs(r))}
+                fenced = [p for p in batch.items if broken.intersection(p.guards)] or batch.items[:1]
+                for p in fenced:
+                    changed = ", ".join(sorted(g.key for g in broken.intersection(p.guards))) or "a guard"
+                    p.future.set_exception(MetaFencedError(f"metadata record {p.kind} fenced: {changed} changed"))
+                batch.items = [p for p in batch.items if not p.future.done()]
+                if not batch.items:
+                    return
+                continue
             self._in_doubt[batch.id] = batch  # the uncertain case: our own txn may be what moved the head
             try:
                 self._catch_up(replay=False)

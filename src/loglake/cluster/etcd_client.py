@@ -126,6 +126,8 @@ class EtcdClient:
         self._lock = threading.Lock()
         self._current = 0
         self._down_since: float | None = None  # set while etcd is unreachable (one warning per outage)
+        #: monotonic time of the last answer from any member (None: none yet); cluster health reads it
+        self.last_answer: float | None = None
         self.closed = False
 
     def describe(self) -> str:
@@ -173,6 +175,7 @@ class EtcdClient:
     def _answered(self, index: int) -> None:
         with self._lock:
             self._current = index
+            self.last_answer = time.monotonic()
             down, self._down_since = self._down_since, None
         if down is not None:
             log.warning("etcd answers again (%s, after %.1f s)", self.describe(), time.monotonic() - down)

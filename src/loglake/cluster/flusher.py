@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from loglake.broker.metrics import LATENCY_BUCKETS_S
 from loglake.broker.settings import FLUSH_BUFFER_BYTES_MAX, OBJECT_FLUSH_BYTES, OBJECT_FLUSH_MS
 from loglake.cluster.flushobj import (
     FlushIndex,
@@ -46,6 +47,7 @@ from loglake.cluster.flushobj import (
     topic_id_bytes,
 )
 from loglake.engine.memory import MemoryPool
+from loglake.engine.telemetry import LatencyHistogram
 from loglake.errors import (
     BackPressureTimeoutError,
     EngineClosedError,
@@ -170,6 +172,10 @@ class Flusher:
         self._seq = 0
         self._closing = False
         self._failing = False  # a flush failed and none has succeeded since (one log line each way)
+        #: seconds from a flush's first PUT attempt to its object being in the bucket (/metrics)
+        self.put_seconds = LatencyHistogram(LATENCY_BUCKETS_S)
+        #: told each flush PUT's outcome (None: in the bucket) after its retries: cluster health
+        self.on_put: Callable[[BaseException | None], None] | None = None
         # check the key parts now, not at the first flush
         flush_object_key(cluster_id, node_id, self.session, 0, prefix)
         self._thread = threading.Thread(target=self._run, name=f"loglake-flusher-{node_id}", daemon=True)
@@ -348,18 +354,25 @@ class Flusher:
 
     def _put(self, key: str, parts: list[bytes | memoryview]) -> None:
         policy = self.settings.put_retry
+        started = time.monotonic()
         for attempt in range(1, policy.max_attempts + 1):
             self.stats.puts += 1
             try:
                 self.store.put(key, parts)
-                return
             except Exception as exc:
                 if attempt == policy.max_attempts:
+                    if self.on_put is not None:
+                        self.on_put(exc)
                     raise
                 log.debug(
                     "flush object %s: PUT attempt %d/%d failed: %s", key, attempt, policy.max_attempts, exc
                 )
                 time.sleep(policy.delay(attempt))
+                continue
+            self.put_seconds.observe(time.monotonic() - started)
+            if self.on_put is not None:
+                self.on_put(None)
+            return
 
     def _fail(self, taken: list[_Pending], error: FlushFailedError) -> None:
         self.stats.failed_flushes += 1

@@ -17,12 +17,20 @@ A broker whose own keep-alive finds its lease gone (it was paused, or etcd was u
 the TTL) has lost its registration: it is reported once (`lost` is set and `on_lost` called) and
 does not re-register by itself — its partitions have moved and its leader epochs are stale, so
 the server decides (restart its cluster role with a fresh lease).
+
+A registration also says whether the broker stands for leadership now (`"leads"`, absent in a
+registration of an earlier release: true). A broker that cannot reach the bucket stays registered
+— it still answers Metadata and coordinates groups, which need etcd only — but puts `"leads":
+false` (`set_leads`), and every broker's assignment leaves it out (loglake.cluster.view,
+loglake.cluster.health).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from loglake.cluster import etcd_client as ec
@@ -60,7 +68,9 @@ class Membership:
         *,
         ttl_s: int = BROKER_LEASE_TTL_S_DEFAULT,
         on_lost: Callable[[], None] | None = None,
+        leads: bool = True,
     ) -> None:
+        """`leads`: whether to stand for leadership from the start (see the module doc)."""
         if ttl_s < BROKER_LEASE_TTL_S_MIN:
             raise ConfigError(f"broker lease TTL must be at least {BROKER_LEASE_TTL_S_MIN} s, not {ttl_s}")
         self.client = client
@@ -83,6 +93,14 @@ class Membership:
         self._threads: list[threading.Thread] = []
         self._listeners: list[Listener] = []
         self._live: dict[int, BrokerInfo] = {}
+        self._leaders: set[int] = set()  # of the live set, those standing for leadership
+        self._refusals: dict[int, list[str]] = {}  # of the live set, the partitions each refuses now
+        self.leads = leads
+        #: partitions this broker refuses now (its registration names them; opaque to membership)
+        self.refuses: list[str] = []
+        #: monotonic time the lease lapses unless a keep-alive lands (0: no lease)
+        self.expires_at = 0.0
+        self.keepalive_failures = 0
         self._live_lock = threading.Lock()
         self._wake = threading.Event()
         self._watch: ec.Watch | None = None
@@ -99,7 +117,9 @@ class Membership:
         key = self.key_of(self.me.node_id)
         try:
             ok, responses, _ = self.client.txn(
-                [ec.cmp_absent(key)], [ec.op_put(key, self.me.encode(), lease=lease)], [ec.op_get(key)]
+                [ec.cmp_absent(key)],
+                [ec.op_put(key, _encode(self.me, self.leads, self.refuses), lease=lease)],
+                [ec.op_get(key)],
             )
         except BaseException:
             self._revoke(lease)
@@ -113,12 +133,34 @@ class Membership:
                 f"it frees within {self.ttl_s} s of that broker stopping"
             )
         self.lease = lease
+        self.expires_at = time.monotonic() + self.ttl_s
         self._spawn(self._keepalive, "loglake-membership-keepalive")
         self._spawn(self._follow, "loglake-membership-follow")
         self._watch = self.client.watch(
             self._k_brokers, prefix_end(self._k_brokers), self._wake.set, name="loglake-membership-watch"
         )
         self.refresh()
+
+    def set_leads(self, leads: bool, refuses: list[str]) -> None:
+        """Stand for leadership or not, refusing `refuses`: rewrite the registration under the
+        same lease (every broker's watch sees it). EtcdUnavailableError when etcd does not answer."""
+        if leads == self.leads and refuses == self.refuses:
+            return
+        if self.lease and not self.lost.is_set():
+            self.client.put(self.key_of(self.me.node_id), _encode(self.me, leads, refuses), lease=self.lease)
+        self.leads, self.refuses = leads, list(refuses)
+        self._wake.set()
+
+    def expires_in(self) -> float:
+        """Seconds until the lease lapses unless a keep-alive lands (0: none held)."""
+        if not self.lease or self.lost.is_set():
+            return 0.0
+        return max(0.0, self.expires_at - time.monotonic())
+
+    def etcd_answered(self) -> float | None:
+        """Monotonic time etcd last answered this broker (any request, keep-alives included)."""
+        times = [t for t in (self.client.last_answer, self._keepalive_client.last_answer) if t is not None]
+        return max(times) if times else None
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)
@@ -128,10 +170,14 @@ class Membership:
     def _keepalive(self) -> None:
         interval = self.ttl_s / KEEPALIVES_PER_TTL
         while not self._stop.wait(interval):
+            sent = time.monotonic()
             try:
                 ttl = self._keepalive_client.lease_keepalive(self.lease)
             except EtcdUnavailableError:
+                self.keepalive_failures += 1
                 continue  # the client logged the outage; the next refresh may still be in time
+            if ttl > 0:
+                self.expires_at = sent + ttl
             if ttl <= 0:
                 if not self.lost.is_set():
                     log.error(
@@ -148,19 +194,32 @@ class Membership:
 
     def live(self) -> dict[int, BrokerInfo]:
         """The brokers registered now (read from etcd)."""
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict[int, BrokerInfo], set[int], dict[int, list[str]]]:
+        """(the brokers registered now, those of them standing for leadership, what each refuses), from etcd."""
         kvs, _ = self.client.range_all(self._k_brokers, prefix_end(self._k_brokers))
         out: dict[int, BrokerInfo] = {}
+        leaders: set[int] = set()
+        refusals: dict[int, list[str]] = {}
         for kv in kvs[:BROKERS_MAX]:
             info = BrokerInfo.decode(kv.value, where=kv.key.decode())
             out[info.node_id] = info
-        return out
+            stands, refuses = _candidacy(kv.value)
+            if stands:
+                leaders.add(info.node_id)
+            if refuses:
+                refusals[info.node_id] = refuses
+        return out, leaders, refusals
 
     def refresh(self) -> dict[int, BrokerInfo]:
-        """Re-read the live set; tell the listeners when it changed."""
-        current = self.live()
+        """Re-read the live set; tell the listeners when it (or who stands for leadership) changed."""
+        current, leaders, refusals = self._read()
         with self._live_lock:
-            changed = current != self._live
+            changed = current != self._live or leaders != self._leaders or refusals != self._refusals
             self._live = current
+            self._leaders = leaders
+            self._refusals = refusals
             listeners = list(self._listeners)
         if changed:
             for listener in listeners:
@@ -172,6 +231,18 @@ class Membership:
         """The live set as last read (no I/O)."""
         with self._live_lock:
             return dict(self._live)
+
+    @property
+    def leaders(self) -> set[int]:
+        """Of the live set as last read, the brokers standing for leadership (no I/O)."""
+        with self._live_lock:
+            return set(self._leaders)
+
+    @property
+    def refusals(self) -> dict[int, list[str]]:
+        """Of the live set as last read, the partitions each broker refuses now (no I/O)."""
+        with self._live_lock:
+            return {node: list(names) for node, names in self._refusals.items()}
 
     def subscribe(self, listener: Listener) -> None:
         """Call `listener(live set)` whenever the live set changes (from the follower thread)."""
@@ -221,3 +292,28 @@ class Membership:
                 exc,
                 self.ttl_s,
             )
+
+
+
+def _encode(me: BrokerInfo, leads: bool, refuses: list[str]) -> bytes:
+    """A registration: the broker as Metadata describes it, whether it stands for leadership and
+    the partitions it refuses now (the cluster view's names)."""
+    doc = json.loads(me.encode())
+    doc["leads"] = leads
+    if refuses:
+        doc["refuses"] = refuses
+    return json.dumps(doc).encode()
+
+
+def _candidacy(raw: bytes) -> tuple[bool, list[str]]:
+    """(whether a registration stands for leadership, what it refuses); one of an earlier release,
+    without the fields, stands and refuses nothing."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False, []  # BrokerInfo.decode refused it already
+    if not isinstance(doc, dict):
+        return False, []
+    refuses = doc.get("refuses")
+    names = [str(x) for x in refuses] if isinstance(refuses, list) else []
+    return doc.get("leads", True) is not False, names

@@ -128,9 +128,9 @@ def merge_partition(
         writer.aborted_txns = aborts
         parts, trailer, _index = writer.finish()
         key = segment_key(cluster_id, topic, topic_id, partition, base, prefix, generation)
-        existing = _existing(store, key)
+        # create-only: of two mergers writing one key, one publishes and the other compares
+        existing = None if store.put_if_absent(key, parts) else _existing(store, key)
         if existing is None:
-            store.put(key, parts)
             stats.merge_puts += 1
         elif (existing.last_offset, existing.chain_hash) == (trailer.last_offset, trailer.chain_hash):
             trailer = existing  # a retried merge: the same batches are there already, keep them
@@ -150,14 +150,14 @@ def merge_partition(
     return out
 
 
-def _existing(store: ObjectStore, key: str) -> SegmentTrailer | None:
-    """The trailer of a segment already at `key` (a retried merge, or another merger), else None.
-    One HEAD when there is none; it narrows, but cannot close, the window in which two mergers of
-    one partition both write: only the partition's leader merges, and its metadata switch is
-    guarded by its leader epoch, so a stale merger's segment is never referenced."""
+def _existing(store: ObjectStore, key: str) -> SegmentTrailer:
+    """The trailer of the segment `put_if_absent` found at `key` (a retried merge, or another
+    merger). The create is atomic on a local folder; on S3 it is a HEAD then a PUT, which two
+    mergers of one partition can both pass: only the partition's leader merges, and its metadata
+    switch is guarded by its leader epoch, so a stale merger's segment is never referenced."""
     size = store.head(key)
-    if size is None:
-        return None
+    if size is None:  # gone again: only a sweep of a deleted topic removes segments
+        raise MergeConflictError(key, "an object was there at the create and is gone now; nothing written")
     try:
         return read_tail(store, key, size)[0]
     except CorruptionError as exc:

@@ -43,6 +43,7 @@ def settings_of(c: BrokerConfig) -> ClusterSettings:
         lease_ttl_s=c.cluster_lease_ttl_s,
         flush=FlushSettings(object_flush_bytes=c.object_flush_bytes, object_flush_ms=c.object_flush_ms),
         maintenance_interval_ms=c.cluster_maintenance_interval_ms,
+        unreachable_release_ms=c.cluster_unreachable_release_ms,
     )
 
 
@@ -78,7 +79,7 @@ def cluster_parts(
     view.append(EtcdClusterView(log, etcd, client, settings))
     # no reserve: the data directory holds only a cache here
     space = SpaceGuard(fs, data_dir, min_free_bytes=0, min_free_percent=0.0, check_interval_ms=config.storage_space_check_interval_ms)
-    return EngineParts(fs, etcd, catalog, log, view[0], space)
+    return EngineParts(fs, etcd, catalog, log, view[0], space, telemetry=view[0])
 
 
 def cluster_node(c: BrokerConfig) -> tuple[Engine, GroupStoreFactory]:

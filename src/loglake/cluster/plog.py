@@ -34,15 +34,17 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
+from loglake.broker.metrics import LATENCY_BUCKETS_S
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushAck, Flusher, FlushSettings
 from loglake.cluster.flushobj import FlushIndex, FlushIndexEntry, topic_id_bytes
 from loglake.cluster.plog_read import PlogReader
 from loglake.engine.memory import MemoryPool
+from loglake.engine.telemetry import LatencyHistogram
 from loglake.errors import (
     CorruptRecordError,
     EngineFailedError,
@@ -103,6 +105,11 @@ class _Lead:
     failed: LoglakeError | None = None
     inflight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)  # offsets and the flusher, in order
+    #: appends whose range is not committed yet, by last offset (`abandon` may fail them before
+    #: their flush settles)
+    outstanding: dict[Future[AppendAck], int] = field(default_factory=dict)
+    #: chunks of this partition's ranges being committed now (their outcome is etcd's, not ours)
+    committing: int = 0
 
 
 class ClusterPartitionLog:
@@ -132,6 +139,8 @@ class ClusterPartitionLog:
         #: switches exactly the ranges it read, which a start raised meanwhile would have moved
         self._rewrites: dict[TP, threading.Lock] = {}
         self.reader = reader or PlogReader(meta, store)
+        #: seconds from a range commit's submission to etcd's answer (/metrics)
+        self.commit_seconds = LatencyHistogram(LATENCY_BUCKETS_S)
         self.flusher = Flusher(
             store, self._commit, cluster_id=cluster_id, node_id=node_id, prefix=prefix, settings=settings, pool=pool
         )
@@ -179,6 +188,29 @@ class ClusterPartitionLog:
         with self._lock:
             self._leads.pop(tp, None)
             self._rewrites.pop(tp, None)
+
+    def abandon(self, topic_id: str, partition: int) -> int:
+        """Stop appending to the partition and fail its appends not committed yet now, rather than
+        when their flush settles (a PUT to a bucket that does not answer may take minutes): safe
+        because a stopped partition's later commits are refused (`_commit` checks under the lock),
+        and done only while no commit of it is in flight (whose outcome etcd decides). Returns how
+        many appends were failed; the partition is still to be `release`d (which drains them)."""
+        tp = (topic_id, partition)
+        error = NotLeaderError(f"{topic_id}-{partition}: node {self.node_id} stopped leading it (etcd or the bucket unreachable)")
+        with self._lock:
+            lead = self._leads.get(tp)
+            if lead is None:
+                return 0
+            if lead.failed is None:
+                lead.failed = error
+            if lead.committing:
+                return 0
+            victims, lead.outstanding = list(lead.outstanding), {}
+        failed = 0
+        for f in victims:
+            if _settle(f, error=error):
+                failed += 1
+        return failed
 
     def leads(self, topic_id: str, partition: int) -> bool:
         with self._lock:
@@ -260,10 +292,11 @@ class ClusterPartitionLog:
                 set_offset_and_epoch(buf, pos, offset, h.batch_length, epoch)
                 offset += h.last_offset_delta + 1
             inner = self.flusher.append(topic_id, partition, buf)  # raises: nothing was assigned
+            out: Future[AppendAck] = Future()
             with self._lock:
                 lead.next = offset
                 lead.inflight += 1
-        out: Future[AppendAck] = Future()
+                lead.outstanding[out] = offset - 1
         last = offset - 1
         inner.add_done_callback(lambda f: self._settled(tp, lead, f, out, base, last, buf))
         return base, out
@@ -281,15 +314,17 @@ class ClusterPartitionLog:
         error = inner.exception()
         with self._lock:
             lead.inflight -= 1
+            lead.outstanding.pop(out, None)
             if error is not None and lead.failed is None:
                 lead.failed = _as_loglake(error)
             self._lock.notify_all()
         if error is not None:
-            out.set_exception(error)
+            _settle(out, error=error)  # unless `abandon` failed it already
             return
         ack = inner.result()
         self.reader.remember(tp[0], tp[1], base, last, bytes(buf))
-        out.set_result(AppendAck(base, last, lead.epoch, ack.key))
+        if not _settle(out, result=AppendAck(base, last, lead.epoch, ack.key)):  # pragma: no cover - see `abandon`
+            log.error("node %d: an append to %s-%d at %d was abandoned although committed", self.node_id, *tp, base)
 
     # ---- committing (the Flusher's callback) -----------------------------------------------------
 
@@ -311,10 +346,16 @@ class ClusterPartitionLog:
                     refused[tp] = lead.failed
                 else:
                     todo.append((e, lead, lead.epoch))
+                    lead.committing += 1
         chunks = [todo[i : i + COMMIT_PARTITIONS_MAX] for i in range(0, len(todo), COMMIT_PARTITIONS_MAX)]
         stopped: list[tuple[TP, BaseException]] = []
         for chunk in chunks:
-            self._commit_chunk(index, chunk, refused, stopped)
+            try:
+                self._commit_chunk(index, chunk, refused, stopped)
+            finally:
+                with self._lock:
+                    for _e, lead, _epoch in chunk:
+                        lead.committing -= 1
         if stopped:  # one line per flush, however many partitions it stopped; repeats summarised
             (t, p), error = stopped[0]
             _limited.warning(
@@ -348,8 +389,10 @@ class ClusterPartitionLog:
                     e.topic_id, e.partition, epoch, e.base_offset, e.last_offset, e.position, e.length,
                     e.record_count, e.max_timestamp, e.crc, e.batch_count,
                 ))  # fmt: skip
+            started = time.monotonic()
             try:
                 self.meta.append_if(PlogCommit(index.key, rows), guards, sets).result(COMMIT_WAIT_S)
+                self.commit_seconds.observe(time.monotonic() - started)
             except MetaFencedError as exc:
                 # which guards broke? those partitions are fenced; the others commit on their own
                 held = [(e, lead, epoch) for e, lead, epoch in chunk if self._guards_hold(e, epoch)]
@@ -372,6 +415,9 @@ class ClusterPartitionLog:
             with self._lock:
                 for e, lead, _epoch in chunk:
                     lead.end = e.last_offset + 1
+                    # committed: no longer abandonable (their futures resolve as the flush settles)
+                    for f in [f for f, last in lead.outstanding.items() if last < lead.end]:
+                        del lead.outstanding[f]
             return
 
     def _guards_hold(self, e: FlushIndexEntry, epoch: int) -> bool:
@@ -403,6 +449,19 @@ class ClusterPartitionLog:
 
     def close(self) -> None:
         self.flusher.close()
+
+
+def _settle(f: Future[AppendAck], *, result: AppendAck | None = None, error: BaseException | None = None) -> bool:
+    """Resolve `f` unless it is resolved already (`abandon` failed it first); True if this did."""
+    try:
+        if error is not None:
+            f.set_exception(error)
+        else:
+            assert result is not None
+            f.set_result(result)
+    except InvalidStateError:
+        return False
+    return True
 
 
 def _as_loglake(error: BaseException) -> LoglakeError:

@@ -48,7 +48,7 @@ from loglake.meta.cluster import Plog, PlogRange, PlogSegment, epoch_key
 from loglake.meta.records import PlogMerged, PlogStart, PlogSwept
 from loglake.meta.state import MetaState
 from loglake.segment.format import HEADER_SIZE, ZERO_HASH
-from loglake.store.base import ObjectNotFoundError
+from loglake.store.base import ObjectNotFoundError, cluster_prefix
 
 __all__ = [
     "ORPHAN_GRACE_S",
@@ -211,6 +211,7 @@ class SweepReport:
     unreferenced: list[str]
     orphans: list[str]
     refused: int = 0  # keys whose sweep record did not apply (they became referenced)
+    abandoned: int = 0  # leftovers of uploads a crashed broker never finished (a shared folder's)
 
 
 def sweep(
@@ -220,7 +221,8 @@ def sweep(
     orphan_grace_s: float = ORPHAN_GRACE_S,
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
 ) -> SweepReport:
-    """Delete unreferenced flush objects past their grace and orphans past theirs."""
+    """Delete unreferenced flush objects past their grace, orphans past theirs, and what crashed
+    writers left of their uploads (a shared folder's temp files) after the orphans' grace."""
     now = wall_ms()
     plog.meta.sync()  # see every commit and switch made so far
 
@@ -245,6 +247,11 @@ def sweep(
         if now - created_ms >= orphan_grace_s * 1000:
             orphans.append(key)
     report = SweepReport([], [])
+    # A broker killed mid-PUT leaves a temp file in a shared folder (none in S3): gone after the
+    # orphans' grace, which no PUT outlasts. No record needed: no metadata ever names one.
+    report.abandoned = plog.store.delete_abandoned_uploads(
+        cluster_prefix(plog.cluster_id, plog.prefix), now - int(orphan_grace_s * 1000)
+    )
     keys = free + orphans
     for i in range(0, len(keys), SWEEP_KEYS_PER_RECORD):
         part = keys[i : i + SWEEP_KEYS_PER_RECORD]

@@ -28,8 +28,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from loglake.broker.settings import CLUSTER_UNREACHABLE_RELEASE_MS
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
+from loglake.cluster.health import probe_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
 from loglake.cluster.plog_maint import advance_start, retention_start
 from loglake.cluster.producers import rebuild_producers
@@ -39,6 +41,7 @@ from loglake.engine.cleaner import Cleaner
 from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import Corruption
+from loglake.engine.epochs import end_offset_in, epoch_at
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
@@ -101,6 +104,8 @@ class ClusterSettings:
     lease_ttl_s: int = 3
     flush: FlushSettings = field(default_factory=FlushSettings)
     maintenance_interval_ms: int = 10_000
+    #: etcd or the bucket unanswered this long: lead nothing (loglake.cluster.health)
+    unreachable_release_ms: int = CLUSTER_UNREACHABLE_RELEASE_MS
 
 
 class SharedPartitionLog:
@@ -261,6 +266,15 @@ class SharedPartitionLog:
             self._producers.pop(tp, None)
             self._inflight.pop(tp, None)
         self.plog.release(topic_id, partition)
+
+    def abandon(self, topic_id: str, partition: int) -> int:
+        """Stop leading the partition at once: appends are refused and those not committed yet fail
+        now (NOT_LEADER_OR_FOLLOWER, so clients go to the next leader) instead of when their flush
+        settles; `release` still follows. Returns how many appends failed."""
+        with self._ready_lock:
+            self._ready.discard((topic_id, partition))
+        plog = self._plog
+        return 0 if plog is None else plog.abandon(topic_id, partition)
 
     def leads(self, topic_id: str, partition: int) -> bool:
         """Whether this broker leads the partition: acquired, not stopped, and its epoch is still
@@ -468,18 +482,37 @@ class SharedPartitionLog:
     def cold_url(self) -> str | None:
         return self.bucket.url if self.bucket is not None else None
 
+    def _epochs(self, p: Partition) -> tuple[int, int, list[list[int]] | None]:
+        """(current epoch, committed end, epoch history) at one moment of this broker's view; the
+        history is None when it does not reach the current epoch (a checkpoint of a release that
+        kept none for cluster partitions, until the next leadership change)."""
+        key = (p.topic_id, p.index)
+
+        def read(s: MetaState) -> tuple[int, int, list[list[int]] | None]:
+            pl = s.plogs.parts.get(key)
+            pm = s.partitions.get(key)
+            epoch, end = (pl.epoch, pl.end) if pl is not None else (0, 0)
+            history = [list(e) for e in pm.epoch_history()] if pm is not None else [[0, 0]]
+            return epoch, end, history if history[-1][0] == epoch else None
+
+        return self.etcd.read(read)
+
     def leader_epoch(self, p: Partition, offset: int | None) -> int:
-        """The partition's current leader epoch (cluster mode keeps no per-offset epoch history:
-        committed data is never truncated, so the current epoch is what clients validate with)."""
-        return self.plog_of(p.topic_id.hex(), p.index).epoch
+        """The partition's current leader epoch, or the epoch that wrote `offset` (by the epoch
+        history each `plog_leader` extends)."""
+        epoch, _end, history = self._epochs(p)
+        return epoch if offset is None or history is None else epoch_at(history, offset)
 
     def epoch_end_offset(self, p: Partition, epoch: int) -> tuple[int, int]:
-        """OffsetForLeaderEpoch: committed data is never truncated in cluster mode, so any epoch
-        up to the current one ends at the committed end (a consumer never sees a truncation)."""
-        pl = self.plog_of(p.topic_id.hex(), p.index)
-        if epoch > pl.epoch:
-            return -1, -1
-        return epoch, pl.end
+        """OffsetForLeaderEpoch by Kafka's rule over the partition's epoch history: the current
+        epoch ends at the committed end, an older one where the next epoch that wrote data began.
+        Without a history (see `_epochs`) any epoch up to the current one ends at the committed end:
+        committed data is never truncated in cluster mode, so that is never below a consumer's
+        position."""
+        current, end, history = self._epochs(p)
+        if history is None:
+            return (-1, -1) if epoch > current else (epoch, end)
+        return end_offset_in(history, end, epoch)
 
     def producer_states(self, p: Partition) -> list[tuple[int, int, int, int]]:
         """The partition's idempotent producers as its leader knows them (rebuilt from the
@@ -603,16 +636,17 @@ def _idempotent_keys(heads: list[BatchHeader]) -> list[tuple[int, int, int]]:
 def _probe_bucket(bucket: ObjectStore, cluster_id: str) -> None:
     """One LIST of a prefix nothing uses: a bucket that does not exist stops the start with one
     line (every flush would fail otherwise, and nothing could be acknowledged); a bucket that does
-    not answer now is only a warning (an outage heals, and produces wait or fail retriably)."""
+    not answer now is only a warning (an outage heals): the broker does not stand for leadership
+    until it answers (loglake.cluster.health)."""
     try:
-        bucket.list(f"loglake-{cluster_id}/start-probe/")
+        bucket.list(probe_prefix(cluster_id))
     except LoglakeError as exc:
         if getattr(exc, "code", None) == "NoSuchBucket":
             raise ConfigError(
                 f"cluster mode: the cold store {bucket.url} has no bucket (NoSuchBucket); create it first"
             ) from exc
         log.warning(
-            "cluster mode: the cold store %s did not answer at start (%s); produces wait for it",
+            "cluster mode: the cold store %s did not answer at start (%s); this broker leads no partition until it does",
             bucket.url,
             exc,
         )

@@ -18,6 +18,15 @@ Losing the lease (paused or cut off past the TTL: the keep-alive finds it gone) 
 everything at once — appends are refused with NOT_LEADER_OR_FOLLOWER — and the broker registers
 again under a new lease; the assignment then gives it partitions again, acquired with new epochs.
 
+Leadership is gated by health (loglake.cluster.health): a broker stands for leadership (its
+registration says `"leads": true`) only while it reaches the bucket, and the assignment is over
+the live brokers that stand. A broker that has not reached the bucket for
+`cluster_unreachable_release_ms` withdraws (the others take its partitions at their next round)
+and releases what it led; one that has not reached etcd that long releases everything at once (its
+lease lapses and the others take over). A partition whose acquire fails is handed back: the
+broker releases it, names it in its registration's `"refuses"` for a while (ACQUIRE_BACKOFF_S,
+doubling), and every broker's assignment gives it to another broker meanwhile.
+
 The view answers the broker's questions about the cluster: the live brokers for Metadata, each
 partition's leader, each group's coordinator. Until `join` (the broker's listeners are bound) it
 is not registered and leads nothing. The lowest live node id also sweeps the bucket and copies
@@ -28,24 +37,32 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Collection
 from typing import Any
 
 from loglake.cluster.assign import assign
 from loglake.cluster.coordinators import coordinator_of
 from loglake.cluster.etcd import EtcdMetaStore
 from loglake.cluster.etcd_client import EtcdClient
+from loglake.cluster.health import PROBE_OBJECT, ClusterHealth, probe_prefix
 from loglake.cluster.membership import Membership
+from loglake.cluster.plog import ClusterPartitionLog
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
 from loglake.engine.catalog import TOPIC_KINDS
-from loglake.engine.view import BrokerInfo, LiveListener
-from loglake.errors import EtcdUnavailableError, LoglakeError, MetaFencedError
+from loglake.engine.telemetry import Family, HistogramFamily
+from loglake.engine.view import BrokerInfo, LiveListener, read_replica_among, replicas_among
+from loglake.errors import EngineClosedError, EtcdUnavailableError, LoglakeError, MetaFencedError
+from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import RecordKind
 from loglake.meta.state import MetaState
 
 __all__ = ["REBALANCE_INTERVAL_S", "EtcdClusterView"]
 
 log = logging.getLogger(__name__)
+#: failed acquires: one line per kind of error per window, however many partitions and rounds
+_limited = RateLimitedLog(log)
 
 #: Rounds without a wake-up (the watches are the fast path).
 REBALANCE_INTERVAL_S = 1.0
@@ -54,6 +71,11 @@ REBALANCE_INTERVAL_S = 1.0
 MERGE_RANGES_MIN = 1
 #: Partitions merged per maintenance round (the rest wait for the next round).
 MERGES_PER_ROUND_MAX = 1000
+#: A partition whose acquire failed is refused (handed to another broker) for the first value,
+#: doubling per failure in a row up to the second; then this broker may be given it again.
+ACQUIRE_BACKOFF_S = (5.0, 300.0)
+#: Most partitions one broker refuses at once (its registration names them).
+REFUSED_MAX = 100
 
 TP = tuple[str, int]
 
@@ -76,23 +98,67 @@ class EtcdClusterView:
         self._maint: threading.Thread | None = None
         self._last_error = ""
         self.rounds = 0
+        #: whether etcd and the bucket answer (made at `join`, once the log is open)
+        self.health: ClusterHealth | None = None
+        #: partitions whose acquire failed: (refused until, last backoff) — handed to other brokers
+        self._refusing: dict[TP, tuple[float, float]] = {}
+        #: leadership changes of this broker, by kind (/metrics)
+        self.changes = {"acquired": 0, "released": 0, "acquire_failed": 0}
         #: called with the live node ids whenever they change (the broker moves group coordinators)
         self._live_listeners: list[LiveListener] = []
+        self._live_ids: frozenset[int] = frozenset()  # as last told to those listeners
         etcd.watch(self._on_record)
 
     @property
     def node_id(self) -> int:
         return self._node_id
 
-    def _membership(self) -> Membership:
-        m = Membership(self.client, self.etcd.prefix, self.me, ttl_s=self.settings.lease_ttl_s)
+    def _membership(self, leads: bool) -> Membership:
+        m = Membership(self.client, self.etcd.prefix, self.me, ttl_s=self.settings.lease_ttl_s, leads=leads)
         m.subscribe(self._live_changed)
         return m
 
     def _live_changed(self, live: dict[int, BrokerInfo]) -> None:
         self._wake.set()
+        ids = frozenset(live)
+        if ids == self._live_ids:  # who stands for leadership changed, not who is live
+            return
+        self._live_ids = ids
         for listener in list(self._live_listeners):
             listener(set(live))
+
+    def _health(self) -> ClusterHealth:
+        bucket = self.log.bucket
+        assert bucket is not None  # the engine is open before it joins
+        prefix = probe_prefix(self.log.catalog.cluster_id)
+        key = f"{prefix}node-{self.node_id}"
+
+        def probe_write() -> None:
+            bucket.put(key, [PROBE_OBJECT])
+            bucket.delete(key)
+
+        def etcd_answered() -> float | None:
+            m = self.membership
+            return m.etcd_answered() if m is not None else self.client.last_answer
+
+        health = ClusterHealth(
+            self.node_id,
+            self.settings.unreachable_release_ms / 1000.0,
+            bucket_url=bucket.url,
+            etcd_url=self.settings.url,
+            probe_list=lambda: bucket.list(prefix),
+            probe_write=probe_write,
+            etcd_answered=etcd_answered,
+        )
+
+        def put_done(error: BaseException | None) -> None:
+            if error is None:
+                health.bucket_answered(write=True)
+            else:
+                health.bucket_failed(error, write=True)
+
+        self.log.plog.flusher.on_put = put_done
+        return health
 
     def on_change(self, listener: LiveListener) -> None:
         """Call `listener(live node ids)` (from the membership thread) whenever the live set changes."""
@@ -107,7 +173,11 @@ class EtcdClusterView:
         """Register advertising `listeners` (NodeIdInUseError: refuse to start), then lead what
         the assignment gives this broker; rounds run on the view's own thread from here on."""
         self.me = BrokerInfo(self._node_id, tuple(listeners), self.settings.rack)
-        self.membership = self._membership()
+        self.health = health = self._health()
+        # a broker that reaches the bucket stands from its first round
+        health.start(first_wait_s=health.release_s)
+        health.standing = health.check()[1]
+        self.membership = self._membership(leads=health.standing)
         self.membership.start()
         self.rebalance()
         self._thread = threading.Thread(target=self._run, name="loglake-cluster-leadership", daemon=True)
@@ -125,6 +195,8 @@ class EtcdClusterView:
         if self._maint is not None:
             self._maint.join(60)
         self._release_all()
+        if self.health is not None:
+            self.health.stop()
         if self.membership is not None:
             self.membership.stop(revoke=True)
 
@@ -148,17 +220,28 @@ class EtcdClusterView:
 
     def rebalance(self) -> None:
         self.rounds += 1
-        if self.membership is None:
+        if self.membership is None or self.health is None:
             return  # not joined yet
         if self.membership.lost.is_set():
             self._release_all()
             self._rejoin()
             return
+        etcd_ok, bucket_ok = self.health.check()
+        if not etcd_ok:
+            # nothing commits without etcd: appends fail fast instead of waiting for a commit; the
+            # lease lapses and the others take the partitions (registering again follows the loss)
+            self._abandon_all()
+            return
+        self._stand(bucket_ok)
+        if not bucket_ok:
+            self._abandon_all()
+            return
         live = self.membership.known
-        if self.node_id not in live:
+        leaders = self.membership.leaders & set(live)
+        if self.node_id not in leaders:
             self._release_all()
             return
-        target = assign(*self._inputs(live))
+        target = assign(*self._inputs(leaders))
         mine = {tp for tp, b in target.items() if b == self.node_id}
         dropped = sorted(self.held - mine)
         for tp in dropped:
@@ -172,12 +255,30 @@ class EtcdClusterView:
             )  # fmt: skip
         self._last_error = ""
 
+    def _stand(self, bucket_ok: bool) -> None:
+        """Stand for leadership (or withdraw) as the bucket's health says, naming the partitions
+        this broker refuses now; re-reads the live set after a change, so this round sees it."""
+        assert self.membership is not None and self.health is not None
+        now = time.monotonic()
+        for tp, (until, _delay) in list(self._refusing.items()):
+            if now - until > ACQUIRE_BACKOFF_S[1]:  # quiet for the longest backoff: start again from the first
+                del self._refusing[tp]
+        refuses = sorted(f"{tid}:{p}" for (tid, p), (until, _) in self._refusing.items() if until > now)[:REFUSED_MAX]
+        if bucket_ok == self.membership.leads and refuses == self.membership.refuses:
+            return
+        self.membership.set_leads(bucket_ok, refuses)
+        self.health.standing = bucket_ok
+        self.membership.refresh()
+
     def _acquire(self, mine: set[TP]) -> None:
+        now = time.monotonic()
         for tp in sorted(mine):
             if self._stop.is_set() or (self.membership is not None and self.membership.lost.is_set()):
                 return
             if tp in self.held and self.log.leads(*tp):
                 continue
+            if self._refusing.get(tp, (0.0, 0.0))[0] > now:
+                continue  # handed back: another broker gets it once they read the registration
             try:
                 epoch = self.log.acquire(*tp)
             except MetaFencedError:
@@ -187,19 +288,50 @@ class EtcdClusterView:
                 self._wake.set()
                 continue
             except LoglakeError as exc:
-                self._say(f"acquiring {tp[0]}-{tp[1]} failed: {exc}")
+                self._hand_back(tp, exc)
                 continue
             self.held.add(tp)
+            self.changes["acquired"] += 1
             log.debug("node %d leads %s-%d at epoch %d", self.node_id, tp[0], tp[1], epoch)
 
-    def _inputs(self, live: dict[int, BrokerInfo]) -> tuple[list[TP], list[int], dict[TP, int]]:
+    def _hand_back(self, tp: TP, exc: LoglakeError) -> None:
+        """An acquire failed: release what it left (its epoch bump may have landed) and refuse the
+        partition for a while, so the assignment gives it to another broker instead of this one
+        retrying every round; probe the bucket at once (the cause may be this broker's reach)."""
+        self.changes["acquire_failed"] += 1
+        try:
+            self.log.release(*tp)
+        except LoglakeError as release_error:
+            log.debug("node %d: releasing %s-%d after a failed acquire: %s", self.node_id, *tp, release_error)
+        self.held.discard(tp)
+        _until, last = self._refusing.get(tp, (0.0, 0.0))
+        delay = min(ACQUIRE_BACKOFF_S[1], last * 2) if last else ACQUIRE_BACKOFF_S[0]
+        self._refusing[tp] = (time.monotonic() + delay, delay)
+        if self.health is not None:
+            self.health.probe_now()
+        _limited.warning(
+            ("acquire failed", type(exc).__name__),
+            "node %d could not acquire %s-%d (%s): it hands the partition to another broker for %.0f s; "
+            "a broker that cannot reach the bucket or etcd for cluster_unreachable_release_ms leads nothing",
+            self.node_id, tp[0], tp[1], exc, delay,
+        )  # fmt: skip
+        self._wake.set()
+
+    def _inputs(self, live: Collection[int]) -> tuple[list[TP], list[int], dict[TP, int], dict[TP, set[int]]]:
         def read(s: MetaState) -> tuple[list[TP], dict[TP, int]]:
             parts = sorted((tm.topic_id.hex(), i) for tm in s.topics.values() for i in range(tm.partitions))
             prev = {(tid.hex(), p): pl.leader for (tid, p), pl in s.plogs.parts.items() if pl.leader >= 0}
             return parts, prev
 
         parts, prev = self.etcd.read(read)
-        return parts, sorted(live), prev
+        refused: dict[TP, set[int]] = {}
+        assert self.membership is not None
+        for node, names in self.membership.refusals.items():
+            for name in names:
+                tid, _, p = name.rpartition(":")
+                if p.isdigit():
+                    refused.setdefault((tid, int(p)), set()).add(node)
+        return parts, sorted(live), prev, refused
 
     def _release(self, tp: TP) -> None:
         try:
@@ -207,23 +339,37 @@ class EtcdClusterView:
         except LoglakeError as exc:
             self._say(f"releasing {tp[0]}-{tp[1]}: {exc}")
         self.held.discard(tp)
+        self.changes["released"] += 1
 
     def _release_all(self) -> None:
         for tp in sorted(self.held):
             self._release(tp)
+
+    def _abandon_all(self) -> None:
+        """Stop leading everything because etcd or the bucket does not answer: appends not
+        committed fail now (their clients go to the next leader at once), then each partition is
+        released (which waits for its flush in flight to settle)."""
+        if not self.held:
+            return
+        failed = sum(self.log.abandon(*tp) for tp in sorted(self.held))
+        log.info("node %d stops leading %d partition(s); %d append(s) not committed fail", self.node_id, len(self.held), failed)
+        self._release_all()
 
     def _rejoin(self) -> None:
         """Register again under a new lease after losing the old one."""
         old = self.membership
         if old is not None:
             old.stop(revoke=False)
-        fresh = self._membership()
+        stand = self.health.check()[1] if self.health is not None else True
+        fresh = self._membership(leads=stand)
         try:
             fresh.start()
         except (EtcdUnavailableError, LoglakeError) as exc:
             self._say(f"registering again failed ({exc}); retrying")
             return
         self.membership = fresh
+        if self.health is not None:
+            self.health.standing = stand
         log.warning(
             "node %d registered again under a new lease; it leads what the assignment gives it", self.node_id
         )
@@ -291,8 +437,78 @@ class EtcdClusterView:
     def coordinator_of(self, key: str) -> int:
         return coordinator_of(key, self.live_ids())
 
+    def _serving_ids(self) -> set[int]:
+        """The live brokers that can serve a partition's committed data: those reaching the bucket
+        (standing for leadership); all live ones before membership is known."""
+        live = self.live_ids()
+        m = self.membership
+        return live if m is None else (m.leaders & live) or live
+
+    def replicas_of(self, topic_id: bytes, partition: int, factor: int) -> list[int]:
+        """Any broker reaching the bucket can serve the partition's committed data: `factor` of
+        them, the leader first (engine.view.replicas_among)."""
+        return replicas_among(self.leader_of(topic_id, partition), self._serving_ids(), factor, partition)
+
+    def read_replica_for(self, topic_id: bytes, partition: int, factor: int, rack: str) -> int:
+        leader = self.leader_of(topic_id, partition)
+        replicas = replicas_among(leader, self._serving_ids(), factor, partition)
+        return read_replica_among(replicas, leader, self.brokers(), rack, partition)
+
     def publishes(self) -> bool:
         """Whether this broker sweeps the bucket and copies the metadata into it: the lowest live
-        node id does (two that both think so for a moment write the same deterministic state)."""
-        live = self.live_ids()
-        return bool(live) and self._node_id == min(live)
+        node id standing for leadership (reaching the bucket) does (two that both think so for a
+        moment write the same deterministic state)."""
+        m = self.membership
+        able = (m.leaders if m is not None else set()) & self.live_ids()
+        return bool(able) and self._node_id == min(able)
+
+    # ---- what /metrics and /readyz show (loglake.engine.telemetry) -----------------------------------
+
+    def families(self) -> list[Family | HistogramFamily]:
+        m = self.membership
+        out: list[Family | HistogramFamily] = [
+            Family.gauge("loglake_cluster_partitions_led", "Partitions this broker leads now.", len(self.held)),
+            Family(
+                "loglake_cluster_leadership_changes_total",
+                "Leadership changes of this broker: partitions acquired, released, and acquires that failed (handed back).",
+                "counter",
+                tuple(((kind,), float(n)) for kind, n in sorted(self.changes.items())),
+                ("change",),
+            ),
+            Family.gauge(
+                "loglake_cluster_leader_candidate",
+                "1 while this broker stands for leadership (registered, reaching etcd and the bucket), else 0.",
+                1 if m is not None and m.lease and not m.lost.is_set() and m.leads else 0,
+            ),
+            Family.gauge("loglake_cluster_partitions_refused", "Partitions handed back after a failed acquire, refused for now.",
+                         sum(1 for until, _ in self._refusing.values() if until > time.monotonic())),
+        ]
+        if m is not None:
+            out.append(Family.gauge(
+                "loglake_cluster_lease_expires_in_seconds",
+                "Seconds until this broker's etcd lease lapses unless a keep-alive lands (0: no lease).",
+                m.expires_in(),
+            ))  # fmt: skip
+            out.append(Family.counter(
+                "loglake_cluster_lease_keepalive_failures_total", "Lease keep-alives etcd did not answer.",
+                m.keepalive_failures,
+            ))  # fmt: skip
+        try:
+            plog: ClusterPartitionLog | None = self.log.plog
+        except EngineClosedError:
+            plog = None
+        if plog is not None:
+            out.append(plog.flusher.put_seconds.family(
+                "loglake_cluster_flush_put_seconds",
+                "Seconds from a flush object's first PUT attempt to it being in the bucket (retries included).",
+            ))  # fmt: skip
+            out.append(plog.commit_seconds.family(
+                "loglake_cluster_etcd_commit_seconds", "Seconds from a flush's range commit being queued to etcd's answer.",
+            ))  # fmt: skip
+        if self.health is not None:
+            out += self.health.families()
+        return out
+
+    def not_ready(self) -> list[str]:
+        """Why this broker should get no traffic (etcd or the bucket unreachable): /readyz."""
+        return self.health.not_ready() if self.health is not None else []

@@ -78,21 +78,26 @@ def new_cluster_id() -> str:
 
 
 class TopicState:
-    __slots__ = ("config", "created_ms", "name", "partitions", "topic_id")
+    __slots__ = ("config", "created_ms", "name", "partitions", "replication_factor", "topic_id")
 
-    def __init__(self, name: str, topic_id: bytes, config: TopicConfig, created_ms: int) -> None:
+    def __init__(
+        self, name: str, topic_id: bytes, config: TopicConfig, created_ms: int, replication_factor: int = 1
+    ) -> None:
         self.name = name
         self.topic_id = topic_id
         self.config = config
         self.created_ms = created_ms
+        self.replication_factor = replication_factor
         self.partitions: list[Partition] = []
 
     def info(self) -> TopicInfo:
-        return TopicInfo(self.name, self.topic_id.hex(), len(self.partitions), self.config, self.created_ms)
+        return TopicInfo(
+            self.name, self.topic_id.hex(), len(self.partitions), self.config, self.created_ms, self.replication_factor
+        )
 
 
 #: What a rebuild reads of one topic under the store's lock.
-_TopicRow = tuple[str, bytes, int, dict[str, str], int, list[PartitionMeta]]
+_TopicRow = tuple[str, bytes, int, dict[str, str], int, int, list[PartitionMeta]]
 
 
 class Catalog:
@@ -132,7 +137,7 @@ class Catalog:
 
         def snapshot(state: MetaState) -> list[_TopicRow]:
             return [
-                (tm.name, tm.topic_id, tm.partitions, dict(tm.config), tm.created_ms,
+                (tm.name, tm.topic_id, tm.partitions, dict(tm.config), tm.created_ms, tm.replication_factor,
                  [state.partition(tm.topic_id, i) for i in range(tm.partitions)])
                 for tm in state.topics.values()
             ]  # fmt: skip
@@ -142,14 +147,14 @@ class Catalog:
             rows: list[_TopicRow] = self.meta.read(snapshot)
             defaults = self.config.topic_defaults
             topics: dict[str, TopicState] = {}
-            for name, tid, count, overrides, created_ms, metas in rows:
+            for name, tid, count, overrides, created_ms, rf, metas in rows:
                 old = self.by_id.get(tid)
                 if old is not None and old.name == name:
                     topic = old
                     if dict(topic.config.overrides) != overrides:
                         topic.config = TopicConfig.parse(overrides, defaults)
                 else:
-                    topic = TopicState(name, tid, TopicConfig.parse(overrides, defaults), created_ms)
+                    topic = TopicState(name, tid, TopicConfig.parse(overrides, defaults), created_ms, rf)
                 for p, pm in zip(topic.partitions, metas, strict=False):
                     if p.meta is not pm:  # the store adopted another state (a checkpoint reload)
                         p.meta = pm
@@ -203,7 +208,11 @@ class Catalog:
 
     # ---- topic changes (durable on return) ------------------------------------------------------
 
-    def create_topic(self, name: str, partitions: int, config: dict[str, str] | None, *, validate_only: bool) -> TopicInfo:
+    def create_topic(
+        self, name: str, partitions: int, config: dict[str, str] | None, *, validate_only: bool, replication_factor: int = 1
+    ) -> TopicInfo:
+        """`replication_factor` is remembered as given (the broker checked it against the live
+        brokers: the cluster view's business, not the catalog's)."""
         validate_topic_name(name)
         if not 1 <= partitions <= PARTITIONS_PER_TOPIC_MAX:
             raise InvalidPartitionsError(f"partitions must be in [1, {PARTITIONS_PER_TOPIC_MAX}], got {partitions}")
@@ -215,9 +224,11 @@ class Catalog:
         topic_id = uuid.uuid4().bytes
         created_ms = int(self._clock() * 1000)
         if validate_only:
-            return TopicInfo(name, topic_id.hex(), partitions, topic_config, created_ms)
+            return TopicInfo(name, topic_id.hex(), partitions, topic_config, created_ms, replication_factor)
         try:
-            self._commit(TopicCreated(name, topic_id.hex(), partitions, topic_config.overrides, created_ms))
+            self._commit(
+                TopicCreated(name, topic_id.hex(), partitions, topic_config.overrides, created_ms, replication_factor)
+            )
         except MetaRecordRejectedError:  # created meanwhile (another broker, another thread)
             log.info("topic %s: created by another writer at the same time; answering TOPIC_ALREADY_EXISTS", name)
             raise TopicExistsError(f"topic {name!r} already exists") from None

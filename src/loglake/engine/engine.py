@@ -54,6 +54,7 @@ from loglake.engine.produce import (
 )
 from loglake.engine.scrubber import Scrubber
 from loglake.engine.space import SpaceGuard
+from loglake.engine.telemetry import NO_TELEMETRY, Telemetry
 from loglake.engine.types import (
     AppendResult,
     FileRange,
@@ -100,6 +101,8 @@ class EngineParts:
     log: PartitionLog
     view: ClusterView
     space: SpaceGuard
+    #: what the parts add to /metrics and /readyz (cluster mode: leadership and health)
+    telemetry: Telemetry = NO_TELEMETRY
 
 
 def local_parts(
@@ -188,6 +191,8 @@ class Engine:
         self.view = parts.view
         #: the free-space reserve (loglake.engine.space)
         self.space = parts.space
+        #: what the parts add to /metrics and /readyz (loglake.engine.telemetry)
+        self.telemetry = parts.telemetry
         self._dir_lock = DataDirLock(self.fs, self.data_dir)
         #: appends that wait for memory (`submit_batch`): APPEND_WAIT_THREADS, so they keep their order
         self._append_waits = ThreadPoolExecutor(APPEND_WAIT_THREADS, thread_name_prefix="loglake-append-wait")
@@ -281,11 +286,21 @@ class Engine:
     # ==== topics ====================================================================================
 
     def create_topic(
-        self, name: str, partitions: int = 1, config: dict[str, str] | None = None, *, validate_only: bool = False
+        self,
+        name: str,
+        partitions: int = 1,
+        config: dict[str, str] | None = None,
+        *,
+        validate_only: bool = False,
+        replication_factor: int = 1,
     ) -> TopicInfo:
+        """`replication_factor`: remembered with the topic (Metadata reports that many replicas
+        per partition where the cluster view has that many live brokers); the broker checks it."""
         self._check_open()
         self._check_topic_config(config)
-        return self.catalog.create_topic(name, partitions, config, validate_only=validate_only)
+        return self.catalog.create_topic(
+            name, partitions, config, validate_only=validate_only, replication_factor=replication_factor
+        )
 
     def delete_topic(self, name: str) -> None:
         self._check_open()

@@ -19,7 +19,11 @@ log end after recovery), at open:
   truncates only the newest, never-fsynced group, so nothing visible is ever lost. A stop is
   clean when `Engine.close` finished and left the `clean-shutdown` mark (below).
 * **An operator accepting a loss**: `Engine.bump_leader_epoch(topic, partition, reason)` (e.g.
-  after moving a damaged WAL file aside). Cluster mode will also bump at each leadership change.
+  after moving a damaged WAL file aside).
+
+Cluster mode moves the epoch at each leadership change instead (a `plog_leader` record; the new
+epoch starts at the committed end, loglake.meta.state) and never truncates committed data, so
+there an older epoch's end is where the next one that wrote data began.
 
 A bump where nothing was lost is harmless: the old epoch's end offset is then the log end, which
 no consumer position passes.
@@ -47,6 +51,8 @@ __all__ = [
     "CLEAN_MARK",
     "bump_after_recovery",
     "end_offset_for",
+    "end_offset_in",
+    "epoch_at",
     "epoch_of",
     "record_bump",
     "take_clean_mark",
@@ -62,13 +68,18 @@ UNDEFINED = -1
 
 
 def end_offset_for(pm: PartitionMeta, log_end: int, requested: int) -> tuple[int, int]:
-    """(epoch, end offset) for an OffsetForLeaderEpoch of `requested`, by Kafka's rule.
+    """(epoch, end offset) for an OffsetForLeaderEpoch of `requested`, by Kafka's rule
+    (`end_offset_in` over the partition's history)."""
+    return end_offset_in(pm.epoch_history(), log_end, requested)
+
+
+def end_offset_in(history: list[list[int]], log_end: int, requested: int) -> tuple[int, int]:
+    """(epoch, end offset) of `requested` in `history` ([[epoch, start], ...] ascending).
 
     The current epoch ends at the log end; an older one at the start of the first later epoch,
     answered with the largest epoch <= `requested` (an epoch older than the whole history: itself,
     with the oldest entry's start). An epoch newer than the current one: (-1, -1).
     """
-    history = pm.epoch_history()
     if requested == UNDEFINED:
         return UNDEFINED, UNDEFINED
     if requested == history[-1][0]:
@@ -83,8 +94,13 @@ def end_offset_for(pm: PartitionMeta, log_end: int, requested: int) -> tuple[int
 
 def epoch_of(pm: PartitionMeta, offset: int) -> int:
     """The epoch that wrote `offset` (at or past the log end: the current epoch)."""
+    return epoch_at(pm.epoch_history(), offset)
+
+
+def epoch_at(history: list[list[int]], offset: int) -> int:
+    """The epoch of `history` that wrote `offset`."""
     found = 0
-    for epoch, start in pm.epoch_history():
+    for epoch, start in history:
         if start > offset:
             break
         found = epoch

@@ -86,6 +86,9 @@ class TopicInfo:
     partitions: int
     config: TopicConfig
     created_ms: int
+    #: the replication factor it was created with: 1 on a single node; in a cluster, how many
+    #: brokers Metadata reports as each partition's replicas (every live broker can serve a read)
+    replication_factor: int = 1
 
 
 @dataclass(slots=True)

@@ -143,6 +143,12 @@ class FileSystem(abc.ABC):
         """Atomically replace `dst` with `src`; durable after fsync_dir of dst's directory."""
 
     @abc.abstractmethod
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        """Move `src` to `dst` only if `dst` does not exist, atomically against any other writer
+        of `dst` (FileExistsError, and `src` stays, when it does); durable after fsync_dir of
+        dst's directory. Of several callers racing for one `dst`, exactly one succeeds."""
+
+    @abc.abstractmethod
     def unlink(self, path: str) -> None: ...
 
     @abc.abstractmethod
@@ -180,19 +186,31 @@ class FileSystem(abc.ABC):
         with self.open(path) as f:
             return f.size()
 
-    def write_file_atomic(self, path: str, parts: Sequence[BytesLike]) -> None:
-        """Publish `parts` at `path` crash-atomically: temp → datasync → rename → directory fsync."""
+    def write_file_atomic(
+        self, path: str, parts: Sequence[BytesLike], *, tmp: str | None = None, replace: bool = True
+    ) -> None:
+        """Publish `parts` at `path` crash-atomically: temp → datasync → rename → directory fsync.
+
+        `tmp` (default `<path>.tmp`, removed first if a crash left it) is the temp file's path;
+        a caller with concurrent writers of one path gives each its own, which must not exist.
+        `replace=False` publishes only if `path` does not exist yet (`rename_noreplace`): else
+        FileExistsError, the temp file is left for the caller to remove.
+        """
         directory = os.path.dirname(path) or "."
-        tmp = f"{path}.tmp"
-        if self.exists(tmp):
-            self.unlink(tmp)
+        if tmp is None:
+            tmp = f"{path}.tmp"
+            if self.exists(tmp):
+                self.unlink(tmp)
         with self.open(tmp, write=True, create=True, exclusive=True) as f:
             if sum(len(p) for p in parts) <= WRITE_BEHIND_CHUNK_BYTES:
                 f.pwritev(0, parts)
             else:
                 _write_behind(f, parts)
             f.datasync()
-        self.rename(tmp, path)
+        if replace:
+            self.rename(tmp, path)
+        else:
+            self.rename_noreplace(tmp, path)
         self.fsync_dir(directory)
 
     def rmtree(self, path: str) -> None:

@@ -24,7 +24,7 @@ grows a file fail with ENOSPC; ``fail_path(fragment, op)`` makes reads, writes o
 files whose path contains `fragment` fail (EIO by default) until ``clear_path_faults()``.
 
 Mutating calls: pwrite, pwritev (one call), truncate, allocate, datasync, sync,
-open(create=True) (whether or not the file existed), rename, unlink, rmdir, makedirs,
+open(create=True) (whether or not the file existed), rename, rename_noreplace, unlink, rmdir, makedirs,
 fsync_dir. Not mutating: reads, size, exists, is_dir, listdir, lock, close.
 """
 
@@ -370,6 +370,15 @@ class FaultyFileSystem(FileSystem):
             del sparent.current[sparts[-1]]
             dparent.current[dparts[-1]] = node
             node.moved_from.append((sparent, sparts[-1]))
+
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        with self._mu:
+            self._check_alive()
+            dparts = _split(dst)
+            if self._parent(dparts, dst).current.get(dparts[-1]) is not None:
+                raise FileExistsError(errno.EEXIST, "File exists", dst)
+            # one mutating call, like the os's link + unlink pair seen from outside
+            self.rename(src, dst)
 
     def unlink(self, path: str) -> None:
         with self._mu:

@@ -185,6 +185,13 @@ class OsFileSystem(FileSystem):
     def rename(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
+    def rename_noreplace(self, src: str, dst: str) -> None:
+        # link(2) fails with EEXIST when dst exists, atomically, on every local filesystem (and
+        # NFS); renameat2's RENAME_NOREPLACE is not in the os module and not on every filesystem.
+        # A crash between the two calls leaves src as a second name: a stale temp file.
+        os.link(src, dst)
+        os.unlink(src)
+
     def unlink(self, path: str) -> None:
         os.unlink(path)
 

@@ -29,6 +29,7 @@ from loglake.meta.state import (
     TopicMeta,
     _partition_count,
     _replace_configs,
+    _replication_factor,
 )
 from loglake.meta.txn import load_partition_txns, load_txns, partition_txn_doc, txns_doc
 
@@ -105,7 +106,8 @@ def capture(state: MetaState) -> CheckpointImage:
         "cluster_id": state.cluster_id,
         "next_producer_id": state.next_producer_id,
         "topics": [
-            {"name": t.name, "id": t.topic_id.hex(), "partitions": t.partitions, "config": dict(t.config), "created_ms": t.created_ms}
+            {"name": t.name, "id": t.topic_id.hex(), "partitions": t.partitions, "config": dict(t.config), "created_ms": t.created_ms,
+             **({"rf": t.replication_factor} if t.replication_factor != 1 else {})}  # absent: 1 (older checkpoints too)
             for t in state.topics.values()
         ],
         "partitions": partitions,
@@ -163,7 +165,10 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     state.seq = seq
     state.next_producer_id = int(doc["next_producer_id"])
     for t in doc["topics"]:
-        topic = TopicMeta(str(t["name"]), bytes.fromhex(t["id"]), _partition_count(t["partitions"]), dict(t["config"]), int(t["created_ms"]))
+        topic = TopicMeta(
+            str(t["name"]), bytes.fromhex(t["id"]), _partition_count(t["partitions"]), dict(t["config"]),
+            int(t["created_ms"]), _replication_factor(t.get("rf", 1)),
+        )
         state.topics[topic.topic_id] = topic
         state.names[topic.name] = topic.topic_id
     for raw in doc["partitions"]:

@@ -230,15 +230,21 @@ class TopicCreated:
     partitions: int
     config: Mapping[str, str]  # the topic's overrides
     created_ms: int
+    #: how many brokers Metadata reports as each partition's replicas (cluster mode); written as
+    #: `rf` only when not 1, so a single node's records are the bytes they always were
+    replication_factor: int = 1
 
     def body(self) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "name": self.name,
             "id": self.topic_id,
             "partitions": self.partitions,
             "config": dict(self.config),
             "created_ms": self.created_ms,
         }
+        if self.replication_factor != 1:
+            body["rf"] = self.replication_factor
+        return body
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ Records and what they change (bodies; `id` is a topic id in hex, `p` a partition
 kind               body → effect
 =================  ========================================================================
 cluster            {cluster_id} → the cluster id (first record of a new data directory)
-topic_created      {name, id, partitions, config, created_ms} → a topic and its partitions
+topic_created      {name, id, partitions, config, created_ms, rf?} → a topic and its partitions;
+                   `rf` its replication factor (absent: 1)
 topic_deleted      {id} → the topic, its partitions and its committed offsets are gone
 topic_config       {id, config} → the topic's config overrides, replaced
 partitions_added   {id, total} → new empty partitions up to `total`
@@ -53,7 +54,9 @@ scram_credential   {user, mechanism, cred} → the user's SCRAM credential for t
 client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
                    configs, replaced; null values remove it (loglake.meta.quotas)
 plog_*             cluster partitions: leader epochs, committed flush ranges, merged segments,
-                   swept flush objects, raised log start offsets (loglake.meta.cluster)
+                   swept flush objects, raised log start offsets (loglake.meta.cluster); a
+                   `plog_leader` also enters its epoch in the partition's leader-epoch history,
+                   starting at the committed end
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -102,12 +105,15 @@ __all__ = [
 PASS_MARKS_MAX = 64
 #: Most leader-epoch history entries a partition keeps; past this the oldest are dropped (an
 #: OffsetForLeaderEpoch for an epoch older than every kept one is answered as Kafka answers an
-#: epoch older than its cache: with the oldest kept entry's start offset). Epochs move only at
-#: unclean recoveries and operator-accepted losses (and, later, leadership changes).
+#: epoch older than its cache: with the oldest kept entry's start offset). Epochs move at unclean
+#: recoveries and operator-accepted losses, and in cluster mode at leadership changes (an epoch
+#: that wrote nothing is replaced by the next, so the history grows only with epochs that wrote).
 LEADER_EPOCHS_MAX = 1000
 #: Most partitions a topic may have (the engine refuses more); a record or checkpoint claiming more
 #: is corrupt, and is refused before one partition of it is built.
 PARTITIONS_PER_TOPIC_MAX = 10_000
+#: Largest replication factor a record or checkpoint may carry (Kafka's is a 16-bit field).
+REPLICATION_FACTOR_MAX = 32_767
 #: What reading a JSON document of the wrong shape raises (a list where an object belongs, a
 #: short row, a number out of int64 range): callers turn these into CorruptionError.
 DOC_SHAPE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, struct.error)
@@ -121,6 +127,8 @@ class TopicMeta:
     partitions: int
     config: dict[str, str]
     created_ms: int
+    #: the replication factor it was created with (cluster mode: brokers reported per partition)
+    replication_factor: int = 1
 
 
 @dataclass(eq=False)
@@ -252,7 +260,7 @@ class MetaState:
         name = str(b["name"])
         if name in self.names:
             raise ValueError(f"topic {name!r} created twice")
-        topic = TopicMeta(name, tid, _partition_count(b["partitions"]), {str(k): str(v) for k, v in b["config"].items()}, int(b["created_ms"]))
+        topic = TopicMeta(name, tid, _partition_count(b["partitions"]), {str(k): str(v) for k, v in b["config"].items()}, int(b["created_ms"]), _replication_factor(b.get("rf", 1)))
         self.topics[tid] = topic
         self.names[name] = tid
         for i in range(topic.partitions):
@@ -344,6 +352,18 @@ class MetaState:
         if not group.offsets and group.state is None:
             del self.groups[str(b["g"])]
 
+    def _plog_leader(self, b: dict[str, Any]) -> None:
+        """A cluster partition's new leader epoch (loglake.meta.cluster); it also enters the
+        partition's epoch history, starting at the committed end as this record applies: every
+        commit is guarded by its epoch, so nothing of an older epoch lands after this and the new
+        leader's first range starts exactly there."""
+        apply_plog_leader(self, b)
+        tp = (bytes.fromhex(str(b["id"])), int(b["p"]))
+        pm = self.partitions.get(tp)
+        epoch = int(b["epoch"])
+        if pm is not None and epoch > pm.leader_epoch:
+            pm.note_leader_epoch(epoch, self.plogs.parts[tp].end)
+
     def _leader_epoch(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
         pm.note_leader_epoch(int(b["epoch"]), int(b["start"]))
@@ -403,13 +423,20 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.ACLS: apply_acls,
     RecordKind.SCRAM_CREDENTIAL: apply_scram,
     RecordKind.CLIENT_QUOTA: apply_client_quota,
-    RecordKind.PLOG_LEADER: apply_plog_leader,
+    RecordKind.PLOG_LEADER: MetaState._plog_leader,
     RecordKind.PLOG_COMMIT: apply_plog_commit,
     RecordKind.PLOG_MERGED: apply_plog_merged,
     RecordKind.PLOG_SWEPT: apply_plog_swept,
     RecordKind.PLOG_START: apply_plog_start,
 }
 assert set(_APPLY) == set(RecordKind)
+
+
+def _replication_factor(value: Any) -> int:
+    n = int(value)
+    if not 1 <= n <= REPLICATION_FACTOR_MAX:
+        raise ValueError(f"replication factor {n} outside 1..{REPLICATION_FACTOR_MAX}")
+    return n
 
 
 def _partition_count(value: Any) -> int:

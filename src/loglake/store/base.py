@@ -94,6 +94,17 @@ class ObjectStore(abc.ABC):
         """Publish `parts` (concatenated) as object `key`, atomically: readers see the whole
         object or none of it (an existing object is replaced whole). Durable on return."""
 
+    def put_if_absent(self, key: str, parts: Sequence[BytesLike]) -> bool:
+        """Publish `parts` as object `key` only if no object `key` exists: True when this call
+        published it, False when one was there (this call then wrote nothing). Atomic, durable
+        on return. Of several writers racing for one key, exactly one gets True in the backends
+        that override this (the local folder, memory); the default is a HEAD then a `put`, which
+        two writers can both pass."""
+        if self.head(key) is not None:
+            return False
+        self.put(key, parts)
+        return True
+
     @abc.abstractmethod
     def get(self, key: str) -> bytes:
         """The whole object. Missing: ObjectNotFoundError."""
@@ -118,6 +129,14 @@ class ObjectStore(abc.ABC):
     def local_path(self, key: str) -> str | None:
         """A filesystem path holding the object as a plain file (for sendfile), else None."""
         return None
+
+    def delete_abandoned_uploads(self, prefix: str, started_before_ms: int) -> int:
+        """Remove what writers under `prefix` left of uploads they started before
+        `started_before_ms` (wall clock) and never finished — they crashed — and return how
+        many. The default has nothing to remove: an S3 PUT that never completed leaves no object
+        (incomplete multipart uploads are a bucket lifecycle rule's to expire)."""
+        check_prefix(prefix)
+        return 0
 
     def get_tail(self, key: str, length: int) -> tuple[bytes, int]:
         """The last `length` bytes (all of it if shorter) and the object size.

@@ -1,11 +1,19 @@
 """`LocalStore`: objects as plain files under a root folder, through the FileSystem seam.
 
-`put` publishes crash-atomically: `<path>.tmp` is written and datasynced, renamed over
-`<path>`, and the directory is fsynced. A crash leaves either no object (maybe a stale `.tmp`
-file, which `list` ignores and `delete_stale_temps` removes) or the whole object.
+`put` publishes crash-atomically: a temp file of its own, `<path>.<start ms>-<random>.tmp`, is
+written and datasynced, renamed over `<path>`, and the directory is fsynced; so are the
+directories above it the first time this store writes under them, so an acknowledged object never
+hangs on a directory entry another process has not made durable yet. A crash leaves either no
+object (maybe a stale `.tmp` file, which `list` ignores, `delete_stale_temps` removes when no
+put runs, and `delete_abandoned_uploads` removes by its age while others write) or the whole
+object.
 
-Two concurrent `put`s of the same key are not supported (they share the temp name); segment
-keys are written by one owner each.
+Several processes may share one root, as cluster mode's brokers on one host share a folder
+(docs/CLUSTER.md, "One host, every core"): they are given what an S3 bucket gives them.
+Concurrent `put`s of one key each publish a whole object and the last rename wins (S3's
+last-writer-wins PutObject); `put_if_absent` of one key by several writers publishes exactly
+one of them (link(2) refuses an existing name, as S3's `If-None-Match: *` refuses an existing
+key); a reader sees an object whole or not at all.
 """
 
 from __future__ import annotations
@@ -13,6 +21,9 @@ from __future__ import annotations
 import builtins
 import errno
 import os
+import secrets
+import threading
+import time
 from collections.abc import Sequence
 
 from loglake.errors import StorageError
@@ -35,11 +46,21 @@ def _storage_error(op: str, key: str, exc: OSError) -> StorageError:
     return StorageError(op, key, exc, retriable=exc.errno in _RETRIABLE_ERRNOS)
 
 
+def _temp_started_ms(name: str) -> int | None:
+    """The start time in a temp file name `<name>.<ms>-<hex>.tmp`, else None."""
+    stamp = name[: -len(TEMP_SUFFIX)].rpartition(".")[2]
+    ms, dash, token = stamp.partition("-")
+    return int(ms) if dash and ms.isdigit() and ms.isascii() and token.isalnum() else None
+
+
 class LocalStore(ObjectStore):
     def __init__(self, root: str, fs: FileSystem) -> None:
         self.root = os.path.abspath(root)
         self.url = "file://" + self.root
         self._fs = fs
+        #: directories whose chain of entries up to the root this store has fsynced itself
+        self._synced_dirs: set[str] = set()
+        self._synced_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"LocalStore({self.root!r})"
@@ -50,13 +71,45 @@ class LocalStore(ObjectStore):
     # ---- writes ---------------------------------------------------------------------------
 
     def put(self, key: str, parts: Sequence[BytesLike]) -> None:
+        self._publish("put", key, parts, replace=True)
+
+    def put_if_absent(self, key: str, parts: Sequence[BytesLike]) -> bool:
+        return self._publish("put_if_absent", key, parts, replace=False)
+
+    def _publish(self, op: str, key: str, parts: Sequence[BytesLike], *, replace: bool) -> bool:
         path = self._path(key)
+        # a temp name of its own: two writers of one key (two brokers on one folder) never
+        # write into, remove or rename each other's temp file; its start time tells a crashed
+        # writer's leftover from an upload under way (delete_abandoned_uploads)
+        tmp = f"{path}.{int(time.time() * 1000)}-{secrets.token_hex(8)}{TEMP_SUFFIX}"
         try:
-            self._fs.makedirs(os.path.dirname(path))
-            self._fs.write_file_atomic(path, parts)
+            self._make_dir(os.path.dirname(path))
+            self._fs.write_file_atomic(path, parts, tmp=tmp, replace=replace)
+        except FileExistsError:
+            if replace:
+                raise
+            self._discard_temp(tmp)
+            return False
         except OSError as exc:
-            self._discard_temp(path + TEMP_SUFFIX)
-            raise _storage_error("put", key, exc) from exc
+            self._discard_temp(tmp)
+            with self._synced_lock:  # made again next time, should the folder have gone
+                self._synced_dirs.discard(os.path.dirname(path))
+            raise _storage_error(op, key, exc) from exc
+        return True
+
+    def _make_dir(self, directory: str) -> None:
+        """Create `directory` and make its entry and every one above it (up to the root)
+        durable, once per store: makedirs fsyncs what it created, but a directory another
+        process created a moment ago may not be durable yet."""
+        if directory in self._synced_dirs:
+            return
+        self._fs.makedirs(directory)
+        d = directory
+        while d != self.root and d.startswith(self.root):
+            self._fs.fsync_dir(os.path.dirname(d))
+            d = os.path.dirname(d)
+        with self._synced_lock:
+            self._synced_dirs.add(directory)
 
     def _discard_temp(self, tmp: str) -> None:
         try:
@@ -91,6 +144,28 @@ class LocalStore(ObjectStore):
                 removed += 1
         except OSError as exc:
             raise _storage_error("delete_stale_temps", prefix, exc) from exc
+        return removed
+
+    def delete_abandoned_uploads(self, prefix: str, started_before_ms: int) -> int:
+        """Remove temp files under `prefix` whose put started before `started_before_ms` (the
+        time is in their name): a writer killed mid-put leaves one, as a crashed S3 upload
+        leaves parts. Safe while other processes write under the root, given a bound longer than
+        any put takes. Temp files without a start time (`<key>.tmp`, as older versions named them)
+        are left to `delete_stale_temps`."""
+        removed = 0
+        try:
+            for path in self._walk(prefix, temps=True):
+                started = _temp_started_ms(os.path.basename(path))
+                if started is None or started >= started_before_ms:
+                    continue
+                try:
+                    self._fs.unlink(path)
+                except FileNotFoundError:
+                    continue  # another broker's sweep removed it first
+                self._fs.fsync_dir(os.path.dirname(path))
+                removed += 1
+        except OSError as exc:
+            raise _storage_error("delete_abandoned_uploads", prefix, exc) from exc
         return removed
 
     # ---- reads ----------------------------------------------------------------------------

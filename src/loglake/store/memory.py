@@ -20,7 +20,7 @@ from loglake.store.base import (
 class MemoryStore(ObjectStore):
     """Objects in a dict. Thread-safe.
 
-    `calls` counts every public call by operation name ("put", "get", "get_range", "head",
+    `calls` counts every public call by operation name ("put", "put_if_absent", "get", "get_range", "head",
     "list", "delete"), so tests can assert how many requests a reader makes.
     `fail(op, error, times)` makes the next `times` calls of `op` raise `error` (before doing
     anything), to test retry paths.
@@ -59,6 +59,16 @@ class MemoryStore(ObjectStore):
         with self._lock:
             self._enter("put")
             self._objects[key] = data
+
+    def put_if_absent(self, key: str, parts: Sequence[BytesLike]) -> bool:
+        check_key(key)
+        data = b"".join(parts)
+        with self._lock:
+            self._enter("put_if_absent")
+            if key in self._objects:
+                return False
+            self._objects[key] = data
+            return True
 
     def get(self, key: str) -> bytes:
         check_key(key)

@@ -1,9 +1,14 @@
 """CreateTopics (19), DeleteTopics (20), DeleteRecords (21), CreatePartitions (37).
 
-loglake is one broker: every partition has exactly one replica, on this node. Replication factor
--1 or 1 is accepted, anything else is INVALID_REPLICATION_FACTOR; manual replica assignments are
-accepted only when they are that trivial assignment. Every engine call that changes topics
-waits for its metadata record to be durable, so it runs on the executor, and a success is durable.
+A replication factor is accepted up to the number of live brokers the cluster view counts (one on
+a single node; -1 means 1, Kafka's default.replication.factor), anything else is
+INVALID_REPLICATION_FACTOR with Kafka's message naming that count. The factor is remembered with
+the topic: Metadata reports that many brokers as each partition's replicas (in a cluster any live
+broker can serve a partition from the bucket; the leader is the cluster view's choice, not the
+request's). A manual replica assignment is accepted when every partition names the same number of
+distinct live brokers (that number is the factor); which of them leads is still the view's.
+Every engine call that changes topics waits for its metadata record to be durable, so it runs on
+the executor, and a success is durable.
 """
 
 from __future__ import annotations
@@ -50,10 +55,27 @@ _CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sens
 # ---- CreateTopics ---------------------------------------------------------------------------------
 
 
-def _partition_count(ctx: BrokerContext, topic: KafkaStruct) -> int:
-    """The partition count a CreatableTopic asks for, after checking replication and assignments."""
+def _check_assigned(live: set[int], what: str, broker_ids: list[int], factor: int | None) -> int:
+    """A manual assignment's replica list: distinct live brokers, as many as the first list's."""
+    if len(set(broker_ids)) != len(broker_ids) or not broker_ids or not set(broker_ids) <= live:
+        raise AdminError(
+            INVALID_REQUEST,
+            f"{what} assigned to brokers {broker_ids}: a replica list names distinct live brokers "
+            f"(live: {sorted(live)})",
+        )
+    if factor is not None and len(broker_ids) != factor:
+        raise AdminError(
+            INVALID_REQUEST, f"{what} assigned to {len(broker_ids)} broker(s), the others to {factor}"
+        )
+    return len(broker_ids)
+
+
+def _partitions_and_factor(ctx: BrokerContext, topic: KafkaStruct) -> tuple[int, int]:
+    """The partition count and replication factor a CreatableTopic asks for, after checking
+    replication and assignments against the live brokers the cluster view counts."""
     count, factor = topic.num_partitions, topic.replication_factor
     assignments = list(topic.assignments or [])
+    live = ctx.view.live_ids() | {ctx.node_id}  # registering again: this broker still answers
     if assignments:
         if count != -1 or factor != -1:
             raise AdminError(
@@ -64,29 +86,26 @@ def _partition_count(ctx: BrokerContext, topic: KafkaStruct) -> int:
         indexes = sorted(a.partition_index for a in assignments)
         if indexes != list(range(len(assignments))):
             raise AdminError(INVALID_REQUEST, f"Partitions of a manual assignment must be 0..n-1, got {indexes}")
+        assigned: int | None = None
         for a in assignments:
-            if list(a.broker_ids) != [ctx.node_id]:
-                raise AdminError(
-                    INVALID_REQUEST,
-                    f"Partition {a.partition_index} assigned to brokers {list(a.broker_ids)}: this cluster is "
-                    f"the single broker {ctx.node_id} with one replica per partition",
-                )
-        return len(assignments)
+            assigned = _check_assigned(live, f"Partition {a.partition_index}", list(a.broker_ids), assigned)
+        return len(assignments), assigned or 1
     if factor == 0 or factor < -1:
         raise AdminError(
             INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the default value."
         )
-    if factor > 1:
+    if factor > len(live):
         raise AdminError(
             INVALID_REPLICATION_FACTOR,
             f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
-            "cannot be reached because only 1 broker(s) are registered.",
+            f"cannot be reached because only {len(live)} broker(s) are registered.",
         )
+    factor = 1 if factor == -1 else int(factor)
     if count == -1:
-        return int(ctx.config.default_partitions)
+        return int(ctx.config.default_partitions), factor
     if count <= 0:
         raise AdminError(INVALID_PARTITIONS, "Number of partitions must be larger than 0, or -1 to use the default value.")
-    return int(count)
+    return int(count), factor
 
 
 def _topic_configs(topic: KafkaStruct) -> dict[str, str]:
@@ -103,12 +122,12 @@ async def _create_one(ctx: BrokerContext, topic: KafkaStruct, validate_only: boo
     validate_topic_name(name)
     if ctx.engine.has_topic(name):
         raise AdminError(TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
-    partitions = _partition_count(ctx, topic)
+    partitions, factor = _partitions_and_factor(ctx, topic)
     configs = _topic_configs(topic)
     if quota is not None and not quota.admit(partitions, validate_only):
         raise AdminError(THROTTLING_QUOTA_EXCEEDED, _THROTTLED)
     return await engine_call(
-        ctx, ctx.engine.create_topic, name, partitions, configs, validate_only=validate_only
+        ctx, ctx.engine.create_topic, name, partitions, configs, validate_only=validate_only, replication_factor=factor
     )
 
 
@@ -136,7 +155,7 @@ async def create_topics(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
             if not validate_only:
                 result["topic_id"] = uuid.UUID(hex=info.topic_id)
             if req.api_version >= 5:  # the topic's partitions and configs come back
-                result.update(num_partitions=info.partitions, replication_factor=1)
+                result.update(num_partitions=info.partitions, replication_factor=info.replication_factor)
                 # Kafka: the configs only to a principal that may DESCRIBE_CONFIGS the topic.
                 if allowed(ctx, conn, AclOperation.DESCRIBE_CONFIGS, TOPIC, topic.name):
                     entries = topic_config_entries(ctx, info.config)
@@ -203,7 +222,8 @@ async def delete_topics(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
 def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: list[KafkaStruct] | None) -> None:
     if not assignments:  # null (or empty): the broker places the new partitions
         return
-    current = ctx.engine.topic(name).partitions
+    info = ctx.engine.topic(name)
+    current = info.partitions
     if count <= current:
         return  # the engine answers INVALID_PARTITIONS
     if len(assignments) != count - current:
@@ -211,12 +231,14 @@ def _check_assignments(ctx: BrokerContext, name: str, count: int, assignments: l
             INVALID_REPLICA_ASSIGNMENT,
             f"Increasing the number of partitions by {count - current} but {len(assignments)} assignments provided.",
         )
+    live = ctx.view.live_ids() | {ctx.node_id}
     for i, a in enumerate(assignments):
-        if list(a.broker_ids) != [ctx.node_id]:
+        ids = list(a.broker_ids)
+        if len(set(ids)) != len(ids) or not set(ids) <= live or len(ids) != info.replication_factor:
             raise AdminError(
                 INVALID_REPLICA_ASSIGNMENT,
-                f"New partition {current + i} assigned to brokers {list(a.broker_ids)}: this cluster is "
-                f"the single broker {ctx.node_id} with one replica per partition",
+                f"New partition {current + i} assigned to brokers {ids}: the topic's partitions have "
+                f"{info.replication_factor} replica(s), distinct live brokers (live: {sorted(live)})",
             )
 
 

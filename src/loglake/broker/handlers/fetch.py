@@ -28,6 +28,18 @@ quota allows in one window; a response that would go over the quota goes out emp
 Long polling: a response is held until it has `min_bytes` of records (0: answered at once, as in
 Kafka) or `max_wait_ms` has passed
 (capped at FETCH_WAIT_MS_MAX), waking whenever any requested partition grows.
+
+Fetch from follower (KIP-392, v11+): a consumer that names its rack (`rack_id`, librdkafka's and
+Java's `client.rack`) and fetches from a partition's leader is sent to a replica in its rack when
+the leader is not in it: the partition is answered without records, with that replica as
+`preferred_read_replica`, and the response is not held. The choice is the cluster view's
+(`ClusterView.read_replica_for`: a single node has no other replica), made only while the fetch
+offset is inside the leader's committed log (Kafka's rule: a replica is chosen only if it holds the
+offset). Any broker serves the read: a non-leader answers from the committed data its view of the
+shared log has applied, with that view's high watermark. Its view may trail the leader's by an
+etcd watch event: a fetch offset past its high watermark there is OFFSET_NOT_AVAILABLE (retriable,
+as a Kafka follower answers a consumer ahead of its high watermark), not OFFSET_OUT_OF_RANGE, which
+would make the consumer reset its position.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
     NONE,
+    OFFSET_NOT_AVAILABLE,
     OFFSET_OUT_OF_RANGE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
@@ -98,6 +111,7 @@ async def _read_all(
     out = FetchResponseData(session_id=0)
     by_id: dict[uuid.UUID, str] | None = None
     committed = getattr(body, "isolation_level", 0) == READ_COMMITTED
+    rack = getattr(body, "rack_id", None) if version >= 11 else None
     for topic in body.topics:
         name, by_id = _resolve(ctx, topic, version, by_id)
         ftopic = FetchTopic(topic=topic.topic if version < 13 else None, topic_id=topic.topic_id if version >= 13 else None)
@@ -121,6 +135,8 @@ async def _read_all(
                     if version >= 12:
                         fp.current_leader = LeaderIdAndEpoch(_leader(ctx, name, part.partition), info.leader_epoch)
                     continue
+                if rack and _redirect(ctx, fp, name, part.fetch_offset, info.log_start_offset, info.high_watermark, rack):
+                    continue  # the client fetches it from the replica in its rack
                 if total and total >= max_bytes:
                     continue  # KIP-74: nothing more fits; the client fetches it next time
                 limit = max(min(part.partition_max_bytes, max_bytes - total), 0)
@@ -142,6 +158,8 @@ async def _read_all(
                     lso = result.high_watermark if info.last_stable_offset == info.high_watermark else info.last_stable_offset
             except OffsetOutOfRangeError as exc:
                 fp.error_code = OFFSET_OUT_OF_RANGE
+                if part.fetch_offset > exc.high_watermark and _leader(ctx, name, part.partition) != ctx.node_id:
+                    fp.error_code = OFFSET_NOT_AVAILABLE  # this replica's view trails the leader's
                 fp.high_watermark = fp.last_stable_offset = exc.high_watermark
                 fp.log_start_offset = exc.log_start_offset
                 continue
@@ -162,6 +180,25 @@ async def _read_all(
             elif committed and part.fetch_offset >= lso:
                 waits.append((name, part.partition, result.high_watermark))  # held back by an open transaction
     return out, total, waits
+
+
+def _redirect(ctx: BrokerContext, fp: FetchPartition, name: str, offset: int, start: int, hw: int, rack: str) -> bool:
+    """KIP-392 on the partition's leader: whether to send a consumer in `rack` to another replica
+    (then `fp` names it as the preferred read replica, without records)."""
+    topic_id = ctx.engine.topic_id_of(name)
+    if not start <= offset <= hw or ctx.view.leader_of(topic_id, fp.partition_index) != ctx.node_id:
+        return False
+    factor = ctx.engine.topic(name).replication_factor
+    replica = ctx.view.read_replica_for(topic_id, fp.partition_index, factor, rack)
+    if replica < 0 or replica == ctx.node_id:
+        return False
+    fp.error_code = NONE
+    fp.preferred_read_replica = replica
+    return True
+
+
+def _redirects(response: FetchResponseData) -> bool:
+    return any(p.preferred_read_replica >= 0 for t in response.responses for p in t.partitions)
 
 
 def _leader(ctx: BrokerContext, name: str, partition: int) -> int:
@@ -264,8 +301,12 @@ async def _fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest, body: Kafk
     while True:
         response, total, waits = await _read_all(ctx, body, req.api_version, refused)
         remaining = deadline - loop.time()
-        # min_bytes <= 0: answer at once, whatever there is (Kafka's rule)
-        if body.min_bytes <= 0 or total >= body.min_bytes or remaining <= 0 or not waits or conn.closing:
+        # min_bytes <= 0: answer at once, whatever there is (Kafka's rule); so is a response that
+        # sends the client to another replica (Kafka's hasPreferredReadReplica)
+        if (
+            body.min_bytes <= 0 or total >= body.min_bytes or remaining <= 0 or not waits or conn.closing
+            or _redirects(response)
+        ):  # fmt: skip
             return _enforce_limits(body, response)
         waiters = []
         for name, partition, offset in waits:
@@ -279,4 +320,4 @@ async def _fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest, body: Kafk
         for w in not_done:
             w.cancel()
         if not done:
-            return _enforce_limits(body, (await _read_all(ctx, body, req.api_version))[0])
+            return _enforce_limits(body, (await _read_all(ctx, body, req.api_version, refused))[0])

@@ -5,7 +5,11 @@ A single node is the only broker and leads every partition. In cluster mode the 
 live ones registered in etcd and a partition's leader is the one its last `plog_leader` record
 named; a partition whose leader is not live (it died and the others have not taken over yet) is
 answered LEADER_NOT_AVAILABLE with leader -1, which clients retry after a metadata refresh. Each
-broker is given at its listener of the request's protocol."""
+broker is given at its listener of the request's protocol.
+
+A partition's replicas and in-sync replicas are the brokers that can serve it, as the view
+reports them for the topic's replication factor (`ClusterView.replicas_of`): this broker alone on a
+single node; in a cluster `rf` live brokers, the leader first."""
 
 from __future__ import annotations
 
@@ -50,9 +54,9 @@ class BrokerEntry(TypedDict):
     rack: str | None
 
 
-def _partition_entry(ctx: BrokerContext, name: str, topic_id: bytes, p: int) -> dict[str, object]:
+def _partition_entry(ctx: BrokerContext, name: str, topic_id: bytes, p: int, factor: int) -> dict[str, object]:
     leader = ctx.view.leader_of(topic_id, p)
-    nodes = [leader] if leader >= 0 else []
+    nodes = ctx.view.replicas_of(topic_id, p, factor)
     return {
         "error_code": NONE if leader >= 0 else LEADER_NOT_AVAILABLE,
         "partition_index": p,
@@ -74,7 +78,9 @@ def _topic_entry(ctx: BrokerContext, conn: Conn, name: str, with_operations: boo
         "name": name,
         "topic_id": uuid.UUID(hex=info.topic_id),
         "is_internal": False,
-        "partitions": [_partition_entry(ctx, name, topic_id, p) for p in range(info.partitions)],
+        "partitions": [
+            _partition_entry(ctx, name, topic_id, p, info.replication_factor) for p in range(info.partitions)
+        ],
     }
 
 

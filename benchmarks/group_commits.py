@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Offset commits per second through one cluster broker (issue 30: >= 2,000 commits/s from 8
+consumers): a real `loglake serve --cluster` over one etcd member and a folder (tests/clusterkit.py),
+and `--consumers` confluent-kafka consumers, each in a group of its own on a partition of its own,
+committing synchronously (`commit(asynchronous=False)`, the next offset each time) as fast as
+they can for `--seconds`. A commit is acknowledged once its group record is committed in etcd,
+guarded by the coordinator's claim (loglake.cluster.groups); how many of those one etcd
+transaction carries is what this measures.
+
+    .venv/bin/python benchmarks/group_commits.py                  # ~1 min
+    .venv/bin/python benchmarks/group_commits.py --consumers 16 --seconds 5
+
+Prints a JSON document on stdout and a table on stderr, with the load average, the broker's and
+etcd's CPU seconds from /proc and the 4 KiB fdatasync latency of the disk etcd writes to (etcd
+syncs once per transaction), measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from confluent_kafka import Consumer, TopicPartition  # noqa: E402
+
+import clusterkit  # noqa: E402
+from benchkit import load_benchmark  # noqa: E402
+
+client = load_benchmark("broker_client")
+disk = load_benchmark("disk_limits")
+log = client.log
+
+TARGET_COMMITS_PER_S = 2_000
+TOPIC = "commits"
+
+
+def committer(bootstrap: str, index: int, seconds: float, start: threading.Barrier, out: list[dict[str, Any]]) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{index}", "enable.auto.commit": False})
+    tp = TopicPartition(TOPIC, index, 1)
+    c.commit(offsets=[tp], asynchronous=False)  # warm up: coordinator found, group claimed
+    lat: list[float] = []
+    start.wait()
+    end = time.perf_counter() + seconds
+    n = 1
+    while time.perf_counter() < end:
+        n += 1
+        t0 = time.perf_counter()
+        c.commit(offsets=[TopicPartition(TOPIC, index, n)], asynchronous=False)
+        lat.append(time.perf_counter() - t0)
+    got = c.committed([TopicPartition(TOPIC, index)], timeout=30)[0].offset
+    c.close()
+    out.append({"commits": len(lat), "latencies": lat, "last": n, "read_back": got})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--consumers", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=15.0)
+    ap.add_argument("--json-out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix=f"loglake-commits-{uuid.uuid4().hex[:6]}-"))
+    doc: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
+    doc["fdatasync_4KiB"] = disk.fdatasync_latency(str(work), 100)
+    log(f"one cluster broker, {args.consumers} consumers committing for {args.seconds} s ...")
+    with clusterkit.running_cluster(work, brokers=1, cold_store="file") as c:
+        c.create_topic(TOPIC, args.consumers)
+        pids = {"broker": c.brokers[0].pid}
+        etcd = c.etcd.members[0].proc
+        if etcd is not None:
+            pids["etcd"] = etcd.pid
+        start = threading.Barrier(args.consumers + 1)
+        out: list[dict[str, Any]] = []
+        threads = [
+            threading.Thread(target=committer, args=(c.bootstrap, i, args.seconds, start, out)) for i in range(args.consumers)
+        ]
+        for t in threads:
+            t.start()
+        start.wait(120)
+        cpu0 = {k: client.proc_cpu_seconds(p) for k, p in pids.items() if p is not None}
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join(args.seconds + 120)
+        wall = time.perf_counter() - t0
+        cpu = {k: round(client.proc_cpu_seconds(pids[k]) - v, 2) for k, v in cpu0.items()}
+    shutil.rmtree(work, ignore_errors=True)
+    assert len(out) == args.consumers, "a consumer failed"
+    assert all(r["read_back"] == r["last"] for r in out), [(r["read_back"], r["last"]) for r in out]
+    lat = sorted(x for r in out for x in r["latencies"])
+    commits = sum(r["commits"] for r in out)
+    doc.update(
+        {
+            "consumers": args.consumers,
+            "seconds": round(wall, 2),
+            "commits": commits,
+            "commits_per_s": round(commits / wall),
+            "commit_p50_ms": round(client.pct(lat, 50) * 1e3, 2),
+            "commit_p99_ms": round(client.pct(lat, 99) * 1e3, 2),
+            "cpu_s": cpu,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "target_commits_per_s": TARGET_COMMITS_PER_S,
+        }
+    )
+    print(json.dumps(doc, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n")
+    log(
+        f"\n| consumers | commits/s | commit p50 / p99 ms | CPU s (broker, etcd) | fdatasync 4 KiB p50 | load before / after |\n"
+        f"|---:|---:|---:|---|---:|---|\n"
+        f"| {args.consumers} | {doc['commits_per_s']:,} | {doc['commit_p50_ms']} / {doc['commit_p99_ms']} | {cpu} "
+        f"| {doc['fdatasync_4KiB']['p50_ms']:.2f} ms | {doc['load_average_before']} / {doc['load_average_after']} |\n"
+        f"target >= {TARGET_COMMITS_PER_S:,} commits/s: {'MET' if doc['commits_per_s'] >= TARGET_COMMITS_PER_S else 'MISSED'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
