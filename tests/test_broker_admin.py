@@ -4,12 +4,13 @@ raw requests for every advertised version, and the effects seen by producers and
 Every test that uses the module's `broker` runs against one broker and against a three-broker
 cluster (tests/modekit.py). Raw admin requests go to the first broker (any broker takes them);
 a check of what a client may read from any broker first waits until all brokers agree
-(`Served.agreed`). What cluster mode refuses by design — compaction, DeleteRecords — is
-asserted refused there, with the feature's Kafka code."""
+(`Served.agreed`). What cluster mode refuses by design — compaction — is asserted refused
+there, with the feature's Kafka code; DeleteRecords and retention hold in both modes."""
 
 from __future__ import annotations
 
 import socket
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -36,10 +37,14 @@ from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import SUPPORTED, request_class
 from loglake.cli.remote_raw import build as _build
+from loglake.cluster.flushobj import iter_batches
 from loglake.engine.config import TOPIC_CONFIG_KEYS, TOPIC_CONFIG_NAMES
 from loglake.engine.partition_log import Feature
 from loglake.kafka_errors import ErrorCode
+from loglake.records.decode import decode_batch
 from modekit import MODES, Served, serving
+from test_broker_clients import raw_fetch
+from test_broker_malformed import RawClient
 
 from brokerkit import Broker, running_broker
 
@@ -391,15 +396,10 @@ def test_delete_records(admin: AdminClient, broker: Served) -> None:
     assert [err for err, _m in reports] == [None] * 10
     futures = admin.delete_records([TopicPartition("dr", 0, 4)])
     [fut] = futures.values()
-    if broker.refuses(Feature.DELETE_RECORDS):
-        assert error_of(fut).code() == broker.refusal_code(Feature.DELETE_RECORDS)
-        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr-g"})
-        try:  # nothing was deleted
-            assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=TIMEOUT) == (0, 10)
-        finally:
-            consumer.close()
-        return
     assert result(fut).low_watermark == 4
+    # every broker serves reads from the new start on, and none below it
+    assert broker.agreed(lambda b: fetched(b, "dr", 3)) == (ErrorCode.OFFSET_OUT_OF_RANGE, [])
+    assert broker.agreed(lambda b: fetched(b, "dr", 4)) == (ErrorCode.NONE, [b"v4", b"v5"])
 
     consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "dr-g", "auto.offset.reset": "earliest"})
     try:
@@ -408,6 +408,8 @@ def test_delete_records(admin: AdminClient, broker: Served) -> None:
         assert msg is not None and msg.error() is None
         assert (msg.offset(), msg.value()) == (4, b"v4")
         assert consumer.get_watermark_offsets(TopicPartition("dr", 0), timeout=TIMEOUT) == (4, 10)
+        [by_time] = consumer.offsets_for_times([TopicPartition("dr", 0, 0)], timeout=TIMEOUT)
+        assert by_time.offset == 4  # ListOffsets by time finds nothing below the start
     finally:
         consumer.close()
 
@@ -419,6 +421,55 @@ def test_delete_records(admin: AdminClient, broker: Served) -> None:
     assert result(fut).low_watermark == 10
     [fut] = admin.delete_records([TopicPartition("dr", 7, 0)]).values()  # librdkafka finds no leader itself
     assert error_of(fut).code() in (KafkaError._NOENT, KafkaError.UNKNOWN_TOPIC_OR_PART)
+    if broker.is_cluster:  # only the partition's leader raises its start, as in Kafka
+        leader = broker.leader("dr", 1)
+        other = next(broker.broker(n) for n in broker.node_ids if broker.broker(n) is not leader)
+        topics = [{"name": "dr", "partitions": [{"partition_index": 1, "offset": 0}]}]
+        resp = raw_call(other, 21, 2, topics=topics, timeout_ms=5000)
+        [part] = resp.topics[0].partitions
+        assert (part.low_watermark, part.error_code) == (-1, ErrorCode.NOT_LEADER_OR_FOLLOWER)
+
+
+def fetched(b: Broker, topic: str, offset: int) -> tuple[int, list[bytes]]:
+    """(error code, the first two values from `offset`) of a Fetch of partition 0 sent to `b`."""
+    with RawClient(b.bootstrap) as raw:
+        part = raw_fetch(raw, topic, 0, offset)
+    values: list[bytes] = []
+    for view in iter_batches(part.records or b""):
+        h, records = decode_batch(bytes(view))
+        values += [r.value or b"" for i, r in enumerate(records) if h.base_offset + i >= offset]
+    return part.error_code, values[:2]
+
+
+def earliest(b: Broker, topic: str) -> int:
+    """The partition's earliest offset as `b` answers ListOffsets."""
+    resp = raw_call(b, 2, 1, replica_id=-1, topics=[{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -2}]}])
+    [part] = resp.topics[0].partitions
+    assert part.error_code == 0, part
+    return int(part.offset)
+
+
+def test_retention_drops_records_past_retention_ms(admin: AdminClient, broker: Served) -> None:
+    """Records older than retention.ms go with their whole segment (single node) or merged
+    segment or flush range (cluster, its leader's maintenance round); the earliest offset moves
+    past them on every broker and a fetch below it is out of range."""
+    create(broker, admin, "ret", config={"retention.ms": "3600000", "segment.records": "1"})
+    old = int(time.time() * 1000) - 7_200_000  # two hours ago: past retention.ms at once
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    reports: list[Any] = []
+    for i in range(3):
+        producer.produce("ret", b"old%d" % i, partition=0, timestamp=old + i,
+                         on_delivery=lambda err, msg: reports.append((err, msg)))  # fmt: skip
+        assert producer.flush(TIMEOUT) == 0
+    assert [(err, m.offset()) for err, m in reports] == [(None, 0), (None, 1), (None, 2)]
+    [(err, msg)] = produce(broker, "ret", [b"new"])
+    assert err is None and msg.offset() == 3
+    deadline = time.monotonic() + 90  # a cluster's maintenance round runs every 10 s by default
+    while earliest(broker.leader("ret", 0), "ret") < 3 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert broker.agreed(lambda b: earliest(b, "ret")) == 3
+    assert broker.agreed(lambda b: fetched(b, "ret", 2)) == (ErrorCode.OFFSET_OUT_OF_RANGE, [])
+    assert broker.agreed(lambda b: fetched(b, "ret", 3)) == (ErrorCode.NONE, [b"new"])
 
 
 def test_max_message_bytes_is_enforced(admin: AdminClient, broker: Served) -> None:
@@ -622,11 +673,7 @@ def test_raw_delete_records_every_version(broker: Served, admin: AdminClient, ve
     ]
     resp = raw_call(broker.leader(name, 0), 21, version, topics=topics, timeout_ms=5000)
     got = [(t.name, p.partition_index, p.low_watermark, p.error_code) for t in resp.topics for p in t.partitions]
-    if broker.refuses(Feature.DELETE_RECORDS):  # refused before the partition is looked at
-        refused = broker.refusal_code(Feature.DELETE_RECORDS)
-        assert got == [(name, 0, -1, refused), (name, 1, -1, refused), ("rdr-missing", 0, -1, 3)]
-    else:
-        assert got == [(name, 0, 2, 0), (name, 1, -1, 3), ("rdr-missing", 0, -1, 3)]
+    assert got == [(name, 0, 2, 0), (name, 1, -1, 3), ("rdr-missing", 0, -1, 3)]
 
 
 @pytest.mark.parametrize("version", versions(60))
@@ -689,11 +736,9 @@ def test_zz_admin_changes_survive_restart(broker: Served) -> None:
     assert result(admin.incremental_alter_configs([res])[res]) is None
     assert result(admin.create_partitions([NewPartitions("rs", 3)])["rs"]) is None
     produce(broker, "rs", [b"a", b"b", b"c"], keyed=True)  # a compacted topic refuses keyless records
-    start = 0  # DeleteRecords is refused in cluster mode: test_delete_records asserts the refusal
-    if not broker.refuses(Feature.DELETE_RECORDS):
-        [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
-        start = result(fut).low_watermark
-        assert start == 2
+    [fut] = admin.delete_records([TopicPartition("rs", 0, 2)]).values()
+    start = result(fut).low_watermark
+    assert start == 2
     del admin
 
     broker.restart()

@@ -3,7 +3,9 @@
 own EtcdMetaStore. Appends are acknowledged only after their range is committed in etcd; one PUT
 carries many partitions; a leadership move fences the old leader's pending and later appends and
 the new leader continues at exactly the committed end; a commit that cannot reach etcd fails its
-appends and nothing of it becomes visible; merge and sweep keep every record readable once."""
+appends and nothing of it becomes visible; merge and sweep keep every record readable once; a
+raised log start (DeleteRecords, retention) is the leader's alone, fenced by its epoch, and the
+sweep deletes only what lies wholly below it."""
 
 from __future__ import annotations
 
@@ -27,12 +29,19 @@ from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.flusher import FLUSH_PUT_ATTEMPTS, FlushSettings
 from loglake.cluster.flushobj import flush_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
-from loglake.cluster.plog_maint import merge, sweep
-from loglake.errors import FlushFailedError, LoglakeError, MetaFencedError, OffsetOutOfRangeError
+from loglake.cluster.plog_maint import advance_start, merge, retention_start, sweep
+from loglake.engine.config import TopicConfig
+from loglake.errors import (
+    FlushFailedError,
+    LoglakeError,
+    MetaFencedError,
+    MetaRecordRejectedError,
+    OffsetOutOfRangeError,
+)
 from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
-from loglake.meta.cluster import epoch_key
-from loglake.meta.records import PlogLeader
+from loglake.meta.cluster import Plog, epoch_key
+from loglake.meta.records import PlogLeader, PlogStart
 from loglake.records.decode import decode_batch
 from loglake.store.base import ObjectStore
 from loglake.store.local import LocalStore
@@ -310,6 +319,123 @@ def test_reads_refuse_offsets_outside_the_committed_log(cluster: Cluster) -> Non
         a.log.read(t, 0, 3, 100)
     with pytest.raises(NotLeaderError):
         cluster.broker(2).log.append(t, 0, batch(0, 1, "y"))
+
+
+# ---- the log start: DeleteRecords and retention ----------------------------------------------------
+
+
+def flushed(b: Broker, t: str, p: int, count: int, tag: str, ts: int = 1_700_000_000_000) -> AppendAck:
+    f = b.log.append(t, p, batch(0, count, tag, ts))
+    b.log.flusher.flush(WAIT)
+    return ack(f)
+
+
+def start_of(b: Broker, t: str, p: int) -> int:
+    return int(b.meta.read(lambda s: s.plogs.part(bytes.fromhex(t), p).log_start))
+
+
+def test_the_leader_raises_the_log_start_and_every_broker_reads_from_it(cluster: Cluster) -> None:
+    a, other = cluster.broker(1), cluster.broker(2)
+    (t,) = topic_ids(1)
+    a.log.acquire(t, 0)
+    for i in range(3):
+        flushed(a, t, 0, 4, f"r{i}")  # three ranges: 0..3, 4..7, 8..11
+    merge(a.log, t, 0, "topic")  # one segment 0..11
+    flushed(a, t, 0, 4, "r3")  # and a range 12..15
+    with pytest.raises(NotLeaderError):  # only the leader raises it
+        advance_start(other.log, t, 0, 5)
+    with pytest.raises(OffsetOutOfRangeError):  # past the high watermark
+        advance_start(a.log, t, 0, 17)
+    assert advance_start(a.log, t, 0, 5) == 5
+    assert advance_start(a.log, t, 0, 2) == 5  # below the start: nothing changes
+    other.meta.sync()
+    assert start_of(other, t, 0) == 5
+    for b in (a, other):
+        with pytest.raises(OffsetOutOfRangeError):
+            b.log.read(t, 0, 4, 1 << 20)
+        records = read_all(b, t, 0, start=5)
+        assert [o for o, _ in records if o >= 5] == list(range(5, 16))  # the batch holding 5 starts at 4
+    # the segment 0..11 still holds the start: it stays, and nothing more is for the sweep
+    kept = a.meta.read(lambda s: (dict(s.plogs.dropped), len(s.plogs.free), s.plogs.part(bytes.fromhex(t), 0)))
+    assert kept[:2] == ({}, 3) and (len(kept[2].segments), len(kept[2].ranges)) == (1, 1)
+    assert advance_start(a.log, t, 0, -1) == 16  # -1: the high watermark
+    other.meta.sync()
+    for b in (a, other):
+        assert start_of(b, t, 0) == 16 and b.log.read(t, 0, 16, 100) == b""
+        with pytest.raises(OffsetOutOfRangeError):
+            b.log.read(t, 0, 15, 100)
+    x = flushed(a, t, 0, 2, "after")  # appends go on at the end
+    other.meta.sync()
+    assert (x.base_offset, read_all(other, t, 0, start=16)) == (16, [(16, b"after@0"), (17, b"after@1")])
+
+
+def test_a_deposed_leaders_log_start_is_refused(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = cluster.broker(1), cluster.broker(2)
+    (t,) = topic_ids(1)
+    a.log.acquire(t, 0)
+    flushed(a, t, 0, 10, "x")
+    tid = bytes.fromhex(t)
+    stale: Plog = a.meta.read(lambda s: s.plogs.part(tid, 0))
+    stale = Plog(stale.epoch, stale.leader, stale.end, list(stale.segments), list(stale.ranges))
+    assert b.log.acquire(t, 0) == 2
+    a.meta.sync()  # A has seen the bump: its own check refuses before anything is written
+    with pytest.raises(NotLeaderError):
+        advance_start(a.log, t, 0, 5)
+    # A's view lagging the bump (as if etcd's watch had not brought it yet): the record is
+    # written, and the epoch guard refuses it in etcd
+    real_read = a.meta.read
+    monkeypatch.setattr(a.meta, "read", lambda fn: stale)
+    with pytest.raises(NotLeaderError):
+        advance_start(a.log, t, 0, 5)
+    monkeypatch.setattr(a.meta, "read", real_read)
+    assert not a.log.leads(t, 0)  # fenced: it stops leading until it acquires again
+    # the record itself, unguarded, does not apply on any broker either: its epoch is stale
+    with pytest.raises(MetaRecordRejectedError):
+        a.meta.append(PlogStart(t, 0, 1, 0, 5)).result(WAIT)
+    for x in (a, b):
+        x.meta.sync()
+        assert start_of(x, t, 0) == 0
+        assert [o for o, _ in read_all(x, t, 0)] == list(range(10))
+    assert advance_start(b.log, t, 0, 5) == 5  # the new leader may
+
+
+def test_retention_raises_the_start_past_whole_sources_and_the_sweep_deletes_only_those(cluster: Cluster) -> None:
+    a, other = cluster.broker(1), cluster.broker(2)
+    (t,) = topic_ids(1)
+    a.log.acquire(t, 0)
+    old, new = 1_700_000_000_000, 1_700_000_100_000
+    flushed(a, t, 0, 5, "old0", old)
+    flushed(a, t, 0, 5, "old1", old)
+    [seg] = merge(a.log, t, 0, "topic", wall_ms=lambda: new)  # segment 0..9, records at `old`
+    k2 = flushed(a, t, 0, 5, "old2", old).key  # range 10..14 at `old`
+    k3 = flushed(a, t, 0, 5, "new", new).key  # range 15..19 at `new`
+    tid = bytes.fromhex(t)
+
+    def current() -> Plog:
+        return a.meta.read(lambda s: s.plogs.part(tid, 0))
+
+    by_time = TopicConfig.parse({"retention.ms": "50000"})
+    now = new + 1000
+    assert retention_start(current(), by_time, now) == 15  # the segment and the old range: whole
+    assert retention_start(current(), TopicConfig.parse({"retention.ms": "-1"}), now) is None
+    assert retention_start(current(), TopicConfig.parse({"cleanup.policy": "compact", "retention.ms": "1"}), now) is None
+    range_bytes = current().ranges[-1].length
+    by_size = TopicConfig.parse({"retention.ms": "-1", "retention.bytes": str(range_bytes)})
+    assert retention_start(current(), by_size, now) == 15  # keeps what fits: the newest range
+    assert retention_start(current(), TopicConfig.parse({"retention.ms": "-1", "retention.bytes": str(10**9)}), now) is None
+    assert advance_start(a.log, t, 0, 15, wall_ms=lambda: now) == 15
+    assert retention_start(current(), by_time, now) is None  # done: nothing more is due
+    unreferenced = sweep(a.log, wall_ms=lambda: now)  # inside the grace: nothing goes
+    assert unreferenced.unreferenced == [] and cluster.store.list(seg.key)
+    report = sweep(a.log, delete_grace_s=0, wall_ms=lambda: now + 1)
+    # the merged segment and the flush objects wholly below the start (the two merged into the
+    # segment were free already, then old2's); the range still read stays
+    assert seg.key in report.unreferenced and k2 in report.unreferenced and k3 not in report.unreferenced
+    assert cluster.store.list(seg.key) == [] and cluster.store.list(flush_prefix(CLUSTER_ID)) == [k3]
+    other.meta.sync()
+    assert read_all(other, t, 0, start=15) == [(15 + i, f"new@{i}".encode()) for i in range(5)]
+    with pytest.raises(OffsetOutOfRangeError):
+        other.log.read(t, 0, 14, 100)
 
 
 # ---- the property: random interleavings against a model log ---------------------------------------

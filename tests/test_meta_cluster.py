@@ -83,6 +83,52 @@ def test_unmerged_ranges_are_bounded_per_partition() -> None:
         s.apply("plog_commit", {"key": "one-more", "ranges": [rng(1, plog.end, plog.end)]})
 
 
+def test_a_raised_log_start_drops_what_lies_wholly_below_and_a_stale_epoch_is_refused() -> None:
+    s = led()
+    s.apply("plog_leader", {"id": T, "p": 1, "epoch": 1, "leader": 1})
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4), rng(1, 0, 1, p=1)]})
+    s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 5, 9)]})
+    s.apply("plog_merged", {"id": T, "p": 0, "epoch": 1, "ms": 10, "n": 1, "seg": ["s0", 0, 4, 900, 800, 3, "00" * 32, 5, 5]})
+    s.apply("plog_commit", {"key": "k3", "ranges": [rng(1, 10, 14)]})
+    plog = s.plogs.part(bytes.fromhex(T), 0)
+    assert plog.log_start == 0
+    with pytest.raises(ValueError, match="outside"):  # past the committed end
+        s.apply("plog_start", {"id": T, "p": 0, "epoch": 1, "ms": 20, "start": 16})
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 2, "leader": 2})
+    with pytest.raises(ValueError, match="epoch"):  # a deposed leader's raise: nothing moves
+        s.apply("plog_start", {"id": T, "p": 0, "epoch": 1, "ms": 20, "start": 7})
+    assert (plog.log_start, len(plog.segments), len(plog.ranges)) == (0, 1, 2)
+    s.apply("plog_start", {"id": T, "p": 0, "epoch": 2, "ms": 20, "start": 7})
+    # the segment 0..4 is wholly below: dropped for the sweep; the range 5..9 holds 7: kept
+    assert (plog.start, plog.log_start, [x.key for x in plog.segments], [r.key for r in plog.ranges]) == (
+        7, 7, [], ["k2", "k3"]
+    )
+    assert s.plogs.dropped == {"s0": 20} and s.plogs.free == {}  # k1: partition 1 still holds it
+    with pytest.raises(ValueError, match="outside"):  # below the start: never lowered
+        s.apply("plog_start", {"id": T, "p": 0, "epoch": 2, "ms": 30, "start": 6})
+    s.apply("plog_start", {"id": T, "p": 0, "epoch": 2, "ms": 30, "start": 15})  # the end: all goes
+    assert (plog.log_start, plog.segments, plog.ranges) == (15, [], [])
+    assert s.plogs.free == {"k2": 30, "k3": 30}
+    image = capture(s)
+    restored = decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck")
+    assert restored.plogs.part(bytes.fromhex(T), 0).log_start == 15
+    assert restored.plogs.part(bytes.fromhex(T), 1).start == 0
+    assert capture(restored).doc["plogs"] == image.doc["plogs"]
+    s.apply("plog_swept", {"keys": ["s0", "k2", "k3"]})  # nothing of them is referenced any more
+    assert s.plogs.dropped == {} and s.plogs.free == {}
+
+
+def test_a_checkpoint_without_log_starts_still_loads() -> None:
+    """Checkpoints before `plog_start` carry seven fields per partition (no start)."""
+    s = led()
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4)]})
+    image = capture(s)
+    assert [len(part) for part in image.doc["plogs"]["parts"]] == [7]  # unchanged bytes when no start
+    restored = decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck")
+    pl = restored.plogs.part(bytes.fromhex(T), 0)
+    assert (pl.start, pl.log_start, pl.end) == (0, 0, 5)
+
+
 def topic_led(rf: int = 1) -> MetaState:
     s = MetaState("c")
     body: dict[str, Any] = {"name": "t", "id": T, "partitions": 1, "config": {}, "created_ms": 1}

@@ -52,6 +52,7 @@ from loglake.meta.records import (
     PlogCommit,
     PlogLeader,
     PlogMerged,
+    PlogStart,
     PlogSwept,
     ProducerIds,
     RawRecord,
@@ -106,6 +107,7 @@ TODAY_ORDER = (
     "plog_commit",
     "plog_merged",
     "plog_swept",
+    "plog_start",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -145,13 +147,15 @@ HISTORY = [
     b'\x01\x18{"key":"flush/0002","ranges":[["0123456789abcdef0123456789abcdef",1,4,10,29,64,2000,20,1700000000018,777,3]]}',
     b'\x01\x19{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000019,"n":2,"seg":["seg/0001",0,29,5000,4800,99,"abababababababababababababababababababababababababababababababab",30,1700000000018]}',
     b'\x01\x1a{"keys":["flush/0002","orphan/1"]}',
+    b'\x01\x1b{"id":"0123456789abcdef0123456789abcdef","p":0,"epoch":4,"ms":1700000000021,"start":10}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
-#: its last record (the topic's deletion). Changed once on purpose: a `plog_leader` now also enters
-#: its epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch).
-CHECKPOINT_SHA256 = "c30f60443e5370661a404da4634e066e58d2362d57596cc2a7dbafc2d0afda13"
-CHECKPOINT_AFTER_DELETE_SHA256 = "0469b55c7a3e74ff110d2d27e0a5269350a46596256d4324d7184a4ae53e9aa7"
+#: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
+#: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
+#: history gained a `plog_start`.
+CHECKPOINT_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
+CHECKPOINT_AFTER_DELETE_SHA256 = "f2bc51867e2a0d7a6ec87817936280e9ce78a5ffccf390968cbc0ac5200ffa65"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
 #: without `ms` and producer_ids without `expect`, a seg of 9 fields (before rewrites), a txn
@@ -236,6 +240,7 @@ SAMPLES: list[MetaRecord] = [
         TID, 1, 4, 1700000000019, 2, PlogSegment("seg/0001", 0, 29, 5000, 4800, 99, "ab" * 32, 30, 1700000000018)
     ),
     PlogSwept(["flush/0002", "orphan/1"]),
+    PlogStart(TID, 0, 4, 1700000000021, 10),
     TopicDeleted(TID, 1700000000020),
 ]
 
@@ -325,6 +330,8 @@ def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None
     assert state.plogs.condemned == {"orphan/1": None} and state.groups[G].offsets == {
         ("orders", 1): [7, 2, "m", 1700000000010]
     }
+    p0 = state.plogs.parts[(bytes.fromhex(TID), 0)]  # plog_start dropped its one range
+    assert (p0.log_start, p0.ranges, state.plogs.free) == (10, [], {"flush/0001": 1700000000021})
     kind, body = decode_record(HISTORY[-1], where="test", position=len(HISTORY) - 1)
     state.apply(kind, body)
     state.seq += 1

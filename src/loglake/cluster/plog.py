@@ -135,6 +135,9 @@ class ClusterPartitionLog:
         self.prefix = prefix
         self._lock = threading.Condition()  # _leads and every _Lead's counters
         self._leads: dict[TP, _Lead] = {}  # bounded by the partitions this broker leads
+        #: one rewrite of a partition's metadata at a time (a merge, a log start raise): a merge
+        #: switches exactly the ranges it read, which a start raised meanwhile would have moved
+        self._rewrites: dict[TP, threading.Lock] = {}
         self.reader = reader or PlogReader(meta, store)
         #: seconds from a range commit's submission to etcd's answer (/metrics)
         self.commit_seconds = LatencyHistogram(LATENCY_BUCKETS_S)
@@ -184,6 +187,7 @@ class ClusterPartitionLog:
         self._drain(tp)
         with self._lock:
             self._leads.pop(tp, None)
+            self._rewrites.pop(tp, None)
 
     def abandon(self, topic_id: str, partition: int) -> int:
         """Stop appending to the partition and fail its appends not committed yet now, rather than
@@ -218,6 +222,11 @@ class ClusterPartitionLog:
         with self._lock:
             lead = self._leads.get((topic_id, partition))
             return lead.epoch if lead is not None else None
+
+    def rewrite_lock(self, topic_id: str, partition: int) -> threading.Lock:
+        """The lock a merge or a log start raise of the partition holds (plog_maint)."""
+        with self._lock:
+            return self._rewrites.setdefault((topic_id, partition), threading.Lock())
 
     def committed_end(self, topic_id: str, partition: int) -> int:
         """The partition's committed end in this broker's view of the metadata."""

@@ -6,6 +6,15 @@ metadata with a `plog_merged` record guarded by the leader's epoch key. A merger
 leadership may still finish a PUT, but under its own epoch's key — never the key its successor
 writes — and its switch is fenced, so its segment is never referenced.
 
+**Log start.** Only the partition's leader raises its log start offset (DeleteRecords,
+retention): `advance_start` commits a `plog_start` record guarded by the leader's epoch key,
+so a deposed leader's raise never applies. Merged segments and flush ranges wholly below the
+new start leave the partition with it; the sweep deletes them after DELETE_GRACE_S, the grace
+a reader that looked them up just before is given. `retention_start` says how far retention
+(retention.ms, retention.bytes) moves it: past whole merged segments and ranges only, as a
+single node drops whole segments. A merge and a raise of one partition take turns
+(`ClusterPartitionLog.rewrite_lock`): a merge switches exactly the ranges it read.
+
 **Sweep.** Two kinds of flush objects go, and the merged segments of deleted topics:
   * unreferenced: every range in it was switched to a merged segment; it is deleted once
     DELETE_GRACE_S has passed since the switch, for readers that looked a range up just before;
@@ -13,7 +22,9 @@ writes — and its switch is fenced, so its segment is never referenced.
     fenced, or its answer was lost — and older than ORPHAN_GRACE_S (its header's time), which is
     far longer than any commit may take;
   * a deleted topic's merged segments (and flush objects only its ranges referenced, which are
-    unreferenced from the deletion on), once DELETE_GRACE_S has passed since the deletion.
+    unreferenced from the deletion on), once DELETE_GRACE_S has passed since the deletion;
+  * merged segments wholly below a raised log start (and flush objects only such ranges
+    referenced), once DELETE_GRACE_S has passed since the raise.
 Either way a `plog_swept` record naming the keys is committed *before* anything is deleted: it
 refuses to apply if a key became referenced meanwhile (nothing is deleted then), and it
 condemns orphans, so a commit of one landing later still is refused by every broker. A delete
@@ -31,14 +42,23 @@ from loglake.cluster.etcd import Guard
 from loglake.cluster.flushobj import FlushIndexEntry, check_header, flush_prefix
 from loglake.cluster.merge import DELETE_GRACE_S, MergedSegment, MergeStats, merge_partition
 from loglake.cluster.plog import COMMIT_WAIT_S, ClusterPartitionLog, NotLeaderError
-from loglake.errors import CorruptionError, MetaFencedError
-from loglake.meta.cluster import Plog, PlogSegment, epoch_key
-from loglake.meta.records import PlogMerged, PlogSwept
+from loglake.engine.config import TopicConfig
+from loglake.errors import CorruptionError, MetaFencedError, OffsetOutOfRangeError
+from loglake.meta.cluster import Plog, PlogRange, PlogSegment, epoch_key
+from loglake.meta.records import PlogMerged, PlogStart, PlogSwept
 from loglake.meta.state import MetaState
 from loglake.segment.format import HEADER_SIZE, ZERO_HASH
 from loglake.store.base import ObjectNotFoundError, cluster_prefix
 
-__all__ = ["ORPHAN_GRACE_S", "SWEEP_KEYS_PER_RECORD", "SweepReport", "merge", "sweep"]
+__all__ = [
+    "ORPHAN_GRACE_S",
+    "SWEEP_KEYS_PER_RECORD",
+    "SweepReport",
+    "advance_start",
+    "merge",
+    "retention_start",
+    "sweep",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +87,18 @@ def merge(
         raise NotLeaderError(
             f"node {plog.node_id} does not lead {topic_id}-{partition}; only the leader merges"
         )
+    with plog.rewrite_lock(topic_id, partition):
+        return _merge(plog, topic_id, partition, topic, stats, wall_ms)
+
+
+def _merge(
+    plog: ClusterPartitionLog,
+    topic_id: str,
+    partition: int,
+    topic: str,
+    stats: MergeStats | None,
+    wall_ms: Callable[[], int],
+) -> list[MergedSegment]:
     tid = bytes.fromhex(topic_id)
     current: Plog = plog.meta.read(lambda s: s.plogs.part(tid, partition))
     epoch, ranges = current.epoch, list(current.ranges)
@@ -107,6 +139,71 @@ def merge(
         generation=epoch,
         wall_ms=wall_ms,
     )
+
+
+def advance_start(
+    plog: ClusterPartitionLog,
+    topic_id: str,
+    partition: int,
+    offset: int,
+    *,
+    wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+) -> int:
+    """Raise the partition's log start offset to `offset` (-1: the committed end), as Kafka's
+    DeleteRecords does; returns the log start after it (the "low watermark"). A start at or
+    below the current one changes nothing. NotLeaderError when this broker does not lead the
+    partition or lost its epoch meanwhile (the record is fenced then and nothing applies);
+    OffsetOutOfRangeError when `offset` is past the committed end."""
+    if not plog.leads(topic_id, partition):
+        raise NotLeaderError(f"node {plog.node_id} does not lead {topic_id}-{partition}")
+    tid = bytes.fromhex(topic_id)
+    with plog.rewrite_lock(topic_id, partition):
+        epoch = plog.epoch_of(topic_id, partition)
+        current: Plog = plog.meta.read(lambda s: s.plogs.part(tid, partition))
+        if epoch is None or epoch != current.epoch:
+            raise NotLeaderError(f"{topic_id}-{partition}: epoch {current.epoch} is not this leader's {epoch}")
+        target = current.end if offset == -1 else offset
+        if not 0 <= target <= current.end:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records of {topic_id}-{partition} below {offset}: high watermark is {current.end}",
+                log_start_offset=current.log_start,
+                high_watermark=current.end,
+            )
+        if target <= current.log_start:
+            return current.log_start
+        record = PlogStart(topic_id, partition, epoch, wall_ms(), target)
+        guard = Guard(epoch_key(topic_id, partition), value=str(epoch).encode())
+        try:
+            plog.meta.append_if(record, [guard]).result(COMMIT_WAIT_S)
+        except MetaFencedError:
+            error = NotLeaderError(f"{topic_id}-{partition}: fenced while raising the log start")
+            plog._stop((topic_id, partition), error)
+            raise error from None
+        return target
+
+
+def retention_start(current: Plog, config: TopicConfig, now_ms: int) -> int | None:
+    """Where retention moves the partition's log start: past the whole merged segments and flush
+    ranges from the front that are older than retention.ms (their newest record) or that keep
+    the partition over retention.bytes, as a single node drops whole segments; None when
+    nothing is due (or the topic's cleanup.policy has no `delete`)."""
+    if "delete" not in config.cleanup_policy:
+        return None
+    sources: list[PlogSegment | PlogRange] = [*current.segments, *current.ranges]
+    total = sum(_size(s) for s in sources) if config.retention_bytes >= 0 else 0
+    start: int | None = None
+    for src in sources:  # stops at the first one kept: O(dropped)
+        expired = config.retention_ms >= 0 and src.max_ts < now_ms - config.retention_ms
+        oversize = config.retention_bytes >= 0 and total > config.retention_bytes
+        if not (expired or oversize):
+            break
+        start = src.last + 1
+        total -= _size(src)
+    return start if start is not None and start > current.log_start else None
+
+
+def _size(src: PlogSegment | PlogRange) -> int:
+    return src.size if isinstance(src, PlogSegment) else src.length
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Reads of cluster partitions: memory, then flush-object ranges, then merged segments.
 
 Only committed offsets are served: the metadata (`MetaState.plogs`) says where each committed
-offset lies — a merged segment or a flush-object range — and nothing past the committed end is
-ever returned. Three tiers, cheapest first:
+offset lies — a merged segment or a flush-object range — and nothing past the committed end or
+below the log start (`Plog.log_start`, raised by DeleteRecords and retention) is ever returned. Three tiers, cheapest first:
 
   * memory: the batches this broker's own appends committed lately (`remember`), bounded by
     MEMORY_BYTES_MAX over all partitions, oldest dropped first;
@@ -112,14 +112,13 @@ class PlogReader:
     def read(self, topic_id: str, partition: int, offset: int, max_bytes: int) -> bytes:
         tid = bytes.fromhex(topic_id)
 
-        def snapshot(state: Any) -> tuple[int, list[PlogSegment | PlogRange]]:
+        def snapshot(state: Any) -> tuple[int, int, list[PlogSegment | PlogRange]]:
             plog: Plog | None = state.plogs.parts.get((tid, partition))
             if plog is None:
-                return 0, []
-            return plog.end, [*plog.segments, *plog.ranges]
+                return 0, 0, []
+            return plog.log_start, plog.end, [*plog.segments, *plog.ranges]
 
-        end, sources = self.meta.read(snapshot)
-        start = sources[0].base if sources else end
+        start, end, sources = self.meta.read(snapshot)
         if offset == end:
             return b""
         if not start <= offset < end:

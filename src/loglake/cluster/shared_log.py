@@ -33,6 +33,7 @@ from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.health import probe_prefix
 from loglake.cluster.plog import AppendAck, ClusterPartitionLog, NotLeaderError
+from loglake.cluster.plog_maint import advance_start, retention_start
 from loglake.cluster.producers import rebuild_producers
 from loglake.cluster.publish import ClusterMetaPublisher
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
@@ -84,9 +85,7 @@ COMMIT_WAIT_S = 60.0
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
     Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
-    Feature.DELETE_RECORDS: "DeleteRecords is not supported in cluster mode yet",
     Feature.COMPACTION: "compaction (cleanup.policy=compact) is not supported in cluster mode yet",
-    Feature.RETENTION: "retention runs are not offered in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",
@@ -295,14 +294,14 @@ class SharedPartitionLog:
         return plog.epoch_of(topic_id, partition) == self.etcd.read(epoch)
 
     def plog_of(self, topic_id: str, partition: int) -> Plog:
-        """A copy of the partition's committed state (epoch, leader, end, segments, ranges)."""
+        """A copy of the partition's committed state (epoch, leader, end, segments, ranges, start)."""
         tid = bytes.fromhex(topic_id)
 
         def copy(s: MetaState) -> Plog:
             pl = s.plogs.parts.get((tid, partition))
             if pl is None:
                 return Plog()
-            return Plog(pl.epoch, pl.leader, pl.end, list(pl.segments), list(pl.ranges))
+            return Plog(pl.epoch, pl.leader, pl.end, list(pl.segments), list(pl.ranges), pl.start)
 
         return self.etcd.read(copy)
 
@@ -311,11 +310,7 @@ class SharedPartitionLog:
 
         def start(s: MetaState) -> int:
             pl = s.plogs.parts.get((tid, partition))
-            if pl is None:
-                return 0
-            if pl.segments:
-                return int(pl.segments[0].base)
-            return int(pl.ranges[0].base) if pl.ranges else int(pl.end)
+            return pl.log_start if pl is not None else 0
 
         return self.etcd.read(start)
 
@@ -439,33 +434,36 @@ class SharedPartitionLog:
                 offset = h.last_offset + 1
 
     def offset_for_timestamp(self, p: Partition, timestamp_ms: int) -> tuple[int, int] | None:
-        """ListOffsets by time: the first record at or after `timestamp_ms`; the metadata's
-        per-range and per-segment max timestamps skip what cannot hold it."""
+        """ListOffsets by time: the first record at or after `timestamp_ms` from the log start
+        on; the metadata's per-range and per-segment max timestamps skip what cannot hold it."""
         pl = self.plog_of(p.topic_id.hex(), p.index)
+        start = pl.log_start
         sources: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
-        first = next((s for s in sources if s.max_ts >= timestamp_ms), None)
+        first = next((s for s in sources if s.max_ts >= timestamp_ms and s.last >= start), None)
         if first is None:
             return None
-        for h, view in self._scan(p, first.base):
+        for h, view in self._scan(p, max(first.base, start)):
             if h.max_timestamp < timestamp_ms or h.is_control:
                 continue
             for rec in iter_records(view):
-                if rec.timestamp >= timestamp_ms:
+                if rec.timestamp >= timestamp_ms and rec.offset >= start:
                     return rec.offset, rec.timestamp
         return None
 
     def max_timestamp(self, p: Partition) -> tuple[int, int] | None:
         pl = self.plog_of(p.topic_id.hex(), p.index)
-        sources: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
+        start = pl.log_start
+        every: list[PlogSegment | PlogRange] = [*pl.segments, *pl.ranges]
+        sources = [s for s in every if s.last >= start]
         if not sources:
             return None
         best = max(sources, key=lambda s: s.max_ts)
         found: tuple[int, int] | None = None
-        for h, view in self._scan(p, best.base):
+        for h, view in self._scan(p, max(best.base, start)):
             if h.base_offset > best.last:
                 break
             for rec in iter_records(view):
-                if found is None or rec.timestamp > found[1]:
+                if rec.offset >= start and (found is None or rec.timestamp > found[1]):
                     found = (rec.offset, rec.timestamp)
         return found
 
@@ -542,7 +540,15 @@ class SharedPartitionLog:
         log.info("topic %s: its flush objects and merged segments are swept after the grace", topic.name)
 
     def delete_records(self, p: Partition, offset: int) -> int:
-        raise refusal(REFUSED, Feature.DELETE_RECORDS)
+        """Kafka DeleteRecords on the partition's leader (NotLeaderError elsewhere): its log
+        start is raised by a `plog_start` record fenced by the leader's epoch, durable in etcd
+        on return; every broker's reads below it fail from then on (plog_maint.advance_start)."""
+        tid = p.topic_id.hex()
+        if not self.leads(tid, p.index):
+            raise NotLeaderError(f"node {self.settings.node_id} does not lead {p.topic}-{p.index}")
+        start = advance_start(self.plog, tid, p.index, offset)
+        p.wake_all()  # long-polling fetches below the new start answer now
+        return start
 
     def bump_leader_epoch(self, p: Partition, reason: str) -> int:
         raise refusal(REFUSED, Feature.LEADER_EPOCH_BUMP)
@@ -559,7 +565,31 @@ class SharedPartitionLog:
         raise refusal(REFUSED, Feature.COMPACTION)
 
     def apply_retention(self) -> int:
-        raise refusal(REFUSED, Feature.RETENTION)
+        """Retention of the partitions this broker leads: each one's log start is raised past
+        the whole merged segments and flush ranges beyond retention.ms / retention.bytes
+        (plog_maint.retention_start), fenced as DeleteRecords is; the sweep deletes them after
+        its grace. Returns how many merged segments and flush ranges went (the leader's
+        maintenance round runs this; a partition that fails is retried at the next round)."""
+        now_ms = int(time.time() * 1000)
+        with self._ready_lock:
+            led = sorted(self._ready)
+        dropped = 0
+        for tid, index in led:
+            topic = self.catalog.topic_by_id(bytes.fromhex(tid))
+            if topic is None or not self.leads(tid, index):
+                continue
+            current = self.plog_of(tid, index)
+            target = retention_start(current, topic.config, now_ms)
+            if target is None:
+                continue
+            try:
+                advance_start(self.plog, tid, index, target)
+            except LoglakeError as exc:
+                log.info("retention of %s-%d: %s (next round)", topic.name, index, exc)
+                continue
+            dropped += sum(1 for seg in current.segments if seg.last < target)
+            dropped += sum(1 for r in current.ranges if r.last < target)
+        return dropped
 
     def relocate_due(self) -> int:
         raise refusal(REFUSED, Feature.TIERING)

@@ -386,8 +386,10 @@ class EtcdClusterView:
                 self._say(f"merge/sweep round failed: {exc}")
 
     def maintain_once(self) -> int:
-        """Merge the ranges of partitions this broker leads, then sweep; returns partitions merged."""
+        """Apply retention to the partitions this broker leads, merge their ranges, then sweep;
+        returns partitions merged."""
         plog = self.log.plog
+        self.log.apply_retention()  # first: what it drops is not merged in vain
 
         def names(s: MetaState) -> dict[str, str]:
             return {tm.topic_id.hex(): tm.name for tm in s.topics.values()}

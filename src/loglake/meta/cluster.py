@@ -21,6 +21,11 @@ plog_swept     {keys} -> flush objects about to be deleted: unreferenced ones le
                list; never-committed ones (orphans) are condemned, so a late commit of one is
                refused; a deleted topic's merged segment leaves the dropped list. A key still
                referenced refuses the whole record.
+plog_start     {id, p, epoch, ms, start} -> the partition's log start offset raised to `start`
+               (DeleteRecords, retention) under leader epoch `epoch`, which must be the current
+               one; `start` must lie in old start..end. Merged segments and ranges wholly below
+               it leave the partition (a segment is dropped at `ms`, a flush object left with no
+               range is unreferenced at `ms`: the sweep deletes both after its grace)
 topic_deleted  (the topic record; `ms` added in cluster mode) -> the topic's partitions leave the
                table: flush objects left without ranges become unreferenced, its merged
                segments are dropped, both at `ms` (0 when absent), for the sweep
@@ -49,6 +54,7 @@ __all__ = [
     "apply_plog_commit",
     "apply_plog_leader",
     "apply_plog_merged",
+    "apply_plog_start",
     "apply_plog_swept",
     "drop_topic",
     "end_key",
@@ -165,13 +171,23 @@ def _segment(row: Any) -> PlogSegment:
 
 @dataclass(eq=False)
 class Plog:
-    """One cluster partition: epoch and leader, committed end, merged segments then ranges."""
+    """One cluster partition: epoch and leader, committed end, merged segments then ranges,
+    log start offset."""
 
     epoch: int = 0
     leader: int = -1
     end: int = 0  # every offset below is committed
     segments: list[PlogSegment] = field(default_factory=list)
     ranges: list[PlogRange] = field(default_factory=list)
+    #: raised by `plog_start` (0 before any: the log then starts at its first source)
+    start: int = 0
+
+    @property
+    def log_start(self) -> int:
+        """The first offset a read may ask for: the raised start, or where the first kept
+        segment or range begins (the end when there is none)."""
+        first = self.segments[0].base if self.segments else self.ranges[0].base if self.ranges else self.end
+        return max(self.start, first)
 
 
 @dataclass(eq=False)
@@ -217,6 +233,31 @@ def apply_plog_commit(state: PlogState, b: dict[str, Any]) -> None:
 
 def apply_plog_merged(state: PlogState, b: dict[str, Any]) -> None:
     _merged(state.plogs, b)
+
+
+def apply_plog_start(state: PlogState, b: dict[str, Any]) -> None:
+    t = state.plogs
+    tp = _tp(b)
+    plog = t.parts.get(tp)
+    start, ms = int(b["start"]), int(b["ms"])
+    if plog is None or int(b["epoch"]) != plog.epoch:
+        raise ValueError(f"log start of epoch {b['epoch']} but the partition is at {plog.epoch if plog else 0}")
+    if not plog.log_start <= start <= plog.end:
+        raise ValueError(f"log start {start} is outside {plog.log_start}..{plog.end}")
+    # checked: now apply (a record that does not fit changed nothing)
+    plog.start = start
+    n = 0
+    while n < len(plog.segments) and plog.segments[n].last < start:
+        t.dropped[plog.segments[n].key] = ms
+        n += 1
+    del plog.segments[:n]
+    n = 0
+    while n < len(plog.ranges) and plog.ranges[n].last < start:
+        n += 1
+    gone, plog.ranges = plog.ranges[:n], plog.ranges[n:]
+    _release(t, tp, gone, ms)
+    _trim(t.free, FREE_OBJECTS_MAX)
+    _trim(t.dropped, DROPPED_SEGMENTS_MAX)
 
 
 def apply_plog_swept(state: PlogState, b: dict[str, Any]) -> None:
@@ -326,6 +367,9 @@ def plogs_doc(state: PlogState) -> dict[str, Any]:
                 pl.end,
                 [s.row() for s in pl.segments],
                 [r.row() for r in pl.ranges],
+                # the raised log start only when there is one: a checkpoint of a partition that
+                # never had one is the bytes of the releases before `plog_start`
+                *([pl.start] if pl.start else []),
             ]
             for (tid, p), pl in t.parts.items()
         ],
@@ -341,9 +385,11 @@ def load_plogs(state: PlogState, doc: dict[str, Any]) -> None:
     if not raw:
         return
     t = state.plogs
-    for tid, p, epoch, leader, end, segs, ranges in raw["parts"]:
+    for tid, p, epoch, leader, end, segs, ranges, *start in raw["parts"]:
         tp = (bytes.fromhex(str(tid)), int(p))
         pl = Plog(int(epoch), int(leader), int(end), [_segment(s) for s in segs], [_range(r) for r in ranges])
+        if start:  # absent before `plog_start`, and while a partition's start was never raised
+            pl.start = int(start[0])
         t.parts[tp] = pl
         for r in pl.ranges:
             t.objects.setdefault(r.key, set()).add(tp)

@@ -62,6 +62,7 @@ __all__ = [
     "PlogCommitRow",
     "PlogLeader",
     "PlogMerged",
+    "PlogStart",
     "PlogSwept",
     "ProducerIds",
     "RawRecord",
@@ -122,6 +123,7 @@ class RecordKind(enum.StrEnum):
     PLOG_COMMIT = "plog_commit", 24
     PLOG_MERGED = "plog_merged", 25
     PLOG_SWEPT = "plog_swept", 26
+    PLOG_START = "plog_start", 27
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -648,6 +650,22 @@ class PlogSwept:
         return {"keys": list(self.keys)}
 
 
+@dataclass(frozen=True, slots=True)
+class PlogStart:
+    """The partition's log start offset raised to `start` (DeleteRecords, retention) by its leader
+    at epoch `epoch`; what falls wholly below leaves the partition at `ms` (for the sweep)."""
+
+    kind: ClassVar[RecordKind] = RecordKind.PLOG_START
+    topic_id: str
+    partition: int
+    epoch: int
+    ms: int
+    start: int
+
+    def body(self) -> dict[str, Any]:
+        return {"id": self.topic_id, "p": self.partition, "epoch": self.epoch, "ms": self.ms, "start": self.start}
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -678,6 +696,7 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         PlogCommit,
         PlogMerged,
         PlogSwept,
+        PlogStart,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"

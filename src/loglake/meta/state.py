@@ -54,8 +54,9 @@ scram_credential   {user, mechanism, cred} → the user's SCRAM credential for t
 client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
                    configs, replaced; null values remove it (loglake.meta.quotas)
 plog_*             cluster partitions: leader epochs, committed flush ranges, merged segments,
-                   swept flush objects (loglake.meta.cluster); a `plog_leader` also enters its
-                   epoch in the partition's leader-epoch history, starting at the committed end
+                   swept flush objects, raised log start offsets (loglake.meta.cluster); a
+                   `plog_leader` also enters its epoch in the partition's leader-epoch history,
+                   starting at the committed end
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -75,6 +76,7 @@ from loglake.meta.cluster import (
     apply_plog_commit,
     apply_plog_leader,
     apply_plog_merged,
+    apply_plog_start,
     apply_plog_swept,
     drop_topic,
 )
@@ -425,6 +427,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.PLOG_COMMIT: apply_plog_commit,
     RecordKind.PLOG_MERGED: apply_plog_merged,
     RecordKind.PLOG_SWEPT: apply_plog_swept,
+    RecordKind.PLOG_START: apply_plog_start,
 }
 assert set(_APPLY) == set(RecordKind)
 

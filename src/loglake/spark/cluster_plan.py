@@ -36,13 +36,7 @@ def cluster_partition(store_url: str, topic: str, topic_id: str, partition: int,
         )
         for r in plog.ranges
     )  # fmt: skip
-    if segments:
-        log_start = segments[0].base
-    elif flush:
-        log_start = flush[0].base
-    else:
-        log_start = plog.end
-    return PartitionMeta(topic, topic_id, partition, log_start, plog.end, segments, flush=flush)
+    return PartitionMeta(topic, topic_id, partition, plog.log_start, plog.end, segments, flush=flush)
 
 
 def flush_bytes(store: ObjectStore, sl: FlushSlice) -> bytes:
