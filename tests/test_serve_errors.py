@@ -131,3 +131,15 @@ def test_every_exit_code_is_distinct_and_documented() -> None:
     for name, value in codes.items():
         assert re.search(rf"(?<![\w.]){value} [a-z`]", listed), f"README.md does not list exit code {value} ({name})"
         assert re.search(rf"(?m)(^|\s){value}  \S", table), f"startup.py's table does not list exit code {value} ({name})"
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket", "ftp://host/x"])
+def test_a_cold_store_url_that_is_no_accepted_form(tmp_path: Path, url: str) -> None:
+    """Issue 34, item 6: `s3:/bucket` used to tier into a local folder named `s3:`; `ftp://` listed
+    every scheme but s3://."""
+    result = subprocess.run(
+        [*LOGLAKE, "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--cold-store", url],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert_one_line(result, EXIT_CONFIG, url, "file:///abs/path", "s3://bucket", "plain directory path")
+    assert not (tmp_path / "s3:").exists()

@@ -46,7 +46,7 @@ from loglake.engine.verify import VerifyReport, verify_data_dir, verify_source
 from loglake.engine.verify_live import LiveSource
 from loglake.errors import DataDirLockedError, LoglakeError
 from loglake.fs.os_fs import OsFileSystem
-from loglake.store import open_store
+from loglake.store import accepted_store_urls, open_store
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -162,7 +162,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     cold_store: Annotated[
-        str | None, typer.Option("--cold-store", help="Cold store URL: also walk the segments held there.")
+        str | None, typer.Option("--cold-store", help=f"Cold store URL ({accepted_store_urls()}): also walk the segments held there.")
     ] = None,
 ) -> None:
     """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one.

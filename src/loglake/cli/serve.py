@@ -17,6 +17,7 @@ from loglake.cli.startup import check_space, explain
 from loglake.engine import Engine
 from loglake.engine.engine import local_parts
 from loglake.fs.os_fs import OsFileSystem
+from loglake.store import accepted_store_urls
 
 if TYPE_CHECKING:
     from loglake.broker.groups.store import GroupStoreFactory
@@ -30,7 +31,7 @@ def serve(
         str | None, typer.Option("--data-dir", "-d", help="Data directory (env LOGLAKE_DATA_DIR; default ./loglake-data).")
     ] = None,
     cold_store: Annotated[
-        str | None, typer.Option("--cold-store", help="Cold store URL (file:///path or s3://bucket/prefix?...): enables tiering.")
+        str | None, typer.Option("--cold-store", help=f"Cold store URL ({accepted_store_urls()}): enables tiering.")
     ] = None,
     listen: Annotated[
         list[str] | None,
