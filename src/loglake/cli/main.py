@@ -39,12 +39,14 @@ from loglake.cli.common import (
     error_line,
     format_bytes,
     open_log,
+    report_error,
     stderr_console,
     stdout_console,
 )
 from loglake.engine.verify import VerifyReport, verify_data_dir, verify_source
 from loglake.engine.verify_live import LiveSource
 from loglake.errors import DataDirLockedError, LoglakeError
+from loglake.extras import missing_extra
 from loglake.fs.os_fs import OsFileSystem
 from loglake.store import accepted_store_urls, open_store
 
@@ -58,7 +60,13 @@ class LoglakeGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except (LoglakeError, CliError) as exc:
-            error_line(str(exc))
+            report_error(exc)
+            raise typer.Exit(1) from None
+        except ModuleNotFoundError as exc:  # an optional dependency a command needs: name its extra
+            missing = missing_extra(exc, f"loglake {ctx.invoked_subcommand or ''}".strip())
+            if missing is None:
+                raise
+            report_error(missing)
             raise typer.Exit(1) from None
 
 

@@ -16,6 +16,7 @@ from loglake.cli.common import error_line, note
 from loglake.cli.startup import check_space, explain
 from loglake.engine import Engine
 from loglake.engine.engine import local_parts
+from loglake.extras import install_command, missing_extra
 from loglake.fs.os_fs import OsFileSystem
 from loglake.store import accepted_store_urls
 
@@ -77,7 +78,7 @@ def serve(
     ] = None,
     event_loop: Annotated[
         str | None,
-        typer.Option("--event-loop", help="asyncio (default) or uvloop (needs the fast extra: pip install 'loglake[fast]')."),
+        typer.Option("--event-loop", help=f"asyncio (default) or uvloop (needs the fast extra: {install_command('fast')})."),
     ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
@@ -232,7 +233,13 @@ def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
     """The engine `serve` runs (not open yet), and how its group coordinators' stores are made:
     the one place that reads which mode the broker runs in (`--cluster`)."""
     if config.cluster is not None:
-        from loglake.cluster.node import cluster_node
+        try:
+            from loglake.cluster.node import cluster_node
+        except ModuleNotFoundError as exc:  # the cluster extra is not installed: name it
+            missing = missing_extra(exc, "cluster mode (--cluster)")
+            if missing is None:
+                raise
+            raise missing from None
 
         return cluster_node(config)
     data_dir = os.path.abspath(config.data_dir)

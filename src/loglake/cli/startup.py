@@ -38,6 +38,7 @@ from loglake.errors import (
     StorageError,
     UnsafeListenerError,
 )
+from loglake.extras import missing_extra
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -194,6 +195,9 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
             "copy if you have one; or start once with --accept-data-loss to go on without them (their offsets "
             "stay reserved, consumers skip them, the loss is logged)",
         )
+    missing = missing_extra(exc, "loglake serve")
+    if missing is not None:
+        return StartupFailure(EXIT_CONFIG, str(missing), missing.hint)
     if isinstance(exc, UnsafeListenerError):
         return StartupFailure(EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 from loglake.errors import ConfigError
+from loglake.extras import MissingExtraError, missing_extra
 from loglake.fs.base import FileSystem
 from loglake.store.base import (
     InvalidObjectKeyError,
@@ -134,7 +135,7 @@ def open_store(url: str, fs: FileSystem) -> ObjectStore:
         try:  # the S3 backend registers itself on import; boto3 is only needed for it
             importlib.import_module("loglake.store.s3").register()
         except ImportError as exc:
-            raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install loglake[s3]") from None
+            raise (missing_extra(exc, f"store URL {url!r}") or MissingExtraError(f"store URL {url!r}", "boto3")) from None
     with _schemes_lock:
         factory = _schemes.get(scheme)
     if factory is None:  # pragma: no cover - every STORE_URL_FORMS scheme is registered above
