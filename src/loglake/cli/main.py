@@ -43,6 +43,7 @@ from loglake.cli.common import (
     stderr_console,
     stdout_console,
 )
+from loglake.cli.early import GLOBAL_OPTIONS
 from loglake.engine.verify import VerifyReport, verify_data_dir, verify_source
 from loglake.engine.verify_live import LiveSource
 from loglake.errors import DataDirLockedError, LoglakeError
@@ -308,10 +309,6 @@ def demo(
         raise CliError(f"demo consumed {total_consumed} records but produced {total_produced}")
     console.print(f"demo done in {time.perf_counter() - started:.2f}s (data in {data_dir})", markup=False)
 
-
-#: Options of the `loglake` group itself, accepted anywhere on the line (`loglake serve --log-level
-#: INFO` as well as `loglake --log-level INFO serve`), with whether they take a value.
-GLOBAL_OPTIONS = {"--log-level": True, "--log-format": True}
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:

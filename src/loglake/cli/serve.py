@@ -13,6 +13,7 @@ import typer.main
 
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
+from loglake.cli.early import install_stop_guard, program_args
 from loglake.cli.startup import check_space, explain
 from loglake.engine import Engine
 from loglake.engine.engine import local_parts
@@ -157,6 +158,10 @@ def serve(
         if failure.hint:
             note(f"hint: {failure.hint}")
         raise typer.Exit(failure.exit_code) from None
+    if program_args() is not None:
+        # The event loop gave the signals back (Python's KeyboardInterrupt): a second Ctrl-C
+        # while the process exits must not print a traceback either.
+        install_stop_guard(None)
     sys.exit(code)
 
 
