@@ -14,7 +14,7 @@ import typer.main
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
 from loglake.cli.early import install_stop_guard, program_args
-from loglake.cli.startup import check_space, explain
+from loglake.cli.startup import check_space, etcd_reachable, explain
 from loglake.engine import Engine
 from loglake.engine.engine import local_parts
 from loglake.extras import install_command, missing_extra
@@ -225,13 +225,47 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
             note(f"hint: {failure.hint}")
         return failure.exit_code
 
+    if config.cluster is not None:
+        from loglake.meta.etcd_url import parse_cluster_url
+
+        etcd_reachable(parse_cluster_url(config.cluster)[0])
+    quiet = _QuietStartUp()
+
     def announce(listener: Listener, advertised: tuple[str, int]) -> None:
+        quiet.end()
         # One line per listener; a PLAINTEXT one as before ("HOST:PORT"), others with their protocol.
         where = f"{listener.host}:{listener.port}"
         print(f"loglake listening on {where if listener.protocol == PLAINTEXT else listener.url()}", flush=True)
 
-    served, group_stores = compose(config)
-    return run_server(config, served, group_stores, announce)
+    try:
+        served, group_stores = compose(config)
+        return run_server(config, served, group_stores, announce)
+    finally:
+        quiet.end()
+
+
+#: Loggers that warn on each retry of a request to the bucket or to etcd. Before the broker
+#: listens, such retries only precede the one error line (and hint) that says the store or etcd
+#: cannot be reached, so at the default log level they are held back until then.
+RETRY_LOGGERS = ("loglake.store.s3", "loglake.cluster.etcd_client")
+
+
+class _QuietStartUp:
+    """RETRY_LOGGERS at ERROR from now until `end()`, when the log level is the default
+    (WARNING or above); `--log-level INFO` or DEBUG shows every retry."""
+
+    def __init__(self) -> None:
+        self._levels: dict[str, int] = {}
+        if logging.getLogger().getEffectiveLevel() >= logging.WARNING:
+            for name in RETRY_LOGGERS:
+                logger = logging.getLogger(name)
+                self._levels[name] = logger.level
+                logger.setLevel(logging.ERROR)
+
+    def end(self) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._levels.clear()
 
 
 def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
