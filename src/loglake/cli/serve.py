@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -228,6 +228,7 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
     if config.cluster is not None:
         from loglake.meta.etcd_url import parse_cluster_url
 
+        _cluster_node()  # a missing cluster extra is told before etcd is looked for
         etcd_reachable(parse_cluster_url(config.cluster)[0])
     quiet = _QuietStartUp()
 
@@ -268,19 +269,23 @@ class _QuietStartUp:
         self._levels.clear()
 
 
+def _cluster_node() -> Callable[[BrokerConfig], tuple[Engine, GroupStoreFactory]]:
+    """`loglake.cluster.node.cluster_node`; a MissingExtraError when the cluster extra is not installed."""
+    try:
+        from loglake.cluster.node import cluster_node
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, "cluster mode (--cluster)")
+        if missing is None:
+            raise
+        raise missing from None
+    return cluster_node
+
+
 def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
     """The engine `serve` runs (not open yet), and how its group coordinators' stores are made:
     the one place that reads which mode the broker runs in (`--cluster`)."""
     if config.cluster is not None:
-        try:
-            from loglake.cluster.node import cluster_node
-        except ModuleNotFoundError as exc:  # the cluster extra is not installed: name it
-            missing = missing_extra(exc, "cluster mode (--cluster)")
-            if missing is None:
-                raise
-            raise missing from None
-
-        return cluster_node(config)
+        return _cluster_node()(config)
     data_dir = os.path.abspath(config.data_dir)
     engine_config = config.engine_config()
     parts = local_parts(data_dir, engine_config, fs=OsFileSystem(), node_id=config.node_id, rack=config.rack)
