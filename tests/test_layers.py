@@ -51,6 +51,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # segments are read from and written to the object store
     ("loglake.store",),
     ("loglake.records", "loglake.fs"),
+    # which extra installs which optional module: a MissingExtraError is a ConfigError
+    ("loglake.extras",),
     ("loglake.errors", "loglake.logsafe", "loglake.canary", "loglake.scram", "loglake.locks"),
     # the one table of Kafka error codes; loglake.errors takes its numbers from it
     ("loglake.kafka_errors",),

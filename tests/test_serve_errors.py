@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from loglake.cli.startup import (
     EXIT_RESOLVE,
 )
 
-from brokerkit import serving_broker
+from brokerkit import free_port, serving_broker
 
 LOGLAKE = [sys.executable, "-m", "loglake.cli.main"]
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -131,3 +132,58 @@ def test_every_exit_code_is_distinct_and_documented() -> None:
     for name, value in codes.items():
         assert re.search(rf"(?<![\w.]){value} [a-z`]", listed), f"README.md does not list exit code {value} ({name})"
         assert re.search(rf"(?m)(^|\s){value}  \S", table), f"startup.py's table does not list exit code {value} ({name})"
+
+
+@pytest.mark.parametrize("url", ["s3:/bucket", "ftp://host/x"])
+def test_a_cold_store_url_that_is_no_accepted_form(tmp_path: Path, url: str) -> None:
+    """Issue 34, item 6: `s3:/bucket` used to tier into a local folder named `s3:`; `ftp://` listed
+    every scheme but s3://."""
+    result = subprocess.run(
+        [*LOGLAKE, "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0", "--cold-store", url],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path,
+    )
+    assert_one_line(result, EXIT_CONFIG, url, "file:///abs/path", "s3://bucket", "plain directory path")
+    assert not (tmp_path / "s3:").exists()
+
+
+# ---- an unreachable bucket or etcd: one error line and one hint, no retry warnings (issue 34, item 8)
+
+
+def _serve_env(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    # no credentials from files or the instance metadata service of wherever the tests run
+    base.update({"AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"), "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                 "AWS_EC2_METADATA_DISABLED": "true"})
+    return subprocess.run([*LOGLAKE, "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0", *args],
+                          capture_output=True, text=True, timeout=120, env={**base, **env})
+
+
+def _hint(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("hint: "), result.stderr
+    return lines[1]
+
+
+def test_s3_cold_store_without_credentials(tmp_path: Path) -> None:
+    url = f"s3://bucket?endpoint_url=http://127.0.0.1:{free_port()}"
+    result = _serve_env(tmp_path, {}, "--cold-store", url)
+    assert_one_line(result, 1, "NoCredentialsError")
+    assert "AWS_ACCESS_KEY_ID" in _hint(result) and "AWS_PROFILE" in _hint(result)
+
+
+def test_s3_cold_store_endpoint_unreachable(tmp_path: Path) -> None:
+    url = f"s3://bucket?endpoint_url=http://127.0.0.1:{free_port()}&retry_base_delay=0.01"
+    result = _serve_env(tmp_path, {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}, "--cold-store", url)
+    assert_one_line(result, 1, "EndpointConnectionError")  # and no "attempt 1/6 failed ... retrying" line first
+    assert "endpoint_url" in _hint(result) and "reachable" in _hint(result)
+
+
+def test_etcd_unreachable(tmp_path: Path) -> None:
+    started = time.monotonic()
+    port = free_port()
+    result = _serve_env(tmp_path, {}, "--cluster", f"etcd://127.0.0.1:{port}/x", "--cold-store", f"file://{tmp_path}/cold")
+    assert_one_line(result, 1, "etcd unreachable", f"127.0.0.1:{port}")
+    assert "--cluster" in _hint(result) and "LOGLAKE_CLUSTER" in _hint(result)
+    assert time.monotonic() - started < 10  # not the metadata store's 15 s of retries first

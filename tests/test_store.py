@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -18,11 +19,13 @@ from loglake.fs.base import BytesLike
 from loglake.fs.faulty import FaultyFileSystem
 from loglake.fs.os_fs import OsFileSystem
 from loglake.store import (
+    STORE_URL_FORMS,
     InvalidObjectKeyError,
     LocalStore,
     MemoryStore,
     ObjectNotFoundError,
     ObjectStore,
+    accepted_store_urls,
     drop_memory_store,
     open_store,
     parse_segment_key,
@@ -436,7 +439,7 @@ def test_open_store_urls(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as info:
             open_store(bad, fs)
         if bad:
-            assert "file://" in str(info.value) and "memory://" in str(info.value)
+            assert "file://" in str(info.value) and "s3://" in str(info.value)
     for bad in ("file://relative/path", "memory://", "memory://a/b"):
         with pytest.raises(ConfigError):
             open_store(bad, fs)
@@ -503,3 +506,70 @@ def test_segment_key_rejects_bad_parts(args: tuple[str, str, str, int, int]) -> 
 def test_parse_segment_key_rejects(key: str) -> None:
     with pytest.raises(InvalidObjectKeyError):
         parse_segment_key(key)
+
+
+# ---- store URLs: the accepted forms, one list (issue 34, item 6) --------------------------------
+
+
+@pytest.mark.parametrize("bad", ["s3:/bucket", "s3:bucket", "file:/tmp/x", "S3:/bucket/prefix", "memory:/x"])
+def test_a_malformed_url_is_refused_not_taken_for_a_directory(bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        open_store(bad, OsFileSystem())
+    message = str(info.value)
+    assert "not a well-formed URL" in message and accepted_store_urls() in message
+    assert list(tmp_path.iterdir()) == []  # no local folder named "s3:" (or anything else)
+
+
+def test_a_malformed_url_names_the_url_meant() -> None:
+    for bad, meant in (("s3:/bucket", "s3://bucket"), ("file:/tmp/x", "file:///tmp/x")):
+        with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
+            open_store(bad, OsFileSystem())
+
+
+def test_an_unknown_scheme_lists_every_accepted_form() -> None:
+    with pytest.raises(ConfigError) as info:
+        open_store("ftp://host/x", OsFileSystem())
+    message = str(info.value)
+    assert set(STORE_URL_FORMS) == {"file", "s3"}
+    for form in STORE_URL_FORMS.values():
+        assert form in message
+    assert "plain directory path" in message
+
+
+def test_a_malformed_s3_url_is_told_as_such_before_boto3_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import loglake.store as store
+
+    monkeypatch.setattr(store, "_schemes", {k: v for k, v in store._schemes.items() if k != "s3"})
+    monkeypatch.setitem(sys.modules, "boto3", None)  # as if the s3 extra were not installed
+    with pytest.raises(ConfigError, match="expected s3://bucket"):
+        open_store("s3:///no-bucket", OsFileSystem())
+
+
+def test_plain_paths_and_well_formed_urls_still_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    fs = OsFileSystem()
+    assert isinstance(open_store("cold", fs), LocalStore)
+    assert isinstance(open_store("./odd:name", fs), LocalStore)  # a ':' later in a path is a path
+    assert isinstance(open_store(f"file://{tmp_path}/c", fs), LocalStore)
+
+
+def test_every_cold_store_option_names_the_accepted_forms_from_the_one_list() -> None:
+    """One owner: the help of each --cold-store option is made from STORE_URL_FORMS."""
+    import typer.main
+
+    from loglake.cli.main import app
+
+    found = 0
+
+    def walk(command: Any) -> None:  # typer's own click: duck-typed
+        nonlocal found
+        for param in command.params:
+            if "--cold-store" in getattr(param, "opts", ()):
+                found += 1
+                assert accepted_store_urls() in (param.help or ""), (command.name, param.help)
+        for sub in getattr(command, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    assert found >= 2  # serve and verify

@@ -26,6 +26,7 @@ from loglake.broker.settings import (
 )
 from loglake.engine.config import EngineConfig
 from loglake.errors import ConfigError
+from loglake.extras import MissingExtraError
 
 if TYPE_CHECKING:
     from loglake.broker.groups.limits import ConsumerLimits
@@ -207,10 +208,7 @@ class BrokerConfig:
                 f"expected one of {', '.join(EVENT_LOOPS)}"
             )
         if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
-            raise ConfigError(
-                f"event_loop=uvloop (from {self.sources.get('event_loop', 'default')}) needs the uvloop "
-                "package: pip install 'loglake[fast]'"
-            )
+            raise MissingExtraError(f"event_loop=uvloop (from {self.sources.get('event_loop', 'default')})", "uvloop")
         if self.event_loop == "uvloop" and any(lst.tls for lst in self.listeners()):
             # Seen here: on uvloop some TLS handshakes of connections opened in quick succession
             # stall until the handshake timeout. Refused rather than half working.

@@ -31,7 +31,21 @@ DataDirOption = Annotated[
 
 
 class CliError(Exception):
-    """A problem the user can fix (bad input, missing directory): one red line, exit 1."""
+    """A problem the user can fix (bad input, missing directory): one red line, exit 1, and a
+    `hint:` line when there is one."""
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.hint = hint
+
+
+def report_error(exc: BaseException) -> None:
+    """The `error:` line of `exc`, and its `hint:` line when it carries one (CliError,
+    MissingExtraError)."""
+    error_line(str(exc))
+    hint = getattr(exc, "hint", None)
+    if isinstance(hint, str) and hint:
+        note(f"hint: {hint}")
 
 
 def stderr_console() -> Console:

@@ -39,14 +39,17 @@ from loglake.cli.common import (
     error_line,
     format_bytes,
     open_log,
+    report_error,
     stderr_console,
     stdout_console,
 )
+from loglake.cli.early import GLOBAL_OPTIONS
 from loglake.engine.verify import VerifyReport, verify_data_dir, verify_source
 from loglake.engine.verify_live import LiveSource
 from loglake.errors import DataDirLockedError, LoglakeError
+from loglake.extras import missing_extra
 from loglake.fs.os_fs import OsFileSystem
-from loglake.store import open_store
+from loglake.store import accepted_store_urls, open_store
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -58,7 +61,13 @@ class LoglakeGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except (LoglakeError, CliError) as exc:
-            error_line(str(exc))
+            report_error(exc)
+            raise typer.Exit(1) from None
+        except ModuleNotFoundError as exc:  # an optional dependency a command needs: name its extra
+            missing = missing_extra(exc, f"loglake {ctx.invoked_subcommand or ''}".strip())
+            if missing is None:
+                raise
+            report_error(missing)
             raise typer.Exit(1) from None
 
 
@@ -162,7 +171,7 @@ def verify(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON on stdout.")] = False,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     cold_store: Annotated[
-        str | None, typer.Option("--cold-store", help="Cold store URL: also walk the segments held there.")
+        str | None, typer.Option("--cold-store", help=f"Cold store URL ({accepted_store_urls()}): also walk the segments held there.")
     ] = None,
 ) -> None:
     """Check every segment's CRCs, index and hash chain; exit 1 naming the first bad one.
@@ -317,10 +326,6 @@ def demo(
         raise CliError(f"demo consumed {total_consumed} records but produced {total_produced}")
     console.print(f"demo done in {time.perf_counter() - started:.2f}s (data in {data_dir})", markup=False)
 
-
-#: Options of the `loglake` group itself, accepted anywhere on the line (`loglake serve --log-level
-#: INFO` as well as `loglake --log-level INFO serve`), with whether they take a value.
-GLOBAL_OPTIONS = {"--log-level": True, "--log-format": True}
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:

@@ -1,7 +1,7 @@
 """`loglake pipeline export|verify|compact-table`: Spark jobs over a loglake segment store, and
 the small-file compaction of the Iceberg tables export lands.
 
-pyspark is imported only when a command runs (`pip install loglake[spark]`), so the rest of
+pyspark is imported only when a command runs (the spark extra: loglake.extras), so the rest of
 the CLI works without it.
 """
 
@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from loglake.cli.common import CliError, error_line, parse_pairs, stderr_console, stdout_console
+from loglake.extras import missing_extra
 
 app = typer.Typer(
     name="pipeline",
@@ -41,7 +42,8 @@ def _spark(master: str, app_name: str, conf: list[str] | None) -> Any:
     try:
         from loglake.spark.pipeline import spark_session
     except ImportError as exc:
-        raise CliError(f"pipelines need pyspark: pip install 'loglake[spark]' ({exc})") from None
+        missing = missing_extra(exc, "loglake pipeline")
+        raise (missing or CliError(f"pipelines cannot load pyspark: {exc}")) from None
     return spark_session(master, app_name, parse_pairs(conf, "--conf"))
 
 
@@ -209,7 +211,8 @@ def compact_table(
         from loglake.spark.iceberg import compact_table as compact
         from loglake.spark.iceberg import open_catalog
     except ImportError as exc:
-        raise CliError(f"compact-table needs pyiceberg: pip install 'loglake[spark]' ({exc})") from None
+        missing = missing_extra(exc, "loglake pipeline compact-table")
+        raise (missing or CliError(f"compact-table cannot load pyiceberg: {exc}")) from None
     catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"))
     result = compact(catalog, table)
     if not result.partitions:

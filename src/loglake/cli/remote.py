@@ -43,6 +43,16 @@ CONNECT_ATTEMPT_S = 1.0
 _TRANSPORT, _RESOLVE = -195, -193
 #: ... and for a failed SASL login or TLS handshake: retrying will not help either.
 _AUTHENTICATION, _SSL = -169, -181
+#: ... and for "every bootstrap broker closed the connection" (or could not be connected).
+_ALL_BROKERS_DOWN = -187
+#: How long the check that something accepts TCP connections at the address waits.
+TCP_PROBE_S = 2.0
+
+#: Who may grant an ACL, and how (there is no `loglake acls` command: Kafka's admin APIs do it).
+ACL_HINT = (
+    "a super user (loglake serve --super-users) grants ACLs with Kafka's admin API: kafka-acls.sh --add "
+    "or an AdminClient's create_acls (docs/SECURITY.md, \"ACLs\")"
+)
 
 #: librdkafka's log lines (connection refused and the like) land here instead of on stderr.
 LIBRDKAFKA_LOGGER = "loglake.cli.librdkafka"
@@ -110,6 +120,66 @@ def unreachable(bootstrap: str) -> CliError:
     return CliError(f"cannot reach a broker at {bootstrap} within {REMOTE_TIMEOUT_S:g}s")
 
 
+def principal() -> str:
+    """The principal the broker takes this command for, as far as --command-config tells: the SASL
+    user, the TLS client certificate's, or User:ANONYMOUS."""
+    from loglake.broker.security.tls import ANONYMOUS
+
+    settings = command_config.client_settings()
+    protocol = settings.get("security.protocol", "plaintext").upper()
+    if protocol.startswith("SASL") and settings.get("sasl.username"):
+        return f"User:{settings['sasl.username']}"
+    if protocol == "SSL" and settings.get("ssl.certificate.location"):
+        return f"the principal of the client certificate {settings['ssl.certificate.location']}"
+    return ANONYMOUS
+
+
+def denied(message: str, detail: str = "") -> CliError:
+    """The broker refused this command's principal (an ACL is missing): `message`, who, `detail`."""
+    who = principal()
+    return CliError(f"{message} for {who}{detail}", hint=f"grant {who if who.startswith('User:') else 'it'} an ACL: {ACL_HINT}")
+
+
+#: librdkafka's authorization error names -> the kind of resource the ACL is missing on.
+_AUTHORIZATION_FAILED = {
+    "TOPIC_AUTHORIZATION_FAILED": "topic",
+    "GROUP_AUTHORIZATION_FAILED": "group",
+    "CLUSTER_AUTHORIZATION_FAILED": "the cluster",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": "transactional id",
+}
+
+
+def _plaintext() -> bool:
+    """Does this command speak plaintext Kafka (no security.protocol of TLS or SASL given)?"""
+    return command_config.client_settings().get("security.protocol", "plaintext").lower() == "plaintext"
+
+
+def _tcp_accepts(bootstrap: str) -> str | None:
+    """The first HOST:PORT of `bootstrap` that accepts a TCP connection, or None."""
+    import socket
+
+    for address in bootstrap.split(","):
+        host, sep, port = address.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            continue
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=TCP_PROBE_S):
+                return address.strip()
+        except OSError:
+            continue
+    return None
+
+
+def not_plaintext_kafka(address: str) -> CliError:
+    """`address` accepted the connection and closed it without answering a plaintext request."""
+    return CliError(
+        f"connected to {address} but it did not answer a plaintext Kafka request: is it a TLS or SASL listener?",
+        hint="give the listener's client settings with --command-config FILE (security.protocol=SSL, SASL_SSL or "
+        "SASL_PLAINTEXT, with ssl.ca.location and sasl.mechanism/sasl.username/sasl.password as it needs; "
+        "docs/SECURITY.md)",
+    )
+
+
 def describe_error(exc: BaseException) -> str:
     """A KafkaException (or other failure) as a short message."""
     args = getattr(exc, "args", ())
@@ -136,6 +206,8 @@ def result(future: Future[Any], what: str) -> Any:
     except Exception as exc:
         name = error_name(exc)
         message = describe_error(exc)
+        if name in _AUTHORIZATION_FAILED:
+            raise denied(f"{what}: authorization denied on {_AUTHORIZATION_FAILED[name]}") from None
         if name in ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC") and "unknown topic '" not in message:
             message = "unknown topic"  # librdkafka's generic "Broker: Unknown topic or partition"
         raise CliError(f"{what}: {message}") from None
@@ -150,6 +222,7 @@ class Remote:
         self.bootstrap = bootstrap
         self._refused: list[str] = []
         self._denied: list[str] = []
+        self._down = False
         try:
             self.admin = AdminClient(client_config(bootstrap, error_cb=self._on_error))
         except Exception as exc:  # a malformed address or config
@@ -161,6 +234,8 @@ class Remote:
             self._refused.append(str(err.str()))
         elif err.code() in (_AUTHENTICATION, _SSL):
             self._denied.append(str(err.str()))
+        elif err.code() == _ALL_BROKERS_DOWN:
+            self._down = True
 
     def _connect(self) -> None:
         """The first metadata request, retried until REMOTE_TIMEOUT_S; a refused connection or an
@@ -176,6 +251,12 @@ class Remote:
                 raise CliError(f"the broker at {self.bootstrap} refused the connection: {_denial(self._denied[-1])}")
             if self._refused:
                 raise CliError(f"cannot reach a broker at {self.bootstrap}: {_reason(self._refused[-1])}")
+            if self._down and _plaintext():
+                # Every broker closed the connection: a TLS or SASL listener does that to a
+                # plaintext client (librdkafka then retries until the deadline, saying nothing).
+                address = _tcp_accepts(self.bootstrap)
+                if address is not None:
+                    raise not_plaintext_kafka(address)
             if time.monotonic() >= deadline:
                 raise unreachable(self.bootstrap)
 
@@ -192,9 +273,24 @@ class Remote:
     def partitions(self, topic: str) -> list[int]:
         """The topic's partition ids; CliError when the broker does not know the topic."""
         md = self.metadata().topics.get(topic)
+        if md is None and not self.may_describe(topic):
+            raise denied(f"authorization denied on topic {topic!r}", " (not allowed to describe it)")
         if md is None or (md.error is not None and not md.partitions):
             raise CliError(f"unknown topic {topic!r}")
         return sorted(md.partitions)
+
+    def may_describe(self, topic: str) -> bool:
+        """False when the broker refuses to describe `topic` to this principal. A listing of all
+        topics leaves such a topic out as if it did not exist; asking for it alone tells (as in
+        Kafka, also for a topic that does not exist: the broker does not say which)."""
+        from confluent_kafka import TopicCollection
+
+        future = self.admin.describe_topics(TopicCollection([topic]), request_timeout=REMOTE_TIMEOUT_S)[topic]
+        try:
+            future.result(timeout=ADMIN_CALL_TIMEOUT_S)
+        except Exception as exc:
+            return error_name(exc) != "TOPIC_AUTHORIZATION_FAILED"
+        return True
 
     def broker_id(self) -> int:
         brokers = self.metadata().brokers

@@ -31,7 +31,9 @@ from loglake.cli.remote import (
     REMOTE_TIMEOUT_S,
     Remote,
     consumer,
+    denied,
     describe_error,
+    error_name,
     producer,
     result,
 )
@@ -60,6 +62,9 @@ def ensure_topic(remote: Remote, topic: str) -> list[int]:
         futures[topic].result(timeout=ADMIN_CALL_TIMEOUT_S)
         note(f"created topic {topic} (1 partition)")
     except Exception as exc:
+        if error_name(exc) == "TOPIC_AUTHORIZATION_FAILED":
+            # it may exist: a principal that may not describe a topic is told nothing of it
+            raise denied(f"authorization denied on topic {topic!r}", " (not allowed to describe it, nor to create it)") from None
         if "already exists" not in describe_error(exc).lower():
             result(futures[topic], f"create topic {topic}")
     return remote.partitions(topic)
@@ -86,12 +91,14 @@ def produce(
         **{"partitioner": "murmur2_random", "linger.ms": 5, "message.timeout.ms": int(FLUSH_TIMEOUT_S * 1000)},
     )
     failures: list[str] = []
+    refused = False  # the broker refused the principal WRITE on the topic
     acked = 0
 
     def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal acked
+        nonlocal acked, refused
         if err is not None:
             failures.append(err.str() if hasattr(err, "str") else str(err))
+            refused = refused or (hasattr(err, "name") and err.name() == "TOPIC_AUTHORIZATION_FAILED")
         else:
             acked += 1
 
@@ -140,6 +147,8 @@ def produce(
             if failures:
                 break
         left = p.flush(FLUSH_TIMEOUT_S)
+    if refused:
+        raise denied(f"produce to {topic}: authorization denied on topic {topic!r}", f" (not allowed to write to it; {acked} records were produced)")
     if failures:
         raise CliError(f"produce to {topic} failed: {failures[0]} ({acked} records were produced)")
     if left:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -13,10 +13,13 @@ import typer.main
 
 from loglake.broker.config import BrokerConfig
 from loglake.cli.common import error_line, note
-from loglake.cli.startup import check_space, explain
+from loglake.cli.early import install_stop_guard, program_args
+from loglake.cli.startup import check_space, etcd_reachable, explain
 from loglake.engine import Engine
 from loglake.engine.engine import local_parts
+from loglake.extras import install_command, missing_extra
 from loglake.fs.os_fs import OsFileSystem
+from loglake.store import accepted_store_urls
 
 if TYPE_CHECKING:
     from loglake.broker.groups.store import GroupStoreFactory
@@ -30,7 +33,7 @@ def serve(
         str | None, typer.Option("--data-dir", "-d", help="Data directory (env LOGLAKE_DATA_DIR; default ./loglake-data).")
     ] = None,
     cold_store: Annotated[
-        str | None, typer.Option("--cold-store", help="Cold store URL (file:///path or s3://bucket/prefix?...): enables tiering.")
+        str | None, typer.Option("--cold-store", help=f"Cold store URL ({accepted_store_urls()}): enables tiering.")
     ] = None,
     listen: Annotated[
         list[str] | None,
@@ -76,7 +79,7 @@ def serve(
     ] = None,
     event_loop: Annotated[
         str | None,
-        typer.Option("--event-loop", help="asyncio (default) or uvloop (needs the fast extra: pip install 'loglake[fast]')."),
+        typer.Option("--event-loop", help=f"asyncio (default) or uvloop (needs the fast extra: {install_command('fast')})."),
     ] = None,
     allow_unauthenticated_public_listener: Annotated[
         bool | None,
@@ -155,6 +158,10 @@ def serve(
         if failure.hint:
             note(f"hint: {failure.hint}")
         raise typer.Exit(failure.exit_code) from None
+    if program_args() is not None:
+        # The event loop gave the signals back (Python's KeyboardInterrupt): a second Ctrl-C
+        # while the process exits must not print a traceback either.
+        install_stop_guard(None)
     sys.exit(code)
 
 
@@ -218,22 +225,67 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
             note(f"hint: {failure.hint}")
         return failure.exit_code
 
+    if config.cluster is not None:
+        from loglake.meta.etcd_url import parse_cluster_url
+
+        _cluster_node()  # a missing cluster extra is told before etcd is looked for
+        etcd_reachable(parse_cluster_url(config.cluster)[0])
+    quiet = _QuietStartUp()
+
     def announce(listener: Listener, advertised: tuple[str, int]) -> None:
+        quiet.end()
         # One line per listener; a PLAINTEXT one as before ("HOST:PORT"), others with their protocol.
         where = f"{listener.host}:{listener.port}"
         print(f"loglake listening on {where if listener.protocol == PLAINTEXT else listener.url()}", flush=True)
 
-    served, group_stores = compose(config)
-    return run_server(config, served, group_stores, announce)
+    try:
+        served, group_stores = compose(config)
+        return run_server(config, served, group_stores, announce)
+    finally:
+        quiet.end()
+
+
+#: Loggers that warn on each retry of a request to the bucket or to etcd. Before the broker
+#: listens, such retries only precede the one error line (and hint) that says the store or etcd
+#: cannot be reached, so at the default log level they are held back until then.
+RETRY_LOGGERS = ("loglake.store.s3", "loglake.cluster.etcd_client")
+
+
+class _QuietStartUp:
+    """RETRY_LOGGERS at ERROR from now until `end()`, when the log level is the default
+    (WARNING or above); `--log-level INFO` or DEBUG shows every retry."""
+
+    def __init__(self) -> None:
+        self._levels: dict[str, int] = {}
+        if logging.getLogger().getEffectiveLevel() >= logging.WARNING:
+            for name in RETRY_LOGGERS:
+                logger = logging.getLogger(name)
+                self._levels[name] = logger.level
+                logger.setLevel(logging.ERROR)
+
+    def end(self) -> None:
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        self._levels.clear()
+
+
+def _cluster_node() -> Callable[[BrokerConfig], tuple[Engine, GroupStoreFactory]]:
+    """`loglake.cluster.node.cluster_node`; a MissingExtraError when the cluster extra is not installed."""
+    try:
+        from loglake.cluster.node import cluster_node
+    except ModuleNotFoundError as exc:
+        missing = missing_extra(exc, "cluster mode (--cluster)")
+        if missing is None:
+            raise
+        raise missing from None
+    return cluster_node
 
 
 def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
     """The engine `serve` runs (not open yet), and how its group coordinators' stores are made:
     the one place that reads which mode the broker runs in (`--cluster`)."""
     if config.cluster is not None:
-        from loglake.cluster.node import cluster_node
-
-        return cluster_node(config)
+        return _cluster_node()(config)
     data_dir = os.path.abspath(config.data_dir)
     engine_config = config.engine_config()
     parts = local_parts(data_dir, engine_config, fs=OsFileSystem(), node_id=config.node_id, rack=config.rack)

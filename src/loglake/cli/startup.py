@@ -32,12 +32,14 @@ from loglake.errors import (
     ConfigError,
     CorruptionError,
     DataDirLockedError,
+    EtcdUnavailableError,
     ListenError,
     LoglakeError,
     MetadataDamagedError,
     StorageError,
     UnsafeListenerError,
 )
+from loglake.extras import missing_extra
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -53,6 +55,28 @@ EXIT_META_DAMAGED = 11
 
 log = logging.getLogger("loglake.serve")
 MIB = 1024 * 1024
+
+#: What to do when etcd does not answer at start-up (cluster mode).
+ETCD_HINT = (
+    "start etcd there, or point --cluster (env LOGLAKE_CLUSTER) at the etcd endpoints that run "
+    "(etcd://HOST:PORT[,HOST:PORT...]/PREFIX; docs/CLUSTER.md)"
+)
+#: How long the start-up check waits for a TCP connection to one etcd endpoint.
+ETCD_PROBE_S = 2.0
+
+
+def etcd_reachable(endpoints: list[tuple[str, int]]) -> None:
+    """EtcdUnavailableError at once when no etcd endpoint accepts a TCP connection (refused, no
+    route, no answer within ETCD_PROBE_S), instead of the metadata store's retries for its whole
+    deadline (15 s) followed by the same error."""
+    reasons = []
+    for host, port in endpoints:
+        try:
+            with socket.create_connection((host, port), timeout=ETCD_PROBE_S):
+                return
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or type(exc).__name__}")
+    raise EtcdUnavailableError(f"etcd unreachable: no endpoint accepts connections ({'; '.join(reasons)})")
 
 
 class StartupFailure(NamedTuple):
@@ -194,6 +218,9 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
             "copy if you have one; or start once with --accept-data-loss to go on without them (their offsets "
             "stay reserved, consumers skip them, the loss is logged)",
         )
+    missing = missing_extra(exc, "loglake serve")
+    if missing is not None:
+        return StartupFailure(EXIT_CONFIG, str(missing), missing.hint)
     if isinstance(exc, UnsafeListenerError):
         return StartupFailure(EXIT_USAGE, str(exc))
     if isinstance(exc, ConfigError):
@@ -204,8 +231,11 @@ def explain(exc: BaseException, data_dir: str) -> StartupFailure | None:
             return found
     if isinstance(exc, OSError):
         return _os_error(exc, data_dir)
+    if isinstance(exc, EtcdUnavailableError):
+        return StartupFailure(EXIT_ERROR, str(exc), ETCD_HINT)
     if isinstance(exc, LoglakeError):
-        return StartupFailure(EXIT_ERROR, str(exc))
+        hint = getattr(exc, "hint", None)  # an S3 store's error says what to do when it can tell
+        return StartupFailure(EXIT_ERROR, str(exc), hint if isinstance(hint, str) else None)
     return None
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import threading
 from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 from loglake.errors import ConfigError
+from loglake.extras import MissingExtraError, missing_extra
 from loglake.fs.base import FileSystem
 from loglake.store.base import (
     InvalidObjectKeyError,
@@ -24,14 +26,17 @@ from loglake.store.base import (
 )
 from loglake.store.local import LocalStore
 from loglake.store.memory import MemoryStore, drop_memory_store, named_memory_store
+from loglake.store.s3_url import parse_s3_url
 
 __all__ = [
+    "STORE_URL_FORMS",
     "InvalidObjectKeyError",
     "LocalStore",
     "MemoryStore",
     "ObjectNotFoundError",
     "ObjectStore",
     "SegmentKey",
+    "accepted_store_urls",
     "check_key",
     "cluster_prefix",
     "drop_memory_store",
@@ -77,26 +82,62 @@ register_scheme("file", _open_file)
 register_scheme("memory", _open_memory)
 
 
-def open_store(url: str, fs: FileSystem) -> ObjectStore:
-    """The store at `url`: "file:///abs/path" or a plain path -> LocalStore, "memory://name" ->
-    the process-wide MemoryStore of that name; other schemes when registered (register_scheme)."""
+#: The store URLs a user may give (--cold-store and the like), in the order errors and help
+#: texts list them: the one list of them (the S3 backend registers "s3" on first use). A string
+#: without "scheme:" is a plain directory path. Schemes registered otherwise (the tests'
+#: in-process "memory://name") are served but not advertised.
+STORE_URL_FORMS: dict[str, str] = {
+    "file": "file:///abs/path",
+    "s3": "s3://bucket[/prefix][?option=value&...]",
+}
+
+#: "scheme:" at the start of a string: it is meant as a URL, never as a directory path.
+_SCHEME_PREFIX = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def accepted_store_urls() -> str:
+    """The accepted store URLs, as errors and help texts name them."""
+    return ", ".join(STORE_URL_FORMS.values()) + " or a plain directory path"
+
+
+def _check_url(url: str) -> str:
+    """The scheme of `url` (lower case), or "" for a plain path; a ConfigError for a string that
+    looks like a URL but is not a well-formed one (`s3:/bucket`, `file:/tmp/x`): such a string
+    would otherwise name a local directory called `s3:`."""
     if not url:
         raise ConfigError("store URL is empty")
-    if "://" not in url:
+    scheme, sep, _ = url.partition("://")
+    if sep:
+        scheme = scheme.lower()
+        if scheme not in STORE_URL_FORMS and scheme not in _schemes:
+            raise ConfigError(f"store URL {url!r}: unknown scheme {scheme + '://'!r}; expected {accepted_store_urls()}")
+        return scheme
+    found = _SCHEME_PREFIX.match(url)
+    if found is None:
+        return ""
+    scheme = found.group(1).lower()
+    path = url[found.end() :].lstrip("/")
+    meant = f"{scheme}://{'/' if scheme == 'file' else ''}{path}"
+    guess = f" (did you mean {meant!r}?)" if scheme in STORE_URL_FORMS else ""
+    raise ConfigError(f"store URL {url!r} is not a well-formed URL{guess}: expected {accepted_store_urls()}")
+
+
+def open_store(url: str, fs: FileSystem) -> ObjectStore:
+    """The store at `url`: "file:///abs/path" or a plain path -> LocalStore, "memory://name" ->
+    the process-wide MemoryStore of that name, "s3://bucket/prefix?..." -> S3Store; other schemes
+    when registered (register_scheme). Anything else (an unknown scheme, `s3:/bucket`) is a
+    ConfigError naming the accepted forms (STORE_URL_FORMS)."""
+    scheme = _check_url(url)
+    if not scheme:
         return LocalStore(os.path.abspath(url), fs)
-    scheme = url.split("://", 1)[0].lower()
     if scheme == "s3" and "s3" not in _schemes:
+        parse_s3_url(url)  # a malformed s3 URL is told as such, whether or not boto3 is installed
         try:  # the S3 backend registers itself on import; boto3 is only needed for it
             importlib.import_module("loglake.store.s3").register()
         except ImportError as exc:
-            raise ConfigError(f"store URL {url!r} needs boto3 ({exc}); install loglake[s3]") from None
+            raise (missing_extra(exc, f"store URL {url!r}") or MissingExtraError(f"store URL {url!r}", "boto3")) from None
     with _schemes_lock:
         factory = _schemes.get(scheme)
-        known = sorted(_schemes)
-    if factory is None:
-        raise ConfigError(
-            f"store URL {url!r}: unknown scheme {scheme!r}; supported: "
-            + ", ".join(f"{s}://" for s in known)
-            + " or a plain directory path"
-        )
+    if factory is None:  # pragma: no cover - every STORE_URL_FORMS scheme is registered above
+        raise ConfigError(f"store URL {url!r}: unknown scheme {scheme!r}; expected {accepted_store_urls()}")
     return factory(url, fs)

@@ -88,9 +88,46 @@ HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = (
 )
 
 
+_CREDENTIALS_MISSING = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.CredentialRetrievalError,
+)
+_UNREACHABLE = (
+    botocore.exceptions.EndpointConnectionError,
+    botocore.exceptions.ConnectTimeoutError,
+    urllib3.exceptions.NewConnectionError,
+    ConnectionRefusedError,
+)
+
+
+def hint_of(cause: BaseException) -> str | None:
+    """What the user can do about an S3 failure caused by `cause`, when that is clear: the `hint:`
+    line `loglake serve` and the commands print under the error (docs/S3.md)."""
+    if isinstance(cause, _CREDENTIALS_MISSING):
+        return (
+            "give the broker S3 credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile (AWS_PROFILE, "
+            'or profile=NAME in the store URL) or an instance role (docs/S3.md, "Credentials")'
+        )
+    if isinstance(cause, _UNREACHABLE):
+        return (
+            "nothing answered at the S3 endpoint: check the store URL's endpoint_url (and region), and that the "
+            "endpoint is up and reachable from this machine"
+        )
+    code, _status = error_code(cause)
+    if code == "NoSuchBucket":
+        return "create the bucket first, or correct its name in the store URL"
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken"):
+        return "the S3 endpoint refused the credentials: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the profile)"
+    if code == "AccessDenied":
+        return "the credentials may not use this bucket: allow them to list, read, write and delete objects in it (docs/S3.md)"
+    return None
+
+
 class S3StoreError(StorageError):
     """A failed S3 operation. `op`, `path` (the key or prefix), `retriable` and `cause` as in
-    StorageError; also `attempts` made, the S3 error `code` and HTTP `status` when known."""
+    StorageError; also `attempts` made, the S3 error `code` and HTTP `status` when known, and a
+    `hint` (what to do about it) when the cause says."""
 
     def __init__(
         self,
@@ -107,6 +144,7 @@ class S3StoreError(StorageError):
         self.attempts = attempts
         self.code, self.status = error_code(cause)
         self.reason = reason
+        self.hint = hint_of(cause)
         hint = "a later retry may succeed" if retriable else "not retriable"
         self.args = (
             f"s3 {op} {key!r} in {url}: {reason} after {attempts} attempt(s) ({hint}): "
