@@ -68,6 +68,7 @@ class LoadProducer(threading.Thread):
         self.errors: list[str] = []
         #: monotonic time of every ack, for "clients carry on" (acks after a fault).
         self.ack_times: list[float] = []
+        self.ack_partitions: list[int] = []  # the partition of each ack in ack_times
         self.exc: BaseException | None = None
 
     def stop(self) -> None:
@@ -99,6 +100,7 @@ class LoadProducer(threading.Thread):
                 if err is None:
                     self.history.acked(op, msg.partition(), msg.offset())
                     self.acked += 1
+                    self.ack_partitions.append(msg.partition())
                     self.ack_times.append(time.monotonic())
                 else:
                     self.history.unknown(op, str(err))
@@ -290,6 +292,15 @@ class Load:
 
     def consumed(self) -> int:
         return sum(c.consumed for c in self.consumers)
+
+    def partitions_acked(self, since: float, until: float) -> set[int]:
+        """Partitions with an ack between the two `time.monotonic()` instants."""
+        return {
+            part
+            for p in self.producers
+            for at, part in zip(list(p.ack_times), list(p.ack_partitions), strict=False)
+            if since <= at <= until
+        }
 
     def last_ack(self) -> float:
         return max((p.ack_times[-1] for p in self.producers if p.ack_times), default=0.0)

@@ -28,7 +28,11 @@ pytestmark = [needs_etcd, needs_netns]
 
 #: How long a cut lasts: several leases (3 s), so the cut broker's lease runs out while its
 #: clients are still connected to it.
-CUT_S = 15.0
+CUT_S = 20.0
+#: By then the cut broker's partitions are led by others (the lease for an etcd cut; the
+#: default `cluster_unreachable_release_ms` of 5 s for a bucket cut; then the clients' next
+#: Metadata), and every partition is acknowledged again until the cut heals.
+MOVED_S = 12.0
 
 
 def busiest(c: clusterkit.Cluster, topic: str) -> clusterkit.ClusterBroker:
@@ -51,8 +55,13 @@ def test_a_broker_cut_off_from_a_service_loses_nothing_acknowledged(tmp_path: Pa
             # The clients carry on through the other brokers while the cut lasts.
             load.wait_acked(AFTER, CARRY_ON_S)
             time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
+            healed_at = time.monotonic()
             note(f"heal node {victim.node_id}'s path to {service}")
             victim.host.heal(service)
+            acked = load.partitions_acked(cut_at + MOVED_S, healed_at)
+            assert acked == set(range(PARTITIONS)), (
+                f"partitions acknowledged from {MOVED_S} s into the cut to its end: {sorted(acked)}"
+            )
             load.wait_acked(AFTER, CARRY_ON_S)
             assert victim.alive(), victim.log_text()[-3000:]
             # every partition is led by a live broker again, and written through
