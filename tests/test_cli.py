@@ -381,28 +381,115 @@ def test_subprocess_produce_consume_verify(d: Path) -> None:
     assert missing.stderr.decode().startswith("error: unknown topic") and b"Traceback" not in missing.stderr
 
 
-def test_subprocess_follow_stops_cleanly_on_ctrl_c(d: Path) -> None:
-    assert _bin("produce", "f", input=b"one\ntwo\n", data_dir=d).returncode == 0
-    proc = subprocess.Popen(
-        [str(LOGLAKE_BIN), "consume", "f", "--follow", "--data-dir", str(d)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+#: How soon after Ctrl-C a following consume must have given the prompt back.
+CTRL_C_EXIT_S = 2.0
+
+
+def _ctrl_c(proc: subprocess.Popen[bytes], drain: bool = True) -> tuple[float, bytes]:
+    """SIGINT `proc`; how long it took to exit, and its stderr."""
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
     try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline() == b"one\n"
-        assert proc.stdout.readline() == b"two\n"
-        time.sleep(0.3)  # now waiting for more
-        assert proc.poll() is None
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
+        if drain:
+            _out, err = proc.communicate(timeout=30)
+        else:
+            proc.wait(timeout=30)
+            err = proc.stderr.read() if proc.stderr is not None else b""
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    return time.monotonic() - sent, err
+
+
+@pytest.mark.parametrize("moment", ["after-open", "waiting", "printing"])
+def test_subprocess_follow_stops_cleanly_on_ctrl_c(d: Path, moment: str) -> None:
+    """Ctrl-C at any moment of a follow gives the prompt back within 2 s, exit 0, no traceback,
+    and the data directory closed (its lock free): right after the directory was opened, while
+    waiting for new records, and while printing a long backlog (stdout not read: the write blocks)."""
+    lines = b"one\ntwo\n" if moment != "printing" else b"".join(b"line %d\n" % i for i in range(50_000))
+    assert _bin("produce", "f", input=lines, data_dir=d).returncode == 0
+    proc = subprocess.Popen(
+        [str(LOGLAKE_BIN), "--log-level", "INFO", "consume", "f", "--follow", "--data-dir", str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    if moment == "after-open":
+        assert b"recovered" in proc.stderr.readline()  # the engine's open has just finished
+    elif moment == "waiting":
+        assert proc.stdout.readline() == b"one\n"
+        assert proc.stdout.readline() == b"two\n"
+        time.sleep(0.3)  # now waiting for more
+    else:
+        assert proc.stdout.readline() == b"line 0\n"
+    assert proc.poll() is None
+    took, err = _ctrl_c(proc, drain=moment != "printing")
     assert proc.returncode == 0, err
     assert b"Traceback" not in err
+    assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
     # the data dir was closed cleanly: the lock is free again
+    assert _bin("topics", "list", data_dir=d).stdout.split() == [b"f"]
+
+
+#: Runs the CLI with Ctrl-C arriving right after the main thread's `nth` acquisition of a ranked
+#: lock of `rank` (loglake.locks, checked locks as in every test): the moment that used to leave
+#: the lock held for good (a KeyboardInterrupt raised between a lock's acquisition and the `with`
+#: block that releases it) and hang the close of the data directory. It writes the time of the
+#: signal (time.monotonic, one clock for all processes) to the file in argv[1].
+_CTRL_C_IN_LOCK = """
+import os, signal, sys, threading, time
+from loglake import locks
+from loglake.cli.main import main
+
+assert locks.CHECKING, "needs LOGLAKE_LOCK_ORDER=check (tests/conftest.py)"
+rank, nth, mark = locks.Rank[os.environ["CTRL_C_RANK"]], int(os.environ["CTRL_C_NTH"]), sys.argv.pop(1)
+seen = 0
+acquire = locks.CheckedLock.acquire
+
+def acquire_then_ctrl_c(self, blocking=True, timeout=-1):
+    global seen
+    got = acquire(self, blocking, timeout)
+    if got and self.rank == rank and threading.current_thread() is threading.main_thread():
+        seen += 1
+        if seen == nth:
+            with open(mark, "w") as fh:
+                fh.write(repr(time.monotonic()))
+            os.kill(os.getpid(), signal.SIGINT)
+    return got
+
+locks.CheckedLock.acquire = acquire_then_ctrl_c
+sys.argv[0] = "loglake"
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    ("rank", "nth"),
+    [("PARTITION", 1), ("PARTITION", 4), ("PARTITION", 9), ("HIGH_WATERMARK", 1), ("HIGH_WATERMARK", 3)],
+)
+def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_the_follow(d: Path, tmp_path: Path, rank: str, nth: int) -> None:
+    assert _bin("produce", "f", input=b"one\ntwo\n", data_dir=d).returncode == 0
+    script, mark = tmp_path / "ctrl_c_in_lock.py", tmp_path / "sent"
+    script.write_text(_CTRL_C_IN_LOCK)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(mark), "consume", "f", "--follow", "--data-dir", str(d)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CTRL_C_RANK": rank, "CTRL_C_NTH": str(nth)},
+    )
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    exited = time.monotonic()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    took = exited - float(mark.read_text())
+    assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
+    assert out in (b"", b"one\ntwo\n")
     assert _bin("topics", "list", data_dir=d).stdout.split() == [b"f"]
 
 

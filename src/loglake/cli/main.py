@@ -30,7 +30,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics, users
+from loglake.cli import configs, data, groups, inspect, interrupt, pipeline, serve, topics, users
 from loglake.cli.common import (
     DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
@@ -332,7 +332,13 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Console-script entry point."""
-    app(args=hoist_global_options(sys.argv[1:]), prog_name="loglake")
+    try:
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="loglake")
+    except SystemExit as exc:  # click ends every run with one
+        code = 0 if exc.code is None else exc.code
+        if isinstance(code, int) and interrupt.signalled():  # Ctrl-C / SIGTERM; all is closed now
+            interrupt.exit_now(code)
+        raise
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -181,10 +181,12 @@ class RemoteRecords:
         follow: bool,
         group: str | None,
         isolation: str = "read_uncommitted",
+        stop: Callable[[], bool] = lambda: False,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
         self.topic = topic
+        self.stop = stop
         self.follow = follow
         self.group = group
         remote = Remote(bootstrap)
@@ -231,7 +233,7 @@ class RemoteRecords:
 
         waited = 0.0
         while True:
-            if not self.follow and self.assigned and not self.pending:
+            if self.stop() or (not self.follow and self.assigned and not self.pending):
                 return
             msg = self.consumer.poll(POLL_S)
             if msg is None:
@@ -275,8 +277,11 @@ def records(
     follow: bool,
     group: str | None,
     isolation: str = "read_uncommitted",
+    stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[RemoteRecords]:
-    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group, isolation)
+    """The records, read until the end (or for ever with `follow`) or until `stop()` is true
+    (asked before each poll of POLL_S)."""
+    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group, isolation, stop)
     try:
         yield recs
     finally:
