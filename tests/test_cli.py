@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -339,7 +340,7 @@ def test_inspect_corrupt_files(d: Path, tmp_path: Path) -> None:
 def test_verify_ok(d: Path) -> None:
     _one_segment(d)
     result = ok(run(["verify"], d))
-    assert "verify ok" in result.stdout and "1 segments" in result.stdout
+    assert "verify ok: 1 segment," in result.stdout  # not "1 segments"
     payload = json.loads(ok(run(["verify", "--json"], d)).stdout)
     assert payload["ok"] is True and payload["segments_checked"] == 1 and payload["partitions"] == 1
 
@@ -500,3 +501,84 @@ def test_subprocess_broken_pipe_is_quiet(d: Path) -> None:
     result = subprocess.run(["sh", "-c", cmd], capture_output=True, timeout=60, env={**os.environ})
     assert result.stdout == b"line 0\n"
     assert b"Traceback" not in result.stderr and b"BrokenPipe" not in result.stderr
+
+
+# ---- a newcomer's habits (issue 34) ---------------------------------------------------------------
+
+
+def test_counts_are_plural_only_when_they_are_many(d: Path) -> None:
+    one = ok(run(["produce", "one"], d, input="x\n"))
+    assert "produced 1 record (" in one.stderr
+    assert "created topic t (1 partition)" in ok(run(["topics", "create", "t"], d)).stdout
+    assert "(2 partitions)" in ok(run(["topics", "create", "t2", "--partitions", "2"], d)).stdout
+
+
+def test_cli_output_spells_counts_with_the_one_helper() -> None:
+    """Every "N things" the CLI prints goes through cli.common.plural: no "{n} records" or
+    "partition(s)" of its own, which printed "1 records"."""
+    import re
+
+    cli_dir = Path(loglake.__file__).parent / "cli"
+    pattern = re.compile(r"\}\s+(records|segments|partitions|errors|members)\b(?!\s+\{)|\w\(s\)")  # "partitions {n}" is a label
+    found = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in sorted(cli_dir.glob("*.py"))
+        if path.name not in ("serve.py", "startup.py", "pipeline.py")  # not yet converted: other owners
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and "records/s" not in line
+    ]
+    assert found == []
+
+
+def test_topics_create_takes_kafkas_replication_factor(d: Path) -> None:
+    ok(run(["topics", "create", "r1", "--replication-factor", "1"], d))
+    result = run(["topics", "create", "r3", "--replication-factor", "3"], d)
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        "error: create topic r3: Unable to replicate the partition 3 time(s): The target replication factor of 3 "
+        "cannot be reached because only 1 broker(s) are registered."
+    ]
+    assert "r3" not in ok(run(["topics", "list"], d)).stdout.split()
+
+
+@pytest.mark.parametrize("command", [["consume"], ["topics", "create"], ["groups", "reset-offsets"], ["serve"]])
+def test_help_keeps_env_var_names_whole_and_flags_without_a_metavar(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"\w…", result.stdout) and "<bool>" not in result.stdout  # nothing cut short
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    if command != ["groups", "reset-offsets"]:
+        assert "LOGLAKE_DATA_DIR" in result.stdout
+    if command in (["consume"], ["topics", "create"]):
+        assert "LOGLAKE_BOOTSTRAP_SERVER" in result.stdout
+
+
+def test_data_dir_on_proc_is_not_a_full_disk(tmp_path: Path) -> None:
+    result = run(["topics", "create", "t"], Path("/proc/self/loglake-data"))
+    assert result.exit_code == 1
+    [line] = result.stderr.strip().splitlines()
+    assert "not a writable data directory" in line and "proc filesystem" in line and "full" not in line
+
+
+def test_demo_has_its_own_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LOGLAKE_DATA_DIR", raising=False)
+    helptext = ok(CliRunner().invoke(app, ["demo", "--help"])).stdout
+    assert "make run" not in helptext or "not `make run`" in " ".join(helptext.split())
+    ok(CliRunner().invoke(app, ["demo", "--records", "10"]))
+    assert (tmp_path / "loglake-demo").is_dir() and not (tmp_path / "loglake-data").exists()
+
+
+def test_embedded_consume_until_a_time(tmp_path: Path) -> None:
+    with loglake.open(str(tmp_path / "data")) as log:
+        log.create_topic("t", partitions=1)
+        for i in range(10):
+            log.produce("t", b"v%d" % i, timestamp=1_000 * (i + 1))
+        assert log.offset_for_timestamp("t", 0, 4_000) == 3
+        assert log.offset_for_timestamp("t", 0, 99_000) is None
+        got = [r.offset for r in log.consume("t", start=datetime.fromtimestamp(3), until=datetime.fromtimestamp(7))]
+        assert got == [2, 3, 4, 5]
+        assert [r.offset for r in log.consume("t", until=2_500)] == [0, 1]
+        assert len(list(log.consume("t", until=99_000))) == 10
+        with pytest.raises(loglake.LoglakeError):
+            next(log.consume("t", follow=True, until=5_000))

@@ -32,6 +32,7 @@ from loglake.cli.common import (
     note,
     open_log,
     parse_header_pairs,
+    plural,
     stderr_console,
     strip_newline,
 )
@@ -138,7 +139,7 @@ _command_config: CommandConfigOption = None,
                     send()
                     raise CliError(
                         f"line {lineno} has no key separator {key_separator!r} "
-                        f"({records_out} records before it were produced)"
+                        f"({plural(records_out, 'record')} before it were produced)"
                     )
                 key, value = k, v
             size = len(value) + (len(key) if key is not None else 0) + _RECORD_OVERHEAD + extra
@@ -152,7 +153,7 @@ _command_config: CommandConfigOption = None,
     seconds = time.perf_counter() - started
     rate = records_out / seconds if seconds > 0 else 0.0
     stderr_console().print(
-        f"produced {records_out} records ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s "
+        f"produced {plural(records_out, 'record')} ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s "
         f"({rate:,.0f} records/s)",
         markup=False,
     )

@@ -25,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from loglake.cli.common import CliError, format_bytes, note, stderr_console, strip_newline
+from loglake.cli.common import CliError, format_bytes, note, plural, stderr_console, strip_newline
 from loglake.cli.remote import (
     ADMIN_CALL_TIMEOUT_S,
     REMOTE_TIMEOUT_S,
@@ -122,7 +122,7 @@ def produce(
                     p.flush(FLUSH_TIMEOUT_S)
                     raise CliError(
                         f"line {lineno} has no key separator {sep.decode(errors='replace')!r} "
-                        f"({acked} records before it were produced)"
+                        f"({plural(acked, 'record')} before it were produced)"
                     )
                 key, value = k, v
             while True:
@@ -141,13 +141,13 @@ def produce(
                 break
         left = p.flush(FLUSH_TIMEOUT_S)
     if failures:
-        raise CliError(f"produce to {topic} failed: {failures[0]} ({acked} records were produced)")
+        raise CliError(f"produce to {topic} failed: {failures[0]} ({plural(acked, 'record')} were produced)")
     if left:
-        raise CliError(f"{left} records to {topic} were not acknowledged by {bootstrap} within {FLUSH_TIMEOUT_S:g}s")
+        raise CliError(f"{plural(left, 'record')} to {topic} were not acknowledged by {bootstrap} within {FLUSH_TIMEOUT_S:g}s")
     seconds = time.perf_counter() - started
     rate = acked / seconds if seconds > 0 else 0.0
     stderr_console().print(
-        f"produced {acked} records ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s ({rate:,.0f} records/s)",
+        f"produced {plural(acked, 'record')} ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s ({rate:,.0f} records/s)",
         markup=False,
     )
 

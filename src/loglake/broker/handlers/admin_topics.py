@@ -50,6 +50,20 @@ _CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sens
 # ---- CreateTopics ---------------------------------------------------------------------------------
 
 
+def replication_factor_problem(factor: int) -> str | None:
+    """Why a topic cannot be created with `factor` replicas per partition (Kafka's wording, with
+    INVALID_REPLICATION_FACTOR), or None for -1 (the default) and 1: every partition has one replica.
+    `loglake topics create --replication-factor` on a data directory says the same."""
+    if factor == 0 or factor < -1:
+        return "Replication factor must be larger than 0, or -1 to use the default value."
+    if factor > 1:
+        return (
+            f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
+            "cannot be reached because only 1 broker(s) are registered."
+        )
+    return None
+
+
 def _partition_count(ctx: BrokerContext, topic: KafkaStruct) -> int:
     """The partition count a CreatableTopic asks for, after checking replication and assignments."""
     count, factor = topic.num_partitions, topic.replication_factor
@@ -72,16 +86,9 @@ def _partition_count(ctx: BrokerContext, topic: KafkaStruct) -> int:
                     f"the single broker {ctx.node_id} with one replica per partition",
                 )
         return len(assignments)
-    if factor == 0 or factor < -1:
-        raise AdminError(
-            INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the default value."
-        )
-    if factor > 1:
-        raise AdminError(
-            INVALID_REPLICATION_FACTOR,
-            f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
-            "cannot be reached because only 1 broker(s) are registered.",
-        )
+    problem = replication_factor_problem(factor)
+    if problem is not None:
+        raise AdminError(INVALID_REPLICATION_FACTOR, problem)
     if count == -1:
         return int(ctx.config.default_partitions)
     if count <= 0:
