@@ -516,7 +516,6 @@ def test_counts_are_plural_only_when_they_are_many(d: Path) -> None:
 def test_cli_output_spells_counts_with_the_one_helper() -> None:
     """Every "N things" the CLI prints goes through cli.common.plural: no "{n} records" or
     "partition(s)" of its own, which printed "1 records"."""
-    import re
 
     cli_dir = Path(loglake.__file__).parent / "cli"
     pattern = re.compile(r"\}\s+(records|segments|partitions|errors|members)\b(?!\s+\{)|\w\(s\)")  # "partitions {n}" is a label
