@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -547,3 +548,32 @@ def test_neither_a_data_dir_nor_a_bootstrap_server(tmp_path: Path) -> None:
         line = fails(args)
         assert "needs a running broker" in line and "--bootstrap-server" in line
     assert cli(["consume", "t", "--group", "g", "--data-dir", missing]).returncode == 2  # usage error
+
+
+def test_follow_through_a_broker_stops_on_ctrl_c_and_commits(broker: Broker) -> None:
+    """Ctrl-C ends `consume --follow --group` within 2 s (asked between polls, not raised inside
+    librdkafka's poll), exit 0, and the group has committed what was printed."""
+    topic = new_topic(broker)
+    produce(broker, topic, {0: 3})
+    group = f"ctrlc-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loglake.cli.main", "consume", topic, "--follow", "--group", group,
+         "--bootstrap-server", broker.bootstrap],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=os.path.dirname(__file__),
+    )
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(3)] == [b"0-0\n", b"0-1\n", b"0-2\n"]
+        time.sleep(0.3)  # polling for more
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    assert took < 2.0, f"exited {took:.2f}s after Ctrl-C"
+    assert committed_of(describe_group(broker, group), topic) == {0: 3}

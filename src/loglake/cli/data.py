@@ -274,9 +274,15 @@ _command_config: CommandConfigOption = None,
         if bootstrap:
             from loglake.cli import remote_data
 
-            remote = stack.enter_context(
-                remote_data.records(bootstrap, topic, spec, partition, follow, group, isolation.value, stop=stop)
-            )
+            stop.raising = True  # connecting holds no engine lock: Ctrl-C may cut its wait short
+            try:
+                remote = stack.enter_context(
+                    remote_data.records(bootstrap, topic, spec, partition, follow, group, isolation.value, stop=stop)
+                )
+            except KeyboardInterrupt:
+                return
+            finally:
+                stop.raising = False
             source: Iterable[ConsumerRecord] = remote
             done = remote.done
         else:

@@ -8,8 +8,10 @@ directory (a maintenance thread blocked on that lock, joined; a seal needing it)
 command forever. So while `stop_signals()` is active, the first SIGINT or SIGTERM only sets a
 flag, which the command's loop asks between records and at least every `CONSUME_WAIT_S` while it
 waits (`loglake.log.Log.consume(stop=...)`); the loop ends and the data directory closes as on
-any normal end. Only where the main thread is in the command's own output code (`raising()`: a
-write to a stdout pipe nobody reads may block) does the signal also raise KeyboardInterrupt.
+any normal end. Only where the main thread holds no engine lock and may block for long (`raising`: its own
+write to a stdout pipe nobody reads; connecting to a broker) does the signal also raise
+KeyboardInterrupt. Opening the data directory is not cut short: a stop asked meanwhile ends the
+command right after it.
 A second signal exits at once (exit code 128 + the signal), for a user who insists.
 
 Once a command stopped this way has closed what it opened, `main()` ends the process with
