@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -337,15 +338,62 @@ def test_groups_describe_lag_matches_reality(broker: Broker) -> None:
     assert doc["state"] == "EMPTY" and doc["members"] == []
     ends = {0: 6, 1: 4}
     rows = {p["partition"]: p for p in doc["partitions"] if p["topic"] == topic}
-    assert set(rows) == set(committed)
+    assert set(rows) == {0, 1}  # every partition of the topic, committed in or not
     for partition, row in rows.items():
-        assert row["committed_offset"] == committed[partition]
+        assert row["committed_offset"] == committed.get(partition)
         assert row["log_end_offset"] == ends[partition]
-        assert row["lag"] == ends[partition] - committed[partition]
-    assert sum(r["lag"] for r in rows.values()) == 10 - 7
-    assert _metrics_lag(broker, group, topic) == {p: r["lag"] for p, r in rows.items()}
+        assert row["lag"] == (ends[partition] - committed[partition] if partition in committed else None)
+    assert doc["total_lag"] == 10 - sum(committed.values())
+    assert _metrics_lag(broker, group, topic) == {p: r["lag"] for p, r in rows.items() if r["lag"] is not None}
     table = ok(["groups", "describe", "--group", group], broker).stdout
-    assert f"group {group}  state EMPTY" in table and "total lag 3" in table
+    assert f"group {group}  state EMPTY" in table and f"total lag {10 - sum(committed.values())}" in table
+
+
+def test_groups_total_lag_counts_partitions_without_a_commit(broker: Broker) -> None:
+    """A partition the group never committed in shows lag "-", and the total counts all it holds
+    (the undercount of a total made of committed partitions only)."""
+    topic = new_topic(broker, partitions=2)
+    produce(broker, topic, {0: 5, 1: 3})
+    group = f"half-{uuid.uuid4().hex[:8]}"
+    ok(["groups", "reset-offsets", "--group", group, "--topic", f"{topic}:0", "--to-offset", "2", "--execute"], broker)
+    doc = describe_group(broker, group)
+    assert [(p["partition"], p["lag"]) for p in doc["partitions"]] == [(0, 3), (1, None)]
+    assert doc["total_lag"] == 3 + 3 and doc["partitions_without_commit"] == 1
+    table = ok(["groups", "describe", "--group", group], broker).stdout
+    assert "total lag 6 (1 partition without a committed offset counted from the log start)" in " ".join(table.split())
+
+
+def test_reset_offsets_warns_when_it_clamps(broker: Broker) -> None:
+    topic = new_topic(broker)
+    produce(broker, topic, {0: 4})
+    group = f"clamp-{uuid.uuid4().hex[:8]}"
+    low = ok(["groups", "reset-offsets", "--group", group, "--topic", topic, "--to-offset", "-5", "--execute"], broker)
+    assert f"warning: new offset (-5) is lower than the earliest offset for {topic}:0; it will be set to 0" in (
+        low.stderr.splitlines()
+    )
+    assert committed_of(describe_group(broker, group), topic) == {0: 0}
+    high = ok(["groups", "reset-offsets", "--group", group, "--topic", topic, "--shift-by", "10", "--dry-run"], broker)
+    assert f"warning: new offset (10) is higher than the latest offset for {topic}:0; it will be set to 4" in (
+        high.stderr.splitlines()
+    )
+    inside = ok(["groups", "reset-offsets", "--group", group, "--topic", topic, "--to-offset", "3"], broker)
+    assert "warning" not in inside.stderr
+
+
+def test_verify_on_the_running_brokers_dir_counts_what_is_unsealed(broker: Broker) -> None:
+    topic = new_topic(broker)
+    produce(broker, topic, {0: 500})
+    deadline = Deadline("the broker to record the acknowledged end of the records")
+    while True:
+        result = cli(["verify", "--json", "--data-dir", str(broker.data_dir)])
+        assert result.returncode == 0, result.stderr
+        if json.loads(result.stdout)["unsealed_records_not_checked"] >= 500:
+            break
+        deadline.check()
+        time.sleep(0.5)
+    text = cli(["verify", "--data-dir", str(broker.data_dir)])
+    assert text.returncode == 0 and "verify ok" in text.stdout
+    assert "not sealed yet and not checked" in " ".join(text.stderr.split())
 
 
 def test_reset_offsets_dry_run_then_execute(broker: Broker) -> None:
@@ -500,3 +548,32 @@ def test_neither_a_data_dir_nor_a_bootstrap_server(tmp_path: Path) -> None:
         line = fails(args)
         assert "needs a running broker" in line and "--bootstrap-server" in line
     assert cli(["consume", "t", "--group", "g", "--data-dir", missing]).returncode == 2  # usage error
+
+
+def test_follow_through_a_broker_stops_on_ctrl_c_and_commits(broker: Broker) -> None:
+    """Ctrl-C ends `consume --follow --group` within 2 s (asked between polls, not raised inside
+    librdkafka's poll), exit 0, and the group has committed what was printed."""
+    topic = new_topic(broker)
+    produce(broker, topic, {0: 3})
+    group = f"ctrlc-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loglake.cli.main", "consume", topic, "--follow", "--group", group,
+         "--bootstrap-server", broker.bootstrap],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), cwd=os.path.dirname(__file__),
+    )
+    try:
+        assert proc.stdout is not None
+        assert [proc.stdout.readline() for _ in range(3)] == [b"0-0\n", b"0-1\n", b"0-2\n"]
+        time.sleep(0.3)  # polling for more
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    assert took < 2.0, f"exited {took:.2f}s after Ctrl-C"
+    assert committed_of(describe_group(broker, group), topic) == {0: 3}

@@ -229,6 +229,9 @@ class Log:
         return b"".join(bytes(c) for c in result.chunks if not isinstance(c, FileRange))
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int | datetime) -> int | None:
+        """The offset of the partition's first record whose timestamp is at or after `timestamp`
+        (a datetime, or milliseconds since the epoch), or None when no record is that late: Kafka's
+        ListOffsets by time (`offsetsForTimes`). Records before the log start are not looked at."""
         found = self.engine.offset_for_timestamp(topic, partition, _timestamp_ms(timestamp) or 0)
         return None if found is None else found[0]
 
@@ -246,23 +249,41 @@ class Log:
         partitions: Sequence[int] | None = None,
         idle_timeout: float | None = None,
         isolation: str = READ_UNCOMMITTED,
+        until: int | datetime | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> Iterator[ConsumerRecord]:
         """Records of `topic` from `start`: 'earliest', 'latest', an offset for every partition,
         {partition: offset}, or a datetime. Without `follow` it stops at the ends it saw when it
         started; with `follow` it waits for new data (until `idle_timeout` seconds pass with none,
-        if given).
+        if given, or until `stop()` is true: it is asked before each read and at least every
+        CONSUME_WAIT_S seconds while waiting, e.g. `stop=event.is_set`).
+
+        `until` (a datetime, or milliseconds since the epoch) bounds a time range: each partition
+        ends before its first record with a timestamp at or after `until`, found as
+        `offset_for_timestamp` finds it (Kafka's ListOffsets by time; CreateTime need not grow
+        with the offset, so this is the offset range between the two lookups, as a Kafka consumer
+        seeking by time reads it). It ends the read, so it does not go with `follow`.
 
         `isolation` is Kafka's isolation.level: 'read_uncommitted' (the default) returns every
         data record up to the high watermark; 'read_committed' stops at the last stable offset
         (an open transaction holds it back; 'latest' and the end are the LSO) and leaves out the
         records of aborted transactions. Transaction markers are never returned."""
         committed = check_isolation(isolation) == READ_COMMITTED
+        if until is not None and follow:
+            raise ConfigError("consume: `until` ends the read at a time; it does not go with follow=True")
         info = self.engine.topic(topic)
         chosen = list(partitions) if partitions is not None else list(range(info.partitions))
         positions = {p: self._start_offset(topic, p, start, committed) for p in chosen}
         stops = {p: self._end_offset(topic, p, committed) for p in chosen}
+        if until is not None:
+            for p in chosen:
+                found = self.offset_for_timestamp(topic, p, until)
+                if found is not None:
+                    stops[p] = min(stops[p], found)
         idle_since = time.monotonic()
         while True:
+            if stop is not None and stop():
+                return
             progressed = False
             holds: dict[int, int] = {}  # partition -> offset to wait past (an open transaction: its high watermark)
             for p in chosen:
@@ -330,6 +351,8 @@ class Log:
                 wait(waiters, timeout=timeout)
                 for w in waiters:
                     w.cancel()
+                if stop is not None and stop():
+                    return
                 if idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
                     return
 

@@ -104,6 +104,8 @@ def open_log(data_dir: str, *, must_exist: bool, **options: Any) -> Iterator[Log
         )
     try:
         log = loglake.open(data_dir, **options)
+    except OSError as exc:  # cannot be created or written: a typo'd path, no permission, /proc
+        raise CliError(not_a_data_dir(data_dir, exc)) from None
     except DataDirLockedError as exc:
         # A running broker holds the directory: point at the way to reach it instead.
         raise CliError(
@@ -116,6 +118,44 @@ def open_log(data_dir: str, *, must_exist: bool, **options: Any) -> Iterator[Log
         log.close()
 
 
+#: Filesystems that hold no files of ours: kernel views, not disks (their free space reads as 0).
+PSEUDO_FILESYSTEMS = frozenset(
+    {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "pstore",
+     "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "autofs", "binfmt_misc"}
+)
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem `path` (or its nearest existing parent) is on, from
+    /proc/self/mounts; None where that is not readable (not Linux)."""
+    target = os.path.realpath(os.path.abspath(path))
+    best, kind = "", None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fields[2]
+    except OSError:
+        return None
+    return kind
+
+
+def not_a_data_dir(data_dir: str, exc: OSError) -> str:
+    """The one line for a data directory that cannot be created or written."""
+    kind = filesystem_type(data_dir)
+    if kind in PSEUDO_FILESYSTEMS:
+        return (
+            f"{data_dir} is not a writable data directory: it is on a {kind} filesystem (a kernel view, not a disk); "
+            "use a directory on a disk"
+        )
+    return f"{data_dir} is not a writable data directory: {exc.strerror or exc}"
+
+
 def strip_newline(line: bytes) -> bytes:
     """A produced line without its line end (\\n or \\r\\n): the record value `produce` sends."""
     if line.endswith(b"\n"):
@@ -123,6 +163,12 @@ def strip_newline(line: bytes) -> bytes:
         if line.endswith(b"\r"):
             line = line[:-1]
     return line
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """A count and its noun, "1 record" / "2 records": every count the CLI prints goes through it
+    (tests/test_cli.py guards that no other spelling of "N records" is left)."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def format_bytes(n: float) -> str:

@@ -6,14 +6,12 @@ import contextlib
 import enum
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, BinaryIO
 
 import typer
 from rich.progress import (
@@ -34,9 +32,11 @@ from loglake.cli.common import (
     note,
     open_log,
     parse_header_pairs,
+    plural,
     stderr_console,
     strip_newline,
 )
+from loglake.cli.interrupt import stop_signals
 from loglake.cli.remote import BootstrapOption
 from loglake.log import ConsumerRecord, Headers, StartSpec
 from loglake.records.batch import BATCH_HEADER_SIZE
@@ -139,7 +139,7 @@ _command_config: CommandConfigOption = None,
                     send()
                     raise CliError(
                         f"line {lineno} has no key separator {key_separator!r} "
-                        f"({records_out} records before it were produced)"
+                        f"({plural(records_out, 'record')} before it were produced)"
                     )
                 key, value = k, v
             size = len(value) + (len(key) if key is not None else 0) + _RECORD_OVERHEAD + extra
@@ -153,7 +153,7 @@ _command_config: CommandConfigOption = None,
     seconds = time.perf_counter() - started
     rate = records_out / seconds if seconds > 0 else 0.0
     stderr_console().print(
-        f"produced {records_out} records ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s "
+        f"produced {plural(records_out, 'record')} ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s "
         f"({rate:,.0f} records/s)",
         markup=False,
     )
@@ -267,31 +267,48 @@ _command_config: CommandConfigOption = None,
                 param_hint="--from",
             )
     out = sys.stdout.buffer
-    with _sigterm_as_interrupt(follow), contextlib.ExitStack() as stack:
+    # Ctrl-C / SIGTERM only ask the loops below to stop (cli/interrupt.py says why), from before
+    # the data directory is opened until it is closed again.
+    with stop_signals() as stop, contextlib.ExitStack() as stack:
         done: Callable[[ConsumerRecord], None] = _nothing
         if bootstrap:
             from loglake.cli import remote_data
 
-            remote = stack.enter_context(
-                remote_data.records(bootstrap, topic, spec, partition, follow, group, isolation.value)
-            )
+            stop.raising = True  # connecting holds no engine lock: Ctrl-C may cut its wait short
+            try:
+                remote = stack.enter_context(
+                    remote_data.records(bootstrap, topic, spec, partition, follow, group, isolation.value, stop=stop)
+                )
+            except KeyboardInterrupt:
+                return
+            finally:
+                stop.raising = False
             source: Iterable[ConsumerRecord] = remote
             done = remote.done
         else:
             log = stack.enter_context(open_log(str(data_dir), must_exist=True))
-            source = log.consume(topic, spec, follow=follow, partitions=partition or None, isolation=isolation.value)
+            source = log.consume(
+                topic, spec, follow=follow, partitions=partition or None, isolation=isolation.value, stop=stop
+            )
         try:
-            for rec, data in _records(source, max_records, fmt, sep):
+            for rec, data in _records(source, max_records, fmt, sep, stop):
+                # our own output holds no engine lock: a signal may interrupt a blocked write here
+                stop.raising = True
                 out.write(data)
                 if follow:
                     out.flush()
+                stop.raising = False
                 done(rec)
+            stop.raising = True
             out.flush()
         except KeyboardInterrupt:
-            with contextlib.suppress(OSError, ValueError):
-                out.flush()
+            # raised only out of our own write, blocked on a pipe nobody reads: drop what it holds
+            stop.raising = False
+            _silence_stdout()
         except BrokenPipeError:
             _silence_stdout()
+        finally:
+            stop.raising = False
 
 
 def _nothing(rec: ConsumerRecord) -> None:
@@ -303,12 +320,15 @@ def _records(
     max_records: int | None,
     fmt: OutputFormat,
     sep: bytes | None,
+    stop: Callable[[], bool],
 ) -> Iterator[tuple[ConsumerRecord, bytes]]:
     if max_records == 0:
         return
     count = 0
     try:
         for rec in records:
+            if stop():
+                return
             yield rec, format_json(rec) if fmt is OutputFormat.json else format_value(rec, sep)
             count += 1
             if max_records is not None and count >= max_records:
@@ -319,30 +339,9 @@ def _records(
             close()
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt(enabled: bool) -> Iterator[None]:
-    """While following, let SIGTERM end the command like Ctrl-C (the log is closed cleanly)."""
-    previous: Any = None
-    installed = False
-    if enabled:
-
-        def on_term(signum: int, frame: FrameType | None) -> None:
-            raise KeyboardInterrupt
-
-        try:
-            previous = signal.signal(signal.SIGTERM, on_term)
-            installed = True
-        except ValueError:  # not the main thread (tests): leave SIGTERM alone
-            pass
-    try:
-        yield
-    finally:
-        if installed:
-            signal.signal(signal.SIGTERM, previous)
-
-
 def _silence_stdout() -> None:
-    """The reader went away (`| head`): point stdout at /dev/null so exit does not complain."""
+    """The reader went away (`| head`), or Ctrl-C broke a write it did not take: point stdout at
+    /dev/null so neither the exit nor a flush complains or blocks."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -1,7 +1,10 @@
 """`loglake groups list|describe|reset-offsets|delete`: consumer groups of a running broker.
 
 Like kafka-consumer-groups.sh: describe shows the group's state and members and, per partition,
-the committed offset, the log end offset and the lag (end - committed); reset-offsets plans new
+the committed offset, the log end offset and the lag (end - committed), for every partition of the
+topics the group has offsets in or is assigned (a partition without a committed offset shows lag
+"-"; the total lag counts it with everything it holds, log end - log start, and says how many
+there were); reset-offsets plans new
 committed offsets (--dry-run, the default, prints the plan) and with --execute commits them, which
 Kafka (and loglake) only allow while the group has no active members.
 """
@@ -17,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from loglake.cli.command_config import CommandConfigOption
-from loglake.cli.common import CliError, stderr_console, stdout_console
+from loglake.cli.common import CliError, plural, stderr_console, stdout_console
 from loglake.cli.remote import (
     ADMIN_CALL_TIMEOUT_S,
     REMOTE_TIMEOUT_S,
@@ -95,11 +98,16 @@ def group_lag(remote: Remote, group: str) -> dict[str, Any]:
                 "assignment": [[tp.topic, tp.partition] for tp in tps],
             }
         )
+    # Every partition of every topic the group has offsets in or is assigned, as a lag total must
+    # see them all: a partition nobody committed in yet has lag "-" in its row, as in Kafka's tool.
     keys = set(committed) | set(owner)
+    starts: dict[tuple[str, int], int] = {}
     ends: dict[tuple[str, int], int] = {}
     for topic in sorted({t for t, _ in keys}):
-        found = remote.offsets(topic, sorted(p for t, p in keys if t == topic), "latest")
-        ends.update({(topic, p): o for p, o in found.items()})
+        parts = sorted(set(remote.partitions(topic)) | {p for t, p in keys if t == topic})
+        keys |= {(topic, p) for p in parts}
+        starts.update({(topic, p): o for p, o in remote.offsets(topic, parts, "earliest").items()})
+        ends.update({(topic, p): o for p, o in remote.offsets(topic, parts, "latest").items()})
     partitions = []
     for topic, p in sorted(keys):
         current = committed.get((topic, p))
@@ -110,6 +118,7 @@ def group_lag(remote: Remote, group: str) -> dict[str, Any]:
                 "topic": topic,
                 "partition": p,
                 "committed_offset": current,
+                "log_start_offset": starts.get((topic, p)),
                 "log_end_offset": end,
                 "lag": None if current is None or end is None else max(0, end - current),
                 "member_id": m.member_id if m else None,
@@ -117,7 +126,29 @@ def group_lag(remote: Remote, group: str) -> dict[str, Any]:
                 "host": m.host if m else None,
             }
         )
-    return {"group": group, "state": _state(desc), "members": members, "partitions": partitions}
+    total, uncommitted = total_lag(partitions)
+    return {
+        "group": group,
+        "state": _state(desc),
+        "members": members,
+        "partitions": partitions,
+        "total_lag": total,
+        "partitions_without_commit": uncommitted,
+    }
+
+
+def total_lag(partitions: list[dict[str, Any]]) -> tuple[int, int]:
+    """(total lag, partitions without a committed offset). Such a partition counts with all it
+    holds (log end - log start): what a consumer of the group starting there from the earliest
+    offset has to read, which is also the most it can lag."""
+    total = uncommitted = 0
+    for row in partitions:
+        if row["lag"] is not None:
+            total += row["lag"]
+        elif row["log_end_offset"] is not None:
+            uncommitted += 1
+            total += max(0, row["log_end_offset"] - (row["log_start_offset"] or 0))
+    return total, uncommitted
 
 
 def _dash(v: Any) -> str:
@@ -138,9 +169,15 @@ _command_config: CommandConfigOption = None,
         typer.echo(json.dumps(doc, indent=2))
         return
     console = stdout_console()
-    total = sum(p["lag"] or 0 for p in doc["partitions"])
-    console.print(f"group {group}  state {doc['state']}  members {len(doc['members'])}  total lag {total}",
-                  markup=False)
+    uncommitted = doc["partitions_without_commit"]
+    note = (
+        f" ({plural(uncommitted, 'partition')} without a committed offset counted from the log start)"
+        if uncommitted else ""
+    )
+    console.print(
+        f"group {group}  state {doc['state']}  members {len(doc['members'])}  total lag {doc['total_lag']}{note}",
+        markup=False,
+    )
     members = Table(title="members", title_justify="left")
     for col in ("member id", "client id", "host", "assignment"):
         members.add_column(col)
@@ -201,7 +238,15 @@ def plan_reset(
                 if current is None:
                     raise CliError(f"cannot shift {topic}:{p}: the group has no committed offset there")
                 new = current + int(value)
-            plan.append((topic, p, current, min(max(new, starts[p]), ends[p])))  # clamped, as Kafka's tool
+            clamped = min(max(new, starts[p]), ends[p])  # as Kafka's tool, which warns as below
+            if clamped != new and how in ("to-offset", "shift-by"):
+                side = "lower than the earliest" if new < clamped else "higher than the latest"
+                stderr_console().print(
+                    f"warning: new offset ({new}) is {side} offset for {topic}:{p}; it will be set to {clamped}",
+                    style="yellow",
+                    markup=False,
+                )
+            plan.append((topic, p, current, clamped))
     return plan
 
 
@@ -257,7 +302,7 @@ _command_config: CommandConfigOption = None,
     state = _state(desc)
     if state not in INACTIVE_STATES:
         raise CliError(
-            f"group {group!r} is {state} with {len(desc.members)} active member(s): offsets can only be reset "
+            f"group {group!r} is {state} with {plural(len(desc.members), 'active member')}: offsets can only be reset "
             "while it is inactive (stop its consumers first)"
         )
     committed = committed_offsets(remote, group)
@@ -279,7 +324,7 @@ _command_config: CommandConfigOption = None,
                                markup=False)
         return
     _commit(remote, group, plan)
-    stdout_console().print(f"reset {len(plan)} partition(s) of group {group}", markup=False)
+    stdout_console().print(f"reset {plural(len(plan), 'partition')} of group {group}", markup=False)
 
 
 def _print_plan(group: str, plan: list[tuple[str, int, int | None, int]], *, executed: bool) -> None:

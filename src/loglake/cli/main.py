@@ -30,7 +30,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 import loglake
-from loglake.cli import configs, data, groups, inspect, pipeline, serve, topics, users
+from loglake.cli import configs, data, groups, inspect, interrupt, pipeline, serve, topics, users
 from loglake.cli.common import (
     DATA_DIR_ENV,
     DEFAULT_DATA_DIR,
@@ -39,6 +39,7 @@ from loglake.cli.common import (
     error_line,
     format_bytes,
     open_log,
+    plural,
     report_error,
     stderr_console,
     stdout_console,
@@ -78,6 +79,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    # click's own help layout: rich's table cut long words (env var names) with "…" at 80
+    # columns and gave every flag a "<bool>" metavar
+    rich_markup_mode=None,
 )
 app.add_typer(topics.app, name="topics")
 app.command("produce")(data.produce)
@@ -179,7 +183,8 @@ def verify(
     On a stopped data directory it opens it as always (recovery first; an empty directory with
     --cold-store is restored from the bucket). On a running broker's directory it reads the
     metadata and sealed segments read-only, without the lock (segments the broker removes meanwhile
-    are skipped; unsealed data is the broker's).
+    are skipped), and says how many acknowledged records are still unsealed in the broker's WAL:
+    those it does not check.
     """
     console = stderr_console()
     if cold_store and (cluster_report := _verify_cluster_bucket(cold_store)) is not None:
@@ -197,6 +202,7 @@ def verify(
         disable=as_json or not console.is_terminal,
     ) as progress:
         task = progress.add_task("verify", total=None)
+        unsealed = 0
 
         def on_progress(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)
@@ -211,11 +217,22 @@ def verify(
         else:
             cold = open_store(cold_store, OsFileSystem()) if cold_store else None
             try:
-                report = verify_source(LiveSource(data_dir, cold), on_progress)
+                source = LiveSource(data_dir, cold)
+                report = verify_source(source, on_progress)
+                unsealed = source.unsealed_records()
             finally:
                 if cold is not None:
                     cold.close()
-    _verify_exit(report, as_json)
+    if log is not None:
+        _verify_exit(report, as_json)
+    _verify_exit(
+        report,
+        as_json,
+        {"unsealed_records_not_checked": unsealed},
+        f"note: a running broker holds {data_dir}: verify checked its sealed segments; at least "
+        f"{plural(unsealed, 'record')} it acknowledged are in its WAL, not sealed yet and not checked "
+        "(stop the broker to verify everything: its shutdown seals them)",
+    )
 
 
 def _verify_cluster_bucket(cold_store: str) -> VerifyReport | None:
@@ -230,18 +247,23 @@ def _verify_cluster_bucket(cold_store: str) -> VerifyReport | None:
         store.close()
 
 
-def _verify_exit(report: VerifyReport, as_json: bool) -> NoReturn:
+def _verify_exit(
+    report: VerifyReport, as_json: bool, extra: dict[str, object] | None = None, note: str | None = None
+) -> NoReturn:
+    """Print the report (with `extra` fields in JSON, `note` after the text) and exit 0 or 1."""
     if as_json:
-        typer.echo(json.dumps(report.to_json(), indent=2))
+        typer.echo(json.dumps({**report.to_json(), **(extra or {})}, indent=2))
     else:
         _print_verify(report)
+        if note is not None:
+            stderr_console().print(note, style="yellow", markup=False)
     raise typer.Exit(0 if report.ok else 1)
 
 
 def _print_verify(report: VerifyReport) -> None:
     summary = (
-        f"{report.segments_checked} segments, {format_bytes(report.bytes_checked)} "
-        f"({report.bytes_checked} bytes), {report.partitions} partitions in {report.seconds:.2f}s"
+        f"{plural(report.segments_checked, 'segment')}, {format_bytes(report.bytes_checked)} "
+        f"({plural(report.bytes_checked, 'byte')}), {plural(report.partitions, 'partition')} in {report.seconds:.2f}s"
     )
     for key in report.unreferenced:
         stderr_console().print(f"note: segment object not referenced by the metadata: {key}", style="yellow", markup=False)
@@ -253,7 +275,7 @@ def _print_verify(report: VerifyReport) -> None:
     for e in report.errors[1:]:
         stderr_console().print(f"  also: {e.key} at byte {e.offset}: {e.detail}", style="red", markup=False)
     stderr_console().print(
-        f"checked {summary}: {len(report.errors)} errors in {len(report.bad_segments)} segments", markup=False
+        f"checked {summary}: {plural(len(report.errors), 'error')} in {plural(len(report.bad_segments), 'segment')}", markup=False
     )
 
 
@@ -262,21 +284,26 @@ def _print_verify(report: VerifyReport) -> None:
 DEMO_TOPIC = "demo"
 DEMO_PARTITIONS = 3
 DEMO_CHUNK = 2_000
+#: The demo's own data directory: never the broker's (`loglake serve`, `make run`) by default.
+DEMO_DATA_DIR = "./loglake-demo"
 
 
 @app.command("demo")
 def demo(
     records: Annotated[int, typer.Option("--records", "-n", min=1, help="Records to produce with produce_batch.")] = 10_000,
-    data_dir: DataDirOption = DEFAULT_DATA_DIR,
+    data_dir: Annotated[
+        str, typer.Option("--data-dir", "-d", help="Data directory of the demo (not LOGLAKE_DATA_DIR's).")
+    ] = DEMO_DATA_DIR,
 ) -> None:
-    """A short produce/consume demo on topic 'demo' (what `make run` does); re-runnable."""
+    """Produce and consume a few thousand records on topic 'demo' of an embedded log in its own
+    directory (./loglake-demo: no broker, and not `make run`'s data); re-runnable."""
     started = time.perf_counter()
     console = stdout_console()
     with open_log(data_dir, must_exist=False) as log:
         recovery = log.recovery_report
         if not log.engine.has_topic(DEMO_TOPIC):
             log.create_topic(DEMO_TOPIC, partitions=DEMO_PARTITIONS)
-            console.print(f"created topic {DEMO_TOPIC} ({DEMO_PARTITIONS} partitions)", markup=False)
+            console.print(f"created topic {DEMO_TOPIC} ({plural(DEMO_PARTITIONS, 'partition')})", markup=False)
         before = {p.partition: p.high_watermark for p in log.describe_topic(DEMO_TOPIC).partitions}
         run = int(time.time())
         produced: dict[int, int] = {}
@@ -316,14 +343,14 @@ def demo(
             )
         console.print(table)
         console.print(
-            f"produced {total_produced} records in {produce_s:.2f}s, consumed {total_consumed} in {consume_s:.2f}s",
+            f"produced {plural(total_produced, 'record')} in {produce_s:.2f}s, consumed {total_consumed} in {consume_s:.2f}s",
             markup=False,
         )
         if recovery is not None:
             console.print(f"open: {recovery.summary()}", markup=False)
         log.flush()
     if total_consumed != total_produced:
-        raise CliError(f"demo consumed {total_consumed} records but produced {total_produced}")
+        raise CliError(f"demo consumed {plural(total_consumed, 'record')} but produced {total_produced}")
     console.print(f"demo done in {time.perf_counter() - started:.2f}s (data in {data_dir})", markup=False)
 
 
@@ -354,7 +381,13 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Console-script entry point."""
-    app(args=hoist_global_options(sys.argv[1:]), prog_name="loglake")
+    try:
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="loglake")
+    except SystemExit as exc:  # click ends every run with one
+        code = 0 if exc.code is None else exc.code
+        if isinstance(code, int) and interrupt.signalled():  # Ctrl-C / SIGTERM; all is closed now
+            interrupt.exit_now(code)
+        raise
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -25,7 +25,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from loglake.cli.common import CliError, format_bytes, note, stderr_console, strip_newline
+from loglake.cli.common import CliError, format_bytes, note, plural, stderr_console, strip_newline
 from loglake.cli.remote import (
     ADMIN_CALL_TIMEOUT_S,
     REMOTE_TIMEOUT_S,
@@ -129,7 +129,7 @@ def produce(
                     p.flush(FLUSH_TIMEOUT_S)
                     raise CliError(
                         f"line {lineno} has no key separator {sep.decode(errors='replace')!r} "
-                        f"({acked} records before it were produced)"
+                        f"({plural(acked, 'record')} before it were produced)"
                     )
                 key, value = k, v
             while True:
@@ -150,13 +150,13 @@ def produce(
     if refused:
         raise denied(f"produce to {topic}: authorization denied on topic {topic!r}", f" (not allowed to write to it; {acked} records were produced)")
     if failures:
-        raise CliError(f"produce to {topic} failed: {failures[0]} ({acked} records were produced)")
+        raise CliError(f"produce to {topic} failed: {failures[0]} ({plural(acked, 'record')} were produced)")
     if left:
-        raise CliError(f"{left} records to {topic} were not acknowledged by {bootstrap} within {FLUSH_TIMEOUT_S:g}s")
+        raise CliError(f"{plural(left, 'record')} to {topic} were not acknowledged by {bootstrap} within {FLUSH_TIMEOUT_S:g}s")
     seconds = time.perf_counter() - started
     rate = acked / seconds if seconds > 0 else 0.0
     stderr_console().print(
-        f"produced {acked} records ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s ({rate:,.0f} records/s)",
+        f"produced {plural(acked, 'record')} ({format_bytes(bytes_in)}) to {topic} in {seconds:.2f}s ({rate:,.0f} records/s)",
         markup=False,
     )
 
@@ -190,10 +190,12 @@ class RemoteRecords:
         follow: bool,
         group: str | None,
         isolation: str = "read_uncommitted",
+        stop: Callable[[], bool] = lambda: False,
     ) -> None:
         from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
         self.topic = topic
+        self.stop = stop
         self.follow = follow
         self.group = group
         remote = Remote(bootstrap)
@@ -240,7 +242,7 @@ class RemoteRecords:
 
         waited = 0.0
         while True:
-            if not self.follow and self.assigned and not self.pending:
+            if self.stop() or (not self.follow and self.assigned and not self.pending):
                 return
             msg = self.consumer.poll(POLL_S)
             if msg is None:
@@ -284,8 +286,11 @@ def records(
     follow: bool,
     group: str | None,
     isolation: str = "read_uncommitted",
+    stop: Callable[[], bool] = lambda: False,
 ) -> Iterator[RemoteRecords]:
-    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group, isolation)
+    """The records, read until the end (or for ever with `follow`) or until `stop()` is true
+    (asked before each poll of POLL_S)."""
+    recs = RemoteRecords(bootstrap, topic, spec, partitions, follow, group, isolation, stop)
     try:
         yield recs
     finally:

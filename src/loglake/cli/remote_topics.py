@@ -8,24 +8,19 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from loglake.cli.common import stdout_console
+from loglake.cli.common import plural, stdout_console
 from loglake.cli.remote import REMOTE_TIMEOUT_S, Remote, result, sources
 
 
-def _plural(n: int) -> str:
-    return f"{n} partition{'s' if n != 1 else ''}"
-
-
-def create(bootstrap: str, name: str, partitions: int, overrides: dict[str, str]) -> None:
+def create(bootstrap: str, name: str, partitions: int, overrides: dict[str, str], replication_factor: int = -1) -> None:
     from confluent_kafka.admin import NewTopic
 
     remote = Remote(bootstrap)
-    futures = remote.admin.create_topics(
-        [NewTopic(name, num_partitions=partitions, config=overrides)], request_timeout=REMOTE_TIMEOUT_S
-    )
+    topic = NewTopic(name, num_partitions=partitions, replication_factor=replication_factor, config=overrides)
+    futures = remote.admin.create_topics([topic], request_timeout=REMOTE_TIMEOUT_S)
     result(futures[name], f"create topic {name}")
     extra = f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
-    stdout_console().print(f"created topic {name} ({_plural(partitions)}){extra}", markup=False)
+    stdout_console().print(f"created topic {name} ({plural(partitions, 'partition')}){extra}", markup=False)
 
 
 def list_(bootstrap: str) -> None:
@@ -113,4 +108,4 @@ def add_partitions(bootstrap: str, name: str, total: int) -> None:
     before = len(remote.partitions(name))
     futures = remote.admin.create_partitions([NewPartitions(name, total)], request_timeout=REMOTE_TIMEOUT_S)
     result(futures[name], f"add partitions to {name}")
-    stdout_console().print(f"topic {name}: {before} -> {_plural(total)}", markup=False)
+    stdout_console().print(f"topic {name}: {before} -> {plural(total, 'partition')}", markup=False)

@@ -12,14 +12,17 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from loglake.broker.handlers.admin_topics import replication_factor_problem
 from loglake.cli import remote_topics
 from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import (
     DEFAULT_DATA_DIR,
+    CliError,
     DataDirOption,
     format_bytes,
     open_log,
     parse_pairs,
+    plural,
     stdout_console,
 )
 from loglake.cli.remote import BootstrapOption, parse_name_list
@@ -37,6 +40,14 @@ def create(
     config: Annotated[
         list[str] | None, typer.Option("--config", "-c", help="Topic config k=v (repeatable).")
     ] = None,
+    replication_factor: Annotated[
+        int | None,
+        typer.Option(
+            "--replication-factor",
+            help="Replicas per partition, as kafka-topics.sh takes it: 1 (each partition has one replica); "
+            "more is refused as Kafka refuses it with too few brokers.",
+        ),
+    ] = None,
     data_dir: DataDirOption = DEFAULT_DATA_DIR,
     bootstrap: BootstrapOption = None,
 _command_config: CommandConfigOption = None,
@@ -44,12 +55,17 @@ _command_config: CommandConfigOption = None,
     """Create a topic."""
     overrides = parse_pairs(config, "--config")
     if bootstrap:
-        return remote_topics.create(bootstrap, name, partitions, overrides)
+        # the broker decides, and answers as Kafka does (INVALID_REPLICATION_FACTOR)
+        return remote_topics.create(bootstrap, name, partitions, overrides, replication_factor or -1)
+    if replication_factor is not None:
+        problem = replication_factor_problem(replication_factor)
+        if problem is not None:
+            raise CliError(f"create topic {name}: {problem}")
     with open_log(data_dir, must_exist=False) as log:
         info = log.create_topic(name, partitions=partitions, config=overrides)
     extra = f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
     stdout_console().print(
-        f"created topic {info.name} ({info.partitions} partition{'s' if info.partitions != 1 else ''}){extra}",
+        f"created topic {info.name} ({plural(info.partitions, 'partition')}){extra}",
         markup=False,
     )
 
@@ -197,4 +213,4 @@ _command_config: CommandConfigOption = None,
     with open_log(data_dir, must_exist=True) as log:
         before = len(log.describe_topic(name).partitions)
         log.engine.create_partitions(name, partitions)
-    stdout_console().print(f"topic {name}: {before} -> {partitions} partitions", markup=False)
+    stdout_console().print(f"topic {name}: {before} -> {plural(partitions, 'partition')}", markup=False)

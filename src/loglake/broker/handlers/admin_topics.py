@@ -55,6 +55,21 @@ _CREATE_CONFIG_FIELDS = ("name", "value", "read_only", "config_source", "is_sens
 # ---- CreateTopics ---------------------------------------------------------------------------------
 
 
+def replication_factor_problem(factor: int, live: int = 1) -> str | None:
+    """Why a topic cannot be created with `factor` replicas per partition when `live` brokers are
+    registered (Kafka's wording, with INVALID_REPLICATION_FACTOR), or None: -1 (the default) and
+    1 to `live` are served. `loglake topics create --replication-factor` on a data directory (one
+    broker) says the same."""
+    if factor == 0 or factor < -1:
+        return "Replication factor must be larger than 0, or -1 to use the default value."
+    if factor > live:
+        return (
+            f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
+            f"cannot be reached because only {live} broker(s) are registered."
+        )
+    return None
+
+
 def _check_assigned(live: set[int], what: str, broker_ids: list[int], factor: int | None) -> int:
     """A manual assignment's replica list: distinct live brokers, as many as the first list's."""
     if len(set(broker_ids)) != len(broker_ids) or not broker_ids or not set(broker_ids) <= live:
@@ -90,16 +105,9 @@ def _partitions_and_factor(ctx: BrokerContext, topic: KafkaStruct) -> tuple[int,
         for a in assignments:
             assigned = _check_assigned(live, f"Partition {a.partition_index}", list(a.broker_ids), assigned)
         return len(assignments), assigned or 1
-    if factor == 0 or factor < -1:
-        raise AdminError(
-            INVALID_REPLICATION_FACTOR, "Replication factor must be larger than 0, or -1 to use the default value."
-        )
-    if factor > len(live):
-        raise AdminError(
-            INVALID_REPLICATION_FACTOR,
-            f"Unable to replicate the partition {factor} time(s): The target replication factor of {factor} "
-            f"cannot be reached because only {len(live)} broker(s) are registered.",
-        )
+    problem = replication_factor_problem(factor, len(live))
+    if problem is not None:
+        raise AdminError(INVALID_REPLICATION_FACTOR, problem)
     factor = 1 if factor == -1 else int(factor)
     if count == -1:
         return int(ctx.config.default_partitions), factor
