@@ -187,7 +187,9 @@ def _parse_json_object(name: str, value: str, accepted: str) -> dict[str, Any]:
 #: What a per-partition offsets JSON looks like (Spark's Kafka source's form).
 OFFSETS_JSON = 'a JSON object of per-partition offsets like {"topic": {"0": 23, "1": -2}}'
 #: What a per-partition timestamps JSON looks like.
-TIMESTAMPS_JSON = 'a JSON object of per-partition timestamps (ms since the epoch) like {"topic": {"0": 1700000000000}}'
+TIMESTAMPS_JSON = (
+    'a JSON object of per-partition timestamps (ms since the epoch) like {"topic": {"0": 1700000000000}}'
+)
 
 
 def offsets_forms(prefix: str, mode: Mode) -> str:
@@ -208,7 +210,9 @@ def parse_partition_json(
     out: dict[tuple[str, int], int] = {}
     for topic, parts in doc.items():
         if not isinstance(parts, dict):
-            raise LoglakeOptionError(f"option {name}: topic {topic!r} must map partitions to numbers ({accepted})")
+            raise LoglakeOptionError(
+                f"option {name}: topic {topic!r} must map partitions to numbers ({accepted})"
+            )
         for p, v in parts.items():
             try:
                 partition = int(p)
@@ -285,7 +289,9 @@ def _offset_spec(opts: dict[str, str], prefix: str, mode: Mode) -> OffsetSpec:
                 f"option startingOffsets=latest is not allowed in a batch query: use {offsets_forms(prefix, mode)}"
             )
         if prefix == "ending" and v == "earliest":
-            raise LoglakeOptionError(f"option endingOffsets=earliest is not allowed: use {offsets_forms(prefix, mode)}")
+            raise LoglakeOptionError(
+                f"option endingOffsets=earliest is not allowed: use {offsets_forms(prefix, mode)}"
+            )
         return OffsetSpec(v)
     per = parse_partition_json(pretty[name], value, allow_special=True, accepted=offsets_forms(prefix, mode))
     for (t, p), off in per.items():
