@@ -156,10 +156,13 @@ def test_option_errors(options: dict[str, str], message: str) -> None:
         parse_read_options({"path": "/nowhere", **options}, "batch")
 
 
-def test_option_errors_surface_in_spark(spark: Any, data: tuple[Path, Log]) -> None:
+def test_option_errors_surface_in_spark(spark: Any, data: tuple[Path, Log], tmp_path: Path) -> None:
     data_dir, _log = data
     with pytest.raises(Exception, match="unknown option 'subscrbe'"):
         reader(spark, data_dir, subscrbe="events").collect()
+    # a path with no loglake data names the path and what it should have been
+    with pytest.raises(Exception, match=f"no loglake data at '{tmp_path}': it holds no loglake metadata"):
+        reader(spark, tmp_path, subscribe="events").collect()
     with pytest.raises(Exception, match="topic 'nope' does not exist"):
         reader(spark, data_dir, assign='{"nope": [0]}').collect()
     with pytest.raises(Exception, match="not allowed in a streaming query"):
