@@ -41,7 +41,6 @@ from loglake.spark.options import parse_bool, parse_read_options
 from loglake.spark.pipeline import spark_error
 from loglake.spark.plan import (
     from_offset_dict,
-    metadata,
     rate_limit,
     select_partitions,
     to_offset_dict,
@@ -380,6 +379,7 @@ def export_iceberg(
     with it, a micro-batch every `continuous` seconds until interrupted."""
     from pyspark.sql import functions as F
 
+    from loglake.spark.broker import metadata
     from loglake.spark.pipeline import export_options, infer_json_schema, with_value_columns
     from loglake.spark.source import register, source_schema
 

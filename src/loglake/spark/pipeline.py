@@ -20,7 +20,6 @@ from loglake.spark.plan import (
     cached_store,
     from_offset_dict,
     load_metadata,
-    metadata,
     select_partitions,
 )
 
@@ -84,6 +83,8 @@ def export_source(path: str, topic: str, source_options: dict[str, str] | None, 
     """The partitions of `topic` an export of `path` would read, found without Spark: a bad
     option fails here with LoglakeOptionError, a `path` with no loglake data with
     NoLoglakeDataError (message and hint), before anyone waits for a JVM to start."""
+    from loglake.spark.broker import metadata
+
     opts = parse_read_options({"path": path, "subscribe": topic, **export_options(source_options)}, mode)
     meta = metadata(opts)
     return ExportSource(opts, meta, select_partitions(opts, meta))

@@ -167,23 +167,6 @@ def load_metadata(
     return Metadata(state.cluster_id, state.seq, topics, parts, bool(state.plogs.parts))
 
 
-def metadata(opts: ReadOptions) -> Metadata:
-    """What a query with `opts` can see: the store's metadata, and with kafka.bootstrap.servers
-    the broker's ends (hybrid reads) on top of it."""
-    store = cached_store(opts.store_url)
-    if not opts.hybrid:
-        return load_metadata(store, opts.isolation, path=opts.path)
-    from loglake.spark.broker import with_broker
-
-    # a new broker may have published nothing yet: then everything is tail
-    meta = (
-        load_metadata(store, opts.isolation, path=opts.path)
-        if find_clusters(store)
-        else Metadata("", 0, {}, {})
-    )
-    return with_broker(meta, opts)
-
-
 def select_partitions(opts: ReadOptions, meta: Metadata) -> list[PartitionMeta]:
     """The partitions the subscription names, sorted by (topic, partition)."""
     if opts.assign is not None:

@@ -30,6 +30,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from loglake.spark.broker import metadata
 from loglake.spark.model import Slice, TopicPartition
 from loglake.spark.options import (
     LoglakeOptionError,
@@ -47,7 +48,6 @@ from loglake.spark.plan import (
     cached_store,
     check_range,
     from_offset_dict,
-    metadata,
     ranges_for,
     rate_limit,
     resolve_offset,
