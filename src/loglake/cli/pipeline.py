@@ -7,6 +7,7 @@ the CLI works without it.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -63,12 +64,23 @@ def _explained() -> Iterator[None]:
         raise CliError(str(exc)) from None
 
 
+#: The modules of the `spark` extra the pipeline commands import (pyspark, and the Arrow stack
+#: the source decodes into; pyiceberg for Iceberg tables).
+SPARK_MODULES = ("pyspark", "pyarrow", "numpy")
+
+
+def _require(*modules: str) -> None:
+    """One error line naming the extra to install when a module of it is missing, instead of a
+    ModuleNotFoundError traceback from deep inside the command."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CliError(f"pipelines need {', '.join(missing)}: pip install 'loglake[spark]'")
+
+
 def _spark(master: str, app_name: str, conf: list[str] | None) -> Any:
-    try:
-        from loglake.spark.pipeline import spark_session
-    except ImportError as exc:
-        raise CliError(f"pipelines need pyspark: pip install 'loglake[spark]' ({exc})") from None
     from pyspark.errors import PySparkRuntimeError
+
+    from loglake.spark.pipeline import spark_session
 
     try:
         return spark_session(master, app_name, parse_pairs(conf, "--conf"))
@@ -132,6 +144,7 @@ def export(
     or to an Iceberg table partitioned by day(timestamp) whose snapshots record the offsets."""
     if value_schema and value_format:
         raise typer.BadParameter("give --value-schema or --value-format, not both")
+    _require(*SPARK_MODULES, *(("pyiceberg",) if fmt == "iceberg" else ()))
     if fmt == "iceberg":
         if not catalog_uri or not table:
             raise typer.BadParameter("--format iceberg needs --catalog-uri and --table")
@@ -323,11 +336,10 @@ def compact_table(
     option: OptionOption = None,
 ) -> None:
     """Rewrite each day partition's small files of an Iceberg table into one, in one snapshot."""
-    try:
-        from loglake.spark.iceberg import compact_table as compact
-        from loglake.spark.iceberg import open_catalog
-    except ImportError as exc:
-        raise CliError(f"compact-table needs pyiceberg: pip install 'loglake[spark]' ({exc})") from None
+    _require("pyiceberg", "pyarrow")
+    from loglake.spark.iceberg import compact_table as compact
+    from loglake.spark.iceberg import open_catalog
+
     catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"), catalog_name)
     result = compact(catalog, table)
     if not result.partitions:
@@ -351,6 +363,7 @@ def verify(
     conf: ConfOption = None,
 ) -> None:
     """Check every segment's CRCs and hash chain on the executors; exit 1 naming the first bad one."""
+    _require(*SPARK_MODULES)
     from loglake.spark.options import store_url_from
     from loglake.spark.plan import cached_store, load_metadata
 
