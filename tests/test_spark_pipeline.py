@@ -186,33 +186,3 @@ def test_an_export_with_nothing_new_to_land_starts_no_spark(spark: Any, tmp_path
     # a batch planned but not committed (a crash): only Spark knows what to redo
     (out / "_checkpoint" / "offsets" / "1").write_text((out / "_checkpoint" / "offsets" / "0").read_text())
     assert checkpoint_offsets(str(out / "_checkpoint")) is None
-
-
-def test_without_the_spark_extra_the_commands_name_it(tmp_path: Path) -> None:
-    """With pyspark, pyarrow and numpy missing (None in sys.modules: not importable), each
-    pipeline command is one line naming the extra, not a ModuleNotFoundError traceback."""
-    block = "import sys\nfor m in ('pyspark', 'pyarrow', 'numpy', 'pyiceberg'): sys.modules[m] = None\n"
-    cases = [
-        (
-            ["export", "--path", str(tmp_path), "--topic", "t", "--to", str(tmp_path / "out")],
-            "pyspark, pyarrow, numpy",
-        ),
-        (["verify", "--path", str(tmp_path)], "pyspark, pyarrow, numpy"),
-        (
-            ["compact-table", "--catalog-uri", f"sqlite:///{tmp_path}/c.db", "--table", "a.b"],
-            "pyiceberg, pyarrow",
-        ),
-    ]
-    for args, missing in cases:
-        code = (
-            block
-            + f"from loglake.cli.main import main\nsys.argv = ['loglake', 'pipeline', *{args!r}]\nmain()\n"
-        )
-        r = subprocess.run(
-            [sys.executable, "-c", code],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": SRC},
-        )
-        assert r.returncode == 1
-        assert r.stderr.splitlines() == [f"error: pipelines need {missing}: pip install 'loglake[spark]'"]

@@ -7,7 +7,6 @@ the CLI works without it.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any
@@ -64,33 +63,12 @@ def _explained() -> Iterator[None]:
         raise CliError(str(exc)) from None
 
 
-#: The modules of the `spark` extra the pipeline commands import (pyspark, and the Arrow stack
-#: the source decodes into; pyiceberg for Iceberg tables).
-SPARK_MODULES = ("pyspark", "pyarrow", "numpy")
-
-
-def _require(*modules: str) -> None:
-    """One error line naming the extra to install when a module of it is missing, instead of a
-    ModuleNotFoundError traceback from deep inside the command."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        raise CliError(f"pipelines need {', '.join(missing)}: pip install 'loglake[spark]'")
-
-
 def _spark(master: str, app_name: str, conf: list[str] | None) -> Any:
-    from pyspark.errors import PySparkRuntimeError
-
-    from loglake.spark.pipeline import spark_session
-
     try:
-        return spark_session(master, app_name, parse_pairs(conf, "--conf"))
-    except PySparkRuntimeError as exc:
-        if exc.getCondition() != "JAVA_GATEWAY_EXITED":
-            raise
-        # pyspark's own message says only that the gateway exited; the usual cause is no Java
-        raise CliError(
-            "Spark could not start its JVM: pipelines need Java 17 or newer (java on PATH, or JAVA_HOME)"
-        ) from None
+        from loglake.spark.pipeline import spark_session
+    except ImportError as exc:
+        raise CliError(f"pipelines need pyspark: pip install 'loglake[spark]' ({exc})") from None
+    return spark_session(master, app_name, parse_pairs(conf, "--conf"))
 
 
 @app.command("export")
@@ -144,7 +122,6 @@ def export(
     or to an Iceberg table partitioned by day(timestamp) whose snapshots record the offsets."""
     if value_schema and value_format:
         raise typer.BadParameter("give --value-schema or --value-format, not both")
-    _require(*SPARK_MODULES, *(("pyiceberg",) if fmt == "iceberg" else ()))
     if fmt == "iceberg":
         if not catalog_uri or not table:
             raise typer.BadParameter("--format iceberg needs --catalog-uri and --table")
@@ -336,10 +313,11 @@ def compact_table(
     option: OptionOption = None,
 ) -> None:
     """Rewrite each day partition's small files of an Iceberg table into one, in one snapshot."""
-    _require("pyiceberg", "pyarrow")
-    from loglake.spark.iceberg import compact_table as compact
-    from loglake.spark.iceberg import open_catalog
-
+    try:
+        from loglake.spark.iceberg import compact_table as compact
+        from loglake.spark.iceberg import open_catalog
+    except ImportError as exc:
+        raise CliError(f"compact-table needs pyiceberg: pip install 'loglake[spark]' ({exc})") from None
     catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"), catalog_name)
     result = compact(catalog, table)
     if not result.partitions:
@@ -363,7 +341,6 @@ def verify(
     conf: ConfOption = None,
 ) -> None:
     """Check every segment's CRCs and hash chain on the executors; exit 1 naming the first bad one."""
-    _require(*SPARK_MODULES)
     from loglake.spark.options import store_url_from
     from loglake.spark.plan import cached_store, load_metadata
 

@@ -41,7 +41,17 @@ def spark_session(
     )
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        if exc.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        # pyspark's own message says only that the gateway exited; the usual cause is no Java
+        raise LoglakeError(
+            "Spark could not start its JVM: pipelines need Java 17 or newer (java on PATH, or JAVA_HOME)"
+        ) from None
     spark.sparkContext.setLogLevel("WARN")
     from loglake.spark.source import register
 
