@@ -78,7 +78,15 @@ def test_verify_s3_cold_store_without_the_s3_extra(tmp_path: Path) -> None:
 
 
 def test_pipeline_without_the_spark_extra(tmp_path: Path) -> None:
-    result = run_without("pyspark", tmp_path, "pipeline", "verify", "--path", str(tmp_path))
+    # A data directory with something to land: what can be told without Spark (a path with no
+    # loglake data, nothing new to land) is told first, with or without the extra.
+    import loglake
+
+    data = tmp_path / "data"
+    with loglake.open(str(data)) as log:
+        log.create_topic("t", 1)
+        log.produce("t", b"v")
+    result = run_without("pyspark", tmp_path, "pipeline", "export", "--path", str(data), "--topic", "t", "--to", str(tmp_path / "out"))
     assert_names_the_extra(result, 1, "pyspark", "spark")
 
 

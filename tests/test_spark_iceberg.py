@@ -303,11 +303,12 @@ def test_tiered_topic_into_an_s3_warehouse(tmp_path: Path, moto_endpoint: str, b
     ]
     env = {**os.environ, **s3kit.DUMMY_ENV, "PYTHONPATH": SRC, "PYSPARK_PYTHON": sys.executable}
     outputs = []
-    for _ in range(2):  # the second run finds everything landed
+    for _ in range(2):  # the second run finds everything landed, from the table alone (no Spark)
         child = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=CHILD_WAIT_S)
         assert child.returncode == 0, child.stderr[-3000:]
         outputs.append(child.stdout)
-    assert "export done: 150 rows" in outputs[0] and "export done: 0 rows" in outputs[1]
+    assert "export done: 150 rows" in outputs[0]
+    assert outputs[1].startswith("export: nothing new to land: lake.t already holds t up to the log's end")
     from loglake.spark.iceberg import open_catalog
 
     table = open_catalog(f"sqlite:///{tmp_path}/catalog.db", None, s3_opts).load_table("lake.t")
@@ -378,3 +379,49 @@ def test_racing_exports_land_a_batch_once(tmp_path: Path) -> None:
     with pytest.raises(CommitFailedException):
         tx.commit_transaction()
     assert len(catalog.load_table("lake.j").snapshots()) == 2
+
+
+def test_cli_export_under_another_catalog_name_registers_once_and_skips_a_no_op(tmp_path: Path) -> None:
+    """`--catalog-name` is the name the SQL catalog files the table under, so a reader that names
+    its catalog so (pyiceberg's SqlCatalog(name, ...), Spark's spark.sql.catalog.<name>) sees it
+    and one under the default name does not. The export registers the source once (no WARN
+    line), and a run with nothing new to land answers from the table without a JVM."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    with loglake.open(str(tmp_path / "data")) as log:
+        log.create_topic("j", 2, {"retention.ms": "-1"})
+        _produce(log, 0, 10)
+    uri = f"sqlite:///{tmp_path}/catalog.db"
+    export = [
+        str(LOGLAKE_BIN), "pipeline", "export", "--path", str(tmp_path / "data"), "--topic", "j",
+        "--format", "iceberg", "--catalog-uri", uri, "--table", "lake.j", "--to", str(tmp_path / "warehouse"),
+        "--catalog-name", "lakehouse",
+    ]  # fmt: skip
+    spark_flags = ["--master", "local[1]", "--conf", "spark.ui.enabled=false"]
+    env = {**os.environ, "PYTHONPATH": SRC}
+    run = subprocess.run(
+        [*export, *spark_flags], capture_output=True, text=True, env=env, timeout=CHILD_WAIT_S
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "export done: 10 rows in 1 micro-batches" in run.stdout
+    assert "replaced a previously registered data source" not in run.stderr
+
+    table = SqlCatalog("lakehouse", uri=uri).load_table("lake.j")
+    assert table.scan().to_arrow().num_rows == 10
+    with pytest.raises(NoSuchTableError):
+        SqlCatalog("loglake", uri=uri).load_table("lake.j")
+
+    no_java = {**env, "JAVA_HOME": "/nonexistent-java-home-of-loglake-tests"}  # Spark cannot start
+    again = subprocess.run([*export, *spark_flags], capture_output=True, text=True, env=no_java, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.startswith(
+        "export: nothing new to land: lake.j already holds j up to the log's end (next offset by partition: 0=5, 1=5)"
+    )
+    compact = [str(LOGLAKE_BIN), "pipeline", "compact-table", "--catalog-uri", uri, "--table", "lake.j"]
+    done = subprocess.run(
+        [*compact, "--catalog-name", "lakehouse"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0 and "compact-table:" in done.stdout, done.stderr[-3000:]
+    missing = subprocess.run(compact, capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 1 and "no table lake.j in the catalog" in missing.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,18 @@ import loglake
 DAY_MS = 86_400_000
 #: 2026-01-01T00:00:00Z
 T0 = 1_767_225_600_000
+LOGLAKE_BIN = Path(sys.executable).parent / "loglake"
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+#: A JAVA_HOME with no Java in it: a command run with it succeeds only if it never starts Spark.
+NO_JAVA = "/nonexistent-java-home-of-loglake-tests"
+
+
+def cli(*args: str, java: bool = True) -> subprocess.CompletedProcess[str]:
+    """`loglake ARGS` in a child process; java=False: with no Java to start a JVM with."""
+    env = {**os.environ, "PYTHONPATH": SRC}
+    if not java:
+        env["JAVA_HOME"] = NO_JAVA
+    return subprocess.run([str(LOGLAKE_BIN), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _produce(log: loglake.Log, start: int, count: int) -> None:
@@ -85,3 +100,89 @@ def test_verify_distributed(spark: Any, tmp_path: Path) -> None:
     bad = verify_store(spark, str(data_dir))
     assert not bad.ok
     assert bad.errors[0][0].endswith(str(victim.relative_to(data_dir / "segments")))
+
+
+@pytest.mark.parametrize(
+    ("where", "why", "hint"),
+    [
+        ("missing", "it does not exist", "hint: give the directory `loglake serve --data-dir` uses"),
+        (
+            "empty",
+            "it holds no loglake metadata (loglake-*/meta/)",
+            "hint: give the directory `loglake serve --data-dir` uses",
+        ),
+        (
+            "data/wal",
+            "it holds no loglake metadata (loglake-*/meta/)",
+            "looks like the data directory this is part of: give that",
+        ),
+    ],
+)
+def test_a_path_without_loglake_data_is_one_error_and_a_hint(
+    tmp_path: Path, where: str, why: str, hint: str
+) -> None:
+    """Said before Spark starts (there is no Java here): which path, what it should have been."""
+    (tmp_path / "empty").mkdir()
+    with loglake.open(str(tmp_path / "data")) as log:
+        log.create_topic("j", 1)
+    path = str(tmp_path / where)
+    for command in (
+        ["pipeline", "export", "--path", path, "--topic", "j", "--to", str(tmp_path / "out")],
+        ["pipeline", "verify", "--path", path],
+    ):
+        r = cli(*command, java=False)
+        assert r.returncode == 1, r.stderr
+        error, hint_line = r.stderr.splitlines()
+        assert error.startswith(
+            f"error: no loglake data at {path!r}: {why}; path must be a loglake data directory"
+        )
+        assert "s3://BUCKET/PREFIX" in error
+        assert hint_line.startswith("hint: ") and hint in hint_line
+
+
+def test_a_bad_option_is_one_error_line_naming_the_forms(tmp_path: Path) -> None:
+    with loglake.open(str(tmp_path / "data")) as log:
+        log.create_topic("j", 1)
+    r = cli(
+        "pipeline", "export", "--path", str(tmp_path / "data"), "--topic", "j", "--to", str(tmp_path / "out"),
+        "-o", "startingOffsets=bogus", java=False,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.splitlines() == [
+        "error: option startingOffsets must be earliest, latest or a JSON object of per-partition offsets "
+        'like {"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest), got \'bogus\''
+    ]
+
+
+def test_an_export_with_nothing_new_to_land_starts_no_spark(spark: Any, tmp_path: Path) -> None:
+    """What the checkpoint holds is compared with the log's ends without a JVM; an export with
+    something to land still starts Spark (here: fails for want of Java, saying so)."""
+    from loglake.spark.pipeline import checkpoint_offsets, export_query, watch
+
+    data_dir, out = tmp_path / "data", tmp_path / "table"
+    export = ["pipeline", "export", "--path", str(data_dir), "--topic", "j", "--to", str(out)]
+    with loglake.open(str(data_dir)) as log:
+        log.create_topic("j", 2, {"retention.ms": "-1"})
+        _produce(log, 0, 20)
+    assert watch(export_query(spark, str(data_dir), "j", str(out)), lambda p: None).rows == 20
+    assert checkpoint_offsets(str(out / "_checkpoint")) == {("j", 0): 10, ("j", 1): 10}
+    r = cli(*export, java=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(
+        f"export: nothing new to land: {out} already holds j up to the log's end (next offset by partition: 0=10, 1=10)"
+    )
+    assert "Spark not started" in r.stdout
+    r = cli(*export[:4], "--topic", "jj", "--to", str(out), java=False)
+    assert (
+        r.returncode == 0 and f"nothing to land: topic 'jj' is not in {data_dir} (its topics: j)" in r.stdout
+    )
+    with loglake.open(str(data_dir)) as log:
+        _produce(log, 20, 2)
+    r = cli(*export, java=False)
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[-1] == (
+        "error: Spark could not start its JVM: pipelines need Java 17 or newer (java on PATH, or JAVA_HOME)"
+    )
+    # a batch planned but not committed (a crash): only Spark knows what to redo
+    (out / "_checkpoint" / "offsets" / "1").write_text((out / "_checkpoint" / "offsets" / "0").read_text())
+    assert checkpoint_offsets(str(out / "_checkpoint")) is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,20 @@ def test_min_partitions_splits_segments(spark: Any, data: tuple[Path, Log]) -> N
         ({"subscribe": "a", "bogus": "1"}, "unknown option 'bogus'"),
         ({"subscribe": "a", "startingOffsets": "earliest", "startingTimestamp": "5"}, "contradict"),
         ({"subscribe": "a", "startingOffsets": "latest"}, "startingOffsets=latest is not allowed in a batch"),
-        ({"subscribe": "a", "endingOffsets": "{bad"}, "endingOffsets is not valid JSON"),
+        (
+            {"subscribe": "a", "endingOffsets": "{bad"},
+            "endingOffsets must be latest or a JSON object of per-partition offsets like",
+        ),
+        (
+            {"subscribe": "a", "startingOffsets": "bogus"},
+            'startingOffsets must be earliest or a JSON object of per-partition offsets like {"topic": {"0": 23',
+        ),
+        ({"subscribe": "a", "startingOffsets": "[1]"}, "startingOffsets must be earliest or a JSON object"),
+        (
+            {"subscribe": "a", "startingOffsetsByTimestamp": "soon"},
+            "startingOffsetsByTimestamp must be a JSON object of per-partition timestamps",
+        ),
+        ({"assign": "t0"}, 'assign must be a JSON object of topics to partition lists like {"t": [0, 1]}'),
         ({"subscribe": "a", "minPartitions": "0"}, "minPartitions must be a positive integer"),
         ({"subscribe": "a", "includeHeaders": "maybe"}, "includeHeaders must be true or false"),
         ({"subscribe": "a", "kafka.security.protocol": "SSL"}, "only with kafka.bootstrap.servers"),
@@ -138,20 +152,28 @@ def test_min_partitions_splits_segments(spark: Any, data: tuple[Path, Log]) -> N
     ],
 )
 def test_option_errors(options: dict[str, str], message: str) -> None:
-    with pytest.raises(LoglakeOptionError, match=message.replace("(", r"\(")):
+    with pytest.raises(LoglakeOptionError, match=re.escape(message)):
         parse_read_options({"path": "/nowhere", **options}, "batch")
 
 
-def test_option_errors_surface_in_spark(spark: Any, data: tuple[Path, Log]) -> None:
+def test_option_errors_surface_in_spark(spark: Any, data: tuple[Path, Log], tmp_path: Path) -> None:
     data_dir, _log = data
     with pytest.raises(Exception, match="unknown option 'subscrbe'"):
         reader(spark, data_dir, subscrbe="events").collect()
+    # a path with no loglake data names the path and what it should have been
+    with pytest.raises(Exception, match=f"no loglake data at '{tmp_path}': it holds no loglake metadata"):
+        reader(spark, tmp_path, subscribe="events").collect()
     with pytest.raises(Exception, match="topic 'nope' does not exist"):
         reader(spark, data_dir, assign='{"nope": [0]}').collect()
     with pytest.raises(Exception, match="not allowed in a streaming query"):
         spark.readStream.format("loglake").option("path", str(data_dir)).option("subscribe", "events").option(
             "endingOffsets", "latest"
         ).load().writeStream.format("noop").start().awaitTermination(30)
+
+
+def test_stream_starting_offsets_error_names_latest_too() -> None:
+    with pytest.raises(LoglakeOptionError, match="startingOffsets must be earliest, latest or a JSON object"):
+        parse_read_options({"path": "/x", "subscribe": "t", "startingOffsets": "bogus"}, "stream")
 
 
 def test_stream_options_need_no_ending() -> None:

@@ -7,12 +7,17 @@ the CLI works without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 
-from loglake.cli.common import CliError, error_line, parse_pairs, stderr_console, stdout_console
+from loglake.cli.common import CliError, error_line, note, parse_pairs, stderr_console, stdout_console
 from loglake.extras import missing_extra
+from loglake.spark.iceberg import CATALOG_NAME
+from loglake.spark.options import LoglakeOptionError
+from loglake.spark.plan import NoLoglakeDataError
 
 app = typer.Typer(
     name="pipeline",
@@ -36,6 +41,27 @@ OptionOption = Annotated[
     ),
 ]
 ConfOption = Annotated[list[str] | None, typer.Option("--conf", help="Spark configuration key=value.")]
+CatalogNameOption = Annotated[
+    str,
+    typer.Option(
+        "--catalog-name",
+        help="Name the Iceberg catalog is opened under: a SQL catalog files its tables under it, so "
+        "readers must use the same (spark.sql.catalog.<name>, pyiceberg's SqlCatalog(name, ...)).",
+    ),
+]
+
+
+@contextmanager
+def _explained() -> Iterator[None]:
+    """A bad source option or `--path` as one error line (and a hint), not a traceback."""
+    try:
+        yield
+    except NoLoglakeDataError as exc:
+        error_line(exc.message)
+        note(f"hint: {exc.hint}")
+        raise typer.Exit(1) from None
+    except LoglakeOptionError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _spark(master: str, app_name: str, conf: list[str] | None) -> Any:
@@ -89,6 +115,7 @@ def export(
             help="read_committed (default): committed transactions only; read_uncommitted: every record.",
         ),
     ] = "read_committed",
+    catalog_name: CatalogNameOption = CATALOG_NAME,
     master: MasterOption = "local[*]",
     option: OptionOption = None,
     conf: ConfOption = None,
@@ -106,18 +133,37 @@ def export(
 
         split_name(table)  # bad names fail here, before Spark starts
         catalog_properties(catalog_uri, None, {})
-    elif catalog_uri or table:
-        raise typer.BadParameter("--catalog-uri and --table are for --format iceberg")
+    elif catalog_uri or table or catalog_name != CATALOG_NAME:
+        raise typer.BadParameter("--catalog-uri, --table and --catalog-name are for --format iceberg")
     if isolation not in ("read_committed", "read_uncommitted"):
         raise typer.BadParameter(f"--isolation must be read_committed or read_uncommitted, not {isolation!r}")
     source_options = parse_pairs(option, "--option")
     if not any(k.lower() == "kafka.isolation.level" for k in source_options):
         source_options["kafka.isolation.level"] = isolation
+    # Everything that can be told without Spark is, before a JVM starts (~30 s): bad options, a
+    # path with no loglake data, and whether there is anything new to land at all.
+    with _explained():
+        done = _nothing_to_land(
+            path, topic, to, fmt, checkpoint, catalog_uri, table, catalog_name, source_options, continuous
+        )
+    if done is not None:
+        stdout_console().print(done, markup=False)
+        return
     spark = _spark(master, f"loglake-export-{topic}", conf)
     if fmt == "iceberg":
         assert catalog_uri and table
         _export_iceberg(
-            spark, path, topic, to, catalog_uri, table, value_schema, value_format, continuous, source_options
+            spark,
+            path,
+            topic,
+            to,
+            catalog_uri,
+            table,
+            catalog_name,
+            value_schema,
+            value_format,
+            continuous,
+            source_options,
         )
         return
     from loglake.spark.pipeline import export_query, watch
@@ -153,6 +199,65 @@ def export(
     )
 
 
+def _nothing_to_land(
+    path: str,
+    topic: str,
+    to: str,
+    fmt: str,
+    checkpoint: str | None,
+    catalog_uri: str | None,
+    table: str | None,
+    catalog_name: str,
+    source_options: dict[str, str],
+    continuous: float | None,
+) -> str | None:
+    """The line to print when a one-off export has nothing new to land (the table or checkpoint
+    already holds every offset up to the log's end), or None: start Spark. Checks the options and
+    the path on the way (LoglakeOptionError, NoLoglakeDataError)."""
+    from loglake.spark.iceberg import IcebergExportError, landed_offsets, open_catalog, options_of_table
+    from loglake.spark.pipeline import checkpoint_offsets, export_source, to_land
+
+    if fmt == "iceberg":
+        options_of_table(source_options)
+    source = export_source(path, topic, source_options, "batch" if fmt == "iceberg" else "stream")
+    if continuous:
+        return None
+    if topic not in source.meta.topics:
+        have = ", ".join(sorted(source.meta.topics)) or "none"
+        return f"export: nothing to land: topic {topic!r} is not in {path} (its topics: {have})"
+    landed: dict[tuple[str, int], int] | None
+    if fmt == "iceberg":
+        assert catalog_uri and table
+        try:
+            landed = landed_offsets(
+                open_catalog(catalog_uri, to, source_options, catalog_name),
+                table,
+                source.opts.store_url,
+                topic,
+            )
+        except IcebergExportError:
+            raise
+        except Exception:  # the catalog cannot be read now: the export itself says so
+            return None
+        dest = table
+    else:
+        landed = checkpoint_offsets(checkpoint or to.rstrip("/") + "/_checkpoint")
+        dest = to
+    if landed is None or to_land(source.parts, landed):
+        return None
+    ends = ", ".join(f"{pm.partition}={pm.end}" for pm in source.parts[:8])
+    ends += ", ..." if len(source.parts) > 8 else ""
+    unsealed = (
+        ""
+        if source.opts.hybrid
+        else "; unsealed records are read only with -o kafka.bootstrap.servers=HOST:PORT"
+    )
+    return (
+        f"export: nothing new to land: {dest} already holds {topic} up to the log's end "
+        f"(next offset by partition: {ends}){unsealed}; Spark not started"
+    )
+
+
 def _export_iceberg(
     spark: Any,
     path: str,
@@ -160,6 +265,7 @@ def _export_iceberg(
     warehouse: str,
     catalog_uri: str,
     table: str,
+    catalog_name: str,
     value_schema: str | None,
     value_format: str | None,
     continuous: float | None,
@@ -184,6 +290,7 @@ def _export_iceberg(
             catalog_uri=catalog_uri,
             table_name=table,
             warehouse=warehouse,
+            catalog_name=catalog_name,
             value_schema=value_schema,
             value_format=value_format,
             continuous=continuous,
@@ -204,6 +311,7 @@ def compact_table(
         str, typer.Option("--catalog-uri", help="Iceberg catalog: sqlite:///FILE or a REST URL.")
     ],
     table: Annotated[str, typer.Option("--table", help="Iceberg table NAMESPACE.NAME.")],
+    catalog_name: CatalogNameOption = CATALOG_NAME,
     option: OptionOption = None,
 ) -> None:
     """Rewrite each day partition's small files of an Iceberg table into one, in one snapshot."""
@@ -213,7 +321,7 @@ def compact_table(
     except ImportError as exc:
         missing = missing_extra(exc, "loglake pipeline compact-table")
         raise (missing or CliError(f"compact-table cannot load pyiceberg: {exc}")) from None
-    catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"))
+    catalog = open_catalog(catalog_uri, None, parse_pairs(option, "--option"), catalog_name)
     result = compact(catalog, table)
     if not result.partitions:
         stdout_console().print(f"compact-table: nothing to compact in {table}", markup=False)
@@ -236,13 +344,17 @@ def verify(
     conf: ConfOption = None,
 ) -> None:
     """Check every segment's CRCs and hash chain on the executors; exit 1 naming the first bad one."""
+    from loglake.spark.options import store_url_from
+    from loglake.spark.plan import cached_store, load_metadata
+
+    extra = {k.lower(): v for k, v in parse_pairs(option, "--option").items()}
+    with _explained():  # a path with no loglake data: said before Spark starts
+        load_metadata(cached_store(store_url_from({"path": path, **extra})), path=path)
     spark = _spark(master, "loglake-verify", conf)
     from loglake.spark.pipeline import verify_store
 
     try:
-        outcome = verify_store(
-            spark, path, cold_path, {k.lower(): v for k, v in parse_pairs(option, "--option").items()}
-        )
+        outcome = verify_store(spark, path, cold_path, extra)
     finally:
         spark.stop()
     summary = f"{outcome.segments} segments in {outcome.partitions} partitions, {outcome.seconds:.1f}s"

@@ -19,10 +19,11 @@ __all__ = ["LoglakeDataSource", "register"]
 
 
 def register(spark: Any) -> None:
-    """Register the `loglake` format on a SparkSession."""
-    from loglake.spark.source import LoglakeDataSource
+    """Register the `loglake` format on a SparkSession (once per session: calling it again does
+    nothing)."""
+    from loglake.spark.source import register as register_source
 
-    spark.dataSource.register(LoglakeDataSource)
+    register_source(spark)
 
 
 def __getattr__(name: str) -> Any:

@@ -32,7 +32,7 @@ import pyarrow as pa
 from loglake.errors import LoglakeError
 from loglake.spark.model import PartitionMeta, TopicPartition
 from loglake.spark.options import LoglakeOptionError, ReadOptions
-from loglake.spark.plan import BrokerRange, DataLossError, Metadata
+from loglake.spark.plan import BrokerRange, DataLossError, Metadata, cached_store, load_metadata
 from loglake.spark.reader import MAX_BATCH_ROWS, TIMESTAMP_TYPE, arrow_schema
 
 log = logging.getLogger("loglake.spark")
@@ -300,6 +300,23 @@ def _view(servers: str, config: tuple[tuple[str, str], ...], isolation: str) -> 
 def broker_view(opts: ReadOptions) -> BrokerView:
     assert opts.bootstrap_servers is not None
     return _view(opts.bootstrap_servers, opts.kafka_config, opts.isolation)
+
+
+def metadata(opts: ReadOptions) -> Metadata:
+    """What a query with `opts` can see: the store's metadata (NoLoglakeDataError if `path` has
+    none), and with kafka.bootstrap.servers the broker's ends (hybrid reads) on top of it."""
+    from loglake.meta.publish import find_clusters
+
+    store = cached_store(opts.store_url)
+    if not opts.hybrid:
+        return load_metadata(store, opts.isolation, path=opts.path)
+    # a new broker may have published nothing yet: then everything is tail
+    meta = (
+        load_metadata(store, opts.isolation, path=opts.path)
+        if find_clusters(store)
+        else Metadata("", 0, {}, {})
+    )
+    return with_broker(meta, opts)
 
 
 def with_broker(meta: Metadata, opts: ReadOptions) -> Metadata:

@@ -38,6 +38,7 @@ from typing import Any
 from loglake.errors import LoglakeError
 from loglake.spark.model import TopicPartition
 from loglake.spark.options import parse_bool, parse_read_options
+from loglake.spark.pipeline import spark_error
 from loglake.spark.plan import (
     from_offset_dict,
     rate_limit,
@@ -47,6 +48,11 @@ from loglake.spark.plan import (
 
 log = logging.getLogger("loglake.spark.iceberg")
 
+#: The catalog name export and compact-table open the catalog under, unless told otherwise
+#: (`--catalog-name`). A SQL catalog keeps it in every row it writes (iceberg_tables.catalog_name),
+#: so a reader must open the catalog under the same name to see the tables: Spark's
+#: `spark.sql.catalog.<name>`, pyiceberg's `SqlCatalog(name, ...)`.
+CATALOG_NAME = "loglake"
 #: Snapshot summary key: JSON {topic: {partition: next offset}} of everything the table holds.
 OFFSETS_PROP = "loglake.offsets"
 #: Snapshot summary key: JSON {"store": segment store URL, "topic": topic} the offsets are of.
@@ -111,10 +117,15 @@ def catalog_properties(uri: str, warehouse: str | None, options: Mapping[str, st
     return props
 
 
-def open_catalog(uri: str, warehouse: str | None, options: Mapping[str, str]) -> Any:
+def open_catalog(
+    uri: str, warehouse: str | None, options: Mapping[str, str], name: str = CATALOG_NAME
+) -> Any:
+    """The pyiceberg catalog at `uri`, opened under the catalog name `name`."""
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog("loglake", **catalog_properties(uri, warehouse, options))
+    if not name.strip():
+        raise IcebergExportError("the catalog name must not be empty")
+    return load_catalog(name, **catalog_properties(uri, warehouse, options))
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -201,6 +212,31 @@ def offsets_summary(offsets: Mapping[TopicPartition, int], source: Mapping[str, 
     }
 
 
+def options_of_table(options: Mapping[str, str]) -> dict[str, str]:
+    """`options` with lower-cased names; the ones the export sets itself (from the table) are
+    refused."""
+    lower = {k.lower(): v for k, v in options.items()}
+    for k in ("subscribe", "startingoffsets", "endingoffsets", "subscribepattern", "assign"):
+        if k in lower:
+            raise IcebergExportError(f"option {k} is set by the Iceberg export itself (from the table)")
+    return lower
+
+
+def landed_offsets(catalog: Any, name: str, store_url: str, topic: str) -> dict[TopicPartition, int] | None:
+    """The offsets table `name` holds of `topic` in the store at `store_url` (what an export
+    into it resumes from), read with pyiceberg alone; None when the table does not exist yet.
+    A table holding another store's or topic's offsets is refused, as the export refuses it."""
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    try:
+        table = catalog.load_table(name)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    offsets, table_source = committed_offsets(table)
+    _check_source(table_source, {"store": store_url, "topic": topic}, name)
+    return offsets
+
+
 def _check_source(table_source: Mapping[str, str] | None, source: Mapping[str, str], name: str) -> None:
     if table_source is not None and dict(table_source) != dict(source):
         raise IcebergExportError(
@@ -256,13 +292,6 @@ class IcebergExportResult:
     rows: int
     seconds: float
     snapshot_id: int | None
-
-
-def _spark_error(exc: BaseException) -> str:
-    """The line of a Spark error that says what went wrong (its last `...Error: ...` line)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    named = [ln for ln in lines if "Error" in ln.split(":", 1)[0] or "Exception:" in ln]
-    return (named[-1] if named else lines[0] if lines else type(exc).__name__)[:500]
 
 
 def _pause_before_commit(files: list[str]) -> None:
@@ -335,6 +364,7 @@ def export_iceberg(
     catalog_uri: str,
     table_name: str,
     warehouse: str | None,
+    catalog_name: str = CATALOG_NAME,
     value_schema: Any = None,
     value_format: str | None = None,
     continuous: float | None = None,
@@ -349,23 +379,18 @@ def export_iceberg(
     with it, a micro-batch every `continuous` seconds until interrupted."""
     from pyspark.sql import functions as F
 
-    from loglake.spark.pipeline import infer_json_schema, with_value_columns
-    from loglake.spark.source import metadata, register, source_schema
+    from loglake.spark.broker import metadata
+    from loglake.spark.pipeline import export_options, infer_json_schema, with_value_columns
+    from loglake.spark.source import register, source_schema
 
     register(spark)
-    options = {k: v for k, v in (source_options or {}).items()}
-    lower = {k.lower(): v for k, v in options.items()}
-    if "kafka.isolation.level" not in lower:
-        options["kafka.isolation.level"] = "read_committed"
-    for k in ("subscribe", "startingoffsets", "endingoffsets", "subscribepattern", "assign"):
-        if k in lower:
-            raise IcebergExportError(f"option {k} is set by the Iceberg export itself (from the table)")
-    include_headers = parse_bool("includeHeaders", lower.get("includeheaders", "false"))
+    options = export_options(source_options)
+    include_headers = parse_bool("includeHeaders", options_of_table(options).get("includeheaders", "false"))
     read_opts = parse_read_options({"path": path, "subscribe": topic, **options}, "batch")
     source = {"store": read_opts.store_url, "topic": topic}
     if value_format == "json" and value_schema is None:
         value_schema = infer_json_schema(spark, path, topic, options)
-    catalog = open_catalog(catalog_uri, warehouse, options)
+    catalog = open_catalog(catalog_uri, warehouse, options, catalog_name)
 
     base_schema = source_schema(include_headers)
     empty = with_value_columns(spark.createDataFrame([], base_schema), value_schema)
@@ -410,7 +435,7 @@ def export_iceberg(
             try:
                 files = [pickle.loads(r[0]) for r in out.collect()]
             except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
-                raise IcebergExportError(f"export batch failed: {_spark_error(exc)}") from None
+                raise IcebergExportError(f"export batch failed: {spark_error(exc)}") from None
             n = sum(int(f.record_count) for f in files)
             _pause_before_commit([f.file_path for f in files])
             committed = _commit(table, files, before, todo, source, table_name)

@@ -173,23 +173,46 @@ def parse_positive_int(name: str, value: str) -> int:
     return n
 
 
-def _parse_json_object(name: str, value: str) -> dict[str, Any]:
+def _parse_json_object(name: str, value: str, accepted: str) -> dict[str, Any]:
+    """`value` as a JSON object; anything else fails naming the forms the option takes."""
     try:
         doc = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise LoglakeOptionError(f"option {name} is not valid JSON ({exc}): {value!r}") from None
+    except json.JSONDecodeError:
+        doc = None
     if not isinstance(doc, dict):
-        raise LoglakeOptionError(f"option {name} must be a JSON object, got {value!r}")
+        raise LoglakeOptionError(f"option {name} must be {accepted}, got {value!r}")
     return doc
 
 
-def parse_partition_json(name: str, value: str, *, allow_special: bool) -> dict[tuple[str, int], int]:
+#: What a per-partition offsets JSON looks like (Spark's Kafka source's form).
+OFFSETS_JSON = 'a JSON object of per-partition offsets like {"topic": {"0": 23, "1": -2}}'
+#: What a per-partition timestamps JSON looks like.
+TIMESTAMPS_JSON = (
+    'a JSON object of per-partition timestamps (ms since the epoch) like {"topic": {"0": 1700000000000}}'
+)
+
+
+def offsets_forms(prefix: str, mode: Mode) -> str:
+    """The forms startingOffsets (prefix 'starting') or endingOffsets takes in `mode`, as an
+    error message names them."""
+    if prefix == "ending":
+        return f"latest or {OFFSETS_JSON} (-1 latest)"
+    if mode == "batch":  # a batch query cannot start at latest
+        return f"earliest or {OFFSETS_JSON} (-2 earliest)"
+    return f"earliest, latest or {OFFSETS_JSON} (-2 earliest, -1 latest)"
+
+
+def parse_partition_json(
+    name: str, value: str, *, allow_special: bool, accepted: str = OFFSETS_JSON
+) -> dict[tuple[str, int], int]:
     """`{"topic": {"0": 23, "1": -2}}` -> {(topic, 0): 23, (topic, 1): -2}."""
-    doc = _parse_json_object(name, value)
+    doc = _parse_json_object(name, value, accepted)
     out: dict[tuple[str, int], int] = {}
     for topic, parts in doc.items():
         if not isinstance(parts, dict):
-            raise LoglakeOptionError(f"option {name}: topic {topic!r} must map partitions to numbers")
+            raise LoglakeOptionError(
+                f"option {name}: topic {topic!r} must map partitions to numbers ({accepted})"
+            )
         for p, v in parts.items():
             try:
                 partition = int(p)
@@ -208,7 +231,7 @@ def parse_partition_json(name: str, value: str, *, allow_special: bool) -> dict[
 
 
 def parse_assign(value: str) -> dict[str, tuple[int, ...]]:
-    doc = _parse_json_object("assign", value)
+    doc = _parse_json_object("assign", value, 'a JSON object of topics to partition lists like {"t": [0, 1]}')
     out: dict[str, tuple[int, ...]] = {}
     for topic, parts in doc.items():
         if not isinstance(parts, list) or not all(
@@ -255,18 +278,22 @@ def _offset_spec(opts: dict[str, str], prefix: str, mode: Mode) -> OffsetSpec:
     name = given[0]
     value = opts[name]
     if name.endswith("bytimestamp"):
-        per = parse_partition_json(pretty[name], value, allow_special=False)
+        per = parse_partition_json(pretty[name], value, allow_special=False, accepted=TIMESTAMPS_JSON)
         return OffsetSpec("timestamps", per_partition=per)
     if name.endswith("timestamp"):
         return OffsetSpec("timestamp", timestamp=_parse_timestamp(pretty[name], value))
     v = value.strip().lower()
     if v in ("earliest", "latest"):
         if prefix == "starting" and v == "latest" and mode == "batch":
-            raise LoglakeOptionError("option startingOffsets=latest is not allowed in a batch query")
+            raise LoglakeOptionError(
+                f"option startingOffsets=latest is not allowed in a batch query: use {offsets_forms(prefix, mode)}"
+            )
         if prefix == "ending" and v == "earliest":
-            raise LoglakeOptionError("option endingOffsets=earliest is not allowed")
+            raise LoglakeOptionError(
+                f"option endingOffsets=earliest is not allowed: use {offsets_forms(prefix, mode)}"
+            )
         return OffsetSpec(v)
-    per = parse_partition_json(pretty[name], value, allow_special=True)
+    per = parse_partition_json(pretty[name], value, allow_special=True, accepted=offsets_forms(prefix, mode))
     for (t, p), off in per.items():
         if prefix == "starting" and off == LATEST and mode == "batch":
             raise LoglakeOptionError(

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -12,8 +13,15 @@ from typing import Any
 
 from loglake.errors import LoglakeError
 from loglake.meta.lifecycle import Tier
-from loglake.spark.options import store_url_from
-from loglake.spark.plan import cached_store, load_metadata
+from loglake.spark.model import PartitionMeta, TopicPartition
+from loglake.spark.options import Mode, ReadOptions, parse_read_options, store_url_from
+from loglake.spark.plan import (
+    Metadata,
+    cached_store,
+    from_offset_dict,
+    load_metadata,
+    select_partitions,
+)
 
 
 def spark_session(
@@ -33,7 +41,17 @@ def spark_session(
     )
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    from pyspark.errors import PySparkRuntimeError
+
+    try:
+        spark = builder.getOrCreate()
+    except PySparkRuntimeError as exc:
+        if exc.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        # pyspark's own message says only that the gateway exited; the usual cause is no Java
+        raise LoglakeError(
+            "Spark could not start its JVM: pipelines need Java 17 or newer (java on PATH, or JAVA_HOME)"
+        ) from None
     spark.sparkContext.setLogLevel("WARN")
     from loglake.spark.source import register
 
@@ -41,7 +59,86 @@ def spark_session(
     return spark
 
 
+def spark_error(exc: BaseException) -> str:
+    """The line of a Spark error that says what went wrong (its last `...Error: ...` line):
+    Spark's errors (Py4J, Python worker) carry whole traces."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln.split(":", 1)[0] or "Exception:" in ln]
+    return (named[-1] if named else lines[0] if lines else type(exc).__name__)[:500]
+
+
 # ---- export ------------------------------------------------------------------------------------
+
+
+def export_options(source_options: dict[str, str] | None) -> dict[str, str]:
+    """The source options an export reads with: read_committed unless kafka.isolation.level is
+    given (exports land committed data only)."""
+    options = dict(source_options or {})
+    if not any(k.lower() == "kafka.isolation.level" for k in options):
+        options["kafka.isolation.level"] = "read_committed"
+    return options
+
+
+@dataclass(frozen=True)
+class ExportSource:
+    """What an export of a topic would read, found without Spark."""
+
+    opts: ReadOptions
+    meta: Metadata
+    #: the topic's partitions, with their ends (the sealed ends, or the broker's with hybrid reads)
+    parts: list[PartitionMeta]
+
+
+def export_source(path: str, topic: str, source_options: dict[str, str] | None, mode: Mode) -> ExportSource:
+    """The partitions of `topic` an export of `path` would read, found without Spark: a bad
+    option fails here with LoglakeOptionError, a `path` with no loglake data with
+    NoLoglakeDataError (message and hint), before anyone waits for a JVM to start."""
+    from loglake.spark.broker import metadata
+
+    opts = parse_read_options({"path": path, "subscribe": topic, **export_options(source_options)}, mode)
+    meta = metadata(opts)
+    return ExportSource(opts, meta, select_partitions(opts, meta))
+
+
+def to_land(
+    parts: list[PartitionMeta], landed: dict[TopicPartition, int]
+) -> dict[TopicPartition, tuple[int, int]]:
+    """Per partition with something new: (next offset to land, end) given the offsets `landed`
+    (a partition not in it starts at its log start, as the export does)."""
+    out: dict[TopicPartition, tuple[int, int]] = {}
+    for pm in parts:
+        start = landed.get(pm.tp, pm.log_start)
+        if pm.end > start:
+            out[pm.tp] = (start, pm.end)
+    return out
+
+
+def checkpoint_offsets(checkpoint: str) -> dict[TopicPartition, int] | None:
+    """The source offsets of the last committed micro-batch in a local Spark checkpoint
+    directory (`offsets/N` is "v1", the batch's metadata, then one line per source; `commits/N`
+    says batch N was committed). None when that cannot be told: no checkpoint, a remote one, a
+    batch planned but not committed (the next run redoes it), or a layout not understood."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    local = checkpoint[len("file://") :] if checkpoint.startswith("file://") else checkpoint
+
+    def batches(sub: str) -> list[int]:
+        try:
+            return sorted(int(n) for n in os.listdir(os.path.join(local, sub)) if n.isdigit())
+        except OSError:
+            return []
+
+    offsets, commits = batches("offsets"), batches("commits")
+    if not offsets or not commits or offsets[-1] != commits[-1]:
+        return None
+    try:
+        with open(os.path.join(local, "offsets", str(offsets[-1])), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        if len(lines) != 3 or lines[0] != "v1":
+            return None
+        return from_offset_dict(json.loads(lines[2]))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 @dataclass
@@ -108,9 +205,7 @@ def export_query(
     from loglake.spark.source import register
 
     register(spark)
-    source_options = dict(source_options or {})
-    if not any(k.lower() == "kafka.isolation.level" for k in source_options):
-        source_options["kafka.isolation.level"] = "read_committed"  # exports land committed data only
+    source_options = export_options(source_options)
     if value_format not in (None, "json", "binary"):
         raise LoglakeError(f"--value-format must be json or binary, not {value_format!r}")
     if value_format == "json" and value_schema is None:
@@ -160,10 +255,12 @@ def watch(query: Any, on_progress: Callable[[dict[str, Any]], None], poll_s: flo
             query.awaitTermination(poll_s)
     except KeyboardInterrupt:
         query.stop()
+    except Exception as exc:  # the query failed: awaitTermination raises its error
+        raise LoglakeError(f"export failed: {spark_error(exc)}") from None
     report()
-    exc = query.exception()
-    if exc is not None:
-        raise LoglakeError(f"export failed: {exc}")
+    failure = query.exception()
+    if failure is not None:
+        raise LoglakeError(f"export failed: {spark_error(failure)}")
     return ExportResult(batches, rows, time.monotonic() - started)
 
 
@@ -216,7 +313,7 @@ def verify_store(
     opts = {"path": path, **(extra or {})}
     url = store_url_from(opts)
     cold = store_url_from({**opts, "path": cold_path}, data_dir=False) if cold_path else None
-    meta = load_metadata(cached_store(url))
+    meta = load_metadata(cached_store(url), path=path)
     if meta.cluster_mode:
         raise LoglakeError(
             f"{url} holds a cluster-mode bucket (loglake serve --cluster): pipeline verify checks "

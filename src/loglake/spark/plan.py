@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -19,7 +20,7 @@ from typing import Any
 from loglake.errors import LoglakeError
 from loglake.fs.os_fs import OsFileSystem
 from loglake.meta.lifecycle import Tier
-from loglake.meta.publish import read_remote_state
+from loglake.meta.publish import find_clusters, read_remote_state
 from loglake.meta.txn import ABORTED_TXNS_MAX
 from loglake.records.decode import decode_batch
 from loglake.segment.format import read_tail
@@ -35,6 +36,46 @@ OffsetDict = dict[str, dict[str, int]]
 
 class DataLossError(LoglakeError):
     """Offsets a query needs are gone (retention deleted them, or the topic was re-created)."""
+
+
+class NoLoglakeDataError(LoglakeOptionError):
+    """The `path` option names neither a loglake data directory nor a segment store holding the
+    metadata a broker publishes. `message` says which path and what was expected, `hint` what
+    to give instead; str() is both (Spark shows only str())."""
+
+    def __init__(self, message: str, hint: str) -> None:
+        super().__init__(f"{message}\nhint: {hint}")
+        self.message = message
+        self.hint = hint
+
+
+#: What the `path` option must name, as errors say it.
+PATH_EXPECTED = (
+    "a loglake data directory (the broker's --data-dir, which has a segments/ folder) or the URL of "
+    "a segment store a broker publishes to (its --cold-store: file:///DIR or s3://BUCKET/PREFIX)"
+)
+
+
+def no_data_error(path: str, store_url: str) -> NoLoglakeDataError:
+    """The error for a `path` whose store (`store_url`) has no loglake metadata, saying why."""
+    local = store_url[len("file://") :] if store_url.startswith("file://") else store_url
+    local = local if "://" not in local else ""
+    where = repr(path) if os.path.abspath(path) == local else f"{path!r} ({store_url})"
+    hint = "give the directory `loglake serve --data-dir` uses (e.g. --path ./data), or in cluster mode the --cold-store URL"
+    if local and not os.path.exists(local):
+        what = "it does not exist"
+    elif local and os.path.basename(local) == "segments" and os.path.isdir(os.path.join(local, "..", "wal")):
+        what = "the data directory's segment store holds no published metadata yet"
+        hint = (
+            "a broker publishes the metadata when it seals a segment (segment.ms, segment.bytes, "
+            "a flush, or a clean shutdown): seal some data, then read again"
+        )
+    else:
+        what = "it holds no loglake metadata (loglake-*/meta/)"
+        parent = os.path.dirname(local.rstrip("/")) if local else ""
+        if parent and os.path.isdir(os.path.join(parent, "segments")):
+            hint = f"{parent!r} looks like the data directory this is part of: give that"
+    return NoLoglakeDataError(f"no loglake data at {where}: {what}; path must be {PATH_EXPECTED}", hint)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,14 +120,20 @@ def cached_store(url: str) -> ObjectStore:
     return open_store(url, _FS)
 
 
-def load_metadata(store: ObjectStore, isolation: str = "read_uncommitted") -> Metadata:
-    """The cluster's metadata as the store's copy has it (newest checkpoint + log pieces).
+def load_metadata(
+    store: ObjectStore, isolation: str = "read_uncommitted", *, path: str | None = None
+) -> Metadata:
+    """The cluster's metadata as the store's copy has it (newest checkpoint + log pieces);
+    NoLoglakeDataError naming `path` (what the user gave, default the store's URL) if it has none.
 
     At read_committed a partition ends at the last stable offset of its sealed data: the first
     offset of the earliest transaction still open (never above the sealed end), and carries the
     aborted transactions readers must skip."""
     committed = isolation == "read_committed"
-    remote = read_remote_state(store)
+    clusters = find_clusters(store)
+    if not clusters:
+        raise no_data_error(path or store.url, store.url)
+    remote = read_remote_state(store, cluster_id=clusters[0] if len(clusters) == 1 else None)
     state = remote.state
     parts: dict[TopicPartition, PartitionMeta] = {}
     topics: dict[str, dict[str, Any]] = {}

@@ -5,6 +5,7 @@ See docs/SPARK.md."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from loglake.spark.broker import metadata
 from loglake.spark.model import Slice, TopicPartition
 from loglake.spark.options import (
     LoglakeOptionError,
@@ -46,7 +48,6 @@ from loglake.spark.plan import (
     cached_store,
     check_range,
     from_offset_dict,
-    load_metadata,
     ranges_for,
     rate_limit,
     resolve_offset,
@@ -99,20 +100,6 @@ class SlicePartition(InputPartition):
     def __init__(self, value: Slice | BrokerRange) -> None:
         super().__init__(value)
         self.value: Slice | BrokerRange = value
-
-
-def metadata(opts: ReadOptions) -> Metadata:
-    """What the query can see: the store's metadata, and with kafka.bootstrap.servers the
-    broker's ends (hybrid reads) on top of it."""
-    store = cached_store(opts.store_url)
-    if not opts.hybrid:
-        return load_metadata(store, opts.isolation)
-    from loglake.meta.publish import find_clusters
-    from loglake.spark.broker import with_broker
-
-    # a new broker may have published nothing yet: then everything is tail
-    meta = load_metadata(store, opts.isolation) if find_clusters(store) else Metadata("", 0, {}, {})
-    return with_broker(meta, opts)
 
 
 def _tail(opts: ReadOptions) -> Any:
@@ -417,6 +404,15 @@ class LoglakeDataSource(DataSource):
         return LoglakeStreamWriter(parse_write_options(dict(self.options)), schema)
 
 
+#: Sessions the format is registered on: registering it again would make Spark log a WARN line
+#: ("replaced a previously registered data source") for nothing.
+_REGISTERED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def register(spark: Any) -> None:
-    """Register the `loglake` format on a SparkSession."""
+    """Register the `loglake` format on a SparkSession, once per session (the pipelines call
+    it on the sessions they are given; a second call does nothing)."""
+    if spark in _REGISTERED:
+        return
     spark.dataSource.register(LoglakeDataSource)
+    _REGISTERED.add(spark)
