@@ -72,6 +72,7 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
     ("plog_merged", {"id": TID, "p": 0, "epoch": 1, "ms": 5, "n": 1,
                      "seg": ["s0", 0, 4, 500, 432, 3, "00" * 32, 5, 9]}),
     ("plog_swept", {"keys": ["f1", "f2"]}),
+    ("plog_start", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "start": 2}),
     ("topic_deleted", {"id": TID}),
 ]
 #: Trailer fields a structured segment mutation may change (not the CRC, version or magic).

@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# Read at import (two stdlib imports): a misspelt LOGLAKE_CANARIES stops `import loglake` at once,
+# so a canary run cannot look clean (loglake.canary).
+import loglake.canary  # noqa: F401
+
 if TYPE_CHECKING:
     from loglake.engine.types import RecoveryReport, TopicInfo
     from loglake.errors import LoglakeError

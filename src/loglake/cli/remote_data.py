@@ -148,7 +148,7 @@ def produce(
                 break
         left = p.flush(FLUSH_TIMEOUT_S)
     if refused:
-        raise denied(f"produce to {topic}: authorization denied on topic {topic!r}", f" (not allowed to write to it; {acked} records were produced)")
+        raise denied(f"produce to {topic}: authorization denied on topic {topic!r}", f" (not allowed to write to it; {plural(acked, 'record')} were produced)")
     if failures:
         raise CliError(f"produce to {topic} failed: {failures[0]} ({plural(acked, 'record')} were produced)")
     if left:
