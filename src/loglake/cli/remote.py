@@ -170,10 +170,15 @@ def _tcp_accepts(bootstrap: str) -> str | None:
     return None
 
 
-def not_plaintext_kafka(address: str) -> CliError:
-    """`address` accepted the connection and closed it without answering a plaintext request."""
+def not_plaintext_kafka(address: str, silent_s: float | None = None) -> CliError:
+    """`address` accepted the connection and closed it without answering a plaintext request, or
+    (`silent_s`) kept it open that long without answering."""
+    if silent_s is None:
+        what = "it did not answer a plaintext Kafka request: is it a TLS or SASL listener?"
+    else:
+        what = f"it did not answer a plaintext Kafka request within {silent_s:g}s: is it a TLS or SASL listener, or a stopped process?"
     return CliError(
-        f"connected to {address} but it did not answer a plaintext Kafka request: is it a TLS or SASL listener?",
+        f"connected to {address} but {what}",
         hint="give the listener's client settings with --command-config FILE (security.protocol=SSL, SASL_SSL or "
         "SASL_PLAINTEXT, with ssl.ca.location and sasl.mechanism/sasl.username/sasl.password as it needs; "
         "docs/SECURITY.md)",
@@ -258,6 +263,11 @@ class Remote:
                 if address is not None:
                     raise not_plaintext_kafka(address)
             if time.monotonic() >= deadline:
+                # Whether librdkafka gave up on a silent connection before this deadline is a race:
+                # a port that accepts is told as such either way.
+                address = _tcp_accepts(self.bootstrap) if _plaintext() else None
+                if address is not None:
+                    raise not_plaintext_kafka(address, REMOTE_TIMEOUT_S)
                 raise unreachable(self.bootstrap)
 
     def metadata(self, topic: str | None = None) -> Any:
