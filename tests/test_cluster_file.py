@@ -11,14 +11,14 @@ segments into the same folder.
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from clusterkit import running_cluster
 from etcdkit import needs_etcd
+from test_cluster_serve import read_log
 
 pytestmark = [needs_etcd]
 
@@ -34,27 +34,7 @@ BROKER_ENV = {"LOGLAKE_CLUSTER_MAINTENANCE_INTERVAL_MS": "1000"}
 
 def read_all(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes]:
     """Every record of the topic from offset 0, by (partition, offset)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.partition.eof": True})
-    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
-    out: dict[tuple[int, int], bytes] = {}
-    eof: set[int] = set()
-    deadline = time.monotonic() + WAIT_S
-    try:
-        while len(eof) < PARTITIONS and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is None:
-                continue
-            if m.error():
-                if m.error().code() == KafkaError._PARTITION_EOF:
-                    eof.add(m.partition())
-                    continue
-                raise KafkaException(m.error())
-            eof.discard(m.partition())
-            assert (m.partition(), m.offset()) not in out, "an offset delivered twice"
-            out[(m.partition(), m.offset())] = m.value()
-    finally:
-        c.close()
-    return out
+    return read_log(bootstrap, topic, PARTITIONS)
 
 
 def test_two_brokers_over_one_folder_keep_every_acknowledged_record_through_a_kill_9(tmp_path: Path) -> None:
