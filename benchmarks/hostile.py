@@ -23,11 +23,9 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import struct
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +38,15 @@ from kafka.protocol.metadata import ApiVersionsRequest  # noqa: E402
 
 from hostilekit import (  # noqa: E402
     CLAIMED_FRAME_BYTES,
+    FLOOD_PRODUCERS,
     MIB,
     PARTITIONS,
+    PROBE_TIMEOUT_S,
     STALL_SENT_BYTES,
+    Flood,
     fetch_everything,
+    latencies,
+    probe,
     produce,
     rss_bytes,
 )
@@ -52,38 +55,11 @@ from test_broker_malformed import RawClient  # noqa: E402
 from brokerkit import Broker  # noqa: E402
 
 PROBE_INTERVAL_S = 0.1
-FLOOD_PRODUCERS = 4
-FLOOD_RECORD_BYTES = 100
-PROBE_TIMEOUT_S = 5.0
 UNREAD_HOLD_S = 10.0
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _probe(bootstrap: str, persistent: RawClient | None) -> tuple[float, bool]:
-    """One ApiVersions round trip: (seconds, answered)."""
-    started = time.perf_counter()
-    try:
-        if persistent is not None:
-            persistent.sock.settimeout(PROBE_TIMEOUT_S)
-            persistent.request(ApiVersionsRequest[0]())
-        else:
-            with RawClient(bootstrap, timeout=PROBE_TIMEOUT_S) as c:
-                c.request(ApiVersionsRequest[0]())
-        return time.perf_counter() - started, True
-    except (OSError, ConnectionError):
-        return PROBE_TIMEOUT_S, False
-
-
-def _latencies(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {
-        "p50_ms": statistics.median(ordered) * 1000,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000,
-        "max_ms": ordered[-1] * 1000,
-    }
 
 
 def stalled_half_frames(work: Path, connections: int, seconds: float) -> dict[str, Any]:
@@ -103,7 +79,7 @@ def stalled_half_frames(work: Path, connections: int, seconds: float) -> dict[st
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for conn, out in ((persistent, old), (None, new)):
-                took, ok = _probe(bootstrap, conn)
+                took, ok = probe(bootstrap, conn)
                 out.append(took)
                 if not ok:
                     timeouts += 1
@@ -127,9 +103,9 @@ def stalled_half_frames(work: Path, connections: int, seconds: float) -> dict[st
             "seconds": seconds,
             "probes": len(old) + len(new),
             "timeouts": timeouts,
-            "existing_connection": _latencies(old),
-            "new_connection": _latencies(new),
-            "all": _latencies(old + new),
+            "existing_connection": latencies(old),
+            "new_connection": latencies(new),
+            "all": latencies(old + new),
             "stalled_closed_by_broker": closed,
         }
     finally:
@@ -160,7 +136,7 @@ def unread_fetches(work: Path, connections: int, data_bytes: int) -> dict[str, A
             peak = max(peak, rss)
             time.sleep(0.25)
         # the broker still answers others meanwhile
-        took, ok = _probe(b.bootstrap, None)
+        took, ok = probe(b.bootstrap, None)
         # the answers were real: the first client's response is as large as the data (its size
         # prefix says so; reading all of it through a 4 KiB receive window would take minutes)
         size = 0
@@ -193,45 +169,23 @@ def unread_fetches(work: Path, connections: int, data_bytes: int) -> dict[str, A
         b.stop()
 
 
-def _flood(bootstrap: str, topic: str, stop: threading.Event, sent: list[int]) -> None:
-    from confluent_kafka import Producer
-
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": "all", "enable.idempotence": True})
-    n = 0
-    while not stop.is_set():
-        try:
-            p.produce(topic, b"x" * FLOOD_RECORD_BYTES)
-            n += 1
-        except BufferError:
-            p.poll(0.01)
-        p.poll(0)
-    p.flush(30)
-    sent.append(n)
-
-
 def produce_flood(work: Path, seconds: float) -> dict[str, Any]:
     """ApiVersions round trips while FLOOD_PRODUCERS producers send one-record requests (linger 0)."""
     b = Broker(work / "flood-data", ["--default-partitions", str(PARTITIONS)]).start()
     try:
-        stop = threading.Event()
-        sent: list[int] = []
-        threads = [threading.Thread(target=_flood, args=(b.bootstrap, "flood", stop, sent)) for _ in range(FLOOD_PRODUCERS)]
-        for t in threads:
-            t.start()
+        flood = Flood(b.bootstrap, "flood")
         time.sleep(2.0)  # the flood is on
         took: list[float] = []
         timeouts = 0
-        with RawClient(b.bootstrap, timeout=PROBE_TIMEOUT_S) as probe:
+        with RawClient(b.bootstrap, timeout=PROBE_TIMEOUT_S) as persistent:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
-                t0, ok = _probe(b.bootstrap, probe)
+                t0, ok = probe(b.bootstrap, persistent)
                 took.append(t0)
                 timeouts += not ok
                 time.sleep(PROBE_INTERVAL_S)
-        stop.set()
-        for t in threads:
-            t.join(60)
-        return {"producers": FLOOD_PRODUCERS, "records_sent": sum(sent), "probes": len(took), "timeouts": timeouts, **_latencies(took)}
+        sent = flood.stop()
+        return {"producers": FLOOD_PRODUCERS, "records_sent": sent, "probes": len(took), "timeouts": timeouts, **latencies(took)}
     finally:
         b.stop()
 
