@@ -495,6 +495,61 @@ def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_the_follow(d: Path, tmp_
     assert _bin("topics", "list", data_dir=d).stdout.split() == [b"f"]
 
 
+def test_ctrl_c_while_produce_waits_for_input_produces_what_was_read(d: Path) -> None:
+    """Ctrl-C while `produce` waits for more of stdin: the lines read so far are produced, the
+    prompt is back within 2 s, exit 0, and the data directory is closed."""
+    proc = subprocess.Popen(
+        [str(LOGLAKE_BIN), "produce", "w", "--data-dir", str(d)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(b"one\ntwo\nthree\n")
+    proc.stdin.flush()
+    assert b"created topic w" in proc.stderr.readline()  # opened; now reading stdin
+    time.sleep(0.3)
+    took, err = _ctrl_c(proc, drain=False)
+    proc.stdin.close()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err and b"produced 3 records" in err, err
+    assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
+    assert _bin("consume", "w", data_dir=d).stdout == b"one\ntwo\nthree\n"
+
+
+@pytest.mark.parametrize("nth", [1, 3])
+def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_a_produce(d: Path, tmp_path: Path, nth: int) -> None:
+    """Ctrl-C right after `produce` took a partition lock (appending a batch): the command ends at
+    the next line, and what it says it produced is what the topic holds."""
+    script, mark = tmp_path / "ctrl_c_in_lock.py", tmp_path / "sent"
+    script.write_text(_CTRL_C_IN_LOCK)
+    lines = b"".join(b"line %d\n" % i for i in range(30_000))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(mark), "produce", "p", "--batch-size", "1000", "--data-dir", str(d)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CTRL_C_RANK": "PARTITION", "CTRL_C_NTH": str(nth)},
+    )
+    try:
+        _out, err = proc.communicate(lines, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    exited = time.monotonic()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
+    assert mark.exists(), "the signal was never sent: no partition lock taken"
+    took = exited - float(mark.read_text())
+    assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
+    said = re.search(rb"produced ([0-9,]+) records?", err)
+    assert said is not None, err
+    held = _bin("consume", "p", data_dir=d).stdout.splitlines()
+    assert held == [b"line %d" % i for i in range(len(held))]
+    assert len(held) == int(said.group(1).replace(b",", b""))
+
+
 def test_subprocess_broken_pipe_is_quiet(d: Path) -> None:
     lines = b"".join(b"line %d\n" % i for i in range(50_000))
     assert _bin("produce", "bp", input=lines, data_dir=d).returncode == 0

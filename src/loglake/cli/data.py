@@ -89,6 +89,9 @@ _command_config: CommandConfigOption = None,
             from loglake.cli import remote_data
 
             return remote_data.produce(bootstrap, topic, src, total, sep, partition, headers, interactive, file)
+        # Ctrl-C / SIGTERM only ask the loop below to stop (cli/interrupt.py says why): the lines
+        # read so far are produced and the data directory closes as at the end of the input.
+        stop = stack.enter_context(stop_signals())
         log = stack.enter_context(open_log(str(data_dir), must_exist=False))
         if not log.engine.has_topic(topic):
             log.create_topic(topic, partitions=1)
@@ -128,7 +131,20 @@ _command_config: CommandConfigOption = None,
             pending_in = 0
             estimate = 0
 
-        for lineno, raw in enumerate(src, 1):
+        lines = iter(src)
+        lineno = 0
+        while not stop():
+            # waiting for input holds no engine lock: a signal may cut a blocked read short
+            stop.raising = True
+            try:
+                raw = next(lines, None)
+            except KeyboardInterrupt:
+                raw = None
+            finally:
+                stop.raising = False
+            if raw is None:
+                break
+            lineno += 1
             pending_in += len(raw)
             line = strip_newline(raw)
             key: bytes | None = None
