@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from loglake.engine.config import (
+    INTEGER_RANGES,
     TOPIC_CONFIG_KEYS,
     TOPIC_CONFIG_NAMES,
     TOPIC_CONFIGS,
@@ -78,3 +79,18 @@ def test_double_configs_parse_and_refuse_out_of_range() -> None:
     for bad in ("1.5", "-0.1", "nan", "half"):
         with pytest.raises(ConfigError):
             TopicConfig.parse({"min.cleanable.dirty.ratio": bad})
+
+
+@pytest.mark.parametrize(
+    "key", [k for k in TOPIC_CONFIG_KEYS if k.type in INTEGER_RANGES], ids=lambda k: k.name
+)
+def test_an_integer_config_holds_what_its_java_type_holds(key: TopicConfigKey) -> None:
+    """A LONG past 2**63 - 1 (or an INT past 2**31 - 1) is refused as Kafka refuses it, not kept
+    as a number no Kafka client can parse (retention.ms=99999999999999999999999 was accepted)."""
+    low, high = INTEGER_RANGES[key.type]
+    top = high if key.high is None else key.high
+    bottom = low if key.low is None else key.low
+    assert key.parse(str(top)) == top and key.parse(str(bottom)) == bottom
+    for outside in (top + 1, bottom - 1, high + 1, 10**23):
+        with pytest.raises(ConfigError, match=rf"must be in \[{bottom}, {top}\]"):
+            key.parse(str(outside))

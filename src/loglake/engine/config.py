@@ -74,6 +74,15 @@ class ConfigType(IntEnum):
     PASSWORD = 9
 
 
+#: The values a config of each integer type can hold (Kafka's ConfigDef types: a Java short, int
+#: and long); a value outside is not a number of that type, whatever the config's own bounds.
+INTEGER_RANGES: Mapping[ConfigType, tuple[int, int]] = {
+    ConfigType.SHORT: (-(2**15), 2**15 - 1),
+    ConfigType.INT: (-(2**31), 2**31 - 1),
+    ConfigType.LONG: (-(2**63), 2**63 - 1),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfigKey:
     """One topic config: what the engine accepts and what DescribeConfigs reports about it.
@@ -105,9 +114,11 @@ class TopicConfigKey:
                 value = int(raw)
             except ValueError:
                 raise ConfigError(f"{name}={raw!r}: not an integer") from None
-            low, high = self.low, self.high
-            if (low is not None and value < low) or (high is not None and value > high):
-                raise ConfigError(f"{name}={value}: must be in [{low}, {high if high is not None else 'inf'}]")
+            type_low, type_high = INTEGER_RANGES[self.type]
+            low = type_low if self.low is None else self.low
+            high = type_high if self.high is None else self.high
+            if not low <= value <= high:
+                raise ConfigError(f"{name}={value}: must be in [{low}, {high}]")
             return value
         if self.type is ConfigType.DOUBLE:
             try:
