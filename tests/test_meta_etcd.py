@@ -420,3 +420,30 @@ def test_a_store_lagging_past_the_logs_compaction_reloads_from_the_checkpoint(
     assert len([r for r in caplog.records if "fell behind" in r.getMessage()]) == 1
     writer.close()
     laggard.close()
+
+
+def test_kept_alive_connections_survive_a_member_restart_quietly(
+    etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client keeps its HTTP connections to a member open between calls; when the member
+    restarts, the next call finds its kept connection closed and goes again on a new one, without
+    an "unreachable" warning; and a gateway refusal keeps its etcd3gw type and etcd's message."""
+    client = EtcdClient(",".join(etcd1.endpoints), unavailable_s=20.0)
+    try:
+        threads = [threading.Thread(target=client.put, args=(b"/k%d" % i, b"v")) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        [endpoint] = client._endpoints
+        assert 1 <= len(endpoint._idle) <= ec.IDLE_CONNECTIONS_MAX  # kept, and no more than the bound
+        etcd1.stop_member(0)
+        etcd1.start_member(0)
+        caplog.clear()
+        assert client.get(b"/k3")[0] is not None
+        assert not [r for r in caplog.records if "unreachable" in r.getMessage()]
+        with pytest.raises(EtcdUnavailableError, match="etcd refused kv/txn"):
+            client.txn([{"target": "NOPE", "key": ec.b64(b"/k1")}], [])
+    finally:
+        client.close()
+    assert not endpoint._idle

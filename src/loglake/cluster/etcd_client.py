@@ -1,8 +1,11 @@
 """A small etcd v3 client over etcd's JSON gateway, with endpoint failover and bounded retries.
 
-The transport is `etcd3gw` (docs/CLUSTER.md says why): one `Etcd3Client` per endpoint gives the
-HTTP session, URL building and the mapping of HTTP failures to exceptions. On top of it this module
-adds what the metadata store and membership need and etcd3gw leaves out:
+Requests are JSON POSTs to the gateway's `/v3/...` paths over a few kept-alive `http.client`
+connections per endpoint (`_Endpoint`): a requests session (what `etcd3gw` uses) costs about
+0.75 ms of CPU per call against 0.2 ms, and every offset commit and flush of a cluster waits for
+one such call (benchmarks/group_commits.py). HTTP failures map to etcd3gw's exception types as
+etcd3gw maps them; the watch stream stays on etcd3gw's session. On top of that this module adds
+what the metadata store and membership need:
 
 - several endpoints (`host:port,host:port`): a request that cannot reach one member (refused,
   timed out, 5xx: no leader, leader changed) moves on to the next, and after a round of all of
@@ -22,6 +25,7 @@ records after an uncertain answer, loglake.cluster.etcd).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import logging
 import socket
@@ -61,6 +65,9 @@ ETCD_UNAVAILABLE_S_DEFAULT = 15.0
 RETRY_BACKOFF_S = (0.05, 1.0)
 #: Most keys one range request returns; longer ranges are read in pages.
 RANGE_PAGE_KEYS = 1000
+#: Kept-alive connections one endpoint holds between requests (one per thread that calls at once;
+#: more are opened when needed and closed after use).
+IDLE_CONNECTIONS_MAX = 4
 #: Read timeout of a watch stream: a stream that sent nothing for this long is re-opened (the
 #: caller also re-reads, so a silently dead connection costs at most this much delay).
 WATCH_IDLE_S = 5.0
@@ -94,6 +101,91 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"  # the whole keyspace
 
 
+#: HTTP statuses and the etcd3gw exception each maps to (etcd3gw.client's table); any other
+#: status but 200 is an Etcd3Exception.
+_STATUS_ERRORS: dict[int, type[gw_exceptions.Etcd3Exception]] = {
+    500: gw_exceptions.InternalServerError,
+    503: gw_exceptions.ConnectionFailedError,
+    408: gw_exceptions.ConnectionTimeoutError,
+    504: gw_exceptions.ConnectionTimeoutError,
+    412: gw_exceptions.PreconditionFailedError,
+}
+
+
+class _Endpoint:
+    """One etcd member's JSON gateway over kept-alive HTTP/1.1 connections (TCP_NODELAY), any
+    thread at a time each; at most IDLE_CONNECTIONS_MAX kept between requests."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.host = host
+        self.port = port
+        self.timeout_s = timeout_s
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def _connect(self) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        conn.connect()
+        if conn.sock is not None:
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST `payload` to `/v3/<path>`; the decoded answer, or an etcd3gw exception."""
+        body = json.dumps(payload).encode()
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        reused = conn is not None
+        while True:
+            try:
+                if conn is None:
+                    conn = self._connect()
+                conn.request("POST", "/v3/" + path, body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                break
+            except TimeoutError as exc:
+                if conn is not None:
+                    conn.close()
+                raise gw_exceptions.ConnectionTimeoutError(str(exc) or "timed out") from None
+            except (OSError, http.client.HTTPException) as exc:
+                if conn is not None:
+                    conn.close()
+                conn = None
+                # A kept-alive connection the member closed meanwhile: once more on a new one
+                # (what requests does); a new connection that fails is the member's failure.
+                if reused and isinstance(exc, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)):
+                    reused = False
+                    continue
+                raise gw_exceptions.ConnectionFailedError(str(exc) or type(exc).__name__) from None
+        text = data.decode("utf-8", "replace")
+        if resp.status != 200:
+            conn.close()
+            raise _STATUS_ERRORS.get(resp.status, gw_exceptions.Etcd3Exception)(text, resp.reason)
+        if resp.will_close:
+            conn.close()
+        else:
+            with self._lock:
+                if len(self._idle) < IDLE_CONNECTIONS_MAX:
+                    self._idle.append(conn)
+                    conn = None
+            if conn is not None:
+                conn.close()
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            raise gw_exceptions.Etcd3Exception(text[:300], "not JSON") from None
+        if not isinstance(answer, dict):
+            raise gw_exceptions.Etcd3Exception(text[:300], "not a JSON object")
+        return answer
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
 def _kv(raw: dict[str, Any]) -> KeyValue:
     return KeyValue(
         base64.b64decode(raw.get("key", "")),
@@ -105,7 +197,8 @@ def _kv(raw: dict[str, Any]) -> KeyValue:
 
 
 class EtcdClient:
-    """Thread-safe: each call may come from any thread (one requests session per endpoint)."""
+    """Thread-safe: each call may come from any thread (an `_Endpoint` per member; the watch
+    streams on an etcd3gw session per member)."""
 
     def __init__(
         self,
@@ -123,6 +216,7 @@ class EtcdClient:
             Etcd3Client(host, port, timeout=request_timeout_s, api_path="/v3/")
             for host, port in self.endpoints
         ]
+        self._endpoints = [_Endpoint(host, port, request_timeout_s) for host, port in self.endpoints]
         self._lock = threading.Lock()
         self._current = 0
         self._down_since: float | None = None  # set while etcd is unreachable (one warning per outage)
@@ -143,11 +237,11 @@ class EtcdClient:
         while True:
             with self._lock:
                 start = self._current
-            for step in range(len(self._clients)):
-                index = (start + step) % len(self._clients)
-                client = self._clients[index]
+            for step in range(len(self._endpoints)):
+                index = (start + step) % len(self._endpoints)
+                client = self._endpoints[index]
                 try:
-                    result: dict[str, Any] = client.post(client.get_url(path), json=payload)
+                    result = client.post(path, payload)
                 except (
                     gw_exceptions.ConnectionFailedError,
                     gw_exceptions.ConnectionTimeoutError,
@@ -284,6 +378,8 @@ class EtcdClient:
         self.closed = True
         for client in self._clients:
             client.session.close()
+        for endpoint in self._endpoints:
+            endpoint.close()
 
 
 class Watch:
