@@ -465,23 +465,23 @@ main()
 """
 
 
-@pytest.mark.parametrize(
-    ("rank", "nth"),
-    # the open's first partition lock; a poll's read while following; a poll's wait_for
-    [("PARTITION", 1), ("PARTITION", 9), ("HIGH_WATERMARK", 3)],
-)
-def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_the_follow(d: Path, tmp_path: Path, rank: str, nth: int) -> None:
-    assert _bin("produce", "f", input=b"one\ntwo\n", data_dir=d).returncode == 0
+def _ctrl_c_in_lock(
+    tmp_path: Path, rank: str, nth: int, args: list[str], stdin: bytes | None = None
+) -> tuple[bytes, bytes]:
+    """Run `loglake ARGS` with Ctrl-C right after the main thread's `nth` acquisition of a lock of
+    `rank` (_CTRL_C_IN_LOCK); assert it ended within CTRL_C_EXIT_S, exit 0, no traceback. Its
+    stdout and stderr."""
     script, mark = tmp_path / "ctrl_c_in_lock.py", tmp_path / "sent"
     script.write_text(_CTRL_C_IN_LOCK)
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(mark), "consume", "f", "--follow", "--data-dir", str(d)],
+        [sys.executable, str(script), str(mark), *args],
+        stdin=subprocess.PIPE if stdin is not None else None,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, "CTRL_C_RANK": rank, "CTRL_C_NTH": str(nth)},
     )
     try:
-        out, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(stdin, timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -489,8 +489,20 @@ def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_the_follow(d: Path, tmp_
     exited = time.monotonic()
     assert proc.returncode == 0, err
     assert b"Traceback" not in err
+    assert mark.exists(), f"the signal was never sent: no {rank} lock taken {nth} times"
     took = exited - float(mark.read_text())
     assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
+    return out, err
+
+
+@pytest.mark.parametrize(
+    ("rank", "nth"),
+    # the open's first partition lock; a poll's read while following; a poll's wait_for
+    [("PARTITION", 1), ("PARTITION", 9), ("HIGH_WATERMARK", 3)],
+)
+def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_the_follow(d: Path, tmp_path: Path, rank: str, nth: int) -> None:
+    assert _bin("produce", "f", input=b"one\ntwo\n", data_dir=d).returncode == 0
+    out, _err = _ctrl_c_in_lock(tmp_path, rank, nth, ["consume", "f", "--follow", "--data-dir", str(d)])
     assert out in (b"", b"one\ntwo\n")
     assert _bin("topics", "list", data_dir=d).stdout.split() == [b"f"]
 
@@ -521,33 +533,15 @@ def test_ctrl_c_while_produce_waits_for_input_produces_what_was_read(d: Path) ->
 def test_ctrl_c_inside_a_lock_acquisition_does_not_hang_a_produce(d: Path, tmp_path: Path, nth: int) -> None:
     """Ctrl-C right after `produce` took a partition lock (appending a batch): the command ends at
     the next line, and what it says it produced is what the topic holds."""
-    script, mark = tmp_path / "ctrl_c_in_lock.py", tmp_path / "sent"
-    script.write_text(_CTRL_C_IN_LOCK)
     lines = b"".join(b"line %d\n" % i for i in range(30_000))
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(mark), "produce", "p", "--batch-size", "1000", "--data-dir", str(d)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "CTRL_C_RANK": "PARTITION", "CTRL_C_NTH": str(nth)},
+    _out, err = _ctrl_c_in_lock(
+        tmp_path, "PARTITION", nth, ["produce", "p", "--batch-size", "1000", "--data-dir", str(d)], stdin=lines
     )
-    try:
-        _out, err = proc.communicate(lines, timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    exited = time.monotonic()
-    assert proc.returncode == 0, err
-    assert b"Traceback" not in err
-    assert mark.exists(), "the signal was never sent: no partition lock taken"
-    took = exited - float(mark.read_text())
-    assert took < CTRL_C_EXIT_S, f"exited {took:.2f}s after Ctrl-C"
-    said = re.search(rb"produced ([0-9,]+) records?", err)
-    assert said is not None, err
+    count = re.search(rb"produced ([0-9,]+) records?", err)
+    assert count is not None, err
     held = _bin("consume", "p", data_dir=d).stdout.splitlines()
     assert held == [b"line %d" % i for i in range(len(held))]
-    assert len(held) == int(said.group(1).replace(b",", b""))
+    assert len(held) == int(count.group(1).replace(b",", b""))
 
 
 def test_subprocess_broken_pipe_is_quiet(d: Path) -> None:
