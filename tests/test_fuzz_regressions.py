@@ -45,6 +45,10 @@ def _topic_state() -> MetaState:
         ("topic_created", {"name": "u", "id": "cd" * 16, "partitions": 1, "config": "x", "created_ms": 1}),
         ("segment_rewritten", {"id": TID, "p": 0, "replaced": [], "segs": []}),
         ("offset_commit", {"g": "g", "rows": 5}),
+        # meta_records, seed 1479663067 case 23028 (make test-long): an infinite partition index
+        # raised OverflowError out of int()
+        ("segment_tier", {"id": TID, "p": float("inf"), "base": 0, "tier": "cold"}),
+        ("topic_created", {"name": "u", "id": "cd" * 16, "partitions": float("inf"), "config": {}, "created_ms": 1}),
     ],
 )
 def test_a_record_of_the_wrong_shape_is_a_value_error(kind: str, body: dict[str, object]) -> None:

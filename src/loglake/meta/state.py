@@ -249,7 +249,7 @@ class MetaState:
             raise ValueError(f"unknown metadata record kind {kind!r}")
         try:
             handler(self, body)
-        except (AttributeError, IndexError, struct.error) as exc:  # a field of the wrong JSON type or length
+        except (AttributeError, IndexError, OverflowError, struct.error) as exc:  # a field of the wrong JSON type, length or size
             raise ValueError(f"{kind} record does not fit: {exc!r}") from None
 
     def _cluster(self, b: dict[str, Any]) -> None:
