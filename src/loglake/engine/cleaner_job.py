@@ -252,7 +252,13 @@ def _serve(parent_pid: int) -> None:  # pragma: no cover - runs in the worker pr
                 reply = ("error", exc)
             except Exception:
                 reply = ("error", LoglakeError(f"{type(exc).__name__}: {exc}"))
-        _write(out, reply)
+        try:
+            _write(out, reply)
+        except BrokenPipeError:
+            # The broker is gone (killed): nobody waits for the answer, and the job's outputs
+            # are orphans its next start removes. Leave at once: the interpreter's exit would
+            # flush the buffered pipe again and print a second traceback.
+            os._exit(0)
 
 
 def worker_main(argv: list[str]) -> None:  # pragma: no cover - the worker process
