@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +18,7 @@ from loglake.engine import Engine
 from loglake.errors import MetaRecordRejectedError
 from loglake.fs.faulty import FaultyFileSystem
 from loglake.meta.records import SchemaVersion
-from loglake.registry.api import RawText, RegistryApi
+from loglake.registry.api import CONTENT_TYPE, RawText, RegistryApi
 from loglake.registry.compat import Compatibility, check
 from loglake.registry.errors import RegistryError, RegistryErrorCode
 from loglake.registry.formats import InvalidSchemaError, SchemaType, parse_schema
@@ -256,6 +258,23 @@ def test_the_api_answers_confluent_documents(engine: Engine) -> None:
     assert api.handle("GET", "/mode/a%2Fb", {}, b"")[1]["error_code"] == 40409
     assert api.handle("DELETE", "/subjects/a%2Fb", {}, b"") == (200, [1])
     assert api.handle("DELETE", "/subjects/a%2Fb", {"permanent": "true"}, b"") == (200, [1])
+
+
+def test_the_error_codes_and_the_content_type_are_spelled_once() -> None:
+    """One owner: Confluent's error codes are loglake.registry.errors', the content type
+    loglake.registry.api's; no other module of src/ spells them."""
+    root = Path(__file__).resolve().parents[1] / "src" / "loglake"
+    codes = re.compile(r"\b(404\d\d|422\d\d|5000\d)\b")
+    owners = {"registry/errors.py": codes, "registry/api.py": re.compile("application/vnd\\.schemaregistry")}
+    found = []
+    for path in root.rglob("*.py"):
+        rel = str(path.relative_to(root))
+        text = path.read_text()
+        for owner, pattern in owners.items():
+            if rel != owner and pattern.search(text):
+                found.append((rel, pattern.pattern))
+    assert not found
+    assert RegistryErrorCode(40401).http_status == 404 and CONTENT_TYPE == "application/vnd.schemaregistry.v1+json"
 
 
 # ---- compatibility matrices ------------------------------------------------------------------------

@@ -24,9 +24,10 @@ from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSe
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from loglake.registry import CONTENT_TYPE as CT
+
 from brokerkit import Broker, free_port, start_on_port
 
-CT = "application/vnd.schemaregistry.v1+json"
 USER_V1 = json.dumps(
     {"type": "record", "name": "User", "namespace": "ex", "fields": [{"name": "name", "type": "string"}]}
 )

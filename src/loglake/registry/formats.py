@@ -12,7 +12,7 @@
   read by protobuf's descriptor_pb2. Both become a `ProtoFile` for the compatibility checks;
   the text is stored as sent.
 
-A schema that does not parse raises InvalidSchemaError (the API answers 42201).
+A schema that does not parse raises InvalidSchemaError (the API answers INVALID_SCHEMA).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def schema_json(stored: StoredSchema) -> dict[str, Any]:
 
 
 def parse_version(raw: str) -> int | None:
-    """A version path segment: its number, None for "latest" (and -1); 42202 otherwise."""
+    """A version path segment: its number, None for "latest" (and -1); INVALID_VERSION otherwise."""
     if raw == "latest":
         return None
     try:
