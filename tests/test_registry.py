@@ -184,9 +184,27 @@ def test_json_schema_references(engine: Engine) -> None:
     r.register("addr", RegisterRequest(SchemaType.JSON, '{"type": "object"}'))
     doc = '{"type": "object", "properties": {"a": {"$ref": "addr.json"}}}'
     assert r.register("p", RegisterRequest(SchemaType.JSON, doc, (("addr.json", "addr", 1),))) == {"id": 2}
-    with pytest.raises(RegistryError) as exc:
-        r.register("q", RegisterRequest(SchemaType.JSON, doc, (("addr.json", "addr", 9),)))
+    for refs in ((("addr.json", "addr", 9),), ()):  # a reference not registered; a $ref with no reference
+        with pytest.raises(RegistryError) as exc:
+            r.register("q", RegisterRequest(SchemaType.JSON, doc, refs))
+        assert exc.value.code is RegistryErrorCode.INVALID_SCHEMA
+    local = '{"$defs": {"a": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}'
+    assert r.register("local", RegisterRequest(SchemaType.JSON, local)) == {"id": 3}
+
+
+def test_protobuf_imports_are_references(engine: Engine) -> None:
+    r = registry_of(engine)
+    common = 'syntax = "proto3";\npackage ex;\nmessage Money {\n  int64 cents = 1;\n}\n'
+    r.register("money", RegisterRequest(SchemaType.PROTOBUF, common))
+    order = (
+        'syntax = "proto3";\npackage ex;\nimport "ex/money.proto";\nimport "google/protobuf/timestamp.proto";\n'
+        "message Order {\n  Money total = 1;\n  google.protobuf.Timestamp at = 2;\n}\n"
+    )
+    with pytest.raises(RegistryError) as exc:  # its import is no reference
+        r.register("order", RegisterRequest(SchemaType.PROTOBUF, order))
     assert exc.value.code is RegistryErrorCode.INVALID_SCHEMA
+    assert r.register("order", RegisterRequest(SchemaType.PROTOBUF, order, (("ex/money.proto", "money", 1),))) == {"id": 2}
+    assert r.version("order", "1")["schemaType"] == "PROTOBUF"
 
 
 def test_the_registry_survives_a_crash_and_a_checkpoint(fs: FaultyFileSystem) -> None:

@@ -21,9 +21,10 @@ import base64
 import binascii
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urljoin
 
 __all__ = [
     "InvalidSchemaError",
@@ -91,9 +92,10 @@ Reference = tuple[str, ParsedSchema]
 def parse_schema(schema_type: SchemaType, text: str, refs: Sequence[Reference] = ()) -> ParsedSchema:
     if schema_type is SchemaType.AVRO:
         return _parse_avro(text, refs)
+    names = {name for name, _ in refs}
     if schema_type is SchemaType.JSON:
-        return _parse_json(text)
-    return _parse_protobuf(text)
+        return _parse_json(text, names)
+    return _parse_protobuf(text, names)
 
 
 def _json_doc(text: str, what: str) -> Any:
@@ -127,7 +129,19 @@ def _parse_avro(text: str, refs: Sequence[Reference]) -> ParsedSchema:
     return ParsedSchema(SchemaType.AVRO, _compact(doc), parsed)
 
 
-def _parse_json(text: str) -> ParsedSchema:
+def _refs_in(doc: Any) -> Iterator[str]:
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs_in(value)
+    elif isinstance(doc, list):
+        for value in doc:
+            yield from _refs_in(value)
+
+
+def _parse_json(text: str, names: set[str]) -> ParsedSchema:
     import jsonschema.exceptions
     import jsonschema.validators
 
@@ -139,14 +153,27 @@ def _parse_json(text: str) -> ParsedSchema:
         validator.check_schema(doc)
     except jsonschema.exceptions.SchemaError as exc:
         raise InvalidSchemaError(f"Invalid schema: {exc.message}") from None
+    own = doc.get("$id") if isinstance(doc, dict) else None
+    for ref in _refs_in(doc):
+        target = ref.partition("#")[0]
+        if target and target != own and target not in names and urljoin(str(own or ""), target) not in names:
+            raise InvalidSchemaError(f"Invalid schema: $ref {ref!r} names no reference of the schema")
     return ParsedSchema(SchemaType.JSON, _compact(doc), doc)
 
 
 # ---- Protobuf ----------------------------------------------------------------------------------
 
 
-def _parse_protobuf(text: str) -> ParsedSchema:
-    model = _from_descriptor(text) if _looks_base64(text) else _from_proto_text(text)
+#: Imports a Protobuf schema needs no reference for: the well-known types (and Confluent's own
+#: options), which every Protobuf runtime and Confluent's registry carry.
+BUILTIN_IMPORTS = ("google/protobuf/", "confluent/")
+
+
+def _parse_protobuf(text: str, names: set[str]) -> ParsedSchema:
+    model, imports = _from_descriptor(text) if _looks_base64(text) else _from_proto_text(text)
+    for imported in imports:
+        if imported not in names and not imported.startswith(BUILTIN_IMPORTS):
+            raise InvalidSchemaError(f"Invalid schema: import {imported!r} names no reference of the schema")
     return ParsedSchema(SchemaType.PROTOBUF, text, model)
 
 
@@ -154,7 +181,7 @@ def _looks_base64(text: str) -> bool:
     return bool(text) and "{" not in text and ";" not in text
 
 
-def _from_descriptor(text: str) -> ProtoFile:
+def _from_descriptor(text: str) -> tuple[ProtoFile, list[str]]:
     from google.protobuf import descriptor_pb2
     from google.protobuf.message import DecodeError
 
@@ -197,7 +224,7 @@ def _from_descriptor(text: str) -> ProtoFile:
         walk("", m)
     for e in fd.enum_type:
         out.enums[e.name] = {v.name for v in e.value}
-    return out
+    return out, list(fd.dependency)
 
 
 def _map_type(entry: Any) -> str:
@@ -215,7 +242,7 @@ def _named(type_name: str, package: str) -> str:
     return name
 
 
-def _from_proto_text(text: str) -> ProtoFile:
+def _from_proto_text(text: str) -> tuple[ProtoFile, list[str]]:
     from antlr4.error.ErrorListener import ErrorListener
     from proto_schema_parser import ast
     from proto_schema_parser.parser import Parser
@@ -265,4 +292,4 @@ def _from_proto_text(text: str) -> ProtoFile:
             out.enums[el.name] = {v.name for v in el.elements if isinstance(v, ast.EnumValue)}
     if not out.messages and not out.enums and not any(isinstance(el, ast.Package) for el in tree.file_elements) and text.strip():
         raise InvalidSchemaError("Invalid schema: no message, enum or package in the Protobuf schema")
-    return out
+    return out, [el.name for el in tree.file_elements if isinstance(el, ast.Import)]
