@@ -276,6 +276,9 @@ def test_the_api_answers_confluent_documents(engine: Engine) -> None:
     assert api.handle("GET", "/mode/a%2Fb", {}, b"")[1]["error_code"] == 40409
     assert api.handle("DELETE", "/subjects/a%2Fb", {}, b"") == (200, [1])
     assert api.handle("DELETE", "/subjects/a%2Fb", {"permanent": "true"}, b"") == (200, [1])
+    engine.close()  # a write the metadata store refuses is Confluent's store error, not a crash
+    status, doc = api.handle("POST", "/subjects/c/versions", {}, body)
+    assert (status, doc["error_code"]) == (500, 50001) and "closed" in doc["message"]
 
 
 def test_the_error_codes_and_the_content_type_are_spelled_once() -> None:

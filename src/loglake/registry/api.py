@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
+from loglake.errors import LoglakeError
 from loglake.registry.errors import RegistryError, RegistryErrorCode
 from loglake.registry.formats import SchemaType
 from loglake.registry.service import RegisterRequest, SchemaRegistry
@@ -50,6 +51,9 @@ class RegistryApi:
             return 200, self._route(method, [unquote(p) for p in path.strip("/").split("/") if p], query, body)
         except RegistryError as exc:
             return exc.code.http_status, {"error_code": int(exc.code), "message": exc.message}
+        except LoglakeError as exc:  # the metadata store refused: closing, failed, a record that lost a race
+            code = RegistryErrorCode.STORE_ERROR
+            return code.http_status, {"error_code": int(code), "message": f"Error in the backend data store: {exc}"}
 
     def _body(self, body: bytes) -> Any:
         try:
