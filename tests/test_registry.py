@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import loglake
 from loglake.engine import Engine
 from loglake.errors import MetaRecordRejectedError
 from loglake.fs.faulty import FaultyFileSystem
@@ -427,3 +428,19 @@ def test_protobuf_as_confluent_kafka_sends_it_a_base64_descriptor() -> None:
 def test_invalid_schemas_are_refused(schema_type: SchemaType, text: str) -> None:
     with pytest.raises(InvalidSchemaError):
         parse_schema(schema_type, text)
+
+
+def test_a_disaster_recovery_from_the_bucket_restores_the_registry(tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'bucket'}"
+    with loglake.open(str(tmp_path / "a"), cold_store=url) as log:
+        r = registry_of(log.engine)
+        r.register("s", avro(avro_record(NAME)))
+        r.register("s", avro(avro_record(NAME, AGE_DEFAULT)))
+        r.set_config("s", {"compatibility": "FULL"})
+        log.flush()
+    with loglake.open(str(tmp_path / "b"), cold_store=url) as log:  # the data directory is gone
+        report = log.recovery_report
+        assert report is not None and report.restored_from == url
+        r = registry_of(log.engine)
+        assert r.versions("s") == [1, 2] and r.get_config("s", False) == {"compatibilityLevel": "FULL"}
+        assert r.register("u", avro(avro_record(AGE))) == {"id": 3}
