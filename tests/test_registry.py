@@ -359,6 +359,27 @@ JSON_PAIRS = [
     ({"enum": ["a", "b"]}, {"enum": ["a", "b", "c"]}, True, False),
     (OBJ_OPEN, OBJ_CLOSED, False, True),  # additionalProperties narrowed
     ({"type": "string"}, {"type": "string"}, True, True),
+    # local $refs are followed into each document's $defs, recursive ones included
+    (
+        {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        {"$defs": {"n": {"type": "number"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        True,
+        False,
+    ),
+    (
+        {"$defs": {"n": {"type": "string"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        False,
+        False,
+    ),
+    (
+        {"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}},
+         "$ref": "#/$defs/t"},
+        {"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/t"}}}}},
+         "$ref": "#/$defs/t"},
+        True,
+        True,
+    ),
 ]
 
 

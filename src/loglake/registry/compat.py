@@ -14,7 +14,8 @@ FULL both. It answers the reasons it is incompatible (empty: compatible).
   from a closed one not; a required property added is incompatible; types may widen (integer to
   number, a type added) but not narrow or change; enum values may be added, not removed; maximums
   (maxLength, maximum, maxItems, maxProperties) may grow, minimums shrink, neither appear;
-  additionalProperties may open, not close.
+  additionalProperties may open, not close. A local `$ref` ("#/$defs/...") both sides make is
+  followed into each document (recursive schemas end); any other `$ref` must stay the same.
 * Protobuf: Confluent's rules (its Protobuf diff), applied as Confluent does: BACKWARD compares
   (old -> new), FORWARD (new -> old). Incompatible: the package changed, a message removed, a
   field's kind changed (scalar, message, enum, map), its scalar type changed outside the wire-
@@ -80,7 +81,7 @@ def compatible_pair(reader: ParsedSchema, writer: ParsedSchema) -> list[str]:
     if reader.schema_type is SchemaType.AVRO:
         return _avro(reader.parsed, writer.parsed)
     if reader.schema_type is SchemaType.JSON:
-        return _json(reader.parsed, writer.parsed, "#")
+        return _JsonDiff(reader.parsed, writer.parsed).diff(reader.parsed, writer.parsed, "#")
     return _protobuf(original=writer.parsed, update=reader.parsed)
 
 
@@ -116,93 +117,133 @@ def _accepts_anything(schema: Any) -> bool:
     return schema is True or schema == {}
 
 
-def _json(reader: Any, writer: Any, at: str) -> list[str]:
-    """Reasons some document `writer` accepts is refused by `reader` (Confluent's rules)."""
-    if _accepts_anything(reader) or writer is False:
-        return []
-    if reader is False:
-        return [f"{at}: the schema accepts nothing any more"]
-    if writer is True:
-        writer = {}
-    if not isinstance(reader, dict) or not isinstance(writer, dict):
-        return [f"{at}: schema changed"]
-    out: list[str] = []
-    if reader.get("$ref") != writer.get("$ref"):
-        out.append(f"{at}: $ref changed")
-    rt, wt = _types(reader), _types(writer)
-    if rt is not None:
-        if wt is None:
-            out.append(f"{at}: type narrowed to {sorted(rt)}")
+def _pointer(root: Any, ref: str) -> Any:
+    """The part of `root` a local JSON pointer ("#/$defs/a") names, None when none."""
+    node = root
+    for raw in ref[1:].split("/")[1:] if ref != "#" else []:
+        key = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
         else:
-            widened = rt | ({"integer"} if "number" in rt else set())
-            if not wt <= widened:
-                out.append(f"{at}: type changed from {sorted(wt)} to {sorted(rt)}")
-    for key in _MAXIMUMS:
-        if key in reader and (key not in writer or reader[key] < writer[key]):
-            out.append(f"{at}: {key} added or decreased")
-    for key in _MINIMUMS:
-        if key in reader and (key not in writer or reader[key] > writer[key]):
-            out.append(f"{at}: {key} added or increased")
-    for key in ("enum",):
-        if key in reader and (key not in writer or not all(v in reader[key] for v in writer[key])):
-            out.append(f"{at}: enum narrowed")
-    if "const" in reader and reader.get("const") != writer.get("const"):
-        out.append(f"{at}: const changed")
-    if "pattern" in reader and reader.get("pattern") != writer.get("pattern"):
-        out.append(f"{at}: pattern added or changed")
-    out.extend(_json_object(reader, writer, at))
-    for key in ("items", "not"):
-        if key in reader or key in writer:
-            out.extend(_json(reader.get(key, True), writer.get(key, True), f"{at}/{key}"))
-    for key in ("oneOf", "anyOf"):
-        if key in reader or key in writer:
-            r_alts, w_alts = reader.get(key, [reader]), writer.get(key, [writer])
-            if key not in reader and key in writer:
-                out.append(f"{at}: {key} removed")
+            return None
+    return node
+
+
+class _JsonDiff:
+    """Confluent's JSON Schema rules between two schema documents; a local `$ref` ("#/...") that
+    both name alike is followed into each document (each pair once: recursive schemas end)."""
+
+    def __init__(self, reader_root: Any, writer_root: Any) -> None:
+        self.roots = (reader_root, writer_root)
+        self.seen: set[tuple[str, str]] = set()
+
+    def follow(self, reader: dict[str, Any], writer: dict[str, Any], at: str) -> list[str] | None:
+        """The differences behind a local $ref both sides make (None: not one)."""
+        r_ref, w_ref = reader.get("$ref"), writer.get("$ref")
+        if not (isinstance(r_ref, str) and isinstance(w_ref, str) and r_ref.startswith("#") and w_ref.startswith("#")):
+            return None
+        if (r_ref, w_ref) in self.seen:
+            return []
+        self.seen.add((r_ref, w_ref))
+        r_target, w_target = _pointer(self.roots[0], r_ref), _pointer(self.roots[1], w_ref)
+        if r_target is None or w_target is None:
+            return [f"{at}: $ref {r_ref if r_target is None else w_ref} does not resolve"]
+        rest_r = {k: v for k, v in reader.items() if k != "$ref"}
+        rest_w = {k: v for k, v in writer.items() if k != "$ref"}
+        return self.diff(r_target, w_target, at) + (self.diff(rest_r, rest_w, at) if rest_r or rest_w else [])
+
+    def diff(self, reader: Any, writer: Any, at: str) -> list[str]:
+        """Reasons some document `writer` accepts is refused by `reader` (Confluent's rules)."""
+        if _accepts_anything(reader) or writer is False:
+            return []
+        if reader is False:
+            return [f"{at}: the schema accepts nothing any more"]
+        if writer is True:
+            writer = {}
+        if not isinstance(reader, dict) or not isinstance(writer, dict):
+            return [f"{at}: schema changed"]
+        out: list[str] = []
+        followed = self.follow(reader, writer, at)
+        if followed is not None:
+            return followed
+        if reader.get("$ref") != writer.get("$ref"):
+            out.append(f"{at}: $ref changed")
+        rt, wt = _types(reader), _types(writer)
+        if rt is not None:
+            if wt is None:
+                out.append(f"{at}: type narrowed to {sorted(rt)}")
+            else:
+                widened = rt | ({"integer"} if "number" in rt else set())
+                if not wt <= widened:
+                    out.append(f"{at}: type changed from {sorted(wt)} to {sorted(rt)}")
+        for key in _MAXIMUMS:
+            if key in reader and (key not in writer or reader[key] < writer[key]):
+                out.append(f"{at}: {key} added or decreased")
+        for key in _MINIMUMS:
+            if key in reader and (key not in writer or reader[key] > writer[key]):
+                out.append(f"{at}: {key} added or increased")
+        for key in ("enum",):
+            if key in reader and (key not in writer or not all(v in reader[key] for v in writer[key])):
+                out.append(f"{at}: enum narrowed")
+        if "const" in reader and reader.get("const") != writer.get("const"):
+            out.append(f"{at}: const changed")
+        if "pattern" in reader and reader.get("pattern") != writer.get("pattern"):
+            out.append(f"{at}: pattern added or changed")
+        out.extend(self.obj(reader, writer, at))
+        for key in ("items", "not"):
+            if key in reader or key in writer:
+                out.extend(self.diff(reader.get(key, True), writer.get(key, True), f"{at}/{key}"))
+        for key in ("oneOf", "anyOf"):
+            if key in reader or key in writer:
+                r_alts, w_alts = reader.get(key, [reader]), writer.get(key, [writer])
+                if key not in reader and key in writer:
+                    out.append(f"{at}: {key} removed")
+                    continue
+                for i, w in enumerate(w_alts):
+                    if all(self.diff(r, w, f"{at}/{key}/{i}") for r in r_alts):
+                        out.append(f"{at}/{key}/{i}: no alternative of the new schema accepts it")
+        if "allOf" in reader or "allOf" in writer:
+            r_all, w_all = reader.get("allOf", []), writer.get("allOf", [])
+            if len(r_all) > len(w_all):
+                out.append(f"{at}: allOf gained a schema")
+            for i, (r, w) in enumerate(zip(r_all, w_all, strict=False)):
+                out.extend(self.diff(r, w, f"{at}/allOf/{i}"))
+        return out
+
+
+    def obj(self, reader: dict[str, Any], writer: dict[str, Any], at: str) -> list[str]:
+        out: list[str] = []
+        r_props: dict[str, Any] = reader.get("properties", {})
+        w_props: dict[str, Any] = writer.get("properties", {})
+        r_more = reader.get("additionalProperties", True)
+        w_more = writer.get("additionalProperties", True)
+        for name, w in w_props.items():
+            if name in r_props:
+                out.extend(self.diff(r_props[name], w, f"{at}/properties/{name}"))
+            elif r_more is False:
+                out.append(f"{at}/properties/{name}: property removed from a closed content model")
+            elif r_more is not True and self.diff(r_more, w, f"{at}/properties/{name}"):
+                out.append(f"{at}/properties/{name}: removed property not covered by additionalProperties")
+        for name, r in r_props.items():
+            if name in w_props:
                 continue
-            for i, w in enumerate(w_alts):
-                if all(_json(r, w, f"{at}/{key}/{i}") for r in r_alts):
-                    out.append(f"{at}/{key}/{i}: no alternative of the new schema accepts it")
-    if "allOf" in reader or "allOf" in writer:
-        r_all, w_all = reader.get("allOf", []), writer.get("allOf", [])
-        if len(r_all) > len(w_all):
-            out.append(f"{at}: allOf gained a schema")
-        for i, (r, w) in enumerate(zip(r_all, w_all, strict=False)):
-            out.extend(_json(r, w, f"{at}/allOf/{i}"))
-    return out
-
-
-def _json_object(reader: dict[str, Any], writer: dict[str, Any], at: str) -> list[str]:
-    out: list[str] = []
-    r_props: dict[str, Any] = reader.get("properties", {})
-    w_props: dict[str, Any] = writer.get("properties", {})
-    r_more = reader.get("additionalProperties", True)
-    w_more = writer.get("additionalProperties", True)
-    for name, w in w_props.items():
-        if name in r_props:
-            out.extend(_json(r_props[name], w, f"{at}/properties/{name}"))
-        elif r_more is False:
-            out.append(f"{at}/properties/{name}: property removed from a closed content model")
-        elif r_more is not True and _json(r_more, w, f"{at}/properties/{name}"):
-            out.append(f"{at}/properties/{name}: removed property not covered by additionalProperties")
-    for name, r in r_props.items():
-        if name in w_props:
-            continue
-        if w_more is False or _accepts_anything(r):
-            continue
-        if w_more is True:
-            out.append(f"{at}/properties/{name}: property added to an open content model")
-        elif _json(r, w_more, f"{at}/properties/{name}"):
-            out.append(f"{at}/properties/{name}: added property not covered by the partially open content model")
-    added_required = set(reader.get("required", [])) - set(writer.get("required", []))
-    if added_required:
-        out.append(f"{at}: required properties added: {sorted(added_required)}")
-    if r_more is not True and w_more is not False:
-        if r_more is False or w_more is True:
-            out.append(f"{at}: additionalProperties narrowed")
-        else:
-            out.extend(_json(r_more, w_more, f"{at}/additionalProperties"))
-    return out
+            if w_more is False or _accepts_anything(r):
+                continue
+            if w_more is True:
+                out.append(f"{at}/properties/{name}: property added to an open content model")
+            elif self.diff(r, w_more, f"{at}/properties/{name}"):
+                out.append(f"{at}/properties/{name}: added property not covered by the partially open content model")
+        added_required = set(reader.get("required", [])) - set(writer.get("required", []))
+        if added_required:
+            out.append(f"{at}: required properties added: {sorted(added_required)}")
+        if r_more is not True and w_more is not False:
+            if r_more is False or w_more is True:
+                out.append(f"{at}: additionalProperties narrowed")
+            else:
+                out.extend(self.diff(r_more, w_more, f"{at}/additionalProperties"))
+        return out
 
 
 # ---- Protobuf --------------------------------------------------------------------------------------
