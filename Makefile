@@ -9,7 +9,7 @@ HASH := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 RUN_STAMP := $(VENV)/.installed-run-$(HASH)
 TEST_STAMP := $(VENV)/.installed-test-$(HASH)
 RUN_EXTRAS := s3
-TEST_EXTRAS := test,s3,spark,cluster
+TEST_EXTRAS := test,s3,spark,cluster,registry
 DATA_DIR ?= ./loglake-data
 
 .PHONY: venv run test test-long lint bench clean

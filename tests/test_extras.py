@@ -90,13 +90,23 @@ def test_pipeline_without_the_spark_extra(tmp_path: Path) -> None:
     assert_names_the_extra(result, 1, "pyspark", "spark")
 
 
+def test_serve_schema_registry_without_the_registry_extra(tmp_path: Path) -> None:
+    result = run_without(
+        "fastavro", tmp_path, "serve", "--data-dir", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
+        "--schema-registry-listen", "127.0.0.1:0",
+    )
+    assert_names_the_extra(result, EXIT_CONFIG, "fastavro", "registry")
+    assert "--schema-registry-listen" in result.stderr
+
+
 def test_the_table_matches_pyproject_extras() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     offered = set(extras) - {"test"}
     assert set(EXTRA_OF_MODULE.values()) == offered  # every extra has its modules here, and no other
     for module, extra in EXTRA_OF_MODULE.items():
         requirements = " ".join(extras[extra])
-        dist = {"botocore": "boto3"}.get(module, module)  # botocore comes with boto3
+        # botocore comes with boto3; protobuf's module is google.protobuf
+        dist = {"botocore": "boto3", "google": "protobuf", "proto_schema_parser": "proto-schema-parser"}.get(module, module)
         assert re.search(rf"(^|\s){re.escape(dist)}\b", requirements), (module, extra, requirements)
 
 

@@ -44,6 +44,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the package face re-exports the embedded API (loglake.open, Log)
     ("loglake",),
     ("loglake.broker", "loglake.log"),
+    # the schema registry: a broker fact over the metadata store, whose API the broker serves
+    ("loglake.registry",),
     ("loglake.engine",),
     ("loglake.meta",),
     # the metadata log is a WAL and its tables hold segment refs: meta sits on both

@@ -57,6 +57,10 @@ from loglake.meta.records import (
     ProducerIds,
     RawRecord,
     RecordKind,
+    SchemaConfig,
+    SchemaDeleted,
+    SchemaMode,
+    SchemaVersion,
     ScramCredentialSet,
     SegmentPublished,
     SegmentRewritten,
@@ -108,6 +112,10 @@ TODAY_ORDER = (
     "plog_merged",
     "plog_swept",
     "plog_start",
+    "schema_version",
+    "schema_deleted",
+    "schema_config",
+    "schema_mode",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -148,14 +156,23 @@ HISTORY = [
     b'\x01\x19{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000019,"n":2,"seg":["seg/0001",0,29,5000,4800,99,"abababababababababababababababababababababababababababababababab",30,1700000000018]}',
     b'\x01\x1a{"keys":["flush/0002","orphan/1"]}',
     b'\x01\x1b{"id":"0123456789abcdef0123456789abcdef","p":0,"epoch":4,"ms":1700000000021,"start":10}',
+    b'\x01\x1c{"subject":"orders-value","version":1,"id":1,"type":"AVRO","schema":"\\"string\\"","refs":[]}',
+    b'\x01\x1c{"subject":"other-value","version":1,"id":1,"type":"AVRO","schema":"\\"string\\"","refs":[]}',
+    b'\x01\x1c{"subject":"orders-value","version":2,"id":2,"type":"JSON","schema":"{}","refs":[["other.json","other-value",1]]}',
+    b'\x01\x1d{"subject":"other-value","versions":[1],"permanent":false}',
+    b'\x01\x1e{"subject":"","config":{"compatibilityLevel":"FULL"}}',
+    b'\x01\x1f{"subject":"orders-value","mode":"READONLY"}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
 #: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
 #: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
 #: history gained a `plog_start`.
-CHECKPOINT_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
-CHECKPOINT_AFTER_DELETE_SHA256 = "f2bc51867e2a0d7a6ec87817936280e9ce78a5ffccf390968cbc0ac5200ffa65"
+#: Changed on purpose again: the history gained the schema registry's records; without them the
+#: checkpoint is the bytes it was (`WITHOUT_SCHEMAS_SHA256`: an empty registry writes no key).
+CHECKPOINT_SHA256 = "ddc7c038e4c7079b0bcb8abb826f6600cfe28d49d2ab395b30310f5176e8ca9e"
+CHECKPOINT_AFTER_DELETE_SHA256 = "edc8ab0c39cad7d86949d256cff4fab14d11c731c9abf774d66e5c1e13fd801c"
+WITHOUT_SCHEMAS_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
 #: without `ms` and producer_ids without `expect`, a seg of 9 fields (before rewrites), a txn
@@ -241,6 +258,12 @@ SAMPLES: list[MetaRecord] = [
     ),
     PlogSwept(["flush/0002", "orphan/1"]),
     PlogStart(TID, 0, 4, 1700000000021, 10),
+    SchemaVersion("orders-value", 1, 1, "AVRO", '"string"', []),
+    SchemaVersion("other-value", 1, 1, "AVRO", '"string"', []),
+    SchemaVersion("orders-value", 2, 2, "JSON", "{}", [("other.json", "other-value", 1)]),
+    SchemaDeleted("other-value", [1], False),
+    SchemaConfig("", {"compatibilityLevel": "FULL"}),
+    SchemaMode("orders-value", "READONLY"),
     TopicDeleted(TID, 1700000000020),
 ]
 
@@ -322,8 +345,17 @@ def test_a_body_is_a_new_object_each_time() -> None:
 
 
 def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None:
+    assert _checkpoint_sha(_replay([r for r in HISTORY[:-1] if r[1] < RecordKind.SCHEMA_VERSION.code])) == WITHOUT_SCHEMAS_SHA256
     state = _replay(HISTORY[:-1])
     assert _checkpoint_sha(state) == CHECKPOINT_SHA256
+    # one schema under two subjects keeps its id; the soft-deleted version stays until removed
+    assert {s: {v: (r.schema_id, r.deleted) for v, r in vs.items()} for s, vs in state.schemas.subjects.items()} == {
+        "orders-value": {1: (1, False), 2: (2, False)},
+        "other-value": {1: (1, True)},
+    }
+    assert (state.schemas.next_id, state.schemas.configs, state.schemas.modes) == (
+        3, {"": {"compatibilityLevel": "FULL"}}, {"orders-value": "READONLY"}
+    )
     pm = state.partition(bytes.fromhex(TID), 1)
     # the plog_leader of epoch 4 (at committed end 0) replaced the history the leader_epoch records made
     assert (pm.log_start, pm.leader_epochs, pm.aborted_txns) == (5, [[4, 0]], [[2000, 7, 11]])

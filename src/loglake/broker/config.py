@@ -87,6 +87,8 @@ class BrokerConfig:
     advertised_listener: list[str] = field(default_factory=list_default("advertised_listener"))
     port_file: str | None = None
     metrics_listen: str | None = None
+    #: HOST:PORT of the schema registry's REST API (loglake.registry; off when unset)
+    schema_registry_listen: str | None = None
     #: TLS of SSL listeners (docs/SECURITY.md): PEM certificate chain, private key (and its password),
     #: the CAs client certificates must chain to, and whether one is asked for: none|requested|required.
     ssl_cert: str | None = None
@@ -222,6 +224,8 @@ class BrokerConfig:
         enabled_mechanisms(self.sasl_enabled_mechanisms)
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
+        if self.schema_registry_listen:
+            parse_host_port(self.schema_registry_listen, "--schema-registry-listen")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError(
                 f"group_min_session_timeout_ms={self.group_min_session_timeout_ms} is above "

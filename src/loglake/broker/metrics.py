@@ -12,7 +12,8 @@ library's global default registry, so several brokers in one process, and tests,
 
 Every family has HELP and TYPE, is written in one piece, and label values are escaped by the
 library. The `_created` series prometheus-client adds to counters and histograms are left out (they
-would be new metric names). The HTTP side is a minimal GET-only HTTP/1.1 responder on asyncio:
+would be new metric names). The HTTP side answers GET only, one request a connection, on the broker's small HTTP server
+(loglake.broker.http):
 /metrics, /healthz (process up), /readyz (recovery done and accepting connections; 200 with one
 "corrupt: ..." line per corrupt segment found while running — a broker with one bad partition
 still serves every other one, so it is not taken out of rotation for it — and a "storage full: ..."
@@ -27,8 +28,6 @@ nothing then — `loglake.engine.telemetry`, whose families /metrics adds too).
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 
@@ -38,14 +37,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from loglake.broker.fetch_sessions import FetchSessionCache
 from loglake.broker.gcstats import GcStats
 from loglake.broker.groups import GroupCoordinator
+from loglake.broker.http import HttpLimits, HttpRequest, HttpResponse, HttpServer, serve_http
 from loglake.broker.overload import RequestBytes
 from loglake.broker.security.sasl import SaslStats
 from loglake.engine import Engine
 from loglake.engine.cleaner import Cleaner
 from loglake.engine.telemetry import HistogramFamily, Telemetry
 from loglake.kafka_errors import ErrorCode
-
-log = logging.getLogger(__name__)
 
 #: Latency histogram bucket upper bounds, seconds.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -481,47 +479,27 @@ async def serve_metrics(
     ready: Callable[[], bool],
     notes: Callable[[], list[str]] | None = None,
     blockers: Callable[[], list[str]] | None = None,
-) -> asyncio.Server:
+) -> HttpServer:
     """`notes()`: lines /readyz adds while ready (corrupt partitions); they do not make it 503.
     `blockers()`: reasons the started broker should get no traffic now (cluster mode: etcd or the
     bucket unreachable); any makes /readyz 503 "not ready" with them."""
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=10)
-            if len(head) > HTTP_HEAD_BYTES_MAX:
-                raise ValueError("request head too large")
-            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            parts = request_line.split()
-            path = parts[1] if len(parts) >= 2 else "/"
-            if parts and parts[0] != "GET":
-                status, body, ctype = "405 Method Not Allowed", "only GET\n", "text/plain"
-            elif path.startswith("/metrics"):
-                status, body, ctype = "200 OK", render(), CONTENT_TYPE
-            elif path.startswith("/healthz"):
-                status, body, ctype = "200 OK", "ok\n", "text/plain"
-            elif path.startswith("/readyz"):
-                started = ready()
-                reasons = (blockers() if blockers is not None else []) if started else []
-                ok = started and not reasons
-                status = "200 OK" if ok else "503 Service Unavailable"
-                extra = (notes() if notes is not None else []) if ok else reasons
-                verdict = "ready" if ok else "not ready" if started else "recovering"
-                body = verdict + "\n" + "".join(f"{line}\n" for line in extra)
-                ctype = "text/plain"
-            else:
-                status, body, ctype = "404 Not Found", "not found\n", "text/plain"
-            data = body.encode()
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n"
-                "Connection: close\r\n\r\n".encode()
-                + data
-            )
-            await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, ConnectionError):
-            pass
-        except Exception:
-            log.exception("metrics endpoint failed")
-        finally:
-            writer.close()
 
-    return await asyncio.start_server(handle, host, port, limit=HTTP_HEAD_BYTES_MAX)
+    async def handle(request: HttpRequest) -> HttpResponse:
+        path = request.path
+        if request.method != "GET":
+            return HttpResponse(405, b"only GET\n")
+        if path.startswith("/metrics"):
+            return HttpResponse(200, render().encode(), CONTENT_TYPE)
+        if path.startswith("/healthz"):
+            return HttpResponse(200, b"ok\n")
+        if path.startswith("/readyz"):
+            started = ready()
+            reasons = (blockers() if blockers is not None else []) if started else []
+            ok = started and not reasons
+            extra = (notes() if notes is not None else []) if ok else reasons
+            verdict = "ready" if ok else "not ready" if started else "recovering"
+            body = verdict + "\n" + "".join(f"{line}\n" for line in extra)
+            return HttpResponse(200 if ok else 503, body.encode())
+        return HttpResponse(404, b"not found\n")
+
+    return await serve_http(host, port, handle, HttpLimits(head_bytes=HTTP_HEAD_BYTES_MAX), "metrics")

@@ -27,6 +27,7 @@ from loglake.broker.context import BrokerContext, build_context
 from loglake.broker.gcstats import GcStats, freeze_startup_objects
 from loglake.broker.groups import MetaGroupLog, MetaGroupStore
 from loglake.broker.groups.store import GroupStoreFactory
+from loglake.broker.http import HttpServer
 from loglake.broker.listeners import (
     PLAINTEXT,
     WILDCARD_HOSTS,
@@ -67,7 +68,8 @@ class BrokerServer:
         #: The thread pool for blocking work (`ctx.off_loop`); shut down last.
         self._off_loop: OffLoop | None = None
         self._servers: list[asyncio.Server] = []
-        self._metrics_server: asyncio.Server | None = None
+        self._metrics_server: HttpServer | None = None
+        self._registry_server: HttpServer | None = None
         self._connections: set[Connection] = set()
         self._log_flusher: asyncio.Task[None] | None = None
         self._users_inbox: asyncio.Task[None] | None = None
@@ -80,6 +82,8 @@ class BrokerServer:
         self.limited = RateLimitedLog(log, config.log_rate_limit_ms / 1000.0)
         self.host = ""
         self.port = 0
+        #: the schema registry's bound port (--schema-registry-listen with port 0 picks one), 0 when off
+        self.registry_port = 0
         #: Each listener as bound (its real port) with the (host, port) it advertises, in listener order.
         self.endpoints: list[tuple[Listener, tuple[str, int]]] = []
         self._tls: ssl.SSLContext | None = None
@@ -139,6 +143,15 @@ class BrokerServer:
         report = await loop.run_in_executor(None, engine.open)
         self.engine = engine
         del report  # the engine logs its own recovery summary
+        if self.config.schema_registry_listen:
+            from loglake.broker.schema_registry import serve_schema_registry
+
+            rhost, rport = parse_host_port(self.config.schema_registry_listen, "--schema-registry-listen")
+            try:
+                self._registry_server = await serve_schema_registry(rhost, rport, engine)
+            except OSError as exc:
+                raise ListenError("--schema-registry-listen", self.config.schema_registry_listen, exc) from exc
+            self.registry_port = self._registry_server.port
         bound: list[Listener] = []
         for lst in listeners:
             try:
@@ -245,6 +258,8 @@ class BrokerServer:
             self._ctx.txn.close()
         if self._metrics_server is not None:
             self._metrics_server.close()
+        if self._registry_server is not None:
+            self._registry_server.close()
         if self.engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
         if self._off_loop is not None:

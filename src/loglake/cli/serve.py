@@ -57,6 +57,10 @@ def serve(
     metrics_listen: Annotated[
         str | None, typer.Option("--metrics-listen", help="HOST:PORT for /metrics, /healthz, /readyz.")
     ] = None,
+    schema_registry_listen: Annotated[
+        str | None,
+        typer.Option("--schema-registry-listen", help="HOST:PORT for the Confluent-compatible schema registry's REST API."),
+    ] = None,
     ssl_cert: Annotated[str | None, typer.Option("--ssl-cert", help="PEM certificate chain of SSL listeners.")] = None,
     ssl_key: Annotated[str | None, typer.Option("--ssl-key", help="PEM private key of --ssl-cert.")] = None,
     ssl_key_password: Annotated[

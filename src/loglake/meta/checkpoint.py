@@ -20,6 +20,7 @@ from loglake.meta.acls import acls_doc, load_acls
 from loglake.meta.cluster import load_plogs, plogs_doc
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import client_quotas_doc, load_client_quotas
+from loglake.meta.schemas import load_schemas, schemas_doc
 from loglake.meta.scram import load_scram, scram_doc
 from loglake.meta.segments import ENTRY_SIZE, ENTRY_V1, SegmentTable
 from loglake.meta.state import (
@@ -123,6 +124,9 @@ def capture(state: MetaState) -> CheckpointImage:
         "client_quotas": client_quotas_doc(state),
         "plogs": plogs_doc(state),
     }
+    schemas = schemas_doc(state)
+    if schemas is not None:  # absent while the registry is empty: those checkpoints keep their bytes
+        doc["schemas"] = schemas
     return CheckpointImage(state.seq, doc, tables)
 
 
@@ -211,4 +215,5 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_scram(state, doc)
     load_client_quotas(state, doc)
     load_plogs(state, doc)
+    load_schemas(state, doc)
     return state

@@ -67,6 +67,10 @@ __all__ = [
     "ProducerIds",
     "RawRecord",
     "RecordKind",
+    "SchemaConfig",
+    "SchemaDeleted",
+    "SchemaMode",
+    "SchemaVersion",
     "ScramCredentialSet",
     "SegmentPublished",
     "SegmentRewritten",
@@ -124,6 +128,10 @@ class RecordKind(enum.StrEnum):
     PLOG_MERGED = "plog_merged", 25
     PLOG_SWEPT = "plog_swept", 26
     PLOG_START = "plog_start", 27
+    SCHEMA_VERSION = "schema_version", 28
+    SCHEMA_DELETED = "schema_deleted", 29
+    SCHEMA_CONFIG = "schema_config", 30
+    SCHEMA_MODE = "schema_mode", 31
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -666,6 +674,66 @@ class PlogStart:
         return {"id": self.topic_id, "p": self.partition, "epoch": self.epoch, "ms": self.ms, "start": self.start}
 
 
+@dataclass(frozen=True, slots=True)
+class SchemaVersion:
+    """A schema registered as a subject's next version (loglake.meta.schemas)."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SCHEMA_VERSION
+    subject: str
+    version: int
+    schema_id: int
+    schema_type: str
+    schema: str
+    refs: Sequence[tuple[str, str, int]]
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "subject": self.subject,
+            "version": self.version,
+            "id": self.schema_id,
+            "type": self.schema_type,
+            "schema": self.schema,
+            "refs": [list(r) for r in self.refs],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaDeleted:
+    """A subject's versions soft-deleted, or removed when `permanent`."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SCHEMA_DELETED
+    subject: str
+    versions: Sequence[int]
+    permanent: bool
+
+    def body(self) -> dict[str, Any]:
+        return {"subject": self.subject, "versions": list(self.versions), "permanent": self.permanent}
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaConfig:
+    """A subject's registry config ("" the global one), replaced; {} removes it."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SCHEMA_CONFIG
+    subject: str
+    config: Mapping[str, str]
+
+    def body(self) -> dict[str, Any]:
+        return {"subject": self.subject, "config": dict(self.config)}
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaMode:
+    """A subject's registry mode ("" the global one); None removes it."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SCHEMA_MODE
+    subject: str
+    mode: str | None
+
+    def body(self) -> dict[str, Any]:
+        return {"subject": self.subject, "mode": self.mode}
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -697,6 +765,10 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         PlogMerged,
         PlogSwept,
         PlogStart,
+        SchemaVersion,
+        SchemaDeleted,
+        SchemaConfig,
+        SchemaMode,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"

@@ -57,6 +57,9 @@ plog_*             cluster partitions: leader epochs, committed flush ranges, me
                    swept flush objects, raised log start offsets (loglake.meta.cluster); a
                    `plog_leader` also enters its epoch in the partition's leader-epoch history,
                    starting at the committed end
+schema_*           the schema registry: a subject's next version (`schema_version`), versions
+                   soft/hard deleted, a subject's or the global config and mode
+                   (loglake.meta.schemas)
 =================  ========================================================================
 
 Unknown kinds are refused (a newer release's log is not silently half-applied).
@@ -84,6 +87,13 @@ from loglake.meta.lifecycle import Tier
 from loglake.meta.producers import ProducerStates
 from loglake.meta.quotas import EntityKey, apply_client_quota
 from loglake.meta.records import RecordKind
+from loglake.meta.schemas import (
+    SchemaTable,
+    apply_schema_config,
+    apply_schema_deleted,
+    apply_schema_mode,
+    apply_schema_version,
+)
 from loglake.meta.scram import apply_scram
 from loglake.meta.segments import SegmentRef, SegmentTable
 from loglake.meta.txn import (
@@ -218,6 +228,8 @@ class MetaState:
         self.client_quotas: dict[EntityKey, dict[str, float]] = {}
         #: cluster partitions of durability class `object` (loglake.meta.cluster)
         self.plogs = PlogTable()
+        #: the schema registry: schemas, subjects' versions, configs, modes (loglake.meta.schemas)
+        self.schemas = SchemaTable()
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -428,6 +440,10 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.PLOG_MERGED: apply_plog_merged,
     RecordKind.PLOG_SWEPT: apply_plog_swept,
     RecordKind.PLOG_START: apply_plog_start,
+    RecordKind.SCHEMA_VERSION: apply_schema_version,
+    RecordKind.SCHEMA_DELETED: apply_schema_deleted,
+    RecordKind.SCHEMA_CONFIG: apply_schema_config,
+    RecordKind.SCHEMA_MODE: apply_schema_mode,
 }
 assert set(_APPLY) == set(RecordKind)
 
