@@ -61,6 +61,7 @@ from loglake.meta.records import (
     SegmentPublished,
     SegmentRewritten,
     SegmentTier,
+    ShareState,
     TopicConfigSet,
     TopicCreated,
     TopicDeleted,
@@ -108,6 +109,7 @@ TODAY_ORDER = (
     "plog_merged",
     "plog_swept",
     "plog_start",
+    "share_state",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -148,14 +150,17 @@ HISTORY = [
     b'\x01\x19{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000019,"n":2,"seg":["seg/0001",0,29,5000,4800,99,"abababababababababababababababababababababababababababababababab",30,1700000000018]}',
     b'\x01\x1a{"keys":["flush/0002","orphan/1"]}',
     b'\x01\x1b{"id":"0123456789abcdef0123456789abcdef","p":0,"epoch":4,"ms":1700000000021,"start":10}',
+    b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":0,"start":3,"end":9,"batches":[[3,4,2,1],[5,5,0,2],[6,8,4,5]]}',
+    b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":0,"end":2,"batches":[[0,1,0,1]]}',
+    b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":null}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
 #: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
 #: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
-#: history gained a `plog_start`.
-CHECKPOINT_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
-CHECKPOINT_AFTER_DELETE_SHA256 = "f2bc51867e2a0d7a6ec87817936280e9ce78a5ffccf390968cbc0ac5200ffa65"
+#: history gained a `plog_start`, then a `share_state` (the checkpoint carries "shares").
+CHECKPOINT_SHA256 = "e693c59527b3e5b392b5464cba3ccbd00bd2c7b451712f0788dd2bb1fabffb15"
+CHECKPOINT_AFTER_DELETE_SHA256 = "7d242d80eb5eb46058640bbb5c952d3dec3144cb58e84792374b6f7148f8fc81"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
 #: without `ms` and producer_ids without `expect`, a seg of 9 fields (before rewrites), a txn
@@ -241,6 +246,9 @@ SAMPLES: list[MetaRecord] = [
     ),
     PlogSwept(["flush/0002", "orphan/1"]),
     PlogStart(TID, 0, 4, 1700000000021, 10),
+    ShareState("sg", TID, 0, 3, 9, [(3, 4, 2, 1), (5, 5, 0, 2), (6, 8, 4, 5)]),
+    ShareState("sg", TID, 1, 0, 2, [(0, 1, 0, 1)]),
+    ShareState("sg", TID, 1, None),
     TopicDeleted(TID, 1700000000020),
 ]
 

@@ -30,6 +30,7 @@ from loglake.meta.state import (
     _partition_count,
     _replace_configs,
     _replication_factor,
+    share_doc,
 )
 from loglake.meta.txn import load_partition_txns, load_txns, partition_txn_doc, txns_doc
 
@@ -123,6 +124,8 @@ def capture(state: MetaState) -> CheckpointImage:
         "client_quotas": client_quotas_doc(state),
         "plogs": plogs_doc(state),
     }
+    if state.shares:  # written only when there are some: checkpoints without share groups keep their bytes
+        doc["shares"] = [[g, tid, p, sdoc] for (g, tid, p), sdoc in state.shares.items()]
     return CheckpointImage(state.seq, doc, tables)
 
 
@@ -211,4 +214,6 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_scram(state, doc)
     load_client_quotas(state, doc)
     load_plogs(state, doc)
+    for g, tid, p, sdoc in doc.get("shares") or []:  # absent before share groups
+        state.shares[(str(g), str(tid), int(p))] = share_doc(sdoc)
     return state

@@ -71,6 +71,7 @@ __all__ = [
     "SegmentPublished",
     "SegmentRewritten",
     "SegmentTier",
+    "ShareState",
     "TopicConfigSet",
     "TopicCreated",
     "TopicDeleted",
@@ -124,6 +125,7 @@ class RecordKind(enum.StrEnum):
     PLOG_MERGED = "plog_merged", 25
     PLOG_SWEPT = "plog_swept", 26
     PLOG_START = "plog_start", 27
+    SHARE_STATE = "share_state", 28
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -666,6 +668,28 @@ class PlogStart:
         return {"id": self.topic_id, "p": self.partition, "epoch": self.epoch, "ms": self.ms, "start": self.start}
 
 
+@dataclass(frozen=True, slots=True)
+class ShareState:
+    """A share-partition's state (KIP-932), replaced whole: the share-partition start offset
+    `start`, the first offset never acquired `end`, and `batches` of `[first, last, state,
+    delivery_count]` for offsets in [start, end) (state: loglake.broker.share.states.RecordState's
+    value; an offset of the range in no batch was never a record). `start` None removes it."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SHARE_STATE
+    group: str
+    topic_id: str
+    partition: int
+    start: int | None
+    end: int = 0
+    batches: Sequence[tuple[int, int, int, int]] = ()
+
+    def body(self) -> dict[str, Any]:
+        if self.start is None:
+            return {"g": self.group, "id": self.topic_id, "p": self.partition, "start": None}
+        return {"g": self.group, "id": self.topic_id, "p": self.partition, "start": self.start, "end": self.end,
+                "batches": [list(b) for b in self.batches]}
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -697,6 +721,7 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         PlogMerged,
         PlogSwept,
         PlogStart,
+        ShareState,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"

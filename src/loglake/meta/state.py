@@ -218,6 +218,9 @@ class MetaState:
         self.client_quotas: dict[EntityKey, dict[str, float]] = {}
         #: cluster partitions of durability class `object` (loglake.meta.cluster)
         self.plogs = PlogTable()
+        #: share-partition states (KIP-932): (group, topic id hex, partition) -> `share_state` body
+        #: without its key ({"start", "end", "batches"}); loglake.broker.share.store reads them
+        self.shares: dict[tuple[str, str, int], dict[str, Any]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -273,6 +276,8 @@ class MetaState:
         for i in range(topic.partitions):
             self.partitions.pop((tid, i), None)
         drop_topic(self.plogs, tid, int(b.get("ms", 0)))  # cluster mode: its objects go to the sweep
+        for key in [k for k in self.shares if k[1] == b["id"]]:  # share-partitions go with their topic
+            del self.shares[key]
         for group in self.groups.values():  # Kafka expires offsets of deleted topics too
             for tp in [tp for tp in group.offsets if tp[0] == topic.name]:
                 del group.offsets[tp]
@@ -390,6 +395,22 @@ class MetaState:
     def _group_config(self, b: dict[str, Any]) -> None:
         _replace_configs(self.group_configs, str(b["g"]), b["configs"])
 
+    def _share_state(self, b: dict[str, Any]) -> None:
+        key = (str(b["g"]), str(b["id"]), int(b["p"]))
+        if b.get("start") is None:
+            self.shares.pop(key, None)
+            return
+        self.shares[key] = share_doc(b)
+
+
+def share_doc(b: dict[str, Any]) -> dict[str, Any]:
+    """A share-partition state as kept: its offsets checked for type (ValueError/TypeError if not ints)."""
+    start, end = int(b["start"]), int(b["end"])
+    batches = [[int(f), int(last), int(st), int(n)] for f, last, st, n in b.get("batches") or []]
+    if not 0 <= start <= end:
+        raise ValueError(f"share state start {start} end {end}")
+    return {"start": start, "end": end, "batches": batches}
+
 
 def _replace_configs(table: dict[str, dict[str, str]], key: str, configs: Any) -> None:
     if not isinstance(configs, dict):
@@ -428,6 +449,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.PLOG_MERGED: apply_plog_merged,
     RecordKind.PLOG_SWEPT: apply_plog_swept,
     RecordKind.PLOG_START: apply_plog_start,
+    RecordKind.SHARE_STATE: MetaState._share_state,
 }
 assert set(_APPLY) == set(RecordKind)
 

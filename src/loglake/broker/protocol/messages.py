@@ -119,6 +119,16 @@ from loglake.broker.protocol.kip848 import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
 )
+from loglake.broker.protocol.kip932 import (
+    ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse,
+    ShareFetchRequest,
+    ShareFetchResponse,
+    ShareGroupDescribeRequest,
+    ShareGroupDescribeResponse,
+    ShareGroupHeartbeatRequest,
+    ShareGroupHeartbeatResponse,
+)
 
 #: api_key -> (request class, response class); the primary (unversioned) kafka-python classes.
 MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
@@ -159,6 +169,10 @@ MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
         (DescribeProducersRequest, DescribeProducersResponse),
         (ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse),
         (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse),
+        (ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse),
+        (ShareGroupDescribeRequest, ShareGroupDescribeResponse),
+        (ShareFetchRequest, ShareFetchResponse),
+        (ShareAcknowledgeRequest, ShareAcknowledgeResponse),
         (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),
         (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),
         (EndTxnRequest, EndTxnResponse),
