@@ -259,6 +259,10 @@ async def offset_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> d
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 
+#: ListGroups' group type (and protocol type) of a share group.
+SHARE_GROUP_TYPE = "share"
+
+
 async def list_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     coordinator = ctx.coordinator
     if coordinator is None:
@@ -272,6 +276,15 @@ async def list_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
         for group_id, protocol_type, state, group_type in coordinator.list_groups_typed(states or None, types or None)
         if every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id)
     ]
+    # Share groups (KIP-932) share the namespace and the listing: type and protocol type "share".
+    wanted_states = {s.lower() for s in states or []}
+    if not types or SHARE_GROUP_TYPE in {t.lower() for t in types}:
+        groups += [
+            {"group_id": g.group_id, "protocol_type": SHARE_GROUP_TYPE, "group_state": g.state, "group_type": SHARE_GROUP_TYPE}
+            for g in ctx.share.listed()
+            if (not wanted_states or g.state.lower() in wanted_states)
+            and (every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, g.group_id))
+        ]
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
 
 
