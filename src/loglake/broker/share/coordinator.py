@@ -97,6 +97,8 @@ class HeartbeatResult:
 @dataclass(slots=True)
 class ShareSession:
     epoch: int
+    #: when a request last used it (monotonic ms): one idle past the session timeout is dropped
+    used_ms: int = 0
     #: (topic id hex, partition) the member fetches through this session
     partitions: set[tuple[str, int]] = field(default_factory=set)
 
@@ -202,15 +204,20 @@ class ShareCoordinator:
         if now - self._reaped_ms < REAP_INTERVAL_MS:
             return
         self._reaped_ms = now
+        timeout = self.limits.session_timeout_ms
         for group in list(self.groups.values()):
-            for m in [m for m in group.members.values() if now - m.last_seen_ms > self.limits.session_timeout_ms]:
+            for m in [m for m in group.members.values() if now - m.last_seen_ms > timeout]:
                 self._remove(group, m.member_id, "session timed out")
+                self.close_session(group.group_id, m.member_id)
+        for g, m in [k for k, s in self.sessions.items() if now - s.used_ms > timeout]:
+            self.close_session(g, m)
 
     def _remove(self, group: ShareGroup, member_id: str, why: str) -> None:
+        """Remove a member. Its share sessions stay: a leaving consumer sends its last
+        acknowledgements and closes them (epoch -1) concurrently with its leave heartbeat."""
         del group.members[member_id]
         group.epoch += 1
         log.info("share group %s: member %s removed (%s)", group.group_id, member_id, why)
-        self.close_session(group.group_id, member_id)
 
     # ---- share sessions ----------------------------------------------------------------------
 
@@ -218,14 +225,17 @@ class ShareCoordinator:
         """The session a ShareFetch/ShareAcknowledge of this epoch continues (or opens, epoch 0),
         or the error code; the expected next epoch moves on."""
         key = (group_id, member_id)
+        now = self.clock()
+        self.reap(now)
         if epoch == 0:
             if key not in self.sessions and len(self.sessions) >= self.limits.max_share_sessions:
                 return ErrorCode.SHARE_SESSION_LIMIT_REACHED
-            s = self.sessions[key] = ShareSession(1)
+            s = self.sessions[key] = ShareSession(1, now)
             return s
         found = self.sessions.get(key)
         if found is None:
             return ErrorCode.SHARE_SESSION_NOT_FOUND
+        found.used_ms = now
         if epoch == -1:
             return found
         if epoch != found.epoch:

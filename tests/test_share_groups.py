@@ -1,0 +1,213 @@
+"""Share groups (KIP-932) with librdkafka's share consumer (confluent_kafka.ShareConsumer, 2.16)
+against a broker process: records spread over more consumers than partitions, explicit
+ACCEPT/RELEASE/REJECT, redelivery after a consumer dies with records acquired (after the lock
+duration, delivery count 2), and acknowledgements that survive a kill -9 of the broker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import AcknowledgeType, Message, Producer, ShareConsumer
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+from kafka.protocol.parser import KafkaProtocol
+from tests.brokerkit import Broker, serving_broker
+
+from loglake.broker.protocol import ApiKey, request_class
+from loglake.kafka_errors import ErrorCode
+
+#: The broker's group.share.record.lock.duration.ms here (its smallest allowed is 1 s).
+LOCK_MS = 3000
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    env = {**os.environ, "LOGLAKE_GROUP_SHARE_RECORD_LOCK_DURATION_MS": str(LOCK_MS)}
+    with serving_broker(tmp_path_factory.mktemp("share"), env=env) as b:
+        yield b
+
+
+def _topic(broker: Broker, name: str, partitions: int, records: int, group: str) -> None:
+    """A topic with `records` values "v<i>" round-robin over its partitions, and `group` set to
+    start from the earliest offset (share.auto.offset.reset)."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=15)
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(timeout=15)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(records):
+        p.produce(name, value=f"v{i}".encode(), partition=i % partitions)
+    assert p.flush(15) == 0
+
+
+def _consumer(broker: Broker, group: str, topic: str, *, explicit: bool = False, max_records: int | None = None) -> ShareConsumer:
+    conf: dict[str, str | int] = {"bootstrap.servers": broker.bootstrap, "group.id": group}
+    if explicit:
+        conf["share.acknowledgement.mode"] = "explicit"
+    if max_records is not None:
+        conf["max.poll.records"] = max_records
+    c = ShareConsumer(conf)
+    c.subscribe([topic])
+    return c
+
+
+def _poll(c: ShareConsumer, timeout: float = 1.0) -> list[Message]:
+    out = []
+    for m in c.poll(timeout):
+        assert m.error() is None, m.error()
+        out.append(m)
+    return out
+
+
+def _poll_until(c: ShareConsumer, want: int, timeout_s: float = 20.0) -> list[Message]:
+    got: list[Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        got += _poll(c)
+    return got
+
+
+def test_more_consumers_than_partitions_each_get_distinct_records(broker: Broker) -> None:
+    _topic(broker, "spread", 2, 400, "g-spread")
+    consumers = [_consumer(broker, "g-spread", "spread", max_records=10) for _ in range(4)]
+    seen: dict[int, list[tuple[int, int]]] = {i: [] for i in range(4)}
+    deadline = time.monotonic() + 60
+    try:
+        while sum(len(v) for v in seen.values()) < 400 and time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                seen[i] += [(m.partition(), m.offset()) for m in _poll(c, 0.3)]
+    finally:
+        for c in consumers:
+            c.close()
+    every = [tp for v in seen.values() for tp in v]
+    assert sorted(every) == sorted((i % 2, i // 2) for i in range(400))  # each record once, none lost
+    assert all(seen[i] for i in range(4)), {i: len(v) for i, v in seen.items()}  # all four consumers got some
+
+
+def test_explicit_accept_release_reject(broker: Broker) -> None:
+    _topic(broker, "acks", 1, 3, "g-acks")
+    c = _consumer(broker, "g-acks", "acks", explicit=True)
+    try:
+        first = _poll_until(c, 3)
+        assert [(m.offset(), m.delivery_count()) for m in first] == [(0, 1), (1, 1), (2, 1)]
+        c.acknowledge(first[0], AcknowledgeType.ACCEPT)
+        c.acknowledge(first[1], AcknowledgeType.RELEASE)
+        c.acknowledge(first[2], AcknowledgeType.REJECT)
+        results = c.commit_sync(15)
+        assert all(err is None for err in results.values()), results
+        again = _poll_until(c, 1)
+        assert [(m.offset(), m.value(), m.delivery_count()) for m in again] == [(1, b"v1", 2)]  # released: once more
+        c.acknowledge(again[0], AcknowledgeType.ACCEPT)
+        c.commit_sync(15)
+        assert _poll_until(c, 1, timeout_s=LOCK_MS / 1000 + 2) == []  # accepted and rejected: never again
+    finally:
+        c.close()
+
+
+_DYING = """
+import sys, time
+from confluent_kafka import ShareConsumer
+c = ShareConsumer({"bootstrap.servers": sys.argv[1], "group.id": "g-die", "share.acknowledgement.mode": "explicit"})
+c.subscribe(["die"])
+got = []
+deadline = time.monotonic() + 30
+while len(got) < 5 and time.monotonic() < deadline:
+    got += [m.offset() for m in c.poll(1.0) if m.error() is None]
+print(" ".join(map(str, sorted(got))), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_dead_consumers_records_come_back_after_the_lock_duration(broker: Broker) -> None:
+    _topic(broker, "die", 1, 5, "g-die")
+    child = subprocess.Popen([sys.executable, "-c", _DYING, broker.bootstrap], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        acquired_at = time.monotonic()
+        assert line.split() == ["0", "1", "2", "3", "4"]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    c = _consumer(broker, "g-die", "die")
+    try:
+        again = _poll_until(c, 5, timeout_s=LOCK_MS / 1000 + 15)
+        waited = time.monotonic() - acquired_at
+        assert sorted((m.offset(), m.delivery_count()) for m in again) == [(i, 2) for i in range(5)]
+        assert waited >= LOCK_MS / 1000 - 0.5  # not before the acquisition lock timed out
+    finally:
+        c.close()
+
+
+def test_acknowledgements_survive_a_broker_kill(broker: Broker) -> None:
+    _topic(broker, "crash", 1, 10, "g-crash")
+    c = _consumer(broker, "g-crash", "crash", explicit=True)
+    try:
+        got = _poll_until(c, 10)
+        assert [m.offset() for m in got] == list(range(10))
+        for m in got[:6]:
+            c.acknowledge(m, AcknowledgeType.ACCEPT)
+        results = c.commit_sync(15)
+        assert all(err is None for err in results.values()), results
+    finally:
+        broker.stop(signal.SIGKILL)  # offsets 6..9 stay acquired by a consumer that never hears back
+        c.close()
+    broker.start()
+    c = _consumer(broker, "g-crash", "crash")
+    try:
+        again = _poll_until(c, 4)
+        assert [m.offset() for m in again] == [6, 7, 8, 9]  # acknowledged ones are not redelivered
+        assert _poll_until(c, 1, timeout_s=2) == []
+    finally:
+        c.close()
+
+
+def _call(broker: Broker, api_key: int, version: int, **fields: object) -> Any:
+    """One request of this version, its decoded response (flat fields only)."""
+    proto = KafkaProtocol(client_id="share-test")
+    proto.send_request(request_class(api_key)[version](**fields))
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=15) as sock:
+        sock.sendall(proto.send_bytes())
+        while True:
+            data = sock.recv(65536)
+            assert data, "broker closed the connection"
+            responses = proto.receive_bytes(data)
+            if responses:
+                return responses[0][1]
+
+
+def test_share_group_listed_and_described(broker: Broker) -> None:
+    _topic(broker, "listed", 2, 1, "g-listed")
+    c = _consumer(broker, "g-listed", "listed")
+    try:
+        assert len(_poll_until(c, 1)) == 1
+        listed = _call(broker, ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["share"])
+        assert ("g-listed", "share", "Stable") in [(g.group_id, g.group_type, g.group_state) for g in listed.groups]
+        consumers = _call(broker, ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["consumer"])
+        assert "g-listed" not in [g.group_id for g in consumers.groups]
+        d = _call(broker, ApiKey.SHARE_GROUP_DESCRIBE, 1, group_ids=["g-listed", "nope"], include_authorized_operations=False)
+        found, missing = d.groups
+        assert (found.error_code, found.group_state, len(found.members)) == (0, "Stable", 1)
+        member = found.members[0]
+        assert member.subscribed_topic_names == ["listed"]
+        assert [(t.topic_name, sorted(t.partitions)) for t in member.assignment.topic_partitions] == [("listed", [0, 1])]
+        assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    finally:
+        c.close()
