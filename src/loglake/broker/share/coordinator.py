@@ -209,8 +209,8 @@ class ShareCoordinator:
             for m in [m for m in group.members.values() if now - m.last_seen_ms > timeout]:
                 self._remove(group, m.member_id, "session timed out")
                 self.close_session(group.group_id, m.member_id)
-        for g, m in [k for k, s in self.sessions.items() if now - s.used_ms > timeout]:
-            self.close_session(g, m)
+        for group_id, member_id in [k for k, s in self.sessions.items() if now - s.used_ms > timeout]:
+            self.close_session(group_id, member_id)
 
     def _remove(self, group: ShareGroup, member_id: str, why: str) -> None:
         """Remove a member. Its share sessions stay: a leaving consumer sends its last
