@@ -1,7 +1,9 @@
 """Share groups (KIP-932) with librdkafka's share consumer (confluent_kafka.ShareConsumer, 2.16)
-against a broker process: records spread over more consumers than partitions, explicit
-ACCEPT/RELEASE/REJECT, redelivery after a consumer dies with records acquired (after the lock
-duration, delivery count 2), and acknowledgements that survive a kill -9 of the broker."""
+against one broker and against a three-broker cluster (tests/modekit.py MODES: share-partition
+state goes through `engine.meta`, etcd there): records spread over more consumers than
+partitions, explicit ACCEPT/RELEASE/REJECT, redelivery after a consumer dies with records acquired
+(after the lock duration, delivery count 2), and acknowledgements that survive a kill -9 of the
+brokers."""
 
 from __future__ import annotations
 
@@ -25,10 +27,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from kafka.protocol.parser import KafkaProtocol
-from tests.brokerkit import Broker, serving_broker
 
 from loglake.broker.protocol import ApiKey, request_class
 from loglake.kafka_errors import ErrorCode
+from modekit import MODES, Served, serving
+
+from brokerkit import start_on_port
 
 #: The broker's group.share.record.lock.duration.ms here (its smallest allowed is 1 s).
 LOCK_MS = 3000
@@ -36,18 +40,35 @@ LOCK_MS = 3000
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = {**os.environ, "LOGLAKE_GROUP_SHARE_RECORD_LOCK_DURATION_MS": str(LOCK_MS)}
-    with serving_broker(tmp_path_factory.mktemp("share"), env=env) as b:
-        yield b
+    with serving(request.param, tmp_path_factory.mktemp(f"share-{request.param}"), env=env) as served:
+        yield served
 
 
-def _topic(broker: Broker, name: str, partitions: int, records: int, group: str) -> None:
+def _kill_and_start(served: Served) -> None:
+    """kill -9 every broker, then start them again on their ports."""
+    for n in served.node_ids:
+        if served.cluster is not None:
+            served.cluster.by_node(n).kill()
+        else:
+            served.broker(n).stop(signal.SIGKILL)
+    for n in served.node_ids:
+        if served.cluster is not None:
+            served.cluster.by_node(n).start()
+        else:
+            start_on_port(served.broker(n), served.broker(n).port)
+    if served.cluster is not None:
+        assert served.agreed(served.listed) == served.node_ids
+
+
+def _topic(broker: Served, name: str, partitions: int, records: int, group: str) -> None:
     """A topic with `records` values "v<i>" round-robin over its partitions, and `group` set to
     start from the earliest offset (share.auto.offset.reset)."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=15)
+    broker.leaders(name, partitions)
     res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
         ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([res])[res].result(timeout=15)
@@ -57,7 +78,7 @@ def _topic(broker: Broker, name: str, partitions: int, records: int, group: str)
     assert p.flush(15) == 0
 
 
-def _consumer(broker: Broker, group: str, topic: str, *, explicit: bool = False, max_records: int | None = None) -> ShareConsumer:
+def _consumer(broker: Served, group: str, topic: str, *, explicit: bool = False, max_records: int | None = None) -> ShareConsumer:
     conf: dict[str, str | int] = {"bootstrap.servers": broker.bootstrap, "group.id": group}
     if explicit:
         conf["share.acknowledgement.mode"] = "explicit"
@@ -84,7 +105,7 @@ def _poll_until(c: ShareConsumer, want: int, timeout_s: float = 20.0) -> list[Me
     return got
 
 
-def test_more_consumers_than_partitions_each_get_distinct_records(broker: Broker) -> None:
+def test_more_consumers_than_partitions_each_get_distinct_records(broker: Served) -> None:
     _topic(broker, "spread", 2, 400, "g-spread")
     consumers = [_consumer(broker, "g-spread", "spread", max_records=10) for _ in range(4)]
     seen: dict[int, list[tuple[int, int]]] = {i: [] for i in range(4)}
@@ -101,7 +122,7 @@ def test_more_consumers_than_partitions_each_get_distinct_records(broker: Broker
     assert all(seen[i] for i in range(4)), {i: len(v) for i, v in seen.items()}  # all four consumers got some
 
 
-def test_explicit_accept_release_reject(broker: Broker) -> None:
+def test_explicit_accept_release_reject(broker: Served) -> None:
     _topic(broker, "acks", 1, 3, "g-acks")
     c = _consumer(broker, "g-acks", "acks", explicit=True)
     try:
@@ -135,7 +156,7 @@ time.sleep(60)
 """
 
 
-def test_a_dead_consumers_records_come_back_after_the_lock_duration(broker: Broker) -> None:
+def test_a_dead_consumers_records_come_back_after_the_lock_duration(broker: Served) -> None:
     _topic(broker, "die", 1, 5, "g-die")
     child = subprocess.Popen([sys.executable, "-c", _DYING, broker.bootstrap], stdout=subprocess.PIPE, text=True)
     try:
@@ -156,7 +177,7 @@ def test_a_dead_consumers_records_come_back_after_the_lock_duration(broker: Brok
         c.close()
 
 
-def test_acknowledgements_survive_a_broker_kill(broker: Broker) -> None:
+def test_acknowledgements_survive_a_broker_kill(broker: Served) -> None:
     _topic(broker, "crash", 1, 10, "g-crash")
     c = _consumer(broker, "g-crash", "crash", explicit=True)
     try:
@@ -167,9 +188,8 @@ def test_acknowledgements_survive_a_broker_kill(broker: Broker) -> None:
         results = c.commit_sync(15)
         assert all(err is None for err in results.values()), results
     finally:
-        broker.stop(signal.SIGKILL)  # offsets 6..9 stay acquired by a consumer that never hears back
+        _kill_and_start(broker)  # offsets 6..9 stay acquired by a consumer that never hears back
         c.close()
-    broker.start()
     c = _consumer(broker, "g-crash", "crash")
     try:
         again = _poll_until(c, 4)
@@ -179,11 +199,11 @@ def test_acknowledgements_survive_a_broker_kill(broker: Broker) -> None:
         c.close()
 
 
-def _call(broker: Broker, api_key: int, version: int, **fields: object) -> Any:
-    """One request of this version, its decoded response (flat fields only)."""
+def _call(broker: Served, group: str, api_key: int, version: int, **fields: object) -> Any:
+    """One request of this version to the group's coordinator, its decoded response (flat fields only)."""
     proto = KafkaProtocol(client_id="share-test")
     proto.send_request(request_class(api_key)[version](**fields))
-    with socket.create_connection(("127.0.0.1", broker.port), timeout=15) as sock:
+    with socket.create_connection(("127.0.0.1", broker.broker(broker.coordinator_id(group)).port), timeout=15) as sock:
         sock.sendall(proto.send_bytes())
         while True:
             data = sock.recv(65536)
@@ -193,21 +213,22 @@ def _call(broker: Broker, api_key: int, version: int, **fields: object) -> Any:
                 return responses[0][1]
 
 
-def test_share_group_listed_and_described(broker: Broker) -> None:
+def test_share_group_listed_and_described(broker: Served) -> None:
     _topic(broker, "listed", 2, 1, "g-listed")
     c = _consumer(broker, "g-listed", "listed")
     try:
         assert len(_poll_until(c, 1)) == 1
-        listed = _call(broker, ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["share"])
+        listed = _call(broker, "g-listed", ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["share"])
         assert ("g-listed", "share", "Stable") in [(g.group_id, g.group_type, g.group_state) for g in listed.groups]
-        consumers = _call(broker, ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["consumer"])
+        consumers = _call(broker, "g-listed", ApiKey.LIST_GROUPS, 5, states_filter=[], types_filter=["consumer"])
         assert "g-listed" not in [g.group_id for g in consumers.groups]
-        d = _call(broker, ApiKey.SHARE_GROUP_DESCRIBE, 1, group_ids=["g-listed", "nope"], include_authorized_operations=False)
+        d = _call(broker, "g-listed", ApiKey.SHARE_GROUP_DESCRIBE, 1, group_ids=["g-listed", "nope"], include_authorized_operations=False)
         found, missing = d.groups
         assert (found.error_code, found.group_state, len(found.members)) == (0, "Stable", 1)
         member = found.members[0]
         assert member.subscribed_topic_names == ["listed"]
         assert [(t.topic_name, sorted(t.partitions)) for t in member.assignment.topic_partitions] == [("listed", [0, 1])]
-        assert missing.error_code == ErrorCode.GROUP_ID_NOT_FOUND
+        here = broker.coordinator_id("nope") == broker.coordinator_id("g-listed")
+        assert missing.error_code == (ErrorCode.GROUP_ID_NOT_FOUND if here else ErrorCode.NOT_COORDINATOR)
     finally:
         c.close()

@@ -162,8 +162,12 @@ class GroupConfigStore:
         return dict(self._configs.get(group_id, {}))
 
     def share_auto_offset_reset(self, group_id: str) -> str:
-        """The group's `share.auto.offset.reset`: "latest" unless set to "earliest"."""
-        return self._shares.get(group_id, {}).get(SHARE_AUTO_OFFSET_RESET, SHARE_CONFIGS[SHARE_AUTO_OFFSET_RESET][0])
+        """The group's `share.auto.offset.reset`: "latest" unless set to "earliest". Read from the
+        metadata store, not this store's copy: in a cluster another broker may have set it (the
+        share coordinator asks once per new share-partition)."""
+        value = self.records.group_configs().get(group_id, {}).get(SHARE_AUTO_OFFSET_RESET)
+        allowed = SHARE_CONFIGS[SHARE_AUTO_OFFSET_RESET]
+        return value if value in allowed else allowed[0]
 
     def groups(self) -> list[str]:
         return sorted(set(self._configs) | set(self._shares))
