@@ -201,7 +201,7 @@ def _acknowledge(ctx: BrokerContext, group_id: str, member_id: str, part: _Part,
 def _share_partition(ctx: BrokerContext, group_id: str, part: _Part) -> SharePartition | None:
     assert part.name is not None
     key: ShareKey = (group_id, part.tid, part.p)
-    sp = ctx.share.partition(key)
+    sp = ctx.share.partition(key, ctx.engine.leader_epoch(part.name, part.p))
     if sp is None:
         return None
     start = ctx.engine.partition_info(part.name, part.p).log_start_offset

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from loglake.broker.share.limits import ShareLimits
 from loglake.broker.share.partition import SharePartition
+from loglake.broker.share.states import RecordState
 from loglake.broker.share.store import ShareKey, ShareStore
 from loglake.kafka_errors import ErrorCode
 
@@ -126,6 +127,8 @@ class ShareCoordinator:
         self.groups: dict[str, ShareGroup] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self.partitions: dict[ShareKey, SharePartition] = {}
+        #: the partition's leader epoch each share-partition was loaded at
+        self._epochs: dict[ShareKey, int] = {}
         self._reaped_ms = 0
 
     # ---- membership --------------------------------------------------------------------------
@@ -256,12 +259,15 @@ class ShareCoordinator:
 
     # ---- share-partitions --------------------------------------------------------------------
 
-    def partition(self, key: ShareKey) -> SharePartition | None:
-        """The share-partition, loaded or initialised; None when this broker holds too many."""
+    def partition(self, key: ShareKey, leader_epoch: int = 0) -> SharePartition | None:
+        """The share-partition, loaded or initialised; None when this broker holds too many. One
+        held from an older leader epoch is loaded again: while another broker led the partition,
+        it moved the stored state on."""
         sp = self.partitions.get(key)
-        if sp is not None:
+        if sp is not None and self._epochs.get(key) == leader_epoch:
             return sp
-        if len(self.partitions) >= self.limits.max_partitions:
+        self.partitions.pop(key, None)
+        if len(self.partitions) >= self.limits.max_partitions and not self._evict_one():
             return None
         lim = self.limits
         stored = self.store.load(key)
@@ -275,7 +281,16 @@ class ShareCoordinator:
                                 max_locks=lim.partition_max_record_locks)
             self.persist(key, sp)
         self.partitions[key] = sp
+        self._epochs[key] = leader_epoch
         return sp
+
+    def _evict_one(self) -> bool:
+        """Forget one share-partition that holds no acquired record (its state is stored)."""
+        for k, held in self.partitions.items():
+            if held.count(RecordState.ACQUIRED) == 0:
+                self.drop_partition(k)
+                return True
+        return False
 
     def persist(self, key: ShareKey, sp: SharePartition | None = None) -> Future[int]:
         sp = sp if sp is not None else self.partitions[key]
@@ -285,6 +300,7 @@ class ShareCoordinator:
         """Forget the in-memory state (this broker no longer leads the partition): the next
         leader loads what was stored."""
         self.partitions.pop(key, None)
+        self._epochs.pop(key, None)
 
     # ---- describing --------------------------------------------------------------------------
 
