@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, Message, Producer, ShareConsumer
+from confluent_kafka import AcknowledgeType, Consumer, KafkaError, KafkaException, Message, Producer, ShareConsumer
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -232,3 +232,26 @@ def test_share_group_listed_and_described(broker: Served) -> None:
         assert missing.error_code == (ErrorCode.GROUP_ID_NOT_FOUND if here else ErrorCode.NOT_COORDINATOR)
     finally:
         c.close()
+
+
+def test_a_consumer_groups_id_is_refused_to_share_members(broker: Served) -> None:
+    _topic(broker, "ns", 1, 1, "g-ns")
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "g-ns", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["ns"])
+    try:
+        deadline = time.monotonic() + 30
+        msg = None
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+        assert msg is not None and msg.error() is None
+        consumer.commit(msg, asynchronous=False)
+        share = _consumer(broker, "g-ns", "ns")
+        try:
+            with pytest.raises(KafkaException) as refused:
+                for _ in range(20):
+                    share.poll(0.5)
+            assert refused.value.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND  # fatal for the share consumer
+        finally:
+            share.close()
+    finally:
+        consumer.close()

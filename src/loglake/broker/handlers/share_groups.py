@@ -59,6 +59,9 @@ async def share_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedRequ
         refused = TOPIC_AUTHORIZATION_FAILED, f"Unauthorized topics: {', '.join(sorted(topics))}"
     elif (code := coordinator_error(ctx, body.group_id)) != ErrorCode.NONE:
         refused = code, None
+    elif ctx.coordinator is not None and ctx.coordinator.group_state(body.group_id) not in (None, "Dead"):
+        # one namespace for consumer and share groups, as in Kafka
+        refused = ErrorCode.GROUP_ID_NOT_FOUND, f"Group {body.group_id} is not a share group."
     if refused is not None:
         return {"throttle_time_ms": 0, "error_code": refused[0], "error_message": refused[1],
                 "member_id": body.member_id, "member_epoch": body.member_epoch}
