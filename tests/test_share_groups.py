@@ -17,7 +17,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import AcknowledgeType, Consumer, KafkaError, KafkaException, Message, Producer, ShareConsumer
+from confluent_kafka import (
+    AcknowledgeType,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    ShareConsumer,
+)
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
