@@ -153,14 +153,15 @@ HISTORY = [
     b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":0,"start":3,"end":9,"batches":[[3,4,2,1],[5,5,0,2],[6,8,4,5]]}',
     b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":0,"end":2,"batches":[[0,1,0,1]]}',
     b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":null}',
+    b'\x01\x1c{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":2,"start":-1,"end":-1,"batches":[],"gen":3}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
 #: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
 #: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
 #: history gained a `plog_start`, then a `share_state` (the checkpoint carries "shares").
-CHECKPOINT_SHA256 = "e693c59527b3e5b392b5464cba3ccbd00bd2c7b451712f0788dd2bb1fabffb15"
-CHECKPOINT_AFTER_DELETE_SHA256 = "7d242d80eb5eb46058640bbb5c952d3dec3144cb58e84792374b6f7148f8fc81"
+CHECKPOINT_SHA256 = "797201977804e5165dd4be22e671260ece273699a6ec6f02ecdeac4910699089"
+CHECKPOINT_AFTER_DELETE_SHA256 = "68e50330bfc492853adafdfb54cc75b22f97eeeb20c5c6963bc0f6fca25333f2"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
 #: without `ms` and producer_ids without `expect`, a seg of 9 fields (before rewrites), a txn
@@ -249,6 +250,7 @@ SAMPLES: list[MetaRecord] = [
     ShareState("sg", TID, 0, 3, 9, [(3, 4, 2, 1), (5, 5, 0, 2), (6, 8, 4, 5)]),
     ShareState("sg", TID, 1, 0, 2, [(0, 1, 0, 1)]),
     ShareState("sg", TID, 1, None),
+    ShareState("sg", TID, 2, -1, -1, [], 3),
     TopicDeleted(TID, 1700000000020),
 ]
 

@@ -27,8 +27,12 @@ class MemStore:
     def keys(self, group_id: str) -> list[ShareKey]:
         return sorted(k for k in self.saved if k[0] == group_id)
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch]) -> Future[int]:
-        self.saved[key] = StoredShare(start, end, list(batches))
+    def generation(self, key: ShareKey) -> int | None:
+        stored = self.saved.get(key)
+        return None if stored is None else stored.gen
+
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
+        self.saved[key] = StoredShare(start, end, list(batches), gen)
         f: Future[int] = Future()
         f.set_result(len(self.saved))
         return f
@@ -140,3 +144,20 @@ def test_share_partitions_evicted_at_the_limit_unless_they_hold_records() -> Non
     two.release_member("a")
     assert c.partition(("g", TID, 2)) is not None
     assert set(c.partitions) == {("g", TID, 0), ("g", TID, 2)}
+
+
+def test_an_admin_reset_is_seen_by_the_leader_holding_the_state() -> None:
+    c, store, clock = _coordinator()
+    key = ("early", TID, 0)
+    sp = c.partition(key)
+    assert sp is not None and sp.acquire("a", [(0, 9, False)], 10, clock()) == [(0, 9, 1)]
+    c.reset(key, 7)
+    assert store.saved[key] == StoredShare(7, 7, [], 1)
+    c.partitions[key] = sp  # as a leader elsewhere still holds it
+    c._gens[key] = 0
+    again = c.partition(key)
+    assert again is not sp and again is not None and again.start == 7
+    c.reset(key, -1)  # DeleteShareGroupOffsets: uninitialised, started afresh from auto.offset.reset
+    fresh = c.partition(key)
+    assert fresh is not None and fresh.start == 0 and store.saved[key].gen == 2
+    assert c.start_offset(key) == 0 and c.start_offset(("early", TID, 2)) == -1

@@ -673,7 +673,10 @@ class ShareState:
     """A share-partition's state (KIP-932), replaced whole: the share-partition start offset
     `start`, the first offset never acquired `end`, and `batches` of `[first, last, state,
     delivery_count]` for offsets in [start, end) (state: loglake.broker.share.states.RecordState's
-    value; an offset of the range in no batch was never a record). `start` None removes it."""
+    value; an offset of the range in no batch was never a record). `start` -1 (with `end` -1):
+    uninitialised, the next leader starts it from `share.auto.offset.reset`. `gen` moves when an
+    admin alters or deletes the state, so a leader holding it in memory loads it again; written
+    only when not 0. `start` None removes it."""
 
     kind: ClassVar[RecordKind] = RecordKind.SHARE_STATE
     group: str
@@ -682,12 +685,16 @@ class ShareState:
     start: int | None
     end: int = 0
     batches: Sequence[tuple[int, int, int, int]] = ()
+    gen: int = 0
 
     def body(self) -> dict[str, Any]:
         if self.start is None:
             return {"g": self.group, "id": self.topic_id, "p": self.partition, "start": None}
-        return {"g": self.group, "id": self.topic_id, "p": self.partition, "start": self.start, "end": self.end,
-                "batches": [list(b) for b in self.batches]}
+        body: dict[str, Any] = {"g": self.group, "id": self.topic_id, "p": self.partition, "start": self.start,
+                                "end": self.end, "batches": [list(b) for b in self.batches]}
+        if self.gen:
+            body["gen"] = self.gen
+        return body
 
 
 #: The typed record of every kind.

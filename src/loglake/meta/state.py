@@ -405,11 +405,14 @@ class MetaState:
 
 def share_doc(b: dict[str, Any]) -> dict[str, Any]:
     """A share-partition state as kept: its offsets checked for type (ValueError/TypeError if not ints)."""
-    start, end = int(b["start"]), int(b["end"])
+    start, end, gen = int(b["start"]), int(b["end"]), int(b.get("gen", 0))
     batches = [[int(f), int(last), int(st), int(n)] for f, last, st, n in b.get("batches") or []]
-    if not 0 <= start <= end:
+    if not (0 <= start <= end or start == end == -1):
         raise ValueError(f"share state start {start} end {end}")
-    return {"start": start, "end": end, "batches": batches}
+    doc: dict[str, Any] = {"start": start, "end": end, "batches": batches}
+    if gen:
+        doc["gen"] = gen
+    return doc
 
 
 def _replace_configs(table: dict[str, dict[str, str]], key: str, configs: Any) -> None:

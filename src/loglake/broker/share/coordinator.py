@@ -127,8 +127,9 @@ class ShareCoordinator:
         self.groups: dict[str, ShareGroup] = {}
         self.sessions: dict[tuple[str, str], ShareSession] = {}
         self.partitions: dict[ShareKey, SharePartition] = {}
-        #: the partition's leader epoch each share-partition was loaded at
+        #: the partition's leader epoch each share-partition was loaded at, and its stored `gen`
         self._epochs: dict[ShareKey, int] = {}
+        self._gens: dict[ShareKey, int] = {}
         self._reaped_ms = 0
 
     # ---- membership --------------------------------------------------------------------------
@@ -265,13 +266,17 @@ class ShareCoordinator:
         it moved the stored state on."""
         sp = self.partitions.get(key)
         if sp is not None and self._epochs.get(key) == leader_epoch:
-            return sp
-        self.partitions.pop(key, None)
+            gen = self.store.generation(key)
+            if gen is None or gen == self._gens.get(key, 0):
+                return sp
+            # an admin altered or deleted the state meanwhile (AlterShareGroupOffsets, ...)
+        self.drop_partition(key)
         if len(self.partitions) >= self.limits.max_partitions and not self._evict_one():
             return None
         lim = self.limits
         stored = self.store.load(key)
-        if stored is not None:
+        gen = stored.gen if stored is not None else 0
+        if stored is not None and stored.start >= 0:
             sp = SharePartition.restored(stored.start, stored.end, stored.batches, lock_ms=lim.record_lock_duration_ms,
                                          delivery_limit=lim.delivery_count_limit, max_locks=lim.partition_max_record_locks)
         else:
@@ -279,9 +284,10 @@ class ShareCoordinator:
             start = self._initial_offset(tid, p, self._auto_offset_reset(group_id))
             sp = SharePartition(start, lock_ms=lim.record_lock_duration_ms, delivery_limit=lim.delivery_count_limit,
                                 max_locks=lim.partition_max_record_locks)
-            self.persist(key, sp)
+            self.store.save(key, sp.start, sp.end, sp.snapshot(), gen)
         self.partitions[key] = sp
         self._epochs[key] = leader_epoch
+        self._gens[key] = gen
         return sp
 
     def _evict_one(self) -> bool:
@@ -294,13 +300,37 @@ class ShareCoordinator:
 
     def persist(self, key: ShareKey, sp: SharePartition | None = None) -> Future[int]:
         sp = sp if sp is not None else self.partitions[key]
-        return self.store.save(key, sp.start, sp.end, sp.snapshot())
+        return self.store.save(key, sp.start, sp.end, sp.snapshot(), self._gens.get(key, 0))
 
     def drop_partition(self, key: ShareKey) -> None:
         """Forget the in-memory state (this broker no longer leads the partition): the next
         leader loads what was stored."""
         self.partitions.pop(key, None)
         self._epochs.pop(key, None)
+        self._gens.pop(key, None)
+
+    # ---- admin (Describe/Alter/DeleteShareGroupOffsets) --------------------------------------
+
+    def known(self, group_id: str) -> bool:
+        """A share group with members here or share-partition state stored."""
+        return group_id in self.groups or bool(self.store.keys(group_id))
+
+    def is_empty(self, group_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is None or not group.members
+
+    def start_offset(self, key: ShareKey) -> int:
+        """The stored share-partition start offset, -1 when there is none (or it is uninitialised)."""
+        stored = self.store.load(key)
+        return stored.start if stored is not None else -1
+
+    def reset(self, key: ShareKey, start: int) -> Future[int]:
+        """Set the share-partition start offset (-1: uninitialised, started afresh from
+        share.auto.offset.reset); every in-flight record is forgotten. A leader holding the state
+        in memory sees the new `gen` and loads it again."""
+        gen = (self.store.generation(key) or 0) + 1
+        self.drop_partition(key)
+        return self.store.save(key, start, start, [], gen)
 
     # ---- describing --------------------------------------------------------------------------
 

@@ -22,9 +22,12 @@ ShareKey = tuple[str, str, int]
 
 
 class StoredShare(NamedTuple):
+    #: -1 (and `end` -1): uninitialised (an admin deleted the state)
     start: int
     end: int
     batches: list[StateBatch]
+    #: moves when an admin alters or deletes the state
+    gen: int = 0
 
 
 class ShareStore(Protocol):
@@ -32,7 +35,9 @@ class ShareStore(Protocol):
 
     def keys(self, group_id: str) -> list[ShareKey]: ...
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch]) -> Future[int]: ...
+    def generation(self, key: ShareKey) -> int | None: ...
+
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]: ...
 
     def forget(self, key: ShareKey) -> Future[int]: ...
 
@@ -48,16 +53,26 @@ class MetaShareStore:
             doc: dict[str, Any] | None = state.shares.get(key)
             if doc is None:
                 return None
-            return StoredShare(doc["start"], doc["end"], [(f, la, st, n) for f, la, st, n in doc["batches"]])
+            return StoredShare(doc["start"], doc["end"], [(f, la, st, n) for f, la, st, n in doc["batches"]],
+                               doc.get("gen", 0))
 
         return self.meta.read(read)
 
     def keys(self, group_id: str) -> list[ShareKey]:
         return self.meta.read(lambda state: sorted(k for k in state.shares if k[0] == group_id))
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch]) -> Future[int]:
+    def generation(self, key: ShareKey) -> int | None:
+        """The stored state's `gen`, None if there is none (a lookup, no copy)."""
+
+        def read(state: MetaState) -> int | None:
+            doc = state.shares.get(key)
+            return None if doc is None else int(doc.get("gen", 0))
+
+        return self.meta.read(read)
+
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
         g, tid, p = key
-        return self.meta.append(ShareState(g, tid, p, start, end, list(batches)))
+        return self.meta.append(ShareState(g, tid, p, start, end, list(batches), gen))
 
     def forget(self, key: ShareKey) -> Future[int]:
         g, tid, p = key
