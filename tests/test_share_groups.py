@@ -37,6 +37,7 @@ from confluent_kafka.admin import (
 from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import ApiKey, request_class
+from loglake.cli.remote_raw import build
 from loglake.kafka_errors import ErrorCode
 from modekit import MODES, Served, serving
 
@@ -210,7 +211,8 @@ def test_acknowledgements_survive_a_broker_kill(broker: Served) -> None:
 def _call(broker: Served, group: str, api_key: int, version: int, **fields: object) -> Any:
     """One request of this version to the group's coordinator, its decoded response (flat fields only)."""
     proto = KafkaProtocol(client_id="share-test")
-    proto.send_request(request_class(api_key)[version](**fields))
+    cls = request_class(api_key)
+    proto.send_request(cls[version](**build(cls._struct, version, fields)))
     with socket.create_connection(("127.0.0.1", broker.broker(broker.coordinator_id(group)).port), timeout=15) as sock:
         sock.sendall(proto.send_bytes())
         while True:
@@ -263,3 +265,57 @@ def test_a_consumer_groups_id_is_refused_to_share_members(broker: Served) -> Non
             share.close()
     finally:
         consumer.close()
+
+
+def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> None:
+    _topic(broker, "adm", 1, 5, "g-adm")
+    c = _consumer(broker, "g-adm", "adm", explicit=True)
+    try:
+        got = _poll_until(c, 5)
+        assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
+        for m in got[:3]:
+            c.acknowledge(m, AcknowledgeType.ACCEPT)
+        for m in got[3:]:
+            c.acknowledge(m, AcknowledgeType.RELEASE)
+        assert all(err is None for err in c.commit_sync(15).values())
+        busy = _call(broker, "g-adm", ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, group_id="g-adm",
+                     topics=[{"topic_name": "adm", "partitions": [{"partition_index": 0, "start_offset": 1}]}])
+        assert busy.responses[0].partitions[0].error_code == ErrorCode.NON_EMPTY_GROUP
+    finally:
+        c.close()
+
+    def start_offset() -> int:
+        d = _call(broker, "g-adm", ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, groups=[{"group_id": "g-adm", "topics": None}])
+        (group,) = d.groups
+        assert group.error_code == 0
+        return [(t.topic_name, p.partition_index, p.start_offset) for t in group.topics for p in t.partitions]
+
+    assert start_offset() == [("adm", 0, 3)]
+    deadline = time.monotonic() + 60  # the member leaves with its last heartbeat: wait for the group to be empty
+    while True:
+        altered = _call(broker, "g-adm", ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, group_id="g-adm",
+                        topics=[{"topic_name": "adm", "partitions": [{"partition_index": 0, "start_offset": 1}]}])
+        code = altered.responses[0].partitions[0].error_code
+        if code != ErrorCode.NON_EMPTY_GROUP or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert code == 0
+    assert start_offset() == [("adm", 0, 1)]
+    c = _consumer(broker, "g-adm", "adm")
+    try:
+        assert [m.offset() for m in _poll_until(c, 4)] == [1, 2, 3, 4]  # from the altered start, counts forgotten
+    finally:
+        c.close()
+    deadline = time.monotonic() + 60
+    while True:
+        deleted = _call(broker, "g-adm", ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, group_id="g-adm", topics=[{"topic_name": "adm"}])
+        if deleted.error_code != ErrorCode.NON_EMPTY_GROUP or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert deleted.error_code == 0 and [p.partition_index for p in deleted.responses[0].partitions] == [0]
+    assert start_offset() == [("adm", 0, -1)]
+    c = _consumer(broker, "g-adm", "adm")
+    try:
+        assert [m.offset() for m in _poll_until(c, 5)] == [0, 1, 2, 3, 4]  # afresh from share.auto.offset.reset
+    finally:
+        c.close()

@@ -37,6 +37,7 @@ from loglake.broker.security.authorized import (
 from loglake.broker.share.coordinator import Heartbeat, ShareSession
 from loglake.broker.share.partition import Acquired, SharePartition
 from loglake.broker.share.store import ShareKey
+from loglake.errors import UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import LENGTH_FIELD_END, peek_header
 
@@ -371,7 +372,120 @@ async def share_acknowledge(ctx: BrokerContext, conn: Conn, req: DecodedRequest)
     return {"throttle_time_ms": 0, "error_code": 0, "responses": _responses(parts.values(), fetch=False)}
 
 
+# ---- Describe/Alter/DeleteShareGroupOffsets ---------------------------------------------------
+
+
+def _group_gate(ctx: BrokerContext, conn: Conn, group_id: str, operation: int) -> tuple[int, str | None]:
+    """Why this broker cannot act on `group_id`'s share-partitions now, or (NONE, None)."""
+    if not check(ctx, conn, operation, GROUP, group_id):
+        return GROUP_AUTHORIZATION_FAILED, None
+    code = coordinator_error(ctx, group_id)
+    if code != ErrorCode.NONE:
+        return code, None
+    if not ctx.share.known(group_id):
+        return ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a share group."
+    return ErrorCode.NONE, None
+
+
+def _topic_id(ctx: BrokerContext, name: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(bytes=ctx.engine.topic_id_of(name))
+    except UnknownTopicError:  # the zero id, as Kafka answers
+        return None
+
+
+async def describe_share_group_offsets(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    out: list[dict[str, object]] = []
+    for g in req.body.groups:
+        code, message = _group_gate(ctx, conn, g.group_id, AclOperation.DESCRIBE)
+        if code != ErrorCode.NONE:
+            out.append({"group_id": g.group_id, "topics": [], "error_code": code, "error_message": message})
+            continue
+        wanted: dict[str, list[int]] = {}
+        if g.topics is None:  # every share-partition with state
+            for _, tid_hex, p in ctx.share.store.keys(g.group_id):
+                name = ctx.engine.topic_name_of(bytes.fromhex(tid_hex))
+                if name is not None:
+                    wanted.setdefault(name, []).append(p)
+        else:
+            for t in g.topics:
+                wanted.setdefault(t.topic_name, []).extend(t.partitions)
+        topics = []
+        for name, parts in sorted(wanted.items()):
+            tid = _topic_id(ctx, name)
+            allowed_topic = check(ctx, conn, AclOperation.DESCRIBE, TOPIC, name)
+            rows = []
+            for p in sorted(set(parts)):
+                if not allowed_topic:
+                    rows.append({"partition_index": p, "start_offset": -1, "leader_epoch": -1,
+                                 "error_code": TOPIC_AUTHORIZATION_FAILED})
+                elif tid is None:
+                    rows.append({"partition_index": p, "start_offset": -1, "leader_epoch": -1,
+                                 "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+                else:
+                    rows.append({"partition_index": p, "start_offset": ctx.share.start_offset((g.group_id, tid.hex, p)),
+                                 "leader_epoch": -1, "error_code": 0})
+            topics.append({"topic_name": name, "topic_id": tid, "partitions": rows})
+        out.append({"group_id": g.group_id, "topics": topics, "error_code": 0})
+    return {"throttle_time_ms": 0, "groups": out}
+
+
+async def alter_share_group_offsets(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    body = req.body
+    code, message = _group_gate(ctx, conn, body.group_id, AclOperation.READ)
+    if code == ErrorCode.NONE and not ctx.share.is_empty(body.group_id):
+        code, message = ErrorCode.NON_EMPTY_GROUP, "The group has active members: stop them first."
+    saves: list[Future[int]] = []
+    topics = []
+    for t in body.topics:
+        tid = _topic_id(ctx, t.topic_name)
+        rows = []
+        for p in t.partitions:
+            err: int = code
+            if err == ErrorCode.NONE and not check(ctx, conn, AclOperation.READ, TOPIC, t.topic_name):
+                err = TOPIC_AUTHORIZATION_FAILED
+            elif err == ErrorCode.NONE and (tid is None or not 0 <= p.partition_index < ctx.engine.topic(t.topic_name).partitions):
+                err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif err == ErrorCode.NONE and p.start_offset < 0:
+                err = ErrorCode.INVALID_REQUEST
+            if err == ErrorCode.NONE and tid is not None:
+                saves.append(ctx.share.reset((body.group_id, tid.hex, p.partition_index), p.start_offset))
+            rows.append({"partition_index": p.partition_index, "error_code": err,
+                         "error_message": message if err == code else None})
+        topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": rows})
+    await _durable(saves)
+    return {"throttle_time_ms": 0, "responses": topics}
+
+
+async def delete_share_group_offsets(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
+    body = req.body
+    code, message = _group_gate(ctx, conn, body.group_id, AclOperation.DELETE)
+    if code == ErrorCode.NONE and not ctx.share.is_empty(body.group_id):
+        code, message = ErrorCode.NON_EMPTY_GROUP, "The group has active members: stop them first."
+    if code != ErrorCode.NONE:
+        return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": []}
+    stored = ctx.share.store.keys(body.group_id)
+    saves: list[Future[int]] = []
+    topics = []
+    for t in body.topics:
+        tid = _topic_id(ctx, t.topic_name)
+        if tid is None or not check(ctx, conn, AclOperation.READ, TOPIC, t.topic_name):
+            err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tid is None else TOPIC_AUTHORIZATION_FAILED
+            topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": [{"partition_index": 0, "error_code": err}]})
+            continue
+        parts = sorted(p for _, k, p in stored if k == tid.hex)
+        for p in parts:  # uninitialised: the next fetch starts it afresh from share.auto.offset.reset
+            saves.append(ctx.share.reset((body.group_id, tid.hex, p), -1))
+        topics.append({"topic_name": t.topic_name, "topic_id": tid,
+                       "partitions": [{"partition_index": p, "error_code": 0} for p in parts]})
+    await _durable(saves)
+    return {"throttle_time_ms": 0, "error_code": 0, "responses": topics}
+
+
 HANDLERS: dict[int, Handler] = {
+    ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS: describe_share_group_offsets,
+    ApiKey.ALTER_SHARE_GROUP_OFFSETS: alter_share_group_offsets,
+    ApiKey.DELETE_SHARE_GROUP_OFFSETS: delete_share_group_offsets,
     ApiKey.SHARE_GROUP_HEARTBEAT: share_group_heartbeat,
     ApiKey.SHARE_GROUP_DESCRIBE: share_group_describe,
     ApiKey.SHARE_FETCH: share_fetch,

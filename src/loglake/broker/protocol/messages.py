@@ -120,6 +120,12 @@ from loglake.broker.protocol.kip848 import (
     ConsumerGroupHeartbeatResponse,
 )
 from loglake.broker.protocol.kip932 import (
+    AlterShareGroupOffsetsRequest,
+    AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsetsRequest,
+    DeleteShareGroupOffsetsResponse,
+    DescribeShareGroupOffsetsRequest,
+    DescribeShareGroupOffsetsResponse,
     ShareAcknowledgeRequest,
     ShareAcknowledgeResponse,
     ShareFetchRequest,
@@ -173,6 +179,9 @@ MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
         (ShareGroupDescribeRequest, ShareGroupDescribeResponse),
         (ShareFetchRequest, ShareFetchResponse),
         (ShareAcknowledgeRequest, ShareAcknowledgeResponse),
+        (DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse),
+        (AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse),
+        (DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse),
         (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),
         (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),
         (EndTxnRequest, EndTxnResponse),
