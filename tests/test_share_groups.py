@@ -45,13 +45,16 @@ from brokerkit import start_on_port
 
 #: The broker's group.share.record.lock.duration.ms here (its smallest allowed is 1 s).
 LOCK_MS = 3000
+#: group.share.delivery.count.limit here (Kafka's smallest; 5 by default).
+DELIVERY_LIMIT = 2
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module", params=MODES)
 def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    env = {**os.environ, "LOGLAKE_GROUP_SHARE_RECORD_LOCK_DURATION_MS": str(LOCK_MS)}
+    env = {**os.environ, "LOGLAKE_GROUP_SHARE_RECORD_LOCK_DURATION_MS": str(LOCK_MS),
+           "LOGLAKE_GROUP_SHARE_DELIVERY_COUNT_LIMIT": str(DELIVERY_LIMIT)}
     with serving(request.param, tmp_path_factory.mktemp(f"share-{request.param}"), env=env) as served:
         yield served
 
@@ -147,6 +150,21 @@ def test_explicit_accept_release_reject(broker: Served) -> None:
         c.acknowledge(again[0], AcknowledgeType.ACCEPT)
         c.commit_sync(15)
         assert _poll_until(c, 1, timeout_s=LOCK_MS / 1000 + 2) == []  # accepted and rejected: never again
+    finally:
+        c.close()
+
+
+def test_the_delivery_limit_archives(broker: Served) -> None:
+    _topic(broker, "limit", 1, 2, "g-limit")
+    c = _consumer(broker, "g-limit", "limit", explicit=True)
+    try:
+        for delivery in range(1, DELIVERY_LIMIT + 1):
+            got = _poll_until(c, 2)
+            assert [(m.offset(), m.delivery_count()) for m in got] == [(0, delivery), (1, delivery)]
+            c.acknowledge(got[0], AcknowledgeType.RELEASE)
+            c.acknowledge(got[1], AcknowledgeType.RELEASE if delivery < DELIVERY_LIMIT else AcknowledgeType.ACCEPT)
+            assert all(err is None for err in c.commit_sync(15).values())
+        assert _poll_until(c, 1, timeout_s=LOCK_MS / 1000 + 2) == []  # released at the limit: archived
     finally:
         c.close()
 
