@@ -300,7 +300,7 @@ async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
         tid = _tid_hex(topic.topic_id)
         for fp in topic.partitions:
             part = _resolve(ctx, conn, group_id, tid, fp.partition_index, parts)
-            if epoch != -1:
+            if epoch != -1 and part.error == ErrorCode.NONE:  # only partitions that exist: the session stays bounded
                 session.partitions.add((tid, fp.partition_index))
             if fp.acknowledgement_batches:
                 acked.add((tid, fp.partition_index))
@@ -316,7 +316,7 @@ async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
         return {"throttle_time_ms": 0, "error_code": 0, "acquisition_lock_timeout_ms": lock_ms,
                 "responses": _responses([parts[k] for k in acked], fetch=True)}
     max_records = body.max_records if body.max_records > 0 else DEFAULT_MAX_RECORDS
-    max_bytes = min(body.max_bytes if body.max_bytes > 0 else PARTITION_READ_BYTES, PARTITION_READ_BYTES)
+    budget = body.max_bytes if body.max_bytes > 0 else PARTITION_READ_BYTES  # bytes left for the response
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), MAX_WAIT_MS) / 1000
     fetched = 0
@@ -325,8 +325,11 @@ async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
             if fetched >= max_records:
                 break
             part = _resolve(ctx, conn, group_id, tid, p, parts)
-            if part.error == ErrorCode.NONE:
-                fetched += await _fetch_one(ctx, group_id, member_id, part, max_records - fetched, max_bytes)
+            if part.error == ErrorCode.NONE and budget > 0:
+                before = len(part.records or b"")
+                fetched += await _fetch_one(ctx, group_id, member_id, part, max_records - fetched,
+                                            min(budget, PARTITION_READ_BYTES))
+                budget -= len(part.records or b"") - before
         remaining = deadline - loop.time()
         if fetched or acked or remaining <= 0 or not session.partitions:
             break
