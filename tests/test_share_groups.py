@@ -38,6 +38,7 @@ from kafka.protocol.parser import KafkaProtocol
 
 from loglake.broker.protocol import ApiKey, request_class
 from loglake.cli.remote_raw import build
+from loglake.engine.partition_log import Feature
 from loglake.kafka_errors import ErrorCode
 from modekit import MODES, Served, serving
 
@@ -90,8 +91,9 @@ def _topic(broker: Served, name: str, partitions: int, records: int, group: str)
     assert p.flush(15) == 0
 
 
-def _consumer(broker: Served, group: str, topic: str, *, explicit: bool = False, max_records: int | None = None) -> ShareConsumer:
-    conf: dict[str, str | int] = {"bootstrap.servers": broker.bootstrap, "group.id": group}
+def _consumer(broker: Served, group: str, topic: str, *, explicit: bool = False, max_records: int | None = None,
+              **extra: str) -> ShareConsumer:
+    conf: dict[str, str | int] = {"bootstrap.servers": broker.bootstrap, "group.id": group, **extra}
     if explicit:
         conf["share.acknowledgement.mode"] = "explicit"
     if max_records is not None:
@@ -337,3 +339,36 @@ def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> No
         assert [m.offset() for m in _poll_until(c, 5)] == [0, 1, 2, 3, 4]  # afresh from share.auto.offset.reset
     finally:
         c.close()
+
+
+def test_read_committed_share_group_skips_aborted_transactions(broker: Served) -> None:
+    if broker.refuses(Feature.TRANSACTIONS):
+        pytest.skip("cluster mode refuses transactions (a refusal tested in test_broker_txn's cluster runs)")
+    _topic(broker, "txq", 1, 0, "g-txq")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(ResourceType.GROUP, "g-txq", incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("share.isolation.level", "read_committed", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(timeout=15)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "share-tx"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for v in (b"a1", b"a2", b"a3"):  # offsets 0-2, the abort marker 3
+        p.produce("txq", value=v, partition=0)
+    assert p.flush(15) == 0  # written, then aborted (abort_transaction drops what was not sent yet)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for v in (b"c1", b"c2"):  # offsets 4-5, the commit marker 6
+        p.produce("txq", value=v, partition=0)
+    p.commit_transaction(30)
+    c = _consumer(broker, "g-txq", "txq")
+    try:
+        got = _poll_until(c, 2)
+        assert [(m.offset(), m.value()) for m in got] == [(4, b"c1"), (5, b"c2")]
+        assert c.commit_sync(15)  # implicit mode: what the last poll returned is accepted
+    finally:
+        c.close()
+    d = _call(broker, "g-txq", ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, groups=[{"group_id": "g-txq", "topics": None}])
+    # the aborted records were archived, not acquired (the client would drop them unacknowledged):
+    # nothing is left in flight below the end of the log
+    assert [p.start_offset for t in d.groups[0].topics for p in t.partitions] == [7]

@@ -6,9 +6,10 @@ Two configs, by Kafka's names (KIP-848's GroupConfig): `consumer.session.timeout
 `group.consumer.session.timeout.ms` / `group.consumer.heartbeat.interval.ms`. A value must lie in
 the broker's [min, max] bounds for it, and the session timeout must exceed the heartbeat interval
 (both after merging with the defaults), as Kafka's GroupConfig.validate checks; the messages are
-Kafka's. Of the share-group configs (`share.*`, KIP-932) `share.auto.offset.reset` is taken
-("latest", the default, or "earliest"; the share coordinator reads `share_auto_offset_reset`); the
-others are unknown here.
+Kafka's. Of the share-group configs (`share.*`, KIP-932) `share.auto.offset.reset` ("latest", the
+default, or "earliest") and `share.isolation.level` ("read_uncommitted", the default, or
+"read_committed") are taken (the share coordinator reads them with `share_config`); the others are
+unknown here.
 
 Configs are independent of a group's offsets and membership: a group may carry them before it
 exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
@@ -49,13 +50,18 @@ SESSION_TIMEOUT = "consumer.session.timeout.ms"
 HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
 GROUP_CONFIG_NAMES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
 SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+SHARE_ISOLATION_LEVEL = "share.isolation.level"
 #: String-valued share-group configs -> the values they take (the first is the default).
-SHARE_CONFIGS: dict[str, tuple[str, ...]] = {SHARE_AUTO_OFFSET_RESET: ("latest", "earliest")}
+SHARE_CONFIGS: dict[str, tuple[str, ...]] = {
+    SHARE_AUTO_OFFSET_RESET: ("latest", "earliest"),
+    SHARE_ISOLATION_LEVEL: ("read_uncommitted", "read_committed"),
+}
 
 _DOCS = {
     SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
     HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of a consumer group.",
     SHARE_AUTO_OFFSET_RESET: "Where a share group starts reading a partition it has no state for: latest or earliest.",
+    SHARE_ISOLATION_LEVEL: "Whether a share group reads records of open and aborted transactions (read_uncommitted) or not.",
 }
 
 
@@ -161,13 +167,18 @@ class GroupConfigStore:
         """The configs set explicitly on `group_id` (Kafka names -> int); {} when none."""
         return dict(self._configs.get(group_id, {}))
 
-    def share_auto_offset_reset(self, group_id: str) -> str:
-        """The group's `share.auto.offset.reset`: "latest" unless set to "earliest". Read from the
-        metadata store, not this store's copy: in a cluster another broker may have set it (the
-        share coordinator asks once per new share-partition)."""
-        value = self.records.group_configs().get(group_id, {}).get(SHARE_AUTO_OFFSET_RESET)
-        allowed = SHARE_CONFIGS[SHARE_AUTO_OFFSET_RESET]
+    def share_config(self, group_id: str, name: str) -> str:
+        """The group's share config `name` (SHARE_CONFIGS), its default unless set. Read from the
+        metadata store, not this store's copy: in a cluster another broker may have set it."""
+        value = self.records.group_config(group_id, name)
+        allowed = SHARE_CONFIGS[name]
         return value if value in allowed else allowed[0]
+
+    def share_auto_offset_reset(self, group_id: str) -> str:
+        return self.share_config(group_id, SHARE_AUTO_OFFSET_RESET)
+
+    def share_read_committed(self, group_id: str) -> bool:
+        return self.share_config(group_id, SHARE_ISOLATION_LEVEL) == "read_committed"
 
     def groups(self) -> list[str]:
         return sorted(set(self._configs) | set(self._shares))

@@ -235,6 +235,26 @@ def _batches(data: bytes) -> list[tuple[int, int, bool, int, int]]:
     return out
 
 
+def _aborted(data: bytes, found: list[tuple[int, int, bool, int, int]], aborted: list[tuple[int, int]]) -> set[int]:
+    """Positions of the batches of aborted transactions (a read_committed consumer's rule: from an
+    aborted transaction's first offset, its producer's batches up to its control marker)."""
+    starts = sorted((first, pid) for pid, first in aborted)
+    active: set[int] = set()
+    out: set[int] = set()
+    i = 0
+    for base, _, control, pos, _ in found:
+        while i < len(starts) and starts[i][0] <= base:
+            active.add(starts[i][1])
+            i += 1
+        h = peek_header(data, pos)
+        if h.producer_id in active:
+            if control:
+                active.discard(h.producer_id)
+            elif h.is_transactional:
+                out.add(pos)
+    return out
+
+
 async def _fetch_one(ctx: BrokerContext, group_id: str, member_id: str, part: _Part, max_records: int, max_bytes: int) -> int:
     """Acquire up to `max_records` records of one partition for the member; the count acquired."""
     assert part.name is not None
@@ -250,10 +270,20 @@ async def _fetch_one(ctx: BrokerContext, group_id: str, member_id: str, part: _P
     info = ctx.engine.partition_info(part.name, part.p)
     if offset >= info.high_watermark:
         return 0
-    result = await asyncio.wrap_future(ctx.engine.read_async(part.name, part.p, offset, max_bytes))
-    data = b"".join(bytes(c) for c in result.chunks if isinstance(c, bytes | bytearray | memoryview))
-    found = _batches(data)
-    got = sp.acquire(member_id, [(b, la, c) for b, la, c, _, _ in found], max_records, ctx.share.clock())
+    if ctx.group_configs.share_read_committed(group_id):  # share.isolation.level
+        result, lso, aborted = await asyncio.wrap_future(
+            ctx.engine.read_committed_async(part.name, part.p, offset, max_bytes))
+        data = b"".join(bytes(c) for c in result.chunks if isinstance(c, bytes | bytearray | memoryview))
+        found = [b for b in _batches(data) if b[0] < lso]  # nothing of an open transaction yet
+        skip = _aborted(data, found, aborted)
+    else:
+        result = await asyncio.wrap_future(ctx.engine.read_async(part.name, part.p, offset, max_bytes))
+        data = b"".join(bytes(c) for c in result.chunks if isinstance(c, bytes | bytearray | memoryview))
+        found = _batches(data)
+        skip = set()
+    # control batches and aborted transactions' batches are never delivered: archived as gaps
+    got = sp.acquire(member_id, [(b, la, c or pos in skip) for b, la, c, pos, _ in found], max_records,
+                     ctx.share.clock())
     if not got:
         return 0
     part.acquired.extend(got)
