@@ -92,6 +92,16 @@ def test_group_max_size() -> None:
     assert c.heartbeat(_hb("c", 0, ["t"])).error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
 
 
+def test_groups_bounded_and_empty_ones_forgotten_first() -> None:
+    c, _, _ = _coordinator(ShareLimits(max_groups=2))
+    assert c.heartbeat(_hb("a", 0, ["t"], group="g1")).error_code == ErrorCode.NONE
+    assert c.heartbeat(_hb("a", 0, ["t"], group="g2")).error_code == ErrorCode.NONE
+    assert c.heartbeat(_hb("a", 0, ["t"], group="g3")).error_code == ErrorCode.GROUP_MAX_SIZE_REACHED
+    c.heartbeat(_hb("a", -1, group="g1"))
+    assert c.heartbeat(_hb("a", 0, ["t"], group="g3")).error_code == ErrorCode.NONE
+    assert sorted(c.groups) == ["g2", "g3"]
+
+
 def test_session_epochs_and_limit() -> None:
     c, _, _ = _coordinator(ShareLimits(max_share_sessions=1))
     assert c.session("g", "a", 3) == ErrorCode.SHARE_SESSION_NOT_FOUND

@@ -149,6 +149,8 @@ class ShareCoordinator:
         if hb.member_epoch == 0:
             if group is None:
                 if len(self.groups) >= self.limits.max_groups:
+                    self._forget_an_empty_group()
+                if len(self.groups) >= self.limits.max_groups:
                     return HeartbeatResult(ErrorCode.GROUP_MAX_SIZE_REACHED, hb.member_id, 0, interval,
                                            f"this broker coordinates {self.limits.max_groups} share groups already")
                 group = self.groups[hb.group_id] = ShareGroup(hb.group_id)
@@ -192,6 +194,13 @@ class ShareCoordinator:
         group.epoch = max(group.epoch, member.epoch)
         member.assignment = assignment
         return HeartbeatResult(ErrorCode.NONE, member.member_id, member.epoch, interval, assignment=assignment)
+
+    def _forget_an_empty_group(self) -> None:
+        """Make room: forget one group without members (its share-partition states stay stored)."""
+        for group_id, group in self.groups.items():
+            if not group.members:
+                del self.groups[group_id]
+                return
 
     def _assign(self, member: ShareMember) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
