@@ -37,7 +37,7 @@ from loglake.broker.security.authorized import (
 from loglake.broker.share.coordinator import Heartbeat, ShareSession
 from loglake.broker.share.partition import Acquired, SharePartition
 from loglake.broker.share.store import ShareKey
-from loglake.errors import UnknownTopicError
+from loglake.errors import CorruptRecordError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import LENGTH_FIELD_END, peek_header
 
@@ -171,8 +171,12 @@ def _resolve(ctx: BrokerContext, conn: Conn, group_id: str, tid: str, p: int, pa
     if part is not None:
         return part
     name = ctx.engine.topic_name_of(bytes.fromhex(tid))
+    try:
+        count = ctx.engine.topic(name).partitions if name is not None else 0
+    except UnknownTopicError:  # deleted meanwhile
+        name, count = None, 0
     part = parts[(tid, p)] = _Part(tid, p, name)
-    if name is None or not 0 <= p < ctx.engine.topic(name).partitions:
+    if name is None or not 0 <= p < count:
         part.error = ErrorCode.UNKNOWN_TOPIC_ID if name is None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     elif not check(ctx, conn, AclOperation.READ, TOPIC, name):
         part.error = TOPIC_AUTHORIZATION_FAILED
@@ -226,7 +230,7 @@ def _batches(data: bytes) -> list[tuple[int, int, bool, int, int]]:
     while pos + LENGTH_FIELD_END <= len(data):
         try:
             h = peek_header(data, pos)
-        except ValueError:
+        except CorruptRecordError:  # the engine returns whole batches: nothing past a bad one is served
             break
         if pos + h.size > len(data):
             break
