@@ -341,9 +341,9 @@ def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> No
         c.close()
 
 
+@pytest.mark.parametrize("broker", ["single"], indirect=True)  # cluster mode refuses transactions
 def test_read_committed_share_group_skips_aborted_transactions(broker: Served) -> None:
-    if broker.refuses(Feature.TRANSACTIONS):
-        pytest.skip("cluster mode refuses transactions (a refusal tested in test_broker_txn's cluster runs)")
+    assert not broker.refuses(Feature.TRANSACTIONS)
     _topic(broker, "txq", 1, 0, "g-txq")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     res = ConfigResource(ResourceType.GROUP, "g-txq", incremental_configs=[
