@@ -339,6 +339,16 @@ def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> No
         assert [m.offset() for m in _poll_until(c, 5)] == [0, 1, 2, 3, 4]  # afresh from share.auto.offset.reset
     finally:
         c.close()
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    deadline = time.monotonic() + 60
+    while True:  # DeleteGroups: an empty share group goes with its share-partition states
+        err = admin.delete_consumer_groups(["g-adm"])["g-adm"].exception(timeout=15)
+        if err is None or err.args[0].code() != KafkaError.NON_EMPTY_GROUP or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert err is None, err
+    d = _call(broker, "g-adm", ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, groups=[{"group_id": "g-adm", "topics": None}])
+    assert d.groups[0].error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
 @pytest.mark.parametrize("broker", ["single"], indirect=True)  # cluster mode refuses transactions

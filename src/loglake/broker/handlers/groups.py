@@ -11,12 +11,15 @@ future without blocking the loop).
 
 from __future__ import annotations
 
+import asyncio
+
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     GROUP_ID_NOT_FOUND,
+    NON_EMPTY_GROUP,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNSTABLE_OFFSET_COMMIT,
@@ -345,6 +348,16 @@ async def delete_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
         elsewhere = [g for g in names if coordinator_error(ctx, g)]
         results += [(g, coordinator_error(ctx, g)) for g in elsewhere]
         names = [g for g in names if g not in elsewhere]
+        # share groups (KIP-932): deleted with their share-partition states, only when empty
+        shares = [g for g in names if coordinator.group_state(g) is None and ctx.share.known(g)]
+        names = [g for g in names if g not in shares]
+        for g in shares:
+            if not ctx.share.is_empty(g):
+                results.append((g, NON_EMPTY_GROUP))
+                continue
+            for f in ctx.share.delete_group(g):
+                await asyncio.wrap_future(f)
+            results.append((g, NONE))
         results += await coordinator.delete_groups(names) if names else []
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 

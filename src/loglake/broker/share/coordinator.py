@@ -341,6 +341,13 @@ class ShareCoordinator:
         self.drop_partition(key)
         return self.store.save(key, start, start, [], gen)
 
+    def delete_group(self, group_id: str) -> list[Future[int]]:
+        """Forget an empty share group and every share-partition state it has (DeleteGroups)."""
+        self.groups.pop(group_id, None)
+        for key in [k for k in self.partitions if k[0] == group_id]:
+            self.drop_partition(key)
+        return [self.store.forget(key) for key in self.store.keys(group_id)]
+
     # ---- describing --------------------------------------------------------------------------
 
     def group(self, group_id: str) -> ShareGroup | None:
