@@ -127,13 +127,29 @@ def test_more_consumers_than_partitions_each_get_distinct_records(broker: Served
     try:
         while sum(len(v) for v in seen.values()) < 400 and time.monotonic() < deadline:
             for i, c in enumerate(consumers):
-                seen[i] += [(m.partition(), m.offset()) for m in _poll(c, 0.3)]
+                got = _poll(c, 0.3)
+                # delivered the first time: no response lost to the client (its records would come
+                # back after the lock duration, counted twice)
+                assert [m.delivery_count() for m in got] == [1] * len(got)
+                seen[i] += [(m.partition(), m.offset()) for m in got]
     finally:
         for c in consumers:
             c.close()
     every = [tp for v in seen.values() for tp in v]
     assert sorted(every) == sorted((i % 2, i // 2) for i in range(400))  # each record once, none lost
     assert all(seen[i] for i in range(4)), {i: len(v) for i, v in seen.items()}  # all four consumers got some
+
+
+def test_one_consumer_reads_both_partitions_without_a_lost_response(broker: Served) -> None:
+    _topic(broker, "bulk", 2, 6000, "g-bulk")
+    c = _consumer(broker, "g-bulk", "bulk")
+    try:
+        t0 = time.monotonic()
+        got = _poll_until(c, 6000, timeout_s=LOCK_MS / 1000 - 0.5)  # before any lock could time out
+        assert len(got) == 6000, f"{len(got)} records in {time.monotonic() - t0:.1f} s"
+        assert {m.delivery_count() for m in got} == {1}
+    finally:
+        c.close()
 
 
 def test_explicit_accept_release_reject(broker: Served) -> None:

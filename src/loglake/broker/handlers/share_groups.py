@@ -311,7 +311,8 @@ def _responses(parts: Iterable[_Part], *, fetch: bool) -> list[dict[str, object]
     for part in parts:
         entry: dict[str, object] = {"partition_index": part.p, "error_code": part.error, "current_leader": _NO_LEADER}
         if fetch:
-            entry.update(acknowledge_error_code=part.ack_error, records=part.records,
+            # librdkafka 2.16 takes a null Records as a malformed response: empty bytes instead
+            entry.update(acknowledge_error_code=part.ack_error, records=part.records or b"",
                          acquired_records=[{"first_offset": f, "last_offset": la, "delivery_count": n}
                                            for f, la, n in part.acquired])
         else:
