@@ -8,8 +8,10 @@ consumer group consumer reading the same records, in the same run against one `l
     .venv/bin/python benchmarks/share_groups.py --records 200000 --consumers 1,4,16
 
 Prints a JSON document on stdout and a table on stderr: records/s delivered and, for the share
-groups, acknowledgements/s (the share-partition start offset advanced over, from
-DescribeShareGroupOffsets' view: every record acknowledged once the run ends).
+groups, acknowledgements/s. In implicit mode each poll accepts what the one before returned, so
+acknowledgements/s is records/s, and the time runs from the consumers' start (joining included)
+to the last record delivered. The consumer group's time includes its join (and the broker's
+initial rebalance delay).
 """
 
 from __future__ import annotations
