@@ -73,6 +73,7 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
                      "seg": ["s0", 0, 4, 500, 432, 3, "00" * 32, 5, 9]}),
     ("plog_swept", {"keys": ["f1", "f2"]}),
     ("plog_start", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "start": 2}),
+    ("share_state", {"g": "sg", "id": TID, "p": 0, "start": 1, "end": 4, "batches": [[1, 2, 2, 1], [3, 3, 0, 2]], "gen": 1}),
     ("topic_deleted", {"id": TID}),
 ]
 #: Trailer fields a structured segment mutation may change (not the CRC, version or magic).

@@ -113,7 +113,7 @@ def walk_request(api_key: int, version: int, variant: str) -> Any:
             for t in req.topic_data:
                 for p in t.partition_data:
                     p.records = build_batch([(now, None, b"walk", [])])
-    elif api_key == ApiKey.FETCH:
+    elif api_key in (ApiKey.FETCH, ApiKey.SHARE_FETCH):
         req.max_wait_ms = FETCH_WAIT_MS
     elif api_key == ApiKey.JOIN_GROUP:
         req.session_timeout_ms = GROUP_TIMEOUT_MS

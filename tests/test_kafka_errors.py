@@ -35,7 +35,7 @@ KP_NAMES = {
 #: Kafka's CorruptRecordException is a RetriableException; kafka-python does not retry it.
 KP_RETRIABLE_DIFFERS = {"CORRUPT_MESSAGE"}
 #: Codes kafka-python 3.0.12 does not list yet (Kafka 4.0's INVALID_REGULAR_EXPRESSION, KIP-848).
-NEWER_THAN_KAFKA_PYTHON = {128}
+NEWER_THAN_KAFKA_PYTHON = {128, 133}
 
 
 def _int_literal(node: ast.expr) -> int | None:

@@ -65,6 +65,7 @@ from loglake.meta.records import (
     SegmentPublished,
     SegmentRewritten,
     SegmentTier,
+    ShareState,
     TopicConfigSet,
     TopicCreated,
     TopicDeleted,
@@ -116,6 +117,7 @@ TODAY_ORDER = (
     "schema_deleted",
     "schema_config",
     "schema_mode",
+    "share_state",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -162,6 +164,10 @@ HISTORY = [
     b'\x01\x1d{"subject":"other-value","versions":[1],"permanent":false}',
     b'\x01\x1e{"subject":"","config":{"compatibilityLevel":"FULL"}}',
     b'\x01\x1f{"subject":"orders-value","mode":"READONLY"}',
+    b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":0,"start":3,"end":9,"batches":[[3,4,2,1],[5,5,0,2],[6,8,4,5]]}',
+    b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":0,"end":2,"batches":[[0,1,0,1]]}',
+    b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":null}',
+    b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":2,"start":-1,"end":-1,"batches":[],"gen":3}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
@@ -170,8 +176,9 @@ HISTORY = [
 #: history gained a `plog_start`.
 #: Changed on purpose again: the history gained the schema registry's records; without them the
 #: checkpoint is the bytes it was (`WITHOUT_SCHEMAS_SHA256`: an empty registry writes no key).
-CHECKPOINT_SHA256 = "ddc7c038e4c7079b0bcb8abb826f6600cfe28d49d2ab395b30310f5176e8ca9e"
-CHECKPOINT_AFTER_DELETE_SHA256 = "edc8ab0c39cad7d86949d256cff4fab14d11c731c9abf774d66e5c1e13fd801c"
+#: And again: the history gained `share_state` records (the checkpoint carries "shares").
+CHECKPOINT_SHA256 = "1fa1edef823bee433a7d3c08291119d1a4ebdcd79ac3c3f480a1849d6b5fdba8"
+CHECKPOINT_AFTER_DELETE_SHA256 = "31d5649102480f077f3dde811667ac9af1d2907e27f291925162711eaa0f4dfc"
 WITHOUT_SCHEMAS_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
@@ -264,6 +271,10 @@ SAMPLES: list[MetaRecord] = [
     SchemaDeleted("other-value", [1], False),
     SchemaConfig("", {"compatibilityLevel": "FULL"}),
     SchemaMode("orders-value", "READONLY"),
+    ShareState("sg", TID, 0, 3, 9, [(3, 4, 2, 1), (5, 5, 0, 2), (6, 8, 4, 5)]),
+    ShareState("sg", TID, 1, 0, 2, [(0, 1, 0, 1)]),
+    ShareState("sg", TID, 1, None),
+    ShareState("sg", TID, 2, -1, -1, [], 3),
     TopicDeleted(TID, 1700000000020),
 ]
 

@@ -29,6 +29,7 @@ def test_all_requested_apis_present() -> None:
     wanted |= {29, 30, 31}  # ACLs
     wanted |= {17, 36, 50, 51}  # SASL and SCRAM credentials
     wanted |= {48, 49}  # client quotas
+    wanted |= {76, 77, 78, 79, 90, 91, 92}  # share groups (KIP-932)
     assert set(SUPPORTED) == wanted
 
 

@@ -105,7 +105,11 @@ class ErrorCode(IntEnum):
     UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")
     STALE_MEMBER_EPOCH = (113, False, "The member epoch is stale. The member must retry after receiving its updated member epoch via the ConsumerGroupHeartbeat API.")
     MISMATCHED_ENDPOINT_TYPE = (114, False, "The request was sent to an endpoint of the wrong type.")
+    INVALID_RECORD_STATE = (121, False, "The record state is invalid. The acknowledgement of delivery could not be completed.")
+    SHARE_SESSION_NOT_FOUND = (122, True, "The share session was not found.")
+    INVALID_SHARE_SESSION_EPOCH = (123, True, "The share session epoch is invalid.")
     INVALID_REGULAR_EXPRESSION = (128, False, "The regular expression is not valid.")
+    SHARE_SESSION_LIMIT_REACHED = (133, True, "The limit of share sessions has been reached.")
 
 
 __all__ = ["ErrorCode"]

@@ -167,6 +167,14 @@ class BrokerConfig:
     group_consumer_assignors: str = default_of("group_consumer_assignors", str)
     #: "disabled" | "upgrade" | "downgrade" | "bidirectional": which Empty groups may change protocol.
     group_consumer_migration_policy: str = default_of("group_consumer_migration_policy", str)
+    #: KIP-932 share groups (Kafka's group.share.* names); see docs/SHARE_GROUPS.md.
+    group_share_session_timeout_ms: int = default_of("group_share_session_timeout_ms", int)
+    group_share_heartbeat_interval_ms: int = default_of("group_share_heartbeat_interval_ms", int)
+    group_share_max_size: int = default_of("group_share_max_size", int)
+    group_share_record_lock_duration_ms: int = default_of("group_share_record_lock_duration_ms", int)
+    group_share_delivery_count_limit: int = default_of("group_share_delivery_count_limit", int)
+    group_share_partition_max_record_locks: int = default_of("group_share_partition_max_record_locks", int)
+    group_share_max_share_sessions: int = default_of("group_share_max_share_sessions", int)
     #: KIP-227 fetch sessions (docs/PROTOCOL.md): Kafka's max.incremental.fetch.session.cache.slots,
     #: min.incremental.fetch.session.eviction.ms, and loglake's bound on one session's partitions.
     max_incremental_fetch_session_cache_slots: int = default_of("max_incremental_fetch_session_cache_slots", int)

@@ -23,6 +23,10 @@ class ConfigStore(MetaFacts):
         """Stored group configs: group id -> name -> value."""
         return self.meta.read(lambda s: {group: dict(c) for group, c in s.group_configs.items()})
 
+    def group_config(self, group_id: str, name: str) -> str | None:
+        """One stored group config (a lookup: no copy of the others)."""
+        return self.meta.read(lambda s: s.group_configs.get(group_id, {}).get(name))
+
     def save_broker_configs(self, scope: str, configs: dict[str, str]) -> None:
         """Replace one scope's dynamic configs ({} removes them); durable on return."""
         self._append(BrokerConfig(scope, configs)).result()

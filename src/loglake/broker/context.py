@@ -39,6 +39,8 @@ from loglake.broker.security.quota_store import QuotaStore
 from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.security.sasl import SaslAuthenticator
 from loglake.broker.security.scram_store import ScramStore
+from loglake.broker.share import ShareCoordinator, ShareLimits
+from loglake.broker.share.store import MetaShareStore
 from loglake.broker.txn import TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
@@ -78,6 +80,8 @@ class BrokerContext:
     acl_store: AclStore
     scram_store: ScramStore
     quota_store: QuotaStore
+    #: Share groups (KIP-932): members, share sessions, the share-partitions this broker leads.
+    share: ShareCoordinator
 
     @property
     def node_id(self) -> int:
@@ -179,6 +183,29 @@ async def build_context(
         acl_store=acl_store,
         scram_store=scram_store,
         quota_store=quota_store,
+        share=share_coordinator(config, engine, group_configs),
+    )
+
+
+def share_coordinator(config: BrokerConfig, engine: Engine, group_configs: GroupConfigStore) -> ShareCoordinator:
+    """The share coordinator over the engine's metadata store, with the broker's group.share.* settings."""
+
+    def topic_partitions(name: str) -> tuple[str, int] | None:
+        try:
+            return engine.topic_id_of(name).hex(), engine.topic(name).partitions
+        except UnknownTopicError:
+            return None
+
+    def initial_offset(tid: str, partition: int, reset: str) -> int:
+        name = engine.topic_name_of(bytes.fromhex(tid))
+        if name is None:
+            return 0
+        info = engine.partition_info(name, partition)
+        return info.log_start_offset if reset == "earliest" else info.high_watermark
+
+    return ShareCoordinator(
+        MetaShareStore(engine.meta), ShareLimits.of(config), topic_partitions=topic_partitions,
+        initial_offset=initial_offset, auto_offset_reset=group_configs.share_auto_offset_reset,
     )
 
 

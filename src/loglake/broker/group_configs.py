@@ -6,7 +6,10 @@ Two configs, by Kafka's names (KIP-848's GroupConfig): `consumer.session.timeout
 `group.consumer.session.timeout.ms` / `group.consumer.heartbeat.interval.ms`. A value must lie in
 the broker's [min, max] bounds for it, and the session timeout must exceed the heartbeat interval
 (both after merging with the defaults), as Kafka's GroupConfig.validate checks; the messages are
-Kafka's. Share-group configs (`share.*`) are unknown here: loglake has no share groups.
+Kafka's. Of the share-group configs (`share.*`, KIP-932) `share.auto.offset.reset` ("latest", the
+default, or "earliest") and `share.isolation.level` ("read_uncommitted", the default, or
+"read_committed") are taken (the share coordinator reads them with `share_config`); the others are
+unknown here.
 
 Configs are independent of a group's offsets and membership: a group may carry them before it
 exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
@@ -46,10 +49,19 @@ GROUP_ID_CHARS_MAX = 1_000
 SESSION_TIMEOUT = "consumer.session.timeout.ms"
 HEARTBEAT_INTERVAL = "consumer.heartbeat.interval.ms"
 GROUP_CONFIG_NAMES = (SESSION_TIMEOUT, HEARTBEAT_INTERVAL)
+SHARE_AUTO_OFFSET_RESET = "share.auto.offset.reset"
+SHARE_ISOLATION_LEVEL = "share.isolation.level"
+#: String-valued share-group configs -> the values they take (the first is the default).
+SHARE_CONFIGS: dict[str, tuple[str, ...]] = {
+    SHARE_AUTO_OFFSET_RESET: ("latest", "earliest"),
+    SHARE_ISOLATION_LEVEL: ("read_uncommitted", "read_committed"),
+}
 
 _DOCS = {
     SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
     HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of a consumer group.",
+    SHARE_AUTO_OFFSET_RESET: "Where a share group starts reading a partition it has no state for: latest or earliest.",
+    SHARE_ISOLATION_LEVEL: "Whether a share group reads records of open and aborted transactions (read_uncommitted) or not.",
 }
 
 
@@ -103,6 +115,19 @@ def parse_value(name: str, raw: str | None) -> int:
     return value
 
 
+def canonical_value(name: str, raw: str | None) -> str:
+    """The value of any group config as stored (ConfigError if it is not one, or not valid)."""
+    return parse_share_value(name, raw) if name in SHARE_CONFIGS else str(parse_value(name, raw))
+
+
+def parse_share_value(name: str, raw: str | None) -> str:
+    allowed = SHARE_CONFIGS[name]
+    value = (raw or "").strip().lower()
+    if value not in allowed:
+        raise ConfigError(f"Invalid value {raw} for configuration {name}: String must be one of: {', '.join(allowed)}")
+    return value
+
+
 class GroupConfigStore:
     """Per-group config overrides: validated, persisted as `group_config` records, read by the coordinator."""
 
@@ -114,17 +139,23 @@ class GroupConfigStore:
         self.bounds = bounds
         self.max_groups = max_groups
         self._configs: dict[str, dict[str, int]] = {}
+        #: group -> share config -> value (SHARE_CONFIGS)
+        self._shares: dict[str, dict[str, str]] = {}
 
     def load(self) -> None:
         """Read the stored configs (start-up). A stored value outside today's bounds is kept: the
         coordinator clamps what it uses; describing shows what was set."""
         self._configs = {}
+        self._shares = {}
         for group, configs in self.records.group_configs().items():
             kept = {
                 name: int(value) for name, value in configs.items()
                 if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
             }
-            if len(kept) != len(configs):
+            shares = {name: value for name, value in configs.items() if value in SHARE_CONFIGS.get(name, ())}
+            if shares:
+                self._shares[group] = shares
+            if len(kept) + len(shares) != len(configs):
                 log.warning("group %s: ignoring stored configs this release does not take: %s", group,
                             sorted(set(configs) - set(kept)))
             if kept:
@@ -136,8 +167,21 @@ class GroupConfigStore:
         """The configs set explicitly on `group_id` (Kafka names -> int); {} when none."""
         return dict(self._configs.get(group_id, {}))
 
+    def share_config(self, group_id: str, name: str) -> str:
+        """The group's share config `name` (SHARE_CONFIGS), its default unless set. Read from the
+        metadata store, not this store's copy: in a cluster another broker may have set it."""
+        value = self.records.group_config(group_id, name)
+        allowed = SHARE_CONFIGS[name]
+        return value if value in allowed else allowed[0]
+
+    def share_auto_offset_reset(self, group_id: str) -> str:
+        return self.share_config(group_id, SHARE_AUTO_OFFSET_RESET)
+
+    def share_read_committed(self, group_id: str) -> bool:
+        return self.share_config(group_id, SHARE_ISOLATION_LEVEL) == "read_committed"
+
     def groups(self) -> list[str]:
-        return sorted(self._configs)
+        return sorted(set(self._configs) | set(self._shares))
 
     def describe(self, group_id: str, keys: Iterable[str] | None, *, synonyms: bool, docs: bool) -> list[dict[str, object]]:
         check_group_id(group_id)
@@ -159,29 +203,44 @@ class GroupConfigStore:
                 name, str(value), source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
                 synonyms=[{"name": n, "value": str(v), "source": s} for s, n, v in layers] if synonyms else [],
             ))
+        shares = self._shares.get(group_id, {})
+        for name, allowed in SHARE_CONFIGS.items():
+            if wanted is not None and name not in wanted:
+                continue
+            shown, shown_source = (shares[name], GROUP_CONFIG) if name in shares else (allowed[0], DEFAULT_CONFIG)
+            out.append(config_entry(
+                name, shown, shown_source, ConfigType.STRING, _DOCS[name] if docs else None, read_only=False,
+                synonyms=[{"name": name, "value": shown, "source": shown_source}] if synonyms else [],
+            ))
         return out
 
     def current(self, group_id: str) -> dict[str, str]:
-        return {k: str(v) for k, v in self._configs.get(group_id, {}).items()}
+        return {**{k: str(v) for k, v in self._configs.get(group_id, {}).items()}, **self._shares.get(group_id, {})}
 
     def alter(self, group_id: str, new: dict[str, str], *, validate_only: bool) -> None:
         """Replace the group's configs with `new` (Kafka names -> strings); {} removes them. Durable on return."""
         check_group_id(group_id)
-        values = {name: parse_value(name, raw) for name, raw in new.items()}
+        shares = {name: parse_share_value(name, raw) for name, raw in new.items() if name in SHARE_CONFIGS}
+        values = {name: parse_value(name, raw) for name, raw in new.items() if name not in SHARE_CONFIGS}
         validate(values, self.bounds())
-        if values and group_id not in self._configs and len(self._configs) >= self.max_groups:
+        known = set(self._configs) | set(self._shares)
+        if (values or shares) and group_id not in known and len(known) >= self.max_groups:
             raise ConfigPolicyError(
                 f"at most {self.max_groups} groups may carry dynamic configs (GROUP_CONFIGS_MAX); "
                 "delete the configs of a group that no longer needs them"
             )
         if validate_only:
             return
-        self.records.save_group_configs(group_id, {k: str(v) for k, v in values.items()})
+        self.records.save_group_configs(group_id, {**{k: str(v) for k, v in values.items()}, **shares})
         if values:
             self._configs[group_id] = values
         else:
             self._configs.pop(group_id, None)
-        log.info("dynamic configs of group %s now %s", group_id, values)
+        if shares:
+            self._shares[group_id] = shares
+        else:
+            self._shares.pop(group_id, None)
+        log.info("dynamic configs of group %s now %s", group_id, {**values, **shares})
 
 
 def check_group_id(group_id: str) -> None:

@@ -31,6 +31,7 @@ from loglake.meta.state import (
     _partition_count,
     _replace_configs,
     _replication_factor,
+    share_doc,
 )
 from loglake.meta.txn import load_partition_txns, load_txns, partition_txn_doc, txns_doc
 
@@ -127,6 +128,8 @@ def capture(state: MetaState) -> CheckpointImage:
     schemas = schemas_doc(state)
     if schemas is not None:  # absent while the registry is empty: those checkpoints keep their bytes
         doc["schemas"] = schemas
+    if state.shares:  # written only when there are some: checkpoints without share groups keep their bytes
+        doc["shares"] = [[g, tid, p, sdoc] for (g, tid, p), sdoc in state.shares.items()]
     return CheckpointImage(state.seq, doc, tables)
 
 
@@ -216,4 +219,6 @@ def _state_from_doc(doc: dict[str, Any], seq: int, tables: memoryview, version: 
     load_client_quotas(state, doc)
     load_plogs(state, doc)
     load_schemas(state, doc)
+    for g, tid, p, sdoc in doc.get("shares") or []:  # absent before share groups
+        state.shares[(str(g), str(tid), int(p))] = share_doc(sdoc)
     return state

@@ -75,6 +75,7 @@ __all__ = [
     "SegmentPublished",
     "SegmentRewritten",
     "SegmentTier",
+    "ShareState",
     "TopicConfigSet",
     "TopicCreated",
     "TopicDeleted",
@@ -132,6 +133,7 @@ class RecordKind(enum.StrEnum):
     SCHEMA_DELETED = "schema_deleted", 29
     SCHEMA_CONFIG = "schema_config", 30
     SCHEMA_MODE = "schema_mode", 31
+    SHARE_STATE = "share_state", 32
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -734,6 +736,35 @@ class SchemaMode:
         return {"subject": self.subject, "mode": self.mode}
 
 
+@dataclass(frozen=True, slots=True)
+class ShareState:
+    """A share-partition's state (KIP-932), replaced whole: the share-partition start offset
+    `start`, the first offset never acquired `end`, and `batches` of `[first, last, state,
+    delivery_count]` for offsets in [start, end) (state: loglake.broker.share.states.RecordState's
+    value; an offset of the range in no batch was never a record). `start` -1 (with `end` -1):
+    uninitialised, the next leader starts it from `share.auto.offset.reset`. `gen` moves when an
+    admin alters or deletes the state, so a leader holding it in memory loads it again; written
+    only when not 0. `start` None removes it."""
+
+    kind: ClassVar[RecordKind] = RecordKind.SHARE_STATE
+    group: str
+    topic_id: str
+    partition: int
+    start: int | None
+    end: int = 0
+    batches: Sequence[tuple[int, int, int, int]] = ()
+    gen: int = 0
+
+    def body(self) -> dict[str, Any]:
+        if self.start is None:
+            return {"g": self.group, "id": self.topic_id, "p": self.partition, "start": None}
+        body: dict[str, Any] = {"g": self.group, "id": self.topic_id, "p": self.partition, "start": self.start,
+                                "end": self.end, "batches": [list(b) for b in self.batches]}
+        if self.gen:
+            body["gen"] = self.gen
+        return body
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -769,6 +800,7 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         SchemaDeleted,
         SchemaConfig,
         SchemaMode,
+        ShareState,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"

@@ -230,6 +230,9 @@ class MetaState:
         self.plogs = PlogTable()
         #: the schema registry: schemas, subjects' versions, configs, modes (loglake.meta.schemas)
         self.schemas = SchemaTable()
+        #: share-partition states (KIP-932): (group, topic id hex, partition) -> `share_state` body
+        #: without its key ({"start", "end", "batches"}); loglake.broker.share.store reads them
+        self.shares: dict[tuple[str, str, int], dict[str, Any]] = {}
         #: True while a log is replayed (recovery): records the engine applied live are applied too
         self.replaying = False
 
@@ -285,6 +288,8 @@ class MetaState:
         for i in range(topic.partitions):
             self.partitions.pop((tid, i), None)
         drop_topic(self.plogs, tid, int(b.get("ms", 0)))  # cluster mode: its objects go to the sweep
+        for key in [k for k in self.shares if k[1] == b["id"]]:  # share-partitions go with their topic
+            del self.shares[key]
         for group in self.groups.values():  # Kafka expires offsets of deleted topics too
             for tp in [tp for tp in group.offsets if tp[0] == topic.name]:
                 del group.offsets[tp]
@@ -402,6 +407,25 @@ class MetaState:
     def _group_config(self, b: dict[str, Any]) -> None:
         _replace_configs(self.group_configs, str(b["g"]), b["configs"])
 
+    def _share_state(self, b: dict[str, Any]) -> None:
+        key = (str(b["g"]), str(b["id"]), int(b["p"]))
+        if b.get("start") is None:
+            self.shares.pop(key, None)
+            return
+        self.shares[key] = share_doc(b)
+
+
+def share_doc(b: dict[str, Any]) -> dict[str, Any]:
+    """A share-partition state as kept: its offsets checked for type (ValueError/TypeError if not ints)."""
+    start, end, gen = int(b["start"]), int(b["end"]), int(b.get("gen", 0))
+    batches = [[int(f), int(last), int(st), int(n)] for f, last, st, n in b.get("batches") or []]
+    if not (0 <= start <= end or start == end == -1):
+        raise ValueError(f"share state start {start} end {end}")
+    doc: dict[str, Any] = {"start": start, "end": end, "batches": batches}
+    if gen:
+        doc["gen"] = gen
+    return doc
+
 
 def _replace_configs(table: dict[str, dict[str, str]], key: str, configs: Any) -> None:
     if not isinstance(configs, dict):
@@ -444,6 +468,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.SCHEMA_DELETED: apply_schema_deleted,
     RecordKind.SCHEMA_CONFIG: apply_schema_config,
     RecordKind.SCHEMA_MODE: apply_schema_mode,
+    RecordKind.SHARE_STATE: MetaState._share_state,
 }
 assert set(_APPLY) == set(RecordKind)
 

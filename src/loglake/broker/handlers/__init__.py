@@ -50,7 +50,7 @@ def _register() -> None:
     # Admin and group APIs: modules that export a HANDLERS table of their own.
     for name in (
         "admin", "acls", "groups", "consumer_groups", "leader_epoch", "log_dirs", "producers", "offset_delete", "txn",
-        "sasl", "scram_admin", "client_quotas",
+        "sasl", "scram_admin", "client_quotas", "share_groups",
     ):
         try:
             module = importlib.import_module(f"loglake.broker.handlers.{name}")

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
 from loglake.broker.dynamic_config import DYNAMIC_TOPIC_CONFIG, config_entry
-from loglake.broker.group_configs import parse_value
+from loglake.broker.group_configs import canonical_value
 from loglake.broker.handlers.admin_common import (
     CONFIG_ALTER_LOCK,
     INVALID_CONFIG,
@@ -218,7 +218,7 @@ async def _alter_one(ctx: BrokerContext, rtype: int, name: str, configs: list[Ka
 
 
 def _group_value(name: str, value: str | None) -> str:
-    return str(parse_value(name, value))
+    return canonical_value(name, value)
 
 
 async def _alter_resources(

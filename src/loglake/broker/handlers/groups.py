@@ -11,12 +11,15 @@ future without blocking the loop).
 
 from __future__ import annotations
 
+import asyncio
+
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     GROUP_ID_NOT_FOUND,
+    NON_EMPTY_GROUP,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNSTABLE_OFFSET_COMMIT,
@@ -259,6 +262,10 @@ async def offset_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> d
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 
+#: ListGroups' group type (and protocol type) of a share group.
+SHARE_GROUP_TYPE = "share"
+
+
 async def list_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     coordinator = ctx.coordinator
     if coordinator is None:
@@ -272,6 +279,15 @@ async def list_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
         for group_id, protocol_type, state, group_type in coordinator.list_groups_typed(states or None, types or None)
         if every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id)
     ]
+    # Share groups (KIP-932) share the namespace and the listing: type and protocol type "share".
+    wanted_states = {s.lower() for s in states or []}
+    if not types or SHARE_GROUP_TYPE in {t.lower() for t in types}:
+        groups += [
+            {"group_id": g.group_id, "protocol_type": SHARE_GROUP_TYPE, "group_state": g.state, "group_type": SHARE_GROUP_TYPE}
+            for g in ctx.share.listed()
+            if (not wanted_states or g.state.lower() in wanted_states)
+            and (every or allowed(ctx, conn, AclOperation.DESCRIBE, GROUP, g.group_id))
+        ]
     return {"throttle_time_ms": 0, "error_code": NONE, "groups": groups}
 
 
@@ -332,6 +348,16 @@ async def delete_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
         elsewhere = [g for g in names if coordinator_error(ctx, g)]
         results += [(g, coordinator_error(ctx, g)) for g in elsewhere]
         names = [g for g in names if g not in elsewhere]
+        # share groups (KIP-932): deleted with their share-partition states, only when empty
+        shares = [g for g in names if coordinator.group_state(g) is None and ctx.share.known(g)]
+        names = [g for g in names if g not in shares]
+        for g in shares:
+            if not ctx.share.is_empty(g):
+                results.append((g, NON_EMPTY_GROUP))
+                continue
+            for f in ctx.share.delete_group(g):
+                await asyncio.wrap_future(f)
+            results.append((g, NONE))
         results += await coordinator.delete_groups(names) if names else []
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}
 

@@ -119,6 +119,22 @@ from loglake.broker.protocol.kip848 import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
 )
+from loglake.broker.protocol.kip932 import (
+    AlterShareGroupOffsetsRequest,
+    AlterShareGroupOffsetsResponse,
+    DeleteShareGroupOffsetsRequest,
+    DeleteShareGroupOffsetsResponse,
+    DescribeShareGroupOffsetsRequest,
+    DescribeShareGroupOffsetsResponse,
+    ShareAcknowledgeRequest,
+    ShareAcknowledgeResponse,
+    ShareFetchRequest,
+    ShareFetchResponse,
+    ShareGroupDescribeRequest,
+    ShareGroupDescribeResponse,
+    ShareGroupHeartbeatRequest,
+    ShareGroupHeartbeatResponse,
+)
 
 #: api_key -> (request class, response class); the primary (unversioned) kafka-python classes.
 MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
@@ -159,6 +175,13 @@ MESSAGES: dict[int, tuple[KafkaClass, KafkaClass]] = {
         (DescribeProducersRequest, DescribeProducersResponse),
         (ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse),
         (ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse),
+        (ShareGroupHeartbeatRequest, ShareGroupHeartbeatResponse),
+        (ShareGroupDescribeRequest, ShareGroupDescribeResponse),
+        (ShareFetchRequest, ShareFetchResponse),
+        (ShareAcknowledgeRequest, ShareAcknowledgeResponse),
+        (DescribeShareGroupOffsetsRequest, DescribeShareGroupOffsetsResponse),
+        (AlterShareGroupOffsetsRequest, AlterShareGroupOffsetsResponse),
+        (DeleteShareGroupOffsetsRequest, DeleteShareGroupOffsetsResponse),
         (AddPartitionsToTxnRequest, AddPartitionsToTxnResponse),
         (AddOffsetsToTxnRequest, AddOffsetsToTxnResponse),
         (EndTxnRequest, EndTxnResponse),

@@ -37,6 +37,10 @@ def _r(api_key: ApiKey, lo: int, hi: int, advertised_min: int | None = None) -> 
 #: - OffsetCommit / OffsetFetch 9: v10 is the KIP-848 topic-id form only.
 #: - ConsumerGroupHeartbeat / ConsumerGroupDescribe 68/69 (KIP-848): schemas are loglake's own
 #:   (protocol/schemas/), kafka-python 3.0.12 has none.
+#: - ShareGroupHeartbeat/ShareGroupDescribe/ShareFetch/ShareAcknowledge 76-79 (KIP-932): v1 only, the
+#:   stable version of Kafka 4.1 (v0 was 4.0's early access); schemas are loglake's own (kip932.py).
+#:   ShareFetch/ShareAcknowledge v2 (KIP-1206/1222 acquire modes, Renew) are not served.
+#:   Describe/Alter/DeleteShareGroupOffsets 90-92: v0, Kafka 4.1's.
 #: - SaslHandshake 0 is accepted only to refuse it clearly (v0 means raw SASL tokens without
 #:   SaslAuthenticate, clients before Kafka 1.0); loglake.broker.security.sasl.
 #: - EndTxn 4: v5 is KIP-890 part 2 (an epoch bump per transaction, transaction.version 2), which
@@ -89,6 +93,13 @@ SUPPORTED: dict[int, ApiVersionRange] = {
         _r(ApiKey.LIST_TRANSACTIONS, 0, 2),
         _r(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1),
         _r(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1),
+        _r(ApiKey.SHARE_GROUP_HEARTBEAT, 1, 1),
+        _r(ApiKey.SHARE_GROUP_DESCRIBE, 1, 1),
+        _r(ApiKey.SHARE_FETCH, 1, 1),
+        _r(ApiKey.SHARE_ACKNOWLEDGE, 1, 1),
+        _r(ApiKey.DESCRIBE_SHARE_GROUP_OFFSETS, 0, 0),
+        _r(ApiKey.ALTER_SHARE_GROUP_OFFSETS, 0, 0),
+        _r(ApiKey.DELETE_SHARE_GROUP_OFFSETS, 0, 0),
     )
 }
 

@@ -1,0 +1,58 @@
+"""Every bound of the share coordinator, by Kafka's setting name, with Kafka 4.1's defaults.
+
+`ShareLimits.of(config)` reads the broker's `group.share.*` settings (broker/settings.py is the one
+table of their names, defaults and ranges); the other fields are loglake's own bounds on what a
+client can make the broker hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loglake.broker.config import BrokerConfig
+
+#: `share.auto.offset.reset` values (a group config in Kafka; "latest" by default).
+AUTO_OFFSET_RESETS = ("latest", "earliest")
+
+
+@dataclass(frozen=True, slots=True)
+class ShareLimits:
+    #: group.share.session.timeout.ms: a member silent this long is removed (its records released).
+    session_timeout_ms: int = 45_000
+    #: group.share.heartbeat.interval.ms
+    heartbeat_interval_ms: int = 5_000
+    #: group.share.max.size: members per share group (GROUP_MAX_SIZE_REACHED past it).
+    max_size: int = 200
+    #: group.share.record.lock.duration.ms: how long an acquired record stays acquired.
+    record_lock_duration_ms: int = 30_000
+    #: group.share.delivery.count.limit: deliveries before a record is archived.
+    delivery_count_limit: int = 5
+    #: group.share.partition.max.record.locks: in-flight records per share-partition (the offsets
+    #: between the start offset and the first never acquired); acquisition stops there.
+    partition_max_record_locks: int = 2000
+    #: group.share.max.share.sessions: share sessions this broker keeps (SHARE_SESSION_LIMIT_REACHED).
+    max_share_sessions: int = 2000
+    #: share groups this broker coordinates (loglake's bound; GROUP_MAX_SIZE_REACHED past it).
+    max_groups: int = 10_000
+    #: share-partitions this broker holds in memory (loglake's bound: a fetch for a further one is
+    #: answered with no records until one is dropped with its group).
+    max_partitions: int = 100_000
+    #: topics a member may subscribe to (loglake's bound; INVALID_REQUEST past it).
+    max_subscribed_topics: int = 10_000
+
+    @classmethod
+    def of(cls, config: BrokerConfig) -> ShareLimits:
+        return cls(
+            session_timeout_ms=config.group_share_session_timeout_ms,
+            heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
+            max_size=config.group_share_max_size,
+            record_lock_duration_ms=config.group_share_record_lock_duration_ms,
+            delivery_count_limit=config.group_share_delivery_count_limit,
+            partition_max_record_locks=config.group_share_partition_max_record_locks,
+            max_share_sessions=config.group_share_max_share_sessions,
+        )
+
+
+__all__ = ["AUTO_OFFSET_RESETS", "ShareLimits"]

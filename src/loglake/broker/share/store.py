@@ -1,0 +1,82 @@
+"""Where share-partition states are kept: a narrow interface over the metadata store.
+
+`ShareStore` is what the coordinator needs (`load` one share-partition's state, `save` it whole,
+`forget` it); `MetaShareStore` keeps them as `share_state` records in `engine.meta` (the local
+metadata log, or etcd in cluster mode: the same records either way). Every `save` returns a
+future resolved when the record is durable; an acknowledgement is answered only after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any, NamedTuple, Protocol
+
+from loglake.broker.share.partition import StateBatch
+from loglake.meta.records import ShareState
+from loglake.meta.state import MetaState
+from loglake.meta.store import MetaStore
+
+#: A share-partition's key: (group id, topic id as 32 hex digits, partition).
+ShareKey = tuple[str, str, int]
+
+
+class StoredShare(NamedTuple):
+    #: -1 (and `end` -1): uninitialised (an admin deleted the state)
+    start: int
+    end: int
+    batches: list[StateBatch]
+    #: moves when an admin alters or deletes the state
+    gen: int = 0
+
+
+class ShareStore(Protocol):
+    def load(self, key: ShareKey) -> StoredShare | None: ...
+
+    def keys(self, group_id: str) -> list[ShareKey]: ...
+
+    def generation(self, key: ShareKey) -> int | None: ...
+
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]: ...
+
+    def forget(self, key: ShareKey) -> Future[int]: ...
+
+
+class MetaShareStore:
+    """Share-partition states as `share_state` metadata records."""
+
+    def __init__(self, meta: MetaStore) -> None:
+        self.meta = meta
+
+    def load(self, key: ShareKey) -> StoredShare | None:
+        def read(state: MetaState) -> StoredShare | None:
+            doc: dict[str, Any] | None = state.shares.get(key)
+            if doc is None:
+                return None
+            return StoredShare(doc["start"], doc["end"], [(f, la, st, n) for f, la, st, n in doc["batches"]],
+                               doc.get("gen", 0))
+
+        return self.meta.read(read)
+
+    def keys(self, group_id: str) -> list[ShareKey]:
+        return self.meta.read(lambda state: sorted(k for k in state.shares if k[0] == group_id))
+
+    def generation(self, key: ShareKey) -> int | None:
+        """The stored state's `gen`, None if there is none (a lookup, no copy)."""
+
+        def read(state: MetaState) -> int | None:
+            doc = state.shares.get(key)
+            return None if doc is None else int(doc.get("gen", 0))
+
+        return self.meta.read(read)
+
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
+        g, tid, p = key
+        return self.meta.append(ShareState(g, tid, p, start, end, list(batches), gen))
+
+    def forget(self, key: ShareKey) -> Future[int]:
+        g, tid, p = key
+        return self.meta.append(ShareState(g, tid, p, None))
+
+
+__all__ = ["MetaShareStore", "ShareKey", "ShareStore", "StoredShare"]
