@@ -399,12 +399,14 @@ def test_offset_commit_and_fetch_use_member_epochs() -> None:
         assert await commit("A", 0) == E.STALE_MEMBER_EPOCH
         assert await commit("Z", 1) == E.UNKNOWN_MEMBER_ID
         assert await commit("", -1) == E.UNKNOWN_MEMBER_ID  # admin commit while it has members
+        assert await commit("assigner", -1) == E.UNKNOWN_MEMBER_ID  # a standalone commit, too
         assert w.c.fetch_offsets(G, [("t1", 0)], "A", 1)[1][0][2] == 5
         assert w.c.fetch_offsets(G, [("t1", 0)], "A", 7)[0] == E.STALE_MEMBER_EPOCH
         assert w.c.fetch_offsets(G, [("t1", 0)], "Z", 1)[0] == E.UNKNOWN_MEMBER_ID
         assert w.c.fetch_offsets(G, [("t1", 0)])[0] == E.NONE  # admin fetch
         await w.hb("A", -1)
         assert await commit("", -1) == E.NONE
+        assert await commit("assigner", -1) == E.NONE  # empty: an assign()ing consumer's simple commit
 
     run(body)
 
