@@ -35,8 +35,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
 
+from loglake.broker.kafka_broker_configs import KAFKA_BROKER_CONFIGS, READ_ONLY, KafkaBrokerConfig
 from loglake.broker.txn.coordinator import TxnSettings
-from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, ConfigType, EngineConfig
+from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, TOPIC_CONFIGS, ConfigType, EngineConfig
 from loglake.errors import ConfigError
 from loglake.logsafe import RATE_LIMIT_INTERVAL_S
 
@@ -299,6 +300,18 @@ DYNAMIC_TOPIC_DEFAULTS = (
     "flush.messages", "flush.ms",
 )
 
+#: Kafka broker configs no row of the table carries (by its Kafka name or an alias) and no topic
+#: config's broker default is: loglake does not act on them. DescribeConfigs lists them with
+#: Kafka's default; those Kafka can change at runtime (`INERT_DYNAMIC`) AlterConfigs accepts and
+#: stores with no effect, the read-only ones it refuses as Kafka does (docs/OPERATIONS.md).
+KAFKA_ONLY: Mapping[str, KafkaBrokerConfig] = {
+    name: k for name, k in KAFKA_BROKER_CONFIGS.items()
+    if name not in {n for s in BROKER_SETTING_ROWS for n in (s.described_as, *s.aliases)}
+    and name not in {t.broker_synonym for t in TOPIC_CONFIGS.values()}
+}
+#: The Kafka-only configs AlterConfigs accepts and stores ("accepted, no effect here").
+INERT_DYNAMIC: Mapping[str, KafkaBrokerConfig] = {n: k for n, k in KAFKA_ONLY.items() if k.mode != READ_ONLY}
+
 _T = TypeVar("_T", bool, int, str)
 
 
@@ -525,6 +538,6 @@ def render(values: Mapping[str, object], engine: Mapping[str, object], topic_def
 
 
 __all__ = [
-    "BROKER_SETTINGS", "BROKER_SETTING_ROWS", "DYNAMIC_TOPIC_DEFAULTS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "BrokerSetting",
-    "Dynamic", "Loaded", "check_value", "default_of", "list_default", "load_settings", "render",
+    "BROKER_SETTINGS", "BROKER_SETTING_ROWS", "DYNAMIC_TOPIC_DEFAULTS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "INERT_DYNAMIC",
+    "KAFKA_ONLY", "BrokerSetting", "Dynamic", "Loaded", "check_value", "default_of", "list_default", "load_settings", "render",
 ]
