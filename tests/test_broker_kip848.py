@@ -383,3 +383,24 @@ def test_assigned_consumer_commits_standalone(broker: InProcessBroker) -> None:
     c.close()
     assert refused.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
     assert committed(boot, "standalone", "k") == [2] * PARTITIONS
+
+
+def test_literal_topics_are_assigned_before_regex_matches(broker: InProcessBroker) -> None:
+    """Kafka resolves a new subscription regex asynchronously: the literal topics come in the first
+    assignment, the regex's matches in a later one."""
+    boot = broker.bootstrap
+    admin = AdminClient({"bootstrap.servers": boot})
+    for fut in admin.create_topics([NewTopic("re-a", 2), NewTopic("literal", 2)]).values():
+        fut.result(timeout=15)
+    produce(boot, "re-a", 0, 4, partitions=2)
+    produce(boot, "literal", 100, 4, partitions=2)
+    assigned: list[set[str]] = []
+    c = new_consumer(boot, "lit-then-rx")
+    c.subscribe(["^re-.*", "literal"], on_assign=lambda _c, parts: assigned.append({tp.topic for tp in parts}))
+    r = Reader()
+    r.poll_until([c], 8)
+    c.close()
+    assert {t for t, _ in r.seen} == {"re-a", "literal"}
+    got = [topics for topics in assigned if topics]
+    assert got[0] == {"literal"}, assigned
+    assert "re-a" in set().union(*got[1:]), assigned
