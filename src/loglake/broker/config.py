@@ -101,6 +101,8 @@ class BrokerConfig:
     #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
     #: authentication failed is kept (answered, then closed) before it is closed.
     connection_failed_authentication_delay_ms: int = default_of("connection_failed_authentication_delay_ms", int)
+    #: KIP-368: the SASL session lifetime (ms) SaslAuthenticate tells clients; 0: sessions never expire.
+    connections_max_reauth_ms: int = default_of("connections_max_reauth_ms", int)
     #: The failed-login throttle (loglake.broker.security.login_throttle): failures per source
     #: address and per principal a window takes before further logins are refused unchecked.
     sasl_login_failures_per_source: int = default_of("sasl_login_failures_per_source", int)

@@ -175,6 +175,9 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
     _S("connection_failed_authentication_delay_ms", "connection.failed.authentication.delay.ms", _INT, 100, (0, 60_000),
        "How long a connection whose SASL authentication failed stays open after the error is sent."),
+    # KIP-368; Kafka's is a LONG with no bound: a year is past any session a client would keep
+    _S("connections_max_reauth_ms", "connections.max.reauth.ms", _LONG, 0, (0, 365 * DAY_MS),
+       "SASL session lifetime told to clients; a connection not re-authenticated within it is closed at its next request; 0: off."),
     # Kafka has no failed-login throttle (loglake.broker.security.login_throttle, docs/SECURITY.md)
     _S("sasl_login_failures_per_source", None, _LONG, 20, (0, 1_000_000),
        "Failed SASL logins from one address (IPv6: its /64) per window before its logins are refused unchecked; 0: no limit."),
