@@ -96,7 +96,7 @@ def test_the_table_matches_pyproject_extras() -> None:
     assert set(EXTRA_OF_MODULE.values()) == offered  # every extra has its modules here, and no other
     for module, extra in EXTRA_OF_MODULE.items():
         requirements = " ".join(extras[extra])
-        dist = {"botocore": "boto3"}.get(module, module)  # botocore comes with boto3
+        dist = {"botocore": "boto3", "jwt": "pyjwt"}.get(module, module)  # botocore comes with boto3; PyJWT installs jwt
         assert re.search(rf"(^|\s){re.escape(dist)}\b", requirements), (module, extra, requirements)
 
 

@@ -1,7 +1,8 @@
 """loglake's optional dependencies: which extra of pyproject.toml installs which module.
 
 A feature that needs one imports it only when used (`--cluster`: etcd3gw, an s3:// store: boto3,
-`--event-loop uvloop`: uvloop, `loglake pipeline`: pyspark and pyiceberg). When the module is not
+`--event-loop uvloop`: uvloop, `loglake pipeline`: pyspark and pyiceberg, OAUTHBEARER's JWKS
+validator: jwt). When the module is not
 installed, the user gets one line naming the extra and the pip command that installs it
 (`MissingExtraError`, `missing_extra`) instead of a ModuleNotFoundError traceback.
 """
@@ -22,6 +23,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "numpy": "spark",
     "pandas": "spark",
     "pyiceberg": "spark",
+    "jwt": "oauth",
 }
 
 

@@ -1,4 +1,5 @@
-"""SASL on SASL_PLAINTEXT and SASL_SSL listeners: PLAIN (RFC 4616), SCRAM-SHA-256 and -512.
+"""SASL on SASL_PLAINTEXT and SASL_SSL listeners: PLAIN (RFC 4616), SCRAM-SHA-256 and -512, and
+OAUTHBEARER (RFC 7628) when a token validator is configured (loglake.broker.security.oauthbearer).
 
 Theory of operation
 -------------------
@@ -10,7 +11,7 @@ exchange must finish within `SASL_AUTHENTICATION_TIMEOUT_S` of the connection be
 
 SaslHandshake picks the mechanism (one of `sasl_enabled_mechanisms`, else
 UNSUPPORTED_SASL_MECHANISM with the enabled list); SaslAuthenticate carries the tokens: one for
-PLAIN, two for SCRAM (client-first -> server-first, client-final -> server-final). Handshake v0
+PLAIN and OAUTHBEARER, two for SCRAM (client-first -> server-first, client-final -> server-final). Handshake v0
 (tokens sent raw, without SaslAuthenticate, as clients before Kafka 1.0 did) is refused: the
 clients loglake is tested with all send v1. A handshake twice, or SaslAuthenticate out of order,
 is ILLEGAL_SASL_STATE and the connection is closed; on a listener without SASL both answer
@@ -72,6 +73,13 @@ from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.framing import FrameDecoder
 from loglake.broker.security.login_throttle import LoginThrottle, Refusal
+from loglake.broker.security.oauthbearer import (
+    OAUTHBEARER,
+    OAuthSettings,
+    TokenRefused,
+    client_token,
+    validator,
+)
 from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
 from loglake.fs.modes import FILE_MODE
@@ -94,8 +102,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("loglake.broker.sasl")
 
 PLAIN = "PLAIN"
-#: Every mechanism loglake implements, in the order the default enables them.
-SUPPORTED_MECHANISMS = (PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Every mechanism loglake implements (OAUTHBEARER only with a validator: oauthbearer.py).
+SUPPORTED_MECHANISMS = (PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER)
 #: Kafka's sasl.server.max.receive.size: the largest frame read before authentication is done.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 #: How long a connection on a SASL listener may take from accept to authenticated.
@@ -252,7 +260,7 @@ class CredentialLookup(Protocol):
         ...
 
 
-class SaslSettings(Protocol):
+class SaslSettings(OAuthSettings, Protocol):
     """The broker settings SASL reads (`loglake.broker.config.BrokerConfig`, which imports this module)."""
 
     @property
@@ -282,6 +290,8 @@ class SaslAuthenticator:
         self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
         #: KIP-368: the session lifetime told to clients (0: sessions do not expire)
         self.max_reauth_ms = config.connections_max_reauth_ms
+        #: how OAUTHBEARER tokens are checked (None: not offered)
+        self.oauth = validator(config)
         self.clock = clock
         self.credentials = credentials
         self.stats = stats
@@ -471,8 +481,9 @@ class SaslSession:
         )
         return True
 
-    def succeeded(self, authenticator: SaslAuthenticator) -> None:
-        """The credential checked out: the session is (again) authenticated, with a new lifetime.
+    def succeeded(self, authenticator: SaslAuthenticator, credential_expires_at: float | None = None) -> None:
+        """The credential checked out: the session is (again) authenticated, with a new lifetime
+        (bounded by `credential_expires_at`, seconds since the epoch: an OAUTHBEARER token's exp).
         SaslError when a re-authentication names another principal (Kafka refuses that too)."""
         principal = f"User:{self.user}"
         if self.reauthenticating is not None and principal != self.reauthenticating:
@@ -486,6 +497,9 @@ class SaslSession:
         self.conn.decoder.max_frame_bytes = self.conn.max_frame_bytes
         authenticator.stats.succeeded(self.mechanism)
         self.session_lifetime_ms = authenticator.max_reauth_ms
+        if credential_expires_at is not None:  # as Kafka: the shorter of the token's time left and the setting
+            left_ms = max(1, int((credential_expires_at - time.time()) * 1000))  # 0 would say "never expires"
+            self.session_lifetime_ms = min(left_ms, self.session_lifetime_ms) if self.session_lifetime_ms > 0 else left_ms
         self.expires_at = authenticator.clock() + self.session_lifetime_ms / 1000 if self.session_lifetime_ms > 0 else None
         log.debug("%s %s as %s with %s", self.conn.peer,
                   "re-authenticated" if self.reauthenticating is not None else "authenticated", principal, self.mechanism)
@@ -522,6 +536,8 @@ class SaslSession:
         try:
             if self.mechanism == PLAIN:
                 return await self._plain(authenticator, token)
+            if self.mechanism == OAUTHBEARER:
+                return await self._oauthbearer(authenticator, token)
             if self._scram is None:
                 self._scram = ScramServer(self.mechanism)
                 self.user = self._scram.first(token)
@@ -537,6 +553,18 @@ class SaslSession:
             return answer
         except ScramError as exc:
             raise SaslError(str(exc) if self._known else "unknown user") from None
+
+    async def _oauthbearer(self, authenticator: SaslAuthenticator, message: bytes) -> bytes:
+        check = authenticator.oauth
+        if check is None:  # not offered without a validator (BrokerConfig.validate)
+            raise SaslError("OAUTHBEARER is not set up on this broker")
+        try:
+            bearer = await self.conn.off_loop(check.validate, client_token(message))  # may fetch the JWKS
+        except TokenRefused as exc:
+            raise SaslError(f"token refused: {exc}") from None
+        self.user = bearer.principal
+        self.succeeded(authenticator, bearer.expires_at)
+        return b""
 
     async def _plain(self, authenticator: SaslAuthenticator, token: bytes) -> bytes:
         parts = token.split(b"\0")
