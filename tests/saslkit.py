@@ -108,6 +108,7 @@ class RawClient:
             raw = ctx.wrap_socket(raw, server_hostname="localhost")
         self.sock = raw
         self.correlation = 0
+        self.session_lifetime_ms = -1  # what the last SaslAuthenticate v1 answered
 
     def close(self) -> None:
         self.sock.close()
@@ -154,14 +155,17 @@ class RawClient:
             pos += 2 + n
         return code, mechs
 
-    def authenticate(self, token: bytes) -> tuple[int, str | None, bytes]:
-        self.send(SASL_AUTHENTICATE, 0, struct.pack(">i", len(token)) + token)
+    def authenticate(self, token: bytes, version: int = 0) -> tuple[int, str | None, bytes]:
+        """SaslAuthenticate v0 or v1 (v1 answers a KIP-368 session lifetime: `session_lifetime_ms`)."""
+        self.send(SASL_AUTHENTICATE, version, struct.pack(">i", len(token)) + token)
         body = self.recv()
         (code,) = struct.unpack(">h", body[:2])
         (n,) = struct.unpack(">h", body[2:4])
         message = None if n < 0 else body[4 : 4 + n].decode()
         pos = 4 + max(n, 0)
         (m,) = struct.unpack(">i", body[pos : pos + 4])
+        if version >= 1:
+            (self.session_lifetime_ms,) = struct.unpack(">q", body[pos + 4 + max(m, 0) : pos + 12 + max(m, 0)])
         return code, message, body[pos + 4 : pos + 4 + max(m, 0)]
 
     def api_versions(self) -> int:

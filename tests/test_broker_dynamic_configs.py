@@ -217,6 +217,26 @@ def test_read_only_unknown_and_bad_values_are_refused(admin: AdminClient, broker
     assert node["engine.cold_store_url"].value is None and node["engine.cold_store_url"].is_sensitive
 
 
+def test_kafkas_own_broker_config_names_are_accepted_stored_and_described(admin: AdminClient) -> None:
+    """An admin tool's per-broker configs by Kafka's names: a name loglake does not act on is taken
+    and described back ("accepted, no effect here"); Kafka's read-only ones are refused."""
+    relogin, threads = "sasl.kerberos.min.time.before.relogin", "num.io.threads"
+    assert describe(admin, BROKER, "0")[relogin].value == "60000"  # Kafka's default
+    assert alter(admin, BROKER, "0", (relogin, "120000", SET), (threads, "4", SET)) is None
+    node = describe(admin, BROKER, "0")
+    assert (node[relogin].value, node[relogin].source) == ("120000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    assert node[threads].value == "4" and not node[relogin].is_read_only
+    err = alter(admin, BROKER, "0", (relogin, "soon", SET))
+    assert err is not None and err.code() == KafkaError.INVALID_CONFIG and relogin in err.str()
+    err = alter(admin, BROKER, "0", ("log.dir", "/tmp/x", SET))  # read-only in Kafka too
+    assert err is not None and err.code() == KafkaError.INVALID_CONFIG and "Cannot update these configs dynamically" in err.str()
+    res = ConfigResource(BROKER, "0", incremental_configs=[ConfigEntry(threads, "9", incremental_operation=SET)])
+    assert result(admin.incremental_alter_configs([res], validate_only=True)[res]) is None
+    assert describe(admin, BROKER, "0")[threads].value == "4"
+    assert alter(admin, BROKER, "0", (relogin, None, DELETE), (threads, None, DELETE)) is None
+    assert describe(admin, BROKER, "0")[relogin].source == ConfigSource.DEFAULT_CONFIG.value
+
+
 # ---- group configs -----------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupType, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupType, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import loglake
@@ -359,3 +359,48 @@ def test_group_config_overrides_reach_the_heartbeat(broker: InProcessBroker) -> 
     tuned, plain = join("tuned"), join("plain")
     assert tuned.error_code == 0 and tuned.heartbeat_interval_ms == 7000  # type: ignore[attr-defined]
     assert plain.error_code == 0 and plain.heartbeat_interval_ms == int(ENV["LOGLAKE_GROUP_CONSUMER_HEARTBEAT_INTERVAL_MS"])  # type: ignore[attr-defined]
+
+
+def test_assigned_consumer_commits_standalone(broker: InProcessBroker) -> None:
+    """A consumer-protocol consumer that assign()s sends OffsetCommit with its own member id and
+    epoch -1; Kafka 4.0 takes that as a simple commit into an empty or missing group, and a topic
+    that does not exist is answered UNKNOWN_TOPIC_OR_PARTITION, not UNKNOWN_MEMBER_ID."""
+    boot = broker.bootstrap
+    produce(boot, "k", 0, 12)
+    c = new_consumer(boot, "standalone")
+    c.assign([TopicPartition("k", p, 0) for p in range(PARTITIONS)])
+    got = 0
+    deadline = time.monotonic() + WAIT_S
+    while got < 12 and time.monotonic() < deadline:
+        m = c.poll(0.2)
+        if m is not None and not m.error():
+            got += 1
+    assert got == 12
+    done = c.commit(asynchronous=False)
+    assert done is not None and all(tp.error is None for tp in done)
+    with pytest.raises(KafkaException) as refused:
+        c.commit(offsets=[TopicPartition("no-such-topic", 0, 5)], asynchronous=False)
+    c.close()
+    assert refused.value.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+    assert committed(boot, "standalone", "k") == [2] * PARTITIONS
+
+
+def test_literal_topics_are_assigned_before_regex_matches(broker: InProcessBroker) -> None:
+    """Kafka resolves a new subscription regex asynchronously: the literal topics come in the first
+    assignment, the regex's matches in a later one."""
+    boot = broker.bootstrap
+    admin = AdminClient({"bootstrap.servers": boot})
+    for fut in admin.create_topics([NewTopic("re-a", 2), NewTopic("literal", 2)]).values():
+        fut.result(timeout=15)
+    produce(boot, "re-a", 0, 4, partitions=2)
+    produce(boot, "literal", 100, 4, partitions=2)
+    assigned: list[set[str]] = []
+    c = new_consumer(boot, "lit-then-rx")
+    c.subscribe(["^re-.*", "literal"], on_assign=lambda _c, parts: assigned.append({tp.topic for tp in parts}))
+    r = Reader()
+    r.poll_until([c], 8)
+    c.close()
+    assert {t for t, _ in r.seen} == {"re-a", "literal"}
+    got = [topics for topics in assigned if topics]
+    assert got[0] == {"literal"}, assigned
+    assert "re-a" in set().union(*got[1:]), assigned

@@ -108,7 +108,8 @@ def test_a_scram_principal_gets_what_its_bindings_allow(broker: InProcessBroker)
 def test_a_regex_subscription_gets_only_topics_the_member_may_describe(broker: InProcessBroker) -> None:
     """KIP-848 ConsumerGroupHeartbeat v1 with SubscribedTopicRegex, sent as bob over SCRAM: the
     regex matches two topics, bob may describe one, so the group assigns him only that one (Kafka
-    narrows resolved regexes the same way). Sent raw, because librdkafka resolves a regex itself
+    narrows resolved regexes the same way), from the heartbeat after the join (a regex new to the
+    group is resolved after it, as Kafka resolves it asynchronously). Sent raw, because librdkafka resolves a regex itself
     against the (already narrowed) Metadata and sends names instead."""
     admin = AdminClient(conf(broker, "alice"))
     for f in admin.create_topics([NewTopic(t, 2) for t in ("rxa-open", "rxa-secret")]).values():
@@ -131,10 +132,16 @@ def test_a_regex_subscription_gets_only_topics_the_member_may_describe(broker: I
     command_config.use({k: v for k, v in bob.items() if k.startswith(("sasl.", "security."))})
     try:
         with Connection(f"127.0.0.1:{broker.ports[0]}", "test") as conn:
-            resp = conn.request(
+            joined = conn.request(
                 68, 1, group_id="rxa-g", member_id=uuid.uuid4().hex[:22], member_epoch=0, instance_id=None,
                 rack_id=None, rebalance_timeout_ms=30_000, subscribed_topic_names=[],
                 subscribed_topic_regex="rxa-.*", server_assignor=None, topic_partitions=None,
+            )
+            assert joined.error_code == 0 and not joined.assignment.topic_partitions, joined  # a new regex: later
+            resp = conn.request(
+                68, 1, group_id="rxa-g", member_id=joined.member_id, member_epoch=joined.member_epoch, instance_id=None,
+                rack_id=None, rebalance_timeout_ms=-1, subscribed_topic_names=None,
+                subscribed_topic_regex=None, server_assignor=None, topic_partitions=[],
             )
     finally:
         command_config.use({})

@@ -22,11 +22,13 @@ from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
 from loglake.broker.dynamic_config import DYNAMIC_KEYS, BrokerConfigs, DynamicKey
 from loglake.broker.groups import limits
+from loglake.broker.kafka_broker_configs import KAFKA_BROKER_CONFIGS, READ_ONLY
 from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.settings import (
     BROKER_SETTING_ROWS,
     BROKER_SETTINGS,
     DYNAMIC_TOPIC_DEFAULTS,
+    KAFKA_ONLY,
     NOT_SETTINGS,
     TABLES,
     BrokerSetting,
@@ -336,7 +338,15 @@ def test_describe_configs_is_the_table(broker_configs: BrokerConfigs) -> None:
     rest = set(entries) - {"default.replication.factor", "offsets.topic.replication.factor"}
     synonyms = {k.broker_synonym for k in TOPIC_CONFIGS.values() if k.broker_synonym is not None}
     engine = {f"engine.{f.name}" for f in fields(EngineConfig) if f.name not in NOT_SETTINGS}
-    assert rest == synonyms | (engine - set(BROKER_SETTINGS)), "described: the table, the topic defaults, the engine"
+    kafka_only = set(KAFKA_ONLY) - {"default.replication.factor", "offsets.topic.replication.factor"}
+    assert rest == synonyms | (engine - set(BROKER_SETTINGS)) | kafka_only, (
+        "described: the table, the topic defaults, the engine, Kafka's other broker configs"
+    )
+    for name in kafka_only:
+        e = entries[name]
+        kafka = KAFKA_BROKER_CONFIGS[name]
+        assert (e["config_type"], e["read_only"], e["is_default"]) == (kafka.type, kafka.mode == READ_ONLY, True), name
+        assert e["value"] == (None if kafka.type is ConfigType.PASSWORD else kafka.default), name
 
 
 def test_altering_goes_through_the_table(broker_configs: BrokerConfigs) -> None:

@@ -326,6 +326,45 @@ def test_tls_1_1_client_is_refused(broker: InProcessBroker, pki: Pki) -> None:
     tls_talk(broker.ports[1], client_ctx(pki))
 
 
+def test_a_client_refusing_the_broker_certificate_is_told_apart(broker: InProcessBroker, pki: Pki) -> None:
+    """The client's alert about the broker's certificate (unknown CA, a host name the certificate
+    does not name) is logged as the client refusing the broker, not as a bad client certificate."""
+    for ctx, host, alert in (
+        (ssl.create_default_context(), "localhost", "TLSV1_ALERT_UNKNOWN_CA"),  # the system CAs: not ours
+        (client_ctx(pki), "not-the-broker.example", "SSLV3_ALERT_BAD_CERTIFICATE"),  # main blamed the client here
+    ):
+        with pytest.raises(ssl.SSLCertVerificationError), socket.create_connection(
+            ("127.0.0.1", broker.ports[1]), timeout=10
+        ) as raw:
+            ctx.wrap_socket(raw, server_hostname=host)
+        line = wait_log(broker, f"the client did not accept the broker's certificate: {alert}")
+        assert "client certificate was not accepted" not in line, line
+    tls_talk(broker.ports[1], client_ctx(pki))
+
+
+def test_eof_with_the_last_handshake_flight_logs_no_asyncio_warning(broker: InProcessBroker, pki: Pki) -> None:
+    """A client whose Finished and close_notify arrive together: asyncio handles the EOF before
+    start_tls returns, which a plain stream protocol answers "keep open" (and asyncio warns)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = client_ctx(pki).wrap_bio(incoming, outgoing, server_hostname="localhost")
+    with socket.create_connection(("127.0.0.1", broker.ports[1]), timeout=10) as s:
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                s.sendall(outgoing.read())
+                incoming.write(s.recv(65536))
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.unwrap()
+        s.sendall(outgoing.read())  # the client's Finished and its close_notify, one segment
+        s.settimeout(10)
+        while s.recv(4096):  # the broker closes
+            pass
+    tls_talk(broker.ports[1], client_ctx(pki))
+    assert "eof_received" not in broker.log_text()
+
+
 def test_mtls_principal_from_the_certificate(mtls: InProcessBroker, pki: Pki) -> None:
     confluent_round_trip(ssl_conf(pki, mtls.port, pki.alice), n=5)
     line = wait_log(mtls, "principal User:ALICE")
@@ -336,9 +375,10 @@ def test_mtls_refuses_missing_untrusted_and_expired_certificates(mtls: InProcess
     for client in (None, pki.untrusted, pki.expired):
         with pytest.raises((ssl.SSLError, ConnectionError)):
             tls_talk(mtls.port, client_ctx(pki, client))
-    wait_log(mtls, "PEER_DID_NOT_RETURN_A_CERTIFICATE")
-    wait_log(mtls, "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate")  # untrusted CA
-    wait_log(mtls, "CERTIFICATE_VERIFY_FAILED: certificate has expired")
+    for words in ("PEER_DID_NOT_RETURN_A_CERTIFICATE", "CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate",
+                  "CERTIFICATE_VERIFY_FAILED: certificate has expired"):  # missing, untrusted CA, expired
+        line = wait_log(mtls, words)
+        assert "(the client certificate was not accepted" in line and "did not accept the broker's" not in line, line
     # librdkafka without a certificate gets no metadata
     with pytest.raises(KafkaException):
         AdminClient(ssl_conf(pki, mtls.port)).list_topics(timeout=3)

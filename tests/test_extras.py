@@ -105,8 +105,10 @@ def test_the_table_matches_pyproject_extras() -> None:
     assert set(EXTRA_OF_MODULE.values()) == offered  # every extra has its modules here, and no other
     for module, extra in EXTRA_OF_MODULE.items():
         requirements = " ".join(extras[extra])
-        # botocore comes with boto3; protobuf's module is google.protobuf
-        dist = {"botocore": "boto3", "google": "protobuf", "proto_schema_parser": "proto-schema-parser"}.get(module, module)
+        # botocore comes with boto3; protobuf's module is google.protobuf; PyJWT installs jwt
+        dist = {"botocore": "boto3", "google": "protobuf", "proto_schema_parser": "proto-schema-parser", "jwt": "pyjwt"}.get(
+            module, module
+        )
         assert re.search(rf"(^|\s){re.escape(dist)}\b", requirements), (module, extra, requirements)
 
 

@@ -507,11 +507,15 @@ def test_offset_commit_errors_and_simple_commits() -> None:
         assert c.fetch_offsets("unknown", None) == (E.NONE, [])
         assert await c.commit_offsets("ghost", 3, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
             ("t", 0, E.ILLEGAL_GENERATION)]
-        assert await c.commit_offsets("ghost", -1, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
-            ("t", 0, E.UNKNOWN_MEMBER_ID)]
         assert await c.commit_offsets("ghost", -1, "", None, [("missing", 0, 1, -1, "")], topic_exists=exists) == [
             ("missing", 0, E.UNKNOWN_TOPIC_OR_PARTITION)]
+        assert await c.commit_offsets("ghost", -1, "m", None, [("missing", 0, 1, -1, "")], topic_exists=exists) == [
+            ("missing", 0, E.UNKNOWN_TOPIC_OR_PARTITION)]
         assert c.group_state("ghost") is None
+        # Kafka 4.0: a negative generation with a (client-generated) member id is a simple commit too.
+        assert await c.commit_offsets("ghost", -1, "m", None, [("t", 0, 1, -1, "")], topic_exists=exists) == [
+            ("t", 0, E.NONE)]
+        assert c.group_state("ghost") == "Empty"
 
         r0, r1 = await stable_group(c, 2)
         ok = await c.commit_offsets(G, 1, r0.member_id, None, [("t", 2, 100, 1, "")], topic_exists=exists)

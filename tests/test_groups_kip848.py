@@ -252,15 +252,37 @@ def test_regexes_that_could_backtrack_without_bound_are_refused() -> None:
     assert all(compile_subscription(p) is None for p in refused)
 
 
+async def join_regex(w: World, member: str, **kw: Any) -> HeartbeatResult:
+    """Join with a regex new to the group (nothing from it yet: Kafka resolves it asynchronously),
+    and the heartbeat after, which has its matches."""
+    joined = await w.join(member, **kw)
+    assert joined.error_code == E.NONE and owned_of(joined) == {}, joined
+    kw.pop("subscribed_regex")
+    return await w.hb(member, joined.member_epoch, {}, **kw)
+
+
+def test_literal_topics_first_a_new_regex_a_heartbeat_later() -> None:
+    async def body() -> None:
+        w = World()
+        a = await w.join("A", subscribed_names=["t1"], subscribed_regex="t2|t3")
+        assert owned_of(a) == {T1: list(range(6))} and a.member_epoch == 1
+        a = await w.hb("A", a.member_epoch, owned_of(a))
+        assert owned_of(a) == {T1: list(range(6)), T2: [0, 1, 2]} and a.member_epoch == 2
+        b = await w.join("B", subscribed_regex="t2|t3")  # the group has resolved it: no wait
+        assert b.error_code == E.NONE and b.member_epoch == 3
+
+    run(body)
+
+
 def test_regex_matches_topics_created_later() -> None:
     async def body() -> None:
         w = World()
-        a = await w.join("A", subscribed_regex="t.*")
+        a = await join_regex(w, "A", subscribed_regex="t.*")
         assert set(owned_of(a)) == {T1, T2}
         w.topics["t3"] = (T3, 2)
         w.topics["other"] = ("d" * 32, 1)
         a = await w.hb("A", a.member_epoch, owned_of(a))
-        assert set(owned_of(a)) == {T1, T2, T3} and a.member_epoch == 2
+        assert set(owned_of(a)) == {T1, T2, T3} and a.member_epoch == 3
 
     run(body)
 
@@ -283,7 +305,7 @@ def test_regex_matches_are_narrowed_to_topics_the_member_may_describe() -> None:
         w.c.set_topic_filter(describable, lambda: gen[0])
         alice = ("User:alice", "127.0.0.1")
         bob = ("User:bob", "127.0.0.1")
-        b = await w.join("B", subscribed_regex="t.*", principal=bob)
+        b = await join_regex(w, "B", subscribed_regex="t.*", principal=bob)
         assert owned_of(b) == {T1: list(range(6))}  # alone, and still never t2
         owned: dict[str, dict[str, list[int]]] = {"B": owned_of(b)}
         calls = len(asked)
@@ -324,7 +346,7 @@ def test_regex_matches_are_narrowed_to_topics_the_member_may_describe() -> None:
 def test_without_a_filter_a_regex_takes_every_match() -> None:
     async def body() -> None:
         w = World()
-        a = await w.join("A", subscribed_regex="t.*", principal=("User:x", ""))
+        a = await join_regex(w, "A", subscribed_regex="t.*", principal=("User:x", ""))
         assert set(owned_of(a)) == {T1, T2}
 
     run(body)
@@ -399,12 +421,14 @@ def test_offset_commit_and_fetch_use_member_epochs() -> None:
         assert await commit("A", 0) == E.STALE_MEMBER_EPOCH
         assert await commit("Z", 1) == E.UNKNOWN_MEMBER_ID
         assert await commit("", -1) == E.UNKNOWN_MEMBER_ID  # admin commit while it has members
+        assert await commit("assigner", -1) == E.UNKNOWN_MEMBER_ID  # a standalone commit, too
         assert w.c.fetch_offsets(G, [("t1", 0)], "A", 1)[1][0][2] == 5
         assert w.c.fetch_offsets(G, [("t1", 0)], "A", 7)[0] == E.STALE_MEMBER_EPOCH
         assert w.c.fetch_offsets(G, [("t1", 0)], "Z", 1)[0] == E.UNKNOWN_MEMBER_ID
         assert w.c.fetch_offsets(G, [("t1", 0)])[0] == E.NONE  # admin fetch
         await w.hb("A", -1)
         assert await commit("", -1) == E.NONE
+        assert await commit("assigner", -1) == E.NONE  # empty: an assign()ing consumer's simple commit
 
     run(body)
 

@@ -468,6 +468,12 @@ def test_sasl_sessions_make_every_transition_of_the_table_and_no_other(ctx: Any,
         bad = ScramClient("SCRAM-SHA-256", "alice", "wrong")
         conn, codes = await session("SCRAM-SHA-256", bad.first(), bad.final)  # scram_final -> failed
         assert codes == [ErrorCode.NONE, ErrorCode.SASL_AUTHENTICATION_FAILED] and conn.sasl.state is SaslState.FAILED
+        conn, codes = await session("PLAIN", b"\0alice\0" + PASSWORD.encode())
+        assert (await _handshake(ctx, conn, "PLAIN"))["error_code"] == ErrorCode.NONE  # done -> authenticate (KIP-368)
+        assert conn.sasl.state is SaslState.AUTHENTICATE
+        assert (await _authenticate(ctx, conn, b"\0alice\0" + PASSWORD.encode()))["error_code"] == ErrorCode.NONE
+        assert conn.sasl.state is SaslState.DONE
+        conn.sasl.close()
 
     asyncio.run(run())
     assert set(made) == edges(VALID_PREVIOUS_SASL_STATES)

@@ -2,7 +2,8 @@
 
 A feature that needs one imports it only when used (`--cluster`: etcd3gw, an s3:// store: boto3,
 `--event-loop uvloop`: uvloop, `loglake pipeline`: pyspark and pyiceberg,
-`--schema-registry-listen`: fastavro, avro, jsonschema, proto-schema-parser and protobuf). When the module is not
+`--schema-registry-listen`: fastavro, avro, jsonschema, proto-schema-parser and protobuf,
+OAUTHBEARER's JWKS validator: jwt). When the module is not
 installed, the user gets one line naming the extra and the pip command that installs it
 (`MissingExtraError`, `missing_extra`) instead of a ModuleNotFoundError traceback.
 """
@@ -28,6 +29,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "jsonschema": "registry",
     "proto_schema_parser": "registry",
     "google": "registry",  # protobuf's package is google.protobuf
+    "jwt": "oauth",
 }
 
 

@@ -103,6 +103,16 @@ class BrokerConfig:
     #: Kafka's connection.failed.authentication.delay.ms: how long a connection whose SASL
     #: authentication failed is kept (answered, then closed) before it is closed.
     connection_failed_authentication_delay_ms: int = default_of("connection_failed_authentication_delay_ms", int)
+    #: KIP-368: the SASL session lifetime (ms) SaslAuthenticate tells clients; 0: sessions never expire.
+    connections_max_reauth_ms: int = default_of("connections_max_reauth_ms", int)
+    #: SASL/OAUTHBEARER (loglake.broker.security.oauthbearer): how tokens are checked, and against what.
+    sasl_oauthbearer_validator: str | None = None
+    sasl_oauthbearer_jwks_endpoint_url: str | None = None
+    sasl_oauthbearer_jwks_endpoint_refresh_ms: int = default_of("sasl_oauthbearer_jwks_endpoint_refresh_ms", int)
+    sasl_oauthbearer_expected_issuer: str | None = None
+    sasl_oauthbearer_expected_audience: str | None = None
+    sasl_oauthbearer_sub_claim_name: str = default_of("sasl_oauthbearer_sub_claim_name", str)
+    sasl_oauthbearer_clock_skew_seconds: int = default_of("sasl_oauthbearer_clock_skew_seconds", int)
     #: The failed-login throttle (loglake.broker.security.login_throttle): failures per source
     #: address and per principal a window takes before further logins are refused unchecked.
     sasl_login_failures_per_source: int = default_of("sasl_login_failures_per_source", int)
@@ -227,9 +237,17 @@ class BrokerConfig:
                 "stall on uvloop); use the default event_loop=asyncio"
             )
         self.super_users = split_principals(self.super_users, self.sources.get("super_users", "default"))
+        from loglake.broker.security.oauthbearer import OAUTHBEARER, validator
         from loglake.broker.security.sasl import enabled_mechanisms
 
-        enabled_mechanisms(self.sasl_enabled_mechanisms)
+        oauth = OAUTHBEARER in enabled_mechanisms(self.sasl_enabled_mechanisms)
+        if oauth != (self.sasl_oauthbearer_validator is not None):
+            raise ConfigError(
+                "OAUTHBEARER needs both: in sasl_enabled_mechanisms, and a sasl_oauthbearer_validator "
+                f"(unsecured or jwks); got sasl_enabled_mechanisms={self.sasl_enabled_mechanisms!r}, "
+                f"sasl_oauthbearer_validator={self.sasl_oauthbearer_validator!r}"
+            )
+        validator(self)  # its settings checked (jwks: the URL, the extra)
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
         if self.schema_registry_listen:

@@ -242,7 +242,7 @@ class Connection:
         except (UnknownApiError, MalformedRequestError, ProtocolError) as exc:
             self._protocol_error(type(exc).__name__, exc)
             return False
-        if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key)):
+        if self.sasl is not None and self.sasl.refuse_request(req.api_key, api_name(req.api_key), self.ctx.sasl.clock()):
             return False
         slots = self._produces if req.api_key == ApiKey.PRODUCE else self._others
         await slots.acquire()  # before the handler starts: what is bounded is work, not queue places

@@ -8,7 +8,11 @@ the resource named by this node id), DYNAMIC_DEFAULT_BROKER_CONFIG (set on the r
 flag) and DEFAULT_CONFIG (built in). Which settings there are, their Kafka names, types, defaults,
 bounds and documentation, and which are dynamic, is the table `loglake.broker.settings.BROKER_SETTINGS`
 (with `DYNAMIC_TOPIC_DEFAULTS` for the topic defaults); `DYNAMIC_KEYS` is derived from it. Only those
-take the two dynamic layers; the rest are described read-only and altering them is INVALID_CONFIG.
+take the two dynamic layers and act; the rest are described read-only and altering them is
+INVALID_CONFIG. Kafka's other broker configs (`loglake.broker.kafka_broker_configs`, through
+`settings.KAFKA_ONLY`) are described with Kafka's default; those Kafka can change at runtime
+(`INERT_KEYS`) take the dynamic layers too, stored and described back with no effect ("accepted,
+no effect here"), and Kafka's read-only ones are refused as Kafka refuses them.
 
 The dynamic layers are `broker_config` metadata records ({scope, configs}, replaced whole), so
 they survive restarts: `BrokerConfigs.apply()` runs once at start-up (after the engine opened)
@@ -38,9 +42,12 @@ from dataclasses import dataclass, fields
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
+from loglake.broker.kafka_broker_configs import READ_ONLY, KafkaBrokerConfig
 from loglake.broker.settings import (
     BROKER_SETTINGS,
     DYNAMIC_TOPIC_DEFAULTS,
+    INERT_DYNAMIC,
+    KAFKA_ONLY,
     NOT_SETTINGS,
     BrokerSetting,
     Dynamic,
@@ -103,6 +110,8 @@ class DynamicKey:
     setting: BrokerSetting | None = None
     #: The topic config it is the default of (None: a setting of the table).
     topic_config: str | None = None
+    #: A Kafka broker config loglake does not act on: stored and described, no effect.
+    inert: KafkaBrokerConfig | None = None
 
     def check_scope(self, scope: str) -> None:
         """ConfigError unless it may be set on `scope` (a per-broker setting only on a node id, as Kafka's)."""
@@ -114,6 +123,8 @@ class DynamicKey:
         an engine setting's are the engine's (`EngineConfig.validate` of `engine` with the value)."""
         if raw is None:
             raise ConfigError(f"Null value not supported for broker config {self.name}")
+        if self.inert is not None:
+            return _kafka_value(self.name, self.type, raw)
         if self.topic_config is not None:
             try:
                 TOPIC_CONFIGS[self.topic_config].parse(raw)
@@ -159,6 +170,55 @@ DYNAMIC_KEYS: Mapping[str, DynamicKey] = {
 }
 
 
+#: Kafka broker configs loglake accepts at runtime without acting on them (`settings.INERT_DYNAMIC`).
+INERT_KEYS: Mapping[str, DynamicKey] = {
+    name: DynamicKey(name, k.type, Dynamic(k.mode), inert=k) for name, k in INERT_DYNAMIC.items()
+}
+#: What DescribeConfigs says of a Kafka broker config loglake does not act on.
+INERT_DOC = "Kafka broker config: accepted and stored, no effect here."
+READ_ONLY_KAFKA_DOC = "Kafka broker config: no effect here (read-only, as in Kafka)."
+_INT_RANGES = {
+    ConfigType.SHORT: (-(2**15), 2**15 - 1), ConfigType.INT: (-(2**31), 2**31 - 1), ConfigType.LONG: (-(2**63), 2**63 - 1),
+}
+
+
+def _kafka_value(name: str, ctype: ConfigType, raw: str) -> str:
+    """`raw` checked against a Kafka config type (Kafka's ConfigDef parsing, without its validators)."""
+    text = raw.strip()
+    if ctype is ConfigType.BOOLEAN:
+        if text.lower() not in ("true", "false"):
+            raise ConfigError(f"Invalid value {raw} for configuration {name}: Expected value to be either true or false")
+        return text.lower()
+    if ctype in _INT_RANGES:
+        low, high = _INT_RANGES[ctype]
+        try:
+            number = int(text)
+        except ValueError:
+            raise ConfigError(f"Invalid value {raw} for configuration {name}: Not a number of type {ctype.name}") from None
+        if not low <= number <= high:
+            raise ConfigError(f"Invalid value {raw} for configuration {name}: Not a number of type {ctype.name}")
+        return str(number)
+    if ctype is ConfigType.DOUBLE:
+        try:
+            double = float(text)
+        except ValueError:
+            double = float("nan")
+        if double != double:
+            raise ConfigError(f"Invalid value {raw} for configuration {name}: Not a number of type DOUBLE")
+        return text
+    return text
+
+
+def key_of(name: str) -> DynamicKey | None:
+    """The dynamic key of a broker config AlterConfigs takes, acting or inert; None for any other."""
+    return DYNAMIC_KEYS.get(name) or INERT_KEYS.get(name)
+
+
+def shown(configs: Mapping[str, str]) -> dict[str, str]:
+    """`configs` for a log line: a password-typed value is never written out."""
+    return {n: "[hidden]" if (k := key_of(n)) is not None and k.type is ConfigType.PASSWORD else v for n, v in configs.items()}
+
+
 @dataclass(frozen=True)
 class Setting:
     """One row of the broker's DescribeConfigs: name, static value and default, type, doc."""
@@ -172,7 +232,7 @@ class Setting:
 
     @property
     def dynamic(self) -> bool:
-        return self.name in DYNAMIC_KEYS
+        return key_of(self.name) is not None
 
 
 def config_entry(
@@ -258,6 +318,12 @@ class BrokerConfigs:
             if key.broker_synonym is not None:
                 rows.append(Setting(key.broker_synonym, self.static_topic_defaults.get(name, key.default), key.default,
                                     key.type, f"Default of topic config {name}: {key.doc}"))
+        described = {r.name for r in rows}
+        for name, kafka in KAFKA_ONLY.items():
+            if name not in described:
+                rows.append(Setting(name, kafka.default, kafka.default, kafka.type,
+                                    READ_ONLY_KAFKA_DOC if kafka.mode == READ_ONLY else INERT_DOC,
+                                    sensitive=kafka.type is ConfigType.PASSWORD))
         # the engine's other settings, by the names the TOML file's [engine] table uses
         for f in fields(EngineConfig):
             name = f"engine.{f.name}"
@@ -336,7 +402,7 @@ class BrokerConfigs:
         return key.parse(raw, self.engine.config)
 
     def check_name(self, name: str) -> DynamicKey:
-        key = DYNAMIC_KEYS.get(name)
+        key = key_of(name)
         if key is not None:
             return key
         if name in self.settings:
@@ -354,7 +420,7 @@ class BrokerConfigs:
         self.records.save_broker_configs(scope, new)
         self.stored = {k: v for k, v in stored.items() if v}
         self.apply()
-        log.info("dynamic broker configs of %s now %s", repr(scope) if scope == DEFAULT_SCOPE else f"node {scope}", new)
+        log.info("dynamic broker configs of %s now %s", repr(scope) if scope == DEFAULT_SCOPE else f"node {scope}", shown(new))
 
     def current(self, scope: str) -> dict[str, str]:
         return dict(self.stored.get(scope, {}))
@@ -368,7 +434,7 @@ class BrokerConfigs:
         self.stored = self.records.broker_configs()
         for scope, configs in list(self.stored.items()):
             for name, value in list(configs.items()):
-                key = DYNAMIC_KEYS.get(name)
+                key = key_of(name)
                 if key is None:
                     log.warning("ignoring stored dynamic broker config %s of scope %r: not dynamic in this release", name, scope)
                     del configs[name]
@@ -389,7 +455,7 @@ class BrokerConfigs:
                         configs.pop(key.name, None)
         self.apply()
         if self.stored:
-            log.info("dynamic broker configs applied: %s", self.stored)
+            log.info("dynamic broker configs applied: %s", {scope: shown(c) for scope, c in self.stored.items()})
 
     def effective(self, name: str) -> str | None:
         return self.layers(name)[0][1]

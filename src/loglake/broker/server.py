@@ -38,7 +38,13 @@ from loglake.broker.listeners import (
 )
 from loglake.broker.metrics import Metrics, serve_metrics
 from loglake.broker.off_loop import OffLoop
-from loglake.broker.security.tls import PrincipalMapper, SecurityContext, handshake_or_close, server_context
+from loglake.broker.security.tls import (
+    PrincipalMapper,
+    SecurityContext,
+    handshake_or_close,
+    server_context,
+    start_tls_server,
+)
 from loglake.broker.security.users_inbox import serve_inbox
 from loglake.engine import Engine
 from loglake.errors import ListenError
@@ -155,7 +161,8 @@ class BrokerServer:
         bound: list[Listener] = []
         for lst in listeners:
             try:
-                server = await asyncio.start_server(
+                start = start_tls_server if lst.tls else asyncio.start_server
+                server = await start(
                     functools.partial(self._on_connection, listener=lst), lst.host, lst.port, limit=READ_CHUNK_BYTES,
                     start_serving=False,  # once the context is built (a client waits in the accept backlog)
                 )

@@ -35,8 +35,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import Any, TypeVar
 
+from loglake.broker.kafka_broker_configs import KAFKA_BROKER_CONFIGS, READ_ONLY, KafkaBrokerConfig
 from loglake.broker.txn.coordinator import TxnSettings
-from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, ConfigType, EngineConfig
+from loglake.engine.config import PARTITIONS_PER_TOPIC_MAX, TOPIC_CONFIGS, ConfigType, EngineConfig
 from loglake.errors import ConfigError
 from loglake.logsafe import RATE_LIMIT_INTERVAL_S
 
@@ -173,9 +174,27 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
     _S("ssl_principal_mapping_rules", "ssl.principal.mapping.rules", _STRING, "DEFAULT", None,
        "How a client certificate's subject DN becomes the principal name."),
     _S("sasl_enabled_mechanisms", "sasl.enabled.mechanisms", _LIST, "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", None,
-       "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512."),
+       "What SASL listeners offer: PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER (with sasl_oauthbearer_validator)."),
     _S("connection_failed_authentication_delay_ms", "connection.failed.authentication.delay.ms", _INT, 100, (0, 60_000),
        "How long a connection whose SASL authentication failed stays open after the error is sent."),
+    # KIP-368; Kafka's is a LONG with no bound: a year is past any session a client would keep
+    _S("connections_max_reauth_ms", "connections.max.reauth.ms", _LONG, 0, (0, 365 * DAY_MS),
+       "SASL session lifetime told to clients; a connection not re-authenticated within it is closed at its next request; 0: off."),
+    # SASL/OAUTHBEARER (loglake.broker.security.oauthbearer; docs/SECURITY.md): off unless a validator is named
+    _S("sasl_oauthbearer_validator", None, _STRING, None, None,
+       "How OAUTHBEARER tokens are checked: unsecured (unsigned JWTs, Kafka's unsecured validator: tests only) or jwks; unset: off."),
+    _S("sasl_oauthbearer_jwks_endpoint_url", "sasl.oauthbearer.jwks.endpoint.url", _STRING, None, None,
+       "The identity provider's JWKS (https://, http:// or file:///): the keys OAUTHBEARER tokens must be signed with."),
+    _S("sasl_oauthbearer_jwks_endpoint_refresh_ms", "sasl.oauthbearer.jwks.endpoint.refresh.ms", _LONG, 3_600_000, (1000, DAY_MS),
+       "How long fetched JWKS keys are kept before they are fetched again (an unknown key id fetches at once)."),
+    _S("sasl_oauthbearer_expected_issuer", "sasl.oauthbearer.expected.issuer", _STRING, None, None,
+       "The iss claim a JWKS-checked token must carry; unset: not checked."),
+    _S("sasl_oauthbearer_expected_audience", "sasl.oauthbearer.expected.audience", _LIST, None, None,
+       "Audiences, one of which a JWKS-checked token's aud claim must name; unset: not checked."),
+    _S("sasl_oauthbearer_sub_claim_name", "sasl.oauthbearer.sub.claim.name", _STRING, "sub", None,
+       "The token claim that names the principal (User:<its value>)."),
+    _S("sasl_oauthbearer_clock_skew_seconds", "sasl.oauthbearer.clock.skew.seconds", _INT, 30, (0, 3600),
+       "Clock difference allowed when a token's exp, nbf and iat are checked."),
     # Kafka has no failed-login throttle (loglake.broker.security.login_throttle, docs/SECURITY.md)
     _S("sasl_login_failures_per_source", None, _LONG, 20, (0, 1_000_000),
        "Failed SASL logins from one address (IPv6: its /64) per window before its logins are refused unchecked; 0: no limit."),
@@ -314,6 +333,18 @@ DYNAMIC_TOPIC_DEFAULTS = (
     "delete.retention.ms", "min.cleanable.dirty.ratio", "min.compaction.lag.ms", "max.compaction.lag.ms",
     "flush.messages", "flush.ms",
 )
+
+#: Kafka broker configs no row of the table carries (by its Kafka name or an alias) and no topic
+#: config's broker default is: loglake does not act on them. DescribeConfigs lists them with
+#: Kafka's default; those Kafka can change at runtime (`INERT_DYNAMIC`) AlterConfigs accepts and
+#: stores with no effect, the read-only ones it refuses as Kafka does (docs/OPERATIONS.md).
+KAFKA_ONLY: Mapping[str, KafkaBrokerConfig] = {
+    name: k for name, k in KAFKA_BROKER_CONFIGS.items()
+    if name not in {n for s in BROKER_SETTING_ROWS for n in (s.described_as, *s.aliases)}
+    and name not in {t.broker_synonym for t in TOPIC_CONFIGS.values()}
+}
+#: The Kafka-only configs AlterConfigs accepts and stores ("accepted, no effect here").
+INERT_DYNAMIC: Mapping[str, KafkaBrokerConfig] = {n: k for n, k in KAFKA_ONLY.items() if k.mode != READ_ONLY}
 
 _T = TypeVar("_T", bool, int, str)
 
@@ -541,6 +572,6 @@ def render(values: Mapping[str, object], engine: Mapping[str, object], topic_def
 
 
 __all__ = [
-    "BROKER_SETTINGS", "BROKER_SETTING_ROWS", "DYNAMIC_TOPIC_DEFAULTS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "BrokerSetting",
-    "Dynamic", "Loaded", "check_value", "default_of", "list_default", "load_settings", "render",
+    "BROKER_SETTINGS", "BROKER_SETTING_ROWS", "DYNAMIC_TOPIC_DEFAULTS", "ENGINE_ENV_PREFIX", "ENV_PREFIX", "INERT_DYNAMIC",
+    "KAFKA_ONLY", "BrokerSetting", "Dynamic", "Loaded", "check_value", "default_of", "list_default", "load_settings", "render",
 ]

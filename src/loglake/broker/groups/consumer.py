@@ -11,7 +11,9 @@ One heartbeat does everything (Kafka's GroupMetadataManager.consumerGroupHeartbe
    member taking over its instance's assignment without a rebalance) or heartbeat (epoch
    checks, UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH / FENCED_INSTANCE_ID);
 4. update the member's subscription; resolve every member's topic names and regex against the
-   topics that exist now; a changed subscription or topic set bumps the group epoch;
+   topics that exist now; a changed subscription or topic set bumps the group epoch. A regex new
+   to the group counts from the next heartbeat on: Kafka resolves it asynchronously, so literal
+   topics are assigned first and the regex's matches in a later heartbeat (clients rely on it);
 5. when the group epoch is ahead of the assignment epoch, compute a new target assignment;
 6. reconcile the member (reconcile.py) with the partitions it reports owning;
 7. when anything changed, save the group (consumer_persistence.py) and answer once durable.
@@ -242,8 +244,14 @@ class ConsumerProtocol:
                 return self._error(req, code, f"The member epoch {req.member_epoch} is fenced, "
                                    f"the member is at epoch {member.member_epoch}."), None
         assigned_before = member.assigned
+        regex_before = member.subscribed_regex
         updated, bump = self._update_member(member, req)
         changed |= updated
+        regex = member.subscribed_regex
+        if regex and regex != regex_before and not any(
+            m.subscribed_regex == regex for m in cg.members.values() if m is not member
+        ):
+            cg.unresolved_regexes.add(regex)
         topics = self.catalog()  # once per heartbeat
         if self._refresh_subscription(cg, topics) or bump:
             cg.group_epoch += 1  # once per heartbeat, whatever changed
@@ -265,6 +273,7 @@ class ConsumerProtocol:
         )
         result = HeartbeatResult(E.NONE, member.member_id, member.member_epoch, interval,
                                  dict(member.assigned) if send else None)
+        cg.unresolved_regexes.clear()  # resolved by the next heartbeat of any member
         return result, (group if changed else None)
 
     def _take_classic(self, group: Group, req: HeartbeatRequest) -> bool:
@@ -364,10 +373,13 @@ class ConsumerProtocol:
 
     # ---- subscriptions and the target assignment --------------------------------------------------
 
-    def member_topics(self, member: ConsumerMember, topics: Mapping[str, tuple[str, int]]) -> set[str]:
-        """Topic names the member's subscription selects among existing topics (regex: full match)."""
+    def member_topics(
+        self, member: ConsumerMember, topics: Mapping[str, tuple[str, int]], unresolved: set[str] | None = None
+    ) -> set[str]:
+        """Topic names the member's subscription selects among existing topics (regex: full match;
+        none yet for a regex in `unresolved`)."""
         names = {n for n in member.subscribed_names if n in topics}
-        if member.subscribed_regex:
+        if member.subscribed_regex and member.subscribed_regex not in (unresolved or ()):
             matched = self._regex_topics(member.subscribed_regex, topics)
             if self.topic_filter is not None and member.principal is not None:
                 matched = self._describable(member.principal, member.subscribed_regex, matched)
@@ -429,11 +441,12 @@ class ConsumerProtocol:
         members' subscriptions changed since the last heartbeat (`cg.resolved_key`).
         """
         distinct = {self.subscription_key(m): m for m in cg.members.values()}
-        key = (self._topics_changed(topics), frozenset(distinct), self.filter_generation())
+        unresolved = cg.unresolved_regexes
+        key = (self._topics_changed(topics), frozenset(distinct), self.filter_generation(), frozenset(unresolved))
         if key == cg.resolved_key:
             return False
         cg.resolved_key = key
-        per_key = {k: frozenset(self.member_topics(m, topics)) for k, m in distinct.items()}
+        per_key = {k: frozenset(self.member_topics(m, topics, unresolved)) for k, m in distinct.items()}
         wanted: set[str] = set().union(*per_key.values())
         subscription: TopicMetadata = {topics[n][0]: (n, topics[n][1]) for n in wanted}
         # One member's topics may change while the union stays (an ACL taken from a regex member
@@ -458,7 +471,9 @@ class ConsumerProtocol:
         for m in cg.members.values():
             key = self.subscription_key(m)
             if key not in resolved:
-                resolved[key] = frozenset(by_name[n] for n in self.member_topics(m, topics) if n in by_name)
+                resolved[key] = frozenset(
+                    by_name[n] for n in self.member_topics(m, topics, cg.unresolved_regexes) if n in by_name
+                )
             subscriptions[m.member_id] = resolved[key]
         cg.assignor = self._choose_assignor(cg)
         cg.target = assign(cg.assignor, subscriptions, cg.subscription, cg.target)

@@ -79,8 +79,8 @@ def validate_commit(
     an older epoch than the member's is still taken when every partition in it is owned by the
     member since an epoch at or below the one sent (the commit raced the heartbeat that moved
     the member on, and fences nobody: no other member owns those partitions)."""
-    if member_epoch < 0 and not member_id:
-        return E.NONE if not cg.members else E.UNKNOWN_MEMBER_ID
+    if member_epoch < 0 and not cg.members:
+        return E.NONE  # a simple commit into an empty group, whatever member id it carries
     member = cg.members.get(member_id)
     if member is None:
         return E.UNKNOWN_MEMBER_ID

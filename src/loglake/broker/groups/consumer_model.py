@@ -79,6 +79,10 @@ class ConsumerGroupData:
         self.resolved_key: object = None  # what `subscription` was last resolved from (consumer.py; not saved)
         #: each distinct subscription's resolved topic names at `resolved_key` (not saved)
         self.resolved_sets: dict[SubscriptionKey, frozenset[str]] | None = None
+        #: regexes a member brought in the heartbeat being handled: as Kafka resolves a new regex
+        #: asynchronously, its topics count from the group's next heartbeat on, after the
+        #: literal topics were assigned (consumer.py; not saved: a loaded group's are resolved)
+        self.unresolved_regexes: set[str] = set()
 
     def state(self) -> str:
         """Kafka's consumer group states: Empty, Assigning, Reconciling, Stable."""

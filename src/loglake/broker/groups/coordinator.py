@@ -239,8 +239,25 @@ class GroupCoordinator:
         """OffsetCommit; answers once the accepted offsets are durable. Never blocks the loop.
 
         For a consumer-protocol group `generation_id` is the member epoch (consumer_admin.py).
+        A partition of a topic that does not exist answers UNKNOWN_TOPIC_OR_PARTITION before the
+        group is asked (Kafka checks the metadata before the coordinator sees the commit).
         """
         self._start()
+        known = [item for item in offsets if topic_exists(item[0], item[1])]
+        answered = await self._commit_known(group_id, generation_id, member_id, group_instance_id, known,
+                                            topic_exists) if known else []
+        codes = {(t, p): code for t, p, code in answered}
+        return [(t, p, codes.get((t, p), E.UNKNOWN_TOPIC_OR_PARTITION)) for t, p, *_ in offsets]
+
+    async def _commit_known(
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        offsets: list[OffsetCommitItem],
+        topic_exists: Callable[[str, int], bool],
+    ) -> list[tuple[str, int, int]]:
         group = self._reg.groups.get(group_id)
         if group is not None and group.consumer is not None and not group.deleting:
             code = validate_commit(group.consumer, member_id, generation_id, [(t, p) for t, p, *_ in offsets])

@@ -44,9 +44,10 @@ class Offsets:
     ) -> list[tuple[str, int, int]]:
         """OffsetCommit; answers once the accepted offsets are durable (one store record per call).
 
-        generation_id -1 with member id "" and no instance id is a simple (standalone) commit,
-        allowed while the group is Empty or unknown. `trusted`: offsets of a committed transaction
-        (validated when TxnOffsetCommit took them), written whatever the group's state.
+        A negative generation_id is a simple (standalone) commit, allowed while the group is Empty
+        or unknown whatever member id comes with it (Kafka 4.0: a KIP-848 consumer that assign()s
+        sends its client-generated member id with -1). `trusted`: offsets of a committed
+        transaction (validated when TxnOffsetCommit took them), written whatever the group's state.
         """
 
         def all_(code: int) -> list[tuple[str, int, int]]:
@@ -58,8 +59,6 @@ class Offsets:
         if group is None:
             if generation_id >= 0:
                 return all_(E.ILLEGAL_GENERATION)  # a member of a group this coordinator does not know
-            if member_id or group_instance_id is not None:
-                return all_(E.UNKNOWN_MEMBER_ID)
         elif not trusted:
             if group.deleting:
                 return all_(E.COORDINATOR_NOT_AVAILABLE)  # retried: by then the group is gone
@@ -110,6 +109,8 @@ class Offsets:
     def _validate(self, group: Group, generation_id: int, member_id: str, instance_id: str | None) -> int:
         if group.is_(GroupState.DEAD):
             return E.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and group.is_(GroupState.EMPTY):
+            return E.NONE  # a simple commit (Kafka's ClassicGroup.validateOffsetCommit)
         if generation_id >= 0 or member_id or instance_id is not None:
             error = self.rb.validate_current_member(group, member_id, instance_id)
             if error != E.NONE:

@@ -25,6 +25,21 @@ async def sasl_handshake(ctx: BrokerContext, conn: Conn, req: DecodedRequest) ->
         )
         conn.close_after_write = 0.0
         return {"error_code": ErrorCode.UNSUPPORTED_VERSION, "mechanisms": enabled}
+    mechanism = str(req.body.mechanism)
+    if session.state is SaslState.DONE:  # KIP-368: re-authentication, with the same mechanism
+        if mechanism != session.mechanism:
+            limited.warning(
+                ("sasl_mechanism", conn.peer_host),
+                "closing %s: re-authentication with SASL mechanism %r on the %s listener; the session used %s",
+                conn.peer,
+                mechanism[:64],
+                where,
+                session.mechanism,
+            )
+            conn.close_after_write = 0.0
+            return {"error_code": ErrorCode.UNSUPPORTED_SASL_MECHANISM, "mechanisms": [session.mechanism]}
+        session.begin_reauthentication()
+        return {"error_code": ErrorCode.NONE, "mechanisms": enabled}
     if session.state is not SaslState.HANDSHAKE:
         limited.warning(
             ("sasl_state", conn.peer_host),
@@ -35,7 +50,6 @@ async def sasl_handshake(ctx: BrokerContext, conn: Conn, req: DecodedRequest) ->
         )
         conn.close_after_write = 0.0
         return {"error_code": ErrorCode.ILLEGAL_SASL_STATE, "mechanisms": enabled}
-    mechanism = str(req.body.mechanism)
     if mechanism not in enabled:
         limited.warning(
             ("sasl_mechanism", conn.peer_host),
@@ -93,12 +107,12 @@ async def _authenticate(ctx: BrokerContext, conn: Conn, req: DecodedRequest, ses
             "auth_bytes": b"",
             "session_lifetime_ms": 0,
         }
-    # session_lifetime_ms 0: no KIP-368 re-authentication (docs/SECURITY.md).
+    # KIP-368: the client re-authenticates within it; 0 when connections_max_reauth_ms is off.
     return {
         "error_code": ErrorCode.NONE,
         "error_message": None,
         "auth_bytes": answer,
-        "session_lifetime_ms": 0,
+        "session_lifetime_ms": session.session_lifetime_ms,
     }
 
 

@@ -1,4 +1,5 @@
-"""SASL on SASL_PLAINTEXT and SASL_SSL listeners: PLAIN (RFC 4616), SCRAM-SHA-256 and -512.
+"""SASL on SASL_PLAINTEXT and SASL_SSL listeners: PLAIN (RFC 4616), SCRAM-SHA-256 and -512, and
+OAUTHBEARER (RFC 7628) when a token validator is configured (loglake.broker.security.oauthbearer).
 
 Theory of operation
 -------------------
@@ -10,7 +11,7 @@ exchange must finish within `SASL_AUTHENTICATION_TIMEOUT_S` of the connection be
 
 SaslHandshake picks the mechanism (one of `sasl_enabled_mechanisms`, else
 UNSUPPORTED_SASL_MECHANISM with the enabled list); SaslAuthenticate carries the tokens: one for
-PLAIN, two for SCRAM (client-first -> server-first, client-final -> server-final). Handshake v0
+PLAIN and OAUTHBEARER, two for SCRAM (client-first -> server-first, client-final -> server-final). Handshake v0
 (tokens sent raw, without SaslAuthenticate, as clients before Kafka 1.0 did) is refused: the
 clients loglake is tested with all send v1. A handshake twice, or SaslAuthenticate out of order,
 is ILLEGAL_SASL_STATE and the connection is closed; on a listener without SASL both answer
@@ -30,15 +31,24 @@ Failed logins are throttled per source address and per claimed principal
 (loglake.broker.security.login_throttle): once either has failed too often, a login is refused
 before its password is checked, with the same answer, and one rate-limited line is logged.
 
-There is no KIP-368 re-authentication: SaslAuthenticate answers session_lifetime_ms = 0, so an
-authenticated connection stays authenticated until it closes.
+KIP-368 re-authentication, as Kafka's broker does it: with `connections_max_reauth_ms` (Kafka's
+connections.max.reauth.ms) above 0, a successful SaslAuthenticate answers that session lifetime
+and the session expires that long after it; 0 (the default, as Kafka's) answers 0 and a session
+never expires. An authenticated client re-authenticates on the same connection with SaslHandshake
+(the same mechanism; another is UNSUPPORTED_SASL_MECHANISM and closes it) and SaslAuthenticate,
+which check the credential afresh: a user deleted or given a new password since fails and the
+connection is closed, and a re-authentication as another principal fails too ("a principal
+cannot change"). A success starts a new lifetime. Once a session has expired, any request but
+SaslHandshake and SaslAuthenticate closes the connection with one log line (Kafka's rule: the
+broker does not close an idle expired connection, it refuses to serve it).
 
 A session's state (`SaslState`) moves only by `SaslSession.transition_to`, along
 `VALID_PREVIOUS_SASL_STATES`; a move the table does not hold is a bug and raises
 IllegalSaslTransition:
 
-* **handshake** - accepted; waiting for SaslHandshake (the only state a handshake is answered in).
-* **authenticate** - the mechanism is chosen; waiting for the first SaslAuthenticate token.
+* **handshake** - accepted; waiting for SaslHandshake (the first handshake is answered here).
+* **authenticate** - the mechanism is chosen; waiting for the first SaslAuthenticate token
+  (entered from **done** too: a re-authentication's handshake).
 * **scram_final** - SCRAM's server-first message was sent; waiting for the client-final message.
 * **done** - authenticated (PLAIN's one token, or SCRAM's final one, checked out).
 * **failed** - a token was refused; the connection closes after the failure delay.
@@ -63,6 +73,13 @@ from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.api_keys import ApiKey
 from loglake.broker.protocol.framing import FrameDecoder
 from loglake.broker.security.login_throttle import LoginThrottle, Refusal
+from loglake.broker.security.oauthbearer import (
+    OAUTHBEARER,
+    OAuthSettings,
+    TokenRefused,
+    client_token,
+    validator,
+)
 from loglake.broker.security.tls import SecurityContext
 from loglake.errors import ConfigError
 from loglake.fs.modes import FILE_MODE
@@ -85,14 +102,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("loglake.broker.sasl")
 
 PLAIN = "PLAIN"
-#: Every mechanism loglake implements, in the order the default enables them.
-SUPPORTED_MECHANISMS = (PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Every mechanism loglake implements (OAUTHBEARER only with a validator: oauthbearer.py).
+SUPPORTED_MECHANISMS = (PLAIN, "SCRAM-SHA-256", "SCRAM-SHA-512", OAUTHBEARER)
 #: Kafka's sasl.server.max.receive.size: the largest frame read before authentication is done.
 SASL_MAX_RECEIVE_BYTES = 512 * 1024
 #: How long a connection on a SASL listener may take from accept to authenticated.
 SASL_AUTHENTICATION_TIMEOUT_S = 30.0
 #: APIs answered before authentication: ApiVersions, SaslHandshake, SaslAuthenticate.
 PRE_AUTH_APIS = frozenset({ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+#: APIs an expired session may still send (KIP-368: re-authentication).
+REAUTH_APIS = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 #: Distinct (principal, source address) label pairs of the failure counter; further ones are
 #: counted under OVERFLOW_LABEL (a scan of user names must not grow /metrics without bound).
 SASL_FAILURE_LABELS_MAX = 1000
@@ -119,7 +138,7 @@ class SaslState(enum.StrEnum):
 #: target state -> the states it may be entered from; HANDSHAKE is the first state, never a target.
 VALID_PREVIOUS_SASL_STATES: dict[SaslState, frozenset[SaslState]] = {
     SaslState.HANDSHAKE: frozenset(),
-    SaslState.AUTHENTICATE: frozenset({SaslState.HANDSHAKE}),
+    SaslState.AUTHENTICATE: frozenset({SaslState.HANDSHAKE, SaslState.DONE}),  # from done: KIP-368
     SaslState.SCRAM_FINAL: frozenset({SaslState.AUTHENTICATE}),
     SaslState.DONE: frozenset({SaslState.AUTHENTICATE, SaslState.SCRAM_FINAL}),
     SaslState.FAILED: frozenset({SaslState.AUTHENTICATE, SaslState.SCRAM_FINAL}),
@@ -241,13 +260,15 @@ class CredentialLookup(Protocol):
         ...
 
 
-class SaslSettings(Protocol):
+class SaslSettings(OAuthSettings, Protocol):
     """The broker settings SASL reads (`loglake.broker.config.BrokerConfig`, which imports this module)."""
 
     @property
     def sasl_enabled_mechanisms(self) -> str: ...
     @property
     def connection_failed_authentication_delay_ms(self) -> int: ...
+    @property
+    def connections_max_reauth_ms(self) -> int: ...
     @property
     def sasl_login_failures_per_source(self) -> int: ...
     @property
@@ -267,6 +288,11 @@ class SaslAuthenticator:
     ) -> None:
         self.mechanisms = enabled_mechanisms(config.sasl_enabled_mechanisms)
         self.failure_delay_s = config.connection_failed_authentication_delay_ms / 1000.0
+        #: KIP-368: the session lifetime told to clients (0: sessions do not expire)
+        self.max_reauth_ms = config.connections_max_reauth_ms
+        #: how OAUTHBEARER tokens are checked (None: not offered)
+        self.oauth = validator(config)
+        self.clock = clock
         self.credentials = credentials
         self.stats = stats
         self.secret = load_secret(config.data_dir)
@@ -361,6 +387,12 @@ class SaslSession:
         self._known = True  # whether the SCRAM user has a credential (the log says "unknown user")
         self._admitted = False  # whether the login throttle admitted (and charged) this login
         self._timer = asyncio.get_running_loop().call_later(SASL_AUTHENTICATION_TIMEOUT_S, self._expired)
+        #: KIP-368: the lifetime the last success told the client (ms; 0: none), and when
+        #: (the authenticator's clock) the session expires; None: never
+        self.session_lifetime_ms = 0
+        self.expires_at: float | None = None
+        #: the principal of the session being re-authenticated (None: a first authentication)
+        self.reauthenticating: str | None = None
 
     @property
     def authenticated(self) -> bool:
@@ -392,9 +424,35 @@ class SaslSession:
     def close(self) -> None:
         self._timer.cancel()
 
-    def refuse_request(self, api_key: int, name: str) -> bool:
-        """Whether this request must close the connection (not allowed before authentication);
-        logs the one line."""
+    def begin_reauthentication(self) -> None:
+        """KIP-368: an authenticated session's SaslHandshake (its mechanism already checked)."""
+        self.reauthenticating = self.conn.security.principal
+        self.transition_to(SaslState.AUTHENTICATE)
+        self.user, self._scram, self._known, self._admitted = "", None, True, False
+        self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(SASL_AUTHENTICATION_TIMEOUT_S, self._expired)
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def refuse_request(self, api_key: int, name: str, now: float | None = None) -> bool:
+        """Whether this request must close the connection (not allowed before authentication, or
+        after the session expired: KIP-368); logs the one line. `now`: the authenticator's clock."""
+        if self.authenticated and now is not None and self.expired(now) and api_key not in REAUTH_APIS:
+            assert self.expires_at is not None
+            self.conn.protocol_errors["sasl_session_expired"] += 1
+            self.conn.limited.warning(
+                ("sasl_session_expired", self.conn.peer_host),
+                "closing %s: the SASL session of %s on the %s listener expired %.0f ms ago without re-authentication "
+                "(session lifetime %d ms: connections_max_reauth_ms); %s request refused",
+                self.conn.peer,
+                self.conn.security.principal[:PRINCIPAL_SHOWN_MAX],
+                self.conn.security.listener.name,
+                (now - self.expires_at) * 1000,
+                self.session_lifetime_ms,
+                name,
+            )
+            return True
         if self.authenticated or api_key in PRE_AUTH_APIS:
             return False
         self.conn.protocol_errors["sasl_unauthenticated_request"] += 1
@@ -423,15 +481,29 @@ class SaslSession:
         )
         return True
 
-    def succeeded(self, authenticator: SaslAuthenticator) -> None:
+    def succeeded(self, authenticator: SaslAuthenticator, credential_expires_at: float | None = None) -> None:
+        """The credential checked out: the session is (again) authenticated, with a new lifetime
+        (bounded by `credential_expires_at`, seconds since the epoch: an OAUTHBEARER token's exp).
+        SaslError when a re-authentication names another principal (Kafka refuses that too)."""
+        principal = f"User:{self.user}"
+        if self.reauthenticating is not None and principal != self.reauthenticating:
+            raise SaslError(f"re-authentication as {principal[:PRINCIPAL_SHOWN_MAX]} on a connection of "
+                            f"{self.reauthenticating[:PRINCIPAL_SHOWN_MAX]} (a principal cannot change)")
         self.transition_to(SaslState.DONE)
         self._timer.cancel()
-        authenticator.throttle.succeeded(f"User:{self.user}", self.conn.peer_host)
-        self.conn.security.principal = f"User:{self.user}"
+        authenticator.throttle.succeeded(principal, self.conn.peer_host)
+        self.conn.security.principal = principal
         self.conn.security.extra["sasl_mechanism"] = self.mechanism
         self.conn.decoder.max_frame_bytes = self.conn.max_frame_bytes
         authenticator.stats.succeeded(self.mechanism)
-        log.debug("%s authenticated as User:%s with %s", self.conn.peer, self.user, self.mechanism)
+        self.session_lifetime_ms = authenticator.max_reauth_ms
+        if credential_expires_at is not None:  # as Kafka: the shorter of the token's time left and the setting
+            left_ms = max(1, int((credential_expires_at - time.time()) * 1000))  # 0 would say "never expires"
+            self.session_lifetime_ms = min(left_ms, self.session_lifetime_ms) if self.session_lifetime_ms > 0 else left_ms
+        self.expires_at = authenticator.clock() + self.session_lifetime_ms / 1000 if self.session_lifetime_ms > 0 else None
+        log.debug("%s %s as %s with %s", self.conn.peer,
+                  "re-authenticated" if self.reauthenticating is not None else "authenticated", principal, self.mechanism)
+        self.reauthenticating = None
 
     def failed(self, authenticator: SaslAuthenticator, error: SaslError) -> str:
         """Count and log a failed authentication, schedule the close; the client's message."""
@@ -464,6 +536,8 @@ class SaslSession:
         try:
             if self.mechanism == PLAIN:
                 return await self._plain(authenticator, token)
+            if self.mechanism == OAUTHBEARER:
+                return await self._oauthbearer(authenticator, token)
             if self._scram is None:
                 self._scram = ScramServer(self.mechanism)
                 self.user = self._scram.first(token)
@@ -479,6 +553,18 @@ class SaslSession:
             return answer
         except ScramError as exc:
             raise SaslError(str(exc) if self._known else "unknown user") from None
+
+    async def _oauthbearer(self, authenticator: SaslAuthenticator, message: bytes) -> bytes:
+        check = authenticator.oauth
+        if check is None:  # not offered without a validator (BrokerConfig.validate)
+            raise SaslError("OAUTHBEARER is not set up on this broker")
+        try:
+            bearer = await self.conn.off_loop(check.validate, client_token(message))  # may fetch the JWKS
+        except TokenRefused as exc:
+            raise SaslError(f"token refused: {exc}") from None
+        self.user = bearer.principal
+        self.succeeded(authenticator, bearer.expires_at)
+        return b""
 
     async def _plain(self, authenticator: SaslAuthenticator, token: bytes) -> bytes:
         parts = token.split(b"\0")
@@ -507,6 +593,7 @@ __all__ = [
     "OVERFLOW_LABEL",
     "PLAIN",
     "PRE_AUTH_APIS",
+    "REAUTH_APIS",
     "SASL_AUTHENTICATION_TIMEOUT_S",
     "SASL_FAILURE_LABELS_MAX",
     "SASL_MAX_RECEIVE_BYTES",

@@ -12,6 +12,15 @@ most specific first: ``CN=alice,OU=eng,O=Example``), goes through `PrincipalMapp
 result) and ``DEFAULT`` (the whole DN). The first rule whose pattern matches the whole DN gives the
 name (``$1`` in the replacement is the pattern's first group, as in Java); no match refuses the
 connection. SASL (later) will set the principal the same way, on the same context.
+
+A failed handshake is one log line that says whose certificate was refused: an alert the client
+sent about a certificate (unknown_ca, bad_certificate, certificate_expired, ...) means the client
+did not accept the broker's; a verification failure or a missing certificate on the broker's
+side means the broker did not accept the client's.
+
+SSL listeners accept through `start_tls_server`, whose `TlsStreamProtocol` keeps asyncio's
+stream protocol from answering "keep open" to an EOF that arrives over TLS before
+`StreamWriter.start_tls` has returned (asyncio logs a warning for that otherwise).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import asyncio
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -32,6 +41,9 @@ ANONYMOUS = "User:ANONYMOUS"
 CLIENT_AUTH = ("none", "requested", "required")
 #: How long a client may take to complete its TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
+#: OpenSSL's reason for an alert received from the peer (SSLV3_ALERT_BAD_CERTIFICATE,
+#: TLSV1_ALERT_UNKNOWN_CA): on the broker's side, an alert the client sent.
+_RECEIVED_ALERT = re.compile(r"^(SSLV3|TLSV1|TLSV13)_ALERT_")
 
 #: X.500 attribute names as Java's X500Principal.getName() (RFC 2253) writes them.
 _SHORT = {
@@ -177,6 +189,36 @@ def server_context(cert: str | None, key: str | None, password: str | None, ca: 
     return ctx
 
 
+class TlsStreamProtocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol for a connection `upgrade` turns into TLS.
+
+    StreamReaderProtocol answers an EOF with "keep open" unless it knows its transport is TLS,
+    and it learns that only when `StreamWriter.start_tls` returns. An EOF or close_notify that
+    comes with the client's last handshake flight is handled before that, and asyncio's
+    SSLProtocol logs "returning true from eof_received() has no effect when using ssl". Once
+    `upgrade` starts the handshake (`over_tls`), this one answers "close", as over TLS it must.
+    """
+
+    over_tls = False
+
+    def eof_received(self) -> bool:
+        keep_open = bool(super().eof_received())
+        return keep_open and not self.over_tls
+
+
+async def start_tls_server(
+    client_connected: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    host: str, port: int, *, limit: int, start_serving: bool,
+) -> asyncio.Server:
+    """`asyncio.start_server` for an SSL listener: its connections get a `TlsStreamProtocol`."""
+    loop = asyncio.get_running_loop()
+
+    def factory() -> TlsStreamProtocol:
+        return TlsStreamProtocol(asyncio.StreamReader(limit=limit, loop=loop), client_connected, loop=loop)
+
+    return await loop.create_server(factory, host, port, start_serving=start_serving)
+
+
 async def upgrade(
     writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper
 ) -> str | None:
@@ -184,6 +226,9 @@ async def upgrade(
     `security` (version, cipher, peer DN, principal). None when it worked, else why not: one line
     for the log that names the cause (not TLS at all, TLS too old, the client certificate)."""
     where = f"the {security.listener.name} listener"
+    protocol = writer.transport.get_protocol()
+    if isinstance(protocol, TlsStreamProtocol):
+        protocol.over_tls = True
     try:
         await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
     except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
@@ -191,11 +236,16 @@ async def upgrade(
         if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
             why = f"{why}: {exc.verify_message}"  # "certificate has expired", "unable to get local issuer certificate"
         hint = ""
+        text = str(why).upper()
         if why in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNKNOWN_PROTOCOL", "RECORD_LAYER_FAILURE"):
             hint = " (not TLS: is a PLAINTEXT client pointed at the SSL listener?)"
         elif why in ("UNSUPPORTED_PROTOCOL", "TLSV1_ALERT_PROTOCOL_VERSION"):
             hint = " (the client offers only TLS older than 1.2)"
-        elif "CERTIFICATE" in str(why).upper():
+        elif _RECEIVED_ALERT.match(text) and ("CERTIFICATE" in text or "UNKNOWN_CA" in text):
+            return (f"TLS handshake failed on {where}: the client did not accept the broker's certificate: {why} "
+                    "(does the client trust the CA that signed ssl_cert, and does the certificate name the host "
+                    "the client connects to?)")
+        elif "CERTIFICATE" in text:
             hint = " (the client certificate was not accepted: untrusted, expired or missing)"
         return f"TLS handshake failed on {where}: {why}{hint}"
     obj = writer.get_extra_info("ssl_object")
@@ -240,8 +290,10 @@ __all__ = [
     "HANDSHAKE_TIMEOUT_S",
     "PrincipalMapper",
     "SecurityContext",
+    "TlsStreamProtocol",
     "handshake_or_close",
     "server_context",
+    "start_tls_server",
     "subject_dn",
     "upgrade",
 ]
