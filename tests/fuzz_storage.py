@@ -73,6 +73,8 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
                      "seg": ["s0", 0, 4, 500, 432, 3, "00" * 32, 5, 9]}),
     ("plog_swept", {"keys": ["f1", "f2"]}),
     ("plog_start", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "start": 2}),
+    ("plog_compacted", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "old": ["s0"],
+                        "segs": [["s0-g1001", 0, 4, 300, 232, 3, "00" * 32, 2, 9, 1001]], "clean": [5, 9, -1]}),
     ("topic_deleted", {"id": TID}),
 ]
 #: Trailer fields a structured segment mutation may change (not the CRC, version or magic).

@@ -50,6 +50,7 @@ from loglake.meta.records import (
     OffsetExpire,
     PartitionsAdded,
     PlogCommit,
+    PlogCompacted,
     PlogLeader,
     PlogMerged,
     PlogStart,
@@ -108,6 +109,7 @@ TODAY_ORDER = (
     "plog_merged",
     "plog_swept",
     "plog_start",
+    "plog_compacted",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -148,14 +150,15 @@ HISTORY = [
     b'\x01\x19{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000019,"n":2,"seg":["seg/0001",0,29,5000,4800,99,"abababababababababababababababababababababababababababababababab",30,1700000000018]}',
     b'\x01\x1a{"keys":["flush/0002","orphan/1"]}',
     b'\x01\x1b{"id":"0123456789abcdef0123456789abcdef","p":0,"epoch":4,"ms":1700000000021,"start":10}',
+    b'\x01\x1c{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000022,"old":["seg/0001"],"segs":[["seg/0001-g4001",0,29,3000,2800,98,"abababababababababababababababababababababababababababababababab",30,1700000000018,4001]],"clean":[30,1700000000022,-1]}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
 #: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
 #: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
-#: history gained a `plog_start`.
-CHECKPOINT_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
-CHECKPOINT_AFTER_DELETE_SHA256 = "f2bc51867e2a0d7a6ec87817936280e9ce78a5ffccf390968cbc0ac5200ffa65"
+#: history gained a `plog_start` and a `plog_compacted`.
+CHECKPOINT_SHA256 = "e5878ff8bc2680d61df6d545930b15bf8761130406f1c1b31492a62b43e86d14"
+CHECKPOINT_AFTER_DELETE_SHA256 = "759d31ff7f1728033bb9b2a28d12b99740547100a0ad1b7c69d7637c1a0fd1a5"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
 #: without `ms` and producer_ids without `expect`, a seg of 9 fields (before rewrites), a txn
@@ -241,6 +244,11 @@ SAMPLES: list[MetaRecord] = [
     ),
     PlogSwept(["flush/0002", "orphan/1"]),
     PlogStart(TID, 0, 4, 1700000000021, 10),
+    PlogCompacted(
+        TID, 1, 4, 1700000000022, ["seg/0001"],
+        [PlogSegment("seg/0001-g4001", 0, 29, 3000, 2800, 98, "ab" * 32, 30, 1700000000018, 4001)],
+        (30, 1700000000022, -1),
+    ),
     TopicDeleted(TID, 1700000000020),
 ]
 
@@ -332,6 +340,10 @@ def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None
     }
     p0 = state.plogs.parts[(bytes.fromhex(TID), 0)]  # plog_start dropped its one range
     assert (p0.log_start, p0.ranges, state.plogs.free) == (10, [], {"flush/0001": 1700000000021})
+    # plog_compacted replaced partition 1's merged segment and noted its pass's clean end
+    p1 = state.plogs.parts[(bytes.fromhex(TID), 1)]
+    assert [(s.key, s.gen) for s in p1.segments] == [("seg/0001-g4001", 4001)]
+    assert (pm.clean_end, state.plogs.dropped) == (30, {"seg/0001": 1700000000022})
     kind, body = decode_record(HISTORY[-1], where="test", position=len(HISTORY) - 1)
     state.apply(kind, body)
     state.seq += 1

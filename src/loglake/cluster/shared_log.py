@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from loglake.broker.settings import CLUSTER_UNREACHABLE_RELEASE_MS
+from loglake.cluster.compact import compact as compact_partition
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.health import probe_prefix
@@ -85,7 +86,6 @@ COMMIT_WAIT_S = 60.0
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
     Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
-    Feature.COMPACTION: "compaction (cleanup.policy=compact) is not supported in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",
@@ -562,7 +562,29 @@ class SharedPartitionLog:
         self.plog.flusher.flush(60)
 
     def compact(self, topic: str | None, force: bool) -> int:
-        raise refusal(REFUSED, Feature.COMPACTION)
+        """One compaction pass of each compacted partition this broker leads (of `topic`, or of
+        every topic) that is due, or has anything dirty when `force`d (loglake.cluster.compact:
+        the leader rewrites merged segments, fenced by its epoch). Returns the passes done; a
+        partition that fails is logged and retried at the next round."""
+        with self._ready_lock:
+            led = sorted(self._ready)
+        done = 0
+        for tid, index in led:
+            t = self.catalog.topic_by_id(bytes.fromhex(tid))
+            if t is None or not t.config.compacted or (topic is not None and t.name != topic):
+                continue
+            with t.partitions[index].lock, self._ready_lock:  # appends change the producers under both
+                states = self._producers.get((tid, index))
+                retain = states.last_batches() if states is not None else set()
+            try:
+                if compact_partition(
+                    self.plog, tid, index, t.name, t.config, dedupe_bytes=self.config.cleaner_dedupe_buffer_bytes,
+                    retain_empty=retain, force=force, io_bytes_per_s=self.config.cleaner_io_max_bytes_per_second,
+                ) is not None:  # fmt: skip
+                    done += 1
+            except LoglakeError as exc:
+                log.warning("compaction of %s-%d: %s (next round)", t.name, index, exc)
+        return done
 
     def apply_retention(self) -> int:
         """Retention of the partitions this broker leads: each one's log start is raised past

@@ -60,6 +60,7 @@ __all__ = [
     "PartitionsAdded",
     "PlogCommit",
     "PlogCommitRow",
+    "PlogCompacted",
     "PlogLeader",
     "PlogMerged",
     "PlogStart",
@@ -124,6 +125,7 @@ class RecordKind(enum.StrEnum):
     PLOG_MERGED = "plog_merged", 25
     PLOG_SWEPT = "plog_swept", 26
     PLOG_START = "plog_start", 27
+    PLOG_COMPACTED = "plog_compacted", 28
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -666,6 +668,33 @@ class PlogStart:
         return {"id": self.topic_id, "p": self.partition, "epoch": self.epoch, "ms": self.ms, "start": self.start}
 
 
+@dataclass(frozen=True, slots=True)
+class PlogCompacted:
+    """The partition's merged segments `old` (keys, consecutive) replaced by the compacted
+    `segs` under leader epoch `epoch`; `clean` is the pass's (clean end, ms, oldest kept
+    tombstone's first-pass ms or -1)."""
+
+    kind: ClassVar[RecordKind] = RecordKind.PLOG_COMPACTED
+    topic_id: str
+    partition: int
+    epoch: int
+    ms: int
+    old: Sequence[str]
+    segs: Sequence[PlogSegment]
+    clean: tuple[int, int, int]
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "id": self.topic_id,
+            "p": self.partition,
+            "epoch": self.epoch,
+            "ms": self.ms,
+            "old": list(self.old),
+            "segs": [s.row() for s in self.segs],
+            "clean": list(self.clean),
+        }
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -697,6 +726,7 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         PlogMerged,
         PlogSwept,
         PlogStart,
+        PlogCompacted,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"
