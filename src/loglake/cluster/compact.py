@@ -43,7 +43,7 @@ from loglake.engine.cleaner_job import CompactJob, JobResult, run_job
 from loglake.engine.compaction import plan_segments
 from loglake.engine.config import TopicConfig
 from loglake.engine.rewrite import REWRITE_SEGMENTS_MAX
-from loglake.errors import CorruptionError, LoglakeError, MetaFencedError
+from loglake.errors import CorruptionError, LoglakeError, MetaFencedError, MetaRecordRejectedError
 from loglake.meta.cluster import PlogSegment, epoch_key
 from loglake.meta.lifecycle import Tier
 from loglake.meta.records import PlogCompacted
@@ -226,9 +226,13 @@ def _switch(
             error = NotLeaderError(f"{topic_id}-{partition}: fenced during a compaction")
             plog._stop((topic_id, partition), error)
             raise error from None
+        except MetaRecordRejectedError:
+            # in the log but applied nowhere (the segments moved: a deleted topic): never referenced
+            _delete(plog, [ref.key for _run, outs in chunks[i:] for ref, _ in outs])
+            raise
         except LoglakeError:
-            # refused by the metadata (the segments moved: a deleted topic) or unanswered: the
-            # later chunks' outputs are never referenced; this one's only if it landed unanswered
+            # unanswered: this chunk's outputs are referenced if the switch landed; the later
+            # chunks' never are
             _delete(plog, [ref.key for _run, outs in chunks[i + 1 :] for ref, _ in outs])
             raise
 

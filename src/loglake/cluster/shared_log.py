@@ -472,8 +472,12 @@ class SharedPartitionLog:
         pl = self.plog_of(tid, p.index)
         start = self._log_start(tid, p.index)
         sealed = sum(s.size for s in pl.segments)
+        key = (p.topic_id, p.index)
+        clean_end = self.etcd.read(lambda s: pm.clean_end if (pm := s.partitions.get(key)) is not None else 0)
+        # as a single node's: the share of the merged (sealed) bytes past the compaction's clean end
+        dirty = sum(s.size for s in pl.segments if s.last >= clean_end) / sealed if compacted and sealed else 0.0
         return PartitionInfo(
-            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, 0, 0.0, pl.epoch, pl.end
+            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, clean_end, dirty, pl.epoch, pl.end
         )
 
     def tier_bytes(self, p: Partition) -> TierBytes:
