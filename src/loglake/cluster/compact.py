@@ -102,6 +102,7 @@ def compact(
     force: bool = False,
     pass_bytes: int = COMPACT_PASS_BYTES_MAX,
     io_bytes_per_s: int = 0,
+    execute: Callable[[CompactJob], JobResult] | None = None,
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
 ) -> CompactReport | None:
     """One compaction pass of the partition if one is due (or `force`d: whatever is dirty);
@@ -109,13 +110,17 @@ def compact(
     switch is fenced then, and nothing it wrote is referenced). `retain_empty`: the (producer
     id, base offset) of each idempotent producer's newest batch, kept as an empty header when
     all its records go (its sequence state). `io_bytes_per_s` bounds the pass's reads and writes
-    (0: unbounded; the broker passes `cleaner_io_max_bytes_per_second`)."""
+    (0: unbounded; the broker passes `cleaner_io_max_bytes_per_second`). `execute` builds the
+    rewritten segments of a job (the broker: in a cleaner worker process, as a single node does,
+    loglake.engine.cleaner_job); without it they are built on this thread."""
     if not plog.leads(topic_id, partition):
         raise NotLeaderError(f"node {plog.node_id} does not lead {topic_id}-{partition}; only the leader compacts")
     with plog.rewrite_lock(topic_id, partition):
+        run = execute or (lambda job: run_job(job, {Tier.COLD: plog.store}))
         return _compact(
-            plog, topic_id, partition, topic, config, dedupe_bytes, retain_empty, force, pass_bytes, io_bytes_per_s, wall_ms
-        )
+            plog, topic_id, partition, topic, config, dedupe_bytes, retain_empty, force, pass_bytes, io_bytes_per_s, run,
+            wall_ms,
+        )  # fmt: skip
 
 
 def _compact(
@@ -129,6 +134,7 @@ def _compact(
     force: bool,
     pass_bytes: int,
     io_bytes_per_s: int,
+    execute: Callable[[CompactJob], JobResult],
     wall_ms: Callable[[], int],
 ) -> CompactReport | None:
     tid = bytes.fromhex(topic_id)
@@ -185,7 +191,7 @@ def _compact(
         chunk_segments=REWRITE_SEGMENTS_MAX,
         generation=generation,
     )
-    result = run_job(job, {Tier.COLD: store})
+    result = execute(job)
     _switch(plog, topic_id, partition, epoch, view, result, now_ms)
     counts, stats = result.counts, result.stats
     report = CompactReport(

@@ -39,6 +39,7 @@ from loglake.cluster.producers import rebuild_producers
 from loglake.cluster.publish import ClusterMetaPublisher
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
 from loglake.engine.cleaner import Cleaner
+from loglake.engine.cleaner_job import CompactJob, JobResult, WorkerProcess, run_job
 from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import Corruption
@@ -59,6 +60,7 @@ from loglake.errors import (
 )
 from loglake.locks import Rank, ranked_lock
 from loglake.meta.cluster import Plog, PlogRange, PlogSegment
+from loglake.meta.lifecycle import Tier
 from loglake.meta.producers import ProducerStates
 from loglake.meta.records import Cluster, RecordKind
 from loglake.meta.state import MetaState
@@ -122,9 +124,12 @@ class SharedPartitionLog:
         catalog: Catalog,
         bucket: Callable[[], ObjectStore],
         publishes: Callable[[], bool],
+        bucket_url: str | None = None,
     ) -> None:
         """`bucket` opens the bucket (at `open`); `publishes` says whether this broker is the one
-        that copies the metadata into the bucket now (the cluster view knows)."""
+        that copies the metadata into the bucket now (the cluster view knows); `bucket_url`
+        reopens the same bucket in a cleaner worker process (None: compaction's record work runs
+        on the maintenance thread)."""
         self.config = config
         self.settings = settings
         self.etcd = etcd
@@ -146,6 +151,10 @@ class SharedPartitionLog:
         #: (producer id, epoch, first sequence) -> the append in flight, per partition
         self._inflight: dict[TP, dict[tuple[int, int, int], Future[AppendAck]]] = {}
         self._ready_lock = ranked_lock(Rank.LEADERSHIP, "SharedPartitionLog._ready_lock")
+        #: compaction's record work, off this process's interpreter lock (one pass at a time: the
+        #: maintenance thread's); None until the first pass, and without a URL to reopen by
+        self._bucket_url = bucket_url if config.cleaner_process else None
+        self._cleaner_worker: WorkerProcess | None = None
 
     @property
     def plog(self) -> ClusterPartitionLog:
@@ -211,6 +220,8 @@ class SharedPartitionLog:
                 self.publisher.stop()
             if self._plog is not None:
                 self._plog.close()
+            if self._cleaner_worker is not None:
+                self._cleaner_worker.close()
         finally:
             self._reads.shutdown(wait=False, cancel_futures=True)
             self.etcd.close()
@@ -584,11 +595,23 @@ class SharedPartitionLog:
                 if compact_partition(
                     self.plog, tid, index, t.name, t.config, dedupe_bytes=self.config.cleaner_dedupe_buffer_bytes,
                     retain_empty=retain, force=force, io_bytes_per_s=self.config.cleaner_io_max_bytes_per_second,
+                    execute=self._compaction_job,
                 ) is not None:  # fmt: skip
                     done += 1
             except LoglakeError as exc:
                 log.warning("compaction of %s-%d: %s (next round)", t.name, index, exc)
         return done
+
+    def _compaction_job(self, job: CompactJob) -> JobResult:
+        """A compaction job's rewrite in a cleaner worker process, which reopens the bucket by
+        its URL; on the calling thread when there is none to reopen it by."""
+        if self._bucket_url is None:
+            assert self.bucket is not None
+            return run_job(job, {Tier.COLD: self.bucket})
+        job.store_urls = {Tier.COLD: self._bucket_url}
+        if self._cleaner_worker is None:
+            self._cleaner_worker = WorkerProcess()
+        return self._cleaner_worker.call(job)
 
     def apply_retention(self) -> int:
         """Retention of the partitions this broker leads: each one's log start is raised past
