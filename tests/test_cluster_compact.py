@@ -18,16 +18,17 @@ import test_cluster_plog
 from etcdkit import needs_etcd
 from loglake.cluster.compact import GENERATIONS_PER_EPOCH, compact
 from loglake.cluster.plog import NotLeaderError
-from loglake.cluster.plog_maint import merge, sweep
+from loglake.cluster.plog_maint import merge, retention_start, sweep
 from loglake.engine.config import TopicConfig
 from loglake.errors import MetaRecordRejectedError
 from loglake.meta.cluster import Plog
-from loglake.meta.records import PlogCompacted
+from loglake.meta.records import Cluster as ClusterRecord
+from loglake.meta.records import PlogCompacted, TopicCreated
 from loglake.records.batch import build_batch, peek_header
 from loglake.records.decode import iter_records
 from loglake.store.base import parse_segment_key
 from test_cluster_flushobj import iter_batches, topic_ids
-from test_cluster_plog import WAIT, Broker, Cluster, ack
+from test_cluster_plog import CLUSTER_ID, WAIT, Broker, Cluster, ack
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1
@@ -139,3 +140,37 @@ def test_a_deposed_leaders_compaction_is_refused(cluster: Cluster, monkeypatch: 
     (new,) = plog_of(b, t).segments
     assert new.gen == 2 * GENERATIONS_PER_EPOCH + 1
     assert keys_read(b, t) == [(4, b"r2"), (5, b"r2")]
+
+
+def test_tombstones_go_delete_retention_ms_after_the_pass_that_first_passed_them(cluster: Cluster) -> None:
+    """With the topic in the metadata, the pass notes its clean end and marks where a single node
+    does (PartitionMeta): a tombstone is kept by the first pass, and a later pass — due for it
+    alone, nothing being dirty — drops it once delete.retention.ms has passed since. The policy is
+    `compact,delete`: retention still works on the compacted segments."""
+    a = cluster.broker(1)
+    (t,) = topic_ids(1)
+    topic_config = {"cleanup.policy": "compact,delete", "delete.retention.ms": "1000", "min.compaction.lag.ms": "0"}
+    a.meta.append(ClusterRecord(CLUSTER_ID)).result(WAIT)
+    a.meta.append(TopicCreated("tombs", t, 1, topic_config, TS)).result(WAIT)
+    config = TopicConfig.parse(topic_config)
+    a.log.acquire(t, 0)
+    keyed(a, t, [(b"a", b"1"), (b"b", b"1")])
+    keyed(a, t, [(b"a", None), (b"b", b"2")])  # 2: a's tombstone, 3
+    merge(a.log, t, 0, "tombs")
+    now = TS + 10_000
+
+    def once(at: int, force: bool = False) -> Any:
+        return compact(
+            a.log, t, 0, "tombs", config, dedupe_bytes=1 << 20, retain_empty=set(), force=force, wall_ms=lambda: at
+        )
+
+    assert once(now) is not None  # due: everything is dirty
+    assert keys_read(a, t) == [(2, b""), (3, b"2")]
+    pm = a.meta.read(lambda s: copy.deepcopy(s.partitions[(bytes.fromhex(t), 0)]))
+    assert (pm.clean_end, pm.clean_marks, pm.tombstone_ms) == (4, [[4, now]], now)
+    assert once(now + 500) is None  # nothing dirty, the tombstone not due yet
+    assert once(now + 1000) is not None  # due for the tombstone alone
+    assert keys_read(a, t) == [(3, b"2")]
+    assert a.meta.read(lambda s: s.partitions[(bytes.fromhex(t), 0)].tombstone_ms) == -1
+    # compact,delete: retention moves the log start past the compacted segment once it is old
+    assert retention_start(plog_of(a, t), TopicConfig.parse({**topic_config, "retention.ms": "1"}), now) == 4
