@@ -151,6 +151,8 @@ def _compact(
     if epoch is None or epoch != view.epoch:
         raise NotLeaderError(f"{topic_id}-{partition}: epoch {view.epoch} is not this leader's {epoch}")
     now_ms = wall_ms()
+    # no open transaction bounds the plan (None) and the job has no aborted list: cluster mode
+    # refuses transactions (SharedPartitionLog.compact checks it is still so)
     plan = plan_segments(
         [_plan_ref(s) for s in view.segments], view.clean_end, None, view.tombstone_ms, config, now_ms, force=force
     )
