@@ -410,7 +410,10 @@ class EtcdClusterView:
             except LoglakeError as exc:
                 log.info("node %d: merging %s-%d: %s (next round)", self.node_id, name, p, exc)
         if not self._stop.is_set():
-            self.log.compact(None, False)  # what was merged is compacted in the same round
+            try:
+                self.log.compact(None, False)  # what was merged is compacted in the same round
+            except LoglakeError as exc:  # the sweep below runs regardless
+                self._say(f"compaction round failed: {exc}")
         if not self._stop.is_set() and self.publishes():
             sweep(plog)  # one sweeper (the lowest live node id): sweeps racing on the same keys waste work
         return merged
