@@ -391,11 +391,14 @@ class Cluster:
             raise RuntimeError(f"metadata of {topic}: {t.error}")
         return {p: pm.leader for p, pm in t.partitions.items()}
 
-    def create_topic(self, topic: str, partitions: int, timeout_s: float = 30.0) -> None:
+    def create_topic(
+        self, topic: str, partitions: int, timeout_s: float = 30.0, config: dict[str, str] | None = None
+    ) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": self.bootstrap})
-        fut = admin.create_topics([NewTopic(topic, partitions, 1)], operation_timeout=timeout_s)[topic]
+        new = NewTopic(topic, partitions, 1, config=config or {})
+        fut = admin.create_topics([new], operation_timeout=timeout_s)[topic]
         fut.result(timeout_s)
         self.wait_leaders(topic, partitions, timeout_s)
 

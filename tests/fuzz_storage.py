@@ -73,7 +73,13 @@ SEED_RECORDS: list[tuple[str, dict[str, Any]]] = [
                      "seg": ["s0", 0, 4, 500, 432, 3, "00" * 32, 5, 9]}),
     ("plog_swept", {"keys": ["f1", "f2"]}),
     ("plog_start", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "start": 2}),
+    ("schema_version", {"subject": "s-value", "version": 1, "id": 1, "type": "AVRO", "schema": '"string"', "refs": []}),
+    ("schema_config", {"subject": "", "config": {"compatibilityLevel": "FULL"}}),
+    ("schema_mode", {"subject": "s-value", "mode": "READONLY"}),
+    ("schema_deleted", {"subject": "s-value", "versions": [1], "permanent": False}),
     ("share_state", {"g": "sg", "id": TID, "p": 0, "start": 1, "end": 4, "batches": [[1, 2, 2, 1], [3, 3, 0, 2]], "gen": 1}),
+    ("plog_compacted", {"id": TID, "p": 0, "epoch": 1, "ms": 9, "old": ["s0"],
+                        "segs": [["s0-g1001", 0, 4, 300, 232, 3, "00" * 32, 2, 9, 1001]], "clean": [5, 9, -1]}),
     ("topic_deleted", {"id": TID}),
 ]
 #: Trailer fields a structured segment mutation may change (not the CRC, version or magic).

@@ -179,3 +179,39 @@ def test_a_topic_remembers_its_replication_factor() -> None:
     assert topic_led().topics[bytes.fromhex(T)].replication_factor == 1
     with pytest.raises(ValueError, match="replication factor"):
         topic_led(rf=0)
+
+
+def test_a_compaction_switch_must_replace_segments_in_place_with_the_same_offsets_and_chain() -> None:
+    s = led()
+    s.apply("plog_commit", {"key": "k1", "ranges": [rng(1, 0, 4)]})
+    s.apply("plog_commit", {"key": "k2", "ranges": [rng(1, 5, 9)]})
+    for n, (key, base, last, link) in enumerate((("s0", 0, 4, "01"), ("s5", 5, 9, "02"))):
+        seg = [key, base, last, 900, 800, 3, link * 32, 5, 5]
+        s.apply("plog_merged", {"id": T, "p": 0, "epoch": 1, "ms": 10 + n, "n": 1, "seg": seg})
+    plog = s.plogs.part(bytes.fromhex(T), 0)
+    good = [["s0-g1001", 0, 9, 500, 400, 4, "02" * 32, 2, 5, 1001]]
+
+    def compacted(old: list[str], segs: list[list[Any]], epoch: int = 1) -> None:
+        body = {"id": T, "p": 0, "epoch": epoch, "ms": 20, "old": old, "segs": segs, "clean": [10, 20, -1]}
+        s.apply("plog_compacted", body)
+
+    for old, segs, match in (
+        (["s5"], good, "cover"),  # other offsets than the replaced ones
+        (["s5", "s0"], good, "not in place"),  # not the partition's order
+        (["s0", "s5"], [[*good[0][:6], "03" * 32, *good[0][7:]]], "chain"),  # another link hash
+        (["s0", "s5"], [[*good[0][:9], 0]], "generation"),  # a rewritten segment has one
+        (["s0", "s5"], [["s0", 0, 9, 500, 400, 4, "02" * 32, 2, 5, 1]], "already"),  # a key in use
+    ):
+        with pytest.raises(ValueError, match=match):
+            compacted(old, segs)
+    s.apply("plog_leader", {"id": T, "p": 0, "epoch": 2, "leader": 2})
+    with pytest.raises(ValueError, match="epoch"):  # a deposed leader's switch: nothing moves
+        compacted(["s0", "s5"], good)
+    assert [x.key for x in plog.segments] == ["s0", "s5"] and s.plogs.dropped == {}
+    compacted(["s0", "s5"], [[*good[0][:9], 2001]], epoch=2)
+    assert [(x.key, x.gen) for x in plog.segments] == [("s0-g1001", 2001)]
+    assert s.plogs.dropped == {"s0": 20, "s5": 20}
+    image = capture(s)
+    restored = decode_checkpoint(b"".join(encode_checkpoint(image)), path="ck")
+    assert restored.plogs.part(bytes.fromhex(T), 0).segments == plog.segments
+    assert capture(restored).doc["plogs"] == image.doc["plogs"]

@@ -50,6 +50,7 @@ from loglake.meta.records import (
     OffsetExpire,
     PartitionsAdded,
     PlogCommit,
+    PlogCompacted,
     PlogLeader,
     PlogMerged,
     PlogStart,
@@ -118,6 +119,7 @@ TODAY_ORDER = (
     "schema_config",
     "schema_mode",
     "share_state",
+    "plog_compacted",
 )
 
 # ---- the bytes the previous release wrote ---------------------------------------------------------
@@ -168,17 +170,18 @@ HISTORY = [
     b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":0,"end":2,"batches":[[0,1,0,1]]}',
     b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":1,"start":null}',
     b'\x01\x20{"g":"sg","id":"0123456789abcdef0123456789abcdef","p":2,"start":-1,"end":-1,"batches":[],"gen":3}',
+    b'\x01\x21{"id":"0123456789abcdef0123456789abcdef","p":1,"epoch":4,"ms":1700000000022,"old":["seg/0001"],"segs":[["seg/0001-g4001",0,29,3000,2800,98,"abababababababababababababababababababababababababababababababab",30,1700000000018,4001]],"clean":[30,1700000000022,-1]}',
     b'\x01\x03{"id":"0123456789abcdef0123456789abcdef","ms":1700000000020}',
 ]
 #: sha256 of the checkpoint of the state HISTORY[:-1] left (applied as recovery does), and after
 #: its last record (the topic's deletion). Changed on purpose: a `plog_leader` now also enters its
 #: epoch in the partition's leader-epoch history (cluster mode's OffsetForLeaderEpoch), and the
-#: history gained a `plog_start`.
+#: history gained a `plog_start` and a `plog_compacted`.
 #: Changed on purpose again: the history gained the schema registry's records; without them the
 #: checkpoint is the bytes it was (`WITHOUT_SCHEMAS_SHA256`: an empty registry writes no key).
 #: And again: the history gained `share_state` records (the checkpoint carries "shares").
-CHECKPOINT_SHA256 = "1fa1edef823bee433a7d3c08291119d1a4ebdcd79ac3c3f480a1849d6b5fdba8"
-CHECKPOINT_AFTER_DELETE_SHA256 = "31d5649102480f077f3dde811667ac9af1d2907e27f291925162711eaa0f4dfc"
+CHECKPOINT_SHA256 = "0816aafa1134d56b2ada83957491753436afc1a1687ffa2ea7090f7acaa8f8a4"
+CHECKPOINT_AFTER_DELETE_SHA256 = "d240dfeb44ec0f9b35d046bb870b32f1dfd12a4f39fc5f776cd18651b63f5d39"
 WITHOUT_SCHEMAS_SHA256 = "700b90359000f774c879e7b620899a4880ba2b2c7794574b25cd477bf83ca996"
 
 #: Bodies older releases wrote, which no typed record writes any more: 0.1.0's topic_deleted
@@ -275,6 +278,11 @@ SAMPLES: list[MetaRecord] = [
     ShareState("sg", TID, 1, 0, 2, [(0, 1, 0, 1)]),
     ShareState("sg", TID, 1, None),
     ShareState("sg", TID, 2, -1, -1, [], 3),
+    PlogCompacted(
+        TID, 1, 4, 1700000000022, ["seg/0001"],
+        [PlogSegment("seg/0001-g4001", 0, 29, 3000, 2800, 98, "ab" * 32, 30, 1700000000018, 4001)],
+        (30, 1700000000022, -1),
+    ),
     TopicDeleted(TID, 1700000000020),
 ]
 
@@ -375,6 +383,10 @@ def test_the_previous_release_bytes_decode_and_apply_to_the_same_state() -> None
     }
     p0 = state.plogs.parts[(bytes.fromhex(TID), 0)]  # plog_start dropped its one range
     assert (p0.log_start, p0.ranges, state.plogs.free) == (10, [], {"flush/0001": 1700000000021})
+    # plog_compacted replaced partition 1's merged segment and noted its pass's clean end
+    p1 = state.plogs.parts[(bytes.fromhex(TID), 1)]
+    assert [(s.key, s.gen) for s in p1.segments] == [("seg/0001-g4001", 4001)]
+    assert (pm.clean_end, state.plogs.dropped) == (30, {"seg/0001": 1700000000022})
     kind, body = decode_record(HISTORY[-1], where="test", position=len(HISTORY) - 1)
     state.apply(kind, body)
     state.seq += 1

@@ -218,13 +218,11 @@ def source_rows(options: dict[str, str]) -> Rows:
     return sorted(rows)
 
 
-def test_verify_and_restore_refuse_a_cluster_bucket(cluster: Cluster, tmp_path: Path) -> None:
+def test_restore_refuses_a_cluster_bucket(cluster: Cluster, tmp_path: Path) -> None:
+    """(`pipeline verify` proves a cluster bucket: test_spark_pipeline.py.)"""
     import loglake
-    from loglake.errors import ConfigError, LoglakeError
-    from loglake.spark.pipeline import verify_store
+    from loglake.errors import ConfigError
 
-    with pytest.raises(LoglakeError, match="cluster-mode"):
-        verify_store(None, cluster.store_url)  # refused before any Spark job
     with pytest.raises(ConfigError, match="cluster-mode"):
         loglake.open(str(tmp_path / "single"), cold_store=cluster.store_url)
 

@@ -186,3 +186,66 @@ def test_an_export_with_nothing_new_to_land_starts_no_spark(spark: Any, tmp_path
     # a batch planned but not committed (a crash): only Spark knows what to redo
     (out / "_checkpoint" / "offsets" / "1").write_text((out / "_checkpoint" / "offsets" / "0").read_text())
     assert checkpoint_offsets(str(out / "_checkpoint")) is None
+
+
+def test_verify_distributed_over_a_cluster_bucket(spark: Any, tmp_path: Path) -> None:
+    """`pipeline verify` on a cluster's bucket (one broker over a shared folder, tests/clusterkit.py):
+    every merged and compacted segment in full with the hash chain between them, and every flush
+    range not merged yet against its commit's CRC-32C, one Spark task each; a flipped byte in
+    either is named."""
+    import time
+
+    from confluent_kafka import Producer
+
+    import clusterkit
+    from etcdkit import ETCD_BINARY
+    from loglake.cluster.verify import PlogSource
+    from loglake.spark.pipeline import verify_store
+    from loglake.spark.plan import cached_store
+
+    if ETCD_BINARY is None:
+        pytest.skip("etcd is not installed (Debian package etcd-server; .ci/run installs it)")
+    env = {"LOGLAKE_CLUSTER_MAINTENANCE_INTERVAL_MS": "1500"}  # merged and compacted between rounds
+    config = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "min.compaction.lag.ms": "0"}
+    with clusterkit.running_cluster(tmp_path, brokers=1, cold_store="file", broker_env=env) as c:
+        c.create_topic("kv", 2, config=config)
+        url = c.cold_store_url
+        producer = Producer({"bootstrap.servers": c.bootstrap, "acks": "all", "linger.ms": 5})
+        broker = c.brokers[0]
+
+        def frozen() -> PlogSource | None:
+            """The published metadata once it lists compacted segments and unmerged ranges."""
+            source = PlogSource(cached_store(url))
+            plogs = [plog for _t, _id, _p, plog in source.plogs()]
+            compacted = any(s.gen > 0 for pl in plogs for s in pl.segments)
+            return source if compacted and any(pl.ranges for pl in plogs) else None
+
+        source = None
+        for rnd in range(20):  # rounds until a snapshot holds both: then the broker is paused
+            for i in range(200):
+                producer.produce("kv", key=b"k%02d" % (i % 20), value=b"r%d-%d" % (rnd, i), partition=i % 2)
+            assert producer.flush(60) == 0
+            time.sleep(1.2)  # published (every second), likely before the next merge
+            if frozen() is not None:
+                broker.pause()
+                time.sleep(1.5)  # a publish in flight has landed
+                source = frozen()
+                if source is not None:
+                    break
+                broker.resume()
+        assert source is not None, "no published snapshot with both compacted segments and unmerged ranges"
+        try:
+            ok = verify_store(spark, url)
+            assert ok.ok, ok.errors
+            segments = [s for _t, _id, _p, pl in source.plogs() for s in pl.segments]
+            ranges = [r for _t, _id, _p, pl in source.plogs() for r in pl.ranges]
+            assert (ok.segments, ok.ranges, ok.partitions) == (len(segments), len(ranges), 2)
+            for key, at in ((next(s.key for s in segments if s.gen > 0), 40), (ranges[0].key, ranges[0].pos + 40)):
+                path = c.shared_dir / key
+                raw = path.read_bytes()
+                path.write_bytes(raw[:at] + bytes([raw[at] ^ 0x40]) + raw[at + 1 :])
+                bad = verify_store(spark, url)
+                path.write_bytes(raw)
+                assert not bad.ok and bad.errors[0][0] == key, bad.errors
+        finally:
+            broker.resume()

@@ -343,7 +343,8 @@ def verify(
     option: OptionOption = None,
     conf: ConfOption = None,
 ) -> None:
-    """Check every segment's CRCs and hash chain on the executors; exit 1 naming the first bad one."""
+    """Check every segment's CRCs and hash chain on the executors (a cluster's bucket: its flush
+    ranges not merged yet too); exit 1 naming the first bad one."""
     from loglake.spark.options import store_url_from
     from loglake.spark.plan import cached_store, load_metadata
 
@@ -357,7 +358,8 @@ def verify(
         outcome = verify_store(spark, path, cold_path, extra)
     finally:
         spark.stop()
-    summary = f"{outcome.segments} segments in {outcome.partitions} partitions, {outcome.seconds:.1f}s"
+    ranges = f" and {outcome.ranges} flush ranges" if outcome.ranges else ""  # a cluster's bucket
+    summary = f"{outcome.segments} segments{ranges} in {outcome.partitions} partitions, {outcome.seconds:.1f}s"
     if outcome.ok:
         stdout_console().print(f"verify ok: {summary}", style="green", markup=False)
         return

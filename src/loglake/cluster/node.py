@@ -74,7 +74,8 @@ def cluster_parts(
     catalog = Catalog(etcd, config, clock)
     view: list[EtcdClusterView] = []  # made just below; the log asks it only once open
     log = SharedPartitionLog(
-        config, settings, etcd=etcd, catalog=catalog, bucket=bucket, publishes=lambda: bool(view) and view[0].publishes()
+        config, settings, etcd=etcd, catalog=catalog, bucket=bucket, publishes=lambda: bool(view) and view[0].publishes(),
+        bucket_url=str(url) if store is None else None,  # a given store object cannot be reopened elsewhere
     )
     view.append(EtcdClusterView(log, etcd, client, settings))
     # no reserve: the data directory holds only a cache here

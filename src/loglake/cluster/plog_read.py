@@ -9,7 +9,8 @@ below the log start (`Plog.log_start`, raised by DeleteRecords and retention) is
   * flush-object ranges: one ranged GET per range, checked against its CRC, kept in a cache
     bounded by CACHE_BYTES_MAX (several fetches of one range cost one GET);
   * merged segments: the data part of the segment with one ranged GET, checked against the
-    segment's data CRC-32C, through the same cache.
+    segment's data CRC-32C, through the same cache. A compacted segment (loglake.cluster.compact)
+    is always read from the bucket: memory holds the batches as appended, before compaction.
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ class PlogReader:
         size = 0
         for src in sources[max(i, 0) :]:
             while offset <= src.last:
-                data = self._from_memory(topic_id, partition, offset)
+                # a compacted segment holds other bytes than those appended: never from memory
+                rewritten = isinstance(src, PlogSegment) and src.gen > 0
+                data = None if rewritten else self._from_memory(topic_id, partition, offset)
                 from_bucket = data is None
                 views = self._batches(topic_id, partition, src) if data is None else iter_batches(data)
                 for view in views:

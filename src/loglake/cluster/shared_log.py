@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from loglake.broker.settings import CLUSTER_UNREACHABLE_RELEASE_MS
+from loglake.cluster.compact import compact as compact_partition
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.health import probe_prefix
@@ -38,6 +39,7 @@ from loglake.cluster.producers import rebuild_producers
 from loglake.cluster.publish import ClusterMetaPublisher
 from loglake.engine.catalog import Catalog, TopicState, new_cluster_id
 from loglake.engine.cleaner import Cleaner
+from loglake.engine.cleaner_job import CompactJob, JobResult, WorkerProcess, run_job
 from loglake.engine.cold import ColdReader
 from loglake.engine.config import EngineConfig, TopicConfig
 from loglake.engine.corrupt import Corruption
@@ -52,12 +54,14 @@ from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
     ConfigError,
     EngineClosedError,
+    EngineFailedError,
     LoglakeError,
     MetaFencedError,
     OffsetOutOfRangeError,
 )
 from loglake.locks import Rank, ranked_lock
 from loglake.meta.cluster import Plog, PlogRange, PlogSegment
+from loglake.meta.lifecycle import Tier
 from loglake.meta.producers import ProducerStates
 from loglake.meta.records import Cluster, RecordKind
 from loglake.meta.state import MetaState
@@ -85,7 +89,6 @@ COMMIT_WAIT_S = 60.0
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
     Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
-    Feature.COMPACTION: "compaction (cleanup.policy=compact) is not supported in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",
@@ -122,9 +125,12 @@ class SharedPartitionLog:
         catalog: Catalog,
         bucket: Callable[[], ObjectStore],
         publishes: Callable[[], bool],
+        bucket_url: str | None = None,
     ) -> None:
         """`bucket` opens the bucket (at `open`); `publishes` says whether this broker is the one
-        that copies the metadata into the bucket now (the cluster view knows)."""
+        that copies the metadata into the bucket now (the cluster view knows); `bucket_url`
+        reopens the same bucket in a cleaner worker process (None: compaction's record work runs
+        on the maintenance thread)."""
         self.config = config
         self.settings = settings
         self.etcd = etcd
@@ -146,6 +152,10 @@ class SharedPartitionLog:
         #: (producer id, epoch, first sequence) -> the append in flight, per partition
         self._inflight: dict[TP, dict[tuple[int, int, int], Future[AppendAck]]] = {}
         self._ready_lock = ranked_lock(Rank.LEADERSHIP, "SharedPartitionLog._ready_lock")
+        #: compaction's record work, off this process's interpreter lock (one pass at a time: the
+        #: maintenance thread's); None until the first pass, and without a URL to reopen by
+        self._bucket_url = bucket_url if config.cleaner_process else None
+        self._cleaner_worker: WorkerProcess | None = None
 
     @property
     def plog(self) -> ClusterPartitionLog:
@@ -211,6 +221,8 @@ class SharedPartitionLog:
                 self.publisher.stop()
             if self._plog is not None:
                 self._plog.close()
+            if self._cleaner_worker is not None:
+                self._cleaner_worker.close()
         finally:
             self._reads.shutdown(wait=False, cancel_futures=True)
             self.etcd.close()
@@ -472,8 +484,12 @@ class SharedPartitionLog:
         pl = self.plog_of(tid, p.index)
         start = self._log_start(tid, p.index)
         sealed = sum(s.size for s in pl.segments)
+        key = (p.topic_id, p.index)
+        clean_end = self.etcd.read(lambda s: pm.clean_end if (pm := s.partitions.get(key)) is not None else 0)
+        # as a single node's: the share of the merged (sealed) bytes past the compaction's clean end
+        dirty = sum(s.size for s in pl.segments if s.last >= clean_end) / sealed if compacted and sealed else 0.0
         return PartitionInfo(
-            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, 0, 0.0, pl.epoch, pl.end
+            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, clean_end, dirty, pl.epoch, pl.end
         )
 
     def tier_bytes(self, p: Partition) -> TierBytes:
@@ -562,7 +578,47 @@ class SharedPartitionLog:
         self.plog.flusher.flush(60)
 
     def compact(self, topic: str | None, force: bool) -> int:
-        raise refusal(REFUSED, Feature.COMPACTION)
+        """One compaction pass of each compacted partition this broker leads (of `topic`, or of
+        every topic) that is due, or has anything dirty when `force`d (loglake.cluster.compact:
+        the leader rewrites merged segments, fenced by its epoch). Returns the passes done; a
+        partition that fails is logged and retried at the next round."""
+        if Feature.TRANSACTIONS not in self.refused:
+            # loglake.cluster.compact plans with no open transaction (no last stable offset) and
+            # no aborted ones, true only while transactions are refused here: once they are
+            # offered, both must be handed to it first, else an open transaction's records could
+            # be cleaned and aborted ones supersede committed ones
+            raise EngineFailedError("cluster compaction does not know transactions yet; it is off until it does")
+        with self._ready_lock:
+            led = sorted(self._ready)
+        done = 0
+        for tid, index in led:
+            t = self.catalog.topic_by_id(bytes.fromhex(tid))
+            if t is None or not t.config.compacted or (topic is not None and t.name != topic):
+                continue
+            with t.partitions[index].lock, self._ready_lock:  # appends change the producers under both
+                states = self._producers.get((tid, index))
+                retain = states.last_batches() if states is not None else set()
+            try:
+                if compact_partition(
+                    self.plog, tid, index, t.name, t.config, dedupe_bytes=self.config.cleaner_dedupe_buffer_bytes,
+                    retain_empty=retain, force=force, io_bytes_per_s=self.config.cleaner_io_max_bytes_per_second,
+                    execute=self._compaction_job,
+                ) is not None:  # fmt: skip
+                    done += 1
+            except LoglakeError as exc:
+                log.warning("compaction of %s-%d: %s (next round)", t.name, index, exc)
+        return done
+
+    def _compaction_job(self, job: CompactJob) -> JobResult:
+        """A compaction job's rewrite in a cleaner worker process, which reopens the bucket by
+        its URL; on the calling thread when there is none to reopen it by."""
+        if self._bucket_url is None:
+            assert self.bucket is not None
+            return run_job(job, {Tier.COLD: self.bucket})
+        job.store_urls = {Tier.COLD: self._bucket_url}
+        if self._cleaner_worker is None:
+            self._cleaner_worker = WorkerProcess()
+        return self._cleaner_worker.call(job)
 
     def apply_retention(self) -> int:
         """Retention of the partitions this broker leads: each one's log start is raised past

@@ -7,7 +7,9 @@ what a cluster has acknowledged, without etcd:
 
 * merged segments are ordinary sealed segments chained like a single node's: `PlogSource` hands
   them to the same walk (loglake.engine.verify.verify_source), which checks each object's CRCs,
-  index and trailer and that each segment's prev hash is the link hash of the one before it.
+  index and trailer and that each segment's prev hash is the link hash of the one before it;
+  a compacted one (loglake.cluster.compact) is a rewritten segment whose provenance names what it
+  replaced, and below the partition's clean end no key appears twice, as on a single node.
   The metadata records each segment's link hash (what the next one's prev hash must be), not its
   chain hash, so that field is compared through the chain rather than one by one;
 * each flush range is read with one ranged GET and checked against the CRC-32C its commit
@@ -84,7 +86,7 @@ class PlogSource:
             prev = bytes.fromhex(segs[i - 1].link) if i else (ZERO_HASH if s.base == 0 else b"")
             link = bytes.fromhex(s.link)
             refs.append(
-                SegmentRef(s.base, s.last, s.key, s.size, s.max_ts, s.count, prev, b"", 0, link_hash=link)
+                SegmentRef(s.base, s.last, s.key, s.size, s.max_ts, s.count, prev, b"", 0, generation=s.gen, link_hash=link)
             )
         return refs
 
@@ -92,7 +94,12 @@ class PlogSource:
         return self._store
 
     def clean_end(self, topic: str, partition: int) -> int:
-        return 0  # cluster partitions are not compacted
+        """Where the partition's compaction got to (loglake.cluster.compact; 0: never compacted)."""
+        for name, topic_id, p, _plog in self.plogs():
+            if (name, p) == (topic, partition):
+                pm = self.state.partitions.get((bytes.fromhex(topic_id), p))
+                return pm.clean_end if pm is not None else 0
+        raise LoglakeError(f"{topic}-{partition} is not in {self._store.url}'s metadata")
 
     def chain_heads(self) -> dict[tuple[str, int], bytes]:
         return {}  # the last merged segment's link hash is the head: nothing more is recorded

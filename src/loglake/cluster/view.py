@@ -386,8 +386,8 @@ class EtcdClusterView:
                 self._say(f"merge/sweep round failed: {exc}")
 
     def maintain_once(self) -> int:
-        """Apply retention to the partitions this broker leads, merge their ranges, then sweep;
-        returns partitions merged."""
+        """Apply retention to the partitions this broker leads, merge their ranges, compact the
+        compacted topics' merged segments that are due, then sweep; returns partitions merged."""
         plog = self.log.plog
         self.log.apply_retention()  # first: what it drops is not merged in vain
 
@@ -409,6 +409,11 @@ class EtcdClusterView:
                 merged += 1
             except LoglakeError as exc:
                 log.info("node %d: merging %s-%d: %s (next round)", self.node_id, name, p, exc)
+        if not self._stop.is_set():
+            try:
+                self.log.compact(None, False)  # what was merged is compacted in the same round
+            except LoglakeError as exc:  # the sweep below runs regardless
+                self._say(f"compaction round failed: {exc}")
         if not self._stop.is_set() and self.publishes():
             sweep(plog)  # one sweeper (the lowest live node id): sweeps racing on the same keys waste work
         return merged

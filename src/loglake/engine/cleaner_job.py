@@ -66,6 +66,9 @@ class CompactJob:
     chunk_segments: int = 1000
     #: the partition's aborted transactions, [producer id, first offset, marker offset]
     aborted: list[list[int]] = field(default_factory=list)
+    #: the outputs' generation (None: one more than each replaced run's first; cluster mode's
+    #: leader passes one of its epoch's, loglake.cluster.compact)
+    generation: int | None = None
 
 
 @dataclass
@@ -135,6 +138,7 @@ def run_job(
             outputs, stats = build(
                 stores[chunk[0].tier], job.key_prefix, chunk, keep, kind="compact", params=params,
                 target_bytes=job.target_bytes, now_ms=job.now_ms, limiter=limiter, alive=alive,
+                generation=job.generation,
             )
             chunks.append((chunk, outputs))
             for name in ("bytes_read", "bytes_written", "segments_in", "segments_out", "batches_in", "batches_out"):

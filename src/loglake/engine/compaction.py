@@ -49,6 +49,7 @@ __all__ = [
     "first_pass_ms",
     "is_aborted",
     "plan_clean",
+    "plan_segments",
     "record_filter",
 ]
 
@@ -146,6 +147,23 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
         segments = p.segments.slice(0)
         clean_end = p.meta.clean_end
         stable_end = min(p.meta.txn_open.values(), default=None)  # first offset of an open transaction
+        tombstone_ms = p.meta.tombstone_ms
+    return plan_segments(segments, clean_end, stable_end, tombstone_ms, config, now_ms, force=force)
+
+
+def plan_segments(
+    segments: list[SegmentRef],
+    clean_end: int,
+    stable_end: int | None,
+    tombstone_ms: int,
+    config: TopicConfig,
+    now_ms: int,
+    *,
+    force: bool = False,
+) -> CleanPlan | None:
+    """`plan_clean`'s rules over a partition's sealed segments (oldest first), its clean end, the
+    first offset of its oldest open transaction (None: none open) and its `tombstone_ms`; both
+    modes' cleaners plan with it (cluster mode over its merged segments)."""
     if not segments:
         return None
     lag_limit = now_ms - config.min_compaction_lag_ms
@@ -156,7 +174,7 @@ def plan_clean(p: Partition, config: TopicConfig, now_ms: int, *, force: bool = 
         len(segments),
     )
     dirty = [s for s in segments[:n] if s.last_offset >= clean_end]
-    tombstones_due = 0 <= p.meta.tombstone_ms <= now_ms - config.delete_retention_ms
+    tombstones_due = 0 <= tombstone_ms <= now_ms - config.delete_retention_ms
     if not dirty:
         # nothing new to map, but tombstones the last pass kept may be due to go
         cleaned = [s for s in segments[:n] if s.base_offset < clean_end]

@@ -117,8 +117,13 @@ def build(
     now_ms: int,
     limiter: RateLimiter,
     alive: Callable[[], bool] | None = None,
+    generation: int | None = None,
 ) -> tuple[list[tuple[SegmentRef, SegmentIndex]], RewriteStats]:
     """Steps 1-3 of the module docstring: the new segments, PUT, not yet switched to.
+
+    Each new segment's generation (key and trailer) is one more than its first replaced
+    segment's, or `generation` when given: cluster mode picks one in its leader epoch's own
+    range, so a deposed leader's output never has its successor's key (loglake.cluster.compact).
 
     Pure with respect to the engine (it needs only the store), so a worker process can run it.
     Inputs are read and verified in chunks (READ_CHUNK_BYTES); with a filter, kept batches
@@ -163,7 +168,7 @@ def build(
             if writer.size >= target_bytes or seg is run[-1]:
                 if alive is not None and not alive():
                     raise RewriteAborted("the engine that asked for this rewrite is gone")
-                outputs.append(_finish(store, key_prefix, writer, group, kind, params, now_ms, limiter))
+                outputs.append(_finish(store, key_prefix, writer, group, kind, params, now_ms, limiter, generation))
                 stats.bytes_written += outputs[-1][0].size
                 writer, group = None, []
     except BaseException:
@@ -184,12 +189,14 @@ def _finish(
     params: dict[str, Any],
     now_ms: int,
     limiter: RateLimiter,
+    generation: int | None = None,
 ) -> tuple[SegmentRef, SegmentIndex]:
     first, last = group[0], group[-1]
+    gen = first.generation + 1 if generation is None else generation
     provenance = {"kind": kind, "ms": now_ms, "params": params, "replaced": [replaced_entry(s) for s in group]}
-    writer.rewrite = Rewrite(last.last_offset, last.link_hash, first.generation + 1, provenance)
+    writer.rewrite = Rewrite(last.last_offset, last.link_hash, gen, provenance)
     parts, trailer, index = writer.finish()
-    key = key_prefix + segment_file_name(first.base_offset, first.generation + 1)
+    key = key_prefix + segment_file_name(first.base_offset, gen)
     limiter.acquire(trailer.size)
     store.put(key, parts)
     return SegmentRef.from_trailer(key, trailer, first.tier, None), index

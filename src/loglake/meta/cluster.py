@@ -26,6 +26,15 @@ plog_start     {id, p, epoch, ms, start} -> the partition's log start offset rai
                one; `start` must lie in old start..end. Merged segments and ranges wholly below
                it leave the partition (a segment is dropped at `ms`, a flush object left with no
                range is unreferenced at `ms`: the sweep deletes both after its grace)
+plog_compacted {id, p, epoch, ms, old: [key, ...], segs: [seg, ...], clean: [end, ms, tomb_ms]}
+               -> compaction (version 1 of the kind): the merged segments named by `old`,
+               consecutive in the partition's list, are replaced by `segs` (rewritten segments,
+               each row the `seg` of plog_merged plus its generation), which must cover exactly
+               their offsets, consecutively, and end on the same link hash (the chain goes on
+               unchanged); under leader epoch `epoch`, which must be the current one. The
+               replaced segments are dropped at `ms` (the sweep deletes them after its grace);
+               `clean` is the pass's clean end and marks (the partition's `clean_end`,
+               `clean_marks`, `tombstone_ms` in loglake.meta.state, as on a single node)
 topic_deleted  (the topic record; `ms` added in cluster mode) -> the topic's partitions leave the
                table: flush objects left without ranges become unreferenced, its merged
                segments are dropped, both at `ms` (0 when absent), for the sweep
@@ -39,6 +48,7 @@ is long past any commit's lifetime).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -52,6 +62,7 @@ __all__ = [
     "PlogSegment",
     "PlogTable",
     "apply_plog_commit",
+    "apply_plog_compacted",
     "apply_plog_leader",
     "apply_plog_merged",
     "apply_plog_start",
@@ -115,7 +126,8 @@ class PlogRange:
 
 @dataclass(frozen=True, slots=True)
 class PlogSegment:
-    """A merged segment (single-node format) holding offsets base..last."""
+    """A merged segment (single-node format) holding offsets base..last; a compacted one
+    (`gen` > 0, its trailer's generation) covers them, its batches may hold fewer."""
 
     key: str
     base: int
@@ -126,6 +138,7 @@ class PlogSegment:
     link: str  # link hash, hex: the next segment's prev hash
     count: int
     max_ts: int
+    gen: int = 0  # the trailer's generation: 0 as merged, > 0 once rewritten by compaction
 
     def row(self) -> list[Any]:
         return [
@@ -138,6 +151,8 @@ class PlogSegment:
             self.link,
             self.count,
             self.max_ts,
+            # only once rewritten: a merged segment's row is the 9 fields it always was
+            *([self.gen] if self.gen else []),
         ]
 
 
@@ -152,7 +167,9 @@ def _range(row: Any) -> PlogRange:
 
 
 def _segment(row: Any) -> PlogSegment:
-    key, base, last, size, index_pos, data_crc, link, count, max_ts = row
+    key, base, last, size, index_pos, data_crc, link, count, max_ts, *gen = row
+    if len(gen) > 1 or (gen and int(gen[0]) <= 0):
+        raise ValueError(f"segment {row!r} has {len(row)} fields or a generation not above 0")
     s = PlogSegment(
         str(key),
         int(base),
@@ -163,6 +180,7 @@ def _segment(row: Any) -> PlogSegment:
         str(link),
         int(count),
         int(max_ts),
+        int(gen[0]) if gen else 0,
     )
     if s.last < s.base or not 0 < s.index_pos <= s.size:
         raise ValueError(f"segment {row!r} is empty or out of bounds")
@@ -199,8 +217,9 @@ class PlogTable:
     free: dict[str, int] = field(default_factory=dict)
     #: orphans the sweep condemned: a commit naming one is refused
     condemned: dict[str, None] = field(default_factory=dict)
-    #: merged segments of deleted topics -> since when (ms, the deleting broker's clock): the
-    #: sweep deletes them past the grace, as it does unreferenced flush objects
+    #: merged segments of deleted topics, below a raised log start, or replaced by compaction ->
+    #: since when (ms, the dropping broker's clock): the sweep deletes them past the grace, as it
+    #: does unreferenced flush objects
     dropped: dict[str, int] = field(default_factory=dict)
 
     def part(self, topic_id: bytes, partition: int) -> Plog:
@@ -257,6 +276,38 @@ def apply_plog_start(state: PlogState, b: dict[str, Any]) -> None:
     gone, plog.ranges = plog.ranges[:n], plog.ranges[n:]
     _release(t, tp, gone, ms)
     _trim(t.free, FREE_OBJECTS_MAX)
+    _trim(t.dropped, DROPPED_SEGMENTS_MAX)
+
+
+def apply_plog_compacted(state: PlogState, b: dict[str, Any]) -> None:
+    """The segment switch of a `plog_compacted` record (the clean marks are the caller's:
+    loglake.meta.state keeps them with the partition's other compaction facts)."""
+    t = state.plogs
+    tp = _tp(b)
+    plog = t.parts.get(tp)
+    if plog is None or int(b["epoch"]) != plog.epoch:
+        raise ValueError(f"compaction of epoch {b['epoch']} but the partition is at {plog.epoch if plog else 0}")
+    old = [str(k) for k in b["old"]]
+    segs = [_segment(row) for row in b["segs"]]
+    keys = [s.key for s in plog.segments]
+    i = keys.index(old[0]) if old and old[0] in keys else -1
+    if i < 0 or keys[i : i + len(old)] != old:
+        raise ValueError(f"compaction replaces segments {old[:1]}..., which are not in place")
+    replaced = plog.segments[i : i + len(old)]
+    if not segs or any(b2.base != a.last + 1 for a, b2 in itertools.pairwise(segs)):
+        raise ValueError("compacted segments must be consecutive")
+    if (segs[0].base, segs[-1].last, segs[-1].link) != (replaced[0].base, replaced[-1].last, replaced[-1].link):
+        raise ValueError(
+            f"compacted segments {segs[0].base}..{segs[-1].last} do not cover {replaced[0].base}..{replaced[-1].last} "
+            "or break the hash chain"
+        )
+    if {s.key for s in segs} & set(keys):
+        raise ValueError("a compacted segment's key is already in the partition")
+    # checked: now apply
+    plog.segments[i : i + len(old)] = segs
+    ms = int(b["ms"])
+    for seg in replaced:
+        t.dropped[seg.key] = ms
     _trim(t.dropped, DROPPED_SEGMENTS_MAX)
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "PartitionsAdded",
     "PlogCommit",
     "PlogCommitRow",
+    "PlogCompacted",
     "PlogLeader",
     "PlogMerged",
     "PlogStart",
@@ -134,6 +135,7 @@ class RecordKind(enum.StrEnum):
     SCHEMA_CONFIG = "schema_config", 30
     SCHEMA_MODE = "schema_mode", 31
     SHARE_STATE = "share_state", 32
+    PLOG_COMPACTED = "plog_compacted", 33
 
 
 #: code -> kind (index 0 unused): decoding is one index
@@ -765,6 +767,33 @@ class ShareState:
         return body
 
 
+@dataclass(frozen=True, slots=True)
+class PlogCompacted:
+    """The partition's merged segments `old` (keys, consecutive) replaced by the compacted
+    `segs` under leader epoch `epoch`; `clean` is the pass's (clean end, ms, oldest kept
+    tombstone's first-pass ms or -1)."""
+
+    kind: ClassVar[RecordKind] = RecordKind.PLOG_COMPACTED
+    topic_id: str
+    partition: int
+    epoch: int
+    ms: int
+    old: Sequence[str]
+    segs: Sequence[PlogSegment]
+    clean: tuple[int, int, int]
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "id": self.topic_id,
+            "p": self.partition,
+            "epoch": self.epoch,
+            "ms": self.ms,
+            "old": list(self.old),
+            "segs": [s.row() for s in self.segs],
+            "clean": list(self.clean),
+        }
+
+
 #: The typed record of every kind.
 RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
     t.kind: t
@@ -801,6 +830,7 @@ RECORD_TYPES: dict[RecordKind, type[MetaRecord]] = {
         SchemaConfig,
         SchemaMode,
         ShareState,
+        PlogCompacted,
     )
 }
 assert set(RECORD_TYPES) == set(RecordKind), "a kind without its typed record"

@@ -54,9 +54,10 @@ scram_credential   {user, mechanism, cred} → the user's SCRAM credential for t
 client_quota       {entity: [[type, name], ...], values} → one user / client-id quota entity's
                    configs, replaced; null values remove it (loglake.meta.quotas)
 plog_*             cluster partitions: leader epochs, committed flush ranges, merged segments,
-                   swept flush objects, raised log start offsets (loglake.meta.cluster); a
-                   `plog_leader` also enters its epoch in the partition's leader-epoch history,
-                   starting at the committed end
+                   swept flush objects, raised log start offsets, compacted segments
+                   (loglake.meta.cluster); a `plog_leader` also enters its epoch in the
+                   partition's leader-epoch history, starting at the committed end; a
+                   `plog_compacted` also notes its pass's clean end and marks (`note_clean`)
 schema_*           the schema registry: a subject's next version (`schema_version`), versions
                    soft/hard deleted, a subject's or the global config and mode
                    (loglake.meta.schemas)
@@ -77,6 +78,7 @@ from loglake.meta.acls import apply_acls
 from loglake.meta.cluster import (
     PlogTable,
     apply_plog_commit,
+    apply_plog_compacted,
     apply_plog_leader,
     apply_plog_merged,
     apply_plog_start,
@@ -381,6 +383,16 @@ class MetaState:
         if pm is not None and epoch > pm.leader_epoch:
             pm.note_leader_epoch(epoch, self.plogs.parts[tp].end)
 
+    def _plog_compacted(self, b: dict[str, Any]) -> None:
+        """A cluster partition's compaction: the segment switch (loglake.meta.cluster), then the
+        pass's clean end and marks, kept where a single node keeps them (`PartitionMeta`)."""
+        end, ms, tomb_ms = (int(x) for x in b["clean"])  # read first: a bad record changes nothing
+        apply_plog_compacted(self, b)
+        pm = self.partitions.get((bytes.fromhex(str(b["id"])), int(b["p"])))
+        if pm is not None:
+            pm.note_clean(end, ms)
+            pm.tombstone_ms = tomb_ms
+
     def _leader_epoch(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
         pm.note_leader_epoch(int(b["epoch"]), int(b["start"]))
@@ -469,6 +481,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.SCHEMA_CONFIG: apply_schema_config,
     RecordKind.SCHEMA_MODE: apply_schema_mode,
     RecordKind.SHARE_STATE: MetaState._share_state,
+    RecordKind.PLOG_COMPACTED: MetaState._plog_compacted,
 }
 assert set(_APPLY) == set(RecordKind)
 

@@ -1,5 +1,6 @@
 """Spark pipelines over loglake: `export` (topic -> partitioned Parquet, exactly once) and
-`verify` (CRC + hash-chain check of every segment, one Spark task per segment)."""
+`verify` (CRC + hash-chain check of every segment, one Spark task per segment; on a cluster
+bucket also one task per flush range not merged yet, checked against its commit's CRC-32C)."""
 
 from __future__ import annotations
 
@@ -277,6 +278,8 @@ class SegmentCheck:
     prev_hash: str
     chain_hash: str
     last: int
+    #: what the next segment's prev_hash names: the chain hash, or a rewritten segment's link hash
+    link_hash: str = ""
 
 
 def _verify_one(task: tuple[str, str, str, int, int]) -> SegmentCheck:
@@ -290,8 +293,41 @@ def _verify_one(task: tuple[str, str, str, int, int]) -> SegmentCheck:
     except LoglakeError as exc:
         return SegmentCheck(topic, partition, base, key, str(exc), "", "", -1)
     return SegmentCheck(
-        topic, partition, base, key, None, t.prev_hash.hex(), t.chain_hash.hex(), t.last_offset
+        topic, partition, base, key, None, t.prev_hash.hex(), t.chain_hash.hex(), t.last_offset, t.link_hash.hex()
     )
+
+
+@dataclass(frozen=True)
+class RangeTask:
+    """One committed flush range of a cluster partition, as its `plog_commit` recorded it."""
+
+    url: str
+    key: str
+    topic: str
+    topic_id: str
+    partition: int
+    base: int
+    last: int
+    pos: int
+    length: int
+    count: int
+    max_ts: int
+    batches: int
+    crc: int
+
+
+def _verify_range(task: RangeTask) -> tuple[str, int, int, str, str | None]:
+    """Runs on an executor: one ranged GET of a flush range, checked against the CRC-32C its
+    commit recorded (loglake.cluster.flushobj.read_range). (topic, partition, base, key, error)."""
+    from loglake.cluster.flushobj import FlushIndexEntry, read_range
+
+    t = task
+    entry = FlushIndexEntry(t.topic_id, t.partition, t.base, t.last, t.pos, t.length, t.count, t.max_ts, t.batches, t.crc)
+    try:
+        read_range(cached_store(t.url), t.key, entry)
+    except LoglakeError as exc:
+        return t.topic, t.partition, t.base, t.key, str(exc)
+    return t.topic, t.partition, t.base, t.key, None
 
 
 @dataclass
@@ -300,6 +336,7 @@ class VerifyOutcome:
     partitions: int
     errors: list[tuple[str, str]]  # (segment key, problem), first bad segment first
     seconds: float
+    ranges: int = 0  # a cluster bucket's flush ranges not merged yet, checked too
 
     @property
     def ok(self) -> bool:
@@ -315,10 +352,7 @@ def verify_store(
     cold = store_url_from({**opts, "path": cold_path}, data_dir=False) if cold_path else None
     meta = load_metadata(cached_store(url), path=path)
     if meta.cluster_mode:
-        raise LoglakeError(
-            f"{url} holds a cluster-mode bucket (loglake serve --cluster): pipeline verify checks "
-            "single-node segment chains only; cluster data is checked by CRC as it is read (docs/CLUSTER.md)"
-        )
+        return _verify_cluster(spark, url, started)
     tasks: list[tuple[str, str, str, int, int]] = []
     recorded: dict[str, tuple[str, str]] = {}
     for (topic, p), pm in sorted(meta.partitions.items()):
@@ -349,9 +383,9 @@ def verify_store(
                 elif rec_prev and rec_prev != c.prev_hash:
                     errors.append((c.key, f"prev_hash {c.prev_hash} differs from the metadata's {rec_prev}"))
                 elif prev is not None and not prev.error:
-                    if c.prev_hash != prev.chain_hash:
+                    if c.prev_hash != (prev.link_hash or prev.chain_hash):
                         errors.append(
-                            (c.key, f"hash chain broken: prev_hash {c.prev_hash} != chain hash of {prev.key}")
+                            (c.key, f"hash chain broken: prev_hash {c.prev_hash} != link hash of {prev.key}")
                         )
                     elif c.base != prev.last + 1:
                         errors.append(
@@ -359,3 +393,59 @@ def verify_store(
                         )
             prev = c
     return VerifyOutcome(len(checks), len(by_partition), errors, time.monotonic() - started)
+
+
+def _verify_cluster(spark: Any, url: str, started: float) -> VerifyOutcome:
+    """`verify_store` of a cluster-mode bucket: what its published metadata lists
+    (loglake.cluster.verify.PlogSource) checked on the executors — every merged (or compacted)
+    segment in full, every flush range not merged yet against its commit's CRC-32C — then on the
+    driver each partition's hash chain from segment to segment (a segment's prev hash is the
+    link hash of the one before) and its offsets: segments, then ranges, contiguous up to the
+    committed end. `segments` counts both."""
+    from loglake.cluster.verify import PlogSource
+
+    source = PlogSource(cached_store(url))
+    seg_tasks: list[tuple[str, str, str, int, int]] = []
+    range_tasks: list[RangeTask] = []
+    recorded: dict[str, tuple[int, str]] = {}  # segment key -> (last offset, link hash) as recorded
+    plogs = source.plogs()
+    for topic, topic_id, p, plog in plogs:
+        for seg in plog.segments:
+            seg_tasks.append((url, seg.key, topic, p, seg.base))
+            recorded[seg.key] = (seg.last, seg.link)
+        for r in plog.ranges:
+            range_tasks.append(
+                RangeTask(url, r.key, topic, topic_id, p, r.base, r.last, r.pos, r.length, r.count, r.max_ts, r.batches, r.crc)
+            )
+    sc = spark.sparkContext
+    checks: list[SegmentCheck] = sc.parallelize(seg_tasks, len(seg_tasks)).map(_verify_one).collect() if seg_tasks else []
+    ranges: list[tuple[str, int, int, str, str | None]] = (
+        sc.parallelize(range_tasks, len(range_tasks)).map(_verify_range).collect() if range_tasks else []
+    )
+    by_seg = {c.key: c for c in checks}
+    by_range = {(t, p, base): error for t, p, base, _key, error in ranges}
+    errors: list[tuple[str, str]] = []
+    for topic, _topic_id, p, plog in sorted(plogs, key=lambda x: (x[0], x[2])):
+        prev: SegmentCheck | None = None
+        expected: int | None = None
+        for seg in plog.segments:
+            c = by_seg[seg.key]
+            if c.error:
+                errors.append((c.key, c.error))
+            elif (c.last, c.link_hash) != recorded[c.key]:
+                errors.append((c.key, f"ends at {c.last} with link hash {c.link_hash}; the metadata records {recorded[c.key]}"))
+            elif prev is not None and not prev.error and c.prev_hash != prev.link_hash:
+                errors.append((c.key, f"hash chain broken: prev_hash {c.prev_hash} != link hash of {prev.key}"))
+            elif expected is not None and seg.base != expected:
+                errors.append((c.key, f"base offset {seg.base} does not follow {expected - 1}"))
+            prev, expected = c, seg.last + 1
+        for r in plog.ranges:
+            error = by_range[(topic, p, r.base)]
+            if error:
+                errors.append((r.key, f"{topic}-{p} range {r.base}..{r.last}: {error}"))
+            elif expected is not None and r.base != expected:
+                errors.append((r.key, f"{topic}-{p}: range {r.base}..{r.last} does not continue at {expected}"))
+            expected = r.last + 1
+        if expected is not None and expected != plog.end:
+            errors.append(("", f"{topic}-{p}: data ends at {expected}, the committed end is {plog.end}"))
+    return VerifyOutcome(len(checks), len(plogs), errors, time.monotonic() - started, len(ranges))
