@@ -43,8 +43,7 @@ lint: $(TEST_STAMP)
 
 # The suite mostly waits (on brokers, clients, subprocesses), so two pytest-xdist workers share it;
 # tests/conftest.py hands each a module at a time, the longest first (its GROUP_SECONDS, refreshed
-# with scripts/test_groups.py), the SparkSession's tests to one worker and the Spark jobs run in a
-# child process to one. TEST_WORKERS=0: one process.
+# with scripts/test_groups.py), and all Spark tests to one. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: lint

@@ -4,9 +4,8 @@
 in groups: every test of a module runs on one worker, in file order, so a module-scoped broker
 starts once and tests that build on their module's earlier tests (the docs' shell session) keep
 that order; every Spark test (a test_spark_* module, or a test named test_spark_*) goes to one
-group, so the run still builds a single SparkSession, except those that only start Spark in a
-child process (SPARK_JOB_TESTS): they form a second group, so at most two JVMs run at once (the
-session's and one job's). The longest groups go out first (GROUP_SECONDS). xdist's own
+group, so the run still builds a single SparkSession and never runs two JVMs at once. The
+longest groups go out first (GROUP_SECONDS). xdist's own
 loadgroup (`xdist_group` marks) cannot do this under pytest 9: it renames items through
 `item._nodeid`, which pytest 9 no longer reads, so the marks are silently ignored.
 """
@@ -105,19 +104,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             f"NOT THE FULL SUITE: {what} (README.md, Requirements; under CI=true these fail)", red=True, bold=True
         )
 
-#: The xdist group of every test that needs the suite's SparkSession (the `spark` fixture).
+#: The xdist group of every test that needs Spark.
 SPARK_GROUP = "spark"
-#: The xdist group of the Spark tests that start Spark in a child process and never the suite's
-#: session (a `loglake pipeline` job, a standalone Spark cluster, a child SparkSession): they run
-#: beside the session's group on another worker, so that the two long serial chains overlap.
-SPARK_JOB_GROUP = "spark-jobs"
-#: The tests of SPARK_JOB_GROUP: node id prefixes (a module, or a module's test function).
-SPARK_JOB_TESTS = (
-    "tests/test_spark_cluster.py::",
-    "tests/test_spark_cluster_mode.py::",
-    "tests/test_spark_s3.py::",
-    "tests/test_docs.py::test_spark_shell_example",
-)
 #: With this set to a directory, each pytest process counts the broker processes it starts
 #: (`loglake serve` children) and writes the count there at the end (docs/ARCHITECTURE.md quotes
 #: the total for `make test`).
@@ -158,10 +146,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def xdist_group(nodeid: str) -> str:
-    """The group a test runs in under `make test`: "spark", "spark-jobs" or its module's path."""
+    """The group a test runs in under `make test`: "spark" or its module's path."""
     module, _, rest = nodeid.partition("::")
-    if nodeid.startswith(SPARK_JOB_TESTS):
-        return SPARK_JOB_GROUP
     if module.rsplit("/", 1)[-1].startswith("test_spark_") or rest.startswith("test_spark"):
         return SPARK_GROUP
     return module
@@ -169,13 +155,12 @@ def xdist_group(nodeid: str) -> str:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that asks for `spark` must land in the Spark group, or a second worker would start
-    a second SparkSession (a test of SPARK_JOB_TESTS that asks for it is refused too)."""
+    a second SparkSession."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()) and xdist_group(item.nodeid) != SPARK_GROUP:
             raise pytest.UsageError(
                 f"{item.nodeid} uses the spark fixture: put it in a test_spark_* module or name it "
-                "test_spark_* (and not in SPARK_JOB_TESTS) so that `make test` runs it with the other "
-                "Spark tests (tests/conftest.py)"
+                "test_spark_* so that `make test` runs it with the other Spark tests (tests/conftest.py)"
             )
 
 
@@ -186,9 +171,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 #: the other has finished. Only the order of the run depends on it: a stale or missing entry
 #: costs minutes, never a test. Refresh it from a run's junit XML with scripts/test_groups.py.
 GROUP_SECONDS: dict[str, float] = {
-    "spark": 917,
+    "spark": 1356,
     "tests/test_cli_remote.py": 880,
-    "spark-jobs": 439,
     "tests/test_cluster_faults.py": 386,
     "tests/test_docs.py": 316,
     "tests/test_cluster_netsplit.py": 275,

@@ -280,8 +280,8 @@ _SESSIONS: dict[tuple[Path, bool], Path] = {}
 
 
 def runs_spark(block: Block) -> bool:
-    """A shell block that starts Spark (a `loglake pipeline` job, pyspark): it runs with the other
-    Spark jobs (tests/conftest.py's SPARK_JOB_GROUP), one JVM of theirs at a time."""
+    """A shell block that starts Spark (a `loglake pipeline` job, pyspark): it runs with the Spark
+    tests (tests/conftest.py's Spark group), so that no two JVMs run at once."""
     return "loglake pipeline" in block.code or "pyspark" in block.code
 
 
@@ -294,7 +294,7 @@ def test_shell_example(block: Block, broker: Broker, tmp_path_factory: pytest.Te
 
 @pytest.mark.parametrize("block", [p for p in of("sh", "bash") if runs_spark(p.values[0])])
 def test_spark_shell_example(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Spark's shell blocks: on the Spark jobs' worker, in a working directory of their own (the
+    """Spark's shell blocks: on the Spark tests' worker, in a working directory of their own (the
     rest of their document may run on another worker), so each stands alone, with no broker."""
     if block.skip:
         pytest.skip(block.skip)
