@@ -42,7 +42,8 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy
 
 # The suite mostly waits (on brokers, clients, subprocesses), so two pytest-xdist workers share it;
-# tests/conftest.py hands each a module at a time and all Spark tests to one. TEST_WORKERS=0: one process.
+# tests/conftest.py hands each a module at a time, the longest first (its GROUP_SECONDS, refreshed
+# with scripts/test_groups.py), and all Spark tests to one. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: lint

@@ -4,7 +4,8 @@
 in groups: every test of a module runs on one worker, in file order, so a module-scoped broker
 starts once and tests that build on their module's earlier tests (the docs' shell session) keep
 that order; every Spark test (a test_spark_* module, or a test named test_spark_*) goes to one
-group, so the run still builds a single SparkSession and never runs two JVMs at once. xdist's own
+group, so the run still builds a single SparkSession and never runs two JVMs at once. The
+longest groups go out first (GROUP_SECONDS). xdist's own
 loadgroup (`xdist_group` marks) cannot do this under pytest 9: it renames items through
 `item._nodeid`, which pytest 9 no longer reads, so the marks are silently ignored.
 """
@@ -163,6 +164,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
+#: Seconds each of the longest groups took in a run of `make test` (per group, the sum of its
+#: tests' setup, call and teardown; 2 cores, commit 5eb7f19, on a machine other test runs shared,
+#: so every figure is about 3x a quiet run's), longest first. The scheduler starts these first:
+#: a worker that picks up a long module near the end would run alone for its whole length while
+#: the other has finished. Only the order of the run depends on it: a stale or missing entry
+#: costs minutes, never a test. Refresh it from a run's junit XML with scripts/test_groups.py.
+GROUP_SECONDS: dict[str, float] = {
+    "spark": 1356,
+    "tests/test_cli_remote.py": 880,
+    "tests/test_cluster_faults.py": 386,
+    "tests/test_docs.py": 316,
+    "tests/test_cluster_netsplit.py": 275,
+    "tests/test_cluster_verify.py": 251,
+    "tests/test_broker_groups.py": 187,
+    "tests/test_broker_sasl_users.py": 183,
+    "tests/test_broker_restart.py": 176,
+    "tests/test_crash_process_kill.py": 168,
+    "tests/test_fetch_limits.py": 157,
+    "tests/test_broker_clients.py": 153,
+    "tests/test_cluster_health.py": 146,
+    "tests/test_cli_isolation.py": 142,
+    "tests/test_acked_end.py": 141,
+    "tests/test_compaction_crash.py": 131,
+    "tests/test_diskfull_broker.py": 117,
+    "tests/test_cli_command_config.py": 106,
+    "tests/test_serve_errors.py": 99,
+    "tests/test_cli_auth_errors.py": 98,
+    "tests/test_broker_quotas.py": 90,
+    "tests/test_cluster_serve.py": 86,
+    "tests/test_cli.py": 83,
+    "tests/test_config.py": 81,
+    "tests/test_meta_log.py": 81,
+    "tests/test_crash_sweep.py": 76,
+    "tests/test_txn_kill.py": 68,
+    "tests/test_cluster_racks.py": 66,
+    "tests/test_meta_etcd.py": 62,
+    "tests/test_meta_damage_serve.py": 60,
+}
+
+
+def schedule_order(counts: dict[str, int]) -> list[str]:
+    """The order the groups (with their test counts) go out to the workers: the groups of
+    GROUP_SECONDS longest first, then the others by test count, the largest first."""
+    return sorted(counts, key=lambda g: (-GROUP_SECONDS.get(g, 0.0), -counts[g]))
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, only called when it runs the suite
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     if config.getoption("dist") != "loadgroup":
@@ -170,10 +217,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        """Whole groups to a worker, the largest first (xdist's loadscope reordering)."""
+        """Whole groups to a worker, the longest first (`schedule_order`)."""
+
+        ordered = False
 
         def _split_scope(self, nodeid: str) -> str:
             return xdist_group(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # xdist has filled its queue (by test count) before the first unit goes out: put it
+            # in our order once, then let xdist hand out units from its front as ever.
+            if not self.ordered:
+                self.ordered = True
+                for group in schedule_order({g: len(ids) for g, ids in self.workqueue.items()}):
+                    self.workqueue.move_to_end(group)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
