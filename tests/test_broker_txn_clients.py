@@ -1,5 +1,7 @@
-"""Transactional producers of kafka-python and aiokafka against the real broker, read back by
-kcat with isolation.level=read_committed and by kafka-python's read_committed consumer."""
+"""Transactional producers of kafka-python, aiokafka and confluent-kafka against the real broker,
+read back by kcat with isolation.level=read_committed and by kafka-python's and confluent-kafka's
+read_committed consumers — against one broker and a three-broker cluster (tests/modekit.py; the
+transaction's coordinator and its partitions' leaders are then different brokers)."""
 
 from __future__ import annotations
 
@@ -12,27 +14,30 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as CTopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
-from brokerkit import InProcessBroker, serving_in_process
+from loglake.engine.partition_log import Feature
+from modekit import MODES, Served, serving
 
 PARTITIONS = 2
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
-    data = Path(tmp_path_factory.mktemp("txnclients")) / "data"
-    with serving_in_process(data, ["--default-partitions", str(PARTITIONS)]) as b:
-        yield b
+@pytest.fixture(scope="module", params=MODES)
+def broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = Path(tmp_path_factory.mktemp(f"txnclients-{request.param}"))
+    with serving(request.param, tmp, ["--default-partitions", str(PARTITIONS)]) as served:
+        yield served
 
 
 def new_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def kcat_values(broker: InProcessBroker, topic: str, isolation: str) -> list[str]:
+def kcat_values(broker: Served, topic: str, isolation: str) -> list[str]:
     proc = subprocess.run(
         [KCAT, "-b", broker.bootstrap, "-C", "-t", topic, "-e", "-o", "beginning", "-q", "-f", "%s\\n",
          "-X", f"isolation.level={isolation}"],
@@ -42,7 +47,7 @@ def kcat_values(broker: InProcessBroker, topic: str, isolation: str) -> list[str
     return proc.stdout.decode().splitlines()
 
 
-def kafka_python_transactions(broker: InProcessBroker, topic: str) -> tuple[list[str], list[str]]:
+def kafka_python_transactions(broker: Served, topic: str) -> tuple[list[str], list[str]]:
     p = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=new_name("kp-tid"))
     p.init_transactions()
     committed, aborted = [], []
@@ -63,14 +68,14 @@ def kafka_python_transactions(broker: InProcessBroker, topic: str) -> tuple[list
 
 
 @pytest.mark.skipif(not Path(KCAT).exists(), reason="kcat not installed")
-def test_kafka_python_producer_kcat_read_committed(broker: InProcessBroker) -> None:
+def test_kafka_python_producer_kcat_read_committed(broker: Served) -> None:
     topic = new_name("kp-txn")
     committed, aborted = kafka_python_transactions(broker, topic)
     assert sorted(kcat_values(broker, topic, "read_committed")) == sorted(committed)
     assert sorted(kcat_values(broker, topic, "read_uncommitted")) == sorted(committed + aborted)
 
 
-def test_kafka_python_read_committed_consumer(broker: InProcessBroker) -> None:
+def test_kafka_python_read_committed_consumer(broker: Served) -> None:
     topic = new_name("kp-rc")
     committed, _aborted = kafka_python_transactions(broker, topic)
     c = KafkaConsumer(
@@ -84,7 +89,7 @@ def test_kafka_python_read_committed_consumer(broker: InProcessBroker) -> None:
     assert sorted(got) == sorted(committed)
 
 
-def test_aiokafka_transactional_producer(broker: InProcessBroker) -> None:
+def test_aiokafka_transactional_producer(broker: Served) -> None:
     topic = new_name("aio-txn")
 
     async def run() -> tuple[list[str], list[str]]:
@@ -106,3 +111,80 @@ def test_aiokafka_transactional_producer(broker: InProcessBroker) -> None:
     if Path(KCAT).exists():
         assert sorted(kcat_values(broker, topic, "read_committed")) == sorted(committed)
         assert sorted(kcat_values(broker, topic, "read_uncommitted")) == sorted(committed + aborted)
+
+
+def confluent_read_committed(broker: Served, topic: str, partitions: int = PARTITIONS) -> list[str]:
+    """Every value a read_committed confluent-kafka consumer reads from the start to the end."""
+    c = Consumer({
+        "bootstrap.servers": broker.bootstrap, "group.id": new_name("rc"), "isolation.level": "read_committed",
+        "enable.auto.commit": False, "enable.partition.eof": True, "auto.offset.reset": "earliest",
+    })  # fmt: skip
+    c.assign([CTopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[str] = []
+    ended: set[int] = set()
+    try:
+        for _ in range(600):
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            err = m.error()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                ended.add(m.partition())
+                if len(ended) == partitions:
+                    break
+                continue
+            got.append(m.value().decode())
+        else:
+            raise AssertionError(f"partitions {sorted(set(range(partitions)) - ended)} never reached their end")
+    finally:
+        c.close()
+    return got
+
+
+def test_confluent_transactional_producer_read_committed(broker: Served) -> None:
+    topic = new_name("ck-txn")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": new_name("ck-tid")})
+    p.init_transactions(60)
+    committed, aborted = [], []
+    for round_ in range(4):
+        p.begin_transaction()
+        values = [f"ck-{round_}-{i}" for i in range(10)]
+        for i, v in enumerate(values):
+            p.produce(topic, value=v.encode(), partition=i % PARTITIONS)
+        if round_ % 2:
+            p.flush(60)  # in the log before the abort (librdkafka drops what it has not sent)
+            p.abort_transaction(60)
+            aborted += values
+        else:
+            p.commit_transaction(60)
+            committed += values
+    got = confluent_read_committed(broker, topic)
+    assert sorted(got) == sorted(committed)  # each committed record once, no aborted one
+    if Path(KCAT).exists():
+        assert sorted(kcat_values(broker, topic, "read_uncommitted")) == sorted(committed + aborted)
+
+
+def test_send_offsets_to_transaction(broker: Served) -> None:
+    """Single node: the offsets commit with the transaction. Cluster mode refuses them (the
+    refusal table: the group's coordinator may be another broker) with its code, and the
+    transaction itself stays usable for an abort."""
+    topic = new_name("ck-offs")
+    group = new_name("ck-offs-g")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": new_name("ck-offs-tid")})
+    p.init_transactions(60)
+    p.begin_transaction()
+    p.produce(topic, value=b"x", partition=0)
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    try:
+        offsets = [CTopicPartition(topic, 0, 7)]
+        if broker.refuses(Feature.TXN_OFFSETS):
+            with pytest.raises(KafkaException) as info:
+                p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
+            assert info.value.args[0].code() == broker.refusal_code(Feature.TXN_OFFSETS)
+            return
+        p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
+        p.commit_transaction(60)
+        assert [tp.offset for tp in c.committed([CTopicPartition(topic, 0)], 30)] == [7]
+    finally:
+        c.close()

@@ -84,7 +84,7 @@ COMMIT_WAIT_S = 60.0
 #: What cluster mode does not offer yet, and why (docs/CLUSTER.md): the engine refuses these
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
-    Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
+    Feature.TXN_OFFSETS: "offsets in transactions (sendOffsetsToTransaction) are not offered in cluster mode yet",
     Feature.COMPACTION: "compaction (cleanup.policy=compact) is not supported in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
