@@ -32,6 +32,7 @@ every broker, read replicas included, and survive any leader change.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -81,8 +82,6 @@ MARKERS_WAIT_S = 30.0
 MARKER_POLL_S = 0.02
 #: Seconds between a leader's scans for prepared transactions (a watch wakes it sooner).
 MARKER_SCAN_S = 0.25
-#: How long a leader waits for one marker to be committed before trying it again.
-MARKER_APPEND_WAIT_S = 30.0
 
 
 class FencedTxnStore:
@@ -192,6 +191,11 @@ class LeaderMarkers:
         self._stop = threading.Event()
         #: <attempt>/<topic id>.<partition> whose marker is known to be written
         self._done: set[str] = set()
+        #: ... whose marker is appended and not reported yet (its report runs on `_reports`)
+        self._pending: set[str] = set()
+        self._lock = threading.Lock()  # _done and _pending: this thread and the report threads
+        # Reports (an etcd put each) run as markers commit, so a scan never waits for a flush.
+        self._reports = ThreadPoolExecutor(2, thread_name_prefix="loglake-txn-marker-reports")
         self._thread = threading.Thread(target=self._run, name="loglake-txn-markers", daemon=True)
         etcd.watch(self._on_record)
 
@@ -201,6 +205,7 @@ class LeaderMarkers:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._reports.shutdown(wait=False, cancel_futures=True)
 
     def wake(self) -> None:
         self._wake.set()
@@ -228,37 +233,61 @@ class LeaderMarkers:
 
         due = self.etcd.read(prepared)
         attempts = {str(b["attempt"]) for b in due}
-        self._done = {n for n in self._done if n.split("/", 1)[0] in attempts}
+        with self._lock:
+            self._done = {n for n in self._done if n.split("/", 1)[0] in attempts}
+            busy = self._done | self._pending
         todo: list[tuple[str, str, int, int, int, bool]] = []
         for b in due:
             commit = parse_txn_state(b["state"]) is TxnState.PREPARE_COMMIT
             for tid_hex, p, _first in b.get("parts") or ():
                 name = f"{b['attempt']}/{tid_hex}.{int(p)}"
-                if name not in self._done and self.plog.leads(str(tid_hex), int(p)):
+                if name not in busy and self.plog.leads(str(tid_hex), int(p)):
                     todo.append((name, str(tid_hex), int(p), int(b["pid"]), int(b["epoch"]), commit))
         if not todo:
             return 0
         client = self.etcd.client
         base = self.etcd.keys.key(MARKERS_PREFIX)
-        pending: list[tuple[str, Future[AppendResult] | None]] = []
+        appended = 0
         for name, tid_hex, p, pid, epoch, commit in todo:
             kv, _ = client.get(base + name.encode())
             if kv is not None:  # written already (by this broker or an earlier leader)
-                self._done.add(name)
+                with self._lock:
+                    self._done.add(name)
                 continue
             try:
-                pending.append((name, self.engine.write_txn_marker(bytes.fromhex(tid_hex), p, pid, epoch, commit)))
+                fut = self.engine.write_txn_marker(bytes.fromhex(tid_hex), p, pid, epoch, commit)
             except LoglakeError as exc:  # not the leader any more, or it stopped: the next scan sees
                 _limited.warning(("marker", tid_hex, p), "cluster: marker for %s-%d not appended: %s", tid_hex, p, exc)
-        for name, fut in pending:
-            try:
-                offset = fut.result(MARKER_APPEND_WAIT_S).base_offset if fut is not None else -1
-            except Exception as exc:
-                _limited.warning(("marker", name), "cluster: marker %s not committed: %s", name, exc)
                 continue
-            client.put(base + name.encode(), str(offset).encode())
+            appended += 1
+            with self._lock:
+                self._pending.add(name)
+            if fut is None:  # the topic is gone: nothing to wait for
+                self._reports.submit(self._report, name, None)
+            else:
+                fut.add_done_callback(functools.partial(self._submit_report, name))
+        return appended
+
+    def _submit_report(self, name: str, fut: Future[AppendResult]) -> None:
+        try:  # on the flusher's thread: hand the etcd put to a report thread
+            self._reports.submit(self._report, name, fut)
+        except RuntimeError:  # stopping
+            pass
+
+    def _report(self, name: str, fut: Future[AppendResult] | None) -> None:
+        """Put the marker's offset once it is committed (-1: its topic is gone)."""
+        try:
+            offset = fut.result().base_offset if fut is not None else -1
+            self.etcd.client.put(self.etcd.keys.key(MARKERS_PREFIX) + name.encode(), str(offset).encode())
+        except Exception as exc:  # the next scan appends it again (two markers are harmless)
+            _limited.warning(("marker", name), "cluster: marker %s not reported: %s", name, exc)
+            with self._lock:
+                self._pending.discard(name)
+            self._wake.set()
+            return
+        with self._lock:
+            self._pending.discard(name)
             self._done.add(name)
-        return len(pending)
 
 
 class EtcdTxnMarkers:
