@@ -5,6 +5,7 @@ one process stand for two brokers' coordinators (loglake.cluster.txn).
   it claims the id before loading it;
 * the deposed coordinator's later records are fenced (MetaFencedError): nothing it writes lands;
 * an id neither loaded is claimed at its first record; the loser of that race is fenced;
+* marker reports of transactions no longer prepared are swept;
 * a cluster partition's log start drops aborted-transaction entries below it (the bound of the
   aborted index, as a single node's log start record does).
 """
@@ -20,8 +21,8 @@ import pytest
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
 from loglake.cluster.etcd import EtcdMetaStore
-from loglake.cluster.etcd_client import EtcdClient
-from loglake.cluster.txn import FencedTxnStore
+from loglake.cluster.etcd_client import EtcdClient, prefix_end
+from loglake.cluster.txn import MARKERS_PREFIX, FencedTxnStore, LeaderMarkers
 from loglake.errors import MetaFencedError
 from loglake.meta.records import (
     Cluster,
@@ -125,3 +126,21 @@ def test_cluster_log_start_drops_aborted_entries_below_it() -> None:
     start = PlogStart(TID, 0, 1, 0, 15)
     s.apply(start.kind, start.body())
     assert pm.aborted_txns == [[8, 10, 19]]
+
+
+@needs_etcd
+def test_marker_reports_of_completed_transactions_are_swept(metas: tuple[EtcdMetaStore, EtcdMetaStore]) -> None:
+    ma, _mb = metas
+    store = FencedTxnStore(ma, View(1))
+    leaders = LeaderMarkers(None, None, ma)  # type: ignore[arg-type]  # the sweep asks etcd only
+    try:
+        store.load(lambda _t: True)
+        store.record(body("t3", 0, "prepare_commit", attempt="live", start_ms=1)).result(WAIT)
+        base = ma.keys.key(MARKERS_PREFIX)
+        for key in ("live/aa.0", "live/aa.1", "done/aa.0"):  # "done": a coordinator died before deleting
+            ma.client.put(base + key.encode(), b"5")
+        assert leaders.sweep() == 1
+        kvs, _ = ma.client.range_all(base, prefix_end(base))
+        assert sorted(kv.key[len(base) :].decode() for kv in kvs) == ["live/aa.0", "live/aa.1"]
+    finally:
+        store.close()

@@ -82,6 +82,9 @@ MARKERS_WAIT_S = 30.0
 MARKER_POLL_S = 0.02
 #: Seconds between a leader's scans for prepared transactions (a watch wakes it sooner).
 MARKER_SCAN_S = 0.25
+#: Seconds between sweeps of marker reports no transaction waits for (a coordinator that died
+#: between its complete record and deleting the reports left them).
+MARKER_GC_S = 60.0
 
 
 class FencedTxnStore:
@@ -215,6 +218,7 @@ class LeaderMarkers:
             self._wake.set()
 
     def _run(self) -> None:
+        swept = time.monotonic()
         while not self._stop.is_set():
             self._wake.wait(MARKER_SCAN_S)
             self._wake.clear()
@@ -222,8 +226,33 @@ class LeaderMarkers:
                 return
             try:
                 self.run_once()
+                if time.monotonic() - swept > MARKER_GC_S:
+                    swept = time.monotonic()
+                    self.sweep()
             except Exception as exc:  # etcd or the bucket away: the next scan tries again
                 _limited.warning("markers", "cluster: writing transaction markers failed: %s", exc)
+
+    def sweep(self) -> int:
+        """Delete marker reports whose transaction is no longer prepared; how many attempts.
+
+        Keys are listed first, then the metadata caught up: a report is put only after its
+        prepare record was applied, so each listed key's prepare record is applied by then, and an
+        attempt not in a prepare state any more is complete (nobody waits for its reports)."""
+        client = self.etcd.client
+        base = self.etcd.keys.key(MARKERS_PREFIX)
+        kvs, _ = client.range_all(base, ec.prefix_end(base))
+        listed = {kv.key[len(base) :].decode().split("/", 1)[0] for kv in kvs}
+        if not listed:
+            return 0
+        self.etcd.sync()
+        prepared = self.etcd.read(
+            lambda s: {str(b.get("attempt")) for b in s.txns.values() if parse_txn_state(b["state"]) in PREPARE_STATES}
+        )
+        gone = sorted(listed - prepared)
+        for attempt in gone:
+            prefix = base + f"{attempt}/".encode()
+            client.delete_range(prefix, ec.prefix_end(prefix))
+        return len(gone)
 
     def run_once(self) -> int:
         """One scan: append and report the markers due on partitions this broker leads; how many."""
