@@ -18,9 +18,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as CTopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
+from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest
 
 from loglake.engine.partition_log import Feature
 from modekit import MODES, Served, serving
+from test_broker_malformed import RawClient
+
+from brokerkit import Broker
 
 PARTITIONS = 2
 KCAT = shutil.which("kcat") or "/usr/bin/kcat"
@@ -188,3 +192,44 @@ def test_send_offsets_to_transaction(broker: Served) -> None:
         assert [tp.offset for tp in c.committed([CTopicPartition(topic, 0)], 30)] == [7]
     finally:
         c.close()
+
+
+def _offsets_on(b: Broker, topic: str) -> tuple[int, int, int, int]:
+    """(ListOffsets latest at read_uncommitted, at read_committed, Fetch's high watermark and last
+    stable offset at read_committed) of partition 0, asked of broker `b`."""
+    T = ListOffsetsRequest.ListOffsetsTopic
+    F = FetchRequest.FetchTopic
+    out: list[int] = []
+    with RawClient(b.bootstrap) as c:
+        for isolation in (0, 1):
+            resp = c.request(ListOffsetsRequest[7](replica_id=-1, isolation_level=isolation, topics=[
+                T(name=topic, partitions=[T.ListOffsetsPartition(partition_index=0, timestamp=-1)])]))  # fmt: skip
+            part = resp.topics[0].partitions[0]
+            assert part.error_code == 0, part
+            out.append(int(part.offset))
+        resp = c.request(FetchRequest[12](max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=1, topics=[
+            F(topic=topic, partitions=[F.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])]))  # fmt: skip
+        part = resp.responses[0].partitions[0]
+        assert part.error_code == 0, part
+        out += [int(part.high_watermark), int(part.last_stable_offset)]
+    return out[0], out[1], out[2], out[3]
+
+
+def test_last_stable_offset_on_every_broker(broker: Served) -> None:
+    """An open transaction holds the last stable offset back on every broker (in cluster mode
+    also those that neither lead the partition nor coordinate the transaction); its commit moves
+    it to the high watermark everywhere."""
+    topic = new_name("lso")
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": new_name("lso-tid")})
+    p.init_transactions(60)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, value=f"c-{i}".encode(), partition=0)
+    p.commit_transaction(60)  # offsets 0, 1 and the COMMIT marker at 2
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, value=f"o-{i}".encode(), partition=0)
+    p.flush(60)  # offsets 3..5, open
+    assert broker.agreed(lambda b: _offsets_on(b, topic)) == (6, 3, 6, 3)
+    p.commit_transaction(60)  # the marker at 6
+    assert broker.agreed(lambda b: _offsets_on(b, topic)) == (7, 7, 7, 7)

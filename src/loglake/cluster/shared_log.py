@@ -47,6 +47,7 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.partition_log import Batches, Feature, TierBytes, refusal
 from loglake.engine.scrubber import Scrubber
+from loglake.engine.txn import last_stable_offset
 from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
@@ -403,6 +404,7 @@ class SharedPartitionLog:
             raise OffsetOutOfRangeError(str(exc), log_start_offset=start, high_watermark=pl.end) from None
         if data and not min_one and len(data) > max_bytes:
             data = b""
+        p.advance_hw(pl.end)  # a partition created after a commit this broker applied catches up here
         return ReadResult([data] if data else [], max(pl.end, offset if data else 0), start)
 
     def read_async(
@@ -472,8 +474,9 @@ class SharedPartitionLog:
         pl = self.plog_of(tid, p.index)
         start = self._log_start(tid, p.index)
         sealed = sum(s.size for s in pl.segments)
+        lso = last_stable_offset(p, pl.end)  # open transactions: the metadata's, as on every broker
         return PartitionInfo(
-            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, 0, 0.0, pl.epoch, pl.end
+            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, 0, 0.0, pl.epoch, lso
         )
 
     def tier_bytes(self, p: Partition) -> TierBytes:
