@@ -260,6 +260,7 @@ class TxnCoordinator:
         self._loading = False
         self._due = False
         self._reloader: asyncio.Future[None] | None = None
+        self._completions: set[asyncio.Future[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: producer id -> transactional id of the recorded states (for Produce on a partition
         #: leader that does not coordinate the producer's id); rebuilt when a producer id misses
@@ -341,7 +342,10 @@ class TxnCoordinator:
                 continue
             failing = False
             log.info("live brokers changed; this broker now coordinates %d transactional id(s)", len(self.txns))
-            await self._complete_prepared()
+            # apart, so a completion waiting for markers never holds up the next reload
+            task = asyncio.ensure_future(self._complete_prepared())
+            self._completions.add(task)
+            task.add_done_callback(self._completions.discard)
 
     def gate(self, tid: str) -> int:
         """NONE when this broker coordinates `tid` now (its state loaded); NOT_COORDINATOR when
@@ -361,6 +365,8 @@ class TxnCoordinator:
             self._sweeper.cancel()
         if self._reloader is not None:
             self._reloader.cancel()
+        for task in list(self._completions):
+            task.cancel()
         self.markers.close()
 
     async def _sweep_loop(self) -> None:
