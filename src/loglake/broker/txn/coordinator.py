@@ -671,6 +671,8 @@ class TxnCoordinator:
         states (`check_produce_recorded`)."""
         txn = self.by_pid.get(pid)
         if txn is None:
+            if self._alone():  # every id is coordinated here: nothing recorded elsewhere to ask
+                return E.INVALID_TXN_STATE
             return self._check_recorded(pid, epoch, topic, partition)
         if epoch != txn.epoch:
             return E.INVALID_PRODUCER_EPOCH
@@ -683,11 +685,14 @@ class TxnCoordinator:
         once this broker's metadata has every record committed so far (its coordinator recorded
         the partition before it answered AddPartitionsToTxn; the watch may not have brought it)."""
         code = self.check_produce(pid, epoch, topic, partition)
-        if code == E.NONE or pid in self.by_pid:
+        if code == E.NONE or pid in self.by_pid or self._alone():
             return code
         await self._off_loop(self._synced)
         self._pid_index.clear()
         return self.check_produce(pid, epoch, topic, partition)
+
+    def _alone(self) -> bool:
+        return self.view.live_ids() <= {self.view.node_id}
 
     def _synced(self) -> int:
         self.engine.meta.sync()
