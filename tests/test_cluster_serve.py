@@ -4,7 +4,8 @@
 Metadata lists every live broker and spreads the leaders; produce (confluent-kafka, idempotent,
 acks=all) and consume back with confluent-kafka, kafka-python and aiokafka; a produce to a broker
 that does not lead the partition is NOT_LEADER_OR_FOLLOWER; topics created or deleted on one
-broker are seen by all; transactions are refused. Then the faults the serving path must take:
+broker are seen by all (transactions: tests/test_broker_txn_clients.py and tests/test_cluster_txn.py).
+Then the faults the serving path must take:
 `kill -9` of a broker while an idempotent producer and a group of three consumers run (the
 partitions and the group coordinator move; every acknowledged record is in the log exactly once at
 its acknowledged offset; the group resumes from its commits), and a broker whose data directory
@@ -337,13 +338,6 @@ def test_list_offsets_earliest_latest_and_by_time(cluster: Cluster) -> None:
         assert late[0].offset == -1  # after the last record: the end (Kafka answers -1)
     finally:
         c.close()
-
-
-def test_transactions_are_refused(cluster: Cluster) -> None:
-    p = Producer({"bootstrap.servers": cluster.bootstrap(), "transactional.id": "tx-1"})
-    with pytest.raises(KafkaException) as info:
-        p.init_transactions(5)  # librdkafka retries it until this timeout, then names the code
-    assert info.value.args[0].code() == KafkaError.UNSUPPORTED_VERSION
 
 
 # ---- faults ---------------------------------------------------------------------------------

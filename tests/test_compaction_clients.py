@@ -15,8 +15,7 @@ for the sweep's grace, unreferenced). Either way:
   bounded by the number of keys, not the number of updates;
 - a consumer group consuming while the cleaner rewrites under it never sees an offset go back,
   also across a restart from its committed offset;
-- a transactional workload keeps every key's newest committed value (cluster mode: refused
-  while it refuses transactions).
+- a transactional workload keeps every key's newest committed value.
 """
 
 from __future__ import annotations

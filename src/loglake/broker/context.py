@@ -41,12 +41,21 @@ from loglake.broker.security.sasl import SaslAuthenticator
 from loglake.broker.security.scram_store import ScramStore
 from loglake.broker.share import ShareCoordinator, ShareLimits
 from loglake.broker.share.store import MetaShareStore
-from loglake.broker.txn import TxnCoordinator, TxnSettings
+from loglake.broker.txn import TxnBackend, TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
 from loglake.errors import UnknownTopicError
 
 __all__ = ["BrokerContext", "Handler", "build_context", "group_coordinator"]
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStores:
+    """How a broker's coordinators keep their state when it is not the engine's metadata store
+    directly (cluster mode: claimed and fenced in etcd, loglake.cluster.node)."""
+
+    groups: GroupStoreFactory
+    txns: TxnBackend
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +120,7 @@ async def build_context(
     *,
     off_loop: OffLoop,
     group_stores: GroupStoreFactory,
+    txn_backend: TxnBackend | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> BrokerContext:
     """Every collaborator the handlers share, loaded from the engine's metadata, then the context.
@@ -147,6 +157,7 @@ async def build_context(
     groups = GroupCoordination(engine.view, group_stores, make_coordinator, off_loop)
     await groups.start()
     # The current coordinator, asked when a commit writes its offsets (GroupCoordination replaces it).
+    store, markers = txn_backend(engine) if txn_backend is not None else (None, None)
     txn = TxnCoordinator(
         engine,
         lambda: groups.coordinator,
@@ -157,6 +168,8 @@ async def build_context(
             config.transactional_ids_max,
         ),
         off_loop=off_loop,
+        store=store,
+        markers=markers,
     )
     try:
         await txn.start()  # completes transactions a crash left in a prepare state

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from loglake.broker import overload
 from loglake.broker.config import BrokerConfig, parse_host_port
 from loglake.broker.connection import Connection
-from loglake.broker.context import BrokerContext, build_context
+from loglake.broker.context import BrokerContext, CoordinatorStores, build_context
 from loglake.broker.gcstats import GcStats, freeze_startup_objects
 from loglake.broker.groups import MetaGroupLog, MetaGroupStore
-from loglake.broker.groups.store import GroupStoreFactory
 from loglake.broker.http import HttpServer
 from loglake.broker.listeners import (
     PLAINTEXT,
@@ -61,14 +60,15 @@ LOG_FLUSH_INTERVAL_S = 1.0
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, engine: Engine, group_stores: GroupStoreFactory | None = None) -> None:
+    def __init__(self, config: BrokerConfig, engine: Engine, stores: CoordinatorStores | None = None) -> None:
         """`engine`: not open yet (`start` opens it, so health endpoints answer during recovery).
-        `group_stores`: how a group coordinator's store is made (cluster mode: fenced in etcd);
-        by default the engine's metadata store's group records."""
+        `stores`: how the group and transaction coordinators keep their state (cluster mode:
+        fenced in etcd); by default the engine's metadata store's records."""
         config.validate()
         self.config = config
         self._engine = engine
-        self._group_stores = group_stores or (lambda _on_lost: MetaGroupStore(MetaGroupLog(engine.meta)))
+        self._group_stores = stores.groups if stores else (lambda _on_lost: MetaGroupStore(MetaGroupLog(engine.meta)))
+        self._txn_backend = stores.txns if stores else None
         self.engine: Engine | None = None  # once open
         self._ctx: BrokerContext | None = None  # once started
         #: The thread pool for blocking work (`ctx.off_loop`); shut down last.
@@ -190,7 +190,8 @@ class BrokerServer:
         await loop.run_in_executor(None, engine.join, [lst.url(*adv) for lst, adv in self.endpoints])
         self._off_loop = OffLoop()
         self._ctx = ctx = await build_context(
-            self.config, engine, self.metrics, self.endpoints, off_loop=self._off_loop, group_stores=self._group_stores
+            self.config, engine, self.metrics, self.endpoints, off_loop=self._off_loop, group_stores=self._group_stores,
+            txn_backend=self._txn_backend,
         )
         for server in self._servers:
             await server.start_serving()
@@ -280,7 +281,7 @@ class BrokerServer:
 def run_server(
     config: BrokerConfig,
     engine: Engine,
-    group_stores: GroupStoreFactory | None = None,
+    stores: CoordinatorStores | None = None,
     on_listening: Callable[[Listener, tuple[str, int]], None] | None = None,
 ) -> int:
     """Run the broker over `engine` until SIGTERM/SIGINT; returns the process exit code."""
@@ -293,7 +294,7 @@ def run_server(
     log.info("event loop: %s", config.event_loop)
 
     async def main() -> int:
-        server = BrokerServer(config, engine, group_stores)
+        server = BrokerServer(config, engine, stores)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

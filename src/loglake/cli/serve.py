@@ -22,7 +22,7 @@ from loglake.fs.os_fs import OsFileSystem
 from loglake.store import accepted_store_urls
 
 if TYPE_CHECKING:
-    from loglake.broker.groups.store import GroupStoreFactory
+    from loglake.broker.context import CoordinatorStores
     from loglake.broker.listeners import Listener
 
 log = logging.getLogger(__name__)
@@ -243,8 +243,8 @@ def _serve(config_file: str | None, flags: dict[str, Any], print_config: bool = 
         print(f"loglake listening on {where if listener.protocol == PLAINTEXT else listener.url()}", flush=True)
 
     try:
-        served, group_stores = compose(config)
-        return run_server(config, served, group_stores, announce)
+        served, stores = compose(config)
+        return run_server(config, served, stores, announce)
     finally:
         quiet.end()
 
@@ -273,7 +273,7 @@ class _QuietStartUp:
         self._levels.clear()
 
 
-def _cluster_node() -> Callable[[BrokerConfig], tuple[Engine, GroupStoreFactory]]:
+def _cluster_node() -> Callable[[BrokerConfig], tuple[Engine, CoordinatorStores]]:
     """`loglake.cluster.node.cluster_node`; a MissingExtraError when the cluster extra is not installed."""
     try:
         from loglake.cluster.node import cluster_node
@@ -285,8 +285,8 @@ def _cluster_node() -> Callable[[BrokerConfig], tuple[Engine, GroupStoreFactory]
     return cluster_node
 
 
-def compose(config: BrokerConfig) -> tuple[Engine, GroupStoreFactory | None]:
-    """The engine `serve` runs (not open yet), and how its group coordinators' stores are made:
+def compose(config: BrokerConfig) -> tuple[Engine, CoordinatorStores | None]:
+    """The engine `serve` runs (not open yet), and how its coordinators keep their state:
     the one place that reads which mode the broker runs in (`--cluster`)."""
     if config.cluster is not None:
         return _cluster_node()(config)

@@ -88,6 +88,10 @@ class _View:
     clean_end: int
     clean_marks: list[list[int]]
     tombstone_ms: int
+    #: first offset of the earliest open transaction (None: none open), and the aborted ones as
+    #: [producer id, first offset, marker offset]: the partition's metadata, as on a single node
+    stable_end: int | None
+    aborted: list[list[int]]
 
 
 def compact(
@@ -144,17 +148,20 @@ def _compact(
         pm = s.partitions.get((tid, partition))
         marks = [list(m) for m in pm.clean_marks] if pm is not None else []
         clean_end, tomb_ms = (pm.clean_end, pm.tombstone_ms) if pm is not None else (0, -1)
-        return _View(pl.epoch, pl.log_start, list(pl.segments), clean_end, marks, tomb_ms)
+        stable_end = min(pm.txn_open.values(), default=None) if pm is not None else None
+        aborted = [list(a) for a in pm.aborted_txns] if pm is not None else []
+        return _View(pl.epoch, pl.log_start, list(pl.segments), clean_end, marks, tomb_ms, stable_end, aborted)
 
     view = plog.meta.read(read)
     epoch = plog.epoch_of(topic_id, partition)
     if epoch is None or epoch != view.epoch:
         raise NotLeaderError(f"{topic_id}-{partition}: epoch {view.epoch} is not this leader's {epoch}")
     now_ms = wall_ms()
-    # no open transaction bounds the plan (None) and the job has no aborted list: cluster mode
-    # refuses transactions (SharedPartitionLog.compact checks it is still so)
+    # an open transaction bounds the plan (its records are never cleaned) and aborted ones never
+    # enter the key map nor supersede committed records: the single node's rules
     plan = plan_segments(
-        [_plan_ref(s) for s in view.segments], view.clean_end, None, view.tombstone_ms, config, now_ms, force=force
+        [_plan_ref(s) for s in view.segments], view.clean_end, view.stable_end, view.tombstone_ms, config, now_ms,
+        force=force,
     )
     if plan is None:
         return None
@@ -192,6 +199,7 @@ def _compact(
         },
         chunk_segments=REWRITE_SEGMENTS_MAX,
         generation=generation,
+        aborted=view.aborted,
     )
     result = execute(job)
     _switch(plog, topic_id, partition, epoch, view, result, now_ms)

@@ -2,8 +2,9 @@
 
 The same `Engine` class as a single node, composed of cluster mode's parts: the etcd metadata
 store, the shared partition log over the bucket (loglake.cluster.shared_log) and the etcd cluster
-view (loglake.cluster.view). The broker gets this engine and the fenced group-store factory
-(loglake.cluster.groups) and never asks which mode it runs in.
+view (loglake.cluster.view). The broker gets this engine and the fenced stores of its group and
+transaction coordinators (loglake.cluster.groups, loglake.cluster.txn) and never asks which mode
+it runs in.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import time
 from collections.abc import Callable
 
 from loglake.broker.config import BrokerConfig
-from loglake.broker.groups.store import GroupStoreFactory
+from loglake.broker.context import CoordinatorStores
 from loglake.cluster.etcd import EtcdMetaStore
 from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.groups import fenced_stores
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
+from loglake.cluster.txn import txn_backend
 from loglake.cluster.view import EtcdClusterView
 from loglake.engine.catalog import Catalog
 from loglake.engine.config import EngineConfig
@@ -83,10 +85,13 @@ def cluster_parts(
     return EngineParts(fs, etcd, catalog, log, view[0], space, telemetry=view[0])
 
 
-def cluster_node(c: BrokerConfig) -> tuple[Engine, GroupStoreFactory]:
-    """The engine of `serve --cluster` (not yet open) and its group coordinators' fenced stores."""
+def cluster_node(c: BrokerConfig) -> tuple[Engine, CoordinatorStores]:
+    """The engine of `serve --cluster` (not yet open) and its coordinators' fenced stores (groups:
+    loglake.cluster.groups; transactions: loglake.cluster.txn)."""
     data_dir = os.path.abspath(c.data_dir)
     config = c.engine_config()
     parts = cluster_parts(data_dir, config, settings_of(c))
     assert isinstance(parts.meta, EtcdMetaStore)  # cluster_parts made it
-    return Engine(data_dir, config, parts=parts), fenced_stores(parts.meta, parts.view)
+    assert isinstance(parts.log, SharedPartitionLog)
+    stores = CoordinatorStores(fenced_stores(parts.meta, parts.view), txn_backend(parts.meta, parts.view, parts.log))
+    return Engine(data_dir, config, parts=parts), stores

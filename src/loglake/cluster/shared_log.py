@@ -49,12 +49,12 @@ from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.partition_log import Batches, Feature, TierBytes, refusal
 from loglake.engine.scrubber import Scrubber
+from loglake.engine.txn import last_stable_offset
 from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
     ConfigError,
     EngineClosedError,
-    EngineFailedError,
     LoglakeError,
     MetaFencedError,
     OffsetOutOfRangeError,
@@ -88,7 +88,7 @@ COMMIT_WAIT_S = 60.0
 #: What cluster mode does not offer yet, and why (docs/CLUSTER.md): the engine refuses these
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
-    Feature.TRANSACTIONS: "transactions are not offered in cluster mode yet (docs/CLUSTER.md)",
+    Feature.TXN_OFFSETS: "offsets in transactions (sendOffsetsToTransaction) are not offered in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",
@@ -415,6 +415,7 @@ class SharedPartitionLog:
             raise OffsetOutOfRangeError(str(exc), log_start_offset=start, high_watermark=pl.end) from None
         if data and not min_one and len(data) > max_bytes:
             data = b""
+        p.advance_hw(pl.end)  # a partition created after a commit this broker applied catches up here
         return ReadResult([data] if data else [], max(pl.end, offset if data else 0), start)
 
     def read_async(
@@ -488,8 +489,9 @@ class SharedPartitionLog:
         clean_end = self.etcd.read(lambda s: pm.clean_end if (pm := s.partitions.get(key)) is not None else 0)
         # as a single node's: the share of the merged (sealed) bytes past the compaction's clean end
         dirty = sum(s.size for s in pl.segments if s.last >= clean_end) / sealed if compacted and sealed else 0.0
+        lso = last_stable_offset(p, pl.end)  # open transactions: the metadata's, as on every broker
         return PartitionInfo(
-            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, clean_end, dirty, pl.epoch, pl.end
+            p.topic, p.index, start, pl.end, pl.end, pl.end, len(pl.segments), sealed, 0, clean_end, dirty, pl.epoch, lso
         )
 
     def tier_bytes(self, p: Partition) -> TierBytes:
@@ -582,12 +584,6 @@ class SharedPartitionLog:
         every topic) that is due, or has anything dirty when `force`d (loglake.cluster.compact:
         the leader rewrites merged segments, fenced by its epoch). Returns the passes done; a
         partition that fails is logged and retried at the next round."""
-        if Feature.TRANSACTIONS not in self.refused:
-            # loglake.cluster.compact plans with no open transaction (no last stable offset) and
-            # no aborted ones, true only while transactions are refused here: once they are
-            # offered, both must be handed to it first, else an open transaction's records could
-            # be cleaned and aborted ones supersede committed ones
-            raise EngineFailedError("cluster compaction does not know transactions yet; it is off until it does")
         with self._ready_lock:
             led = sorted(self._ready)
         done = 0

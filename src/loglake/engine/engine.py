@@ -505,11 +505,13 @@ class Engine:
         return txn.aborted_transactions(self._partition(topic, partition), start, end)
 
     def log_end(self, topic_id: bytes, partition: int) -> int | None:
-        """The partition's next offset (by topic id), None when the topic is gone."""
+        """The partition's next offset (by topic id), None when the topic is gone; on a broker
+        that does not lead it (cluster mode) its end as this broker's metadata has it."""
         topic = self.catalog.topic_by_id(topic_id)
         if topic is None or not 0 <= partition < len(topic.partitions):
             return None
-        return topic.partitions[partition].next_offset
+        p = topic.partitions[partition]
+        return max(p.next_offset, p.high_watermark)
 
     # ==== partition facts ===============================================================================
 

@@ -53,6 +53,7 @@ class Feature(StrEnum):
     """What one partition log may offer and another not (the refusal table's keys)."""
 
     TRANSACTIONS = "transactions"
+    TXN_OFFSETS = "offsets in transactions"
     DELETE_RECORDS = "DeleteRecords"
     COMPACTION = "compaction"
     RETENTION = "retention"
@@ -64,6 +65,7 @@ class Feature(StrEnum):
 #: The Kafka error code a refused feature is answered with.
 FEATURE_CODES: Mapping[Feature, ErrorCode] = {
     Feature.TRANSACTIONS: ErrorCode.UNSUPPORTED_VERSION,
+    Feature.TXN_OFFSETS: ErrorCode.UNSUPPORTED_VERSION,
     Feature.DELETE_RECORDS: ErrorCode.UNSUPPORTED_VERSION,
     Feature.COMPACTION: ErrorCode.UNSUPPORTED_VERSION,
     Feature.RETENTION: ErrorCode.UNSUPPORTED_VERSION,

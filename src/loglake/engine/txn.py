@@ -53,9 +53,11 @@ def control_batch(producer_id: int, producer_epoch: int, commit: bool, coordinat
     return bytearray(builder.build())
 
 
-def last_stable_offset(p: Partition) -> int:
-    """First offset of the earliest open transaction, else the high watermark."""
-    hw = p.high_watermark
+def last_stable_offset(p: Partition, hw: int | None = None) -> int:
+    """First offset of the earliest open transaction, else the high watermark (`hw`: the one a
+    read saw, else the partition's)."""
+    if hw is None:
+        hw = p.high_watermark
     open_ = p.meta.txn_open
     if not open_:
         return hw
@@ -102,7 +104,7 @@ def committed_view(
     the same range as bytes (a cut inside a file range needs the batch headers).
     """
     hw = result.high_watermark
-    lso = min(last_stable_offset(p), hw)
+    lso = last_stable_offset(p, hw)
     chunks = result.chunks
     if not chunks:
         return result, lso, []

@@ -462,7 +462,7 @@ TxnOffsetRow = tuple[str, int, int, int, str | None]
 class TxnRecord:
     """A transactional id's whole state (loglake.meta.txn). `names` (the topic name of each
     part; absent from records of releases before it) and `markers` (complete_abort) are left
-    out of the body when None."""
+    out of the body when None, as is `attempt` (prepare states: names the transaction's ending)."""
 
     kind: ClassVar[RecordKind] = RecordKind.TXN
     tid: str
@@ -477,6 +477,8 @@ class TxnRecord:
     offsets: Mapping[str, Sequence[TxnOffsetRow]]
     names: Sequence[str] | None = None
     markers: Sequence[TxnPartRow] | None = None
+    #: names the transaction's ending (prepare states; cluster mode's leaders report markers under it)
+    attempt: str | None = None
 
     def body(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -495,6 +497,8 @@ class TxnRecord:
         body["offsets"] = {g: [list(r) for r in rows] for g, rows in self.offsets.items()}
         if self.markers is not None:
             body["markers"] = [list(r) for r in self.markers]
+        if self.attempt is not None:
+            body["attempt"] = self.attempt
         return body
 
     @classmethod
@@ -527,6 +531,7 @@ class TxnRecord:
                 },
                 None if names is None else [str(n) for n in names],
                 None if markers is None else [(str(t), int(p), int(m)) for t, p, m in markers],
+                None if b.get("attempt") is None else str(b["attempt"]),
             )
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise MetaRecordRejectedError(f"metadata record {cls.kind} does not apply: {exc!r}") from None
@@ -534,6 +539,7 @@ class TxnRecord:
 
 _TXN_KEYS = frozenset(
     {
+        "attempt",
         "tid",
         "pid",
         "epoch",

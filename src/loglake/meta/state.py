@@ -393,6 +393,14 @@ class MetaState:
             pm.note_clean(end, ms)
             pm.tombstone_ms = tomb_ms
 
+    def _plog_start(self, b: dict[str, Any]) -> None:
+        """A cluster partition's new log start (loglake.meta.cluster); aborted-transaction entries
+        whose marker is below it go, as a single node's log start record drops them."""
+        apply_plog_start(self, b)
+        pm = self.partitions.get((bytes.fromhex(str(b["id"])), int(b["p"])))
+        if pm is not None:
+            trim_aborted(pm, int(b["start"]))
+
     def _leader_epoch(self, b: dict[str, Any]) -> None:
         pm = self.partitions[(bytes.fromhex(b["id"]), int(b["p"]))]
         pm.note_leader_epoch(int(b["epoch"]), int(b["start"]))
@@ -475,7 +483,7 @@ _APPLY: dict[str, Callable[[MetaState, dict[str, Any]], None]] = {
     RecordKind.PLOG_COMMIT: apply_plog_commit,
     RecordKind.PLOG_MERGED: apply_plog_merged,
     RecordKind.PLOG_SWEPT: apply_plog_swept,
-    RecordKind.PLOG_START: apply_plog_start,
+    RecordKind.PLOG_START: MetaState._plog_start,
     RecordKind.SCHEMA_VERSION: apply_schema_version,
     RecordKind.SCHEMA_DELETED: apply_schema_deleted,
     RecordKind.SCHEMA_CONFIG: apply_schema_config,

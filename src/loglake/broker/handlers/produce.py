@@ -43,13 +43,13 @@ from loglake.errors import InvalidRecordError, LoglakeError
 from loglake.records.batch import peek_txn_producer
 
 
-def _txn_check(ctx: BrokerContext, name: str, index: int, records: memoryview) -> int:
+async def _txn_check(ctx: BrokerContext, name: str, index: int, records: memoryview) -> int:
     """NONE, or why a transactional batch may not be appended (KIP-890 part 1)."""
     producer = peek_txn_producer(records)
     if producer is None:
         return NONE
     pid, epoch = producer
-    return ctx.txn.check_produce(pid, epoch, name, index)
+    return await ctx.txn.check_produce_synced(pid, epoch, name, index)
 
 
 #: (topic, partition, append future or None, error code, error message, record errors)
@@ -110,7 +110,7 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[st
                     code = UNKNOWN_TOPIC_OR_PARTITION if name is None or not engine.has_topic(name) else NONE
                     pending.append((name, part.index, None, code, None, ()))
                     continue
-                refused = _txn_check(ctx, name, part.index, part.records)
+                refused = await _txn_check(ctx, name, part.index, part.records)
                 if refused != NONE:
                     pending.append((name, part.index, None, refused, None, ()))
                     continue

@@ -25,6 +25,7 @@ from loglake.broker.security.authorized import (
     denied,
 )
 from loglake.broker.txn.coordinator import Txn
+from loglake.engine.partition_log import FEATURE_CODES, Feature
 from loglake.errors import LoglakeError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
@@ -94,6 +95,11 @@ async def add_offsets_to_txn(ctx: BrokerContext, conn: Conn, req: DecodedRequest
         return {"throttle_time_ms": 0, "error_code": E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
     if not check(ctx, conn, AclOperation.READ, GROUP, b.group_id):
         return {"throttle_time_ms": 0, "error_code": E.GROUP_AUTHORIZATION_FAILED}
+    if not ctx.engine.supports(Feature.TXN_OFFSETS):
+        # the engine's refusal table (loglake.engine.partition_log): the group's coordinator may
+        # be another broker than the transaction's, and nothing carries the offsets there yet
+        _limited.warning("txn_offsets", "AddOffsetsToTxn refused: %s", ctx.engine.log.refused[Feature.TXN_OFFSETS])
+        return {"throttle_time_ms": 0, "error_code": FEATURE_CODES[Feature.TXN_OFFSETS]}
     try:
         code = await ctx.txn.add_offsets(b.transactional_id, b.producer_id, b.producer_epoch, b.group_id, req.api_version)
     except LoglakeError as exc:

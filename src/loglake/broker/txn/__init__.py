@@ -1,5 +1,5 @@
 """The transaction coordinator (docs/TRANSACTIONS.md)."""
 
-from loglake.broker.txn.coordinator import Txn, TxnCoordinator, TxnSettings
+from loglake.broker.txn.coordinator import Txn, TxnBackend, TxnCoordinator, TxnSettings
 
-__all__ = ["Txn", "TxnCoordinator", "TxnSettings"]
+__all__ = ["Txn", "TxnBackend", "TxnCoordinator", "TxnSettings"]

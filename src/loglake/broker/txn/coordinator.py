@@ -10,7 +10,16 @@ every change (loglake.meta.txn), so a restart finds it as it was. Ending a trans
 4. record complete_commit / complete_abort (the partitions' open entries go, aborted entries come).
 
 A crash anywhere in 2-4 leaves the prepare record: `start()` redoes 2-4 (a marker written twice
-is harmless; offsets written twice are the same offsets). A new producer instance (InitProducerId)
+is harmless; offsets written twice are the same offsets).
+
+Where the records go and how markers reach partitions are the coordinator's two collaborators:
+a `TxnStore` (single node: `TxnIdStore`, the metadata log; cluster mode: a store whose writes
+are fenced by a claim in etcd, loglake.cluster.txn) and `TxnMarkers` (single node:
+`EngineMarkers`, the engine appends them; cluster mode: each partition's leader appends them,
+loglake.cluster.txn). A broker coordinates the transactional ids the cluster view gives it
+(`view.coordinator_of`): others get NOT_COORDINATOR; when the live set moves the coordinator
+reloads the ids it owns now from the store (COORDINATOR_LOAD_IN_PROGRESS meanwhile) and
+completes what a deposed coordinator left in a prepare state. A new producer instance (InitProducerId)
 bumps the epoch, which fences the old one, and aborts its open transaction first; an ongoing
 transaction past its timeout is aborted the same way by the periodic sweep.
 
@@ -24,13 +33,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from loglake.broker.groups import GroupCoordinator
 from loglake.broker.txn.id_store import TxnIdStore
 from loglake.engine import Engine
-from loglake.errors import LoglakeError, UnknownTopicError
+from loglake.errors import LoglakeError, MetaFencedError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc
@@ -48,7 +60,18 @@ from loglake.meta.txn_states import (
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
 
-__all__ = ["EPOCH_MAX", "TXN_PARTITIONS_MAX", "Txn", "TxnCoordinator", "TxnSettings"]
+__all__ = [
+    "EPOCH_MAX",
+    "RELOAD_RETRY_S",
+    "TXN_PARTITIONS_MAX",
+    "EngineMarkers",
+    "Txn",
+    "TxnBackend",
+    "TxnCoordinator",
+    "TxnMarkers",
+    "TxnSettings",
+    "TxnStore",
+]
 
 #: Largest producer epoch handed out; past it the transactional id gets a new producer id (Kafka).
 EPOCH_MAX = 32766
@@ -64,6 +87,8 @@ PartKey = tuple[str, int]  # (topic name, partition)
 OffsetRow = tuple[int, int, str | None]
 #: A marker written when a transaction ended: (topic id hex, partition, its offset).
 Marker = tuple[str, int, int]
+#: Seconds between attempts to reload the transactional ids while the store does not answer.
+RELOAD_RETRY_S = 1.0
 
 
 @dataclass
@@ -88,6 +113,9 @@ class Txn:
     groups: list[str] = field(default_factory=list)
     #: group -> (topic, partition) -> [offset, leader_epoch, metadata]
     offsets: dict[str, dict[PartKey, OffsetRow]] = field(default_factory=dict)
+    #: names this ending of the transaction (set with its prepare state): cluster mode's leaders
+    #: report the markers they wrote under it (loglake.cluster.txn)
+    attempt: str = ""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def transition_to(self, target: TxnState) -> None:
@@ -112,6 +140,8 @@ class Txn:
         }
         if markers is not None:
             b["markers"] = [list(m) for m in markers]
+        if self.attempt and self.state in PREPARE_STATES:
+            b["attempt"] = self.attempt
         return b
 
     @classmethod
@@ -124,11 +154,69 @@ class Txn:
             name = str(names[i]) if i < len(names) else tid_hex
             txn.parts[(name, int(p))] = (str(tid_hex), int(first))
         txn.groups = [str(g) for g in b.get("groups") or []]
+        txn.attempt = str(b.get("attempt") or "")
         txn.offsets = {
             str(g): {(str(t), int(p)): (int(o), int(e), m) for t, p, o, e, m in rows}
             for g, rows in (b.get("offsets") or {}).items()
         }
         return txn
+
+
+class TxnStore(Protocol):
+    """Where a coordinator records its transactional ids' states (`txn` records)."""
+
+    def load(self, owns: Callable[[str], bool]) -> dict[str, JsonDoc]:
+        """The recorded states of the ids `owns` accepts, taken over for this coordinator (blocking)."""
+        ...
+
+    def record(self, body: JsonDoc) -> Future[int]:
+        """Log an id's new state; resolves once durable (MetaFencedError: another coordinator owns it)."""
+        ...
+
+
+class TxnMarkers(Protocol):
+    """How a transaction's COMMIT / ABORT markers reach its partitions."""
+
+    async def write(self, txn: Txn, commit: bool) -> list[Marker]:
+        """Append the markers of `txn` (in its prepare state) to each of its partitions and wait
+        until each is durable; the markers written (a partition whose topic is gone has none)."""
+        ...
+
+    def forget(self, txn: Txn) -> None:
+        """The transaction is complete: drop what `write` left behind."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EngineMarkers:
+    """Markers appended by this broker's engine (a single node leads every partition)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def write(self, txn: Txn, commit: bool) -> list[Marker]:
+        pending = []
+        for (_name, index), (tid_hex, _first) in txn.parts.items():
+            fut = self.engine.write_txn_marker(bytes.fromhex(tid_hex), index, txn.pid, txn.epoch, commit)
+            if fut is not None:
+                pending.append((tid_hex, index, fut))
+        markers: list[Marker] = []
+        for tid_hex, index, fut in pending:
+            result = await asyncio.wrap_future(fut)
+            markers.append((tid_hex, index, result.base_offset))
+        return markers
+
+    def forget(self, txn: Txn) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+#: How a broker's coordinator records and ends transactions, made over its open engine (cluster
+#: mode's: loglake.cluster.txn); none given: a single node's (`TxnIdStore`, `EngineMarkers`).
+TxnBackend = Callable[[Engine], tuple[TxnStore, TxnMarkers]]
 
 
 def fenced_code(api_fenced_from: int, version: int) -> int:
@@ -145,12 +233,19 @@ class TxnCoordinator:
         *,
         off_loop: Callable[[Callable[[], int]], Awaitable[int]],
         clock: Callable[[], float] = time.time,
+        store: TxnStore | None = None,
+        markers: TxnMarkers | None = None,
     ) -> None:
         """`group_coordinator()`: the coordinator a commit writes its offsets to, asked when it
-        does (the broker replaces it when the live set moves); None: offsets are not written."""
+        does (the broker replaces it when the live set moves); None: offsets are not written.
+        `store` / `markers`: a single node's (`TxnIdStore`, `EngineMarkers`) unless given."""
         self.engine = engine
-        #: the transactional ids' recorded states (`txn` records)
+        self.view = engine.view
+        #: every transactional id's recorded state, as this broker's metadata has it
         self.ids = TxnIdStore.of(engine)
+        #: where this coordinator's records go (fenced in cluster mode)
+        self.store: TxnStore = store if store is not None else self.ids
+        self.markers: TxnMarkers = markers if markers is not None else EngineMarkers(engine)
         self._group_coordinator = group_coordinator
         self.settings = settings
         self._off_loop = off_loop
@@ -159,6 +254,17 @@ class TxnCoordinator:
         self.by_pid: dict[int, Txn] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self.closed = False
+        #: the live node ids the ids in memory were loaded for; another set means a reload is due
+        #: (`start` loads them; a coordinator never started begins with none, for these brokers)
+        self.loaded_for: frozenset[int] = frozenset(self.view.live_ids())
+        self._loading = False
+        self._due = False
+        self._reloader: asyncio.Future[None] | None = None
+        self._completions: set[asyncio.Future[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: producer id -> transactional id of the recorded states (for Produce on a partition
+        #: leader that does not coordinate the producer's id); rebuilt when a producer id misses
+        self._pid_index: dict[int, str] = {}
 
     def now_ms(self) -> int:
         return int(self._clock() * 1000)
@@ -167,29 +273,101 @@ class TxnCoordinator:
 
     async def start(self) -> None:
         """Load the recorded state; complete transactions caught in a prepare state; start the sweep."""
+        self._loop = loop = asyncio.get_running_loop()
+
+        def changed(_live: set[int]) -> None:  # from the view's thread
+            loop.call_soon_threadsafe(self.moved)
+
+        self.view.on_change(changed)
         await self.start_once()
         self._sweeper = asyncio.create_task(self._sweep_loop())
 
     async def start_once(self) -> None:
         """`start` without the periodic sweep (one pass of it runs)."""
-        for tid, body in self.ids.states().items():
+        await self._load()
+        await self._complete_prepared()
+        await self.sweep()
+
+    def _owns(self, tid: str) -> bool:
+        return self.view.coordinator_of(tid) == self.view.node_id
+
+    async def _load(self) -> None:
+        """Take over the ids this broker coordinates now, in their recorded states."""
+        live = frozenset(self.view.live_ids())
+        self._loading = True
+        try:
+            states = await asyncio.get_running_loop().run_in_executor(None, self.store.load, self._owns)
+        finally:
+            self._loading = False
+        self.txns = {}
+        self.by_pid = {}
+        for tid, body in states.items():
             txn = Txn.from_body(body)
             self.txns[tid] = txn
             self.by_pid[txn.pid] = txn
+        self.loaded_for = live
+
+    async def _complete_prepared(self) -> None:
         for txn in list(self.txns.values()):
             if txn.state in PREPARE_STATES:
                 try:
                     async with txn.lock:
-                        await self._finish(txn, txn.state is TxnState.PREPARE_COMMIT)
+                        if self.txns.get(txn.tid) is txn and txn.state in PREPARE_STATES:
+                            await self._finish(txn, txn.state is TxnState.PREPARE_COMMIT)
                     log.info("transaction of %r completed after restart (%s)", txn.tid, txn.state)
                 except LoglakeError as exc:
                     log.error("transaction of %r could not be completed after restart: %s", txn.tid, exc)
-        await self.sweep()
+
+    def moved(self) -> None:
+        """The live set changed, or a write was fenced (called on the loop): reload once nothing
+        else reloads."""
+        if self.closed:
+            return
+        self._due = True
+        if self._reloader is None or self._reloader.done():
+            self._reloader = asyncio.ensure_future(self._reload())
+
+    async def _reload(self) -> None:
+        failing = False
+        while self._due and not self.closed:
+            self._due = False
+            try:
+                await self._load()
+            except Exception as exc:  # the store is away: try again shortly (one warning per outage)
+                (log.debug if failing else log.warning)(
+                    "reloading the transaction coordinator failed: %s; retrying every %.0f s", exc, RELOAD_RETRY_S
+                )
+                failing, self._due = True, True
+                await asyncio.sleep(RELOAD_RETRY_S)
+                continue
+            failing = False
+            log.info("live brokers changed; this broker now coordinates %d transactional id(s)", len(self.txns))
+            # apart, so a completion waiting for markers never holds up the next reload
+            task = asyncio.ensure_future(self._complete_prepared())
+            self._completions.add(task)
+            task.add_done_callback(self._completions.discard)
+
+    def gate(self, tid: str) -> int:
+        """NONE when this broker coordinates `tid` now (its state loaded); NOT_COORDINATOR when
+        another live broker does; COORDINATOR_LOAD_IN_PROGRESS while the ids are reloaded after
+        the live set moved."""
+        if not self._owns(tid):
+            return E.NOT_COORDINATOR
+        if self._loading or self.loaded_for != frozenset(self.view.live_ids()):
+            if not self._loading:
+                self.moved()
+            return E.COORDINATOR_LOAD_IN_PROGRESS
+        return E.NONE
 
     def close(self) -> None:
         self.closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._reloader is not None:
+            self._reloader.cancel()
+        for task in list(self._completions):
+            task.cancel()
+        self.markers.close()
 
     async def _sweep_loop(self) -> None:
         while not self.closed:
@@ -204,18 +382,19 @@ class TxnCoordinator:
         forget transactional ids idle longer than transactional.id.expiration.ms."""
         now = self.now_ms()
         for txn in list(self.txns.values()):
-            if txn.lock.locked():
+            if txn.lock.locked() or self._loading:
                 continue
             if self._timed_out(txn, now):
                 async with txn.lock:
-                    if not self._timed_out(txn, now):  # it moved while this waited for the lock
-                        continue
+                    if not self._timed_out(txn, now) or self.txns.get(txn.tid) is not txn:
+                        continue  # it moved (or was reloaded) while this waited for the lock
                     log.info("transaction of %r timed out after %d ms: aborting", txn.tid, txn.timeout_ms)
                     await self._bump(txn)
                     await self._end(txn, commit=False)
             elif txn.state in IDLE_STATES and now - txn.last_ms > self.settings.id_expiration_ms:
                 async with txn.lock:
-                    await self._forget(txn)
+                    if self.txns.get(txn.tid) is txn:
+                        await self._forget(txn)
 
     @staticmethod
     def _timed_out(txn: Txn, now: int) -> bool:
@@ -233,13 +412,23 @@ class TxnCoordinator:
                 del self.by_pid[txn.pid]
 
     async def _record(self, txn: Txn, markers: list[Marker] | None = None) -> None:
+        """Record `txn`'s state (MetaFencedError, and a reload, when this coordinator no longer
+        owns it: the memory of a replaced or deposed coordinator never reaches the store)."""
+        if self._loading or self.txns.get(txn.tid) is not txn:
+            raise MetaFencedError(f"transactional id {txn.tid!r} is being reloaded")
         txn.last_ms = self.now_ms()
-        await asyncio.wrap_future(self.ids.record(txn.body(markers)))
+        try:
+            await asyncio.wrap_future(self.store.record(txn.body(markers)))
+        except MetaFencedError:
+            self.moved()
+            raise
 
     # ---- InitProducerId ----------------------------------------------------------------------------
 
     async def init_producer_id(self, tid: str, timeout_ms: int, pid: int, epoch: int, version: int) -> tuple[int, int, int]:
         """(error, producer id, epoch)."""
+        if (gated := self.gate(tid)) != E.NONE:
+            return gated, -1, -1
         if not 0 < timeout_ms <= self.settings.max_timeout_ms:
             return E.INVALID_TRANSACTION_TIMEOUT, -1, -1
         txn = self.txns.get(tid)
@@ -320,6 +509,8 @@ class TxnCoordinator:
     async def add_partitions(
         self, tid: str, pid: int, epoch: int, parts: list[PartKey], version: int, *, verify_only: bool = False
     ) -> dict[PartKey, int]:
+        if (gated := self.gate(tid)) != E.NONE:
+            return dict.fromkeys(parts, gated)
         code, txn = self._check(tid, pid, epoch, fenced_code(2, version))
         if txn is None:
             return dict.fromkeys(parts, code)
@@ -336,6 +527,11 @@ class TxnCoordinator:
                 return dict.fromkeys(parts, E.CONCURRENT_TRANSACTIONS)
             found: dict[PartKey, tuple[str, int]] = {}
             errors: dict[PartKey, int] = {}
+            if any(self._led_elsewhere(k) for k in parts if k not in txn.parts or txn.state is not TxnState.ONGOING):
+                # Another broker leads it: its end as this broker knows it includes the markers
+                # of this producer's earlier transactions only once the metadata caught up (a
+                # first offset at or below such a marker would hide a committed transaction).
+                await self._off_loop(self._synced)
             for name, index in parts:
                 if (name, index) in txn.parts and txn.state is TxnState.ONGOING:
                     continue
@@ -360,6 +556,8 @@ class TxnCoordinator:
             return dict.fromkeys(parts, E.NONE)
 
     async def add_offsets(self, tid: str, pid: int, epoch: int, group: str, version: int) -> int:
+        if (gated := self.gate(tid)) != E.NONE:
+            return gated
         code, txn = self._check(tid, pid, epoch, fenced_code(2, version))
         if txn is None:
             return code
@@ -384,6 +582,8 @@ class TxnCoordinator:
         self, tid: str, pid: int, epoch: int, group: str, offsets: list[tuple[str, int, int, int, str | None]]
     ) -> dict[PartKey, int]:
         keys = [(t, p) for t, p, *_ in offsets]
+        if (gated := self.gate(tid)) != E.NONE:
+            return dict.fromkeys(keys, gated)
         code, txn = self._check(tid, pid, epoch, E.INVALID_PRODUCER_EPOCH)
         if txn is None:
             return dict.fromkeys(keys, code)
@@ -409,6 +609,8 @@ class TxnCoordinator:
     # ---- EndTxn ----------------------------------------------------------------------------------------
 
     async def end_txn(self, tid: str, pid: int, epoch: int, commit: bool, version: int) -> int:
+        if (gated := self.gate(tid)) != E.NONE:
+            return gated
         code, txn = self._check(tid, pid, epoch, fenced_code(2, version))
         if txn is None:
             return code
@@ -427,20 +629,13 @@ class TxnCoordinator:
 
     async def _end(self, txn: Txn, commit: bool) -> None:
         txn.transition_to(prepare_state(commit))
+        txn.attempt = uuid.uuid4().hex
         await self._record(txn)
         await self._finish(txn, commit)
 
     async def _finish(self, txn: Txn, commit: bool) -> None:
         """Markers into every partition, offsets on commit, then the complete record."""
-        pending = []
-        for (_name, index), (tid_hex, _first) in txn.parts.items():
-            fut = self.engine.write_txn_marker(bytes.fromhex(tid_hex), index, txn.pid, txn.epoch, commit)
-            if fut is not None:
-                pending.append((tid_hex, index, fut))
-        markers: list[Marker] = []
-        for tid_hex, index, fut in pending:
-            result = await asyncio.wrap_future(fut)
-            markers.append((tid_hex, index, result.base_offset))
+        markers = await self.markers.write(txn, commit)
         groups = self._group_coordinator() if self._group_coordinator is not None else None
         if commit and txn.offsets and groups is not None:
             for group, rows in txn.offsets.items():
@@ -450,9 +645,18 @@ class TxnCoordinator:
         await self._record(txn, markers if not commit else None)
         for tid_hex, index, _offset in markers:  # the LSO moved: read_committed fetches look again
             self.engine.wake_readers(bytes.fromhex(tid_hex), index)
+        self.markers.forget(txn)
+        txn.attempt = ""
         txn.parts.clear()
         txn.groups.clear()
         txn.offsets.clear()
+
+    def _led_elsewhere(self, key: PartKey) -> bool:
+        try:
+            topic_id = self.engine.topic_id_of(key[0])
+        except UnknownTopicError:
+            return False
+        return self.view.leader_of(topic_id, key[1]) != self.view.node_id
 
     def _partition_exists(self, name: str, index: int) -> bool:
         try:
@@ -463,12 +667,54 @@ class TxnCoordinator:
     # ---- Produce (KIP-890 part 1: a transactional batch needs its partition in the transaction) ------
 
     def check_produce(self, pid: int, epoch: int, topic: str, partition: int) -> int:
+        """By this coordinator's memory; a producer id it does not coordinate by the recorded
+        states (`check_produce_recorded`)."""
         txn = self.by_pid.get(pid)
         if txn is None:
-            return E.INVALID_TXN_STATE
+            if self._alone():  # every id is coordinated here: nothing recorded elsewhere to ask
+                return E.INVALID_TXN_STATE
+            return self._check_recorded(pid, epoch, topic, partition)
         if epoch != txn.epoch:
             return E.INVALID_PRODUCER_EPOCH
         if txn.state is not TxnState.ONGOING or (topic, partition) not in txn.parts:
+            return E.INVALID_TXN_STATE
+        return E.NONE
+
+    async def check_produce_synced(self, pid: int, epoch: int, topic: str, partition: int) -> int:
+        """`check_produce`; a refusal for a producer another broker coordinates is asked again
+        once this broker's metadata has every record committed so far (its coordinator recorded
+        the partition before it answered AddPartitionsToTxn; the watch may not have brought it)."""
+        code = self.check_produce(pid, epoch, topic, partition)
+        if code == E.NONE or pid in self.by_pid or self._alone():
+            return code
+        await self._off_loop(self._synced)
+        self._pid_index.clear()
+        return self.check_produce(pid, epoch, topic, partition)
+
+    def _alone(self) -> bool:
+        return self.view.live_ids() <= {self.view.node_id}
+
+    def _synced(self) -> int:
+        self.engine.meta.sync()
+        return 0
+
+    def _check_recorded(self, pid: int, epoch: int, topic: str, partition: int) -> int:
+        def body_of(index: dict[int, str]) -> JsonDoc | None:
+            tid = index.get(pid)
+            return None if tid is None else self.engine.meta.read(lambda s: s.txns.get(tid))
+
+        body = body_of(self._pid_index)
+        if body is None or int(body["pid"]) != pid:
+            self._pid_index = self.engine.meta.read(lambda s: {int(b["pid"]): t for t, b in s.txns.items()})
+            body = body_of(self._pid_index)
+        if body is None or int(body["pid"]) != pid:
+            return E.INVALID_TXN_STATE
+        if epoch != int(body["epoch"]):
+            return E.INVALID_PRODUCER_EPOCH
+        names = body.get("names") or []
+        parts = body.get("parts") or []
+        listed = any(int(p) == partition and i < len(names) and names[i] == topic for i, (_t, p, _f) in enumerate(parts))
+        if parse_txn_state(body["state"]) is not TxnState.ONGOING or not listed:
             return E.INVALID_TXN_STATE
         return E.NONE
 

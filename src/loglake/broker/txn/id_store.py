@@ -5,6 +5,7 @@ removes it). The transaction coordinator (loglake.broker.txn.coordinator) owns t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from loglake.broker.meta_facts import MetaFacts
@@ -17,6 +18,11 @@ class TxnIdStore(MetaFacts):
     def states(self) -> dict[str, JsonDoc]:
         """A copy of every transactional id's last recorded state (its ``txn`` record body)."""
         return self.meta.read(lambda s: {tid: dict(body) for tid, body in s.txns.items()})
+
+    def load(self, owns: Callable[[str], bool]) -> dict[str, JsonDoc]:
+        """The states of the ids `owns` accepts (a single node's coordinator: every id; there is
+        nobody to take them from)."""
+        return {tid: body for tid, body in self.states().items() if owns(tid)}
 
     def record(self, body: JsonDoc) -> Future[int]:
         """Log a transactional id's new state; resolves with the record's seq once durable."""
