@@ -87,9 +87,17 @@ def run_fault(c: clusterkit.Cluster, rng: random.Random, kind: str) -> str:
     return f"graceful restart of node {b.node_id}"
 
 
+#: The schedule's length unless LOGLAKE_CLUSTER_MINUTES says otherwise (the issue asks for >= 10).
+DEFAULT_MINUTES = 10.0
+#: The schedule, plus the cluster's start, the last fault's heal and the checker's reads (the
+#: suite's 300 s timeout would end a 10-minute schedule half way).
+TIMEOUT_S = float(os.environ.get(MINUTES_ENV) or DEFAULT_MINUTES) * 60 + 600
+
+
+@pytest.mark.timeout(TIMEOUT_S)
 def test_random_fault_schedule(tmp_path: Path) -> None:
     seed = int(os.environ.get(SEED_ENV) or random.randrange(2**32))
-    minutes = float(os.environ.get(MINUTES_ENV) or 10.0)
+    minutes = float(os.environ.get(MINUTES_ENV) or DEFAULT_MINUTES)
     print(f"cluster fault schedule: {SEED_ENV}={seed} {MINUTES_ENV}={minutes}", flush=True)
     rng = random.Random(seed)
     ran: list[str] = []
