@@ -7,6 +7,8 @@ coordinator) and `GroupCoordinator.consumer_heartbeat` / `consumer_describe`.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
@@ -31,6 +33,45 @@ from loglake.broker.security.authorized import (
 
 ZERO_TOPIC_ID_HEX = "0" * 32
 MEMBER_TYPE_CONSUMER = 1  # ConsumerGroupDescribe v1 MemberType: a member of the consumer protocol
+
+
+class HeartbeatAnswer(Protocol):
+    """What a consumer or share group's heartbeat answers with (both coordinators' results)."""
+
+    @property
+    def error_code(self) -> int: ...
+    @property
+    def error_message(self) -> str | None: ...
+    @property
+    def member_id(self) -> str | None: ...
+    @property
+    def member_epoch(self) -> int: ...
+    @property
+    def heartbeat_interval_ms(self) -> int: ...
+    @property
+    def assignment(self) -> Mapping[str, Iterable[int]] | None: ...
+
+
+def heartbeat_response(result: HeartbeatAnswer) -> dict[str, object]:
+    """The ConsumerGroupHeartbeat / ShareGroupHeartbeat response body (same fields in both APIs):
+    the assignment by topic id only when the member must be told."""
+    assignment: dict[str, object] | None = None
+    if result.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": uuid.UUID(hex=tid), "partitions": sorted(parts)}
+                for tid, parts in sorted(result.assignment.items())
+            ]
+        }
+    return {
+        "throttle_time_ms": 0,
+        "error_code": result.error_code,
+        "error_message": result.error_message,
+        "member_id": result.member_id,
+        "member_epoch": result.member_epoch,
+        "heartbeat_interval_ms": result.heartbeat_interval_ms,
+        "assignment": assignment,
+    }
 
 
 async def consumer_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
@@ -71,23 +112,7 @@ async def consumer_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedR
             principal=who(conn),
         )
     )
-    assignment: dict[str, object] | None = None
-    if result.assignment is not None:
-        assignment = {
-            "topic_partitions": [
-                {"topic_id": uuid.UUID(hex=tid), "partitions": sorted(parts)}
-                for tid, parts in sorted(result.assignment.items())
-            ]
-        }
-    return {
-        "throttle_time_ms": 0,
-        "error_code": result.error_code,
-        "error_message": result.error_message,
-        "member_id": result.member_id,
-        "member_epoch": result.member_epoch,
-        "heartbeat_interval_ms": result.heartbeat_interval_ms,
-        "assignment": assignment,
-    }
+    return heartbeat_response(result)
 
 
 def _topics(described: list[tuple[str, str, list[int]]]) -> dict[str, object]:

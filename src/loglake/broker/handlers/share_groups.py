@@ -17,7 +17,7 @@ from concurrent.futures import Future
 
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
-from loglake.broker.handlers.consumer_groups import ZERO_TOPIC_ID_HEX
+from loglake.broker.handlers.consumer_groups import ZERO_TOPIC_ID_HEX, heartbeat_response
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
     TOPIC_AUTHORIZATION_FAILED,
@@ -78,23 +78,7 @@ async def share_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedRequ
             client_host=_client_host(conn),
         )
     )
-    assignment: dict[str, object] | None = None
-    if result.assignment is not None:
-        assignment = {
-            "topic_partitions": [
-                {"topic_id": uuid.UUID(hex=tid), "partitions": sorted(parts)}
-                for tid, parts in sorted(result.assignment.items())
-            ]
-        }
-    return {
-        "throttle_time_ms": 0,
-        "error_code": result.error_code,
-        "error_message": result.error_message,
-        "member_id": result.member_id,
-        "member_epoch": result.member_epoch,
-        "heartbeat_interval_ms": result.heartbeat_interval_ms,
-        "assignment": assignment,
-    }
+    return heartbeat_response(result)
 
 
 async def share_group_describe(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
