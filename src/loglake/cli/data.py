@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import io
 import json
 import os
+import select
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -175,6 +177,18 @@ _command_config: CommandConfigOption = None,
     )
 
 
+def _cannot_block(stream: BinaryIO, size: int) -> bool:
+    """Whether writing `size` bytes to `stream` (flushed after each record) cannot block: at most
+    PIPE_BUF bytes, and its descriptor is writable now (a pipe then has at least PIPE_BUF free)."""
+    if size > select.PIPE_BUF:
+        return False
+    try:
+        _, writable, _ = select.select([], [stream.fileno()], [], 0)
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    return bool(writable)
+
+
 def _isatty(stream: BinaryIO) -> bool:
     try:
         return stream.isatty()
@@ -308,8 +322,11 @@ _command_config: CommandConfigOption = None,
             )
         try:
             for rec, data in _records(source, max_records, fmt, sep, stop):
-                # our own output holds no engine lock: a signal may interrupt a blocked write here
-                stop.raising = True
+                # our own output holds no engine lock: a signal may interrupt a blocked write here.
+                # A follow's record that cannot block (small, and the pipe has room) is written
+                # without that: a signal arriving as its flush returns would otherwise skip
+                # done(rec) for a record already printed, and a group would not commit it.
+                stop.raising = not (follow and _cannot_block(out, len(data)))
                 out.write(data)
                 if follow:
                     out.flush()
