@@ -22,12 +22,15 @@ def test_tier_bytes_follow_relocation_and_producers_are_described(tmp_path: Path
                                 producer_id=77, producer_epoch=2, base_sequence=seq)
             engine.append_batch("t", 0, batch).result(timeout=10)
         engine.append_batch("t", 0, build_batch([(5, None, b"plain", [])])).result(timeout=10)
+        # 4 KiB segments roll while the batches go in, and a rolled segment is sealed and relocated
+        # in the background: how much is cold by now is the machine's timing. The open segment
+        # holding the last batch is hot until the flush seals it.
         before = engine.tier_bytes("t", 0)
-        assert before.cold == 0 and before.hot > 0 and before.offset_lag == 0
+        assert before.hot > 0 and before.offset_lag == 0
         log.flush()
         assert engine.wait_relocations()
         after = engine.tier_bytes("t", 0)
-        assert after.cold > 0 and after.hot == 0  # everything sealed and relocated
+        assert after.cold > before.cold and after.hot == 0  # everything sealed and relocated
         assert after.cold == sum(s.size for s in engine.segments("t", 0))
         [desc] = engine.producers("t", 0)  # read back from a cold segment
         assert (desc.producer_id, desc.producer_epoch, desc.last_sequence, desc.last_timestamp) == (77, 2, 39, 1_039)
