@@ -6,14 +6,16 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
 import loglake
 from loglake.errors import DataDirLockedError
-from loglake.log import Log
+
+if TYPE_CHECKING:  # the engine is imported when a command opens a data directory, not by `loglake --help`
+    from loglake.log import Log
 
 DEFAULT_DATA_DIR = "./loglake-data"
 DATA_DIR_ENV = "LOGLAKE_DATA_DIR"

@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from loglake.broker.handlers.admin_topics import replication_factor_problem
 from loglake.cli import remote_topics
 from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import (
@@ -58,6 +57,9 @@ _command_config: CommandConfigOption = None,
         # the broker decides, and answers as Kafka does (INVALID_REPLICATION_FACTOR)
         return remote_topics.create(bootstrap, name, partitions, overrides, replication_factor or -1)
     if replication_factor is not None:
+        # the broker's wording; its handler tables are imported only here (0.3 s)
+        from loglake.broker.handlers.admin_topics import replication_factor_problem
+
         problem = replication_factor_problem(replication_factor)
         if problem is not None:
             raise CliError(f"create topic {name}: {problem}")
