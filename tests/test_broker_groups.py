@@ -92,15 +92,20 @@ def test_group_of_three_splits_partitions_and_survivors_take_over(broker: Served
                     seen.setdefault(idx, []).append(m.value())
                 c.commit(m, asynchronous=False)
             if deadline is not None and time.monotonic() > deadline:
-                someone_left.set()
-                break
+                with lock:
+                    everything = sum(len(v) for v in seen.values()) >= 600
+                # The last member stays until every record is in (or a minute more): how long the
+                # takeovers take is the machine's load, and a fixed stay cut it short under load.
+                if idx < 2 or everything or time.monotonic() > deadline + 60:
+                    someone_left.set()
+                    break
         c.close()  # LeaveGroup: the others take over its partitions
 
     threads = [threading.Thread(target=member, args=(i, 3 + 4 * i)) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(120)
     # While all three were members, the six partitions were split between them, two each.
     assert sorted(len(a) for a in assignments.values()) == [2, 2, 2]
     assert set().union(*assignments.values()) == set(range(PARTITIONS))
