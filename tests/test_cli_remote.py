@@ -522,7 +522,9 @@ def test_silent_bootstrap_server_is_given_up_on() -> None:
     first, hint = result.stderr.strip().splitlines()
     assert first.startswith(f"error: connected to {address} but it did not answer a plaintext Kafka request"), first
     assert hint.startswith("hint: ") and "--command-config" in hint, hint
-    assert took < REMOTE_TIMEOUT_S + 5.0
+    # the process's own start and exit are in `took` too (seconds under a loaded machine); a
+    # command that waited for the socket would run until the test's own timeout
+    assert took < 2 * REMOTE_TIMEOUT_S
 
 
 def test_unknown_topic_and_group(broker: Broker) -> None:
