@@ -21,7 +21,8 @@ as a whole (``REGISTRY``: the global config and mode, ``/schemas/ids/{id}/versio
 ``.../referencedby``). `handle` asks the `Guard` it is given (the broker's authorizer for the
 request's principal; `OPEN` by default) and answers FORBIDDEN when it refuses; ``/subjects`` and
 ``/schemas/ids/{id}/subjects`` list only the subjects the caller may DESCRIBE, and
-``/schemas/ids/{id}`` needs READ on one of the subjects that hold the schema. `ACCESS` is the
+``/schemas/ids/{id}`` needs READ on one of the subjects that hold the schema (on the REGISTRY
+when none does any more). `ACCESS` is the
 table, one row a route.
 """
 
@@ -238,12 +239,13 @@ class RegistryApi:
             return out
         raise self._not_found()
 
-    def _holders(self, schema_id: int) -> list[str]:
-        """The subjects that hold the schema (soft-deleted versions too: the id is still served)."""
+    def _holders(self, schema_id: int) -> list[str] | None:
+        """The subjects that hold the schema (soft-deleted versions too: the id is still served);
+        None when there is no such schema."""
         try:
             return sorted({row["subject"] for row in self.registry.id_versions(schema_id, True)})
         except RegistryError:
-            return []  # no such schema: the lookup answers it (schema not found)
+            return None  # the lookup answers it (schema not found)
 
     @staticmethod
     def _id(raw: str) -> int:
@@ -282,11 +284,19 @@ class _Access:
             self.guard.refused(op, on, [subject] if on is On.SUBJECT else [])
             raise RegistryError.forbidden(op.value, on.value, subject if on is On.SUBJECT else "")
 
-    def need_one(self, route: str, subjects: list[str]) -> None:
-        """FORBIDDEN unless the caller may do what the route does to one of `subjects` (none: allowed,
-        the lookup answers it)."""
+    def need_one(self, route: str, subjects: list[str] | None) -> None:
+        """FORBIDDEN unless the caller may do what the route does to one of `subjects` (None: no
+        such schema, the lookup answers it; none: a schema no subject holds, the same operation
+        on the REGISTRY)."""
         op, on = self._rule(route)
-        if subjects and not any(self.guard.allows(op, on, s) for s in subjects):
+        if subjects is None:
+            return
+        if not subjects:
+            if not self.guard.allows(op, On.REGISTRY, ""):
+                self.guard.refused(op, On.REGISTRY, [])
+                raise RegistryError.forbidden(op.value, On.REGISTRY.value, "")
+            return
+        if not any(self.guard.allows(op, on, s) for s in subjects):
             self.guard.refused(op, on, subjects)
             raise RegistryError.forbidden(op.value, on.value, "")
 
