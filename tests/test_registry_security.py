@@ -179,6 +179,35 @@ def test_failed_basic_logins_go_through_the_login_throttle(served: Served) -> No
     assert "login throttle, per principal" in served.broker.log_text()
 
 
+def test_a_client_certificate_names_the_caller_over_https(tmp_path: Path) -> None:
+    """A broker whose SSL listener requests client certificates: over the registry's HTTPS a
+    verified certificate is the principal (ssl_principal_mapping_rules), as on the Kafka
+    listener; without one (and without credentials) the answer is 401."""
+    pki = make_pki(tmp_path / "pki", clients=("bob",))
+    port = free_port()
+    broker = Broker(
+        tmp_path / "data",
+        ["--listen", "SSL://127.0.0.1:0", *ssl_args(pki, client_auth="requested"), "--super-users", "User:alice",
+         "--schema-registry-listen", f"https://127.0.0.1:{port}"],
+        env={"LOGLAKE_SSL_PRINCIPAL_MAPPING_RULES": "RULE:^CN=([^,]+),.*$/$1/,DEFAULT"},
+    ).start()
+    try:
+        def client(pair: Any) -> SchemaRegistryClient:
+            return SchemaRegistryClient({"url": f"https://127.0.0.1:{port}", "ssl.ca.location": str(pki.ca),
+                                         "ssl.certificate.location": str(pair.cert), "ssl.key.location": str(pair.key)})
+
+        schema_id = client(pki.alice).register_schema("certs-value", Schema(USER, "AVRO"))  # alice: the super user
+        with pytest.raises(SchemaRegistryError) as exc:
+            client(pki.clients["bob"]).get_schema(schema_id)  # bob: no ACL
+        assert (exc.value.http_status_code, exc.value.error_code) == (403, 40301)
+        resp = requests.get(f"https://127.0.0.1:{port}/subjects", verify=str(pki.ca), timeout=10)
+        assert (resp.status_code, resp.json()["error_code"]) == (401, 40101)
+    finally:
+        assert broker.stop() == 0, broker.log_text()[-4000:]
+    assert "DENIED principal=User:bob" in broker.log_text()
+    assert "Traceback" not in broker.log_text(), broker.log_text()[-4000:]
+
+
 # ---- without a broker ------------------------------------------------------------------------
 
 
