@@ -286,7 +286,7 @@ def test_the_error_codes_and_the_content_type_are_spelled_once() -> None:
     """One owner: Confluent's error codes are loglake.registry.errors', the content type
     loglake.registry.api's; no other module of src/ spells them."""
     root = Path(__file__).resolve().parents[1] / "src" / "loglake"
-    codes = re.compile(r"\b(404\d\d|422\d\d|5000\d)\b")
+    codes = re.compile(r"\b(401\d\d|403\d\d|404\d\d|422\d\d|5000\d)\b")
     owners = {"registry/errors.py": codes, "registry/api.py": re.compile("application/vnd\\.schemaregistry")}
     found = []
     for path in root.rglob("*.py"):

@@ -38,6 +38,21 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
     return parse(value, what)
 
 
+#: The URL schemes `--schema-registry-listen` takes; a bare HOST:PORT is the first.
+REGISTRY_SCHEMES = ("http", "https")
+
+
+def parse_registry_listen(value: str) -> tuple[bool, str, int]:
+    """`--schema-registry-listen` [http://|https://]HOST:PORT as (whether HTTPS, host, port)."""
+    scheme, sep, rest = value.partition("://")
+    if not sep:
+        scheme, rest = REGISTRY_SCHEMES[0], value
+    if scheme.lower() not in REGISTRY_SCHEMES:
+        raise ConfigError(f"--schema-registry-listen {value}: the scheme is http:// or https://, not {scheme}://")
+    host, port = parse_host_port(rest, "--schema-registry-listen")
+    return scheme.lower() == "https", host, port
+
+
 def _simple_principal(text: str) -> bool:
     """``Type:name`` whose name has no ``=`` (so not a certificate's DN, which has commas of its own)."""
     kind, sep, name = text.strip().partition(":")
@@ -251,7 +266,13 @@ class BrokerConfig:
         if self.metrics_listen:
             parse_host_port(self.metrics_listen, "--metrics-listen")
         if self.schema_registry_listen:
-            parse_host_port(self.schema_registry_listen, "--schema-registry-listen")
+            https, _, _ = parse_registry_listen(self.schema_registry_listen)
+            if https and not self.ssl_cert:
+                raise ConfigError(f"--schema-registry-listen {self.schema_registry_listen}: HTTPS needs --ssl-cert "
+                                  "(and --ssl-key unless the key is in that PEM file), as SSL listeners do")
+            if https and self.event_loop == "uvloop":
+                raise ConfigError("event_loop=uvloop is not supported with an https:// --schema-registry-listen yet "
+                                  "(TLS handshakes can stall on uvloop); use the default event_loop=asyncio")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError(
                 f"group_min_session_timeout_ms={self.group_min_session_timeout_ms} is above "
@@ -297,10 +318,12 @@ class BrokerConfig:
         """allow.everyone.if.no.acl.found as set, else whether no listener authenticates anyone."""
         if self.allow_everyone_if_no_acl_found is not None:
             return self.allow_everyone_if_no_acl_found
-        for lst in self.listeners():
-            if lst.sasl or (lst.tls and self.ssl_client_auth in ("requested", "required")):
-                return False
-        return True
+        return not self.authenticates()
+
+    def authenticates(self) -> bool:
+        """Whether some Kafka listener authenticates clients: SASL_*, or SSL with ssl_client_auth
+        requested or required (the schema registry then asks for credentials too)."""
+        return any(lst.sasl or (lst.tls and self.ssl_client_auth in ("requested", "required")) for lst in self.listeners())
 
     def consumer_group_limits(self) -> ConsumerLimits:
         """The `group.consumer.*` settings as the coordinator's ConsumerLimits."""

@@ -7,16 +7,23 @@ the stream's buffer), the number of header lines, the body (Content-Length only,
 limit is answered 503 and closed), the time to send a head (and a body, and an idle keep-alive
 connection's next request: `timeout_s`) and the requests one connection may make. A handler is
 given the request whole and answers one response; what it raises is logged and answered 500.
+
+With an `ssl.SSLContext` (the broker's, `loglake.broker.security.tls.server_context`) the endpoint
+is HTTPS: the handshake must finish within `HANDSHAKE_TIMEOUT_S`, and a verified client
+certificate's subject DN comes with each request of the connection (`HttpRequest.peer_dn`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from urllib.parse import parse_qsl, urlsplit
+
+from loglake.broker.security.tls import HANDSHAKE_TIMEOUT_S, subject_dn
 
 __all__ = ["HttpLimits", "HttpRequest", "HttpResponse", "HttpServer", "serve_http"]
 
@@ -48,6 +55,10 @@ class HttpRequest:
     #: header names in lower case
     headers: dict[str, str]
     body: bytes = b""
+    #: the client's address
+    peer_host: str = ""
+    #: over HTTPS, the subject DN (RFC 2253) of the client certificate the handshake verified
+    peer_dn: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +81,9 @@ def _text(status: HTTPStatus) -> HttpResponse:
     return HttpResponse(int(status), f"{status.phrase}\n".encode())
 
 
-async def _read_request(reader: asyncio.StreamReader, limits: HttpLimits) -> HttpRequest | None:
+async def _read_request(
+    reader: asyncio.StreamReader, limits: HttpLimits, peer_host: str = "", peer_dn: str | None = None
+) -> HttpRequest | None:
     """The next request, None at a clean end of the connection."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=limits.timeout_s)
@@ -111,7 +124,7 @@ async def _read_request(reader: asyncio.StreamReader, limits: HttpLimits) -> Htt
         except asyncio.IncompleteReadError:
             return None
     target = urlsplit(parts[1])
-    return HttpRequest(parts[0], target.path or "/", dict(parse_qsl(target.query)), headers, body)
+    return HttpRequest(parts[0], target.path or "/", dict(parse_qsl(target.query)), headers, body, peer_host, peer_dn)
 
 
 def _encode(response: HttpResponse, keep_alive: bool) -> bytes:
@@ -146,8 +159,19 @@ class HttpServer:
             writer.close()
 
 
-async def serve_http(host: str, port: int, handler: Handler, limits: HttpLimits, name: str) -> HttpServer:
-    """Serve `handler` on host:port; `name` says which endpoint in logs."""
+def _peer(writer: asyncio.StreamWriter) -> tuple[str, str | None]:
+    """The connection's client address, and the subject DN of its verified client certificate."""
+    peer = writer.get_extra_info("peername")
+    host = str(peer[0]) if isinstance(peer, tuple) else ""
+    obj = writer.get_extra_info("ssl_object")
+    cert = obj.getpeercert() if isinstance(obj, ssl.SSLObject) else None
+    return host, (subject_dn(cert) if cert else None)
+
+
+async def serve_http(
+    host: str, port: int, handler: Handler, limits: HttpLimits, name: str, tls: ssl.SSLContext | None = None
+) -> HttpServer:
+    """Serve `handler` on host:port (HTTPS with `tls`); `name` says which endpoint in logs."""
     served = HttpServer()
     writers = served.writers
 
@@ -158,9 +182,10 @@ async def serve_http(host: str, port: int, handler: Handler, limits: HttpLimits,
                 writer.write(_encode(_text(HTTPStatus.SERVICE_UNAVAILABLE), False))
                 await writer.drain()
                 return
+            peer_host, peer_dn = _peer(writer)
             for served in range(1, limits.requests_per_connection + 1):
                 try:
-                    request = await _read_request(reader, limits)
+                    request = await _read_request(reader, limits, peer_host, peer_dn)
                 except _Refused as refused:
                     writer.write(_encode(_text(refused.status), False))
                     await writer.drain()
@@ -191,5 +216,8 @@ async def serve_http(host: str, port: int, handler: Handler, limits: HttpLimits,
             writers.discard(writer)
             writer.close()
 
-    served.server = await asyncio.start_server(on_connection, host, port, limit=limits.head_bytes)
+    served.server = await asyncio.start_server(
+        on_connection, host, port, limit=limits.head_bytes, ssl=tls,
+        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if tls is not None else None,
+    )
     return served

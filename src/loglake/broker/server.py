@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from loglake.broker import overload
-from loglake.broker.config import BrokerConfig, parse_host_port
+from loglake.broker.config import BrokerConfig, parse_host_port, parse_registry_listen
 from loglake.broker.connection import Connection
 from loglake.broker.context import BrokerContext, CoordinatorStores, build_context
 from loglake.broker.gcstats import GcStats, freeze_startup_objects
@@ -128,7 +128,8 @@ class BrokerServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listeners = self.config.listeners()
-        if any(lst.tls for lst in listeners):
+        registry_https = bool(self.config.schema_registry_listen) and parse_registry_listen(str(self.config.schema_registry_listen))[0]
+        if any(lst.tls for lst in listeners) or registry_https:
             # Before anything is opened: a key that cannot be read is a configuration error.
             c = self.config
             self._tls = server_context(c.ssl_cert, c.ssl_key, c.ssl_key_password, c.ssl_ca, c.ssl_client_auth)
@@ -149,15 +150,6 @@ class BrokerServer:
         report = await loop.run_in_executor(None, engine.open)
         self.engine = engine
         del report  # the engine logs its own recovery summary
-        if self.config.schema_registry_listen:
-            from loglake.broker.schema_registry import serve_schema_registry
-
-            rhost, rport = parse_host_port(self.config.schema_registry_listen, "--schema-registry-listen")
-            try:
-                self._registry_server = await serve_schema_registry(rhost, rport, engine)
-            except OSError as exc:
-                raise ListenError("--schema-registry-listen", self.config.schema_registry_listen, exc) from exc
-            self.registry_port = self._registry_server.port
         bound: list[Listener] = []
         for lst in listeners:
             try:
@@ -193,6 +185,8 @@ class BrokerServer:
             self.config, engine, self.metrics, self.endpoints, off_loop=self._off_loop, group_stores=self._group_stores,
             txn_backend=self._txn_backend,
         )
+        if self.config.schema_registry_listen:
+            await self._serve_registry(ctx, self.config.schema_registry_listen)
         for server in self._servers:
             await server.start_serving()
         self._log_flusher = asyncio.create_task(self._flush_logs())
@@ -204,6 +198,22 @@ class BrokerServer:
             with open(tmp, "w") as fh:
                 fh.write("".join(f"{lst.port}\n" for lst, _ in self.endpoints))
             os.replace(tmp, self.config.port_file)
+
+    async def _serve_registry(self, ctx: BrokerContext, listen: str) -> None:
+        """The schema registry (after the context: it asks the broker's credentials and authorizer)."""
+        from loglake.broker.schema_registry import serve_schema_registry
+        from loglake.broker.security.registry_auth import RegistryAuth
+
+        https, rhost, rport = parse_registry_listen(listen)
+        auth = RegistryAuth(self.config, ctx.sasl, ctx.authorizer, self.limited)
+        if not auth.required and not is_loopback(rhost):
+            log.warning("--schema-registry-listen %s: no Kafka listener authenticates clients, so the registry asks "
+                        "for no credentials, and it is reachable beyond this machine", listen)
+        try:
+            self._registry_server = await serve_schema_registry(rhost, rport, ctx.engine, auth, self._tls if https else None)
+        except OSError as exc:
+            raise ListenError("--schema-registry-listen", listen, exc) from exc
+        self.registry_port = self._registry_server.port
 
     async def _flush_logs(self) -> None:
         """Write the summaries of rate-limited warnings once their window is over."""

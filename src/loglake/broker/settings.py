@@ -163,7 +163,7 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
     _S("port_file", None, _STRING, None, None, "Write the listening ports there once accepting, one per line in listener order."),
     _S("metrics_listen", None, _STRING, None, None, "HOST:PORT of Prometheus /metrics, /healthz and /readyz."),
     _S("schema_registry_listen", None, _STRING, None, None,
-       "HOST:PORT of the Confluent-compatible schema registry's REST API (docs/SCHEMA_REGISTRY.md)."),
+       "[http://|https://]HOST:PORT of the Confluent-compatible schema registry's REST API (https: the ssl_* certificate; docs/SCHEMA_REGISTRY.md)."),
     # TLS, SASL, ACLs (docs/SECURITY.md)
     _S("ssl_cert", None, _STRING, None, None, "PEM certificate chain of SSL and SASL_SSL listeners."),
     _S("ssl_key", None, _STRING, None, None, "PEM private key of ssl_cert (unless it is in that file)."),

@@ -59,7 +59,7 @@ def serve(
     ] = None,
     schema_registry_listen: Annotated[
         str | None,
-        typer.Option("--schema-registry-listen", help="HOST:PORT for the Confluent-compatible schema registry's REST API."),
+        typer.Option("--schema-registry-listen", help="[http://|https://]HOST:PORT for the Confluent-compatible schema registry's REST API (https: with --ssl-cert)."),
     ] = None,
     ssl_cert: Annotated[str | None, typer.Option("--ssl-cert", help="PEM certificate chain of SSL listeners.")] = None,
     ssl_key: Annotated[str | None, typer.Option("--ssl-key", help="PEM private key of --ssl-cert.")] = None,

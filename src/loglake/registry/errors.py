@@ -15,6 +15,8 @@ class RegistryErrorCode(enum.IntEnum):
     """Confluent Schema Registry's error codes; the HTTP status is the code's first three digits
     (409 and the plain HTTP statuses are their own)."""
 
+    UNAUTHORIZED = 40101
+    FORBIDDEN = 40301
     SUBJECT_NOT_FOUND = 40401
     VERSION_NOT_FOUND = 40402
     SCHEMA_NOT_FOUND = 40403
@@ -70,3 +72,13 @@ class RegistryError(Exception):
             f"The specified version '{version}' is not a valid version id. Allowed values are between "
             '[1, 2^31-1] and the string "latest"',
         )
+
+    @classmethod
+    def unauthorized(cls) -> RegistryError:
+        return cls(RegistryErrorCode.UNAUTHORIZED, "Unauthorized")
+
+    @classmethod
+    def forbidden(cls, operation: str, resource: str, subject: str) -> RegistryError:
+        """Confluent's wording: "User is denied operation Write on Subject: s"."""
+        what = f"{resource.capitalize()}: {subject}" if subject else resource.capitalize()
+        return cls(RegistryErrorCode.FORBIDDEN, f"User is denied operation {operation.replace('_', ' ').title().replace(' ', '')} on {what}")

@@ -35,6 +35,7 @@ __all__ = [
     "AclOperation",
     "allowed",
     "audit",
+    "audit_denied",
     "check",
     "cluster_allowed",
     "cluster_operations",
@@ -130,6 +131,11 @@ def idempotent_write_allowed(ctx: BrokerContext, conn: Conn) -> bool:
 
 def audit(conn: Conn, operation: int, resource_type: int, names: list[str]) -> None:
     principal, host = who(conn)
+    audit_denied(principal, host, CURRENT_API.get(), operation, resource_type, names)
+
+
+def audit_denied(principal: str, host: str, api: str, operation: int, resource_type: int, names: list[str]) -> None:
+    """The audit line of a refusal (`api`: what was asked; the schema registry's requests too)."""
     shown = [n if len(n) <= AUDIT_NAME_CHARS_MAX else n[:AUDIT_NAME_CHARS_MAX] + "..." for n in names[:AUDIT_NAMES_MAX]]
     more = f" and {len(names) - AUDIT_NAMES_MAX} more" if len(names) > AUDIT_NAMES_MAX else ""
     try:
@@ -138,7 +144,7 @@ def audit(conn: Conn, operation: int, resource_type: int, names: list[str]) -> N
         op = str(operation)
     audit_log.warning(
         "DENIED principal=%s host=%s api=%s operation=%s resource_type=%s resources=%s%s",
-        principal, host, CURRENT_API.get(), op, resource_type_name(resource_type),
+        principal, host, api, op, resource_type_name(resource_type),
         ",".join(repr(n) for n in shown), more,
     )
 

@@ -35,6 +35,7 @@ log = logging.getLogger("loglake.broker.authorizer")
 
 __all__ = [
     "CLUSTER_NAME",
+    "REGISTRY_NAME",
     "WILDCARD",
     "AclFilter",
     "AclOperation",
@@ -49,6 +50,8 @@ __all__ = [
 
 #: The one resource name of CLUSTER bindings (Kafka's ResourcePattern for the cluster).
 CLUSTER_NAME = "kafka-cluster"
+#: The one resource name of REGISTRY bindings (the schema registry as a whole).
+REGISTRY_NAME = "schema-registry"
 #: A literal resource name, principal name or host that matches every one.
 WILDCARD = "*"
 
@@ -74,7 +77,11 @@ class AclOperation(IntEnum):
 
 
 class ResourceType(IntEnum):
-    """org.apache.kafka.common.resource.ResourceType codes."""
+    """org.apache.kafka.common.resource.ResourceType codes, and loglake's own for the schema
+    registry (Redpanda's two schema registry resource types; Kafka has none, so the codes are
+    loglake's, far above Kafka's): a subject, and the registry as a whole (one resource,
+    `REGISTRY_NAME`: the global config and mode). Bindings of them are made with CreateAcls
+    like any other (docs/SCHEMA_REGISTRY.md, "ACLs")."""
 
     UNKNOWN = 0
     ANY = 1
@@ -84,6 +91,8 @@ class ResourceType(IntEnum):
     TRANSACTIONAL_ID = 5
     DELEGATION_TOKEN = 6
     USER = 7
+    SUBJECT = 100
+    REGISTRY = 101
 
 
 class PatternType(IntEnum):
@@ -114,7 +123,7 @@ _IMPLIED_BY: dict[int, frozenset[int]] = {
 #: Resource types a binding may name (ANY and UNKNOWN only appear in filters or as errors).
 BINDING_RESOURCE_TYPES = frozenset(
     {ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, ResourceType.TRANSACTIONAL_ID,
-     ResourceType.DELEGATION_TOKEN, ResourceType.USER}
+     ResourceType.DELEGATION_TOKEN, ResourceType.USER, ResourceType.SUBJECT, ResourceType.REGISTRY}
 )
 
 
@@ -180,6 +189,8 @@ def check_binding(b: Binding) -> str | None:
         return "Resource name should not be empty"
     if b.resource_type == ResourceType.CLUSTER and b.name != CLUSTER_NAME:
         return f"Only the '{CLUSTER_NAME}' resource name is valid for cluster ACLs"
+    if b.resource_type == ResourceType.REGISTRY and b.name != REGISTRY_NAME:
+        return f"Only the '{REGISTRY_NAME}' resource name is valid for schema registry ACLs (subjects are SUBJECT resources)"
     if b.pattern_type == PatternType.PREFIXED and b.name == WILDCARD:
         return "A prefixed pattern cannot be the wildcard '*'; use a LITERAL '*' binding"
     if not b.host:
