@@ -31,7 +31,8 @@ class MemStore:
         stored = self.saved.get(key)
         return None if stored is None else stored.gen
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0, *,
+             leader_epoch: int | None = None) -> Future[int]:
         self.saved[key] = StoredShare(start, end, list(batches), gen)
         f: Future[int] = Future()
         f.set_result(len(self.saved))

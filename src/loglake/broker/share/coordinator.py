@@ -31,6 +31,7 @@ from loglake.broker.share.limits import ShareLimits
 from loglake.broker.share.partition import SharePartition
 from loglake.broker.share.states import RecordState
 from loglake.broker.share.store import ShareKey, ShareStore
+from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger("loglake.broker.share")
@@ -130,6 +131,9 @@ class ShareCoordinator:
         #: the partition's leader epoch each share-partition was loaded at, and its stored `gen`
         self._epochs: dict[ShareKey, int] = {}
         self._gens: dict[ShareKey, int] = {}
+        #: share-partitions whose write the store refused (another broker leads the partition now):
+        #: added from the store's thread, so only set.add/discard (atomic) touch it
+        self._fenced: set[ShareKey] = set()
         self._reaped_ms = 0
 
     # ---- membership --------------------------------------------------------------------------
@@ -274,6 +278,9 @@ class ShareCoordinator:
         held from an older leader epoch is loaded again: while another broker led the partition,
         it moved the stored state on."""
         sp = self.partitions.get(key)
+        if key in self._fenced:  # a write was refused: what is held here is stale
+            self._fenced.discard(key)
+            sp = None
         if sp is not None and self._epochs.get(key) == leader_epoch:
             gen = self.store.generation(key)
             if gen is None or gen == self._gens.get(key, 0):
@@ -293,7 +300,7 @@ class ShareCoordinator:
             start = self._initial_offset(tid, p, self._auto_offset_reset(group_id))
             sp = SharePartition(start, lock_ms=lim.record_lock_duration_ms, delivery_limit=lim.delivery_count_limit,
                                 max_locks=lim.partition_max_record_locks)
-            self.store.save(key, sp.start, sp.end, sp.snapshot(), gen)
+            self._watch(key, self.store.save(key, sp.start, sp.end, sp.snapshot(), gen, leader_epoch=leader_epoch))
         self.partitions[key] = sp
         self._epochs[key] = leader_epoch
         self._gens[key] = gen
@@ -308,8 +315,22 @@ class ShareCoordinator:
         return False
 
     def persist(self, key: ShareKey, sp: SharePartition | None = None) -> Future[int]:
+        """Store the share-partition whole, fenced by the leader epoch it was loaded at; a refused
+        write (MetaFencedError: another broker leads the partition now) makes the next use load it
+        again."""
         sp = sp if sp is not None else self.partitions[key]
-        return self.store.save(key, sp.start, sp.end, sp.snapshot(), self._gens.get(key, 0))
+        return self._watch(key, self.store.save(key, sp.start, sp.end, sp.snapshot(), self._gens.get(key, 0),
+                                                leader_epoch=self._epochs.get(key)))
+
+    def _watch(self, key: ShareKey, saved: Future[int]) -> Future[int]:
+        def done(f: Future[int]) -> None:
+            if isinstance(f.exception(), MetaFencedError):
+                self._fenced.add(key)
+                log.info("share-partition %s-%s-%d: a write was fenced (another broker leads the partition); "
+                         "forgetting this broker's copy", *key)
+
+        saved.add_done_callback(done)
+        return saved
 
     def drop_partition(self, key: ShareKey) -> None:
         """Forget the in-memory state (this broker no longer leads the partition): the next
