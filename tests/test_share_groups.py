@@ -303,6 +303,54 @@ def test_a_consumer_groups_id_is_refused_to_share_members(broker: Served) -> Non
         consumer.close()
 
 
+def _consumer_error(broker: Served, group: str, topic: str, protocol: str) -> KafkaError:
+    """The first error a consumer of `group.protocol` gets joining `group`."""
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "group.protocol": protocol,
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = c.poll(0.5)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                return err
+            assert msg is None or msg.error() is not None, "a consumer got a record of a share group's id"
+            if msg is not None:
+                return msg.error()
+        raise AssertionError("the consumer was not refused")
+    finally:
+        c.close()
+
+
+def test_a_share_groups_id_is_refused_to_consumers(broker: Served) -> None:
+    _topic(broker, "sq", 1, 1, "g-sq")
+    share = _consumer(broker, "g-sq", "sq")
+    try:
+        assert len(_poll_until(share, 1)) == 1  # g-sq is a share group now
+        # Kafka's GroupMetadataManager: a classic JoinGroup to a share group's id is
+        # INCONSISTENT_GROUP_PROTOCOL, a KIP-848 ConsumerGroupHeartbeat "is not a consumer group"
+        joined = _call(broker, "g-sq", ApiKey.JOIN_GROUP, 5, group_id="g-sq", session_timeout_ms=30_000,
+                       rebalance_timeout_ms=30_000, member_id="", group_instance_id=None, protocol_type="consumer",
+                       protocols=[{"name": "range", "metadata": b""}])
+        assert (joined.error_code, joined.member_id) == (ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "")
+        hb = _call(broker, "g-sq", ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, group_id="g-sq", member_id="m-consumer",
+                   member_epoch=0, instance_id=None, rack_id=None, rebalance_timeout_ms=30_000,
+                   subscribed_topic_names=["sq"], server_assignor=None, topic_partitions=[])
+        assert (hb.error_code, hb.error_message) == (ErrorCode.GROUP_ID_NOT_FOUND, "Group g-sq is not a consumer group.")
+        # real consumers of either protocol are refused, and the share group keeps its records
+        assert _consumer_error(broker, "g-sq", "sq", "classic").code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        fatal = _consumer_error(broker, "g-sq", "sq", "consumer")  # librdkafka: a fatal GROUP_ID_NOT_FOUND
+        assert fatal.code() == KafkaError._FATAL and "ConsumerGroupHeartbeat fatal error: Broker: The group id does not exist" in fatal.str()
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        p.produce("sq", value=b"v1")
+        assert p.flush(15) == 0
+        assert [m.value() for m in _poll_until(share, 1)] == [b"v1"]
+    finally:
+        share.close()
+
+
 def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> None:
     _topic(broker, "adm", 1, 5, "g-adm")
     c = _consumer(broker, "g-adm", "adm", explicit=True)
