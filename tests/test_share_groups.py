@@ -187,6 +187,56 @@ def test_the_delivery_limit_archives(broker: Served) -> None:
         c.close()
 
 
+def test_a_groups_own_delivery_limit_and_lock_duration(broker: Served) -> None:
+    _topic(broker, "limit3", 1, 1, "g-limit3")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(ResourceType.GROUP, "g-limit3", incremental_configs=[
+        ConfigEntry("share.delivery.count.limit", str(DELIVERY_LIMIT + 1), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("share.record.lock.duration.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(timeout=15)
+    described = admin.describe_configs([ConfigResource(ResourceType.GROUP, "g-limit3")])
+    entries = next(iter(described.values())).result(timeout=15)
+    assert (entries["share.delivery.count.limit"].value, entries["share.record.lock.duration.ms"].value) == (
+        str(DELIVERY_LIMIT + 1), "1000")
+    c = _consumer(broker, "g-limit3", "limit3", explicit=True)
+    try:
+        for delivery in range(1, DELIVERY_LIMIT + 2):  # one more delivery than the broker's limit allows
+            got = _poll_until(c, 1)
+            assert [(m.offset(), m.delivery_count()) for m in got] == [(0, delivery)]
+            c.acknowledge(got[0], AcknowledgeType.RELEASE)
+            assert all(err is None for err in c.commit_sync(15).values())
+        assert _poll_until(c, 1, timeout_s=LOCK_MS / 1000 + 2) == []  # released at the group's limit: archived
+    finally:
+        c.close()
+    # the group's 1 s lock, not the broker's LOCK_MS: a consumer that dies holding the record
+    # gives it back within about a second
+    _produce(broker, "limit3", 1)
+    child = subprocess.Popen([sys.executable, "-c", _DYING.replace("g-die", "g-limit3").replace('"die"', '"limit3"')
+                              .replace("len(got) < 5", "len(got) < 1"), broker.bootstrap],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split() == ["1"]
+        acquired_at = time.monotonic()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    c = _consumer(broker, "g-limit3", "limit3")
+    try:
+        again = _poll_until(c, 1, timeout_s=LOCK_MS / 1000)
+        assert [(m.offset(), m.delivery_count()) for m in again] == [(1, 2)]
+        assert time.monotonic() - acquired_at < LOCK_MS / 1000
+    finally:
+        c.close()
+
+
+def _produce(broker: Served, topic: str, n: int) -> None:
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(n):
+        p.produce(topic, value=f"more{i}".encode())
+    assert p.flush(15) == 0
+
+
 _DYING = """
 import sys, time
 from confluent_kafka import ShareConsumer

@@ -322,10 +322,11 @@ def _responses(parts: Iterable[_Part], *, fetch: bool) -> list[dict[str, object]
 
 async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
-    lock_ms = ctx.share.limits.record_lock_duration_ms
     session = _session_error(ctx, conn, body.group_id, body.member_id, body.share_session_epoch)
     if isinstance(session, int):
-        return {"throttle_time_ms": 0, "error_code": session, "acquisition_lock_timeout_ms": lock_ms, "responses": []}
+        return {"throttle_time_ms": 0, "error_code": session,
+                "acquisition_lock_timeout_ms": ctx.share.limits.record_lock_duration_ms, "responses": []}
+    lock_ms = ctx.share.lock_ms(body.group_id)  # share.record.lock.duration.ms
     group_id, member_id, epoch = body.group_id, body.member_id, body.share_session_epoch
     parts: dict[tuple[str, int], _Part] = {}
     saves: list[_Save] = []

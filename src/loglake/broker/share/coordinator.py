@@ -114,13 +114,17 @@ class ShareCoordinator:
         topic_partitions: Callable[[str], tuple[str, int] | None],
         initial_offset: Callable[[str, int, str], int],
         auto_offset_reset: Callable[[str], str] = lambda group_id: "latest",
+        group_limits: Callable[[str], tuple[int, int]] | None = None,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         """`topic_partitions(name)`: (topic id hex, partition count), None if no such topic;
         `initial_offset(topic id hex, partition, "latest"|"earliest")`: where a new share-partition
-        starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`."""
+        starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`;
+        `group_limits(group)`: its (share.record.lock.duration.ms, share.delivery.count.limit),
+        by default `limits`' for every group."""
         self.store = store
         self.limits = limits
+        self._group_limits = group_limits or (lambda _g: (limits.record_lock_duration_ms, limits.delivery_count_limit))
         self._topic_partitions = topic_partitions
         self._initial_offset = initial_offset
         self._auto_offset_reset = auto_offset_reset
@@ -273,10 +277,22 @@ class ShareCoordinator:
 
     # ---- share-partitions --------------------------------------------------------------------
 
+    def lock_ms(self, group_id: str) -> int:
+        """How long the group's members hold what they acquire (share.record.lock.duration.ms)."""
+        return self._group_limits(group_id)[0]
+
     def partition(self, key: ShareKey, leader_epoch: int = 0) -> SharePartition | None:
-        """The share-partition, loaded or initialised; None when this broker holds too many. One
-        held from an older leader epoch is loaded again: while another broker led the partition,
-        it moved the stored state on."""
+        """The share-partition, loaded or initialised, with its group's lock duration and delivery
+        limit as they are now (a group config may change them; KIP-1240: a record in flight when
+        the limit drops gets its last delivery); None when this broker holds too many. One held
+        from an older leader epoch is loaded again: while another broker led the partition, it
+        moved the stored state on."""
+        sp = self._partition(key, leader_epoch)
+        if sp is not None:
+            sp.lock_ms, sp.delivery_limit = self._group_limits(key[0])
+        return sp
+
+    def _partition(self, key: ShareKey, leader_epoch: int) -> SharePartition | None:
         sp = self.partitions.get(key)
         if key in self._fenced:  # a write was refused: what is held here is stale
             self._fenced.discard(key)
