@@ -10,8 +10,13 @@ import pytest
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
-from loglake.broker.dynamic_config import DEFAULT_CONFIG, GROUP_CONFIG, STATIC_BROKER_CONFIG, ConfigPolicyError, ConfigResourceError
-from loglake.broker.share.limits import ShareLimits
+from loglake.broker.dynamic_config import (
+    DEFAULT_CONFIG,
+    GROUP_CONFIG,
+    STATIC_BROKER_CONFIG,
+    ConfigPolicyError,
+    ConfigResourceError,
+)
 from loglake.broker.group_configs import (
     HEARTBEAT_INTERVAL,
     SESSION_TIMEOUT,
@@ -21,6 +26,7 @@ from loglake.broker.group_configs import (
     GroupConfigStore,
     group_config_bounds,
 )
+from loglake.broker.share.limits import ShareLimits
 from loglake.engine import Engine
 from loglake.errors import ConfigError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
