@@ -457,6 +457,64 @@ def test_active_group_is_described_and_not_reset_or_deleted(broker: Broker) -> N
         c.close()
 
 
+def _share_consumer(broker: Broker, group: str, topic: str) -> Any:
+    from confluent_kafka import ShareConsumer
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(ResourceType.GROUP, group, incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(30)
+    c = ShareConsumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "client.id": "share-cli-test",
+                       "share.acknowledgement.mode": "explicit"})
+    c.subscribe([topic])
+    return c
+
+
+def test_groups_list_and_describe_share_groups(broker: Broker) -> None:
+    from confluent_kafka import AcknowledgeType
+
+    topic = new_topic(broker, partitions=2)
+    produce(broker, topic, {0: 4, 1: 3})
+    classic = f"cg-{uuid.uuid4().hex[:8]}"
+    consume_part(broker, topic, classic, 1)
+    group = f"sg-{uuid.uuid4().hex[:8]}"
+    c = _share_consumer(broker, group, topic)
+    try:
+        got: list[Any] = []
+        deadline = Deadline(f"7 records of {topic} in share group {group}")
+        while len(got) < 7:
+            deadline.check()
+            got += [m for m in c.poll(1.0) if m.error() is None]
+        accepted = {0: 0, 1: 0}
+        for m in got:  # accept partition 0's first three and partition 1's first one; release the rest
+            take = m.offset() < (3 if m.partition() == 0 else 1)
+            c.acknowledge(m, AcknowledgeType.ACCEPT if take else AcknowledgeType.RELEASE)
+            accepted[m.partition()] += take
+        assert all(err is None for err in c.commit_sync(30).values())
+        listed = ok(["groups", "list", "--state", "--type"], broker).stdout.splitlines()
+        assert f"{group} STABLE share" in listed and f"{classic} EMPTY classic" in listed
+        assert group in ok(["groups", "list"], broker).stdout.split()
+        doc = describe_group(broker, group)
+        assert (doc["type"], doc["state"]) == ("share", "STABLE")
+        (member,) = doc["members"]
+        assert member["client_id"] == "share-cli-test" and member["assignment"] == [[topic, 0], [topic, 1]]
+        rows = {p["partition"]: p for p in doc["partitions"] if p["topic"] == topic}
+        assert {p: (r["start_offset"], r["log_end_offset"]) for p, r in rows.items()} == {0: (3, 4), 1: (1, 3)}
+        table = ok(["groups", "describe", "--group", group], broker).stdout
+        assert f"group {group}  type share  state STABLE  members 1" in table and "start offset" in table
+    finally:
+        c.close()
+    # without members the group is described from its stored share-partition states
+    deadline = Deadline(f"share group {group} to become empty")
+    while (doc := describe_group(broker, group))["members"]:
+        deadline.check()
+        time.sleep(0.2)
+    assert doc["state"] == "EMPTY" and [r["start_offset"] for r in doc["partitions"]] == [3, 1]
+    assert "does not exist" in fails(["groups", "describe", "--group", "no-such-share-group",
+                                      "--bootstrap-server", broker.bootstrap])
+
+
 def test_groups_delete(broker: Broker) -> None:
     topic = new_topic(broker)
     produce(broker, topic, {0: 2})

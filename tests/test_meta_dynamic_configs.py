@@ -10,14 +10,23 @@ import pytest
 
 from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
-from loglake.broker.dynamic_config import ConfigPolicyError, ConfigResourceError
+from loglake.broker.dynamic_config import (
+    DEFAULT_CONFIG,
+    GROUP_CONFIG,
+    STATIC_BROKER_CONFIG,
+    ConfigPolicyError,
+    ConfigResourceError,
+)
 from loglake.broker.group_configs import (
     HEARTBEAT_INTERVAL,
     SESSION_TIMEOUT,
+    SHARE_DELIVERY_COUNT_LIMIT,
+    SHARE_RECORD_LOCK_DURATION,
     GroupConfigBounds,
     GroupConfigStore,
     group_config_bounds,
 )
+from loglake.broker.share.limits import ShareLimits
 from loglake.engine import Engine
 from loglake.errors import ConfigError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
@@ -129,6 +138,41 @@ def test_group_config_store(tmp_path: Path) -> None:
         reloaded = GroupConfigStore(ConfigStore.of(engine))
         reloaded.load()
         assert reloaded.groups() == ["g1", "g3"] and reloaded.overrides("g3") == {HEARTBEAT_INTERVAL: 6000}
+    finally:
+        engine.close()
+
+
+def test_share_lock_duration_and_delivery_limit_per_group(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config())
+    engine.open()
+    try:
+        broker = ShareLimits(record_lock_duration_ms=20_000, delivery_count_limit=5)
+        store = GroupConfigStore(ConfigStore.of(engine), share_defaults=lambda: broker)
+        assert (store.share_limit("g", SHARE_RECORD_LOCK_DURATION), store.share_limit("g", SHARE_DELIVERY_COUNT_LIMIT)) == (20_000, 5)
+        store.alter("g", {SHARE_RECORD_LOCK_DURATION: "2000", SHARE_DELIVERY_COUNT_LIMIT: " 3"}, validate_only=False)
+        assert (store.share_limit("g", SHARE_RECORD_LOCK_DURATION), store.share_limit("g", SHARE_DELIVERY_COUNT_LIMIT)) == (2000, 3)
+        assert store.share_limit("other", SHARE_DELIVERY_COUNT_LIMIT) == 5
+        assert store.current("g") == {SHARE_RECORD_LOCK_DURATION: "2000", SHARE_DELIVERY_COUNT_LIMIT: "3"}
+        for bad, message in (  # the ranges of group.share.record.lock.duration.ms / group.share.delivery.count.limit
+            ({SHARE_RECORD_LOCK_DURATION: "999"}, "Value must be in [1000, 3600000]"),
+            ({SHARE_DELIVERY_COUNT_LIMIT: "11"}, "Value must be in [2, 10] (the range of group.share.delivery.count.limit)"),
+            ({SHARE_DELIVERY_COUNT_LIMIT: "many"}, "Not a number"),
+        ):
+            with pytest.raises(ConfigError, match=re.escape(message)):
+                store.alter("g", bad, validate_only=False)
+        assert store.share_limit("g", SHARE_DELIVERY_COUNT_LIMIT) == 3  # a refused change changes nothing
+        described = {e["name"]: e for e in store.describe("g", None, synonyms=True, docs=False)}
+        lock = described[SHARE_RECORD_LOCK_DURATION]
+        assert (lock["value"], lock["config_source"]) == ("2000", GROUP_CONFIG)
+        assert [(s["name"], s["value"], s["source"]) for s in lock["synonyms"]] == [  # type: ignore[union-attr]
+            (SHARE_RECORD_LOCK_DURATION, "2000", GROUP_CONFIG),
+            ("group.share.record.lock.duration.ms", "20000", STATIC_BROKER_CONFIG),  # not Kafka's 30000
+        ]
+        fresh = {e["name"]: e for e in store.describe("new", [SHARE_DELIVERY_COUNT_LIMIT], synonyms=False, docs=False)}
+        assert (fresh[SHARE_DELIVERY_COUNT_LIMIT]["value"], fresh[SHARE_DELIVERY_COUNT_LIMIT]["config_source"]) == ("5", DEFAULT_CONFIG)
+        reloaded = GroupConfigStore(ConfigStore.of(engine))
+        reloaded.load()
+        assert reloaded.current("g") == {SHARE_RECORD_LOCK_DURATION: "2000", SHARE_DELIVERY_COUNT_LIMIT: "3"}
     finally:
         engine.close()
 

@@ -31,7 +31,8 @@ class MemStore:
         stored = self.saved.get(key)
         return None if stored is None else stored.gen
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0, *,
+             leader_epoch: int | None = None) -> Future[int]:
         self.saved[key] = StoredShare(start, end, list(batches), gen)
         f: Future[int] = Future()
         f.set_result(len(self.saved))
@@ -171,3 +172,29 @@ def test_an_admin_reset_is_seen_by_the_leader_holding_the_state() -> None:
     fresh = c.partition(key)
     assert fresh is not None and fresh.start == 0 and store.saved[key].gen == 2
     assert c.start_offset(key) == 0 and c.start_offset(("early", TID, 2)) == -1
+
+
+def test_a_groups_lock_duration_and_delivery_limit_apply_to_its_share_partitions() -> None:
+    store, clock = MemStore(), Clock()
+    own = {"g": (2_000, 3)}  # share.record.lock.duration.ms, share.delivery.count.limit of group g
+    c = ShareCoordinator(
+        store, ShareLimits(record_lock_duration_ms=30_000, delivery_count_limit=5), clock=clock,
+        topic_partitions=lambda name: (TID, 1), initial_offset=lambda tid, p, reset: 0,
+        group_limits=lambda group: own.get(group, (30_000, 5)),
+    )
+    assert (c.lock_ms("g"), c.lock_ms("other")) == (2_000, 30_000)
+    sp = c.partition(("g", TID, 0))
+    assert sp is not None
+    for delivery in (1, 2, 3):
+        assert sp.acquire("m", [(0, 0, False)], 1, clock.ms) == [(0, 0, delivery)]
+        clock.ms += 1_999
+        assert not sp.expire(clock.ms)  # still locked: the group's 2 s, not the broker's 30 s
+        clock.ms += 1
+        assert sp.expire(clock.ms)
+    assert sp.start == 1  # released at the group's limit of 3 (the broker's is 5): archived
+    # a change of the group's configs applies to the share-partition held (KIP-1240)
+    own["g"] = (5_000, 2)
+    again = c.partition(("g", TID, 0))
+    assert again is sp and (sp.lock_ms, sp.delivery_limit) == (5_000, 2)
+    other = c.partition(("other", TID, 0))
+    assert other is not None and (other.lock_ms, other.delivery_limit) == (30_000, 5)

@@ -187,6 +187,56 @@ def test_the_delivery_limit_archives(broker: Served) -> None:
         c.close()
 
 
+def test_a_groups_own_delivery_limit_and_lock_duration(broker: Served) -> None:
+    _topic(broker, "limit3", 1, 1, "g-limit3")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    res = ConfigResource(ResourceType.GROUP, "g-limit3", incremental_configs=[
+        ConfigEntry("share.delivery.count.limit", str(DELIVERY_LIMIT + 1), incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("share.record.lock.duration.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+    admin.incremental_alter_configs([res])[res].result(timeout=15)
+    described = admin.describe_configs([ConfigResource(ResourceType.GROUP, "g-limit3")])
+    entries = next(iter(described.values())).result(timeout=15)
+    assert (entries["share.delivery.count.limit"].value, entries["share.record.lock.duration.ms"].value) == (
+        str(DELIVERY_LIMIT + 1), "1000")
+    c = _consumer(broker, "g-limit3", "limit3", explicit=True)
+    try:
+        for delivery in range(1, DELIVERY_LIMIT + 2):  # one more delivery than the broker's limit allows
+            got = _poll_until(c, 1)
+            assert [(m.offset(), m.delivery_count()) for m in got] == [(0, delivery)]
+            c.acknowledge(got[0], AcknowledgeType.RELEASE)
+            assert all(err is None for err in c.commit_sync(15).values())
+        assert _poll_until(c, 1, timeout_s=LOCK_MS / 1000 + 2) == []  # released at the group's limit: archived
+    finally:
+        c.close()
+    # the group's 1 s lock, not the broker's LOCK_MS: a consumer that dies holding the record
+    # gives it back within about a second
+    _produce(broker, "limit3", 1)
+    child = subprocess.Popen([sys.executable, "-c", _DYING.replace("g-die", "g-limit3").replace('"die"', '"limit3"')
+                              .replace("len(got) < 5", "len(got) < 1"), broker.bootstrap],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split() == ["1"]
+        acquired_at = time.monotonic()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    c = _consumer(broker, "g-limit3", "limit3")
+    try:
+        again = _poll_until(c, 1, timeout_s=LOCK_MS / 1000)
+        assert [(m.offset(), m.delivery_count()) for m in again] == [(1, 2)]
+        assert time.monotonic() - acquired_at < LOCK_MS / 1000
+    finally:
+        c.close()
+
+
+def _produce(broker: Served, topic: str, n: int) -> None:
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(n):
+        p.produce(topic, value=f"more{i}".encode())
+    assert p.flush(15) == 0
+
+
 _DYING = """
 import sys, time
 from confluent_kafka import ShareConsumer
@@ -301,6 +351,54 @@ def test_a_consumer_groups_id_is_refused_to_share_members(broker: Served) -> Non
             share.close()
     finally:
         consumer.close()
+
+
+def _consumer_error(broker: Served, group: str, topic: str, protocol: str) -> KafkaError:
+    """The first error a consumer of `group.protocol` gets joining `group`."""
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "group.protocol": protocol,
+                  "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                msg = c.poll(0.5)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                return err
+            assert msg is None or msg.error() is not None, "a consumer got a record of a share group's id"
+            if msg is not None:
+                return msg.error()
+        raise AssertionError("the consumer was not refused")
+    finally:
+        c.close()
+
+
+def test_a_share_groups_id_is_refused_to_consumers(broker: Served) -> None:
+    _topic(broker, "sq", 1, 1, "g-sq")
+    share = _consumer(broker, "g-sq", "sq")
+    try:
+        assert len(_poll_until(share, 1)) == 1  # g-sq is a share group now
+        # Kafka's GroupMetadataManager: a classic JoinGroup to a share group's id is
+        # INCONSISTENT_GROUP_PROTOCOL, a KIP-848 ConsumerGroupHeartbeat "is not a consumer group"
+        joined = _call(broker, "g-sq", ApiKey.JOIN_GROUP, 5, group_id="g-sq", session_timeout_ms=30_000,
+                       rebalance_timeout_ms=30_000, member_id="", group_instance_id=None, protocol_type="consumer",
+                       protocols=[{"name": "range", "metadata": b""}])
+        assert (joined.error_code, joined.member_id) == (ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "")
+        hb = _call(broker, "g-sq", ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, group_id="g-sq", member_id="m-consumer",
+                   member_epoch=0, instance_id=None, rack_id=None, rebalance_timeout_ms=30_000,
+                   subscribed_topic_names=["sq"], server_assignor=None, topic_partitions=[])
+        assert (hb.error_code, hb.error_message) == (ErrorCode.GROUP_ID_NOT_FOUND, "Group g-sq is not a consumer group.")
+        # real consumers of either protocol are refused, and the share group keeps its records
+        assert _consumer_error(broker, "g-sq", "sq", "classic").code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL
+        fatal = _consumer_error(broker, "g-sq", "sq", "consumer")  # librdkafka: a fatal GROUP_ID_NOT_FOUND
+        assert fatal.code() == KafkaError._FATAL and "ConsumerGroupHeartbeat fatal error: Broker: The group id does not exist" in fatal.str()
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        p.produce("sq", value=b"v1")
+        assert p.flush(15) == 0
+        assert [m.value() for m in _poll_until(share, 1)] == [b"v1"]
+    finally:
+        share.close()
 
 
 def test_share_group_offsets_described_altered_and_deleted(broker: Served) -> None:

@@ -24,7 +24,12 @@ from loglake.broker.config_store import ConfigStore
 from loglake.broker.conn import Conn
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
-from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
+from loglake.broker.group_configs import (
+    SHARE_DELIVERY_COUNT_LIMIT,
+    SHARE_RECORD_LOCK_DURATION,
+    GroupConfigStore,
+    group_config_bounds,
+)
 from loglake.broker.group_reload import GroupCoordination
 from loglake.broker.groups import GroupCoordinator
 from loglake.broker.groups.store import GroupStoreFactory, ReloadableGroupStore
@@ -40,7 +45,7 @@ from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.security.sasl import SaslAuthenticator
 from loglake.broker.security.scram_store import ScramStore
 from loglake.broker.share import ShareCoordinator, ShareLimits
-from loglake.broker.share.store import MetaShareStore
+from loglake.broker.share.store import MetaShareStore, ShareStore
 from loglake.broker.txn import TxnBackend, TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
@@ -56,6 +61,8 @@ class CoordinatorStores:
 
     groups: GroupStoreFactory
     txns: TxnBackend
+    #: share-partition states (None: `MetaShareStore` over the engine's metadata store)
+    shares: ShareStore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +128,7 @@ async def build_context(
     off_loop: OffLoop,
     group_stores: GroupStoreFactory,
     txn_backend: TxnBackend | None = None,
+    share_store: ShareStore | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> BrokerContext:
     """Every collaborator the handlers share, loaded from the engine's metadata, then the context.
@@ -147,7 +155,8 @@ async def build_context(
     quotas.load(quota_store.quotas())
     metrics.registry.register(quotas)
     mutation_quotas = MutationQuotas(quotas, clock)
-    group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(config))
+    group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(config),
+                                     share_defaults=lambda: ShareLimits.of(config))
     group_configs.load()
     authorizer = broker_authorizer(config, acl_store)
 
@@ -196,12 +205,15 @@ async def build_context(
         acl_store=acl_store,
         scram_store=scram_store,
         quota_store=quota_store,
-        share=share_coordinator(config, engine, group_configs),
+        share=share_coordinator(config, engine, group_configs, share_store),
     )
 
 
-def share_coordinator(config: BrokerConfig, engine: Engine, group_configs: GroupConfigStore) -> ShareCoordinator:
-    """The share coordinator over the engine's metadata store, with the broker's group.share.* settings."""
+def share_coordinator(
+    config: BrokerConfig, engine: Engine, group_configs: GroupConfigStore, store: ShareStore | None = None
+) -> ShareCoordinator:
+    """The share coordinator over `store` (by default the engine's metadata store), with the
+    broker's group.share.* settings."""
 
     def topic_partitions(name: str) -> tuple[str, int] | None:
         try:
@@ -217,8 +229,10 @@ def share_coordinator(config: BrokerConfig, engine: Engine, group_configs: Group
         return info.log_start_offset if reset == "earliest" else info.high_watermark
 
     return ShareCoordinator(
-        MetaShareStore(engine.meta), ShareLimits.of(config), topic_partitions=topic_partitions,
+        store if store is not None else MetaShareStore(engine.meta), ShareLimits.of(config), topic_partitions=topic_partitions,
         initial_offset=initial_offset, auto_offset_reset=group_configs.share_auto_offset_reset,
+        group_limits=lambda group_id: (group_configs.share_limit(group_id, SHARE_RECORD_LOCK_DURATION),
+                                       group_configs.share_limit(group_id, SHARE_DELIVERY_COUNT_LIMIT)),
     )
 
 

@@ -8,8 +8,11 @@ the broker's [min, max] bounds for it, and the session timeout must exceed the h
 (both after merging with the defaults), as Kafka's GroupConfig.validate checks; the messages are
 Kafka's. Of the share-group configs (`share.*`, KIP-932) `share.auto.offset.reset` ("latest", the
 default, or "earliest") and `share.isolation.level` ("read_uncommitted", the default, or
-"read_committed") are taken (the share coordinator reads them with `share_config`); the others are
-unknown here.
+"read_committed") are taken (the share coordinator reads them with `share_config`), and the
+numbers `share.record.lock.duration.ms` (Kafka 4.0's group config) and `share.delivery.count.limit`
+(KIP-1240's): a group without its own takes the broker's `group.share.*` setting, and a value must
+lie in that setting's range (BROKER_SETTINGS: loglake has no separate min/max settings for them);
+the share coordinator reads them with `share_limit`. The other share configs are unknown here.
 
 Configs are independent of a group's offsets and membership: a group may carry them before it
 exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
@@ -36,6 +39,8 @@ from loglake.broker.dynamic_config import (
     config_entry,
 )
 from loglake.broker.groups.limits import ConsumerLimits
+from loglake.broker.settings import BROKER_SETTINGS, BrokerSetting
+from loglake.broker.share.limits import ShareLimits
 from loglake.engine.config import ConfigType
 from loglake.errors import ConfigError
 
@@ -56,13 +61,42 @@ SHARE_CONFIGS: dict[str, tuple[str, ...]] = {
     SHARE_AUTO_OFFSET_RESET: ("latest", "earliest"),
     SHARE_ISOLATION_LEVEL: ("read_uncommitted", "read_committed"),
 }
+SHARE_RECORD_LOCK_DURATION = "share.record.lock.duration.ms"
+SHARE_DELIVERY_COUNT_LIMIT = "share.delivery.count.limit"
+#: Int-valued share-group configs -> the broker setting (BROKER_SETTINGS row) giving their default and range.
+SHARE_INT_CONFIGS: dict[str, str] = {
+    SHARE_RECORD_LOCK_DURATION: "group_share_record_lock_duration_ms",
+    SHARE_DELIVERY_COUNT_LIMIT: "group_share_delivery_count_limit",
+}
 
 _DOCS = {
     SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
     HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of a consumer group.",
     SHARE_AUTO_OFFSET_RESET: "Where a share group starts reading a partition it has no state for: latest or earliest.",
     SHARE_ISOLATION_LEVEL: "Whether a share group reads records of open and aborted transactions (read_uncommitted) or not.",
+    SHARE_RECORD_LOCK_DURATION: "How long a member of the share group holds the records it acquired.",
+    SHARE_DELIVERY_COUNT_LIMIT: "Deliveries of a record before the share group archives it.",
 }
+
+
+def share_setting(name: str) -> BrokerSetting:
+    """The broker setting an int-valued share-group config defaults to and is bounded by."""
+    return BROKER_SETTINGS[SHARE_INT_CONFIGS[name]]
+
+
+def parse_share_int(name: str, raw: str | None) -> int:
+    """An int-valued share config's value (ConfigError, Kafka's Range wording, outside its setting's range)."""
+    setting = share_setting(name)
+    try:
+        value = int((raw or "").strip())
+    except ValueError:
+        raise ConfigError(f"Invalid value {raw} for configuration {name}: Not a number of type INT") from None
+    if not setting.in_bounds(value):
+        raise ConfigError(
+            f"Invalid value {raw} for configuration {name}: Value must be in {setting.allowed()} "
+            f"(the range of {setting.described_as})"
+        )
+    return value
 
 
 #: The broker settings group configs default to and are validated against: the KIP-848
@@ -117,6 +151,8 @@ def parse_value(name: str, raw: str | None) -> int:
 
 def canonical_value(name: str, raw: str | None) -> str:
     """The value of any group config as stored (ConfigError if it is not one, or not valid)."""
+    if name in SHARE_INT_CONFIGS:
+        return str(parse_share_int(name, raw))
     return parse_share_value(name, raw) if name in SHARE_CONFIGS else str(parse_value(name, raw))
 
 
@@ -133,10 +169,13 @@ class GroupConfigStore:
 
     def __init__(
         self, records: ConfigStore, bounds: Callable[[], GroupConfigBounds] = lambda: KAFKA_BOUNDS,
-        max_groups: int = GROUP_CONFIGS_MAX,
+        max_groups: int = GROUP_CONFIGS_MAX, share_defaults: Callable[[], ShareLimits] = ShareLimits,
     ) -> None:
+        """`share_defaults`: the broker's `group.share.*` settings, which groups without their own
+        share.record.lock.duration.ms / share.delivery.count.limit take."""
         self.records = records
         self.bounds = bounds
+        self.share_defaults = share_defaults
         self.max_groups = max_groups
         self._configs: dict[str, dict[str, int]] = {}
         #: group -> share config -> value (SHARE_CONFIGS)
@@ -152,7 +191,8 @@ class GroupConfigStore:
                 name: int(value) for name, value in configs.items()
                 if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
             }
-            shares = {name: value for name, value in configs.items() if value in SHARE_CONFIGS.get(name, ())}
+            shares = {name: value for name, value in configs.items()
+                      if value in SHARE_CONFIGS.get(name, ()) or _valid_share_int(name, value)}
             if shares:
                 self._shares[group] = shares
             if len(kept) + len(shares) != len(configs):
@@ -173,6 +213,14 @@ class GroupConfigStore:
         value = self.records.group_config(group_id, name)
         allowed = SHARE_CONFIGS[name]
         return value if value in allowed else allowed[0]
+
+    def share_limit(self, group_id: str, name: str) -> int:
+        """The group's int-valued share config `name` (SHARE_INT_CONFIGS), the broker's setting
+        unless set; read from the metadata store, as `share_config`."""
+        value = self.records.group_config(group_id, name)
+        if value is not None and _valid_share_int(name, value):
+            return int(value)
+        return _share_default(self.share_defaults(), name)
 
     def share_auto_offset_reset(self, group_id: str) -> str:
         return self.share_config(group_id, SHARE_AUTO_OFFSET_RESET)
@@ -204,6 +252,19 @@ class GroupConfigStore:
                 synonyms=[{"name": n, "value": str(v), "source": s} for s, n, v in layers] if synonyms else [],
             ))
         shares = self._shares.get(group_id, {})
+        for name in SHARE_INT_CONFIGS:
+            if wanted is not None and name not in wanted:
+                continue
+            setting = share_setting(name)
+            default = _share_default(self.share_defaults(), name)
+            default_source = DEFAULT_CONFIG if default == setting.default else STATIC_BROKER_CONFIG
+            share_layers = [(GROUP_CONFIG, name, shares[name])] if name in shares else []
+            share_layers.append((default_source, setting.described_as, str(default)))
+            top_source, _, top_value = share_layers[0]
+            out.append(config_entry(
+                name, top_value, top_source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
+                synonyms=[{"name": n, "value": v, "source": s} for s, n, v in share_layers] if synonyms else [],
+            ))
         for name, allowed in SHARE_CONFIGS.items():
             if wanted is not None and name not in wanted:
                 continue
@@ -221,7 +282,9 @@ class GroupConfigStore:
         """Replace the group's configs with `new` (Kafka names -> strings); {} removes them. Durable on return."""
         check_group_id(group_id)
         shares = {name: parse_share_value(name, raw) for name, raw in new.items() if name in SHARE_CONFIGS}
-        values = {name: parse_value(name, raw) for name, raw in new.items() if name not in SHARE_CONFIGS}
+        shares.update({name: str(parse_share_int(name, raw)) for name, raw in new.items() if name in SHARE_INT_CONFIGS})
+        values = {name: parse_value(name, raw) for name, raw in new.items()
+                  if name not in SHARE_CONFIGS and name not in SHARE_INT_CONFIGS}
         validate(values, self.bounds())
         known = set(self._configs) | set(self._shares)
         if (values or shares) and group_id not in known and len(known) >= self.max_groups:
@@ -241,6 +304,17 @@ class GroupConfigStore:
         else:
             self._shares.pop(group_id, None)
         log.info("dynamic configs of group %s now %s", group_id, {**values, **shares})
+
+
+def _valid_share_int(name: str, value: str) -> bool:
+    try:
+        return name in SHARE_INT_CONFIGS and share_setting(name).in_bounds(int(value))
+    except ValueError:
+        return False
+
+
+def _share_default(limits: ShareLimits, name: str) -> int:
+    return limits.record_lock_duration_ms if name == SHARE_RECORD_LOCK_DURATION else limits.delivery_count_limit
 
 
 def check_group_id(group_id: str) -> None:

@@ -69,6 +69,7 @@ class BrokerServer:
         self._engine = engine
         self._group_stores = stores.groups if stores else (lambda _on_lost: MetaGroupStore(MetaGroupLog(engine.meta)))
         self._txn_backend = stores.txns if stores else None
+        self._share_store = stores.shares if stores else None
         self.engine: Engine | None = None  # once open
         self._ctx: BrokerContext | None = None  # once started
         #: The thread pool for blocking work (`ctx.off_loop`); shut down last.
@@ -183,7 +184,7 @@ class BrokerServer:
         self._off_loop = OffLoop()
         self._ctx = ctx = await build_context(
             self.config, engine, self.metrics, self.endpoints, off_loop=self._off_loop, group_stores=self._group_stores,
-            txn_backend=self._txn_backend,
+            txn_backend=self._txn_backend, share_store=self._share_store,
         )
         if self.config.schema_registry_listen:
             await self._serve_registry(ctx, self.config.schema_registry_listen)

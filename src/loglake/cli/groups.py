@@ -1,4 +1,4 @@
-"""`loglake groups list|describe|reset-offsets|delete`: consumer groups of a running broker.
+"""`loglake groups list|describe|reset-offsets|delete`: consumer and share groups of a running broker.
 
 Like kafka-consumer-groups.sh: describe shows the group's state and members and, per partition,
 the committed offset, the log end offset and the lag (end - committed), for every partition of the
@@ -7,6 +7,10 @@ topics the group has offsets in or is assigned (a partition without a committed 
 there were); reset-offsets plans new
 committed offsets (--dry-run, the default, prints the plan) and with --execute commits them, which
 Kafka (and loglake) only allow while the group has no active members.
+
+Share groups (KIP-932) are listed with the consumer groups and described like kafka-share-groups.sh
+does: state, members, and per share-partition the start offset (DescribeShareGroupOffsets) and the
+log end offset (`loglake.cli.remote_share`; confluent-kafka has no share-group admin calls).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from loglake.cli import remote_share
 from loglake.cli.command_config import CommandConfigOption
 from loglake.cli.common import CliError, plural, stderr_console, stdout_console
 from loglake.cli.remote import (
@@ -32,7 +37,7 @@ from loglake.cli.remote import (
     result,
 )
 
-app = typer.Typer(help="List, describe, reset and delete consumer groups (needs --bootstrap-server).",
+app = typer.Typer(help="List, describe, reset and delete consumer and share groups (needs --bootstrap-server).",
                   no_args_is_help=True)
 
 GroupOption = Annotated[str, typer.Option("--group", "-g", help="Consumer group id.")]
@@ -59,26 +64,44 @@ def committed_offsets(remote: Remote, group: str) -> dict[tuple[str, int], int]:
     return {(tp.topic, tp.partition): tp.offset for tp in listing.topic_partitions or [] if tp.offset >= 0}
 
 
+class NoSuchGroup(CliError):
+    """The broker has no consumer group of this id."""
+
+
 def _known(remote: Remote, group: str) -> tuple[Any, dict[tuple[str, int], int]]:
-    """The group's description and committed offsets; CliError when the broker has no such group."""
+    """The group's description and committed offsets; NoSuchGroup when the broker has no such group."""
     desc = _describe(remote, group)
     committed = committed_offsets(remote, group)
     if _state(desc) == "DEAD" and not committed:
-        raise CliError(f"consumer group {group!r} does not exist")
+        raise NoSuchGroup(f"consumer group {group!r} does not exist")  # nor a share group, in `describe`
     return desc, committed
+
+
+def _type(listing: Any) -> str:
+    """A consumer group's type as ListGroups names it (consumer, classic)."""
+    kind = getattr(listing, "type", None)
+    return str(getattr(kind, "name", "unknown")).lower()
 
 
 @app.command("list")
 def list_(
     state: Annotated[bool, typer.Option("--state", help="Also print each group's state.")] = False,
+    kind: Annotated[
+        bool, typer.Option("--type", help="Also print each group's type (consumer, classic, share).")
+    ] = False,
     bootstrap: BootstrapOption = None,
 _command_config: CommandConfigOption = None,
 ) -> None:
-    """Group ids, one per line (with --state: id and state)."""
+    """Group ids, one per line (with --state: id and state; with --type: and the type last)."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups list"))
     listing = result(remote.admin.list_consumer_groups(request_timeout=REMOTE_TIMEOUT_S), "list groups")
-    for g in sorted(listing.valid, key=lambda g: g.group_id):
-        typer.echo(f"{g.group_id} {_state(g)}" if state else g.group_id)
+    rows = [(g.group_id, _state(g), _type(g)) for g in listing.valid]
+    try:
+        rows += [(g, st, remote_share.SHARE) for g, st in remote_share.list_share_groups(remote)]
+    except CliError as exc:  # e.g. a --command-config setting only librdkafka's connections know
+        stderr_console().print(f"warning: share groups not listed: {exc}", style="yellow", markup=False)
+    for group_id, group_state, group_type in sorted(rows):
+        typer.echo(" ".join([group_id] + ([group_state] if state else []) + ([group_type] if kind else [])))
 
 
 def group_lag(remote: Remote, group: str) -> dict[str, Any]:
@@ -162,9 +185,17 @@ def describe(
     bootstrap: BootstrapOption = None,
 _command_config: CommandConfigOption = None,
 ) -> None:
-    """State, members (client id, host, assignment), and committed offset, log end and lag per partition."""
+    """State, members (client id, host, assignment), and committed offset, log end and lag per
+    partition; for a share group, each share-partition's start offset and log end."""
     remote = Remote(require_bootstrap(bootstrap, "loglake groups describe"))
-    doc = group_lag(remote, group)
+    try:
+        doc = group_lag(remote, group)
+    except NoSuchGroup:
+        share = remote_share.describe_share_group(remote, group)
+        if share is None:
+            raise
+        _print_share(share, as_json=as_json)
+        return
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -178,20 +209,41 @@ _command_config: CommandConfigOption = None,
         f"group {group}  state {doc['state']}  members {len(doc['members'])}  total lag {doc['total_lag']}{note}",
         markup=False,
     )
-    members = Table(title="members", title_justify="left")
-    for col in ("member id", "client id", "host", "assignment"):
-        members.add_column(col)
-    for m in doc["members"]:
-        members.add_row(m["member_id"], m["client_id"], m["host"],
-                        ", ".join(f"{t}:{p}" for t, p in m["assignment"]) or "-")
     if doc["members"]:
-        console.print(members)
+        console.print(_members_table(doc["members"]))
     offsets = Table(title="offsets", title_justify="left")
     for col in ("topic", "partition", "committed", "log end", "lag", "client id", "host"):
         offsets.add_column(col, justify="right" if col in ("partition", "committed", "log end", "lag") else "left")
     for p in doc["partitions"]:
         offsets.add_row(p["topic"], str(p["partition"]), _dash(p["committed_offset"]), _dash(p["log_end_offset"]),
                         _dash(p["lag"]), _dash(p["client_id"]), _dash(p["host"]))
+    console.print(offsets)
+
+
+def _members_table(members: list[dict[str, Any]]) -> Table:
+    table = Table(title="members", title_justify="left")
+    for col in ("member id", "client id", "host", "assignment"):
+        table.add_column(col)
+    for m in members:
+        table.add_row(m["member_id"], m["client_id"], m["host"],
+                      ", ".join(f"{t}:{p}" for t, p in m["assignment"]) or "-")
+    return table
+
+
+def _print_share(doc: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    console = stdout_console()
+    console.print(f"group {doc['group']}  type share  state {doc['state']}  members {len(doc['members'])}",
+                  markup=False)
+    if doc["members"]:
+        console.print(_members_table(doc["members"]))
+    offsets = Table(title="share-partitions", title_justify="left")
+    for col in ("topic", "partition", "start offset", "log end"):
+        offsets.add_column(col, justify="left" if col == "topic" else "right")
+    for p in doc["partitions"]:
+        offsets.add_row(p["topic"], str(p["partition"]), _dash(p["start_offset"]), _dash(p["log_end_offset"]))
     console.print(offsets)
 
 

@@ -20,6 +20,7 @@ from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.flusher import FlushSettings
 from loglake.cluster.groups import fenced_stores
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
+from loglake.cluster.shares import FencedShareStore
 from loglake.cluster.txn import txn_backend
 from loglake.cluster.view import EtcdClusterView
 from loglake.engine.catalog import Catalog
@@ -87,11 +88,13 @@ def cluster_parts(
 
 def cluster_node(c: BrokerConfig) -> tuple[Engine, CoordinatorStores]:
     """The engine of `serve --cluster` (not yet open) and its coordinators' fenced stores (groups:
-    loglake.cluster.groups; transactions: loglake.cluster.txn)."""
+    loglake.cluster.groups; transactions: loglake.cluster.txn; share-partitions: loglake.cluster.shares)."""
     data_dir = os.path.abspath(c.data_dir)
     config = c.engine_config()
     parts = cluster_parts(data_dir, config, settings_of(c))
     assert isinstance(parts.meta, EtcdMetaStore)  # cluster_parts made it
     assert isinstance(parts.log, SharedPartitionLog)
-    stores = CoordinatorStores(fenced_stores(parts.meta, parts.view), txn_backend(parts.meta, parts.view, parts.log))
+    stores = CoordinatorStores(
+        fenced_stores(parts.meta, parts.view), txn_backend(parts.meta, parts.view, parts.log), FencedShareStore(parts.meta)
+    )
     return Engine(data_dir, config, parts=parts), stores

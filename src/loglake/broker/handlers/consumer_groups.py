@@ -15,6 +15,7 @@ from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.groups.consumer import HeartbeatRequest
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
+    GROUP_ID_NOT_FOUND,
     TOPIC_AUTHORIZATION_FAILED,
     coordinator_for,
 )
@@ -88,6 +89,13 @@ async def consumer_group_heartbeat(ctx: BrokerContext, conn: Conn, req: DecodedR
     if isinstance(coordinator, int):
         return {"throttle_time_ms": 0, "error_code": coordinator, "member_id": body.member_id,
                 "member_epoch": body.member_epoch}
+    # One namespace for consumer and share groups, as in Kafka (GroupMetadataManager's "is not a
+    # consumer group"). Looked at when a member joins: a group with consumer members is never
+    # a share group (ShareGroupHeartbeat refuses its id).
+    if body.member_epoch == 0 and ctx.share.known(body.group_id):
+        return {"throttle_time_ms": 0, "error_code": GROUP_ID_NOT_FOUND,
+                "error_message": f"Group {body.group_id} is not a consumer group.",
+                "member_id": body.member_id, "member_epoch": body.member_epoch}
     owned = None
     if body.topic_partitions is not None:
         # kafka-python decodes the zero UUID as None: an unknown topic id, not a missing one

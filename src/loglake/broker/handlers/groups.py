@@ -19,6 +19,7 @@ from loglake.broker.handlers.errors import (
     COORDINATOR_NOT_AVAILABLE,
     GROUP_AUTHORIZATION_FAILED,
     GROUP_ID_NOT_FOUND,
+    INCONSISTENT_GROUP_PROTOCOL,
     NON_EMPTY_GROUP,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
@@ -55,6 +56,8 @@ async def join_group(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dic
     coordinator = coordinator_for(ctx, body.group_id)
     if isinstance(coordinator, int):
         return {"error_code": coordinator, "generation_id": -1, "member_id": body.member_id}
+    if ctx.share.known(body.group_id):  # a share group's id: Kafka's classicGroupJoin answers so
+        return {"error_code": INCONSISTENT_GROUP_PROTOCOL, "generation_id": -1, "member_id": ""}
     version = req.api_version
     result = await coordinator.join_group(
         body.group_id,

@@ -37,7 +37,7 @@ from loglake.broker.security.authorized import (
 from loglake.broker.share.coordinator import Heartbeat, ShareSession
 from loglake.broker.share.partition import Acquired, SharePartition
 from loglake.broker.share.store import ShareKey
-from loglake.errors import CorruptRecordError, UnknownTopicError
+from loglake.errors import CorruptRecordError, MetaFencedError, UnknownTopicError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import LENGTH_FIELD_END, peek_header
 
@@ -170,8 +170,12 @@ def _resolve(ctx: BrokerContext, conn: Conn, group_id: str, tid: str, p: int, pa
     return part
 
 
+#: A share-partition's state being stored, with the request's entry an acknowledgement answers on.
+_Save = tuple[_Part, Future[int]]
+
+
 def _acknowledge(ctx: BrokerContext, group_id: str, member_id: str, part: _Part,
-                 batches: Iterable[tuple[int, int, list[int]]], saves: list[Future[int]]) -> None:
+                 batches: Iterable[tuple[int, int, list[int]]], saves: list[_Save]) -> None:
     if part.error != ErrorCode.NONE:
         part.ack_error = part.error
         return
@@ -187,7 +191,7 @@ def _acknowledge(ctx: BrokerContext, group_id: str, member_id: str, part: _Part,
         else:
             changed = True
     if changed:
-        saves.append(ctx.share.persist((group_id, part.tid, part.p)))
+        saves.append((part, ctx.share.persist((group_id, part.tid, part.p))))
 
 
 def _share_partition(ctx: BrokerContext, group_id: str, part: _Part) -> SharePartition | None:
@@ -202,7 +206,18 @@ def _share_partition(ctx: BrokerContext, group_id: str, part: _Part) -> SharePar
     return sp
 
 
-async def _durable(saves: list[Future[int]]) -> None:
+async def _durable(saves: list[_Save]) -> None:
+    """Wait until every acknowledgement's state is stored. One refused because another broker
+    leads the partition now (cluster mode's fence) is answered NOT_LEADER_OR_FOLLOWER: the client
+    asks the new leader, whose state wins."""
+    for part, f in saves:
+        try:
+            await asyncio.wrap_future(f)
+        except MetaFencedError:
+            part.ack_error = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+async def _stored(saves: list[Future[int]]) -> None:
     for f in saves:
         await asyncio.wrap_future(f)
 
@@ -307,13 +322,14 @@ def _responses(parts: Iterable[_Part], *, fetch: bool) -> list[dict[str, object]
 
 async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object]:
     body = req.body
-    lock_ms = ctx.share.limits.record_lock_duration_ms
     session = _session_error(ctx, conn, body.group_id, body.member_id, body.share_session_epoch)
     if isinstance(session, int):
-        return {"throttle_time_ms": 0, "error_code": session, "acquisition_lock_timeout_ms": lock_ms, "responses": []}
+        return {"throttle_time_ms": 0, "error_code": session,
+                "acquisition_lock_timeout_ms": ctx.share.limits.record_lock_duration_ms, "responses": []}
+    lock_ms = ctx.share.lock_ms(body.group_id)  # share.record.lock.duration.ms
     group_id, member_id, epoch = body.group_id, body.member_id, body.share_session_epoch
     parts: dict[tuple[str, int], _Part] = {}
-    saves: list[Future[int]] = []
+    saves: list[_Save] = []
     acked: set[tuple[str, int]] = set()
     for topic in body.topics:
         tid = _tid_hex(topic.topic_id)
@@ -380,7 +396,7 @@ async def share_acknowledge(ctx: BrokerContext, conn: Conn, req: DecodedRequest)
         return {"throttle_time_ms": 0, "error_code": code, "responses": []}
     group_id, member_id = body.group_id, body.member_id
     parts: dict[tuple[str, int], _Part] = {}
-    saves: list[Future[int]] = []
+    saves: list[_Save] = []
     for topic in body.topics:
         tid = _tid_hex(topic.topic_id)
         for ap in topic.partitions:
@@ -475,7 +491,7 @@ async def alter_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decoded
             rows.append({"partition_index": p.partition_index, "error_code": err,
                          "error_message": message if err == code else None})
         topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": rows})
-    await _durable(saves)
+    await _stored(saves)
     return {"throttle_time_ms": 0, "responses": topics}
 
 
@@ -500,7 +516,7 @@ async def delete_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decode
             saves.append(ctx.share.reset((body.group_id, tid.hex, p), -1))
         topics.append({"topic_name": t.topic_name, "topic_id": tid,
                        "partitions": [{"partition_index": p, "error_code": 0} for p in parts]})
-    await _durable(saves)
+    await _stored(saves)
     return {"throttle_time_ms": 0, "error_code": 0, "responses": topics}
 
 

@@ -31,6 +31,7 @@ from loglake.broker.share.limits import ShareLimits
 from loglake.broker.share.partition import SharePartition
 from loglake.broker.share.states import RecordState
 from loglake.broker.share.store import ShareKey, ShareStore
+from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
 
 log = logging.getLogger("loglake.broker.share")
@@ -113,13 +114,17 @@ class ShareCoordinator:
         topic_partitions: Callable[[str], tuple[str, int] | None],
         initial_offset: Callable[[str, int, str], int],
         auto_offset_reset: Callable[[str], str] = lambda group_id: "latest",
+        group_limits: Callable[[str], tuple[int, int]] | None = None,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         """`topic_partitions(name)`: (topic id hex, partition count), None if no such topic;
         `initial_offset(topic id hex, partition, "latest"|"earliest")`: where a new share-partition
-        starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`."""
+        starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`;
+        `group_limits(group)`: its (share.record.lock.duration.ms, share.delivery.count.limit),
+        by default `limits`' for every group."""
         self.store = store
         self.limits = limits
+        self._group_limits = group_limits or (lambda _g: (limits.record_lock_duration_ms, limits.delivery_count_limit))
         self._topic_partitions = topic_partitions
         self._initial_offset = initial_offset
         self._auto_offset_reset = auto_offset_reset
@@ -130,6 +135,9 @@ class ShareCoordinator:
         #: the partition's leader epoch each share-partition was loaded at, and its stored `gen`
         self._epochs: dict[ShareKey, int] = {}
         self._gens: dict[ShareKey, int] = {}
+        #: share-partitions whose write the store refused (another broker leads the partition now):
+        #: added from the store's thread, so only set.add/discard (atomic) touch it
+        self._fenced: set[ShareKey] = set()
         self._reaped_ms = 0
 
     # ---- membership --------------------------------------------------------------------------
@@ -269,11 +277,26 @@ class ShareCoordinator:
 
     # ---- share-partitions --------------------------------------------------------------------
 
+    def lock_ms(self, group_id: str) -> int:
+        """How long the group's members hold what they acquire (share.record.lock.duration.ms)."""
+        return self._group_limits(group_id)[0]
+
     def partition(self, key: ShareKey, leader_epoch: int = 0) -> SharePartition | None:
-        """The share-partition, loaded or initialised; None when this broker holds too many. One
-        held from an older leader epoch is loaded again: while another broker led the partition,
-        it moved the stored state on."""
+        """The share-partition, loaded or initialised, with its group's lock duration and delivery
+        limit as they are now (a group config may change them; KIP-1240: a record in flight when
+        the limit drops gets its last delivery); None when this broker holds too many. One held
+        from an older leader epoch is loaded again: while another broker led the partition, it
+        moved the stored state on."""
+        sp = self._partition(key, leader_epoch)
+        if sp is not None:
+            sp.lock_ms, sp.delivery_limit = self._group_limits(key[0])
+        return sp
+
+    def _partition(self, key: ShareKey, leader_epoch: int) -> SharePartition | None:
         sp = self.partitions.get(key)
+        if key in self._fenced:  # a write was refused: what is held here is stale
+            self._fenced.discard(key)
+            sp = None
         if sp is not None and self._epochs.get(key) == leader_epoch:
             gen = self.store.generation(key)
             if gen is None or gen == self._gens.get(key, 0):
@@ -293,7 +316,7 @@ class ShareCoordinator:
             start = self._initial_offset(tid, p, self._auto_offset_reset(group_id))
             sp = SharePartition(start, lock_ms=lim.record_lock_duration_ms, delivery_limit=lim.delivery_count_limit,
                                 max_locks=lim.partition_max_record_locks)
-            self.store.save(key, sp.start, sp.end, sp.snapshot(), gen)
+            self._watch(key, self.store.save(key, sp.start, sp.end, sp.snapshot(), gen, leader_epoch=leader_epoch))
         self.partitions[key] = sp
         self._epochs[key] = leader_epoch
         self._gens[key] = gen
@@ -308,8 +331,22 @@ class ShareCoordinator:
         return False
 
     def persist(self, key: ShareKey, sp: SharePartition | None = None) -> Future[int]:
+        """Store the share-partition whole, fenced by the leader epoch it was loaded at; a refused
+        write (MetaFencedError: another broker leads the partition now) makes the next use load it
+        again."""
         sp = sp if sp is not None else self.partitions[key]
-        return self.store.save(key, sp.start, sp.end, sp.snapshot(), self._gens.get(key, 0))
+        return self._watch(key, self.store.save(key, sp.start, sp.end, sp.snapshot(), self._gens.get(key, 0),
+                                                leader_epoch=self._epochs.get(key)))
+
+    def _watch(self, key: ShareKey, saved: Future[int]) -> Future[int]:
+        def done(f: Future[int]) -> None:
+            if isinstance(f.exception(), MetaFencedError):
+                self._fenced.add(key)
+                log.info("share-partition %s-%s-%d: a write was fenced (another broker leads the partition); "
+                         "forgetting this broker's copy", *key)
+
+        saved.add_done_callback(done)
+        return saved
 
     def drop_partition(self, key: ShareKey) -> None:
         """Forget the in-memory state (this broker no longer leads the partition): the next

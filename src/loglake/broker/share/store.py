@@ -2,8 +2,9 @@
 
 `ShareStore` is what the coordinator needs (`load` one share-partition's state, `save` it whole,
 `forget` it); `MetaShareStore` keeps them as `share_state` records in `engine.meta` (the local
-metadata log, or etcd in cluster mode: the same records either way). Every `save` returns a
-future resolved when the record is durable; an acknowledgement is answered only after it.
+metadata log, or etcd in cluster mode: the same records either way); cluster mode's
+`FencedShareStore` (loglake.cluster.shares) also fences a deposed leader's writes. Every `save`
+returns a future resolved when the record is durable; an acknowledgement is answered only after it.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ class ShareStore(Protocol):
 
     def generation(self, key: ShareKey) -> int | None: ...
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]: ...
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0, *,
+             leader_epoch: int | None = None) -> Future[int]:
+        """Store the state whole. `leader_epoch`: the partition's leader epoch the writer loaded the
+        share-partition at (None: an admin's write); a store may refuse the write with
+        MetaFencedError once another leader took the partition (cluster mode,
+        loglake.cluster.shares)."""
+        ...
 
     def forget(self, key: ShareKey) -> Future[int]: ...
 
@@ -70,7 +77,9 @@ class MetaShareStore:
 
         return self.meta.read(read)
 
-    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0) -> Future[int]:
+    def save(self, key: ShareKey, start: int, end: int, batches: Sequence[StateBatch], gen: int = 0, *,
+             leader_epoch: int | None = None) -> Future[int]:
+        # one broker leads every partition here: nothing to fence
         g, tid, p = key
         return self.meta.append(ShareState(g, tid, p, start, end, list(batches), gen))
 
