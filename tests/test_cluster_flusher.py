@@ -33,6 +33,7 @@ from loglake.errors import (
 from loglake.fs.os_fs import OsFileSystem
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import build_batch, set_base_offset
+from loglake.records.committed import AbortedTxns
 from loglake.records.decode import decode_batch
 from loglake.segment import ZERO_HASH, verify_chain, verify_segment_in_store
 from loglake.segment.verify import SegmentReader
@@ -432,15 +433,40 @@ def test_merge_of_transactional_batches_carries_the_transaction_index() -> None:
         f.append(tid, 0, batch(4, 2, "after"))
         f.flush()
     ranges = ranges_by_partition([read_index(store, ix.key) for ix in commit.indexes])[(tid, 0)]
-    (seg,) = merge_partition(
-        store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH, aborted_first=lambda pid, marker: 0
-    )
+    (seg,) = merge_partition(store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH)
     trailer = verify_segment_in_store(store, seg.key)
     assert trailer.txn_index and trailer.aborted_txns == ((7, 0, 3),)
     assert (trailer.base_offset, trailer.last_offset, trailer.record_count) == (0, 5, 6)
-    # without the metadata's answer, the segment's base offset stands in (single-node's fallback)
+    # a transaction that began before the segment begins, for the segment, at its base
     (again,) = merge_partition(store, ranges[1:], cluster_id="c1", topic="t2", prev_hash=ZERO_HASH)
     assert again.trailer.aborted_txns == ((7, 3, 3),)
+
+
+def test_a_merged_abort_covers_only_its_own_transaction() -> None:
+    """Producer 7 commits offsets 0-1 (marker 2), then aborts 3-4 (marker 5), in one segment:
+    the segment's entry starts at 3, so a read_committed reader keeps the committed pair."""
+    store, commit = MemoryStore(), Committed()
+    tid = topic_ids(1)[0]
+
+    def txn(base: int, tag: str) -> bytes:
+        return build_batch(((1_000 + i, None, b"%s%d" % (tag.encode(), i), ()) for i in range(2)),
+                           base_offset=base, producer_id=7, producer_epoch=0, base_sequence=base,
+                           is_transactional=True)  # fmt: skip
+
+    with flusher(store, commit) as f:
+        for base, data, commit_it in ((0, txn(0, "c"), True), (3, txn(3, "a"), False)):
+            f.append(tid, 0, data)
+            marker = control_batch(7, 0, commit_it, 0, 2_000)
+            set_base_offset(marker, 0, base + 2)
+            f.append(tid, 0, bytes(marker))
+        f.flush()
+    ranges = ranges_by_partition([read_index(store, ix.key) for ix in commit.indexes])[(tid, 0)]
+    (seg,) = merge_partition(store, ranges, cluster_id="c1", topic="t", prev_hash=ZERO_HASH)
+    assert verify_segment_in_store(store, seg.key).aborted_txns == ((7, 3, 5),)
+    aborted = AbortedTxns(seg.trailer.aborted_txns)
+    assert [o for o in range(5) if aborted.covers(7, o)] == [3, 4]
+    # a segment merged before this fix said (7, 0, 5); the metadata's entry (7, 3, 5) beside it wins
+    assert [o for o in range(5) if AbortedTxns([(7, 0, 5), (7, 3, 5)]).covers(7, o)] == [3, 4]
 
 
 def test_a_retried_merge_keeps_its_segment_and_a_different_one_is_a_conflict() -> None:

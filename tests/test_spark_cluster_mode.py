@@ -257,3 +257,52 @@ def test_the_bucket_keeps_only_the_newest_checkpoints(cluster: Cluster) -> None:
     assert names and all(n.startswith("checkpoint-") for n in names)  # checkpoints only, no log pieces
     # a publish may be between its PUT and its trim while we list: one more at most
     assert len(names) <= CHECKPOINTS_KEPT + 1
+
+
+def test_read_committed_from_the_bucket_skips_aborted_and_stops_at_an_open_transaction(cluster: Cluster) -> None:
+    """A cluster's transactions are the metadata's (txn records, loglake.meta.txn): a read of the
+    bucket at read_committed (the export's default) drops aborted batches, in merged segments and
+    unmerged flush ranges alike, and ends at the first offset of a transaction still open."""
+    import uuid
+
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    c = cluster
+    create_topic(c, "txns", 2)
+    c.wait_leaders("txns", set(c.brokers), 2)
+    producer = Producer({"bootstrap.servers": c.bootstrap(), "transactional.id": f"spark-{uuid.uuid4().hex[:8]}",
+                         "linger.ms": 0})
+    producer.init_transactions(WAIT_S)
+
+    def txn(prefix: str, end: bool | None) -> None:
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("txns", f"{prefix}-{i}".encode(), partition=i % 2)
+        producer.flush(WAIT_S)
+        if end is True:
+            producer.commit_transaction(WAIT_S)
+        elif end is False:
+            producer.abort_transaction(WAIT_S)
+
+    txn("a", True)
+    txn("b", False)
+    txn("c", True)
+    txn("d", None)  # produced and flushed, still open
+
+    def read(isolation: str) -> list[str]:
+        watermarks = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": "wm"})
+        try:
+            ends = {p: watermarks.get_watermark_offsets(TopicPartition("txns", p), timeout=WAIT_S)[1] for p in range(2)}
+        finally:
+            watermarks.close()
+        published(c, ends, topic="txns")  # the bucket's copy holds everything produced so far
+        rows = source_rows({"path": c.store_url, "subscribe": "txns", "kafka.isolation.level": isolation})
+        return sorted(v.decode() for _p, _o, v in rows)
+
+    def values(*prefixes: str) -> list[str]:
+        return sorted(f"{x}-{i}" for x in prefixes for i in range(10))
+
+    assert read("read_uncommitted") == values("a", "b", "c", "d")
+    assert read("read_committed") == values("a", "c")
+    producer.commit_transaction(WAIT_S)  # d: the last stable offset moves past it
+    assert read("read_committed") == values("a", "c", "d")

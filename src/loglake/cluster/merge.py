@@ -55,12 +55,6 @@ class MergeStats:
     bytes_merged: int = 0
 
 
-#: Given (producer id, ABORT marker offset), the first offset of that aborted transaction (the
-#: metadata knows it); without one, the segment's base offset stands in, as single-node
-#: sealing does when it lacks the entry, so the transaction's records in the segment are covered.
-AbortedFirst = Callable[[int, int], int]
-
-
 def plan_segments(
     ranges: Sequence[tuple[str, FlushIndexEntry]], segment_bytes: int = MERGE_SEGMENT_BYTES
 ) -> list[list[tuple[str, FlushIndexEntry]]]:
@@ -87,7 +81,6 @@ def merge_partition(
     commit: Callable[[MergedSegment], None] | None = None,
     segment_bytes: int = MERGE_SEGMENT_BYTES,
     stats: MergeStats | None = None,
-    aborted_first: AbortedFirst | None = None,
     generation: int = 0,
     wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
 ) -> list[MergedSegment]:
@@ -118,13 +111,23 @@ def merge_partition(
         base = group[0][1].base_offset
         writer = SegmentWriter(base, prev_hash, wall_ms(), txn_index=transactional)
         aborts: list[tuple[int, int, int]] = []
+        # A producer's first transactional batch in this segment since its last marker: where the
+        # transaction its next marker ends begins here (one open transaction per producer and
+        # partition). One that began before the segment begins, for this segment, at its base;
+        # the base for every aborted transaction would cover a committed transaction of the same
+        # producer earlier in the segment.
+        open_first: dict[int, int] = {}
         for v, h in zip(views, headers, strict=True):
             writer.add_batch(v)
-            if h.is_control and h.is_transactional:
-                marker = marker_of(v)
-                if marker is not None and marker[1] == ABORT_MARKER:
-                    first = aborted_first(h.producer_id, h.base_offset) if aborted_first else base
-                    aborts.append((h.producer_id, min(first, h.base_offset), h.base_offset))
+            if not h.is_transactional:
+                continue
+            if not h.is_control:
+                open_first.setdefault(h.producer_id, h.base_offset)
+                continue
+            first = open_first.pop(h.producer_id, base)
+            marker = marker_of(v)
+            if marker is not None and marker[1] == ABORT_MARKER:
+                aborts.append((h.producer_id, min(first, h.base_offset), h.base_offset))
         writer.aborted_txns = aborts
         parts, trailer, _index = writer.finish()
         key = segment_key(cluster_id, topic, topic_id, partition, base, prefix, generation)

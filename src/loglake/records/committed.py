@@ -151,19 +151,21 @@ class AbortedTxns:
 
     A producer has at most one transaction open per partition, so its batch at offset o belongs
     to the transaction its next marker after o ends: aborted exactly when some entry has
-    first <= o < marker. Duplicate entries (the same marker from two sources) are harmless.
+    first <= o < marker. Of entries for one marker from two sources, the larger first offset counts.
     """
 
     def __init__(self, entries: Iterable[tuple[int, int, int]]) -> None:
-        by_pid: dict[int, list[tuple[int, int]]] = {}
+        # Every source's first offset is at or below the transaction's own (a segment's base
+        # stands in when its writer did not know it): of two for one marker the larger is nearer.
+        by_pid: dict[int, dict[int, int]] = {}
         for pid, first, marker in entries:
-            by_pid.setdefault(int(pid), []).append((int(marker), int(first)))
+            firsts = by_pid.setdefault(int(pid), {})
+            firsts[int(marker)] = max(int(first), firsts.get(int(marker), int(first)))
         self._markers: dict[int, list[int]] = {}
         self._firsts: dict[int, list[int]] = {}
-        for pid, items in by_pid.items():
-            items.sort()
-            self._markers[pid] = [m for m, _f in items]
-            self._firsts[pid] = [f for _m, f in items]
+        for pid, firsts in by_pid.items():
+            self._markers[pid] = sorted(firsts)
+            self._firsts[pid] = [firsts[m] for m in self._markers[pid]]
 
     def __bool__(self) -> bool:
         return bool(self._markers)

@@ -142,12 +142,20 @@ def load_metadata(
         topics[tm.name] = {"id": tid, "partitions": tm.partitions, "config": dict(tm.config), "created_ms": tm.created_ms}
         for p in range(tm.partitions):
             plog = state.plogs.parts.get((tm.topic_id, p))
+            pm = state.partition(tm.topic_id, p)
             if plog is not None:  # cluster mode (durability class object)
                 from loglake.spark.cluster_plan import cluster_partition
 
-                parts[(tm.name, p)] = cluster_partition(store.url, tm.name, tid, p, plog)
+                cp = cluster_partition(store.url, tm.name, tid, p, plog)
+                if committed:  # the txn records are the metadata's in both modes (loglake.meta.txn)
+                    cp = replace(
+                        cp,
+                        end=max(min([cp.end, *pm.txn_open.values()]), cp.log_start),
+                        aborted=tuple((int(a), int(b), int(c)) for a, b, c in pm.aborted_txns),
+                        aborted_trimmed=len(pm.aborted_txns) >= ABORTED_TXNS_MAX,
+                    )
+                parts[(tm.name, p)] = cp
                 continue
-            pm = state.partition(tm.topic_id, p)
             segs = tuple(
                 SegmentInfo(
                     s.key, s.base_offset, s.last_offset, s.size, s.max_timestamp, s.record_count, s.tier,
@@ -320,7 +328,8 @@ def slices_for(
     for fr in pm.flush:  # cluster mode: committed ranges not merged yet, after the segments
         s, e = max(start, fr.base), min(end, fr.last + 1)
         if s < e:
-            out.append(replace(fr, store_url=store_url, start=s, end=e, aborted=() if committed else None))
+            mine = tuple(a for a in aborted if a[1] < e and a[2] >= s) if committed else None
+            out.append(replace(fr, store_url=store_url, start=s, end=e, aborted=mine))
     return out
 
 

@@ -371,7 +371,8 @@ def read_slice(sl: Slice, include_headers: bool) -> Iterator[pa.RecordBatch]:
     if isinstance(sl, FlushSlice):
         from loglake.spark.cluster_plan import flush_bytes
 
-        yield from _decode_chunks(sl, [(flush_bytes(store, sl), sl.pos, sl.batches)], None, include_headers)
+        flush_aborted = None if sl.aborted is None else AbortedTxns(sl.aborted)
+        yield from _decode_chunks(sl, [(flush_bytes(store, sl), sl.pos, sl.batches)], flush_aborted, include_headers)
         return
     trailer, index = read_tail(store, sl.key, sl.size)
     aborted = None if sl.aborted is None else AbortedTxns([*sl.aborted, *trailer.aborted_txns])
