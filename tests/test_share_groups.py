@@ -294,12 +294,13 @@ def test_acknowledgements_survive_a_broker_kill(broker: Served) -> None:
         c.close()
 
 
-def _call(broker: Served, group: str, api_key: int, version: int, **fields: object) -> Any:
-    """One request of this version to the group's coordinator, its decoded response (flat fields only)."""
+def _call(broker: Served, group: str, api_key: int, version: int, *, node: int | None = None, **fields: object) -> Any:
+    """One request of this version to the group's coordinator (or broker `node`), its decoded response."""
     proto = KafkaProtocol(client_id="share-test")
     cls = request_class(api_key)
     proto.send_request(cls[version](**build(cls._struct, version, fields)))
-    with socket.create_connection(("127.0.0.1", broker.broker(broker.coordinator_id(group)).port), timeout=15) as sock:
+    to = broker.coordinator_id(group) if node is None else node
+    with socket.create_connection(("127.0.0.1", broker.broker(to).port), timeout=15) as sock:
         sock.sendall(proto.send_bytes())
         while True:
             data = sock.recv(65536)
@@ -496,3 +497,41 @@ def test_read_committed_share_group_skips_aborted_transactions(broker: Served) -
     # the aborted records were archived, not acquired (the client would drop them unacknowledged):
     # nothing is left in flight below the end of the log
     assert [p.start_offset for t in d.groups[0].topics for p in t.partitions] == [7]
+
+
+def test_a_share_consumer_is_held_to_its_consumer_byte_rate_quota(broker: Served) -> None:
+    """consumer_byte_rate holds ShareFetch as it holds Fetch: each response is capped at what one
+    quota window pays back and the connection is throttled past the rate, so a capped share
+    consumer gets a fraction of a backlog in the time another client id takes all of it."""
+    topic, record = "share-quota", b"q" * 1000
+    _topic(broker, topic, 1, 0, "share-quota-free")
+    capped_group = ConfigResource(ResourceType.GROUP, "share-quota-capped", incremental_configs=[
+        ConfigEntry("share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET)])
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.incremental_alter_configs([capped_group])[capped_group].result(15)
+    # one record a batch: a batch goes out whole, however small the response's allowance
+    p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "batch.num.messages": 1})
+    for _ in range(300):
+        p.produce(topic, value=record, partition=0)
+    assert p.flush(15) == 0
+    quota = {"entity": [{"entity_type": "client-id", "entity_name": "capped-share"}],
+             "ops": [{"key": "consumer_byte_rate", "value": 4000.0, "remove": False}]}
+    # altered through a broker that does not lead the partition: a quota is every broker's
+    leader = broker.leaders(topic, 1)[0]
+    other = next((n for n in broker.node_ids if n != leader), leader)
+    sent = _call(broker, "share-quota-capped", 49, 1, node=other, entries=[quota], validate_only=False)
+    assert [e.error_code for e in sent.entries] == [0]
+    free = _consumer(broker, "share-quota-free", topic, **{"client.id": "free-share"})
+    capped = _consumer(broker, "share-quota-capped", topic, **{"client.id": "capped-share"})
+    try:
+        assert len(_poll_until(free, 300, timeout_s=60)) == 300
+        got: list[Message] = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            got += _poll(capped, 0.5)
+        # 5 s at 4 kB/s, plus the window's allowance the first responses may take (11 windows of
+        # a second): well under the 300 kB backlog, and something arrives
+        assert 0 < len(got) * len(record) <= 100_000, len(got)
+    finally:
+        free.close()
+        capped.close()

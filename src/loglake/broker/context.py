@@ -15,6 +15,7 @@ kafka-python's (`KafkaStruct`: untyped).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from loglake.broker.txn import TxnBackend, TxnCoordinator, TxnSettings
 from loglake.engine import Engine
 from loglake.engine.view import ClusterView
 from loglake.errors import UnknownTopicError
+from loglake.meta.quotas import EntityKey
 
 __all__ = ["BrokerContext", "Handler", "build_context", "group_coordinator"]
 
@@ -153,6 +155,12 @@ async def build_context(
     await loop.run_in_executor(None, broker_configs.load)
     quotas = QuotaManager(config.quota_window_num, config.quota_window_size_seconds, clock)
     quotas.load(quota_store.quotas())
+
+    def quota_changed(key: EntityKey, values: dict[str, float] | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the broker is stopping
+            loop.call_soon_threadsafe(quotas.set, key, values)
+
+    quota_store.follow(quota_changed)
     metrics.registry.register(quotas)
     mutation_quotas = MutationQuotas(quotas, clock)
     group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(config),

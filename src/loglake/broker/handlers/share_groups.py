@@ -34,6 +34,7 @@ from loglake.broker.security.authorized import (
     group_operations,
     operation_bits,
 )
+from loglake.broker.security.quotas import CONSUMER_BYTE_RATE
 from loglake.broker.share.coordinator import Heartbeat, ShareSession
 from loglake.broker.share.partition import Acquired, SharePartition
 from loglake.broker.share.store import ShareKey
@@ -352,6 +353,10 @@ async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
                 "responses": _responses([parts[k] for k in acked], fetch=True)}
     max_records = body.max_records if body.max_records > 0 else DEFAULT_MAX_RECORDS
     budget = body.max_bytes if body.max_bytes > 0 else PARTITION_READ_BYTES  # bytes left for the response
+    quotas = ctx.quotas  # the consumer byte-rate quota holds share consumers as it holds Fetch's
+    cap = quotas.fetch_cap(conn, req) if quotas.enabled(CONSUMER_BYTE_RATE) else None
+    if cap is not None:
+        budget = min(budget, cap)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(max(body.max_wait_ms, 0), MAX_WAIT_MS) / 1000
     fetched = 0
@@ -379,7 +384,8 @@ async def share_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> di
             w.cancel()
     await _durable(saves)
     shown = [p for k, p in parts.items() if k in acked or p.acquired or p.error != ErrorCode.NONE]
-    return {"throttle_time_ms": 0, "error_code": 0, "acquisition_lock_timeout_ms": lock_ms,
+    throttle_ms = quotas.share_fetched(conn, req, sum(len(p.records or b"") for p in shown)) if cap is not None else 0
+    return {"throttle_time_ms": throttle_ms, "error_code": 0, "acquisition_lock_timeout_ms": lock_ms,
             "responses": _responses(shown, fetch=True)}
 
 

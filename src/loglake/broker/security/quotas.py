@@ -460,6 +460,18 @@ class QuotaManager:
             mute(conn, ms)
         return ms
 
+    def share_fetched(self, conn: Conn, req: DecodedRequest, nbytes: int) -> int:
+        """Count a ShareFetch response's bytes; when that goes over the quota, mute the connection
+        and return the throttle time. The response still goes out: its records are acquired for
+        this member (Fetch's empty answer would leave them locked, undelivered, until their lock
+        times out); `fetch_cap` kept it within what one quota window pays back."""
+        user, client = identity(conn, req)
+        ms = self.record(CONSUMER_BYTE_RATE, user, client, float(nbytes))
+        if ms:
+            self.note_throttle(CONSUMER_BYTE_RATE, user, client, ms)
+            mute(conn, ms)
+        return ms
+
     # ---- /metrics ---------------------------------------------------------------------------------
 
     def collect(self) -> Iterator[Metric]:
