@@ -41,7 +41,8 @@ IDP_KEY, OTHER_KEY = rsa_key(), rsa_key()
 
 def token(key: rsa.RSAPrivateKey = IDP_KEY, *, sub: str = "svc-a", aud: str = AUDIENCE, exp_in: float = 300) -> str:
     now = time.time()
-    claims = {"sub": sub, "iss": ISSUER, "aud": aud, "iat": int(now), "exp": int(now + exp_in)}
+    claims = {"sub": sub, "iss": ISSUER, "aud": aud, "iat": int(now), "exp": int(now + exp_in),
+              "scope": ["kafka.read", "kafka.write"]}
     return jwt.encode(claims, key, algorithm="RS256", headers={"kid": KID})
 
 
@@ -121,6 +122,7 @@ def test_a_signed_token_for_this_audience_authenticates(broker: InProcessBroker)
     assert produced(oauth_conf(broker.port, lambda: token(sub="svc-b")))
     log = broker.log_text()
     assert "authenticated as User:svc-a with OAUTHBEARER" in log and "as User:svc-b" in log
+    assert "token of User:svc-a has scopes [kafka.read kafka.write]" in log
     assert _Jwks.fetches == 1  # fetched once, then cached
 
 
@@ -193,6 +195,16 @@ def test_unsecured_semantics() -> None:
     ):
         with pytest.raises(TokenRefused):
             v.validate(unsigned(claims, alg, sig))
+    # the scope claim as Kafka's validators read it: a string is one scope, a list its strings
+    assert v.validate(unsigned({"sub": "bob", "exp": 2000, "scope": "read"})).scopes == {"read"}
+    assert v.validate(unsigned({"sub": "bob", "exp": 2000, "scope": ["a", "b"]})).scopes == {"a", "b"}
+    assert v.validate(unsigned({"sub": "bob", "exp": 2000, "scope": 7})).scopes == frozenset()
+    assert v.validate(unsigned({"sub": "bob", "exp": 2000})).scopes == frozenset()
+    other = UnsecuredValidator("sub", 30, clock=lambda: 1000.0, scope_claim="scp")
+    assert other.validate(unsigned({"sub": "bob", "exp": 2000, "scp": ["x"], "scope": "y"})).scopes == {"x"}
+    for scope in (["a", ""], ["a", 3], [" "]):
+        with pytest.raises(TokenRefused, match="empty or non-string scope"):
+            v.validate(unsigned({"sub": "bob", "exp": 2000, "scope": scope}))
     assert client_token(b"n,,\x01auth=Bearer abc.def.\x01host=x\x01\x01") == "abc.def."
     for bad in (b"n,,\x01auth=Basic x\x01\x01", b"y,,\x01auth=Bearer t\x01\x01", b"n,,\x01auth=Bearer t\x01"):
         with pytest.raises(TokenRefused):

@@ -127,6 +127,7 @@ class BrokerConfig:
     sasl_oauthbearer_expected_issuer: str | None = None
     sasl_oauthbearer_expected_audience: str | None = None
     sasl_oauthbearer_sub_claim_name: str = default_of("sasl_oauthbearer_sub_claim_name", str)
+    sasl_oauthbearer_scope_claim_name: str = default_of("sasl_oauthbearer_scope_claim_name", str)
     sasl_oauthbearer_clock_skew_seconds: int = default_of("sasl_oauthbearer_clock_skew_seconds", int)
     #: The failed-login throttle (loglake.broker.security.login_throttle): failures per source
     #: address and per principal a window takes before further logins are refused unchecked.

@@ -193,6 +193,8 @@ BROKER_SETTING_ROWS: tuple[BrokerSetting, ...] = (
        "Audiences, one of which a JWKS-checked token's aud claim must name; unset: not checked."),
     _S("sasl_oauthbearer_sub_claim_name", "sasl.oauthbearer.sub.claim.name", _STRING, "sub", None,
        "The token claim that names the principal (User:<its value>)."),
+    _S("sasl_oauthbearer_scope_claim_name", "sasl.oauthbearer.scope.claim.name", _STRING, "scope", None,
+       "The token claim holding its scopes (a string, or a list of non-empty strings), logged with the login."),
     _S("sasl_oauthbearer_clock_skew_seconds", "sasl.oauthbearer.clock.skew.seconds", _INT, 30, (0, 3600),
        "Clock difference allowed when a token's exp, nbf and iat are checked."),
     # Kafka has no failed-login throttle (loglake.broker.security.login_throttle, docs/SECURITY.md)

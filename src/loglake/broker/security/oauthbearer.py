@@ -59,10 +59,11 @@ class TokenRefused(Exception):
 
 @dataclass(frozen=True)
 class Bearer:
-    """What a valid token says: who, and until when (seconds since the epoch)."""
+    """What a valid token says: who, until when (seconds since the epoch), and its scopes."""
 
     principal: str
     expires_at: float
+    scopes: frozenset[str] = frozenset()
 
 
 class TokenValidator(Protocol):
@@ -86,6 +87,8 @@ class OAuthSettings(Protocol):
     def sasl_oauthbearer_expected_audience(self) -> str | None: ...
     @property
     def sasl_oauthbearer_sub_claim_name(self) -> str: ...
+    @property
+    def sasl_oauthbearer_scope_claim_name(self) -> str: ...
     @property
     def sasl_oauthbearer_clock_skew_seconds(self) -> int: ...
 
@@ -135,11 +138,25 @@ def _principal(claims: dict[str, object], claim: str) -> str:
     return value
 
 
+def _scopes(claims: dict[str, object], claim: str) -> frozenset[str]:
+    """The scope claim as Kafka's validators read it: a string is one scope, a list its strings,
+    anything else (or none) no scope; an empty or non-string scope refuses the token."""
+    value = claims.get(claim)
+    raw = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    scopes: set[str] = set()
+    for scope in raw:
+        if not isinstance(scope, str) or not scope.strip():
+            raise TokenRefused(f"claim {claim!r} holds an empty or non-string scope")
+        scopes.add(scope.strip())
+    return frozenset(scopes)
+
+
 class UnsecuredValidator:
     """Kafka's unsecured validator: an unsigned JWT whose claims are checked, not its origin."""
 
-    def __init__(self, sub_claim: str, skew_s: int, clock: Callable[[], float] = time.time) -> None:
-        self.sub_claim, self.skew_s, self.clock = sub_claim, skew_s, clock
+    def __init__(self, sub_claim: str, skew_s: int, clock: Callable[[], float] = time.time,
+                 scope_claim: str = "scope") -> None:
+        self.sub_claim, self.skew_s, self.clock, self.scope_claim = sub_claim, skew_s, clock, scope_claim
 
     def validate(self, token: str) -> Bearer:
         parts = token.split(".")
@@ -156,7 +173,7 @@ class UnsecuredValidator:
             raise TokenRefused(f"token expired {now - exp:.0f} s ago")
         if iat is not None and iat - self.skew_s > now:
             raise TokenRefused("token issued in the future (iat)")
-        return Bearer(_principal(claims, self.sub_claim), exp)
+        return Bearer(_principal(claims, self.sub_claim), exp, _scopes(claims, self.scope_claim))
 
 
 class JwksValidator:
@@ -189,6 +206,7 @@ class JwksValidator:
         audience = [a.strip() for a in (settings.sasl_oauthbearer_expected_audience or "").split(",") if a.strip()]
         self.audience = audience or None
         self.sub_claim = settings.sasl_oauthbearer_sub_claim_name
+        self.scope_claim = settings.sasl_oauthbearer_scope_claim_name
         self.skew_s = settings.sasl_oauthbearer_clock_skew_seconds
 
     def validate(self, token: str) -> Bearer:
@@ -206,7 +224,7 @@ class JwksValidator:
             raise TokenRefused(f"{type(exc).__name__}: {exc}") from None
         exp = _number(claims, "exp")
         assert exp is not None  # required above
-        return Bearer(_principal(claims, self.sub_claim), exp)
+        return Bearer(_principal(claims, self.sub_claim), exp, _scopes(claims, self.scope_claim))
 
     def _from_file(self, token: str) -> PyJWK:
         """The token's key from a file:// JWKS, read again whenever the file changed."""
@@ -231,7 +249,8 @@ def validator(settings: OAuthSettings) -> TokenValidator | None:
     if kind is None:
         return None
     if kind == UNSECURED:
-        return UnsecuredValidator(settings.sasl_oauthbearer_sub_claim_name, settings.sasl_oauthbearer_clock_skew_seconds)
+        return UnsecuredValidator(settings.sasl_oauthbearer_sub_claim_name, settings.sasl_oauthbearer_clock_skew_seconds,
+                                  scope_claim=settings.sasl_oauthbearer_scope_claim_name)
     if kind == JWKS:
         return JwksValidator(settings)
     raise ConfigError(f"sasl_oauthbearer_validator={kind!r}: expected one of {', '.join(VALIDATORS)}")

@@ -564,6 +564,11 @@ class SaslSession:
             raise SaslError(f"token refused: {exc}") from None
         self.user = bearer.principal
         self.succeeded(authenticator, bearer.expires_at)
+        # the token's scopes (sasl_oauthbearer_scope_claim_name) go with the session, as Kafka's
+        # OAuthBearerToken carries them; the audit and debug lines name them
+        self.conn.security.extra["oauth_scopes"] = " ".join(sorted(bearer.scopes))
+        log.debug("%s OAUTHBEARER token of User:%s has scopes [%s]", self.conn.peer, self.user,
+                  self.conn.security.extra["oauth_scopes"])
         return b""
 
     async def _plain(self, authenticator: SaslAuthenticator, token: bytes) -> bytes:
