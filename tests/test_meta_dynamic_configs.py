@@ -21,12 +21,13 @@ from loglake.broker.group_configs import (
     HEARTBEAT_INTERVAL,
     SESSION_TIMEOUT,
     SHARE_DELIVERY_COUNT_LIMIT,
+    SHARE_PARTITION_MAX_RECORD_LOCKS,
     SHARE_RECORD_LOCK_DURATION,
     GroupConfigBounds,
     GroupConfigStore,
     group_config_bounds,
 )
-from loglake.broker.share.limits import ShareLimits
+from loglake.broker.share.limits import GroupShareLimits, ShareLimits
 from loglake.engine import Engine
 from loglake.errors import ConfigError
 from loglake.meta.checkpoint import capture, decode_checkpoint, encode_checkpoint
@@ -173,6 +174,12 @@ def test_share_lock_duration_and_delivery_limit_per_group(tmp_path: Path) -> Non
         reloaded = GroupConfigStore(ConfigStore.of(engine))
         reloaded.load()
         assert reloaded.current("g") == {SHARE_RECORD_LOCK_DURATION: "2000", SHARE_DELIVERY_COUNT_LIMIT: "3"}
+        # the third: share.partition.max.record.locks, in group.share.partition.max.record.locks' range
+        with pytest.raises(ConfigError, match=re.escape("Value must be in [100, 10000]")):
+            store.alter("g", {SHARE_PARTITION_MAX_RECORD_LOCKS: "99"}, validate_only=False)
+        assert store.share_limits("g") == GroupShareLimits(2000, 3, 2000)
+        store.alter("g", {SHARE_PARTITION_MAX_RECORD_LOCKS: "150"}, validate_only=False)
+        assert store.share_limits("g") == GroupShareLimits(20_000, 5, 150)  # alter replaces the set (AlterConfigs)
     finally:
         engine.close()
 

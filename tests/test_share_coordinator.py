@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from loglake.broker.share.coordinator import Heartbeat, ShareCoordinator
-from loglake.broker.share.limits import ShareLimits
+from loglake.broker.share.limits import GroupShareLimits, ShareLimits
 from loglake.broker.share.partition import StateBatch
 from loglake.broker.share.states import AckType
 from loglake.broker.share.store import ShareKey, StoredShare
@@ -176,11 +176,13 @@ def test_an_admin_reset_is_seen_by_the_leader_holding_the_state() -> None:
 
 def test_a_groups_lock_duration_and_delivery_limit_apply_to_its_share_partitions() -> None:
     store, clock = MemStore(), Clock()
-    own = {"g": (2_000, 3)}  # share.record.lock.duration.ms, share.delivery.count.limit of group g
+    # share.record.lock.duration.ms, share.delivery.count.limit, share.partition.max.record.locks of g
+    own = {"g": GroupShareLimits(2_000, 3, 2_000)}
+    limits = ShareLimits(record_lock_duration_ms=30_000, delivery_count_limit=5)
     c = ShareCoordinator(
-        store, ShareLimits(record_lock_duration_ms=30_000, delivery_count_limit=5), clock=clock,
+        store, limits, clock=clock,
         topic_partitions=lambda name: (TID, 1), initial_offset=lambda tid, p, reset: 0,
-        group_limits=lambda group: own.get(group, (30_000, 5)),
+        group_limits=lambda group: own.get(group, limits.of_group()),
     )
     assert (c.lock_ms("g"), c.lock_ms("other")) == (2_000, 30_000)
     sp = c.partition(("g", TID, 0))
@@ -193,8 +195,9 @@ def test_a_groups_lock_duration_and_delivery_limit_apply_to_its_share_partitions
         assert sp.expire(clock.ms)
     assert sp.start == 1  # released at the group's limit of 3 (the broker's is 5): archived
     # a change of the group's configs applies to the share-partition held (KIP-1240)
-    own["g"] = (5_000, 2)
+    own["g"] = GroupShareLimits(5_000, 2, 1)
     again = c.partition(("g", TID, 0))
-    assert again is sp and (sp.lock_ms, sp.delivery_limit) == (5_000, 2)
+    assert again is sp and (sp.lock_ms, sp.delivery_limit, sp.max_locks) == (5_000, 2, 1)
+    assert sp.acquire("m", [(1, 1, False), (2, 2, False)], 5, clock.ms) == [(1, 1, 1)]  # one record in flight
     other = c.partition(("other", TID, 0))
-    assert other is not None and (other.lock_ms, other.delivery_limit) == (30_000, 5)
+    assert other is not None and (other.lock_ms, other.delivery_limit, other.max_locks) == (30_000, 5, 2000)

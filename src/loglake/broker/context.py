@@ -25,12 +25,7 @@ from loglake.broker.config_store import ConfigStore
 from loglake.broker.conn import Conn
 from loglake.broker.dynamic_config import BrokerConfigs
 from loglake.broker.fetch_sessions import FetchSessionCache
-from loglake.broker.group_configs import (
-    SHARE_DELIVERY_COUNT_LIMIT,
-    SHARE_RECORD_LOCK_DURATION,
-    GroupConfigStore,
-    group_config_bounds,
-)
+from loglake.broker.group_configs import GroupConfigStore, group_config_bounds
 from loglake.broker.group_reload import GroupCoordination
 from loglake.broker.groups import GroupCoordinator
 from loglake.broker.groups.store import GroupStoreFactory, ReloadableGroupStore
@@ -239,8 +234,7 @@ def share_coordinator(
     return ShareCoordinator(
         store if store is not None else MetaShareStore(engine.meta), ShareLimits.of(config), topic_partitions=topic_partitions,
         initial_offset=initial_offset, auto_offset_reset=group_configs.share_auto_offset_reset,
-        group_limits=lambda group_id: (group_configs.share_limit(group_id, SHARE_RECORD_LOCK_DURATION),
-                                       group_configs.share_limit(group_id, SHARE_DELIVERY_COUNT_LIMIT)),
+        group_limits=group_configs.share_limits,
     )
 
 

@@ -9,10 +9,10 @@ the broker's [min, max] bounds for it, and the session timeout must exceed the h
 Kafka's. Of the share-group configs (`share.*`, KIP-932) `share.auto.offset.reset` ("latest", the
 default, or "earliest") and `share.isolation.level` ("read_uncommitted", the default, or
 "read_committed") are taken (the share coordinator reads them with `share_config`), and the
-numbers `share.record.lock.duration.ms` (Kafka 4.0's group config) and `share.delivery.count.limit`
-(KIP-1240's): a group without its own takes the broker's `group.share.*` setting, and a value must
+numbers `share.record.lock.duration.ms` (Kafka 4.0's group config), `share.delivery.count.limit`
+and `share.partition.max.record.locks` (KIP-1240's): a group without its own takes the broker's `group.share.*` setting, and a value must
 lie in that setting's range (BROKER_SETTINGS: loglake has no separate min/max settings for them);
-the share coordinator reads them with `share_limit`. The other share configs are unknown here.
+the share coordinator reads them with `share_limits`. The other share configs are unknown here.
 
 Configs are independent of a group's offsets and membership: a group may carry them before it
 exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
@@ -40,7 +40,7 @@ from loglake.broker.dynamic_config import (
 )
 from loglake.broker.groups.limits import ConsumerLimits
 from loglake.broker.settings import BROKER_SETTINGS, BrokerSetting
-from loglake.broker.share.limits import ShareLimits
+from loglake.broker.share.limits import GroupShareLimits, ShareLimits
 from loglake.engine.config import ConfigType
 from loglake.errors import ConfigError
 
@@ -63,10 +63,12 @@ SHARE_CONFIGS: dict[str, tuple[str, ...]] = {
 }
 SHARE_RECORD_LOCK_DURATION = "share.record.lock.duration.ms"
 SHARE_DELIVERY_COUNT_LIMIT = "share.delivery.count.limit"
+SHARE_PARTITION_MAX_RECORD_LOCKS = "share.partition.max.record.locks"
 #: Int-valued share-group configs -> the broker setting (BROKER_SETTINGS row) giving their default and range.
 SHARE_INT_CONFIGS: dict[str, str] = {
     SHARE_RECORD_LOCK_DURATION: "group_share_record_lock_duration_ms",
     SHARE_DELIVERY_COUNT_LIMIT: "group_share_delivery_count_limit",
+    SHARE_PARTITION_MAX_RECORD_LOCKS: "group_share_partition_max_record_locks",
 }
 
 _DOCS = {
@@ -76,6 +78,7 @@ _DOCS = {
     SHARE_ISOLATION_LEVEL: "Whether a share group reads records of open and aborted transactions (read_uncommitted) or not.",
     SHARE_RECORD_LOCK_DURATION: "How long a member of the share group holds the records it acquired.",
     SHARE_DELIVERY_COUNT_LIMIT: "Deliveries of a record before the share group archives it.",
+    SHARE_PARTITION_MAX_RECORD_LOCKS: "Records of one partition the share group holds in flight at most.",
 }
 
 
@@ -222,6 +225,12 @@ class GroupConfigStore:
             return int(value)
         return _share_default(self.share_defaults(), name)
 
+    def share_limits(self, group_id: str) -> GroupShareLimits:
+        """The group's three int-valued share configs, as the share coordinator applies them."""
+        return GroupShareLimits(self.share_limit(group_id, SHARE_RECORD_LOCK_DURATION),
+                                self.share_limit(group_id, SHARE_DELIVERY_COUNT_LIMIT),
+                                self.share_limit(group_id, SHARE_PARTITION_MAX_RECORD_LOCKS))
+
     def share_auto_offset_reset(self, group_id: str) -> str:
         return self.share_config(group_id, SHARE_AUTO_OFFSET_RESET)
 
@@ -314,7 +323,9 @@ def _valid_share_int(name: str, value: str) -> bool:
 
 
 def _share_default(limits: ShareLimits, name: str) -> int:
-    return limits.record_lock_duration_ms if name == SHARE_RECORD_LOCK_DURATION else limits.delivery_count_limit
+    group = limits.of_group()
+    return {SHARE_RECORD_LOCK_DURATION: group.lock_ms, SHARE_DELIVERY_COUNT_LIMIT: group.delivery_limit,
+            SHARE_PARTITION_MAX_RECORD_LOCKS: group.max_locks}[name]
 
 
 def check_group_id(group_id: str) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from loglake.broker.share.limits import ShareLimits
+from loglake.broker.share.limits import GroupShareLimits, ShareLimits
 from loglake.broker.share.partition import SharePartition
 from loglake.broker.share.states import RecordState
 from loglake.broker.share.store import ShareKey, ShareStore
@@ -114,17 +114,17 @@ class ShareCoordinator:
         topic_partitions: Callable[[str], tuple[str, int] | None],
         initial_offset: Callable[[str, int, str], int],
         auto_offset_reset: Callable[[str], str] = lambda group_id: "latest",
-        group_limits: Callable[[str], tuple[int, int]] | None = None,
+        group_limits: Callable[[str], GroupShareLimits] | None = None,
         clock: Callable[[], int] = _now_ms,
     ) -> None:
         """`topic_partitions(name)`: (topic id hex, partition count), None if no such topic;
         `initial_offset(topic id hex, partition, "latest"|"earliest")`: where a new share-partition
         starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`;
-        `group_limits(group)`: its (share.record.lock.duration.ms, share.delivery.count.limit),
-        by default `limits`' for every group."""
+        `group_limits(group)`: its share.record.lock.duration.ms, share.delivery.count.limit and
+        share.partition.max.record.locks, by default `limits`' for every group."""
         self.store = store
         self.limits = limits
-        self._group_limits = group_limits or (lambda _g: (limits.record_lock_duration_ms, limits.delivery_count_limit))
+        self._group_limits = group_limits or (lambda _g: limits.of_group())
         self._topic_partitions = topic_partitions
         self._initial_offset = initial_offset
         self._auto_offset_reset = auto_offset_reset
@@ -279,17 +279,17 @@ class ShareCoordinator:
 
     def lock_ms(self, group_id: str) -> int:
         """How long the group's members hold what they acquire (share.record.lock.duration.ms)."""
-        return self._group_limits(group_id)[0]
+        return self._group_limits(group_id).lock_ms
 
     def partition(self, key: ShareKey, leader_epoch: int = 0) -> SharePartition | None:
-        """The share-partition, loaded or initialised, with its group's lock duration and delivery
-        limit as they are now (a group config may change them; KIP-1240: a record in flight when
+        """The share-partition, loaded or initialised, with its group's lock duration, delivery
+        limit and record-lock limit as they are now (a group config may change them; KIP-1240: a record in flight when
         the limit drops gets its last delivery); None when this broker holds too many. One held
         from an older leader epoch is loaded again: while another broker led the partition, it
         moved the stored state on."""
         sp = self._partition(key, leader_epoch)
         if sp is not None:
-            sp.lock_ms, sp.delivery_limit = self._group_limits(key[0])
+            sp.lock_ms, sp.delivery_limit, sp.max_locks = self._group_limits(key[0])
         return sp
 
     def _partition(self, key: ShareKey, leader_epoch: int) -> SharePartition | None:

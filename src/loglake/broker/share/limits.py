@@ -8,13 +8,22 @@ client can make the broker hold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from loglake.broker.config import BrokerConfig
 
 #: `share.auto.offset.reset` values (a group config in Kafka; "latest" by default).
 AUTO_OFFSET_RESETS = ("latest", "earliest")
+
+
+class GroupShareLimits(NamedTuple):
+    """One share group's share.record.lock.duration.ms, share.delivery.count.limit and
+    share.partition.max.record.locks (its group configs, else the broker's group.share.* settings)."""
+
+    lock_ms: int
+    delivery_limit: int
+    max_locks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,10 @@ class ShareLimits:
     #: topics a member may subscribe to (loglake's bound; INVALID_REQUEST past it).
     max_subscribed_topics: int = 10_000
 
+    def of_group(self) -> GroupShareLimits:
+        """The bounds a group config may set for one group, as this broker sets them for all."""
+        return GroupShareLimits(self.record_lock_duration_ms, self.delivery_count_limit, self.partition_max_record_locks)
+
     @classmethod
     def of(cls, config: BrokerConfig) -> ShareLimits:
         return cls(
@@ -55,4 +68,4 @@ class ShareLimits:
         )
 
 
-__all__ = ["AUTO_OFFSET_RESETS", "ShareLimits"]
+__all__ = ["AUTO_OFFSET_RESETS", "GroupShareLimits", "ShareLimits"]
