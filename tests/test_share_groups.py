@@ -390,6 +390,18 @@ def test_a_share_groups_id_is_refused_to_consumers(broker: Served) -> None:
                    member_epoch=0, instance_id=None, rack_id=None, rebalance_timeout_ms=30_000,
                    subscribed_topic_names=["sq"], server_assignor=None, topic_partitions=[])
         assert (hb.error_code, hb.error_message) == (ErrorCode.GROUP_ID_NOT_FOUND, "Group g-sq is not a consumer group.")
+        # nor do the consumer groups' offset APIs touch it (Kafka's ShareGroup.validateOffset*)
+        committed = _call(broker, "g-sq", ApiKey.OFFSET_COMMIT, 8, group_id="g-sq", generation_id_or_member_epoch=-1,
+                          member_id="", group_instance_id=None,
+                          topics=[{"name": "sq", "partitions": [{"partition_index": 0, "committed_offset": 1,
+                                                                 "committed_leader_epoch": -1, "committed_metadata": None}]}])
+        assert [p.error_code for t in committed.topics for p in t.partitions] == [ErrorCode.GROUP_ID_NOT_FOUND]
+        fetched = _call(broker, "g-sq", ApiKey.OFFSET_FETCH, 8, groups=[{"group_id": "g-sq", "topics": None}],
+                        require_stable=False)
+        assert [g.error_code for g in fetched.groups] == [ErrorCode.GROUP_ID_NOT_FOUND]
+        deleted = _call(broker, "g-sq", ApiKey.OFFSET_DELETE, 0, group_id="g-sq",
+                        topics=[{"name": "sq", "partitions": [{"partition_index": 0}]}])
+        assert deleted.error_code == ErrorCode.GROUP_ID_NOT_FOUND
         # real consumers of either protocol are refused, and the share group keeps its records
         assert _consumer_error(broker, "g-sq", "sq", "classic").code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL
         fatal = _consumer_error(broker, "g-sq", "sq", "consumer")  # librdkafka: a fatal GROUP_ID_NOT_FOUND

@@ -177,6 +177,8 @@ async def offset_commit(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
         pass
     elif isinstance(coordinator, int):
         results += [(t, p, coordinator) for t, p, *_ in items]
+    elif ctx.share.known(body.group_id):  # one group namespace: Kafka's ShareGroup.validateOffsetCommit
+        results += [(t, p, GROUP_ID_NOT_FOUND) for t, p, *_ in items]
     else:
         engine = ctx.engine
 
@@ -214,6 +216,8 @@ def _fetch_group(
     coordinator = coordinator_for(ctx, group_id)
     if isinstance(coordinator, int):
         return coordinator, []
+    if ctx.share.known(group_id):  # a share group's offsets are DescribeShareGroupOffsets' (Kafka's validateOffsetFetch)
+        return GROUP_ID_NOT_FOUND, []
     wanted = None
     refused: set[str] = set()
     if topics is not None:

@@ -12,6 +12,7 @@ from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
 from loglake.broker.handlers.errors import (
     GROUP_AUTHORIZATION_FAILED,
+    GROUP_ID_NOT_FOUND,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_OR_PARTITION,
@@ -37,6 +38,8 @@ async def offset_delete(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
     coordinator = coordinator_for(ctx, body.group_id)
     if isinstance(coordinator, int):
         return {"error_code": coordinator, "throttle_time_ms": 0, "topics": []}
+    if ctx.share.known(body.group_id):  # one group namespace: Kafka's ShareGroup.validateOffsetDelete
+        return {"error_code": GROUP_ID_NOT_FOUND, "throttle_time_ms": 0, "topics": []}
     codes: dict[tuple[str, int], int] = {}
     wanted: list[tuple[str, int]] = []
     refused = denied(ctx, conn, AclOperation.READ, TOPIC, (t.name for t in body.topics))
