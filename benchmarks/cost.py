@@ -23,10 +23,12 @@ engine settings: durability class fsync, one partition, acks=all waits for the W
 3. **latency**: 100 B records at `--latency-rate` (10,000/s) for `--latency-seconds`, as issue 35
    measured them: benchmarks/broker.py's paced producer (1 ms ticks, linger.ms 1, so ~10 records
    in a request). librdkafka's latency of every sampled record (produce() to delivery report):
-   p50, p99, max, and each second's p99 and max with the broker's CPU in that second, so a
-   stretch of slow acknowledgements (a second whose p99 is above `--stretch-ms`) is named with its
-   time; the broker's CPU per record and per request; its garbage-collector collections and
-   pauses (/metrics) over the phase.
+   p50, p99, max, and each second's p99 and max beside what the machine did in that second (the
+   broker's CPU, the whole machine's busy CPU, the data device's writes and time spent writing,
+   the seconds tasks stalled for a core or for I/O from /proc/pressure), so a stretch of slow
+   acknowledgements (a second whose p99 is above `--stretch-ms`) is named with its time and its
+   company; the broker's CPU per record and per request; its collector, WAL and back-pressure
+   counters (/metrics) over the phase.
 
 Machine, once per run before the brokers: sequential write of `--machine-mb` in 1 MiB pwrites
 with one fdatasync at the end (as `dd conv=fdatasync`) and with one every 1 MiB (what an acks=all
@@ -218,27 +220,69 @@ def requests(broker: Broker, pid: int, metrics_url: str, count: int, rate: float
     return row
 
 
-def gc_counters(metrics_url: str) -> dict[str, float]:
-    """The broker's loglake_gc_* samples (collections and pauses by generation) from /metrics."""
+#: /metrics families whose change over the latency phase names what an acknowledgement waited
+#: for: collector pauses, the WAL's fsyncs and stalls, back-pressure on produce.
+WAIT_FAMILIES = (
+    "loglake_gc_",
+    "loglake_wal_fsync",
+    "loglake_wal_stalls_total",
+    "loglake_wal_groups_total",
+    "loglake_memory_pool_waits_total",
+    "loglake_produce_throttle",
+    "loglake_request_read_pauses_total",
+)
+
+
+def metric_samples(metrics_url: str, families: tuple[str, ...] = WAIT_FAMILIES) -> dict[str, float]:
+    """The broker's /metrics samples of `families` (name with labels -> value), summed by name."""
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith("loglake_gc_"):
+        if line.startswith(families):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
-class CpuSampler:
-    """The broker's CPU seconds in each wall-clock second, from /proc, on a thread of its own."""
+def pressure_stall_us(resource: str) -> float:
+    """Microseconds some task waited on `resource` (cpu, io) since boot: /proc/pressure (PSI), or
+    NaN where the kernel has none."""
+    try:
+        with open(f"/proc/pressure/{resource}") as f:
+            return float(f.readline().rsplit("total=", 1)[1])
+    except (OSError, IndexError, ValueError):
+        return float("nan")
 
-    def __init__(self, pid: int) -> None:
+
+def device_stat(path: str) -> tuple[int, int, int]:
+    """(sectors written, writes completed, ms spent writing) of the device holding `path` since
+    boot, from its /sys stat (every process's writes), or (-1, -1, -1)."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
+            fields = [int(x) for x in f.read().split()]
+        return fields[6], fields[4], fields[7]
+    except (OSError, IndexError, ValueError):
+        return -1, -1, -1
+
+
+#: What `Sampler` reads each second: the broker's CPU, the machine's busy CPU, the data device's
+#: writes, and the time tasks stalled waiting for a core or for I/O (PSI).
+SAMPLED = ("broker_cpu", "machine_busy_cpu", "device_write_mb", "device_writes", "device_write_ms", "cpu_stall", "io_stall")
+
+
+class Sampler:
+    """Each wall-clock second's costs beside the latency phase, on a thread of its own, so a slow
+    second can be told apart: the broker busy, the machine busy (others' load), or the disk."""
+
+    def __init__(self, pid: int, data_dir: str) -> None:
         self.pid = pid
-        self.samples: list[tuple[float, float]] = []  # (unix time, CPU seconds so far)
+        self.data_dir = data_dir
+        self.samples: list[tuple[float, tuple[float, ...]]] = []  # (unix time, counters so far)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="cost-sampler", daemon=True)
 
-    def __enter__(self) -> CpuSampler:
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -246,16 +290,29 @@ class CpuSampler:
         self._stop.set()
         self._thread.join()
 
+    def _read(self) -> tuple[float, ...]:
+        sectors, writes, write_ms = device_stat(self.data_dir)
+        return (
+            sum(cpu(self.pid)),
+            cores.machine_cpu_seconds()[0],
+            sectors * 512 / 1e6,
+            float(writes),
+            float(write_ms),
+            pressure_stall_us("cpu") / 1e6,
+            pressure_stall_us("io") / 1e6,
+        )
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), sum(cpu(self.pid))))
+            self.samples.append((time.time(), self._read()))
             self._stop.wait(1.0)
 
-    def share_at(self, unix: float) -> float | None:
-        """The broker's CPU (cores) over the sampling second holding `unix`."""
+    def second_at(self, unix: float) -> dict[str, float] | None:
+        """Per wall-clock second over the sampling second holding `unix`: CPU in cores, device
+        MB and writes and ms writing, stall seconds (0.5 of cpu_stall: some task waited half of it)."""
         for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False):
             if t0 <= unix < t1:
-                return (c1 - c0) / (t1 - t0)
+                return {k: round((b - a) / (t1 - t0), 3) for k, a, b in zip(SAMPLED, c0, c1, strict=True)}
         return None
 
 
@@ -265,21 +322,21 @@ def latency(
     topic = "cost-latency"
     cores.create_topic(broker.bootstrap, topic, 1)
     log(f"  latency: 100 B records at {rate:,.0f}/s in 1 ms ticks for {seconds:.0f} s, linger.ms {linger_ms:g} ...")
-    g0 = gc_counters(metrics_url)
+    g0 = metric_samples(metrics_url)
     m0 = client.scrape(metrics_url)
     c0 = sum(cpu(pid))
-    with CpuSampler(pid) as sampler:
+    with Sampler(pid, str(broker.data_dir)) as sampler:
         lat = client.produce_latency(
             broker.bootstrap, topic, REQUEST_RECORD_BYTES, rate, seconds, pid, linger_ms=linger_ms, per_second=True
         )
     c1 = sum(cpu(pid))
     m1 = client.scrape(metrics_url)
-    g1 = gc_counters(metrics_url)
+    g1 = metric_samples(metrics_url)
     served = client.request_stats(m0, m1, "Produce")["requests"]
     for sec in lat["per_second"]:
-        sec["broker_cpu"] = sampler.share_at(lat["started_unix"] + sec["second"] + 0.5)
+        sec["machine"] = sampler.second_at(lat["started_unix"] + sec["second"] + 0.5)
     slow = [s for s in lat["per_second"] if s["p99_ms"] > stretch_ms]
-    gen_keys = sorted({k for k in g1 if "collections" in k or "pause_seconds" in k})
+    counted = sorted(k for k in g1 if "pause_max" not in k and "frozen" not in k and g1[k] != g0.get(k, 0.0))
     row = {
         "rate": rate,
         "seconds": seconds,
@@ -303,7 +360,7 @@ def latency(
         "slow_seconds": [
             {**s, "at": time.strftime("%H:%M:%S", time.gmtime(lat["started_unix"] + s["second"]))} for s in slow
         ],
-        "gc": {k: g1[k] - g0.get(k, 0.0) for k in gen_keys},
+        "waits": {k: g1[k] - g0.get(k, 0.0) for k in counted},
         "gc_pause_max_s": {k: v for k, v in g1.items() if "pause_max" in k},
     }
     log(
@@ -446,10 +503,13 @@ def fmt_table(doc: dict[str, Any]) -> str:
             f"{lat['latency_p99_ms']:.2f} max {lat['latency_max_ms']:.1f} ms; machine busy {r['machine_busy_cpu_s']:.0f} CPU-s "
             f"in {r['wall_s']:.0f} s"
         )
+        if slow:
+            waits = ", ".join(f"{k} {v:g}" for k, v in lat["waits"].items())
+            lines.append(f"    over the latency phase: {waits}")
         for sec in slow:
             lines.append(
                 f"    slow second {sec['at']} UTC (+{sec['second']} s): p99 {sec['p99_ms']:.1f} ms, max {sec['max_ms']:.1f} ms, "
-                f"broker CPU {sec['broker_cpu'] if sec['broker_cpu'] is not None else float('nan'):.2f} cores"
+                + (", ".join(f"{k} {v:g}" for k, v in (sec["machine"] or {}).items()))
             )
     return "\n".join(lines)
 
