@@ -24,7 +24,7 @@ engine settings: durability class fsync, one partition, acks=all waits for the W
    measured them: benchmarks/broker.py's paced producer (1 ms ticks, linger.ms 1, so ~10 records
    in a request). librdkafka's latency of every sampled record (produce() to delivery report):
    p50, p99, max, and each second's p99 and max beside what the machine did in that second (the
-   broker's CPU, the whole machine's busy CPU, the data device's writes and time spent writing,
+   broker's CPU and its threads' time runnable without a core, the whole machine's busy CPU, the data device's writes and time spent writing,
    the seconds tasks stalled for a core or for I/O from /proc/pressure), so a stretch of slow
    acknowledgements (a second whose p99 is above `--stretch-ms`) is named with its time and its
    company; the broker's CPU per record and per request; its collector, WAL and back-pressure
@@ -266,9 +266,32 @@ def device_stat(path: str) -> tuple[int, int, int]:
         return -1, -1, -1
 
 
-#: What `Sampler` reads each second: the broker's CPU, the machine's busy CPU, the data device's
-#: writes, and the time tasks stalled waiting for a core or for I/O (PSI).
-SAMPLED = ("broker_cpu", "machine_busy_cpu", "device_write_mb", "device_writes", "device_write_ms", "cpu_stall", "io_stall")
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the threads of `pid` have been runnable without a core (/proc/<pid>/task/*/schedstat,
+    the second field; threads that ended are not counted)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+#: What `Sampler` reads each second: the broker's CPU and the time its threads waited for a core,
+#: the machine's busy CPU, the data device's writes, and the time tasks stalled waiting for a core
+#: or for I/O (PSI, machine-wide).
+SAMPLED = (
+    "broker_cpu",
+    "broker_runqueue_wait",
+    "machine_busy_cpu",
+    "device_write_mb",
+    "device_writes",
+    "device_write_ms",
+    "cpu_stall",
+    "io_stall",
+)
 
 
 class Sampler:
@@ -294,6 +317,7 @@ class Sampler:
         sectors, writes, write_ms = device_stat(self.data_dir)
         return (
             sum(cpu(self.pid)),
+            runqueue_wait_s(self.pid),
             cores.machine_cpu_seconds()[0],
             sectors * 512 / 1e6,
             float(writes),
@@ -308,8 +332,9 @@ class Sampler:
             self._stop.wait(1.0)
 
     def second_at(self, unix: float) -> dict[str, float] | None:
-        """Per wall-clock second over the sampling second holding `unix`: CPU in cores, device
-        MB and writes and ms writing, stall seconds (0.5 of cpu_stall: some task waited half of it)."""
+        """Per wall-clock second over the sampling second holding `unix`: CPU in cores, the
+        broker's threads' seconds runnable without a core (summed over threads), device MB and
+        writes and ms writing, stall seconds (cpu_stall 0.5: some task waited for a core half of it)."""
         for (t0, c0), (t1, c1) in zip(self.samples, self.samples[1:], strict=False):
             if t0 <= unix < t1:
                 return {k: round((b - a) / (t1 - t0), 3) for k, a, b in zip(SAMPLED, c0, c1, strict=True)}
