@@ -21,11 +21,12 @@ engine settings: durability class fsync, one partition, acks=all waits for the W
    counted: CPU µs per request, records per request (1.0 when every request carried one record),
    and the acknowledgements' p50, p99 and max.
 3. **latency**: 100 B records at `--latency-rate` (10,000/s) for `--latency-seconds`, as issue 35
-   measured them: benchmarks/broker.py's paced producer (1 ms ticks, linger.ms 1, so ~10 records
+   measured them: benchmarks/broker.py's paced producer (1 ms ticks, linger.ms 1, so ~17 records
    in a request). librdkafka's latency of every sampled record (produce() to delivery report):
    p50, p99, max, and each second's p99 and max beside what the machine did in that second (the
-   broker's CPU and its threads' time runnable without a core, the whole machine's busy CPU, the data device's writes and time spent writing,
-   the seconds tasks stalled for a core or for I/O from /proc/pressure), so a stretch of slow
+   broker's CPU and its threads' time runnable without a core, the whole machine's busy CPU, the
+   data device's writes, discards and flushes and the time it spent on each, the seconds tasks
+   stalled for a core or for I/O from /proc/pressure), so a stretch of slow
    acknowledgements (a second whose p99 is above `--stretch-ms`) is named with its time and its
    company; the broker's CPU per record and per request; its collector, WAL and back-pressure
    counters (/metrics) over the phase.
@@ -254,16 +255,21 @@ def pressure_stall_us(resource: str) -> float:
         return float("nan")
 
 
-def device_stat(path: str) -> tuple[int, int, int]:
-    """(sectors written, writes completed, ms spent writing) of the device holding `path` since
-    boot, from its /sys stat (every process's writes), or (-1, -1, -1)."""
+#: Fields of /sys/block/<dev>/stat (Documentation/block/stat.rst), 0-based: sectors written,
+#: writes completed, ms writing, sectors discarded, ms discarding, flushes completed, ms flushing.
+DEVICE_FIELDS = (6, 4, 7, 13, 14, 15, 16)
+
+
+def device_stat(path: str) -> tuple[int, ...]:
+    """`DEVICE_FIELDS` of the device holding `path` since boot (every process's I/O), -1 for a
+    field this kernel does not report (discards since 4.18, flushes since 5.5)."""
     dev = os.stat(path).st_dev
     try:
         with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as f:
             fields = [int(x) for x in f.read().split()]
-        return fields[6], fields[4], fields[7]
-    except (OSError, IndexError, ValueError):
-        return -1, -1, -1
+    except (OSError, ValueError):
+        fields = []
+    return tuple(fields[i] if i < len(fields) else -1 for i in DEVICE_FIELDS)
 
 
 def runqueue_wait_s(pid: int) -> float:
@@ -280,8 +286,8 @@ def runqueue_wait_s(pid: int) -> float:
 
 
 #: What `Sampler` reads each second: the broker's CPU and the time its threads waited for a core,
-#: the machine's busy CPU, the data device's writes, and the time tasks stalled waiting for a core
-#: or for I/O (PSI, machine-wide).
+#: the machine's busy CPU, the data device's writes, discards and flushes, and the time tasks
+#: stalled waiting for a core or for I/O (PSI, machine-wide).
 SAMPLED = (
     "broker_cpu",
     "broker_runqueue_wait",
@@ -289,6 +295,10 @@ SAMPLED = (
     "device_write_mb",
     "device_writes",
     "device_write_ms",
+    "device_discard_mb",
+    "device_discard_ms",
+    "device_flushes",
+    "device_flush_ms",
     "cpu_stall",
     "io_stall",
 )
@@ -314,7 +324,7 @@ class Sampler:
         self._thread.join()
 
     def _read(self) -> tuple[float, ...]:
-        sectors, writes, write_ms = device_stat(self.data_dir)
+        sectors, writes, write_ms, discarded, discard_ms, flushes, flush_ms = device_stat(self.data_dir)
         return (
             sum(cpu(self.pid)),
             runqueue_wait_s(self.pid),
@@ -322,6 +332,10 @@ class Sampler:
             sectors * 512 / 1e6,
             float(writes),
             float(write_ms),
+            discarded * 512 / 1e6,
+            float(discard_ms),
+            float(flushes),
+            float(flush_ms),
             pressure_stall_us("cpu") / 1e6,
             pressure_stall_us("io") / 1e6,
         )
