@@ -39,12 +39,17 @@ def log(msg: str) -> None:
 # ==== CPU accounting ============================================================================
 
 
-def proc_cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (all threads) from /proc/<pid>/stat."""
+def proc_cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) seconds of a process (all threads) from /proc/<pid>/stat."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2 :].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of the whole line
+    return int(fields[11]) / CLK_TCK, int(fields[12]) / CLK_TCK  # fields 14 and 15 of the whole line
+
+
+def proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all threads) from /proc/<pid>/stat."""
+    return sum(proc_cpu_times(pid))
 
 
 def self_cpu_seconds() -> float:
@@ -319,30 +324,46 @@ def raw_fetch_throughput(
 
 
 def produce_latency(
-    bootstrap: str, topic: str, size: int, rate: float, seconds: float, broker_pid: int
+    bootstrap: str,
+    topic: str,
+    size: int,
+    rate: float,
+    seconds: float,
+    broker_pid: int,
+    linger_ms: float = LATENCY_LINGER_MS,
+    per_second: bool = False,
+    tick_s: float = 0.001,
 ) -> dict[str, Any]:
-    """A producer sending `rate` records/s in 1 ms ticks. Every `sample`-th record carries a
+    """A producer sending `rate` records/s in ticks of `tick_s` (1 ms; shorter, with linger.ms 0,
+    for one record per request). Every `sample`-th record carries a
     delivery callback that reads librdkafka's latency for it (produce() to delivery report, as
-    seen when poll() serves the report); the others carry none, to keep the client cheap."""
+    seen when poll() serves the report); the others carry none, to keep the client cheap.
+    `per_second`: also each second's samples, p99 and max (by the second the record was sent),
+    so a stretch of slow acknowledgements shows where it was (benchmarks/cost.py)."""
     latencies: list[float] = []
+    sent_at: list[float] = []
     errors: list[str] = []
     sample = max(1, int(rate * seconds / 50_000))
+    clock = time.perf_counter
 
     def report(err: Any, msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
         else:
-            latencies.append(msg.latency())
+            latency = msg.latency()
+            latencies.append(latency)
+            sent_at.append(clock() - latency)
 
     # No global delivery callback: unsampled records cost no Python call (a systematic failure
     # still shows up in the sampled ones).
-    producer = Producer(producer_config(bootstrap, **{"linger.ms": LATENCY_LINGER_MS}))
+    producer = Producer(producer_config(bootstrap, **{"linger.ms": linger_ms}))
     producer.produce(topic, b"warm-up")
     assert producer.flush(30) == 0
     values = payloads(size)
     nvalues = len(values)
     produce = producer.produce
     meter = CpuMeter(broker_pid)
+    started_unix = time.time()
     started = time.perf_counter()
     sent = 0
     behind = 0
@@ -361,7 +382,7 @@ def produce_latency(
                 produce(topic, values[sent % nvalues], on_delivery=report)
             sent += 1
         producer.poll(0)
-        pause = 0.001 - (time.perf_counter() - now)
+        pause = tick_s - (time.perf_counter() - now)
         if pause > 0:
             time.sleep(pause)
     left = producer.flush(60)
@@ -370,8 +391,24 @@ def produce_latency(
     if left or errors:
         raise RuntimeError(f"latency run failed: {left} undelivered, errors {errors[:3]}")
     ms = [x * 1e3 for x in latencies]
+    seconds_of: dict[int, list[float]] = {}
+    if per_second:
+        for at, x in zip(sent_at, ms, strict=True):
+            seconds_of.setdefault(max(0, int(at - started)), []).append(x)
     return {
+        **(
+            {
+                "started_unix": started_unix,
+                "per_second": [
+                    {"second": s, "samples": len(v), "p99_ms": pct(v, 99), "max_ms": max(v)}
+                    for s, v in sorted(seconds_of.items())
+                ],
+            }
+            if per_second
+            else {}
+        ),
         "target_rate": rate,
+        "linger_ms": linger_ms,
         "achieved_rate": sent / seconds,
         "records": sent,
         "record_bytes": size,
