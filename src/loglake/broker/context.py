@@ -33,6 +33,7 @@ from loglake.broker.listeners import Listener
 from loglake.broker.metrics import Metrics
 from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.codec import DecodedRequest, Response
+from loglake.broker.schema_validation import SchemaValidator
 from loglake.broker.security.acl_store import AclStore
 from loglake.broker.security.authorizer import AclOperation, Authorizer, ResourceType, broker_authorizer
 from loglake.broker.security.mutation_quota import MutationQuotas
@@ -95,6 +96,8 @@ class BrokerContext:
     quota_store: QuotaStore
     #: Share groups (KIP-932): members, share sessions, the share-partitions this broker leads.
     share: ShareCoordinator
+    #: validated topics' produced records against the schema registry (confluent.*.schema.validation)
+    schemas: SchemaValidator
 
     @property
     def node_id(self) -> int:
@@ -209,6 +212,7 @@ async def build_context(
         scram_store=scram_store,
         quota_store=quota_store,
         share=share_coordinator(config, engine, group_configs, share_store),
+        schemas=SchemaValidator(engine),
     )
 
 

@@ -83,6 +83,16 @@ INTEGER_RANGES: Mapping[ConfigType, tuple[int, int]] = {
 }
 
 
+#: confluent.{key,value}.schema.validation values: off, the header checked, the record decoded.
+SCHEMA_VALIDATIONS = ("false", "true", "full")
+#: confluent.{key,value}.subject.name.strategy values (Confluent's serializer class names), the default first.
+SUBJECT_NAME_STRATEGIES = (
+    "io.confluent.kafka.serializers.subject.TopicNameStrategy",
+    "io.confluent.kafka.serializers.subject.RecordNameStrategy",
+    "io.confluent.kafka.serializers.subject.TopicRecordNameStrategy",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class TopicConfigKey:
     """One topic config: what the engine accepts and what DescribeConfigs reports about it.
@@ -214,6 +224,17 @@ TOPIC_CONFIG_KEYS: tuple[TopicConfigKey, ...] = (
                    "With a cold store: at most this many bytes of sealed segments on local disk "
                    "(0 = no byte bound); the stricter of the two hot.retain bounds wins.",
                    low=0),
+    # Validated topics, by Confluent Server's names (docs/SCHEMA_REGISTRY.md "Validated topics"):
+    # produced keys / values must carry the wire-format header of a schema id registered under
+    # the topic's subject; full also decodes them with that schema.
+    *(TopicConfigKey(f"confluent.{part}.schema.validation", ConfigType.STRING, "false",
+                     f"Refuse records whose {part} is not in the schema registry's wire format with a schema id "
+                     "of the topic's subject (true), or does not decode with that schema (full).",
+                     choices=SCHEMA_VALIDATIONS) for part in ("key", "value")),
+    *(TopicConfigKey(f"confluent.{part}.subject.name.strategy", ConfigType.STRING, SUBJECT_NAME_STRATEGIES[0],
+                     f"How a validated topic's {part} subject is named: from the topic (<topic>-{part}), "
+                     "the record's name, or both.",
+                     choices=SUBJECT_NAME_STRATEGIES) for part in ("key", "value")),
 )
 
 #: name -> key, in the table's order (DescribeConfigs lists configs in this order).
@@ -241,6 +262,12 @@ class TopicConfig:
     max_compaction_lag_ms: int = 2**63 - 1
     hot_retain_segments: int = 4
     hot_retain_bytes: int = 0
+    #: confluent.key/value.schema.validation and .subject.name.strategy (SCHEMA_VALIDATIONS,
+    #: SUBJECT_NAME_STRATEGIES)
+    key_schema_validation: str = "false"
+    value_schema_validation: str = "false"
+    key_subject_name_strategy: str = SUBJECT_NAME_STRATEGIES[0]
+    value_subject_name_strategy: str = SUBJECT_NAME_STRATEGIES[0]
     overrides: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -273,6 +300,10 @@ class TopicConfig:
             durability=Durability.parse(merged["durability"]),
             hot_retain_segments=merged["hot.retain.segments"],
             hot_retain_bytes=merged["hot.retain.bytes"],
+            key_schema_validation=merged["confluent.key.schema.validation"],
+            value_schema_validation=merged["confluent.value.schema.validation"],
+            key_subject_name_strategy=merged["confluent.key.subject.name.strategy"],
+            value_subject_name_strategy=merged["confluent.value.subject.name.strategy"],
             overrides={k: str(v) for k, v in overrides.items()},
         )
 

@@ -34,6 +34,7 @@ __all__ = [
     "ProtoMessage",
     "SchemaType",
     "parse_schema",
+    "record_name",
 ]
 
 
@@ -87,6 +88,23 @@ class ParsedSchema:
 
 #: A referenced schema as the parse needs it: (name as referenced, its parsed schema).
 Reference = tuple[str, ParsedSchema]
+
+
+def record_name(schema: ParsedSchema) -> str | None:
+    """The name Confluent's RecordNameStrategy gives a schema's records: an Avro named type's full
+    name, a JSON schema's `title`, a Protobuf file's first message (with its package); None when
+    the schema has none (a subject cannot be named from it)."""
+    if schema.schema_type is SchemaType.AVRO:
+        name = getattr(schema.parsed, "fullname", None)
+        return name if isinstance(name, str) and name else None
+    if schema.schema_type is SchemaType.JSON:
+        title = schema.parsed.get("title") if isinstance(schema.parsed, dict) else None
+        return title if isinstance(title, str) and title else None
+    proto: ProtoFile = schema.parsed
+    first = next((m for m in proto.messages if "." not in m), None)
+    if first is None:
+        return None
+    return f"{proto.package}.{first}" if proto.package else first
 
 
 def parse_schema(schema_type: SchemaType, text: str, refs: Sequence[Reference] = ()) -> ParsedSchema:

@@ -215,6 +215,11 @@ class SchemaRegistry:
         out: dict[str, Any] = self._read(fn)
         return out
 
+    def parsed_by_id(self, schema_id: int) -> ParsedSchema | None:
+        """The parsed schema of an id (cached: an id's schema never changes), None if unknown."""
+        stored: StoredSchema | None = self._read(lambda t: t.schemas.get(schema_id))
+        return None if stored is None else self._parse(stored, schema_id)
+
     def id_versions(self, schema_id: int, deleted: bool = False) -> list[dict[str, Any]]:
         def fn(t: SchemaTable) -> list[dict[str, Any]]:
             if schema_id not in t.schemas:

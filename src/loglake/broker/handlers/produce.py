@@ -115,6 +115,7 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[st
                     pending.append((name, part.index, None, refused, None, ()))
                     continue
                 try:
+                    ctx.schemas.check(name, part.records)  # a validated topic's records (schema ids)
                     # Never blocks the loop: the engine appends at once, or (memory short) on its
                     # own thread; this connection's next append waits until this one has offsets.
                     assigned = engine.submit_batch(name, part.index, bytearray(part.records))
