@@ -189,6 +189,7 @@ class Connection:
                 await wait_unmuted(self, quotas)  # pipelined requests wait out a quota throttle, as in Kafka
                 if not await self._dispatch(frame):
                     break
+                frame = None  # the receive block is reused in place once no frame of it is referenced
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -33,7 +33,7 @@ import collections
 import mmap
 import struct
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Protocol
+from typing import Protocol, cast
 
 from loglake.broker import overload
 from loglake.broker.protocol import FRAME_PREFIX_BYTES, ApiKey, FrameTooLargeError
@@ -86,8 +86,11 @@ class ReceiveTimeout(Exception):
         self.seconds = seconds
 
 
-class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
-    """One client socket's protocol: frames in, and (through `asyncio.StreamWriter`) flow control out.
+class FrameReceiver(asyncio.BufferedProtocol):
+    """One client socket's protocol: frames in, and (for `asyncio.StreamWriter`) flow control out.
+
+    Not an `asyncio.Protocol` (asyncio's FlowControlMixin is one): uvloop reads into a protocol
+    through get_buffer only when it is not, so the write flow control is its own here.
 
     Reading starts paused: the connection's loop resumes it once it asks for a frame (after the
     TLS handshake, on an SSL listener)."""
@@ -98,10 +101,12 @@ class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
         counter: BytesIn,
         on_connected: Callable[[FrameReceiver], Coroutine[object, object, None]],
     ) -> None:
-        super().__init__()
-        self._loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()  # FlowControlMixin's, typed
+        self._loop = asyncio.get_running_loop()
+        self._write_paused = False
+        self._drain_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._connection_lost = False
         #: The transport now (`upgrade` replaces it with the TLS one).
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         #: Request bytes read and not yet answered (the connection releases them as it answers).
         self.held = held
         self.counter = counter
@@ -125,7 +130,7 @@ class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
         self._got = 0  # bytes of it received
         self._frames: collections.deque[memoryview] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
+        self._read_paused = False
         self._eof = False
         self._timeout: ReceiveTimeout | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -134,12 +139,19 @@ class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
     # -- asyncio's side ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        # Any event loop's TCP transport (uvloop's are not asyncio.Transport subclasses).
+        self.transport = cast(asyncio.Transport, transport)
         self._pause()
         self._task = self._loop.create_task(self._on_connected(self))
 
     def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)  # wakes writers waiting in drain()
+        self._connection_lost = True
+        for waiter in self._drain_waiters:  # writers waiting in drain()
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
         self._eof = True
         self._wake()
         if self._timer is not None:
@@ -158,6 +170,28 @@ class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
         self._wake()
         # Over TCP the write side stays open for the answers still on their way.
         return not self.over_tls
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _drain_helper(self) -> None:
+        """What `asyncio.StreamWriter.drain` awaits: the transport's write buffer below its high-water mark."""
+        if self._connection_lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._write_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._drain_waiters.remove(waiter)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # At least one byte: reading may have been resumed by someone else (loop.sendfile resumes
@@ -352,20 +386,20 @@ class FrameReceiver(asyncio.streams.FlowControlMixin, asyncio.BufferedProtocol):
 
     def _pause(self) -> None:
         transport = self.transport
-        if not self._paused and isinstance(transport, asyncio.ReadTransport):
-            self._paused = True
+        if not self._read_paused and transport is not None:
+            self._read_paused = True
             transport.pause_reading()
 
     def _resume(self) -> None:
         transport = self.transport
-        if self._paused and isinstance(transport, asyncio.ReadTransport):
-            self._paused = False
+        if self._read_paused and transport is not None:
+            self._read_paused = False
             transport.resume_reading()
 
     def upgraded(self, transport: asyncio.BaseTransport) -> None:
         """The TLS transport replaced the TCP one: reading is paused until the connection asks."""
-        self.transport = transport
-        self._paused = False
+        self.transport = cast(asyncio.Transport, transport)
+        self._read_paused = False
         self._pause()
 
 

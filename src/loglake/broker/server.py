@@ -236,10 +236,10 @@ class BrokerServer:
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
                 receiver.held.close()
-                if isinstance(receiver.transport, asyncio.WriteTransport):
+                if receiver.transport is not None:
                     receiver.transport.abort()
                 return
-        assert isinstance(receiver.transport, asyncio.WriteTransport)
+        assert receiver.transport is not None
         writer = asyncio.StreamWriter(receiver.transport, receiver, None, asyncio.get_running_loop())
         conn = Connection(self, receiver, writer, security)
         log.debug("connection %s on %s listener: principal %s", conn.peer, listener.name, security.principal)

@@ -203,7 +203,7 @@ async def upgrade(
     assert transport is not None
     try:
         tls = await asyncio.get_running_loop().start_tls(
-            cast(asyncio.WriteTransport, transport), receiver, context, server_side=True,
+            transport, receiver, context, server_side=True,
             ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
         )
     except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
@@ -258,7 +258,7 @@ async def handshake_or_close(
     protocol_errors["tls_handshake"] += 1
     limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown), "closing %s: %s", shown, failure)
     try:
-        cast(asyncio.WriteTransport, transport).abort()
+        transport.abort()
     except Exception:  # already gone
         pass
     return False
