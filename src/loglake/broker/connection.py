@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
-enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
-handler task for it at once, in arrival order. Requests in flight are bounded per connection, so
+One `Connection` per client socket. The socket's protocol is a `FrameReceiver`
+(`loglake.broker.receive`): the transport receives into its buffers, it frames in place (the
+frame-size limit checked on the 4-byte prefix alone) and hands the read loop memoryviews of the
+frames; the read loop decodes each and starts a handler task for it at once, in arrival order. Requests in flight are bounded per connection, so
 a client that pipelines without reading stops being read: `max_inflight_per_connection` of them
 other than Produce, `overload.PRODUCE_INFLIGHT_PER_CONNECTION` Produce requests (whose answers are
 no larger than they are; they wait for durability, a cluster's object flush, in flight), and each
@@ -26,8 +27,8 @@ condition and peer address (`loglake.logsafe`): a client that reconnects and sen
 again is logged once, then summarised ("... 234 more in the last 30 s").
 
 Listeners (`loglake.broker.listeners`): one asyncio server per listener. On an SSL listener the
-connection is accepted as TCP and upgraded with `StreamWriter.start_tls` before the first Kafka
-byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
+connection is accepted as TCP and upgraded with `loop.start_tls` (the same `FrameReceiver`
+over the TLS transport) before the first Kafka byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
 client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limited log line and a
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.security.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from loglake.engine.config import EngineConfig
 
-#: Bytes read from a socket per call (the connection's read loop).
+#: Bytes read from a socket per call while frames fit in it: a connection's receive block (loglake.broker.receive).
 READ_CHUNK_BYTES = 256 * 1024
 #: Request bytes each connection may hold outside `queued_max_request_bytes`: ApiVersions,
 #: Metadata, heartbeats, commits and small produces are read however full the bound is.
