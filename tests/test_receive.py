@@ -18,7 +18,13 @@ from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from loglake.broker import overload
 from loglake.broker.protocol import FrameTooLargeError, decode_request
 from loglake.broker.protocol.produce import ProduceRequestData
-from loglake.broker.receive import BLOCK_BYTES, OWN_BUFFER_BYTES, FrameReceiver, unreferenced
+from loglake.broker.receive import (
+    BLOCK_BYTES,
+    FIRST_BLOCK_BYTES,
+    OWN_BUFFER_BYTES,
+    FrameReceiver,
+    unreferenced,
+)
 from loglake.engine.config import TopicConfig
 from loglake.engine.produce import checked_batches
 from loglake.records.batch import new_builder
@@ -57,8 +63,11 @@ def _receiver(limit: int = 1 << 30) -> tuple[FrameReceiver, _Transport]:
     return rx, t
 
 
-def _recv(rx: FrameReceiver, data: bytes, step: int) -> list[object]:
-    """Feed `data` as a socket would, `step` bytes at most per recv_into; the buffers written into."""
+def _recv(
+    rx: FrameReceiver, data: bytes, step: int, handle: Callable[[list[memoryview]], object] | None = None
+) -> list[object]:
+    """Feed `data` as a socket would, `step` bytes at most per recv_into; the buffers written into.
+    `handle` takes the frames complete after each read (else they wait in the receiver)."""
     targets: list[object] = []
     pos = 0
     while pos < len(data):
@@ -68,6 +77,8 @@ def _recv(rx: FrameReceiver, data: bytes, step: int) -> list[object]:
         targets.append(buf.obj)
         buf.release()
         rx.buffer_updated(n)
+        if handle is not None:
+            handle(_frames(rx))
         pos += n
     return targets
 
@@ -167,28 +178,41 @@ def test_the_block_is_reused_once_its_frames_are_released_and_replaced_while_one
     def test() -> None:
         rx, _ = _receiver()
         one = _small_request(1)
-        count = BLOCK_BYTES // len(one) + 3  # past the block's end: a frame spans it
-        data = one * count
-        handled = 0
-        targets: list[object] = []
-        for pos in range(0, len(data), 4096):  # each frame handled (and dropped) as it comes
-            targets += _recv(rx, data[pos : pos + 4096], 4096)
-            handled += _handle(_frames(rx))
+        data = one * (FIRST_BLOCK_BYTES // len(one) + 3)  # past the block's end: a frame spans it
+        handled: list[int] = []
+        targets = _recv(rx, data, 1000, lambda frames: handled.append(_handle(frames)))  # each frame handled as it comes
         block = targets[0]
-        assert isinstance(block, bytearray)
-        assert handled == count
+        assert isinstance(block, bytearray) and len(block) == FIRST_BLOCK_BYTES
+        assert sum(handled) == len(data) // len(one)
         assert targets[-1] is block  # nothing referenced the block when it filled: reused in place
         kept: list[memoryview] = []
-        for pos in range(0, len(data), 4096):
-            _recv(rx, data[pos : pos + 4096], 4096)
-            kept = kept[:1] or _frames(rx)[:1]  # a handler still holds the first frame
-            _frames(rx)
+        _recv(rx, data, 1000, lambda frames: kept.extend(frames[: 1 - len(kept)]))  # a handler holds the first frame
         held = kept[0]
         assert rx._block is not block  # replaced, not overwritten
         assert bytes(held) == one[4:] and decode_request(held).correlation_id == 1
         assert not unreferenced(block)
-        del held, kept
+        kept.clear()
+        del held
         assert unreferenced(block)
+
+    _run(test)
+
+
+def test_a_connection_starts_with_a_small_block_and_moves_to_a_full_one_once_reads_fill_it() -> None:
+    def test() -> None:
+        rx, _ = _receiver()
+        one = _small_request(1)
+        targets = _recv(rx, one * 3, 64)  # a request at a time
+        assert len(targets[0]) == FIRST_BLOCK_BYTES  # type: ignore[arg-type]
+        _frames(rx)
+        data = one * (2 * BLOCK_BYTES // len(one))
+        handled = 0
+        seen: set[int] = set()
+        for pos in range(0, len(data), 64 * 1024):  # a client with more to give than the block takes
+            seen.update(len(t) for t in _recv(rx, data[pos : pos + 64 * 1024], 64 * 1024))  # type: ignore[arg-type]
+            handled += _handle(_frames(rx))
+        assert handled == len(data) // len(one)
+        assert rx._block is not None and len(rx._block) == BLOCK_BYTES and BLOCK_BYTES in seen
 
     _run(test)
 
@@ -221,7 +245,9 @@ def test_frames_over_the_limit_stop_the_stream() -> None:
 def test_reads_are_sized_by_the_request_bytes_allowance_and_pause_when_it_is_spent() -> None:
     def test() -> None:
         rx, t = _receiver(limit=0)  # the bound is spent: only the connection's floor
-        assert len(rx.get_buffer(-1)) == overload.CONNECTION_FLOOR_BYTES
+        first = rx.get_buffer(-1)
+        assert len(first) <= overload.CONNECTION_FLOOR_BYTES
+        first.release()
         body = MetadataRequest[0](topics=[]).encode()
         _recv(rx, struct.pack(">i", 200_000) + body, 4096)
         buf = rx.get_buffer(-1)

@@ -4,7 +4,9 @@ The transport (TCP, or asyncio's TLS transport after `loglake.broker.security.tl
 `recv_into`s this protocol's buffers (`get_buffer` / `buffer_updated`); nothing is copied out of a
 stream buffer. Two kinds of buffer:
 
-* the connection's block (`BLOCK_BYTES`), filled front to back. A frame that is complete in it is
+* the connection's block, filled front to back: `FIRST_BLOCK_BYTES` at first (most connections
+  send small requests one at a time, and many connections stay open), `BLOCK_BYTES` once a read
+  has filled all the block offered (`MORE_BYTES` or more). A frame that is complete in it is
   handed on as a memoryview of it. At the block's end the frame in progress (a part of one, less
   than a block) moves to the front of the same block when no frame of it is referenced any more
   (an export check, not a guess), else to a fresh block; a connection's last block goes back to a
@@ -47,7 +49,11 @@ OWN_BUFFER_BYTES = 16 * 1024
 #: The largest frame buffer allocated (and zeroed) whole before its bytes arrive; larger frames
 #: get an anonymous mapping. Counted in `overload.CONNECTION_BYTES`.
 PREALLOCATED_BYTES = overload.PREALLOCATED_FRAME_BYTES
-#: Blocks kept for new connections (each BLOCK_BYTES), so short connections do not allocate one.
+#: A connection's first block: what a client that sends small requests one at a time needs.
+FIRST_BLOCK_BYTES = 16 * 1024
+#: A read of at least this many bytes that fills all the block offered moves the connection to BLOCK_BYTES blocks.
+MORE_BYTES = 4096
+#: BLOCK_BYTES blocks kept for connections that need one, so they do not allocate it.
 POOL_BLOCKS = 16
 
 _SIZE = struct.Struct(">i")
@@ -56,8 +62,10 @@ _PRODUCE = int(ApiKey.PRODUCE)
 _pool: list[bytearray] = []
 
 
-def _take_block() -> bytearray:
-    return _pool.pop() if _pool else bytearray(BLOCK_BYTES)
+def _take_block(size: int) -> bytearray:
+    if size == BLOCK_BYTES and _pool:
+        return _pool.pop()
+    return bytearray(size)
 
 
 def unreferenced(block: bytearray) -> bool:
@@ -128,6 +136,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._end = 0  # bytes received into the block
         self._own: bytearray | mmap.mmap | None = None  # the frame in progress, when it has its own buffer
         self._got = 0  # bytes of it received
+        self._offered = 0  # bytes of the block the last get_buffer offered
+        self._busy = False  # a read filled all it was offered: BLOCK_BYTES blocks from now on
         self._frames: collections.deque[memoryview] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._read_paused = False
@@ -162,7 +172,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
             self._view.release()
             self._view = None
         self._block = None
-        if block is not None and len(_pool) < POOL_BLOCKS and unreferenced(block):
+        if block is not None and len(block) == BLOCK_BYTES and len(_pool) < POOL_BLOCKS and unreferenced(block):
             _pool.append(block)
 
     def eof_received(self) -> bool:
@@ -205,7 +215,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         if view is None or self._end == len(view):
             view = self._renew()
         end = self._end
-        return view[end : end + room]
+        buf = view[end : end + room]
+        self._offered = len(buf)
+        return buf
 
     def buffer_updated(self, nbytes: int) -> None:
         now = self._loop.time()
@@ -223,6 +235,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 done = True
         else:
             self._end += nbytes
+            if nbytes == self._offered and nbytes >= MORE_BYTES:
+                self._busy = True  # the client had more to give than the block took
             done = self._frame_block()
         if done:
             self.held.frame_done()
@@ -279,15 +293,16 @@ class FrameReceiver(asyncio.BufferedProtocol):
         """The block is full: keep the frame in progress's bytes at the front of this block (no
         frame of it referenced) or of another."""
         block, view = self._block, self._view
+        size = BLOCK_BYTES if self._busy else FIRST_BLOCK_BYTES
         if block is None or view is None:
-            block = _take_block()
+            block = _take_block(size)
             self._start = self._end = 0
         else:
             start, end = self._start, self._end
             partial = bytes(view[start:end]) if start < end else b""
             view.release()
-            if not unreferenced(block):
-                block = _take_block()
+            if len(block) != size or not unreferenced(block):
+                block = _take_block(size)
             block[: len(partial)] = partial
             self._start, self._end = 0, len(partial)
         self._block = block
@@ -386,7 +401,8 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def _pause(self) -> None:
         transport = self.transport
-        if not self._read_paused and transport is not None:
+        if transport is not None and (not self._read_paused or transport.is_reading()):
+            # The transport's own state too: loop.sendfile resumes reading it paused itself.
             self._read_paused = True
             transport.pause_reading()
 
@@ -403,4 +419,4 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._pause()
 
 
-__all__ = ["BLOCK_BYTES", "OWN_BUFFER_BYTES", "PREALLOCATED_BYTES", "FrameReceiver", "ReceiveTimeout", "unreferenced"]
+__all__ = ["BLOCK_BYTES", "FIRST_BLOCK_BYTES", "MORE_BYTES", "OWN_BUFFER_BYTES", "PREALLOCATED_BYTES", "FrameReceiver", "ReceiveTimeout", "unreferenced"]

@@ -201,6 +201,11 @@ async def upgrade(
     receiver.over_tls = True
     transport = receiver.transport
     assert transport is not None
+    # Until the TLS transport is there, the receiver pauses nothing: the TCP transport under the
+    # handshake is asyncio's TLS protocol's to read, and it may hand over a request before
+    # start_tls returns.
+    receiver.transport = None
+    tls: asyncio.Transport | None = None
     try:
         tls = await asyncio.get_running_loop().start_tls(
             transport, receiver, context, server_side=True,
@@ -223,6 +228,9 @@ async def upgrade(
         elif "CERTIFICATE" in text:
             hint = " (the client certificate was not accepted: untrusted, expired or missing)"
         return f"TLS handshake failed on {where}: {why}{hint}"
+    finally:
+        if tls is None:  # failed or cancelled: what the caller aborts
+            receiver.transport = transport
     if tls is None:
         return f"TLS handshake failed on {where}: the connection closed"
     receiver.upgraded(tls)
