@@ -63,8 +63,11 @@ _pool: list[bytearray] = []
 
 
 def _take_block(size: int) -> bytearray:
-    if size == BLOCK_BYTES and _pool:
-        return _pool.pop()
+    if size == BLOCK_BYTES:
+        try:
+            return _pool.pop()  # brokers in threads of one process share the pool
+        except IndexError:
+            pass
     return bytearray(size)
 
 
