@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-One `Connection` per client socket. Its read loop feeds bytes to a `FrameDecoder` (which
-enforces the frame-size limit from the 4-byte prefix alone), decodes each frame and starts a
-handler task for it at once, in arrival order. Requests in flight are bounded per connection, so
+One `Connection` per client socket. The socket's protocol is a `FrameReceiver`
+(`loglake.broker.receive`): the transport receives into its buffers, it frames in place (the
+frame-size limit checked on the 4-byte prefix alone) and hands the read loop memoryviews of the
+frames; the read loop decodes each and starts a handler task for it at once, in arrival order. Requests in flight are bounded per connection, so
 a client that pipelines without reading stops being read: `max_inflight_per_connection` of them
 other than Produce, `overload.PRODUCE_INFLIGHT_PER_CONNECTION` Produce requests (whose answers are
 no larger than they are; they wait for durability, a cluster's object flush, in flight), and each
@@ -26,8 +27,8 @@ condition and peer address (`loglake.logsafe`): a client that reconnects and sen
 again is logged once, then summarised ("... 234 more in the last 30 s").
 
 Listeners (`loglake.broker.listeners`): one asyncio server per listener. On an SSL listener the
-connection is accepted as TCP and upgraded with `StreamWriter.start_tls` before the first Kafka
-byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
+connection is accepted as TCP and upgraded with `loop.start_tls` (the same `FrameReceiver`
+over the TLS transport) before the first Kafka byte is read, so a failed handshake (plaintext sent to the TLS port, an untrusted or expired
 client certificate, TLS 1.1, a truncated or stalled handshake) is one rate-limited log line and a
 closed socket. Every connection carries a `SecurityContext` (`loglake.broker.security.tls`): its listener,
 what that listener advertises (Metadata answers with it), and its principal. Fetch data goes out
@@ -58,7 +59,6 @@ from loglake.broker.protocol import (
     FRAME_PREFIX_BYTES,
     ApiKey,
     DecodedRequest,
-    FrameDecoder,
     FrameTooLargeError,
     MalformedRequestError,
     OutBuffer,
@@ -68,6 +68,7 @@ from loglake.broker.protocol import (
     encode_response,
     encode_unsupported_api_versions,
 )
+from loglake.broker.receive import FrameReceiver, ReceiveTimeout
 from loglake.broker.security.authorized import CURRENT_API
 from loglake.broker.security.quotas import handle_request, wait_unmuted
 from loglake.broker.security.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
@@ -100,14 +101,15 @@ class Connection:
     def __init__(
         self,
         server: ConnectionServer,
-        reader: asyncio.StreamReader,
+        receiver: FrameReceiver,
         writer: asyncio.StreamWriter,
         security: SecurityContext | None = None,
     ) -> None:
         self.server = server
         self.ctx = server.ctx
         self.limited = server.limited
-        self.reader = reader
+        #: The socket's protocol: frames in (loglake.broker.receive), flow control for `writer`.
+        self.receiver = receiver
         self.writer = writer
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
@@ -119,7 +121,7 @@ class Connection:
         self.append_lock = asyncio.Lock()
         #: Request bytes read and not yet answered (each frame's with its size prefix), in the
         #: shared bound (overload.RequestBytes); released as requests are answered.
-        self.request_bytes = server.request_bytes.connection()
+        self.request_bytes = receiver.held
         # Bounded by the two semaphores: each queued request holds one of them (`_Item.slots`).
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._others = asyncio.Semaphore(self.ctx.config.max_inflight_per_connection)
@@ -131,9 +133,16 @@ class Connection:
         self.close_after_write: float | None = None
         #: Nothing is read or handled before this (time.monotonic): a quota's throttle (KIP-219).
         self.muted_until = 0.0
-        self.decoder = FrameDecoder(self.ctx.config.max_frame_bytes)
+        #: Where the frame limit is applied (the SASL session lowers it until authenticated).
+        self.decoder = receiver
+        receiver.max_frame_bytes = self.ctx.config.max_frame_bytes
+        receiver.timeouts = self._timeouts
         if self.sasl is not None:  # until authenticated (the session lifts it)
-            self.decoder.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, self.decoder.max_frame_bytes)
+            receiver.max_frame_bytes = min(SASL_MAX_RECEIVE_BYTES, receiver.max_frame_bytes)
+
+    def _timeouts(self) -> tuple[float, float]:
+        config = self.ctx.config  # connections.max.idle.ms is dynamic
+        return config.idle_timeout_ms / 1000.0, config.frame_receive_timeout_ms / 1000.0
 
     @property
     def protocol_errors(self) -> dict[str, int]:
@@ -157,52 +166,31 @@ class Connection:
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
-        decoder = self.decoder
-        held = self.request_bytes
-        frame_started = 0.0  # time.monotonic() of the frame in progress's first byte
+        receiver = self.receiver
+        quotas = self.ctx.quotas
+
+        async def unmuted() -> None:
+            await wait_unmuted(self, quotas)
+
         try:
             while not self.closing:
-                frame_left = decoder.bytes_needed() if decoder.buffered else 0
-                waited = time.monotonic()
-                allowed = await held.room(frame_left)
-                await wait_unmuted(self, self.ctx.quotas)
-                if frame_left:  # the broker's own waits do not count against the client
-                    frame_started += time.monotonic() - waited
-                config = self.ctx.config  # connections.max.idle.ms is dynamic
-                idle_s = config.idle_timeout_ms / 1000.0
-                frame_s = frame_started + config.frame_receive_timeout_ms / 1000.0 - time.monotonic()
-                timeout_s = min(idle_s, frame_s) if frame_left else idle_s
                 try:
-                    data = await asyncio.wait_for(self.reader.read(min(READ_CHUNK_BYTES, allowed)), max(timeout_s, 0.0))
-                except TimeoutError:
-                    if frame_left and frame_s <= idle_s:
-                        self._frame_timed_out(config.frame_receive_timeout_ms)
-                    else:
-                        log.info("closing %s: idle for %.0f s", self.peer, idle_s)
-                    break
-                if not data:
-                    break
-                self.ctx.metrics.bytes_in += len(data)
-                if not decoder.buffered:
-                    frame_started = time.monotonic()
-                held.add(len(data))
-                try:
-                    frames = decoder.feed(data)
+                    frame = await receiver.next_frame(unmuted)
                 except FrameTooLargeError as exc:
                     self._protocol_error("frame_too_large", exc)
                     break
-                if frames:
-                    held.frame_done()
-                    if decoder.buffered:  # the next frame began in this chunk
-                        frame_started = time.monotonic()
-                stop = False
-                for frame in frames:
-                    await wait_unmuted(self, self.ctx.quotas)  # pipelined requests wait out a quota throttle, as in Kafka
-                    if not await self._dispatch(frame):
-                        stop = True
-                        break
-                if stop:
+                except ReceiveTimeout as timeout:
+                    if timeout.frame:
+                        self._frame_timed_out(int(timeout.seconds * 1000))
+                    else:
+                        log.info("closing %s: idle for %.0f s", self.peer, timeout.seconds)
                     break
+                if frame is None:
+                    break
+                await wait_unmuted(self, quotas)  # pipelined requests wait out a quota throttle, as in Kafka
+                if not await self._dispatch(frame):
+                    break
+                frame = None  # the receive block is reused in place once no frame of it is referenced
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -213,17 +201,17 @@ class Connection:
                 await writer_task
             finally:
                 self._drain_queue()  # whatever the reader queued after the writer stopped
-                held.close()
+                self.request_bytes.close()
                 self._close_transport()
 
     def _frame_timed_out(self, timeout_ms: int) -> None:
         self.ctx.metrics.protocol_errors["frame_timeout"] += 1
-        d = self.decoder
+        d = self.receiver
         self.limited.warning(
             ("frame_timeout", self.peer_host),
             "closing %s: a request of %d bytes had not arrived %d ms after its first byte (%d bytes came); "
             "a stalled or very slow client (frame_receive_timeout_ms)",
-            self.peer, d.buffered + d.bytes_needed() - 4, timeout_ms, max(d.buffered - 4, 0),
+            self.peer, d.buffered + d.frame_left - 4, timeout_ms, max(d.buffered - 4, 0),
         )
 
     async def _dispatch(self, frame: bytes | bytearray | memoryview) -> bool:

@@ -35,7 +35,7 @@ from typing import Protocol
 
 from loglake.engine.config import EngineConfig
 
-#: Bytes read from a socket per call (the connection's read loop).
+#: Bytes read from a socket per call while frames fit in it: a connection's receive block (loglake.broker.receive).
 READ_CHUNK_BYTES = 256 * 1024
 #: Request bytes each connection may hold outside `queued_max_request_bytes`: ApiVersions,
 #: Metadata, heartbeats, commits and small produces are read however full the bound is.
@@ -47,11 +47,14 @@ CONNECTION_SHARE_DIVISOR = 4
 #: drain, so a client that does not read holds at most this (and the transport's high-water
 #: mark) of copies, whatever the response's size.
 SEND_CHUNK_BYTES = 256 * 1024
-#: What one connection holds outside the request-bytes bound: asyncio's StreamReader buffer
-#: (the transport pauses above twice its limit, READ_CHUNK_BYTES, and one socket read may land on
-#: top), the chunk being decoded, its request floor, the piece of a response being sent (and the
-#: transport's write buffer up to its 64 KiB high-water mark), and the connection's objects.
-CONNECTION_BYTES = 4 * READ_CHUNK_BYTES + CONNECTION_FLOOR_BYTES + SEND_CHUNK_BYTES + 64 * 1024 + 64 * 1024
+#: The largest frame a connection allocates whole once its size prefix is known (loglake.broker.receive;
+#: a larger one's pages are taken as its bytes arrive): Kafka clients' 1,000,000-byte batches fit.
+PREALLOCATED_FRAME_BYTES = 1024 * 1024
+#: What one connection holds outside the request-bytes bound: its receive block (READ_CHUNK_BYTES),
+#: a frame buffer allocated before its bytes arrive (PREALLOCATED_FRAME_BYTES), its request floor,
+#: the piece of a response being sent (and the transport's write buffer up to its 64 KiB
+#: high-water mark), and the connection's objects.
+CONNECTION_BYTES = READ_CHUNK_BYTES + PREALLOCATED_FRAME_BYTES + CONNECTION_FLOOR_BYTES + SEND_CHUNK_BYTES + 64 * 1024 + 64 * 1024
 #: What one request in flight costs beside its bytes: its handler task and coroutines, the decoded
 #: request and, once made, a small response (measured: 3.3 KB per ApiVersions, 4.1 KB per Metadata
 #: request held unanswered, RSS from /proc). Charged into the request bytes with each request, so

@@ -18,7 +18,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 
 from loglake.broker import overload
 from loglake.broker.config import BrokerConfig, parse_host_port, parse_registry_listen
@@ -37,12 +37,12 @@ from loglake.broker.listeners import (
 )
 from loglake.broker.metrics import Metrics, serve_metrics
 from loglake.broker.off_loop import OffLoop
+from loglake.broker.receive import FrameReceiver
 from loglake.broker.security.tls import (
     PrincipalMapper,
     SecurityContext,
     handshake_or_close,
     server_context,
-    start_tls_server,
 )
 from loglake.broker.security.users_inbox import serve_inbox
 from loglake.engine import Engine
@@ -154,9 +154,9 @@ class BrokerServer:
         bound: list[Listener] = []
         for lst in listeners:
             try:
-                start = start_tls_server if lst.tls else asyncio.start_server
-                server = await start(
-                    functools.partial(self._on_connection, listener=lst), lst.host, lst.port, limit=READ_CHUNK_BYTES,
+                server = await loop.create_server(
+                    functools.partial(self._receiver, functools.partial(self._on_connection, listener=lst)),
+                    lst.host, lst.port,
                     start_serving=False,  # once the context is built (a client waits in the accept backlog)
                 )
             except OSError as exc:
@@ -222,11 +222,17 @@ class BrokerServer:
             await asyncio.sleep(LOG_FLUSH_INTERVAL_S)
             flush_all()
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: Listener) -> None:
+    def _receiver(self, on_connected: Callable[[FrameReceiver], Coroutine[object, object, None]]) -> FrameReceiver:
+        return FrameReceiver(self.request_bytes.connection(), self.metrics, on_connected)
+
+    async def _on_connection(self, receiver: FrameReceiver, listener: Listener) -> None:
+        transport = receiver.transport
+        assert transport is not None
         if len(self._connections) >= self.config.max_connections:
             self.metrics.connections_rejected += 1
             self.limited.warning("max_connections", "refusing connection: %d connections open (max_connections)", len(self._connections))
-            writer.close()
+            receiver.held.close()
+            transport.close()
             return
         advertised = next((adv for lst, adv in self.endpoints if lst.protocol == listener.protocol), (listener.host, listener.port))
         bound = next((lst for lst, _ in self.endpoints if lst.protocol == listener.protocol), listener)
@@ -235,13 +241,18 @@ class BrokerServer:
             try:
                 assert self._tls is not None
                 if not await handshake_or_close(
-                    writer, self._tls, security, self._principals, self.metrics.protocol_errors, self.limited
+                    receiver, self._tls, security, self._principals, self.metrics.protocol_errors, self.limited
                 ):
+                    receiver.held.close()
                     return
             except asyncio.CancelledError:  # shutdown during the handshake: see below
-                writer.transport.abort()
+                receiver.held.close()
+                if receiver.transport is not None:
+                    receiver.transport.abort()
                 return
-        conn = Connection(self, reader, writer, security)
+        assert receiver.transport is not None
+        writer = asyncio.StreamWriter(receiver.transport, receiver, None, asyncio.get_running_loop())
+        conn = Connection(self, receiver, writer, security)
         log.debug("connection %s on %s listener: principal %s", conn.peer, listener.name, security.principal)
         self._connections.add(conn)
         self.metrics.connections_open += 1

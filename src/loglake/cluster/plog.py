@@ -265,7 +265,7 @@ class ClusterPartitionLog:
         return self.append_assigned(topic_id, partition, data)[1]
 
     def append_assigned(
-        self, topic_id: str, partition: int, data: bytes | bytearray, log_append_time: int = -1
+        self, topic_id: str, partition: int, data: bytes | bytearray | memoryview, log_append_time: int = -1
     ) -> tuple[int, Future[AppendAck]]:
         """`append`, also returning the base offset it assigned (the broker records idempotent
         producers' batches at once, so that a retry still in flight is known as a duplicate).

@@ -50,7 +50,14 @@ from loglake.engine.partition import Partition, SegmentRef
 from loglake.engine.partition_log import Batches, Feature, TierBytes, refusal
 from loglake.engine.scrubber import Scrubber
 from loglake.engine.txn import last_stable_offset
-from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import (
+    AppendBuffer,
+    AppendResult,
+    FileRange,
+    PartitionInfo,
+    ReadResult,
+    RecoveryReport,
+)
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
     ConfigError,
@@ -329,7 +336,7 @@ class SharedPartitionLog:
     # ==== appends ==================================================================================
 
     def append(
-        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, *, produced: bool = True
+        self, p: Partition, config: TopicConfig, buf: AppendBuffer, batches: Batches, *, produced: bool = True
     ) -> Future[AppendResult]:
         """Produce in durability class `object`: NotLeaderError unless this broker leads the
         partition; the future resolves once the batches' range is committed (module doc)."""

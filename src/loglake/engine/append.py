@@ -23,7 +23,7 @@ from loglake.engine.partition import BufferedAppend, Partition
 from loglake.engine.partition_log import Batches
 from loglake.engine.seal import Sealer
 from loglake.engine.space import SpaceGuard, append_writes
-from loglake.engine.types import AppendResult
+from loglake.engine.types import AppendBuffer, AppendResult
 from loglake.errors import EngineFailedError, StorageFullError, UnknownTopicError
 from loglake.records.batch import peek_header, set_log_append_time, set_offset_and_epoch
 from loglake.wal.shard import Durability, WalEntry, WalShard
@@ -65,7 +65,7 @@ class Appender:
         return self.append(p, self.catalog.topic(p.topic).config, data, [(0, peek_header(data))], produced=False)
 
     def append(
-        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, *, produced: bool = True
+        self, p: Partition, config: TopicConfig, buf: AppendBuffer, batches: Batches, *, produced: bool = True
     ) -> Future[AppendResult]:
         """Append checked batches; `buf` is taken over (patched in place). `produced`: a client's
         batches, refused while storage is full; the engine's own (markers, gaps) are always taken."""
@@ -81,7 +81,7 @@ class Appender:
                 space.settle(writes)  # in the buffer and the WAL queue now, or failed
 
     def _append(
-        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, size: int
+        self, p: Partition, config: TopicConfig, buf: AppendBuffer, batches: Batches, size: int
     ) -> Future[AppendResult]:
         self.pool.reserve(size, self.config.memory_wait_ms / 1000.0)
         fut: Future[AppendResult] = Future()

@@ -362,9 +362,9 @@ class Engine:
 
     # ==== appends =====================================================================================
 
-    def append_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[AppendResult]:
+    def append_batch(self, topic: str, partition: int, data: bytes | bytearray | memoryview) -> Future[AppendResult]:
         """Append Kafka v2 RecordBatches as a producer sent them: checked (loglake.engine.produce),
-        then offsets assigned by the partition log; a bytearray argument is taken over. The
+        then offsets assigned by the partition log; a bytearray (or a writable view of one) is taken over. The
         future resolves once the topic's durability class is met."""
         self._check_open()
         p = self._partition(topic, partition)
@@ -372,7 +372,7 @@ class Engine:
         buf, batches = checked_batches(topic, partition, config, data)
         return self.log.append(p, config, buf, batches)
 
-    def submit_batch(self, topic: str, partition: int, data: bytes | bytearray) -> Future[Future[AppendResult]]:
+    def submit_batch(self, topic: str, partition: int, data: bytes | bytearray | memoryview) -> Future[Future[AppendResult]]:
         """`append_batch` that never blocks its caller (the broker's event loop). The outer
         future resolves once the batches have offsets, with the future of their durability. While
         memory is plentiful that is at once; when these bytes would take the memory pool (the

@@ -51,7 +51,14 @@ from loglake.engine.space import Owed, SpaceGuard
 from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.tiering import Relocator
 from loglake.engine.txn import last_stable_offset
-from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import (
+    AppendBuffer,
+    AppendResult,
+    FileRange,
+    PartitionInfo,
+    ReadResult,
+    RecoveryReport,
+)
 from loglake.engine.verify import CatalogSource, Progress, VerifyReport, verify_source
 from loglake.errors import (
     EngineClosedError,
@@ -417,7 +424,7 @@ class LocalPartitionLog:
     # ==== the data path ================================================================================
 
     def append(
-        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, *, produced: bool = True
+        self, p: Partition, config: TopicConfig, buf: AppendBuffer, batches: Batches, *, produced: bool = True
     ) -> Future[AppendResult]:
         self._check_open()
         return self.parts.appender.append(p, config, buf, batches, produced=produced)

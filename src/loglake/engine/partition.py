@@ -39,7 +39,7 @@ class BufferedAppend:
 
     base_offset: int
     end_offset: int
-    data: bytes | bytearray
+    data: bytes | bytearray | memoryview
     batch_positions: tuple[int, ...]  # start of each Kafka batch in `data`
     max_timestamp: int
     appended_at: float  # clock seconds, for segment.ms

@@ -30,7 +30,14 @@ from loglake.engine.corrupt import Corruption
 from loglake.engine.ioerrors import ReadErrors
 from loglake.engine.memory import MemoryPool
 from loglake.engine.partition import Partition, SegmentRef
-from loglake.engine.types import AppendResult, FileRange, PartitionInfo, ReadResult, RecoveryReport
+from loglake.engine.types import (
+    AppendBuffer,
+    AppendResult,
+    FileRange,
+    PartitionInfo,
+    ReadResult,
+    RecoveryReport,
+)
 from loglake.errors import FeatureUnsupportedError
 from loglake.kafka_errors import ErrorCode
 from loglake.records.batch import BatchHeader
@@ -127,7 +134,7 @@ class PartitionLog(Protocol):
     # ---- the data path -------------------------------------------------------------------------
 
     def append(
-        self, p: Partition, config: TopicConfig, buf: bytearray, batches: Batches, *, produced: bool = True
+        self, p: Partition, config: TopicConfig, buf: AppendBuffer, batches: Batches, *, produced: bool = True
     ) -> Future[AppendResult]:
         """Append checked batches (offsets assigned here, idempotent producers' sequences checked
         here by ProducerStates' rules); the future resolves once the topic's durability is met.

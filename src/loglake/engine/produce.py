@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from loglake.engine.compacted import check_batches, check_keys
 from loglake.engine.config import TopicConfig
+from loglake.engine.types import AppendBuffer
 from loglake.errors import CorruptRecordError, RecordTooLargeError
 from loglake.records.batch import BatchBuilder, BatchHeader, new_builder, peek_header, split_batches
 from loglake.records.compression import codec_from_name
@@ -27,7 +28,7 @@ RecordTuple = tuple[int | None, bytes | None, bytes | None, Sequence[tuple[str, 
 #: produce_batch's records: (key, value) or (key, value, headers), stamped with the append's time.
 PairTuple = tuple[bytes | None, bytes | None] | tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]
 
-Checked = tuple[bytearray, list[tuple[int, BatchHeader]]]
+Checked = tuple[AppendBuffer, list[tuple[int, BatchHeader]]]
 T = TypeVar("T", RecordTuple, PairTuple)
 
 
@@ -36,14 +37,15 @@ def codec_of(config: TopicConfig) -> int:
     return 0 if config.compression_type == "uncompressed" else codec_from_name(config.compression_type)
 
 
-def checked_batches(topic: str, partition: int, config: TopicConfig, data: bytes | bytearray) -> Checked:
-    """The batches of a produce, checked; a bytearray argument is taken over (patched later)."""
+def checked_batches(topic: str, partition: int, config: TopicConfig, data: bytes | bytearray | memoryview) -> Checked:
+    """The batches of a produce, checked; a bytearray or writable memoryview argument is taken
+    over (patched later, not copied)."""
     batches = split_batches(data, max_batch_bytes=config.max_message_bytes)
     if not batches:
         raise CorruptRecordError(f"append to {topic}-{partition}: no record batch in {len(data)} bytes")
     if config.compacted:
         check_batches(topic, partition, data, batches)
-    buf = data if isinstance(data, bytearray) else bytearray(data)
+    buf: AppendBuffer = data if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly) else bytearray(data)
     if config.compression_type != "producer":
         codec = codec_of(config)
         if any(h.compression != codec for _, h in batches):
@@ -51,7 +53,7 @@ def checked_batches(topic: str, partition: int, config: TopicConfig, data: bytes
     return buf, batches
 
 
-def _recompress(buf: bytearray, batches: list[tuple[int, BatchHeader]], codec: int) -> Checked:
+def _recompress(buf: AppendBuffer, batches: list[tuple[int, BatchHeader]], codec: int) -> Checked:
     """compression.type set on the topic: rewrite batches in that codec, as Kafka's broker does."""
     out: list[bytes] = []
     for pos, h in batches:

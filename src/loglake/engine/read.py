@@ -306,7 +306,7 @@ class Reader:
         return None
 
     @staticmethod
-    def _first_at_or_after(data: bytes | bytearray, ts: int, start: int, pos: int = 0) -> tuple[int, int] | None:
+    def _first_at_or_after(data: bytes | bytearray | memoryview, ts: int, start: int, pos: int = 0) -> tuple[int, int] | None:
         for rec in iter_records(data, pos):
             if rec.timestamp >= ts and rec.offset >= start:
                 return rec.offset, rec.timestamp
@@ -318,7 +318,7 @@ class Reader:
             segments = p.segments.slice(0)
             buffered = [item for item in p.buffer if item.end_offset <= p.high_watermark]
         best: tuple[int, int] | None = None
-        candidates: list[tuple[bytes | bytearray, int]] = []
+        candidates: list[tuple[bytes | bytearray | memoryview, int]] = []
         top = max([s.max_timestamp for s in segments] + [b.max_timestamp for b in buffered], default=-1)
         if top < 0:
             return None

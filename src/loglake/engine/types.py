@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from loglake.engine.config import TopicConfig
 
+#: Record batches a log takes over and patches in place (offsets, epochs): a bytearray, or a
+#: writable view of one (a Produce request's frame buffer, loglake.broker.receive), never copied.
+AppendBuffer = bytearray | memoryview
+
 
 @dataclass(frozen=True, slots=True)
 class AppendResult:

@@ -118,7 +118,10 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[st
                     ctx.schemas.check(name, part.records)  # a validated topic's records (schema ids)
                     # Never blocks the loop: the engine appends at once, or (memory short) on its
                     # own thread; this connection's next append waits until this one has offsets.
-                    assigned = engine.submit_batch(name, part.index, bytearray(part.records))
+                    # The records as received: a view of the frame's own buffer (loglake.broker.receive
+                    # gives Produce frames one), which the engine takes over uncopied; a read-only
+                    # view (a frame in bytes) it copies once.
+                    assigned = engine.submit_batch(name, part.index, part.records)
                     if assigned.done():
                         fut = assigned.result()
                     else:

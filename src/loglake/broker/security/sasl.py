@@ -71,7 +71,6 @@ from typing import TYPE_CHECKING, Protocol
 from loglake.broker.listeners import split_list
 from loglake.broker.off_loop import OffLoop
 from loglake.broker.protocol.api_keys import ApiKey
-from loglake.broker.protocol.framing import FrameDecoder
 from loglake.broker.security.login_throttle import LoginThrottle, Refusal
 from loglake.broker.security.oauthbearer import (
     OAUTHBEARER,
@@ -346,6 +345,12 @@ class LoginThrottled(SaslError):
         self.refusal = refusal
 
 
+class FrameLimit(Protocol):
+    """Where a connection applies its frame limit (`loglake.broker.receive.FrameReceiver`)."""
+
+    max_frame_bytes: int
+
+
 class SaslConn(Protocol):
     """What a SASL session uses of its connection (`loglake.broker.connection.Connection`)."""
 
@@ -364,7 +369,7 @@ class SaslConn(Protocol):
     def protocol_errors(self) -> dict[str, int]:
         """Connections closed for a protocol error, by kind (the broker's metrics)."""
     @property
-    def decoder(self) -> FrameDecoder: ...
+    def decoder(self) -> FrameLimit: ...
     @property
     def max_frame_bytes(self) -> int:
         """The frame limit once authenticated (max_frame_bytes: dynamic, so read when it applies)."""

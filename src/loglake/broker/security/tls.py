@@ -18,9 +18,10 @@ sent about a certificate (unknown_ca, bad_certificate, certificate_expired, ...)
 did not accept the broker's; a verification failure or a missing certificate on the broker's
 side means the broker did not accept the client's.
 
-SSL listeners accept through `start_tls_server`, whose `TlsStreamProtocol` keeps asyncio's
-stream protocol from answering "keep open" to an EOF that arrives over TLS before
-`StreamWriter.start_tls` has returned (asyncio logs a warning for that otherwise).
+An SSL listener accepts TCP like any other; `upgrade` runs the handshake (`loop.start_tls`) on
+the connection's `FrameReceiver` before its first Kafka byte is read, and marks it `over_tls` first,
+so that an EOF arriving with the client's last handshake flight closes instead of "keep open"
+(asyncio logs a warning for that over TLS).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ import asyncio
 import os
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
 from loglake.broker.listeners import PLAINTEXT, Listener
+from loglake.broker.receive import FrameReceiver
 from loglake.errors import ConfigError
 from loglake.logsafe import RateLimitedLog
 
@@ -189,48 +191,26 @@ def server_context(cert: str | None, key: str | None, password: str | None, ca: 
     return ctx
 
 
-class TlsStreamProtocol(asyncio.StreamReaderProtocol):
-    """asyncio's stream protocol for a connection `upgrade` turns into TLS.
-
-    StreamReaderProtocol answers an EOF with "keep open" unless it knows its transport is TLS,
-    and it learns that only when `StreamWriter.start_tls` returns. An EOF or close_notify that
-    comes with the client's last handshake flight is handled before that, and asyncio's
-    SSLProtocol logs "returning true from eof_received() has no effect when using ssl". Once
-    `upgrade` starts the handshake (`over_tls`), this one answers "close", as over TLS it must.
-    """
-
-    over_tls = False
-
-    def eof_received(self) -> bool:
-        keep_open = bool(super().eof_received())
-        return keep_open and not self.over_tls
-
-
-async def start_tls_server(
-    client_connected: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-    host: str, port: int, *, limit: int, start_serving: bool,
-) -> asyncio.Server:
-    """`asyncio.start_server` for an SSL listener: its connections get a `TlsStreamProtocol`."""
-    loop = asyncio.get_running_loop()
-
-    def factory() -> TlsStreamProtocol:
-        return TlsStreamProtocol(asyncio.StreamReader(limit=limit, loop=loop), client_connected, loop=loop)
-
-    return await loop.create_server(factory, host, port, start_serving=start_serving)
-
-
 async def upgrade(
-    writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper
+    receiver: FrameReceiver, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper
 ) -> str | None:
     """TLS handshake on an accepted connection before its first Kafka byte is read; fills
     `security` (version, cipher, peer DN, principal). None when it worked, else why not: one line
     for the log that names the cause (not TLS at all, TLS too old, the client certificate)."""
     where = f"the {security.listener.name} listener"
-    protocol = writer.transport.get_protocol()
-    if isinstance(protocol, TlsStreamProtocol):
-        protocol.over_tls = True
+    receiver.over_tls = True
+    transport = receiver.transport
+    assert transport is not None
+    # Until the TLS transport is there, the receiver pauses nothing: the TCP transport under the
+    # handshake is asyncio's TLS protocol's to read, and it may hand over a request before
+    # start_tls returns.
+    receiver.transport = None
+    tls: asyncio.Transport | None = None
     try:
-        await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+        tls = await asyncio.get_running_loop().start_tls(
+            transport, receiver, context, server_side=True,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S,
+        )
     except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
         why = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
         if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
@@ -248,7 +228,13 @@ async def upgrade(
         elif "CERTIFICATE" in text:
             hint = " (the client certificate was not accepted: untrusted, expired or missing)"
         return f"TLS handshake failed on {where}: {why}{hint}"
-    obj = writer.get_extra_info("ssl_object")
+    finally:
+        if tls is None:  # failed or cancelled: what the caller aborts
+            receiver.transport = transport
+    if tls is None:
+        return f"TLS handshake failed on {where}: the connection closed"
+    receiver.upgraded(tls)
+    obj = tls.get_extra_info("ssl_object")
     if obj is None:
         return None
     security.tls_version = obj.version()
@@ -265,20 +251,22 @@ async def upgrade(
 
 
 async def handshake_or_close(
-    writer: asyncio.StreamWriter, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper,
+    receiver: FrameReceiver, context: ssl.SSLContext, security: SecurityContext, mapper: PrincipalMapper,
     protocol_errors: dict[str, int], limited: RateLimitedLog,
 ) -> bool:
     """`upgrade` an accepted connection; False, with the connection closed, one rate-limited line
     (`limited`: the server's) and one more `tls_handshake` in `protocol_errors`, when that fails."""
-    failure = await upgrade(writer, context, security, mapper)
+    failure = await upgrade(receiver, context, security, mapper)
     if failure is None:
         return True
-    peer = writer.get_extra_info("peername")
+    transport = receiver.transport
+    assert transport is not None
+    peer = transport.get_extra_info("peername")
     shown = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
     protocol_errors["tls_handshake"] += 1
     limited.warning(("tls_handshake", str(peer[0]) if isinstance(peer, tuple) else shown), "closing %s: %s", shown, failure)
     try:
-        writer.transport.abort()
+        transport.abort()
     except Exception:  # already gone
         pass
     return False
@@ -290,10 +278,8 @@ __all__ = [
     "HANDSHAKE_TIMEOUT_S",
     "PrincipalMapper",
     "SecurityContext",
-    "TlsStreamProtocol",
     "handshake_or_close",
     "server_context",
-    "start_tls_server",
     "subject_dn",
     "upgrade",
 ]
