@@ -75,6 +75,7 @@ from loglake.broker.security.sasl import SASL_MAX_RECEIVE_BYTES, SaslSession
 from loglake.broker.security.tls import SecurityContext
 from loglake.broker.sniff import foreign_protocol, prefix_bytes
 from loglake.engine.types import FileRange
+from loglake.errors import EngineClosedError
 from loglake.kafka_errors import ErrorCode
 from loglake.logsafe import RateLimitedLog
 
@@ -281,7 +282,10 @@ class Connection:
                 buffers = await task
             except Exception as exc:
                 what = f"{api_name(req.api_key)} v{req.api_version}" if req else "request"
-                log.exception("closing %s: handling %s failed: %s", self.peer, what, exc)
+                if isinstance(exc, EngineClosedError):  # the broker is stopping under this request
+                    log.info("closing %s: %s not answered, the broker is stopping", self.peer, what)
+                else:
+                    log.exception("closing %s: handling %s failed: %s", self.peer, what, exc)
                 self.closing = True
                 self._drain_queue()
                 return
