@@ -71,6 +71,10 @@ class NoSuchGroup(CliError):
 def _known(remote: Remote, group: str) -> tuple[Any, dict[tuple[str, int], int]]:
     """The group's description and committed offsets; NoSuchGroup when the broker has no such group."""
     desc = _describe(remote, group)
+    # A share group's id has no consumer-group offsets to list: the broker answers
+    # GROUP_ID_NOT_FOUND (one group namespace), so it is looked for first
+    if _state(desc) == "DEAD" and remote_share.describe_share_group(remote, group) is not None:
+        raise NoSuchGroup(f"{group!r} is a share group, not a consumer group")
     committed = committed_offsets(remote, group)
     if _state(desc) == "DEAD" and not committed:
         raise NoSuchGroup(f"consumer group {group!r} does not exist")  # nor a share group, in `describe`

@@ -166,8 +166,12 @@ class ClusterPartitionLog:
         record = PlogLeader(topic_id, partition, old + 1, self.node_id)
         self.meta.append_if(record, guards, sets).result(COMMIT_WAIT_S)
         plog: Plog = self.meta.read(lambda s: s.plogs.part(bytes.fromhex(topic_id), partition))
-        if plog.epoch != old + 1:  # pragma: no cover - the guard and the record commit together
-            raise EngineFailedError(f"{topic_id}-{partition}: epoch {plog.epoch} after bumping to {old + 1}")
+        if plog.epoch != old + 1:
+            # Another broker's bump committed right after this one's and is applied here already:
+            # it leads now (an assignment two brokers computed from different live sets for a
+            # moment). Fenced, as if its bump had come first — not a failure to hand back for a while.
+            raise MetaFencedError(f"{topic_id}-{partition}: epoch {plog.epoch} after bumping to {old + 1}: "
+                                  "another broker acquired it since")
         with self._lock:
             self._leads[tp] = _Lead(plog.epoch, plog.end, plog.end)
         log.debug(
