@@ -165,42 +165,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 #: Seconds each of the longest groups took in a run of `make test` (per group, the sum of its
-#: tests' setup, call and teardown; 2 cores, commit 5eb7f19, on a machine other test runs shared,
-#: so every figure is about 3x a quiet run's), longest first. The scheduler starts these first:
+#: tests' setup, call and teardown; 2 cores, three workers, commit 028f873 on a quiet machine:
+#: 2,730 s of work in 937 s), longest first. The scheduler starts these first:
 #: a worker that picks up a long module near the end would run alone for its whole length while
-#: the other has finished. Only the order of the run depends on it: a stale or missing entry
+#: the others have finished. Only the order of the run depends on it: a stale or missing entry
 #: costs minutes, never a test. Refresh it from a run's junit XML with scripts/test_groups.py.
 GROUP_SECONDS: dict[str, float] = {
-    "spark": 1356,
-    "tests/test_cli_remote.py": 880,
-    "tests/test_cluster_faults.py": 386,
-    "tests/test_docs.py": 316,
-    "tests/test_cluster_netsplit.py": 275,
-    "tests/test_cluster_verify.py": 251,
-    "tests/test_broker_groups.py": 187,
-    "tests/test_broker_sasl_users.py": 183,
-    "tests/test_broker_restart.py": 176,
-    "tests/test_crash_process_kill.py": 168,
-    "tests/test_fetch_limits.py": 157,
-    "tests/test_broker_clients.py": 153,
-    "tests/test_cluster_health.py": 146,
-    "tests/test_cli_isolation.py": 142,
-    "tests/test_acked_end.py": 141,
-    "tests/test_compaction_crash.py": 131,
-    "tests/test_diskfull_broker.py": 117,
-    "tests/test_cli_command_config.py": 106,
-    "tests/test_serve_errors.py": 99,
-    "tests/test_cli_auth_errors.py": 98,
-    "tests/test_broker_quotas.py": 90,
-    "tests/test_cluster_serve.py": 86,
-    "tests/test_cli.py": 83,
-    "tests/test_config.py": 81,
-    "tests/test_meta_log.py": 81,
-    "tests/test_crash_sweep.py": 76,
-    "tests/test_txn_kill.py": 68,
-    "tests/test_cluster_racks.py": 66,
-    "tests/test_meta_etcd.py": 62,
-    "tests/test_meta_damage_serve.py": 60,
+    "spark": 525,
+    "tests/test_cli_remote.py": 210,
+    "tests/test_cluster_faults.py": 142,
+    "tests/test_docs.py": 129,
+    "tests/test_share_groups.py": 112,
+    "tests/test_broker_groups.py": 88,
+    "tests/test_broker_clients.py": 79,
+    "tests/test_broker_quotas.py": 79,
+    "tests/test_cluster_netsplit.py": 75,
+    "tests/test_fetch_limits.py": 66,
+    "tests/test_cluster_health.py": 58,
+    "tests/test_compaction_clients.py": 50,
+    "tests/test_compaction_crash.py": 42,
+    "tests/test_cluster_serve.py": 41,
+    "tests/test_broker_kip848.py": 41,
+    "tests/test_acked_end.py": 35,
+    "tests/test_broker_txn_clients.py": 30,
 }
 
 
