@@ -1,10 +1,13 @@
 """What the benchmark scripts share: loading a sibling benchmark as a module (their helpers, such
-as the disk limits and percentiles of disk_limits.py, are reused rather than copied)."""
+as the disk limits and percentiles of disk_limits.py, are reused rather than copied), and how a
+report goes out (`emit`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +25,14 @@ def load_benchmark(name: str) -> Any:
     sys.modules[module_name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def emit(doc: dict[str, Any], json_out: str | None, table: Callable[[dict[str, Any]], str]) -> None:
+    """A benchmark's report: its JSON document on stdout (and in `json_out` when given), then its
+    table on stderr after a blank line."""
+    text = json.dumps(doc, indent=2, default=str)
+    print(text)
+    if json_out:
+        Path(json_out).write_text(text + "\n")
+    print("", file=sys.stderr, flush=True)
+    print(table(doc), file=sys.stderr, flush=True)

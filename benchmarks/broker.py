@@ -57,7 +57,6 @@ What is measured (docs/PERFORMANCE.md, section "Broker"):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -74,7 +73,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import confluent_kafka  # noqa: E402
 
-from benchkit import load_benchmark  # noqa: E402
+from benchkit import emit, load_benchmark  # noqa: E402
 from disk_limits import device_write_bytes  # noqa: E402
 
 from brokerkit import Broker  # noqa: E402
@@ -537,12 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(doc, indent=2, default=str)
-    print(text)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n")
-    log("")
-    log(fmt_table(doc))
+    emit(doc, args.json_out, fmt_table)
     return 0
 
 

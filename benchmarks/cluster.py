@@ -32,7 +32,6 @@ are what the design fixes. Prints a JSON document on stdout and a table on stder
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -53,7 +52,7 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 import clusterkit  # noqa: E402 - the tests' harness: etcd, moto behind the proxy, brokers
-from benchkit import load_benchmark  # noqa: E402
+from benchkit import emit, load_benchmark  # noqa: E402
 
 broker_bench = load_benchmark("broker_client")  # the measuring side of broker.py
 pct = broker_bench.pct
@@ -372,12 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["targets"] = targets(doc)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n")
-    log("")
-    log(fmt_table(doc))
+    emit(doc, args.json_out, fmt_table)
     return 0
 
 

@@ -30,7 +30,6 @@ Prints a JSON document on stdout and a table on stderr.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import platform
@@ -48,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import clusterkit  # noqa: E402 - the tests' harness: etcd, brokers (here over a shared folder)
-from benchkit import load_benchmark  # noqa: E402
+from benchkit import emit, load_benchmark  # noqa: E402
 
 import brokerkit  # noqa: E402
 
@@ -291,12 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     # cores) and clients elsewhere: the ratio the servers' CPU allows, whatever else runs here.
     one, many = (r["server_cpu_us_per_record"] for r in doc["runs"])
     doc["ratio_if_servers_had_the_cores"] = round(args.brokers * one / many, 2)
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n")
-    log("")
-    log(fmt_table(doc))
+    emit(doc, args.json_out, fmt_table)
     return 0
 
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import shutil
 import statistics
@@ -63,7 +62,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from benchkit import load_benchmark  # noqa: E402
+from benchkit import emit, load_benchmark  # noqa: E402
 
 from brokerkit import Broker, free_port  # noqa: E402
 
@@ -602,12 +601,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     doc["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     doc["summary"] = summary(doc)
-    text = json.dumps(doc, indent=2)
-    print(text)
-    if args.json_out:
-        Path(args.json_out).write_text(text + "\n")
-    log("")
-    log(fmt_table(doc))
+    emit(doc, args.json_out, fmt_table)
     return 0
 
 
