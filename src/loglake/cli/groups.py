@@ -73,12 +73,20 @@ def _known(remote: Remote, group: str) -> tuple[Any, dict[tuple[str, int], int]]
     desc = _describe(remote, group)
     # A share group's id has no consumer-group offsets to list: the broker answers
     # GROUP_ID_NOT_FOUND (one group namespace), so it is looked for first
-    if _state(desc) == "DEAD" and remote_share.describe_share_group(remote, group) is not None:
+    if _state(desc) == "DEAD" and _is_share_group(remote, group):
         raise NoSuchGroup(f"{group!r} is a share group, not a consumer group")
     committed = committed_offsets(remote, group)
     if _state(desc) == "DEAD" and not committed:
         raise NoSuchGroup(f"consumer group {group!r} does not exist")  # nor a share group, in `describe`
     return desc, committed
+
+
+def _is_share_group(remote: Remote, group: str) -> bool:
+    """Whether the broker holds a share group of this id (a broker without share groups: no)."""
+    try:
+        return remote_share.describe_share_group(remote, group) is not None
+    except CliError:  # e.g. a broker that does not serve ShareGroupDescribe
+        return False
 
 
 def _type(listing: Any) -> str:
