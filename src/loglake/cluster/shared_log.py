@@ -95,7 +95,6 @@ COMMIT_WAIT_S = 60.0
 #: What cluster mode does not offer yet, and why (docs/CLUSTER.md): the engine refuses these
 #: with the feature's Kafka error code before this log is asked.
 REFUSED: Mapping[Feature, str] = {
-    Feature.TXN_OFFSETS: "offsets in transactions (sendOffsetsToTransaction) are not offered in cluster mode yet",
     Feature.TIERING: "cluster mode keeps every partition in the bucket: there is no tier to relocate to",
     Feature.LEADER_EPOCH_BUMP: "leader epochs move with leadership in cluster mode",
     Feature.LOCAL_SEGMENTS: "cluster mode keeps no segment files on a broker (they are in the bucket)",

@@ -24,6 +24,15 @@ gives it two collaborators (docs/TRANSACTIONS.md, docs/CLUSTER.md):
   the marker again (two markers of one transaction are harmless, as after a single node's crash);
   a coordinator that dies is replaced by one that loads the prepare record and waits again.
 
+* `GroupTxnOffsets` — offsets in transactions (TxnOffsetCommit), which the client sends to the
+  group's coordinator, not the transaction's. The group's coordinator checks the transaction's
+  recorded state (ongoing, this producer id and epoch, the group added by AddOffsetsToTxn) and
+  stages the offsets in etcd under `txn/offsets/<tid hex>/<group hex>`; when the transaction's
+  prepare record names the group, the broker that coordinates the group commits the staged
+  offsets through its group coordinator (prepare_commit) or drops them (prepare_abort), then
+  reports `txn/markers/<attempt>/group.<group hex>`, which the transaction's coordinator waits
+  for beside the partitions' markers — Kafka's markers on `__consumer_offsets`, through etcd.
+
 A partition's open and aborted transactions are the metadata's (`txn` records applied on every
 broker, loglake.meta.txn), so the last stable offset and read_committed fetches are the same on
 every broker, read replicas included, and survive any leader change.
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import threading
 import time
@@ -41,7 +51,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from loglake.broker.txn.coordinator import Marker, Txn, TxnMarkers, TxnStore
+from loglake.broker.txn.coordinator import (
+    TXN_OFFSETS_PER_GROUP_MAX,
+    ApplyOffsets,
+    Marker,
+    PartKey,
+    Txn,
+    TxnMarkers,
+    TxnOffsetRows,
+    TxnStore,
+)
 from loglake.cluster import etcd_client as ec
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.shared_log import SharedPartitionLog
@@ -49,6 +68,7 @@ from loglake.engine import Engine
 from loglake.engine.types import AppendResult
 from loglake.engine.view import ClusterView
 from loglake.errors import LoglakeError, MetaFencedError
+from loglake.kafka_errors import ErrorCode as E
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc, RecordKind, TxnRecord
 from loglake.meta.state import MetaState
@@ -61,16 +81,21 @@ __all__ = [
     "CLAIM_KEY_PREFIX",
     "MARKERS_PREFIX",
     "MARKERS_WAIT_S",
+    "OFFSETS_PREFIX",
     "EtcdTxnMarkers",
     "FencedTxnStore",
+    "GroupTxnOffsets",
     "LeaderMarkers",
     "txn_backend",
 ]
 
 #: Claim keys of transactional ids (relative to the cluster prefix); one per id ever coordinated.
 CLAIM_KEY_PREFIX = "txn/coordinator/"
-#: Where leaders report the markers they appended: <attempt>/<topic id hex>.<partition> = offset.
+#: Where leaders report the markers they appended: <attempt>/<topic id hex>.<partition> = offset
+#: (and groups' coordinators the offsets they committed: <attempt>/group.<group hex> = 0).
 MARKERS_PREFIX = "txn/markers/"
+#: Offsets of transactions staged by their groups' coordinators: <tid hex>/<group hex> = JSON.
+OFFSETS_PREFIX = "txn/offsets/"
 #: Claims put by one etcd transaction at load (etcd's --max-txn-ops default is 128).
 CLAIMS_PER_TXN_MAX = 100
 #: How long a txn write waits for its claim and commit before failing (the client retries).
@@ -186,10 +211,13 @@ class LeaderMarkers:
     """Appends the markers of prepared transactions to the partitions this broker leads (a
     thread; see the module doc)."""
 
-    def __init__(self, engine: Engine, plog: SharedPartitionLog, etcd: EtcdMetaStore) -> None:
+    def __init__(self, engine: Engine, plog: SharedPartitionLog, etcd: EtcdMetaStore,
+                 groups: GroupTxnOffsets | None = None) -> None:
         self.engine = engine
         self.plog = plog
         self.etcd = etcd
+        #: the groups' side: their staged offsets committed or dropped as prepare records name them
+        self.groups = groups
         self._wake = threading.Event()
         self._stop = threading.Event()
         #: <attempt>/<topic id>.<partition> whose marker is known to be written
@@ -261,6 +289,8 @@ class LeaderMarkers:
             return [dict(b) for b in s.txns.values() if b.get("attempt") and parse_txn_state(b["state"]) in PREPARE_STATES]
 
         due = self.etcd.read(prepared)
+        if self.groups is not None and any(b.get("groups") for b in due):
+            self.groups.run_once([b for b in due if b.get("groups")])
         attempts = {str(b["attempt"]) for b in due}
         with self._lock:
             self._done = {n for n in self._done if n.split("/", 1)[0] in attempts}
@@ -319,15 +349,121 @@ class LeaderMarkers:
             self._done.add(name)
 
 
+def group_report(attempt: str, group: str) -> str:
+    """The marker report name of a group's offsets in the transaction ending as `attempt`."""
+    return f"{attempt}/group.{group.encode().hex()}"
+
+
+class GroupTxnOffsets:
+    """The group side of offsets in transactions on a cluster broker (see the module doc):
+    stages TxnOffsetCommit's offsets in etcd, and commits or drops them when the transaction's
+    prepare record names a group this broker coordinates."""
+
+    def __init__(self, engine: Engine, etcd: EtcdMetaStore) -> None:
+        self.engine = engine
+        self.etcd = etcd
+        self.view = engine.view
+        self.apply: ApplyOffsets | None = None
+        self._lock = threading.Lock()
+        #: (tid, group) -> partitions staged here and not applied or dropped yet (KIP-447's pending)
+        self._staged: dict[tuple[str, str], set[PartKey]] = {}
+
+    def key(self, tid: str, group: str) -> bytes:
+        return self.etcd.keys.key(f"{OFFSETS_PREFIX}{tid.encode().hex()}/{group.encode().hex()}")
+
+    def stage(self, tid: str, pid: int, epoch: int, group: str, offsets: TxnOffsetRows) -> dict[PartKey, int]:
+        """Blocking (etcd): check the transaction's recorded state, then merge `offsets` into what
+        is staged for (tid, group); their codes."""
+        keys = [(t, p) for t, p, *_ in offsets]
+        self.etcd.sync()  # AddOffsetsToTxn's record, written by the transaction's coordinator
+        b: JsonDoc = self.etcd.read(lambda s: dict(s.txns.get(tid) or {}))
+        if not b or int(b["pid"]) != pid:
+            return dict.fromkeys(keys, E.INVALID_PRODUCER_ID_MAPPING)
+        if int(b["epoch"]) != epoch:
+            return dict.fromkeys(keys, E.INVALID_PRODUCER_EPOCH)
+        if parse_txn_state(b["state"]) is not TxnState.ONGOING or group not in (b.get("groups") or []):
+            return dict.fromkeys(keys, E.INVALID_TXN_STATE)  # AddOffsetsToTxn comes first
+        key = self.key(tid, group)
+        kv, _ = self.etcd.client.get(key)
+        doc = json.loads(kv.value) if kv is not None else {}
+        rows: dict[PartKey, list[object]] = {}
+        if doc.get("pid") == pid and doc.get("epoch") == epoch:  # an earlier transaction's are stale
+            rows = {(str(t), int(p)): list(r) for t, p, *r in doc.get("rows") or ()}
+        out: dict[PartKey, int] = {}
+        for t, p, offset, leader_epoch, metadata in offsets:
+            if not self.engine.has_topic(t):
+                out[(t, p)] = E.UNKNOWN_TOPIC_OR_PARTITION
+            elif len(rows) >= TXN_OFFSETS_PER_GROUP_MAX and (t, p) not in rows:
+                out[(t, p)] = E.INVALID_REQUEST
+            else:
+                rows[(t, p)] = [offset, leader_epoch, metadata or ""]
+                out[(t, p)] = E.NONE
+        body = {"pid": pid, "epoch": epoch, "rows": [[t, p, *r] for (t, p), r in rows.items()]}
+        self.etcd.client.put(key, json.dumps(body).encode())
+        with self._lock:
+            self._staged.setdefault((tid, group), set()).update(k for k, code in out.items() if code == E.NONE)
+        return out
+
+    def pending(self, group: str) -> set[PartKey]:
+        with self._lock:
+            return {k for (_tid, g), keys in self._staged.items() if g == group for k in keys}
+
+    def run_once(self, due: list[dict[str, Any]]) -> int:
+        """Commit or drop the staged offsets of prepared transactions' groups this broker
+        coordinates, and report each; how many groups were done."""
+        done = 0
+        client = self.etcd.client
+        base = self.etcd.keys.key(MARKERS_PREFIX)
+        for b in due:
+            commit = parse_txn_state(b["state"]) is TxnState.PREPARE_COMMIT
+            tid, pid, epoch = str(b["tid"]), int(b["pid"]), int(b["epoch"])
+            for group in b.get("groups") or ():
+                if self.view.coordinator_of(group) != self.view.node_id:
+                    continue
+                report = base + group_report(str(b["attempt"]), group).encode()
+                kv, _ = client.get(report)
+                if kv is not None:
+                    continue  # done already (by this broker or the group's previous coordinator)
+                key = self.key(tid, group)
+                staged, _ = client.get(key)
+                doc = json.loads(staged.value) if staged is not None else {}
+                rows: TxnOffsetRows = [
+                    (str(t), int(p), int(o), int(e), str(m)) for t, p, o, e, m in doc.get("rows") or ()
+                ] if doc.get("pid") == pid and doc.get("epoch") == epoch else []  # fmt: skip
+                if commit and rows:
+                    if self.apply is None:
+                        raise LoglakeError("the group coordinator is not attached yet")
+                    self.apply(group, rows)
+                client.put(report, b"0")
+                client.delete_range(key)
+                with self._lock:
+                    self._staged.pop((tid, group), None)
+                done += 1
+        return done
+
+
 class EtcdTxnMarkers:
     """The `TxnMarkers` of a cluster coordinator: waits for the leaders' reports (module doc)."""
 
-    def __init__(self, engine: Engine, etcd: EtcdMetaStore, leaders: LeaderMarkers, store: FencedTxnStore) -> None:
+    def __init__(self, engine: Engine, etcd: EtcdMetaStore, leaders: LeaderMarkers, store: FencedTxnStore,
+                 groups: GroupTxnOffsets) -> None:
         self.engine = engine
         self.etcd = etcd
         self.leaders = leaders
         self.store = store
+        self.groups = groups
         self._cleaner = ThreadPoolExecutor(1, thread_name_prefix="loglake-txn-markers-gc")
+
+    async def stage_offsets(self, tid: str, pid: int, epoch: int, group: str,
+                            offsets: TxnOffsetRows) -> dict[PartKey, int] | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, self.groups.stage, tid, pid, epoch, group, offsets)
+
+    def attach(self, apply: ApplyOffsets) -> None:
+        self.groups.apply = apply
+
+    def pending_offsets(self, group: str) -> set[PartKey]:
+        return self.groups.pending(group)
 
     def _prefix(self, txn: Txn) -> bytes:
         return self.etcd.keys.key(f"{MARKERS_PREFIX}{txn.attempt}/")
@@ -339,6 +475,7 @@ class EtcdTxnMarkers:
         loop = asyncio.get_running_loop()
         prefix = self._prefix(txn)
         want = {f"{tid_hex}.{index}": (tid_hex, index) for (_n, index), (tid_hex, _f) in txn.parts.items()}
+        groups = {group_report(txn.attempt, g)[len(txn.attempt) + 1 :] for g in txn.groups}
         deadline = time.monotonic() + MARKERS_WAIT_S
         while True:
             kvs, _ = await loop.run_in_executor(None, self.etcd.client.range_all, prefix, ec.prefix_end(prefix))
@@ -346,13 +483,13 @@ class EtcdTxnMarkers:
             missing = [
                 n for n, (tid_hex, index) in want.items()
                 if n not in got and self.engine.log_end(bytes.fromhex(tid_hex), index) is not None
-            ]  # fmt: skip
+            ] + sorted(groups - set(got))  # fmt: skip
             if not missing:
                 return [(tid_hex, index, got[n]) for n, (tid_hex, index) in want.items() if got.get(n, -1) >= 0]
             if time.monotonic() > deadline:
                 raise LoglakeError(
-                    f"transaction of {txn.tid!r}: no marker on {len(missing)} partition(s) after {MARKERS_WAIT_S:.0f} s "
-                    f"(e.g. {missing[0]}: no live leader?)"
+                    f"transaction of {txn.tid!r}: no marker on {len(missing)} partition(s) or group(s) after "
+                    f"{MARKERS_WAIT_S:.0f} s (e.g. {missing[0]}: no live leader or coordinator?)"
                 )
             await asyncio.sleep(MARKER_POLL_S)
 
@@ -378,8 +515,9 @@ def txn_backend(etcd: EtcdMetaStore, view: ClusterView, plog: SharedPartitionLog
 
     def make(engine: Engine) -> tuple[TxnStore, TxnMarkers]:
         store = FencedTxnStore(etcd, view)
-        leaders = LeaderMarkers(engine, plog, etcd)
+        groups = GroupTxnOffsets(engine, etcd)
+        leaders = LeaderMarkers(engine, plog, etcd, groups)
         leaders.start()
-        return store, EtcdTxnMarkers(engine, etcd, leaders, store)
+        return store, EtcdTxnMarkers(engine, etcd, leaders, store, groups)
 
     return make

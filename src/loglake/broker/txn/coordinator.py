@@ -64,11 +64,13 @@ __all__ = [
     "EPOCH_MAX",
     "RELOAD_RETRY_S",
     "TXN_PARTITIONS_MAX",
+    "ApplyOffsets",
     "EngineMarkers",
     "Txn",
     "TxnBackend",
     "TxnCoordinator",
     "TxnMarkers",
+    "TxnOffsetRows",
     "TxnSettings",
     "TxnStore",
 ]
@@ -77,6 +79,8 @@ __all__ = [
 EPOCH_MAX = 32766
 #: Most partitions one transaction may span.
 TXN_PARTITIONS_MAX = 100_000
+#: How long a markers thread waits for the broker's loop to commit a transaction's offsets.
+APPLY_WAIT_S = 30.0
 #: Most groups (and offsets per group) one transaction may commit offsets to.
 TXN_GROUPS_MAX = 1_000
 TXN_OFFSETS_PER_GROUP_MAX = 100_000
@@ -174,8 +178,31 @@ class TxnStore(Protocol):
         ...
 
 
+#: A transaction's offsets of one group as TxnOffsetCommit gives them: (topic, partition, offset,
+#: leader epoch, metadata).
+TxnOffsetRows = list[tuple[str, int, int, int, str | None]]
+#: Commits a committed transaction's offsets of one group through this broker's group
+#: coordinator (blocking: it runs the coordinator's write on the broker's loop).
+ApplyOffsets = Callable[[str, TxnOffsetRows], None]
+
+
 class TxnMarkers(Protocol):
-    """How a transaction's COMMIT / ABORT markers reach its partitions."""
+    """How a transaction's COMMIT / ABORT markers reach its partitions — and its offsets their
+    groups, as Kafka's markers reach the groups' __consumer_offsets partitions."""
+
+    async def stage_offsets(self, tid: str, pid: int, epoch: int, group: str,
+                            offsets: TxnOffsetRows) -> dict[PartKey, int] | None:
+        """TxnOffsetCommit at the group's coordinator: keep the offsets until the transaction
+        ends (their codes), or None when the transaction's coordinator keeps them (a single node)."""
+        ...
+
+    def attach(self, apply: ApplyOffsets) -> None:
+        """How this broker commits the staged offsets of the groups it coordinates."""
+        ...
+
+    def pending_offsets(self, group: str) -> set[PartKey]:
+        """Partitions of `group` with offsets staged here by a transaction not ended yet."""
+        ...
 
     async def write(self, txn: Txn, commit: bool) -> list[Marker]:
         """Append the markers of `txn` (in its prepare state) to each of its partitions and wait
@@ -190,10 +217,21 @@ class TxnMarkers(Protocol):
 
 
 class EngineMarkers:
-    """Markers appended by this broker's engine (a single node leads every partition)."""
+    """Markers appended by this broker's engine (a single node leads every partition); the
+    transaction's offsets stay with its coordinator (`Txn.offsets`), which is every group's."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    async def stage_offsets(self, tid: str, pid: int, epoch: int, group: str,
+                            offsets: TxnOffsetRows) -> dict[PartKey, int] | None:
+        return None
+
+    def attach(self, apply: ApplyOffsets) -> None:
+        return None
+
+    def pending_offsets(self, group: str) -> set[PartKey]:
+        return set()
 
     async def write(self, txn: Txn, commit: bool) -> list[Marker]:
         pending = []
@@ -279,6 +317,11 @@ class TxnCoordinator:
             loop.call_soon_threadsafe(self.moved)
 
         self.view.on_change(changed)
+
+        def apply(group: str, rows: TxnOffsetRows) -> None:  # a markers thread's: the write runs on the loop
+            asyncio.run_coroutine_threadsafe(self._apply_offsets(group, rows), loop).result(APPLY_WAIT_S)
+
+        self.markers.attach(apply)
         await self.start_once()
         self._sweeper = asyncio.create_task(self._sweep_loop())
 
@@ -579,9 +622,12 @@ class TxnCoordinator:
             return E.NONE
 
     async def txn_offset_commit(
-        self, tid: str, pid: int, epoch: int, group: str, offsets: list[tuple[str, int, int, int, str | None]]
+        self, tid: str, pid: int, epoch: int, group: str, offsets: TxnOffsetRows
     ) -> dict[PartKey, int]:
         keys = [(t, p) for t, p, *_ in offsets]
+        staged = await self.markers.stage_offsets(tid, pid, epoch, group, offsets)
+        if staged is not None:  # the group's coordinator keeps them (cluster mode)
+            return staged
         if (gated := self.gate(tid)) != E.NONE:
             return dict.fromkeys(keys, gated)
         code, txn = self._check(tid, pid, epoch, E.INVALID_PRODUCER_EPOCH)
@@ -718,10 +764,16 @@ class TxnCoordinator:
             return E.INVALID_TXN_STATE
         return E.NONE
 
+    async def _apply_offsets(self, group: str, items: TxnOffsetRows) -> None:
+        groups = self._group_coordinator() if self._group_coordinator is not None else None
+        if groups is None:
+            raise LoglakeError(f"no group coordinator to commit the transaction's offsets of {group!r} with")
+        await groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
+
     def pending_offsets(self, group: str) -> set[PartKey]:
         """Partitions with offsets of `group` in a transaction not yet complete (KIP-447: an
         OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
-        out: set[PartKey] = set()
+        out: set[PartKey] = self.markers.pending_offsets(group)
         for txn in self.txns.values():
             if txn.state in OPEN_STATES and group in txn.offsets:
                 out.update(txn.offsets[group])
