@@ -49,13 +49,22 @@ async def send_file_range(conn: FileSink, buf: FileRange) -> None:
             if conn.security.listener.tls or not _sendfile_works[0]:
                 await _buffered(conn, fh.fileno(), buf)
             else:
+                transport = conn.writer.transport
                 try:
-                    await loop.sendfile(conn.writer.transport, fh, buf.position, buf.length)
+                    if transport.is_closing():  # closed while the file was opened off the loop
+                        raise ConnectionResetError("connection closed")
+                    await loop.sendfile(transport, fh, buf.position, buf.length)
                 except NotImplementedError:
                     # uvloop has no loop.sendfile (it raises before sending a byte): copy through
                     # user space from now on, as on TLS.
                     _sendfile_works[0] = False
                     await _buffered(conn, fh.fileno(), buf)
+                except RuntimeError as exc:  # after NotImplementedError, its subclass
+                    # asyncio says a transport closed under sendfile with a RuntimeError
+                    # ("Transport is closing"): it is the connection going, as a write would say.
+                    if not transport.is_closing():
+                        raise
+                    raise ConnectionResetError("connection closed") from exc
         finally:
             fh.close()
     except OSError as exc:
