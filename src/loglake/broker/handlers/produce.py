@@ -36,7 +36,13 @@ from loglake.broker.handlers.errors import (
 )
 from loglake.broker.overload import produce_throttle_ms
 from loglake.broker.protocol import DecodedRequest
-from loglake.broker.protocol.produce import RECORD_ERRORS_FROM, ProduceRequestData
+from loglake.broker.protocol.produce import (
+    RECORD_ERRORS_FROM,
+    ProducePartitionResponse,
+    ProduceRequestData,
+    ProduceResponseData,
+    ProduceTopicResponse,
+)
 from loglake.broker.security.authorized import TOPIC, TRANSACTIONAL_ID, AclOperation, check, denied
 from loglake.engine.types import AppendResult
 from loglake.errors import InvalidRecordError, LoglakeError
@@ -69,21 +75,24 @@ def _partition_response(
     result: AppendResult | None,
     message: str | None = None,
     record_errors: tuple[tuple[int, str], ...] = (),
-) -> dict[str, object]:
-    if version < RECORD_ERRORS_FROM:
-        record_errors = ()  # no such field before v8 (nor error_message, which the encoder leaves out)
-    return {
-        "index": index,
-        "error_code": code,
-        "base_offset": result.base_offset if result else -1,
-        "log_append_time_ms": result.log_append_time if result else -1,
-        "log_start_offset": result.log_start_offset if result else -1,
-        "record_errors": [{"batch_index": i, "batch_index_error_message": m} for i, m in record_errors],
-        "error_message": message,
-    }
+) -> ProducePartitionResponse:
+    if result is None:
+        base_offset = log_append_time = log_start_offset = -1
+    else:
+        base_offset, log_append_time, log_start_offset = result.base_offset, result.log_append_time, result.log_start_offset
+    return ProducePartitionResponse(
+        index,
+        code,
+        base_offset,
+        log_append_time,
+        log_start_offset,
+        # no such fields before v8 (the encoder leaves them out)
+        list(record_errors) if version >= RECORD_ERRORS_FROM else [],
+        message,
+    )
 
 
-async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[str, object] | None:
+async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> ProduceResponseData | None:
     body: ProduceRequestData = req.body
     engine = ctx.engine
     pending: list[Pending] = []
@@ -147,7 +156,7 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[st
         wait.add_done_callback(_retrieve)
     if waits:
         await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
-    responses: dict[str | None, list[dict[str, object]]] = {}
+    responses: dict[str | None, list[ProducePartitionResponse]] = {}
     for name, index, appended, code, message, record_errors in pending:
         result = None
         if appended is not None:
@@ -158,10 +167,7 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> dict[st
             else:
                 result = appended.result()
         responses.setdefault(name, []).append(_partition_response(req.api_version, index, code, result, message, record_errors))
-    return {
-        "responses": [{"name": n, "partition_responses": parts} for n, parts in responses.items()],
-        "throttle_time_ms": throttle_ms,
-    }
+    return ProduceResponseData([ProduceTopicResponse(n, parts) for n, parts in responses.items()], throttle_ms)
 
 
 def _retrieve(wait: asyncio.Future[AppendResult]) -> None:

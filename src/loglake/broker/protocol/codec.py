@@ -36,13 +36,19 @@ from loglake.broker.protocol.errors import (
 from loglake.broker.protocol.fetch import FetchResponseData, OutBuffer, encode_fetch_response
 from loglake.broker.protocol.kafka_types import KafkaField, KafkaStruct
 from loglake.broker.protocol.messages import make_response, request_class, response_class
-from loglake.broker.protocol.produce import ProduceRequestData, decode_produce_body
+from loglake.broker.protocol.produce import (
+    ProduceRequestData,
+    ProduceResponseData,
+    decode_produce_body,
+    encode_produce_response,
+)
 from loglake.broker.protocol.versions import DEFAULT_TABLE, VersionTable
 from loglake.kafka_errors import ErrorCode
 
 #: A response as a handler gives it to `encode_response`: a mapping of its fields (the usual
-#: form), a kafka-python response object, or Fetch's FetchResponseData.
-Response = Mapping[str, object] | FetchResponseData | KafkaStruct
+#: form), a kafka-python response object, or Fetch's FetchResponseData and Produce's
+#: ProduceResponseData (the hot paths, encoded without kafka-python's objects).
+Response = Mapping[str, object] | FetchResponseData | ProduceResponseData | KafkaStruct
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +308,8 @@ def encode_response(req: DecodedRequest, response: Response) -> list[OutBuffer]:
     """The framed response to `req` as buffers to write in order.
 
     `response` is a kafka-python response object for ``req.api_key`` (its version is forced to
-    ``req.api_version``), a mapping of its fields, or for Fetch a `FetchResponseData`.
+    ``req.api_version``), a mapping of its fields, or for Fetch a `FetchResponseData` and for
+    Produce a `ProduceResponseData`.
     """
     if isinstance(response, FetchResponseData):
         if req.api_key != ApiKey.FETCH:
@@ -311,6 +318,13 @@ def encode_response(req: DecodedRequest, response: Response) -> list[OutBuffer]:
             return encode_fetch_response(req.correlation_id, req.api_version, response)
         except (struct.error, TypeError, ValueError, AttributeError) as e:
             raise ResponseEncodingError(f"FetchResponse v{req.api_version}: {e}") from e
+    if isinstance(response, ProduceResponseData):
+        if req.api_key != ApiKey.PRODUCE:
+            raise ResponseEncodingError(f"ProduceResponseData answering api key {req.api_key}")
+        try:
+            return [encode_produce_response(req.correlation_id, req.api_version, response)]
+        except (struct.error, TypeError, ValueError, AttributeError, OverflowError, UnicodeEncodeError) as e:
+            raise ResponseEncodingError(f"ProduceResponse v{req.api_version}: {e}") from e
     if isinstance(response, Mapping):
         response = make_response(req.api_key, req.api_version, response)
     cls = response_class(req.api_key)
