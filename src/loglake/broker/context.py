@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+from loglake.broker.completions import LoopCompletions
 from loglake.broker.config import BrokerConfig
 from loglake.broker.config_store import ConfigStore
 from loglake.broker.conn import Conn
@@ -98,6 +99,8 @@ class BrokerContext:
     share: ShareCoordinator
     #: validated topics' produced records against the schema registry (confluent.*.schema.validation)
     schemas: SchemaValidator
+    #: Futures the engine's threads complete (appends made durable), delivered to the loop in batches.
+    completions: LoopCompletions
 
     @property
     def node_id(self) -> int:
@@ -213,6 +216,7 @@ async def build_context(
         quota_store=quota_store,
         share=share_coordinator(config, engine, group_configs, share_store),
         schemas=SchemaValidator(engine),
+        completions=LoopCompletions(asyncio.get_running_loop()),
     )
 
 

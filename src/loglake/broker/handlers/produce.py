@@ -23,6 +23,7 @@ import asyncio
 import time
 from concurrent.futures import Future
 
+from loglake.broker.completions import Countdown
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
@@ -149,13 +150,14 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> Produce
     throttle_ms = max(throttle_ms, ctx.quotas.produce(conn, req))
     if body.acks == 0:
         return None
-    waits = [asyncio.wrap_future(entry[2]) for entry in pending if entry[2] is not None]
-    for wait in waits:
-        # The answer reads the engine's future; the asyncio wrapper's error (a full disk, maybe
-        # after timeout_ms) is retrieved here so that asyncio does not log it as lost.
-        wait.add_done_callback(_retrieve)
-    if waits:
-        await asyncio.wait(waits, timeout=max(body.timeout_ms, 1) / 1000.0)
+    appends = [entry[2] for entry in pending if entry[2] is not None]
+    if appends:
+        # One asyncio future and one timer for the request; the WAL thread's completions reach
+        # the loop batched (loglake.broker.completions), not one wakeup per partition.
+        countdown = Countdown(asyncio.get_running_loop(), len(appends))
+        for durable in appends:
+            ctx.completions.watch(durable, countdown.one_done)
+        await countdown.wait(max(body.timeout_ms, 1) / 1000.0)
     responses: dict[str | None, list[ProducePartitionResponse]] = {}
     for name, index, appended, code, message, record_errors in pending:
         result = None
@@ -168,8 +170,3 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> Produce
                 result = appended.result()
         responses.setdefault(name, []).append(_partition_response(req.api_version, index, code, result, message, record_errors))
     return ProduceResponseData([ProduceTopicResponse(n, parts) for n, parts in responses.items()], throttle_ms)
-
-
-def _retrieve(wait: asyncio.Future[AppendResult]) -> None:
-    if not wait.cancelled():
-        wait.exception()
