@@ -168,6 +168,9 @@ def test_register_show_check_export_and_import(brokers: tuple[Served, Served, Se
     # importing into a registry that holds subjects needs --force (Confluent's IMPORT mode)
     error, hint = refused(schemas("import", str(out), url=t))
     assert "Cannot import since found existing subjects" in error and "--force" in hint
+    ok(schemas("import", str(out), "--force", url=t))  # run again: nothing registered twice
+    again = state_of(t)
+    assert again.versions.pop(("users-value", 3)).schema_id == 8 and again.versions == before.versions
 
     # to a _schemas topic, and from it into a third registry
     bootstrap = source.broker.bootstrap

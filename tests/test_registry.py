@@ -187,6 +187,8 @@ def test_import_mode_keeps_given_ids_and_versions(engine: Engine) -> None:
     assert [(v["version"], v["id"]) for v in (r.version("s", "3"), r.version("s", "7"), r.version("t", "1"))] == [
         (3, 10), (7, 12), (1, 10)
     ]
+    r.delete_version("t", "1", permanent=False)
+    assert r.register("t", imported(avro_record(NAME, AGE), 10, 1)) == {"id": 10}  # replayed over its soft delete
     cases = [
         (imported(avro_record(AGE_DEFAULT), 12, 8), RegistryErrorCode.ID_DOES_NOT_MATCH),  # id of another schema
         (imported(avro_record(NAME, AGE), 13, 8), RegistryErrorCode.ID_DOES_NOT_MATCH),  # the schema is id 10

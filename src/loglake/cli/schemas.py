@@ -462,8 +462,8 @@ class State:
 
     def records(self) -> list[Record]:
         """The state as `_schemas` records: configs, modes, then versions in replay order."""
-        out: list[Record] = [(config_key(s), {"compatibilityLevel": c}) for s, c in self.configs.items()]
-        out += [(mode_key(s), {"mode": m}) for s, m in self.modes.items()]
+        out: list[Record] = [(config_key(subject), {"compatibilityLevel": c}) for subject, c in self.configs.items()]
+        out += [(mode_key(subject), {"mode": m}) for subject, m in self.modes.items()]
         out += [(schema_key(v.subject, v.version), v.value()) for v in replay_order(self.versions.values())]
         return out
 
@@ -624,7 +624,7 @@ def _produce(bootstrap: str, topic: str, records: list[Record]) -> None:
     left = p.flush(REMOTE_TIMEOUT_S * 3)
     if failures or left:
         raise CliError(
-            f"produce to {topic} failed: {failures[0] if failures else f'{left} records not acknowledged'}",
+            f"produce to {topic} failed: {failures[0] if failures else plural(left, 'record') + ' not acknowledged'}",
             hint="is the broker up, and may this principal write to the topic?",
         )
 

@@ -306,6 +306,9 @@ class SchemaRegistry:
                             raise _id_taken(i, req.schema_id)
                         return i, None, mode, self.level(t, subject), live
                 versions = t.subjects.get(subject, {})
+                held = versions.get(req.version) if req.version is not None else None
+                if held is not None and t.schemas[held.schema_id] == stored and req.schema_id in (None, held.schema_id):
+                    return held.schema_id, None, mode, self.level(t, subject), live  # imported before (soft-deleted since)
                 newest = max(versions) if versions else 0
                 if not importing:
                     return t.ids.get(stored, t.next_id), newest + 1, mode, self.level(t, subject), live
