@@ -162,6 +162,72 @@ def test_config_mode_and_the_level_they_choose(engine: Engine) -> None:
     assert r.delete_mode("s") == {"mode": "READONLY"} and r.get_mode("s", True) == {"mode": "READWRITE"}
 
 
+def imported(text: str, schema_id: int | None = None, version: int | None = None) -> RegisterRequest:
+    return RegisterRequest(SchemaType.AVRO, text, (), schema_id, version)
+
+
+def test_import_mode_keeps_given_ids_and_versions(engine: Engine) -> None:
+    """Confluent's IMPORT mode: a registration naming its id and version keeps them (no
+    compatibility check: a history is replayed as it was), only in IMPORT mode; a plain one is
+    refused there; IMPORT needs an empty registry or force; new ids go on above the imported."""
+    r = registry_of(engine)
+    r.register("live", avro(avro_record(NAME)))
+    with pytest.raises(RegistryError) as exc:  # given an id outside IMPORT mode
+        r.register("s", imported(avro_record(AGE), 10, 1))
+    assert exc.value.code is RegistryErrorCode.OPERATION_NOT_PERMITTED and "not in import mode" in exc.value.message
+    with pytest.raises(RegistryError) as exc:  # a registry holding subjects
+        r.set_mode("", {"mode": "IMPORT"})
+    assert exc.value.code is RegistryErrorCode.OPERATION_NOT_PERMITTED
+    assert r.set_mode("s", {"mode": "IMPORT"}) == {"mode": "IMPORT"}  # an empty subject may
+    assert r.set_mode("", {"mode": "IMPORT"}, force=True) == {"mode": "IMPORT"}
+    assert r.register("s", imported(avro_record(NAME, AGE), 10, 3)) == {"id": 10}
+    assert r.register("s", imported(avro_record(AGE), 12, 7)) == {"id": 12}  # incompatible: not checked
+    assert r.register("s", imported(avro_record(AGE), 12, 7)) == {"id": 12}  # a replay: the same answer
+    assert r.register("t", imported(avro_record(NAME, AGE), 10, 1)) == {"id": 10}  # the id's own schema
+    assert [(v["version"], v["id"]) for v in (r.version("s", "3"), r.version("s", "7"), r.version("t", "1"))] == [
+        (3, 10), (7, 12), (1, 10)
+    ]
+    r.delete_version("t", "1", permanent=False)
+    assert r.register("t", imported(avro_record(NAME, AGE), 10, 1)) == {"id": 10}  # replayed over its soft delete
+    cases = [
+        (imported(avro_record(AGE_DEFAULT), 12, 8), RegistryErrorCode.ID_DOES_NOT_MATCH),  # id of another schema
+        (imported(avro_record(NAME, AGE), 13, 8), RegistryErrorCode.ID_DOES_NOT_MATCH),  # the schema is id 10
+        (imported(avro_record(AGE_DEFAULT), 5, 8), RegistryErrorCode.ID_DOES_NOT_MATCH),  # below the next free id
+        (imported(avro_record(AGE_DEFAULT), 20, 6), RegistryErrorCode.INVALID_VERSION),  # not above version 7
+        (avro(avro_record(AGE_DEFAULT)), RegistryErrorCode.OPERATION_NOT_PERMITTED),  # no id in IMPORT mode
+    ]
+    for req, code in cases:
+        with pytest.raises(RegistryError) as exc:
+            r.register("s", req)
+        assert exc.value.code is code, (req, exc.value.message)
+    with pytest.raises(RegistryError) as exc:
+        RegisterRequest.from_json({"schema": avro_record(NAME), "id": 0})
+    assert exc.value.code is RegistryErrorCode.ID_DOES_NOT_MATCH
+    req = RegisterRequest.from_json({"schema": avro_record(NAME), "id": 4, "version": 2})
+    assert (req.schema_id, req.version) == (4, 2)
+    assert r.delete_mode("s") and r.set_mode("", {"mode": "READWRITE"})
+    assert r.register("u", avro(avro_record(AGE_DEFAULT, name="Other"))) == {"id": 13}  # above every imported id
+
+
+def test_normalize_makes_one_schema_of_two_spellings(engine: Engine) -> None:
+    r = registry_of(engine)
+    a = json.dumps({"type": "record", "name": "User", "namespace": "ex", "fields": [NAME]})
+    b = json.dumps({"fields": [{"type": "string", "name": "name"}], "namespace": "ex", "name": "User", "type": "record"})
+    assert r.register("s", avro(a), normalize=True) == r.register("s", avro(b), normalize=True) == {"id": 1}
+    assert r.versions("s") == [1]
+    assert r.register("s", avro(b)) == {"id": 2}  # as sent, the other key order is another text
+    assert r.lookup("s", avro(a), normalize=True)["version"] == 1
+    j1, j2 = '{"type": "object", "properties": {"a": {"type": "string"}}}', '{"properties": {"a": {"type": "string"}}, "type": "object"}'
+    assert r.register("j", RegisterRequest(SchemaType.JSON, j1), normalize=True) == r.register(
+        "j", RegisterRequest(SchemaType.JSON, j2), normalize=True
+    )
+    p1, p2 = 'syntax = "proto3";\nmessage M { int32 x = 1; }', 'syntax="proto3";  message M {\n  int32 x=1;\n}'
+    assert r.register("p", RegisterRequest(SchemaType.PROTOBUF, p1), normalize=True) == r.register(
+        "p", RegisterRequest(SchemaType.PROTOBUF, p2), normalize=True
+    )
+    assert r.test_compatibility("p", "latest", RegisterRequest(SchemaType.PROTOBUF, p2), normalize=True) == []
+
+
 def test_avro_references_resolve_through_the_registry(engine: Engine) -> None:
     r = registry_of(engine)
     address = json.dumps({"type": "record", "name": "Address", "namespace": "ex", "fields": [NAME]})

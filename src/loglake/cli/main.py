@@ -1,4 +1,4 @@
-"""The `loglake` command line: topics, produce, consume, groups, configs, verify, inspect, demo.
+"""The `loglake` command line: topics, produce, consume, groups, configs, schemas, verify, inspect, demo.
 
 topics, produce and consume work on a stopped data directory or, with --bootstrap-server, through
 a running broker; groups and configs always talk to a broker.
@@ -48,6 +48,7 @@ SUBCOMMANDS: dict[str, tuple[str, str, bool]] = {
     "groups": ("loglake.cli.groups", "app", True),
     "configs": ("loglake.cli.configs", "app", True),
     "users": ("loglake.cli.users", "app", True),
+    "schemas": ("loglake.cli.schemas", "app", True),
 }
 
 

@@ -12,8 +12,9 @@ and POST (register); ``/subjects/{s}/versions/{v}`` GET and DELETE (v a number, 
 ``/subjects/{s}/versions/{v}/schema`` GET (the bare text); ``/subjects/{s}/versions/{v}/referencedby``
 GET; ``/schemas/ids/{id}`` GET (+ ``/schema``, ``/subjects``, ``/versions``); ``/schemas/types``
 GET; ``/config`` and ``/config/{s}`` GET, PUT, DELETE; ``/mode`` and ``/mode/{s}`` GET, PUT,
-DELETE; ``/compatibility/subjects/{s}/versions/{v}`` and ``/compatibility/subjects/{s}/versions``
-POST; ``/`` GET ({}).
+DELETE (``PUT /mode?force=true``: IMPORT on a registry that holds subjects);
+``/compatibility/subjects/{s}/versions/{v}`` and ``/compatibility/subjects/{s}/versions`` POST;
+``/`` GET ({}). Register, lookup and compatibility take ``?normalize=true``.
 
 Access: each request needs an operation on a resource, Redpanda's schema registry ACLs (its
 table of endpoints, operations and resources, v25.2): a subject (``SUBJECT``) or the registry
@@ -154,6 +155,7 @@ class RegistryApi:
     def _route(self, method: str, parts: list[str], query: Mapping[str, str], body: bytes, access: _Access) -> Any:
         r = self.registry
         deleted = _flag(query, "deleted")
+        normalize = _flag(query, "normalize")
         n = len(parts)
         if n == 0:
             return self._only(method, "GET", {})  # open
@@ -166,7 +168,7 @@ class RegistryApi:
             if n == 2:
                 if method == "POST":
                     access.need("/subjects/{s}", subject)
-                    return r.lookup(subject, RegisterRequest.from_json(self._body(body)), deleted)
+                    return r.lookup(subject, RegisterRequest.from_json(self._body(body)), deleted, normalize)
                 self._only(method, "DELETE")
                 access.need("/subjects/{s}", subject)
                 return r.delete_subject(subject, _flag(query, "permanent"))
@@ -175,7 +177,7 @@ class RegistryApi:
             if n == 3:
                 if method == "POST":
                     access.need("/subjects/{s}/versions", subject)
-                    return r.register(subject, RegisterRequest.from_json(self._body(body)))
+                    return r.register(subject, RegisterRequest.from_json(self._body(body)), normalize)
                 self._only(method, "GET")
                 access.need("/subjects/{s}/versions", subject)
                 return r.versions(subject, deleted)
@@ -226,13 +228,15 @@ class RegistryApi:
                 return r.get_config(subject, fallback) if head == "config" else r.get_mode(subject, fallback)
             if method == "PUT":
                 doc = self._body(body)
-                return r.set_config(subject, doc) if head == "config" else r.set_mode(subject, doc)
+                return r.set_config(subject, doc) if head == "config" else r.set_mode(subject, doc, _flag(query, "force"))
             self._only(method, "DELETE")
             return r.delete_config(subject) if head == "config" else r.delete_mode(subject)
         if head == "compatibility" and n in (4, 5) and parts[1] == "subjects" and parts[3] == "versions":
             self._only(method, "POST")
             access.need("/compatibility/subjects/{s}/versions" + ("/{v}" if n == 5 else ""), parts[2])
-            reasons = r.test_compatibility(parts[2], parts[4] if n == 5 else None, RegisterRequest.from_json(self._body(body)))
+            reasons = r.test_compatibility(
+                parts[2], parts[4] if n == 5 else None, RegisterRequest.from_json(self._body(body)), normalize
+            )
             out: dict[str, Any] = {"is_compatible": not reasons}
             if _flag(query, "verbose"):
                 out["messages"] = reasons

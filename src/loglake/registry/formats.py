@@ -33,6 +33,7 @@ __all__ = [
     "ProtoFile",
     "ProtoMessage",
     "SchemaType",
+    "normalized",
     "parse_schema",
     "record_name",
 ]
@@ -114,6 +115,26 @@ def parse_schema(schema_type: SchemaType, text: str, refs: Sequence[Reference] =
     if schema_type is SchemaType.JSON:
         return _parse_json(text, names)
     return _parse_protobuf(text, names)
+
+
+def normalized(schema: ParsedSchema) -> ParsedSchema:
+    """`schema` with its text in normal form (Confluent's ``?normalize=true``), so that schemas
+    written differently but meaning the same are one schema: Avro as the avro package writes it
+    back (names resolved, each named type defined once) and JSON Schema as it was read, both with
+    their keys sorted and written compactly; Protobuf `.proto` text as proto-schema-parser's
+    generator writes its syntax tree (a base64 descriptor is left as sent)."""
+    if schema.schema_type is SchemaType.AVRO:
+        text = json.dumps(schema.parsed.to_json(), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    elif schema.schema_type is SchemaType.JSON:
+        text = json.dumps(schema.parsed, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+    elif _looks_base64(schema.text):
+        return schema
+    else:
+        from proto_schema_parser.generator import Generator
+        from proto_schema_parser.parser import Parser
+
+        text = Generator().generate(Parser().parse(schema.text))
+    return ParsedSchema(schema.schema_type, text, schema.parsed)
 
 
 def _json_doc(text: str, what: str) -> Any:

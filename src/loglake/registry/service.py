@@ -24,7 +24,7 @@ from loglake.meta.schemas import SchemaRef, SchemaTable, StoredSchema
 from loglake.meta.store import MetaStore
 from loglake.registry.compat import Compatibility, check
 from loglake.registry.errors import RegistryError, RegistryErrorCode
-from loglake.registry.formats import InvalidSchemaError, ParsedSchema, SchemaType, parse_schema
+from loglake.registry.formats import InvalidSchemaError, ParsedSchema, SchemaType, normalized, parse_schema
 
 __all__ = ["DEFAULT_COMPATIBILITY", "MODES", "RegisterRequest", "SchemaRegistry"]
 
@@ -46,11 +46,14 @@ COMPATIBILITY_KEY = "compatibilityLevel"
 
 @dataclass(frozen=True, slots=True)
 class RegisterRequest:
-    """A schema as POSTed: type, text, references."""
+    """A schema as POSTed: type, text, references; and in IMPORT mode the id and version it is to
+    keep (Confluent's ``id`` and ``version`` fields; None: not given)."""
 
     schema_type: SchemaType
     schema: str
     refs: tuple[SchemaRef, ...] = ()
+    schema_id: int | None = None
+    version: int | None = None
 
     @classmethod
     def from_json(cls, doc: Any) -> RegisterRequest:
@@ -68,7 +71,20 @@ class RegisterRequest:
                 refs.append((str(ref["name"]), str(ref["subject"]), int(ref["version"])))
             except (KeyError, TypeError, ValueError):
                 raise RegistryError(RegistryErrorCode.INVALID_SCHEMA, f"Invalid schema reference {ref!r}") from None
-        return cls(schema_type, doc["schema"], tuple(refs))
+        return cls(schema_type, doc["schema"], tuple(refs), _given(doc, "id", -1), _given(doc, "version", 0))
+
+
+def _given(doc: dict[str, Any], key: str, absent: int) -> int | None:
+    """A register request's `id` or `version`: None when missing or Confluent's "not given"
+    (`absent`: id -1, version 0); INVALID_VERSION / ID_DOES_NOT_MATCH when out of range."""
+    raw = doc.get(key)
+    if raw is None or raw == absent:
+        return None
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= VERSION_MAX:
+        if key == "version":
+            raise RegistryError.invalid_version(str(raw))
+        raise RegistryError(RegistryErrorCode.ID_DOES_NOT_MATCH, f"Invalid schema id {raw!r}: ids are between 1 and 2^31-1")
+    return raw
 
 
 def _refs_json(refs: Sequence[SchemaRef]) -> list[dict[str, Any]]:
@@ -111,6 +127,12 @@ def parse_level(raw: Any) -> Compatibility:
             "Invalid compatibility level. Valid values are none, backward, forward, full, backward_transitive, "
             "forward_transitive, and full_transitive",
         ) from None
+
+
+def _id_taken(known: int, wanted: int) -> RegistryError:
+    return RegistryError(
+        RegistryErrorCode.ID_DOES_NOT_MATCH, f"Schema already registered with id {known} instead of input id {wanted}"
+    )
 
 
 class SchemaRegistry:
@@ -255,8 +277,10 @@ class SchemaRegistry:
         raw = t.configs.get(subject, {}).get(COMPATIBILITY_KEY) or t.configs.get("", {}).get(COMPATIBILITY_KEY)
         return Compatibility(raw) if raw else DEFAULT_COMPATIBILITY
 
-    def _prepare(self, req: RegisterRequest) -> tuple[StoredSchema, ParsedSchema]:
+    def _prepare(self, req: RegisterRequest, normalize: bool = False) -> tuple[StoredSchema, ParsedSchema]:
         parsed = self._parse(StoredSchema(req.schema_type, req.schema, req.refs), None)
+        if normalize:
+            parsed = normalized(parsed)
         return StoredSchema(req.schema_type, parsed.text, req.refs), parsed
 
     def _live(self, t: SchemaTable, subject: str) -> list[tuple[int, int, StoredSchema]]:
@@ -264,25 +288,45 @@ class SchemaRegistry:
         vs = t.subjects.get(subject, {})
         return [(v, rv.schema_id, t.schemas[rv.schema_id]) for v, rv in sorted(vs.items()) if not rv.deleted]
 
-    def register(self, subject: str, req: RegisterRequest) -> dict[str, Any]:
-        """Register `req` under `subject` (its id when it is a live version already)."""
-        stored, parsed = self._prepare(req)
+    def register(self, subject: str, req: RegisterRequest, normalize: bool = False) -> dict[str, Any]:
+        """Register `req` under `subject` (its id when it is a live version already).
+
+        As Confluent's: a request that names its id or version (an import) needs the subject in
+        IMPORT mode and is not checked for compatibility; one that names neither needs READWRITE.
+        """
+        stored, parsed = self._prepare(req, normalize)
+        importing = req.schema_id is not None or req.version is not None
         for _ in range(WRITE_TRIES):
             def decide(t: SchemaTable) -> tuple[int, int | None, str, Compatibility, list[tuple[int, int, StoredSchema]]]:
+                mode = self._mode(t, subject)
                 live = self._live(t, subject)
-                for _v, i, s in live:
-                    if s == stored:
-                        return i, None, self._mode(t, subject), self.level(t, subject), live
+                for v, i, s in live:
+                    if s == stored and (req.version is None or req.version == v):
+                        if req.schema_id is not None and req.schema_id != i:
+                            raise _id_taken(i, req.schema_id)
+                        return i, None, mode, self.level(t, subject), live
                 versions = t.subjects.get(subject, {})
-                next_version = max(versions) + 1 if versions else 1
-                return t.ids.get(stored, t.next_id), next_version, self._mode(t, subject), self.level(t, subject), live
+                held = versions.get(req.version) if req.version is not None else None
+                if held is not None and t.schemas[held.schema_id] == stored and req.schema_id in (None, held.schema_id):
+                    return held.schema_id, None, mode, self.level(t, subject), live  # imported before (soft-deleted since)
+                newest = max(versions) if versions else 0
+                if not importing:
+                    return t.ids.get(stored, t.next_id), newest + 1, mode, self.level(t, subject), live
+                if mode != "IMPORT":
+                    return 0, 0, mode, self.level(t, subject), live
+                return self._import_id(t, stored, req), self._import_version(subject, newest, req), mode, self.level(t, subject), live
 
             schema_id, version, mode, level, live = self._read(decide)
             if version is None:
                 return {"id": schema_id}
             if mode in ("READONLY", "READONLY_OVERRIDE"):
                 raise RegistryError(RegistryErrorCode.OPERATION_NOT_PERMITTED, f"Subject {subject} is in read-only mode")
-            reasons = check(level, parsed, [self._parse(s, i) for _, i, s in live])
+            if importing and mode != "IMPORT":
+                raise RegistryError(RegistryErrorCode.OPERATION_NOT_PERMITTED, f"Subject {subject} is not in import mode")
+            if not importing and mode != "READWRITE":
+                raise RegistryError(RegistryErrorCode.OPERATION_NOT_PERMITTED, f"Subject {subject} is not in read-write mode")
+            # An import replays a history as it was: its schemas were checked when they were registered
+            reasons = [] if importing else check(level, parsed, [self._parse(s, i) for _, i, s in live])
             if reasons:
                 raise RegistryError(
                     RegistryErrorCode.INCOMPATIBLE_SCHEMA,
@@ -296,9 +340,45 @@ class SchemaRegistry:
             return {"id": schema_id}
         raise RegistryError(RegistryErrorCode.STORE_ERROR, "Error while registering the schema: too many concurrent writers")
 
-    def lookup(self, subject: str, req: RegisterRequest, deleted: bool = False) -> dict[str, Any]:
+    @staticmethod
+    def _import_id(t: SchemaTable, stored: StoredSchema, req: RegisterRequest) -> int:
+        """The id an import gives `stored`: the one asked for, if it is free or is this schema's.
+        An id below the next free one that no schema holds (one permanently deleted) is refused:
+        loglake never hands an id out twice (loglake.meta.schemas)."""
+        known = t.ids.get(stored)
+        wanted = req.schema_id
+        if wanted is None:
+            return known if known is not None else t.next_id
+        if known is not None and known != wanted:
+            raise _id_taken(known, wanted)
+        holder = t.schemas.get(wanted)
+        if holder is not None and holder != stored:
+            raise RegistryError(
+                RegistryErrorCode.ID_DOES_NOT_MATCH,
+                f"Overwrite new schema with id {wanted} is not permitted: the id holds another schema",
+            )
+        if holder is None and wanted < t.next_id:
+            raise RegistryError(
+                RegistryErrorCode.ID_DOES_NOT_MATCH,
+                f"Schema id {wanted} is below the registry's next free id {t.next_id}; "
+                "loglake never hands an id out twice (import schemas in the order of their ids)",
+            )
+        return wanted
+
+    @staticmethod
+    def _import_version(subject: str, newest: int, req: RegisterRequest) -> int:
+        if req.version is None:
+            return newest + 1
+        if req.version <= newest:
+            raise RegistryError(
+                RegistryErrorCode.INVALID_VERSION,
+                f"Version {req.version} of subject {subject} is not above its newest version {newest}",
+            )
+        return req.version
+
+    def lookup(self, subject: str, req: RegisterRequest, deleted: bool = False, normalize: bool = False) -> dict[str, Any]:
         """The subject's version holding exactly this schema (POST /subjects/{subject})."""
-        stored, _ = self._prepare(req)
+        stored, _ = self._prepare(req, normalize)
 
         def fn(t: SchemaTable) -> dict[str, Any]:
             vs = t.subjects.get(subject)
@@ -312,9 +392,11 @@ class SchemaRegistry:
         out: dict[str, Any] = self._read(fn)
         return out
 
-    def test_compatibility(self, subject: str, raw_version: str | None, req: RegisterRequest) -> list[str]:
+    def test_compatibility(
+        self, subject: str, raw_version: str | None, req: RegisterRequest, normalize: bool = False
+    ) -> list[str]:
         """Why `req` is incompatible with the subject's version (None: all the level names)."""
-        _, parsed = self._prepare(req)
+        _, parsed = self._prepare(req, normalize)
         wanted = None if raw_version is None else parse_version(raw_version)
 
         def fn(t: SchemaTable) -> tuple[Compatibility, list[tuple[int, int, StoredSchema]]]:
@@ -451,13 +533,27 @@ class SchemaRegistry:
         out: dict[str, Any] = self._read(fn)
         return out
 
-    def set_mode(self, subject: str, body: Any) -> dict[str, Any]:
+    def set_mode(self, subject: str, body: Any, force: bool = False) -> dict[str, Any]:
+        """Set the subject's mode ("" the global one). IMPORT is refused where subjects hold
+        live versions (the subject, or any for the global mode) unless `force` (Confluent's)."""
         mode = str(body.get("mode", "")).upper() if isinstance(body, dict) else ""
         if mode not in MODES:
             raise RegistryError(
                 RegistryErrorCode.INVALID_MODE,
                 "Invalid mode. Valid values are READWRITE, READONLY, READONLY_OVERRIDE, and IMPORT.",
             )
+        if mode == "IMPORT" and not force:
+            def occupied(t: SchemaTable) -> bool:
+                if t.modes.get(subject) == "IMPORT":
+                    return False
+                held = [subject] if subject else list(t.subjects)
+                return any(not rv.deleted for s in held for rv in t.subjects.get(s, {}).values())
+
+            if self._read(occupied):
+                raise RegistryError(
+                    RegistryErrorCode.OPERATION_NOT_PERMITTED,
+                    "Cannot import since found existing subjects (set force=true to import anyway)",
+                )
         self._append(SchemaMode(subject, mode))
         return {"mode": mode}
 
