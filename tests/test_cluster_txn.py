@@ -8,6 +8,10 @@ confluent-kafka transactional producers and read_committed consumers.
   exactly once and no aborted one — as after a single node's crash.
 * A transaction left open by its producer is aborted at its timeout by the coordinator, even one
   that took it over after the first was killed; read_committed reading moves on past it.
+* Offsets a transaction staged at a group's coordinator (TxnOffsetCommit) count as pending
+  (KIP-447: OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT) at the broker that
+  coordinates the group after that one was killed, until the transaction ends; then it answers
+  the committed offset, or the previous one after an abort.
 """
 
 from __future__ import annotations
@@ -20,11 +24,20 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from kafka.protocol.consumer import OffsetFetchRequest
+from kafka.protocol.producer import (
+    AddOffsetsToTxnRequest,
+    EndTxnRequest,
+    InitProducerIdRequest,
+    TxnOffsetCommitRequest,
+)
 
 from clusterkit import Cluster, running_cluster
 from etcdkit import needs_etcd
 from loglake.cluster.coordinators import coordinator_of
+from loglake.kafka_errors import ErrorCode as E
 from modekit import CLUSTER_ARGS
+from test_broker_malformed import RawClient
 
 pytestmark = needs_etcd
 
@@ -169,3 +182,69 @@ def test_open_transaction_times_out_after_its_coordinator_dies(cluster: Cluster)
         time.sleep(1.0)
     log = "\n".join(b.log_text() for b in others)
     assert f"transaction of {tid!r} timed out" in log, log[-3000:]
+
+
+def group_moving(node: int, to: int, live: list[int]) -> str:
+    """A group id `node` coordinates while `live` are live, and `to` once `node` is gone."""
+    rest = [n for n in live if n != node]
+    return next(g for g in (f"g-{uuid.uuid4().hex[:8]}" for _ in range(10_000))
+                if coordinator_of(g, live) == node and coordinator_of(g, rest) == to)
+
+
+def test_require_stable_sees_offsets_staged_at_the_groups_previous_coordinator(cluster: Cluster) -> None:
+    topic = "tx-stable"
+    cluster.create_topic(topic, 1)
+    live = sorted(b.node_id for b in cluster.brokers)
+    old, new, txn_coord = live
+    group, tid = group_moving(old, new, live), tid_coordinated_by(txn_coord, live)
+    OT = OffsetFetchRequest.OffsetFetchRequestTopic
+    TT = TxnOffsetCommitRequest.TxnOffsetCommitRequestTopic
+
+    def fetched(at: str, stable: bool) -> tuple[int, int]:
+        """(offset, partition error) of the group's partition 0 from broker `at`, once it
+        coordinates the group (it answers NOT_COORDINATOR until it sees the old one gone)."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            with RawClient(at) as c:
+                resp = c.request(OffsetFetchRequest[7](
+                    group_id=group, topics=[OT(name=topic, partition_indexes=[0])], require_stable=stable))  # fmt: skip
+            if resp.error_code == E.NONE:
+                part = resp.topics[0].partitions[0]
+                return int(part.committed_offset), int(part.error_code)
+            assert time.monotonic() < deadline, f"{at} still answers {E(resp.error_code).name} for {group}"
+            time.sleep(0.2)
+
+    def stage(pid: int, epoch: int, offset: int) -> None:
+        with RawClient(cluster.by_node(txn_coord).bootstrap) as c:
+            add = AddOffsetsToTxnRequest[3](transactional_id=tid, producer_id=pid, producer_epoch=epoch, group_id=group)
+            assert c.request(add).error_code == E.NONE
+        with RawClient(cluster.by_node(coordinator_of(group, [b.node_id for b in cluster.brokers if b.alive()])).bootstrap) as c:
+            resp = c.request(TxnOffsetCommitRequest[3](
+                transactional_id=tid, group_id=group, producer_id=pid, producer_epoch=epoch, generation_id=-1,
+                member_id="", group_instance_id=None, topics=[TT(name=topic, partitions=[TT.TxnOffsetCommitRequestPartition(
+                    partition_index=0, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="m")])],
+            ))  # fmt: skip
+            assert resp.topics[0].partitions[0].error_code == E.NONE
+
+    def end(pid: int, epoch: int, commit: bool) -> None:
+        with RawClient(cluster.by_node(txn_coord).bootstrap, timeout=WAIT_S) as c:
+            resp = c.request(EndTxnRequest[3](transactional_id=tid, producer_id=pid, producer_epoch=epoch, committed=commit))
+            assert resp.error_code == E.NONE
+
+    with RawClient(cluster.by_node(txn_coord).bootstrap) as c:
+        r = c.request(InitProducerIdRequest[4](transactional_id=tid, transaction_timeout_ms=120_000, producer_id=-1, producer_epoch=-1))
+        assert r.error_code == E.NONE
+        pid, epoch = r.producer_id, r.producer_epoch
+    stage(pid, epoch, 7)  # at `old`, the group's coordinator
+    assert fetched(cluster.by_node(old).bootstrap, True) == (-1, E.UNSTABLE_OFFSET_COMMIT)
+    cluster.by_node(old).kill()
+    at = cluster.by_node(new).bootstrap
+    assert fetched(at, False) == (-1, E.NONE)  # not committed before the transaction is
+    assert fetched(at, True) == (-1, E.UNSTABLE_OFFSET_COMMIT)  # staged by `old`, still pending
+    end(pid, epoch, True)
+    assert fetched(at, True) == (7, E.NONE)
+    stage(pid, epoch, 9)  # now at `new`
+    assert fetched(at, True) == (-1, E.UNSTABLE_OFFSET_COMMIT)
+    assert fetched(at, False) == (7, E.NONE)
+    end(pid, epoch, False)
+    assert fetched(at, True) == (7, E.NONE)  # the aborted 9 never reached the group

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from loglake.errors import UnknownTopicError
 from loglake.meta.quotas import EntityKey
 
 __all__ = ["BrokerContext", "Handler", "build_context", "group_coordinator"]
+
+log = logging.getLogger("loglake.broker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,7 @@ async def build_context(
     acl_store, scram_store, quota_store = AclStore.of(engine), ScramStore.of(engine), QuotaStore.of(engine)
     sasl = SaslAuthenticator(config, scram_store, metrics.sasl)
     fetch_sessions = metrics.fetch_sessions = FetchSessionCache.from_config(config)
+    config_store = ConfigStore.of(engine)
     # Dynamic broker configs stored in the metadata log take effect before the first client.
     broker_configs = BrokerConfigs(
         config,
@@ -153,6 +157,20 @@ async def build_context(
         (first.host, first.port, adv_host, adv_port),
         (",".join(lst.url() for lst, _ in endpoints), ",".join(lst.url(*adv) for lst, adv in endpoints)),
     )
+
+    def reload_broker_configs() -> None:
+        try:
+            broker_configs.load()
+        except Exception:  # the next change loads them again; this broker keeps what it applied
+            log.exception("dynamic broker configs: reloading after a change failed")
+
+    def broker_config_changed(scope: str, configs: dict[str, str]) -> None:
+        if broker_configs.concerns(scope):  # reloaded off the metadata store's thread, from the store
+            with contextlib.suppress(RuntimeError):  # the loop closed: the broker is stopping
+                loop.call_soon_threadsafe(_in_executor, loop, reload_broker_configs)
+
+    # Followed before the first load: a change recorded in between is loaded again, never missed.
+    config_store.follow_brokers(broker_config_changed)
     await loop.run_in_executor(None, broker_configs.load)
     quotas = QuotaManager(config.quota_window_num, config.quota_window_size_seconds, clock)
     quotas.load(quota_store.quotas())
@@ -164,8 +182,15 @@ async def build_context(
     quota_store.follow(quota_changed)
     metrics.registry.register(quotas)
     mutation_quotas = MutationQuotas(quotas, clock)
-    group_configs = GroupConfigStore(ConfigStore.of(engine), lambda: group_config_bounds(config),
+    group_configs = GroupConfigStore(config_store, lambda: group_config_bounds(config),
                                      share_defaults=lambda: ShareLimits.of(config))
+
+    def group_config_changed(group_id: str, configs: dict[str, str]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: the broker is stopping
+            loop.call_soon_threadsafe(group_configs.changed, group_id, configs)
+
+    # Followed before the load, as the broker configs; the loop takes the changes in their order.
+    config_store.follow_groups(group_config_changed)
     group_configs.load()
     authorizer = broker_authorizer(config, acl_store)
 
@@ -218,6 +243,11 @@ async def build_context(
         schemas=SchemaValidator(engine),
         completions=LoopCompletions(asyncio.get_running_loop()),
     )
+
+
+def _in_executor(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the executor shut down: the broker is stopping
+        loop.run_in_executor(None, fn)
 
 
 def share_coordinator(

@@ -15,9 +15,10 @@ INVALID_CONFIG. Kafka's other broker configs (`loglake.broker.kafka_broker_confi
 no effect here"), and Kafka's read-only ones are refused as Kafka refuses them.
 
 The dynamic layers are `broker_config` metadata records ({scope, configs}, replaced whole), so
-they survive restarts: `BrokerConfigs.apply()` runs once at start-up (after the engine opened)
-and again after every successful alter, and pushes each dynamic setting's effective value to
-where it acts: the live `BrokerConfig` (max.connections, connections.max.idle.ms: a broker setting
+they survive restarts: `BrokerConfigs.apply()` runs once at start-up (after the engine opened),
+again after every successful alter, and again whenever another broker of a cluster records a
+change of the cluster-wide defaults (`load` again, following `ConfigStore.follow_brokers`), and
+pushes each dynamic setting's effective value to where it acts: the live `BrokerConfig` (max.connections, connections.max.idle.ms: a broker setting
 made dynamic must be read where it acts, never copied at start-up), the cleaner's rate limiter
 (`_ENGINE_APPLIERS`), and the engine's topic defaults (every topic without its own override follows).
 
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 
@@ -288,6 +290,9 @@ class BrokerConfigs:
         self.static_topic_defaults = dict(engine.config.topic_defaults)
         self.settings = self._static_settings(dataclasses.replace(config), dataclasses.replace(engine.config), host_port, endpoints)
         self.stored: dict[str, dict[str, str]] = {}
+        # `stored` and what `apply` pushed: an alter here and a reload (another broker's change)
+        # run on worker threads at once.
+        self._lock = threading.Lock()
 
     # ---- what the settings are -------------------------------------------------------------------
 
@@ -417,9 +422,10 @@ class BrokerConfigs:
         self.engine.config.check_topic_defaults(self._topic_defaults(stored))
         if validate_only:
             return
-        self.records.save_broker_configs(scope, new)
-        self.stored = {k: v for k, v in stored.items() if v}
-        self.apply()
+        with self._lock:
+            self.records.save_broker_configs(scope, new)
+            self.stored = {k: v for k, v in {**self.stored, scope: new}.items() if v}
+            self.apply()
         log.info("dynamic broker configs of %s now %s", repr(scope) if scope == DEFAULT_SCOPE else f"node {scope}", shown(new))
 
     def current(self, scope: str) -> dict[str, str]:
@@ -427,11 +433,24 @@ class BrokerConfigs:
 
     # ---- applying ----------------------------------------------------------------------------------
 
+    def concerns(self, scope: str) -> bool:
+        """Whether the dynamic configs of `scope` are layers of this broker's settings."""
+        return scope in (DEFAULT_SCOPE, self.node)
+
     def load(self) -> None:
-        """Read the stored dynamic configs and apply them (start-up). A stored value this broker can
+        """Read the stored dynamic configs and apply them: at start-up, and again whenever a
+        `broker_config` record of a scope this broker takes is applied (in cluster mode another
+        broker may have recorded it: `ConfigStore.follow_brokers`). A stored value this broker can
         no longer take (say, max.message.bytes over a smaller memory budget, or a value out of this
         release's bounds) is skipped with a log line."""
-        self.stored = self.records.broker_configs()
+        with self._lock:
+            before = self.stored
+            self._load()
+            if self.stored and self.stored != before:
+                log.info("dynamic broker configs applied: %s", {scope: shown(c) for scope, c in self.stored.items()})
+
+    def _load(self) -> None:
+        self.stored = {scope: c for scope, c in self.records.broker_configs().items() if self.concerns(scope)}
         for scope, configs in list(self.stored.items()):
             for name, value in list(configs.items()):
                 key = key_of(name)
@@ -454,8 +473,6 @@ class BrokerConfigs:
                     if key.topic_config is not None:
                         configs.pop(key.name, None)
         self.apply()
-        if self.stored:
-            log.info("dynamic broker configs applied: %s", {scope: shown(c) for scope, c in self.stored.items()})
 
     def effective(self, name: str) -> str | None:
         return self.layers(name)[0][1]

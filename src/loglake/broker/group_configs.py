@@ -190,21 +190,30 @@ class GroupConfigStore:
         self._configs = {}
         self._shares = {}
         for group, configs in self.records.group_configs().items():
-            kept = {
-                name: int(value) for name, value in configs.items()
-                if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
-            }
-            shares = {name: value for name, value in configs.items()
-                      if value in SHARE_CONFIGS.get(name, ()) or _valid_share_int(name, value)}
-            if shares:
-                self._shares[group] = shares
-            if len(kept) + len(shares) != len(configs):
-                log.warning("group %s: ignoring stored configs this release does not take: %s", group,
-                            sorted(set(configs) - set(kept)))
-            if kept:
-                self._configs[group] = kept
+            self.changed(group, configs)
         if self._configs:
             log.info("dynamic configs of %d group(s) loaded", len(self._configs))
+
+    def changed(self, group_id: str, configs: dict[str, str]) -> None:
+        """Take `group_id`'s stored configs as they now are ({}: none), read at start-up or
+        recorded since (in cluster mode by any broker: `ConfigStore.follow_groups`)."""
+        kept = {
+            name: int(value) for name, value in configs.items()
+            if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
+        }
+        shares = {name: value for name, value in configs.items()
+                  if value in SHARE_CONFIGS.get(name, ()) or _valid_share_int(name, value)}
+        if len(kept) + len(shares) != len(configs):
+            log.warning("group %s: ignoring stored configs this release does not take: %s", group_id,
+                        sorted(set(configs) - set(kept) - set(shares)))
+        if kept:
+            self._configs[group_id] = kept
+        else:
+            self._configs.pop(group_id, None)
+        if shares:
+            self._shares[group_id] = shares
+        else:
+            self._shares.pop(group_id, None)
 
     def overrides(self, group_id: str) -> dict[str, int]:
         """The configs set explicitly on `group_id` (Kafka names -> int); {} when none."""

@@ -287,9 +287,10 @@ class EtcdClient:
     # ---- key-value ---------------------------------------------------------------------------
 
     def range(
-        self, key: bytes, range_end: bytes | None = None, *, revision: int = 0, limit: int = 0
+        self, key: bytes, range_end: bytes | None = None, *, revision: int = 0, limit: int = 0, keys_only: bool = False
     ) -> tuple[list[KeyValue], int, bool]:
-        """(kvs, header revision, more) of `[key, range_end)` (or `key` alone)."""
+        """(kvs, header revision, more) of `[key, range_end)` (or `key` alone); `keys_only`: their
+        values come back empty (b"")."""
         payload: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             payload["range_end"] = b64(range_end)
@@ -297,6 +298,8 @@ class EtcdClient:
             payload["revision"] = revision
         if limit:
             payload["limit"] = limit
+        if keys_only:
+            payload["keys_only"] = True
         result = self.call("kv/range", payload)
         kvs = [_kv(raw) for raw in result.get("kvs", [])]
         return kvs, int(result["header"]["revision"]), bool(result.get("more", False))
@@ -305,11 +308,13 @@ class EtcdClient:
         kvs, rev, _ = self.range(key, revision=revision)
         return (kvs[0] if kvs else None), rev
 
-    def range_all(self, start: bytes, end: bytes, *, revision: int = 0) -> tuple[list[KeyValue], int]:
+    def range_all(
+        self, start: bytes, end: bytes, *, revision: int = 0, keys_only: bool = False
+    ) -> tuple[list[KeyValue], int]:
         """Every key of `[start, end)`, paged, all read at one revision (the first page's)."""
         out: list[KeyValue] = []
         while True:
-            kvs, rev, more = self.range(start, end, revision=revision, limit=RANGE_PAGE_KEYS)
+            kvs, rev, more = self.range(start, end, revision=revision, limit=RANGE_PAGE_KEYS, keys_only=keys_only)
             revision = revision or rev
             out.extend(kvs)
             if not more or not kvs:

@@ -72,7 +72,7 @@ from loglake.kafka_errors import ErrorCode as E
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.records import JsonDoc, RecordKind, TxnRecord
 from loglake.meta.state import MetaState
-from loglake.meta.txn_states import PREPARE_STATES, TxnState, parse_txn_state
+from loglake.meta.txn_states import OPEN_STATES, PREPARE_STATES, TxnState, parse_txn_state
 
 log = logging.getLogger(__name__)
 _limited = RateLimitedLog(log)
@@ -257,6 +257,8 @@ class LeaderMarkers:
                 if time.monotonic() - swept > MARKER_GC_S:
                     swept = time.monotonic()
                     self.sweep()
+                    if self.groups is not None:
+                        self.groups.sweep()
             except Exception as exc:  # etcd or the bucket away: the next scan tries again
                 _limited.warning("markers", "cluster: writing transaction markers failed: %s", exc)
 
@@ -364,12 +366,43 @@ class GroupTxnOffsets:
         self.etcd = etcd
         self.view = engine.view
         self.apply: ApplyOffsets | None = None
-        self._lock = threading.Lock()
-        #: (tid, group) -> partitions staged here and not applied or dropped yet (KIP-447's pending)
-        self._staged: dict[tuple[str, str], set[PartKey]] = {}
 
     def key(self, tid: str, group: str) -> bytes:
         return self.etcd.keys.key(f"{OFFSETS_PREFIX}{tid.encode().hex()}/{group.encode().hex()}")
+
+    def _staged_docs(self, group: str | None) -> list[tuple[str, str, ec.KeyValue, JsonDoc]]:
+        """(tid, group, key, staged doc) of every staged key (of `group` only, unless None)."""
+        client = self.etcd.client
+        base = self.etcd.keys.key(OFFSETS_PREFIX)
+        listed, _ = client.range_all(base, ec.prefix_end(base), keys_only=True)
+        out: list[tuple[str, str, ec.KeyValue, JsonDoc]] = []
+        for listed_kv in listed:
+            tid_hex, _, group_hex = listed_kv.key[len(base) :].decode().partition("/")
+            name = bytes.fromhex(group_hex).decode()
+            if group is not None and name != group:
+                continue
+            kv, _ = client.get(listed_kv.key)
+            if kv is not None:  # gone since: its offsets were applied or dropped
+                out.append((bytes.fromhex(tid_hex).decode(), name, kv, json.loads(kv.value)))
+        return out
+
+    def _open_docs(self, staged: list[tuple[str, str, ec.KeyValue, JsonDoc]]) -> list[bool]:
+        """Whether each staged doc belongs to a transaction still open (the metadata caught up
+        first). A staged key is deleted only after its offsets were applied or dropped, which is
+        before the transaction's complete record: a listed key whose transaction is not open —
+        complete, or another producer id or epoch's, or no longer naming the group — is a
+        leftover (stage raced an abort), never offsets still to come."""
+        self.etcd.sync()
+        tids = {tid for tid, *_ in staged}
+        txns: dict[str, JsonDoc] = self.etcd.read(lambda s: {t: dict(s.txns.get(t) or {}) for t in tids})
+        out = []
+        for tid, group, _kv, doc in staged:
+            b = txns[tid]
+            out.append(
+                bool(b) and doc.get("pid") == int(b["pid"]) and doc.get("epoch") == int(b["epoch"])
+                and parse_txn_state(b["state"]) in OPEN_STATES and group in (b.get("groups") or ())
+            )  # fmt: skip
+        return out
 
     def stage(self, tid: str, pid: int, epoch: int, group: str, offsets: TxnOffsetRows) -> dict[PartKey, int]:
         """Blocking (etcd): check the transaction's recorded state, then merge `offsets` into what
@@ -400,13 +433,33 @@ class GroupTxnOffsets:
                 out[(t, p)] = E.NONE
         body = {"pid": pid, "epoch": epoch, "rows": [[t, p, *r] for (t, p), r in rows.items()]}
         self.etcd.client.put(key, json.dumps(body).encode())
-        with self._lock:
-            self._staged.setdefault((tid, group), set()).update(k for k, code in out.items() if code == E.NONE)
         return out
 
     def pending(self, group: str) -> set[PartKey]:
-        with self._lock:
-            return {k for (_tid, g), keys in self._staged.items() if g == group for k in keys}
+        """Blocking (etcd): the partitions of `group` with offsets staged by a transaction still
+        open (KIP-447's pending), whichever broker coordinated the group when they were staged:
+        they are read from etcd, where they are kept, so a broker that took the group over
+        answers for what its predecessor staged."""
+        staged = self._staged_docs(group)
+        return {
+            (str(t), int(p))
+            for (_tid, _g, _kv, doc), is_open in zip(staged, self._open_docs(staged), strict=True) if is_open
+            for t, p, *_ in doc.get("rows") or ()
+        }
+
+    def sweep(self) -> int:
+        """Delete staged offsets no open transaction will apply (`_open_docs`: a stage that
+        raced the transaction's abort left them); how many. Each delete holds only while the key
+        is as it was read, so offsets a new transaction staged meanwhile stay."""
+        staged = self._staged_docs(None)
+        if not staged:
+            return 0
+        gone = 0
+        for (_tid, _group, kv, _doc), is_open in zip(staged, self._open_docs(staged), strict=True):
+            if not is_open:
+                ok, _, _ = self.etcd.client.txn([ec.cmp_mod(kv.key, kv.mod_revision)], [ec.op_delete(kv.key)])
+                gone += ok
+        return gone
 
     def run_once(self, due: list[dict[str, Any]]) -> int:
         """Commit or drop the staged offsets of prepared transactions' groups this broker
@@ -436,8 +489,6 @@ class GroupTxnOffsets:
                     self.apply(group, rows)
                 client.put(report, b"0")
                 client.delete_range(key)
-                with self._lock:
-                    self._staged.pop((tid, group), None)
                 done += 1
         return done
 
@@ -462,8 +513,14 @@ class EtcdTxnMarkers:
     def attach(self, apply: ApplyOffsets) -> None:
         self.groups.apply = apply
 
-    def pending_offsets(self, group: str) -> set[PartKey]:
-        return self.groups.pending(group)
+    async def pending_offsets(self, group: str) -> set[PartKey]:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(None, self.groups.pending, group)
+        except LoglakeError:
+            raise
+        except Exception as exc:  # etcd's client errors: the caller cannot tell what is pending
+            raise LoglakeError(f"staged offsets of group {group!r} not read: {exc}") from exc
 
     def _prefix(self, txn: Txn) -> bytes:
         return self.etcd.keys.key(f"{MARKERS_PREFIX}{txn.attempt}/")

@@ -12,6 +12,7 @@ future without blocking the loop).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext, Handler
@@ -40,6 +41,11 @@ from loglake.broker.security.authorized import (
     group_operations,
 )
 from loglake.broker.security.authorizer import CLUSTER_NAME
+from loglake.errors import LoglakeError
+from loglake.logsafe import RateLimitedLog
+
+log = logging.getLogger("loglake.broker.groups")
+_limited = RateLimitedLog(log)
 
 #: Authorized-operations value meaning "not requested / not computed".
 AUTHORIZED_OPERATIONS_OMITTED = -2147483648
@@ -203,7 +209,7 @@ async def offset_commit(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
     }
 
 
-def _fetch_group(
+async def _fetch_group(
     ctx: BrokerContext, conn: Conn, group_id: str, topics: list[KafkaStruct] | None, member_id: str | None = None,
     member_epoch: int = -1,
     require_stable: bool = False, refused_groups: set[str] | None = None,
@@ -213,6 +219,17 @@ def _fetch_group(
         refused_groups = set() if check(ctx, conn, AclOperation.DESCRIBE, GROUP, group_id) else {group_id}
     if group_id in refused_groups:
         return GROUP_AUTHORIZATION_FAILED, []
+    # What is pending is asked before the offsets are read (and the coordinator that reads them
+    # is looked up): a transaction's offsets are committed before they stop counting as pending,
+    # so none is read stale and answered as stable. None: nobody can tell now; all are unstable.
+    pending: set[tuple[str, int]] | None = set()
+    if require_stable:
+        try:
+            pending = await ctx.txn.pending_offsets(group_id)
+        except LoglakeError as exc:
+            _limited.warning(("require_stable", group_id), "OffsetFetch of group %s with require_stable: %s; "
+                             "every partition answered unstable", group_id, exc)
+            pending = None
     coordinator = coordinator_for(ctx, group_id)
     if isinstance(coordinator, int):
         return coordinator, []
@@ -229,9 +246,9 @@ def _fetch_group(
     elif refused:
         items = list(items) + [(t.name, p, -1, -1, "", TOPIC_AUTHORIZATION_FAILED)
                                for t in topics if t.name in refused for p in t.partition_indexes]
-    if require_stable and (pending := ctx.txn.pending_offsets(group_id)):
-        items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if (t, p) in pending else (t, p, o, e, m, c)
-                 for t, p, o, e, m, c in items]
+    if pending is None or pending:
+        items = [(t, p, -1, -1, "", UNSTABLE_OFFSET_COMMIT) if pending is None or (t, p) in pending
+                 else (t, p, o, e, m, c) for t, p, o, e, m, c in items]
     return int(code), list(items)
 
 
@@ -258,14 +275,14 @@ async def offset_fetch(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> d
         refused = denied(ctx, conn, AclOperation.DESCRIBE, GROUP, [g.group_id for g in body.groups])
         for group in body.groups:
             member = (group.member_id, group.member_epoch) if version >= 9 else (None, -1)
-            code, items = _fetch_group(
+            code, items = await _fetch_group(
                 ctx, conn, group.group_id, group.topics, member[0], member[1], require_stable=bool(body.require_stable),
                 refused_groups=refused,
             )
             groups.append({"group_id": group.group_id, "topics": _group_topics(items, version), "error_code": code})
         return {"throttle_time_ms": 0, "groups": groups}
     stable = bool(getattr(body, "require_stable", False)) if version >= 7 else False
-    code, items = _fetch_group(ctx, conn, body.group_id, body.topics, require_stable=stable)
+    code, items = await _fetch_group(ctx, conn, body.group_id, body.topics, require_stable=stable)
     return {"throttle_time_ms": 0, "topics": _group_topics(items, version), "error_code": code}
 
 

@@ -200,8 +200,9 @@ class TxnMarkers(Protocol):
         """How this broker commits the staged offsets of the groups it coordinates."""
         ...
 
-    def pending_offsets(self, group: str) -> set[PartKey]:
-        """Partitions of `group` with offsets staged here by a transaction not ended yet."""
+    async def pending_offsets(self, group: str) -> set[PartKey]:
+        """Partitions of `group` with offsets staged by a transaction not ended yet (wherever
+        `stage_offsets` keeps them); LoglakeError when that cannot be told now."""
         ...
 
     async def write(self, txn: Txn, commit: bool) -> list[Marker]:
@@ -230,7 +231,7 @@ class EngineMarkers:
     def attach(self, apply: ApplyOffsets) -> None:
         return None
 
-    def pending_offsets(self, group: str) -> set[PartKey]:
+    async def pending_offsets(self, group: str) -> set[PartKey]:
         return set()
 
     async def write(self, txn: Txn, commit: bool) -> list[Marker]:
@@ -770,10 +771,11 @@ class TxnCoordinator:
             raise LoglakeError(f"no group coordinator to commit the transaction's offsets of {group!r} with")
         await groups.commit_txn_offsets(group, items, topic_exists=self._partition_exists)
 
-    def pending_offsets(self, group: str) -> set[PartKey]:
+    async def pending_offsets(self, group: str) -> set[PartKey]:
         """Partitions with offsets of `group` in a transaction not yet complete (KIP-447: an
-        OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
-        out: set[PartKey] = self.markers.pending_offsets(group)
+        OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them); LoglakeError
+        when the markers cannot tell now (cluster mode: etcd away)."""
+        out: set[PartKey] = await self.markers.pending_offsets(group)
         for txn in self.txns.values():
             if txn.state in OPEN_STATES and group in txn.offsets:
                 out.update(txn.offsets[group])
