@@ -15,7 +15,7 @@ import typer
 
 from loglake.cli.common import CliError, error_line, note, parse_pairs, stderr_console, stdout_console
 from loglake.extras import missing_extra
-from loglake.spark.iceberg import CATALOG_NAME
+from loglake.spark.iceberg import CATALOG_NAME, DLQ_SUFFIX, REGISTRY_FORMAT, dlq_name
 from loglake.spark.options import LoglakeOptionError
 from loglake.spark.plan import NoLoglakeDataError
 
@@ -99,7 +99,23 @@ def export(
     ] = None,
     value_format: Annotated[
         str | None,
-        typer.Option("--value-format", help="json: parse values as JSON (schema inferred from a sample)."),
+        typer.Option(
+            "--value-format",
+            help="json: parse values as JSON (schema inferred from a sample); registry (iceberg): decode "
+            f"Confluent's wire format with --registry-url into typed columns, undecodable records to <table>{DLQ_SUFFIX}.",
+        ),
+    ] = None,
+    key_format: Annotated[
+        str | None,
+        typer.Option("--key-format", help="registry (iceberg): decode keys with --registry-url into a typed key column."),
+    ] = None,
+    registry_url: Annotated[
+        str | None,
+        typer.Option(
+            "--registry-url",
+            help="The schema registry of --value-format/--key-format registry: http(s)://HOST:PORT (a broker's "
+            "--schema-registry-listen address).",
+        ),
     ] = None,
     continuous: Annotated[
         float | None,
@@ -124,6 +140,17 @@ def export(
     or to an Iceberg table partitioned by day(timestamp) whose snapshots record the offsets."""
     if value_schema and value_format:
         raise typer.BadParameter("give --value-schema or --value-format, not both")
+    if value_format not in (None, "json", "binary", REGISTRY_FORMAT):
+        raise typer.BadParameter(f"--value-format must be json, binary or {REGISTRY_FORMAT}, not {value_format!r}")
+    if key_format not in (None, REGISTRY_FORMAT):
+        raise typer.BadParameter(f"--key-format must be {REGISTRY_FORMAT}, not {key_format!r}")
+    typed = REGISTRY_FORMAT in (value_format, key_format)
+    if typed and fmt != "iceberg":
+        raise typer.BadParameter(f"--value-format/--key-format {REGISTRY_FORMAT} are for --format iceberg")
+    if typed and not registry_url:
+        raise typer.BadParameter(f"--value-format/--key-format {REGISTRY_FORMAT} need --registry-url")
+    if registry_url and not typed:
+        raise typer.BadParameter(f"--registry-url is for --value-format/--key-format {REGISTRY_FORMAT}")
     if fmt == "iceberg":
         if not catalog_uri or not table:
             raise typer.BadParameter("--format iceberg needs --catalog-uri and --table")
@@ -164,6 +191,8 @@ def export(
             value_format,
             continuous,
             source_options,
+            key_format,
+            registry_url,
         )
         return
     from loglake.spark.pipeline import export_query, watch
@@ -270,6 +299,8 @@ def _export_iceberg(
     value_format: str | None,
     continuous: float | None,
     source_options: dict[str, str],
+    key_format: str | None,
+    registry_url: str | None,
 ) -> None:
     from loglake.spark.iceberg import IcebergBatch, export_iceberg
 
@@ -277,8 +308,9 @@ def _export_iceberg(
 
     def progress(b: IcebergBatch) -> None:
         rate = b.rows / b.seconds if b.seconds > 0 else 0.0
+        dead = f", {b.dead_letters} to the dead-letter table" if b.dead_letters else ""
         out.print(
-            f"batch {b.batch}: {b.rows} rows in {b.files} files ({rate:,.0f} rows/s), snapshot {b.snapshot_id}",
+            f"batch {b.batch}: {b.rows} rows in {b.files} files ({rate:,.0f} rows/s){dead}, snapshot {b.snapshot_id}",
             markup=False,
         )
 
@@ -296,11 +328,14 @@ def _export_iceberg(
             continuous=continuous,
             source_options=source_options,
             on_batch=progress,
+            key_format=key_format,
+            registry_url=registry_url,
         )
     finally:
         spark.stop()
+    dead = f" ({result.dead_letters} undecodable to {dlq_name(table)})" if result.dead_letters else ""
     out.print(
-        f"export done: {result.rows} rows in {result.batches} micro-batches, {result.seconds:.1f}s -> {table}",
+        f"export done: {result.rows} rows in {result.batches} micro-batches, {result.seconds:.1f}s -> {table}{dead}",
         markup=False,
     )
 

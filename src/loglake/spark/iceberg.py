@@ -135,15 +135,28 @@ def split_name(name: str) -> tuple[str, str]:
     return ns, table
 
 
+def _utc_micros(t: Any) -> Any:
+    """`t` with every zoned timestamp in it (nested ones too) as UTC microseconds."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz="UTC") if t.tz is not None else pa.timestamp("us")
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_utc_micros(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_utc_micros(t.key_type)), t.item_field.with_type(_utc_micros(t.item_type)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(t.value_field.with_type(_utc_micros(t.value_type)))
+    return t
+
+
 def iceberg_arrow_schema(spark_schema: Any) -> Any:
     """The Arrow schema of the table for a Spark schema: timestamps as UTC microseconds."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(spark_schema, timezone="UTC")
-    return pa.schema(
-        [f.with_type(pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type) else f for f in schema]
-    )
+    return pa.schema([f.with_type(_utc_micros(f.type)) for f in schema])
 
 
 def load_or_create_table(catalog: Any, name: str, arrow_schema: Any) -> Any:
@@ -274,6 +287,187 @@ def _file_writer(metadata_json: str, io_props: dict[str, str]) -> Callable[[Iter
     return write
 
 
+# ---- typed exports: the registry's columns, and the dead-letter table ----------------------------
+
+
+#: `--value-format registry` / `--key-format registry`: keys or values in Confluent's wire format,
+#: read with the format their subject's latest version has (loglake.spark.typed).
+REGISTRY_FORMAT = "registry"
+#: The dead-letter table of a typed export: `<table>` + this, in the same namespace.
+DLQ_SUFFIX = "_dlq"
+#: The dead-letter table's column saying why a record could not be decoded.
+REASON_COLUMN = "reason"
+
+
+def dlq_name(table_name: str) -> str:
+    return table_name + DLQ_SUFFIX
+
+
+@dataclass(frozen=True)
+class TypedLayout:
+    """How a typed read's columns land: the table's columns in order, each (name, source column,
+    field of the value struct or None); the dead-letter table's the same way."""
+
+    table: tuple[tuple[str, str, str | None], ...]
+    dlq: tuple[tuple[str, str, str | None], ...]
+
+    def spark_schemas(self, typed: Any) -> tuple[Any, Any]:
+        """(table, dead-letter table) Spark schemas for the typed read's schema `typed`."""
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        by_name = {f.name: f for f in typed.fields}
+        typed_value = any(sub is not None for _, _, sub in self.table)
+        value_fields = {f.name: f for f in by_name["value"].dataType.fields} if typed_value else {}
+
+        def field(name: str, col: str, sub: str | None) -> Any:
+            if col == REASON_COLUMN:
+                return StructField(name, StringType())
+            src = value_fields[sub] if sub is not None else by_name[col]
+            return StructField(name, src.dataType, True)
+
+        return (
+            StructType([field(*c) for c in self.table]),
+            StructType([field(*c) for c in self.dlq]),
+        )
+
+
+def typed_layout(typed_schema: Any) -> TypedLayout:
+    """The table and dead-letter layouts of a typed read's schema: the source's columns with
+    a typed `value` replaced by its fields (one that shares a source column's name is
+    `value_<name>`), the schema id columns; the dead-letter table has the bytes as received
+    and the reason."""
+    from loglake.spark.typed import DECODE_ERROR, SCHEMA_ID_COLUMNS, UNDECODED_COLUMNS
+
+    names = [f.name for f in typed_schema.fields]
+    extra = {DECODE_ERROR, *UNDECODED_COLUMNS.values()}
+    source_cols = [n for n in names if n not in extra and n not in SCHEMA_ID_COLUMNS.values()]
+    value = next(f for f in typed_schema.fields if f.name == "value")
+    value_typed = SCHEMA_ID_COLUMNS["value"] in names
+    table: list[tuple[str, str, str | None]] = [
+        (n, n, None) for n in source_cols if not (value_typed and n == "value")
+    ]
+    table += [(n, n, None) for n in SCHEMA_ID_COLUMNS.values() if n in names]
+    if value_typed:
+        taken = {t[0] for t in table}
+        for f in value.dataType.fields:
+            name = f.name if f.name not in taken else f"value_{f.name}"
+            if name in taken:
+                raise IcebergExportError(f"the value field {f.name} has no column name left (value_{f.name} is taken)")
+            taken.add(name)
+            table.append((name, "value", f.name))
+    dlq: list[tuple[str, str, str | None]] = []
+    for n in source_cols:
+        dlq.append((n, UNDECODED_COLUMNS.get(n, n), None))
+    dlq.append((REASON_COLUMN, REASON_COLUMN, None))
+    return TypedLayout(tuple(table), tuple(dlq))
+
+
+def _project(data: Any, layout: tuple[tuple[str, str, str | None], ...], schema: Any) -> Any:
+    """The columns of `layout` from a typed read's Arrow table, cast to `schema`."""
+    import pyarrow as pa
+
+    from loglake.spark.typed import DECODE_ERROR
+
+    cols = []
+    struct_children: dict[str, dict[str, Any]] = {}
+    for _name, col, sub in layout:
+        if col == REASON_COLUMN:
+            arr = data.column(DECODE_ERROR)
+        elif sub is not None:
+            if col not in struct_children:
+                parent = data.column(col).combine_chunks()
+                struct_children[col] = {
+                    parent.type.field(i).name: child for i, child in enumerate(parent.flatten())
+                }
+            arr = struct_children[col][sub]
+        else:
+            arr = data.column(col)
+        cols.append(arr)
+    return pa.Table.from_arrays(cols, schema=pa.schema([f for f in schema])) if cols else None
+
+
+def _typed_file_writer(
+    table_json: str,
+    dlq_json: str,
+    io_props: dict[str, str],
+    layout: TypedLayout,
+    table_schema: Any,
+    dlq_schema: Any,
+    dlq_from: dict[TopicPartition, int],
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The mapInArrow function of a typed export: a task's decoded rows become data files of the
+    table, its undecodable ones (at or past the dead-letter table's offsets `dlq_from`) files of
+    the dead-letter table; it yields (which table, pickled DataFile) rows."""
+
+    def write(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.io import load_file_io
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        from loglake.spark.typed import DECODE_ERROR
+
+        got = [b for b in batches if b.num_rows]
+        if not got:
+            return
+        data = pa.Table.from_batches(got)
+        failed = pc.is_valid(data.column(DECODE_ERROR))
+        out: list[tuple[str, bytes]] = []
+        parts = [
+            ("table", table_json, data.filter(pc.invert(failed)), layout.table, table_schema),
+            ("dlq", dlq_json, data.filter(failed), layout.dlq, dlq_schema),
+        ]
+        for which, meta_json, rows, cols, schema in parts:
+            if which == "dlq" and rows.num_rows and dlq_from:
+                # a run that landed these in the dead-letter table and died before the table's
+                # commit: keep only what the dead-letter table does not hold yet
+                keep = [
+                    off >= dlq_from.get((t, p), 0)
+                    for t, p, off in zip(
+                        rows.column("topic").to_pylist(),
+                        rows.column("partition").to_pylist(),
+                        rows.column("offset").to_pylist(),
+                        strict=True,
+                    )
+                ]
+                rows = rows.filter(pa.array(keep))
+            if not rows.num_rows:
+                continue
+            projected = _project(rows, cols, schema)
+            metadata = TableMetadataUtil.parse_raw(meta_json)
+            io = load_file_io(io_props, metadata.location)
+            for f in _dataframe_to_data_files(metadata, projected, io, write_uuid=uuid.uuid4()):
+                out.append((which, pickle.dumps(f)))
+        if out:
+            yield pa.RecordBatch.from_pydict(
+                {"table": [w for w, _ in out], "file": [b for _, b in out]},
+                schema=pa.schema([("table", pa.string()), ("file", pa.binary())]),
+            )
+
+    return write
+
+
+def registry_options(registry_url: str | None, topic: str, value_format: str | None, key_format: str | None) -> dict[str, str]:
+    """The source options of a typed export: each `registry` format becomes the format its
+    subject's latest version has (Avro, JSON Schema, Protobuf)."""
+    from loglake.spark.typed import FORMAT_OF, RegistryClient, TypedColumnsError, subject_of
+
+    if registry_url is None:
+        raise IcebergExportError("--value-format/--key-format registry needs --registry-url (the schema registry's URL)")
+    client = RegistryClient(registry_url)
+    out = {"schemaRegistryUrl": registry_url}
+    for field, fmt, option in (("value", value_format, "valueFormat"), ("key", key_format, "keyFormat")):
+        if fmt != REGISTRY_FORMAT:
+            continue
+        try:
+            latest = client.latest(subject_of(topic, field))
+        except TypedColumnsError as exc:
+            raise IcebergExportError(str(exc)) from None
+        out[option] = FORMAT_OF[latest.schema_type].value
+    return out
+
+
 # ---- the export ----------------------------------------------------------------------------------
 
 
@@ -284,6 +478,8 @@ class IcebergBatch:
     files: int
     seconds: float
     snapshot_id: int | None
+    #: typed exports: records of the batch landed in the dead-letter table
+    dead_letters: int = 0
 
 
 @dataclass
@@ -292,6 +488,7 @@ class IcebergExportResult:
     rows: int
     seconds: float
     snapshot_id: int | None
+    dead_letters: int = 0
 
 
 def _pause_before_commit(files: list[str]) -> None:
@@ -371,12 +568,21 @@ def export_iceberg(
     source_options: dict[str, str] | None = None,
     on_batch: Callable[[IcebergBatch], None] | None = None,
     max_batch_records: int = MAX_BATCH_RECORDS,
+    key_format: str | None = None,
+    registry_url: str | None = None,
 ) -> IcebergExportResult:
     """Land `topic` in the Iceberg table `table_name`, resuming from the table's own offsets.
 
     Without `continuous` it runs until it has caught up with the end sealed when it started (with
     kafka.bootstrap.servers in `source_options`: the broker's end, the tail read through it);
-    with it, a micro-batch every `continuous` seconds until interrupted."""
+    with it, a micro-batch every `continuous` seconds until interrupted.
+
+    `value_format`/`key_format` "registry": values (keys) in Confluent's wire format are decoded
+    with the registry at `registry_url` into typed columns (the value's fields become columns,
+    and new fields of a newer subject version new columns); records that cannot be decoded
+    land in the dead-letter table `<table_name>_dlq` with the reason. Its snapshots carry
+    offsets too; it is committed before the table, and a batch redone after a crash between
+    the two adds to it only the records past its offsets."""
     from pyspark.sql import functions as F
 
     from loglake.spark.broker import metadata
@@ -385,6 +591,12 @@ def export_iceberg(
 
     register(spark)
     options = export_options(source_options)
+    typed = REGISTRY_FORMAT in (value_format, key_format)
+    if typed:
+        options.update(registry_options(registry_url, topic, value_format, key_format))
+        value_format = None if value_format == REGISTRY_FORMAT else value_format
+    elif key_format is not None:
+        raise IcebergExportError(f"--key-format must be registry, not {key_format!r}")
     include_headers = parse_bool("includeHeaders", options_of_table(options).get("includeheaders", "false"))
     read_opts = parse_read_options({"path": path, "subscribe": topic, **options}, "batch")
     source = {"store": read_opts.store_url, "topic": topic}
@@ -392,12 +604,19 @@ def export_iceberg(
         value_schema = infer_json_schema(spark, path, topic, options)
     catalog = open_catalog(catalog_uri, warehouse, options, catalog_name)
 
-    base_schema = source_schema(include_headers)
-    empty = with_value_columns(spark.createDataFrame([], base_schema), value_schema)
-    table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(empty.schema))
+    dlq = None
+    if typed:
+        planned = _load(spark, path, topic, options).schema
+        typed_table, typed_dlq = typed_layout(planned).spark_schemas(planned)
+        table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(typed_table))
+        dlq = load_or_create_table(catalog, dlq_name(table_name), iceberg_arrow_schema(typed_dlq))
+    else:
+        base_schema = source_schema(include_headers)
+        empty = with_value_columns(spark.createDataFrame([], base_schema), value_schema)
+        table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(empty.schema))
     started = time.monotonic()
     target: dict[TopicPartition, int] | None = None
-    rows = batches = 0
+    rows = batches = dead_letters = 0
     snapshot_id: int | None = None
     try:
         for _ in range(MAX_BATCHES):
@@ -421,36 +640,86 @@ def export_iceberg(
                     break
                 time.sleep(continuous)
                 continue
-            reader = spark.read.format("loglake").option("path", path).option("subscribe", topic)
-            for k, v in options.items():
-                reader = reader.option(k, v)
-            reader = reader.option(
-                "startingOffsets", json.dumps(to_offset_dict({tp: starts[tp] for tp in todo}))
+            df = _load(
+                spark,
+                path,
+                topic,
+                {
+                    **options,
+                    "startingOffsets": json.dumps(to_offset_dict({tp: starts[tp] for tp in todo})),
+                    "endingOffsets": json.dumps(to_offset_dict(todo)),
+                },
             )
-            reader = reader.option("endingOffsets", json.dumps(to_offset_dict(todo)))
-            df = with_value_columns(reader.load(), value_schema)
-            table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(df.schema))
-            writer = _file_writer(table.metadata.model_dump_json(), dict(table.io.properties))
-            out = df.select(*[F.col(c) for c in df.columns]).mapInArrow(writer, "file binary")
-            try:
-                files = [pickle.loads(r[0]) for r in out.collect()]
-            except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
-                raise IcebergExportError(f"export batch failed: {spark_error(exc)}") from None
+            dlq_files: list[Any] = []
+            if dlq is not None:
+                layout = typed_layout(df.schema)
+                typed_table, typed_dlq = layout.spark_schemas(df.schema)
+                table_arrow = iceberg_arrow_schema(typed_table)
+                table = load_or_create_table(catalog, table_name, table_arrow)
+                dlq = load_or_create_table(catalog, dlq_name(table_name), iceberg_arrow_schema(typed_dlq))
+                dlq_before, dlq_source = committed_offsets(dlq)
+                _check_source(dlq_source, source, dlq_name(table_name))
+                typed_writer = _typed_file_writer(
+                    table.metadata.model_dump_json(),
+                    dlq.metadata.model_dump_json(),
+                    dict(table.io.properties),
+                    layout,
+                    table_arrow,
+                    iceberg_arrow_schema(typed_dlq),
+                    {tp: off for tp, off in dlq_before.items() if off > starts.get(tp, 0)},
+                )
+                out = df.mapInArrow(typed_writer, "table string, file binary")
+                try:
+                    landed = [(r[0], pickle.loads(r[1])) for r in out.collect()]
+                except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
+                    raise IcebergExportError(f"export batch failed: {spark_error(exc)}") from None
+                files = [f for w, f in landed if w == "table"]
+                dlq_files = [f for w, f in landed if w == "dlq"]
+            else:
+                df = with_value_columns(df, value_schema)
+                table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(df.schema))
+                writer = _file_writer(table.metadata.model_dump_json(), dict(table.io.properties))
+                out = df.select(*[F.col(c) for c in df.columns]).mapInArrow(writer, "file binary")
+                try:
+                    files = [pickle.loads(r[0]) for r in out.collect()]
+                except Exception as exc:  # Spark's errors (Py4J, Python worker) carry whole traces
+                    raise IcebergExportError(f"export batch failed: {spark_error(exc)}") from None
             n = sum(int(f.record_count) for f in files)
-            _pause_before_commit([f.file_path for f in files])
+            _pause_before_commit([f.file_path for f in files + dlq_files])
+            if dlq_files:
+                # the dead-letter table first: a crash before the table's commit redoes the batch,
+                # and the redo adds to it only what is past the offsets committed here
+                assert dlq is not None
+                new_dlq = {tp: max(off, dlq_before.get(tp, 0)) for tp, off in todo.items()}
+                if _commit(dlq, dlq_files, dlq_before, new_dlq, source, dlq_name(table_name)) is None:
+                    for f in files:
+                        try:
+                            table.io.delete(f.file_path)
+                        except OSError:
+                            pass  # an orphan no snapshot names: harmless
+                    continue
             committed = _commit(table, files, before, todo, source, table_name)
             if committed is None:
                 continue
             snapshot_id = committed
             rows += n
+            dead = sum(int(f.record_count) for f in dlq_files)
+            dead_letters += dead
             if on_batch is not None:
-                on_batch(IcebergBatch(batches, n, len(files), time.monotonic() - t0, snapshot_id))
+                on_batch(IcebergBatch(batches, n, len(files), time.monotonic() - t0, snapshot_id, dead))
             batches += 1
             if continuous:
                 time.sleep(continuous)
     except KeyboardInterrupt:
         pass
-    return IcebergExportResult(batches, rows, time.monotonic() - started, snapshot_id)
+    return IcebergExportResult(batches, rows, time.monotonic() - started, snapshot_id, dead_letters)
+
+
+def _load(spark: Any, path: str, topic: str, options: Mapping[str, str]) -> Any:
+    reader = spark.read.format("loglake").option("path", path).option("subscribe", topic)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load()
 
 
 # ---- compact-table -------------------------------------------------------------------------------

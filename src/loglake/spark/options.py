@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
+from loglake.spark.typed import Format
+
 #: Offsets in startingOffsets/endingOffsets JSON with a special meaning (as in Kafka).
 EARLIEST = -2
 LATEST = -1
@@ -45,6 +47,9 @@ READ_OPTIONS = frozenset(
         "includeheaders",
         "coldpath",
         "kafka.isolation.level",
+        "valueformat",
+        "keyformat",
+        "schemaregistryurl",
     }
 )
 #: Java client settings librdkafka (the client the source and sink use) does not have: refused,
@@ -120,6 +125,23 @@ class ReadOptions:
     bootstrap_servers: str | None = None
     #: the other kafka.* options (security, timeouts, ...) as librdkafka settings, sorted
     kafka_config: tuple[tuple[str, str], ...] = ()
+    #: valueFormat / keyFormat: values / keys decoded from Confluent's wire format into typed
+    #: columns with the registry at schemaRegistryUrl (loglake.spark.typed); None: bytes
+    value_format: Format | None = None
+    key_format: Format | None = None
+    schema_registry_url: str | None = None
+
+    @property
+    def typed(self) -> bool:
+        return self.value_format is not None or self.key_format is not None
+
+    @property
+    def typed_topic(self) -> str:
+        """The one topic a typed read reads (its subjects are `<topic>-value`, `<topic>-key`)."""
+        if self.subscribe:
+            return self.subscribe[0]
+        assert self.assign is not None
+        return next(iter(self.assign))
 
     @property
     def read_committed(self) -> bool:
@@ -418,6 +440,7 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
         raise LoglakeOptionError(
             "ending offsets (endingOffsets, endingTimestamp, ...) are not allowed in a streaming query"
         )
+    value_format, key_format, registry_url = _typed_options(opts, subscribe, assign)
     strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
     if strategy not in ("error", "latest"):
         raise LoglakeOptionError(
@@ -445,6 +468,9 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
         include_headers=parse_bool("includeHeaders", opts.get("includeheaders", "false")),
         isolation=_isolation(opts.get("kafka.isolation.level", ISOLATION_LEVELS[0])),
         bootstrap_servers=servers,
+        value_format=value_format,
+        key_format=key_format,
+        schema_registry_url=registry_url,
         kafka_config=tuple(
             sorted(
                 kafka_client_options(
@@ -458,6 +484,69 @@ def parse_read_options(options: Mapping[str, Any], mode: Mode) -> ReadOptions:
             )
         ),
     )
+
+
+#: What valueFormat / keyFormat take.
+FORMATS_TEXT = ", ".join(f.value for f in Format)
+
+
+def _typed_options(
+    opts: Mapping[str, str], subscribe: tuple[str, ...], assign: dict[str, tuple[int, ...]] | None
+) -> tuple[Format | None, Format | None, str | None]:
+    """(valueFormat, keyFormat, schemaRegistryUrl), checked: a format needs the registry's URL
+    and one topic (its subjects are the topic's)."""
+    formats: list[Format | None] = []
+    for name, pretty in (("valueformat", "valueFormat"), ("keyformat", "keyFormat")):
+        raw = opts.get(name, "").strip().lower()
+        if not raw:
+            formats.append(None)
+            continue
+        try:
+            formats.append(Format(raw))
+        except ValueError:
+            raise LoglakeOptionError(f"option {pretty} must be one of {FORMATS_TEXT}, got {opts[name]!r}") from None
+    url = opts.get("schemaregistryurl", "").strip() or None
+    if not any(formats):
+        if url is not None:
+            raise LoglakeOptionError("option schemaRegistryUrl is used only with valueFormat or keyFormat")
+        return None, None, None
+    if url is None:
+        raise LoglakeOptionError(
+            "option schemaRegistryUrl is required with valueFormat/keyFormat: the schema registry's URL "
+            "(a broker's is its --schema-registry-listen address, http://HOST:PORT)"
+        )
+    if not url.startswith(("http://", "https://")):
+        raise LoglakeOptionError(f"option schemaRegistryUrl must be an http(s):// URL, got {url!r}")
+    topics = subscribe or tuple(assign or ())
+    if len(topics) != 1:
+        raise LoglakeOptionError(
+            "valueFormat/keyFormat read one topic (its subjects <topic>-value and <topic>-key): "
+            "subscribe to exactly one topic (or assign partitions of one)"
+        )
+    return formats[0], formats[1], url
+
+
+@dataclass(frozen=True)
+class TypedOptions:
+    """The options of a typed read alone (what the source's schema depends on)."""
+
+    topic: str
+    value_format: Format | None
+    key_format: Format | None
+    schema_registry_url: str
+
+
+def parse_typed_options(options: Mapping[str, Any]) -> TypedOptions | None:
+    """valueFormat / keyFormat / schemaRegistryUrl of a reader's options, checked as
+    parse_read_options checks them; None when neither format is given. The source's schema
+    comes from them before the reader (and its mode) is known."""
+    opts = _lower(options)
+    subscribe = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
+    assign = parse_assign(opts["assign"]) if "assign" in opts and not subscribe else None
+    value_format, key_format, url = _typed_options(opts, subscribe, assign)
+    if url is None:
+        return None
+    return TypedOptions((subscribe or tuple(assign or ()))[0], value_format, key_format, url)
 
 
 def _isolation(value: str) -> str:

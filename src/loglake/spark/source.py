@@ -4,6 +4,7 @@ See docs/SPARK.md."""
 
 from __future__ import annotations
 
+import json
 import logging
 import weakref
 from collections.abc import Iterator, Sequence
@@ -35,9 +36,11 @@ from loglake.spark.model import Slice, TopicPartition
 from loglake.spark.options import (
     LoglakeOptionError,
     ReadOptions,
+    TypedOptions,
     WriteOptions,
     parse_bool,
     parse_read_options,
+    parse_typed_options,
     parse_write_options,
 )
 from loglake.spark.plan import (
@@ -55,6 +58,7 @@ from loglake.spark.plan import (
     split_slices,
     to_offset_dict,
 )
+from loglake.spark.typed import DECODE_ERROR, SCHEMA_ID_COLUMNS, UNDECODED_COLUMNS, ReaderSpec
 from loglake.store import ObjectNotFoundError
 
 log = logging.getLogger("loglake.spark")
@@ -93,6 +97,65 @@ def source_schema(include_headers: bool) -> StructType:
     return StructType(fields)
 
 
+def typed_schema(include_headers: bool, specs: Sequence[ReaderSpec]) -> StructType:
+    """The source's schema with the typed columns of `specs`: `key`/`value` the reader schema's
+    struct, then `key_schema_id`/`value_schema_id`, `decode_error`, `undecoded_key`,
+    `undecoded_value` (loglake.spark.typed)."""
+    base = source_schema(include_headers)
+    if not specs:
+        return base
+    typed = {
+        spec.field: StructType.fromJson(
+            {"type": "struct", "fields": [{"name": spec.field, "type": spec.column_type, "nullable": True, "metadata": {}}]}
+        ).fields[0]
+        for spec in specs
+    }
+    fields = [typed.get(f.name, f) for f in base.fields]
+    fields += [StructField(SCHEMA_ID_COLUMNS[spec.field], IntegerType()) for spec in specs]
+    fields += [
+        StructField(DECODE_ERROR, StringType()),
+        StructField(UNDECODED_COLUMNS["key"], BinaryType()),
+        StructField(UNDECODED_COLUMNS["value"], BinaryType()),
+    ]
+    return StructType(fields)
+
+
+def reader_specs(typed: TypedOptions | None) -> list[ReaderSpec]:
+    """The reader specs of a typed read (each subject's latest version now): key first."""
+    if typed is None:
+        return []
+    from loglake.spark.typed import RegistryClient, TypedColumnsError, resolve_reader
+
+    registry = RegistryClient(typed.schema_registry_url)
+    wanted = (("key", typed.key_format), ("value", typed.value_format))
+    try:
+        return [resolve_reader(registry, typed.topic, field, fmt) for field, fmt in wanted if fmt is not None]
+    except TypedColumnsError as exc:
+        raise LoglakeOptionError(str(exc)) from None
+
+
+class Typed:
+    """A reader's typed columns: the specs fixed at planning and the output's Arrow schema (made
+    on the executor, where the batches are decoded)."""
+
+    def __init__(self, specs: Sequence[ReaderSpec], schema: StructType) -> None:
+        self.specs = list(specs)
+        self.schema_json = schema.json()
+        self._arrow: pa.Schema | None = None
+
+    def arrow_schema(self) -> pa.Schema:
+        if self._arrow is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            self._arrow = to_arrow_schema(StructType.fromJson(json.loads(self.schema_json)), timezone="UTC")
+        return self._arrow
+
+    def decode(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        from loglake.spark.typed import decode_batch
+
+        return decode_batch(batch, self.specs, self.arrow_schema())
+
+
 class SlicePartition(InputPartition):
     """A Spark input partition: one segment slice, or one range read through the broker (small
     and picklable)."""
@@ -111,7 +174,15 @@ def _tail(opts: ReadOptions) -> Any:
     return broker_view(opts).offset_for_timestamp
 
 
-def _read(sl: Slice | BrokerRange, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
+def _read(sl: Slice | BrokerRange, opts: ReadOptions, typed: Typed | None = None) -> Iterator[pa.RecordBatch]:
+    if typed is None:
+        yield from _read_raw(sl, opts)
+        return
+    for batch in _read_raw(sl, opts):
+        yield typed.decode(batch)
+
+
+def _read_raw(sl: Slice | BrokerRange, opts: ReadOptions) -> Iterator[pa.RecordBatch]:
     from loglake.spark.reader import read_slice
 
     if isinstance(sl, BrokerRange):
@@ -171,8 +242,9 @@ def _plan_partitions(
 
 
 class LoglakeBatchReader(DataSourceReader):
-    def __init__(self, opts: ReadOptions) -> None:
+    def __init__(self, opts: ReadOptions, typed: Typed | None = None) -> None:
         self.opts = opts
+        self.typed = typed
 
     def offset_ranges(self, meta: Metadata | None = None) -> dict[TopicPartition, tuple[int, int]]:
         opts = self.opts
@@ -205,7 +277,7 @@ class LoglakeBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
             return iter(())
-        return _read(partition.value, self.opts)
+        return _read(partition.value, self.opts, self.typed)
 
 
 class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: ignore[misc]
@@ -213,8 +285,9 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
     offset is its sealed end (hybrid reads: the broker's end). maxOffsetsPerTrigger is spread
     over partitions like Kafka's."""
 
-    def __init__(self, opts: ReadOptions) -> None:
+    def __init__(self, opts: ReadOptions, typed: Typed | None = None) -> None:
         self.opts = opts
+        self.typed = typed
         self._target: dict[TopicPartition, int] | None = None
         self._last: dict[TopicPartition, int] | None = None
 
@@ -296,7 +369,7 @@ class LoglakeStreamReader(DataSourceStreamReader, _AvailableNowBase):  # type: i
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, SlicePartition):  # Spark's placeholder when there is no data
             return iter(())
-        return _read(partition.value, self.opts)
+        return _read(partition.value, self.opts, self.typed)
 
     def commit(self, end: OffsetDict) -> None:
         log.debug("loglake: committed %s", end)
@@ -389,13 +462,27 @@ class LoglakeDataSource(DataSource):
         return False
 
     def schema(self) -> StructType:
-        return source_schema(self._include_headers())
+        return typed_schema(self._include_headers(), reader_specs(parse_typed_options(dict(self.options))))
+
+    def _typed(self, opts: ReadOptions, schema: StructType) -> Typed | None:
+        """The typed columns of a read, with the reader schemas the query was planned with:
+        the subjects' latest versions again, which must still give `schema`."""
+        if not opts.typed:
+            return None
+        specs = reader_specs(parse_typed_options(dict(self.options)))
+        if typed_schema(opts.include_headers, specs) != schema:
+            raise LoglakeOptionError(
+                "a new schema version was registered while the query was planned: run it again"
+            )
+        return Typed(specs, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return LoglakeBatchReader(parse_read_options(dict(self.options), "batch"))
+        opts = parse_read_options(dict(self.options), "batch")
+        return LoglakeBatchReader(opts, self._typed(opts, schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return LoglakeStreamReader(parse_read_options(dict(self.options), "stream"))
+        opts = parse_read_options(dict(self.options), "stream")
+        return LoglakeStreamReader(opts, self._typed(opts, schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return LoglakeWriter(parse_write_options(dict(self.options)), schema)
