@@ -7,7 +7,10 @@ moves as `ClusterPartitionLog.acquire` moves it (the epoch key bumped in the tra
 * the new leader loads what the deposed one stored (acknowledged records stay acknowledged);
 * the deposed leader's later writes are refused (MetaFencedError), its copy is forgotten, and
   the new leader's state is what every broker reads;
-* an admin's write (no leader epoch) is not fenced;
+* an admin's write (no leader epoch) is not fenced by the epoch, but is a compare-and-swap on the
+  share-partition's gen key: a leader's write made from the state it held before the admin's
+  commit is refused and the admin's state stays (no lost update), also after DeleteGroups, and
+  concurrent admin writes each commit under their own gen;
 * the ShareAcknowledge handler answers a fenced acknowledgement NOT_LEADER_OR_FOLLOWER.
 """
 
@@ -29,11 +32,11 @@ from loglake.broker.share.states import AckType, RecordState
 from loglake.broker.share.store import ShareKey
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.etcd_client import EtcdClient
-from loglake.cluster.shares import FencedShareStore
+from loglake.cluster.shares import FencedShareStore, gen_key
 from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
-from loglake.meta.records import PlogLeader
+from loglake.meta.records import PlogLeader, ShareState
 
 pytestmark = needs_etcd
 etcd1 = etcdkit.etcd1
@@ -153,3 +156,89 @@ def test_a_share_partition_created_by_a_deposed_leader_is_not_stored(brokers: tu
     asyncio.run(_durable(saves))
     assert part.ack_error == ErrorCode.NOT_LEADER_OR_FOLLOWER
     assert b.stored()[0] == 0  # nothing of broker 1's acknowledgement landed
+
+
+def test_a_leaders_write_after_an_admins_reset_is_refused_and_the_admins_state_stays(
+    brokers: tuple[Broker, Broker],
+) -> None:
+    a, b = brokers
+    b.acquire()
+    b.meta.sync()
+    sp = b.share.partition(KEY, b.leader_epoch())
+    assert sp is not None
+    assert sp.acquire("m1", [(0, 9, False)], 10, 1_000) == [(0, 9, 1)]
+    assert sp.acknowledge("m1", 0, 1, ACCEPT) == ErrorCode.NONE
+    b.share.persist(KEY).result(WAIT)
+    # broker 1 (the group's coordinator) resets the group to offset 5; broker 2, the leader,
+    # has not applied it yet and acknowledges 2..3 from what it holds: that write would put
+    # start 4 and 5..9 acquired back over the admin's state
+    a.share.reset(KEY, 5).result(WAIT)
+    assert sp.acknowledge("m1", 2, 3, ACCEPT) == ErrorCode.NONE
+    with pytest.raises(MetaFencedError):
+        b.share.persist(KEY).result(WAIT)
+    assert a.stored() == (5, []) and b.stored() == (5, [])
+    # the leader loads the admin's state at its next use and carries on from it
+    again = b.share.partition(KEY, b.leader_epoch())
+    assert again is not None and again is not sp and again.start == 5
+    assert again.acquire("m1", [(0, 9, False)], 10, 1_000) == [(5, 9, 1)]  # delivery counts forgotten
+    assert again.acknowledge("m1", 5, 9, ACCEPT) == ErrorCode.NONE
+    b.share.persist(KEY).result(WAIT)
+    assert a.stored() == (10, [])
+
+
+def test_a_leaders_copy_of_a_deleted_share_group_is_refused_and_it_starts_afresh(
+    brokers: tuple[Broker, Broker],
+) -> None:
+    a, b = brokers
+    b.acquire()
+    b.meta.sync()
+    sp = b.share.partition(KEY, b.leader_epoch())
+    assert sp is not None
+    assert sp.acquire("m1", [(0, 9, False)], 10, 1_000) == [(0, 9, 1)]
+    b.share.persist(KEY).result(WAIT)
+    a.meta.sync()  # DeleteGroups removes the share-partitions its broker knows of
+    for f in a.share.delete_group("g"):  # DeleteGroups through broker 1
+        f.result(WAIT)
+    assert sp.acknowledge("m1", 0, 9, ACCEPT) == ErrorCode.NONE
+    with pytest.raises(MetaFencedError):  # it would bring the deleted group's state back
+        b.share.persist(KEY).result(WAIT)
+    a.meta.sync()
+    assert a.store.load(KEY) is None
+    # a new member of the group starts it afresh at the gen the deletion left, and its writes land
+    fresh = b.share.partition(KEY, b.leader_epoch())
+    assert fresh is not None and fresh.start == 0 and fresh.acquire("m2", [(0, 9, False)], 10, 1_000) == [(0, 9, 1)]
+    assert fresh.acknowledge("m2", 0, 2, ACCEPT) == ErrorCode.NONE
+    b.share.persist(KEY).result(WAIT)
+    assert a.stored() == (3, [(3, 9, int(RecordState.AVAILABLE), 1)])  # acquisitions are not stored
+
+
+def test_concurrent_admin_writes_each_commit_under_their_own_gen(brokers: tuple[Broker, Broker]) -> None:
+    a, b = brokers
+    resets = [a.share.reset(KEY, 1), b.share.reset(KEY, 2), a.share.reset(KEY, 3), b.share.reset(KEY, 4)]
+    for f in resets:
+        f.result(WAIT)
+    a.meta.sync()
+    b.meta.sync()
+    raw, _ = a.meta.get_key(gen_key(KEY))
+    assert raw == b"4" and a.store.generation(KEY) == 4 and b.store.generation(KEY) == 4
+    assert a.stored()[0] in (3, 4) and a.stored() == b.stored()  # the last committed of each broker's own order
+
+
+def test_a_state_stored_with_a_gen_before_gen_keys_existed_gets_its_key(brokers: tuple[Broker, Broker]) -> None:
+    a, b = brokers
+    b.acquire()
+    a.meta.append(ShareState("g", TID, 0, 3, 3, [], 2)).result(WAIT)  # an older release's admin reset
+    b.meta.sync()
+    sp = b.share.partition(KEY, b.leader_epoch())
+    assert sp is not None and sp.start == 3
+    assert sp.acquire("m1", [(0, 9, False)], 10, 1_000) == [(3, 9, 1)]
+    assert sp.acknowledge("m1", 3, 4, ACCEPT) == ErrorCode.NONE
+    with pytest.raises(MetaFencedError):  # no gen key yet: refused once, which gives it one
+        b.share.persist(KEY).result(WAIT)
+    assert b.meta.get_key(gen_key(KEY))[0] == b"2"
+    again = b.share.partition(KEY, b.leader_epoch())
+    assert again is not None and again.start == 3
+    assert again.acquire("m1", [(0, 9, False)], 10, 1_000) == [(3, 9, 1)]
+    assert again.acknowledge("m1", 3, 4, ACCEPT) == ErrorCode.NONE
+    b.share.persist(KEY).result(WAIT)
+    assert a.stored()[0] == 5

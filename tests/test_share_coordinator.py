@@ -38,6 +38,9 @@ class MemStore:
         f.set_result(len(self.saved))
         return f
 
+    def reset(self, key: ShareKey, start: int) -> Future[int]:
+        return self.save(key, start, start, [], (self.generation(key) or 0) + 1)
+
     def forget(self, key: ShareKey) -> Future[int]:
         self.saved.pop(key, None)
         f: Future[int] = Future()

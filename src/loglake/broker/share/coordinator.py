@@ -307,7 +307,7 @@ class ShareCoordinator:
             return None
         lim = self.limits
         stored = self.store.load(key)
-        gen = stored.gen if stored is not None else 0
+        gen = stored.gen if stored is not None else self.store.generation(key) or 0
         if stored is not None and stored.start >= 0:
             sp = SharePartition.restored(stored.start, stored.end, stored.batches, lock_ms=lim.record_lock_duration_ms,
                                          delivery_limit=lim.delivery_count_limit, max_locks=lim.partition_max_record_locks)
@@ -373,10 +373,10 @@ class ShareCoordinator:
     def reset(self, key: ShareKey, start: int) -> Future[int]:
         """Set the share-partition start offset (-1: uninitialised, started afresh from
         share.auto.offset.reset); every in-flight record is forgotten. A leader holding the state
-        in memory sees the new `gen` and loads it again."""
-        gen = (self.store.generation(key) or 0) + 1
+        in memory sees the new `gen` and loads it again; its writes made before it noticed are
+        refused (cluster mode: a compare on the `gen`, loglake.cluster.shares)."""
         self.drop_partition(key)
-        return self.store.save(key, start, start, [], gen)
+        return self.store.reset(key, start)
 
     def delete_group(self, group_id: str) -> list[Future[int]]:
         """Forget an empty share group and every share-partition state it has (DeleteGroups)."""

@@ -46,7 +46,15 @@ class ShareStore(Protocol):
         loglake.cluster.shares)."""
         ...
 
-    def forget(self, key: ShareKey) -> Future[int]: ...
+    def reset(self, key: ShareKey, start: int) -> Future[int]:
+        """An admin's write (Alter/DeleteShareGroupOffsets): the state replaced by one starting at
+        `start` (-1: uninitialised) with nothing in flight, under a new `gen`, so a leader holding
+        the old one loads it again."""
+        ...
+
+    def forget(self, key: ShareKey) -> Future[int]:
+        """An admin's removal (DeleteGroups)."""
+        ...
 
 
 class MetaShareStore:
@@ -69,7 +77,8 @@ class MetaShareStore:
         return self.meta.read(lambda state: sorted(k for k in state.shares if k[0] == group_id))
 
     def generation(self, key: ShareKey) -> int | None:
-        """The stored state's `gen`, None if there is none (a lookup, no copy)."""
+        """The stored state's `gen`, None if there is none (a lookup, no copy); a store may also
+        know the `gen` of a state an admin removed (cluster mode), which a new state starts at."""
 
         def read(state: MetaState) -> int | None:
             doc = state.shares.get(key)
@@ -82,6 +91,11 @@ class MetaShareStore:
         # one broker leads every partition here: nothing to fence
         g, tid, p = key
         return self.meta.append(ShareState(g, tid, p, start, end, list(batches), gen))
+
+    def reset(self, key: ShareKey, start: int) -> Future[int]:
+        # the event loop orders it with every leader write here: nothing to compare
+        g, tid, p = key
+        return self.meta.append(ShareState(g, tid, p, start, start, [], (self.generation(key) or 0) + 1))
 
     def forget(self, key: ShareKey) -> Future[int]:
         g, tid, p = key
