@@ -257,7 +257,7 @@ def test_group_configs_set_describe_validate(admin: AdminClient, broker: InProce
         ("consumer.session.timeout.ms", "60001", "must be less than or equal to group.consumer.max.session.timeout.ms"),
         ("consumer.heartbeat.interval.ms", "4999", "must be greater than or equal to group.consumer.min.heartbeat"),
         ("consumer.heartbeat.interval.ms", "15001", "must be less than or equal to group.consumer.max.heartbeat"),
-        ("share.session.timeout.ms", "50000", "Unknown group config name"),
+        ("streams.session.timeout.ms", "50000", "Unknown group config name"),
         ("consumer.session.timeout.ms", "lots", "Not a number"),
     ):
         err = alter(admin, GROUP, "gc", (name, value, SET))

@@ -122,7 +122,7 @@ def test_group_config_store(tmp_path: Path) -> None:
             ({HEARTBEAT_INTERVAL: "4999"}, "greater than or equal to group.consumer.min.heartbeat.interval.ms"),
             ({HEARTBEAT_INTERVAL: "15001"}, "less than or equal to group.consumer.max.heartbeat.interval.ms"),
             ({SESSION_TIMEOUT: "soon"}, "Not a number"),
-            ({"share.session.timeout.ms": "50000"}, "Unknown group config name"),
+            ({"streams.session.timeout.ms": "50000"}, "Unknown group config name"),
         ):
             with pytest.raises(ConfigError, match=re.escape(message)):
                 store.alter("g1", bad, validate_only=False)
@@ -177,9 +177,9 @@ def test_share_lock_duration_and_delivery_limit_per_group(tmp_path: Path) -> Non
         # the third: share.partition.max.record.locks, in group.share.partition.max.record.locks' range
         with pytest.raises(ConfigError, match=re.escape("Value must be in [100, 10000]")):
             store.alter("g", {SHARE_PARTITION_MAX_RECORD_LOCKS: "99"}, validate_only=False)
-        assert store.share_limits("g") == GroupShareLimits(2000, 3, 2000)
+        assert store.share_limits("g") == GroupShareLimits(2000, 3, 2000, 45_000, 5_000)
         store.alter("g", {SHARE_PARTITION_MAX_RECORD_LOCKS: "150"}, validate_only=False)
-        assert store.share_limits("g") == GroupShareLimits(20_000, 5, 150)  # alter replaces the set (AlterConfigs)
+        assert store.share_limits("g") == GroupShareLimits(20_000, 5, 150, 45_000, 5_000)  # alter replaces the set (AlterConfigs)
     finally:
         engine.close()
 
@@ -202,5 +202,28 @@ def test_cleaner_io_rate_changes_at_runtime(tmp_path: Path) -> None:
         limiter.acquire(1000)  # within the bucket: no wait
         engine.set_cleaner_io_rate(0)  # unlimited
         limiter.acquire(10**12)
+    finally:
+        engine.close()
+
+
+def test_share_session_timeout_and_heartbeat_interval_per_group(tmp_path: Path) -> None:
+    engine = Engine(str(tmp_path / "d"), small_config())
+    engine.open()
+    try:
+        broker = ShareLimits(min_session_timeout_ms=2_000, min_heartbeat_interval_ms=1_000)
+        store = GroupConfigStore(ConfigStore.of(engine), share_defaults=lambda: broker)
+        assert store.share_limits("g")[3:] == (45_000, 5_000)  # the broker's until set
+        store.alter("g", {"share.session.timeout.ms": "3000", "share.heartbeat.interval.ms": " 1000"}, validate_only=False)
+        assert store.share_limits("g")[3:] == (3_000, 1_000) and store.share_limits("other")[3:] == (45_000, 5_000)
+        assert store.current("g") == {"share.session.timeout.ms": "3000", "share.heartbeat.interval.ms": "1000"}
+        # the broker's minimum rose since: a stored value below it is brought up to it, not refused
+        broker = ShareLimits()
+        assert store.share_limits("g")[3:] == (45_000, 5_000)
+        reloaded = GroupConfigStore(ConfigStore.of(engine), share_defaults=lambda: broker)
+        reloaded.load()
+        assert reloaded.current("g") == {"share.session.timeout.ms": "3000", "share.heartbeat.interval.ms": "1000"}
+        with pytest.raises(ConfigError, match=re.escape("share.session.timeout.ms must be greater than or equal to "
+                                                        "group.share.min.session.timeout.ms")):
+            store.alter("g", {"share.session.timeout.ms": "3000"}, validate_only=False)
     finally:
         engine.close()

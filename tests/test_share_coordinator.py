@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from loglake.broker.share.coordinator import Heartbeat, ShareCoordinator
-from loglake.broker.share.limits import GroupShareLimits, ShareLimits
+from loglake.broker.share.coordinator import REAP_INTERVAL_MS, Heartbeat, ShareCoordinator
+from loglake.broker.share.limits import ShareLimits
 from loglake.broker.share.partition import StateBatch
 from loglake.broker.share.states import AckType
 from loglake.broker.share.store import ShareKey, StoredShare
@@ -180,8 +180,8 @@ def test_an_admin_reset_is_seen_by_the_leader_holding_the_state() -> None:
 def test_a_groups_lock_duration_and_delivery_limit_apply_to_its_share_partitions() -> None:
     store, clock = MemStore(), Clock()
     # share.record.lock.duration.ms, share.delivery.count.limit, share.partition.max.record.locks of g
-    own = {"g": GroupShareLimits(2_000, 3, 2_000)}
     limits = ShareLimits(record_lock_duration_ms=30_000, delivery_count_limit=5)
+    own = {"g": limits.of_group()._replace(lock_ms=2_000, delivery_limit=3, max_locks=2_000)}
     c = ShareCoordinator(
         store, limits, clock=clock,
         topic_partitions=lambda name: (TID, 1), initial_offset=lambda tid, p, reset: 0,
@@ -198,9 +198,34 @@ def test_a_groups_lock_duration_and_delivery_limit_apply_to_its_share_partitions
         assert sp.expire(clock.ms)
     assert sp.start == 1  # released at the group's limit of 3 (the broker's is 5): archived
     # a change of the group's configs applies to the share-partition held (KIP-1240)
-    own["g"] = GroupShareLimits(5_000, 2, 1)
+    own["g"] = limits.of_group()._replace(lock_ms=5_000, delivery_limit=2, max_locks=1)
     again = c.partition(("g", TID, 0))
     assert again is sp and (sp.lock_ms, sp.delivery_limit, sp.max_locks) == (5_000, 2, 1)
     assert sp.acquire("m", [(1, 1, False), (2, 2, False)], 5, clock.ms) == [(1, 1, 1)]  # one record in flight
     other = c.partition(("other", TID, 0))
     assert other is not None and (other.lock_ms, other.delivery_limit, other.max_locks) == (30_000, 5, 2000)
+
+
+def test_a_groups_session_timeout_and_heartbeat_interval_apply_to_its_members() -> None:
+    store, clock = MemStore(), Clock()
+    limits = ShareLimits()
+    # share.session.timeout.ms and share.heartbeat.interval.ms of g; "other" takes the broker's
+    own = {"g": limits.of_group()._replace(session_timeout_ms=3_000, heartbeat_interval_ms=1_000)}
+    c = ShareCoordinator(
+        store, limits, clock=clock,
+        topic_partitions=lambda name: (TID, 1), initial_offset=lambda tid, p, reset: 0,
+        group_limits=lambda group: own.get(group, limits.of_group()),
+    )
+    joined = c.heartbeat(_hb("m1", 0, ["t"]))
+    assert (joined.error_code, joined.heartbeat_interval_ms) == (ErrorCode.NONE, 1_000)
+    assert c.heartbeat(_hb("o1", 0, ["t"], group="other")).heartbeat_interval_ms == limits.heartbeat_interval_ms
+    assert c.session("g", "m1", 0) != ErrorCode.SHARE_SESSION_LIMIT_REACHED
+    clock.ms += 3_000
+    assert c.group("g") is not None and "m1" in c.groups["g"].members  # silent for exactly the timeout: kept
+    clock.ms += REAP_INTERVAL_MS  # silent members are looked for at most once a second
+    assert c.is_empty("g")  # past the group's 3 s: removed, and its share session closed
+    assert ("g", "m1") not in c.sessions
+    assert "o1" in c.groups["other"].members  # the broker's 45 s for the other group
+    assert c.heartbeat(_hb("m1", 1)).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    own["g"] = own["g"]._replace(heartbeat_interval_ms=2_000)  # a config change holds at the next heartbeat
+    assert c.heartbeat(_hb("m2", 0, ["t"])).heartbeat_interval_ms == 2_000

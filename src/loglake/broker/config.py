@@ -195,7 +195,11 @@ class BrokerConfig:
     group_consumer_migration_policy: str = default_of("group_consumer_migration_policy", str)
     #: KIP-932 share groups (Kafka's group.share.* names); see docs/SHARE_GROUPS.md.
     group_share_session_timeout_ms: int = default_of("group_share_session_timeout_ms", int)
+    group_share_min_session_timeout_ms: int = default_of("group_share_min_session_timeout_ms", int)
+    group_share_max_session_timeout_ms: int = default_of("group_share_max_session_timeout_ms", int)
     group_share_heartbeat_interval_ms: int = default_of("group_share_heartbeat_interval_ms", int)
+    group_share_min_heartbeat_interval_ms: int = default_of("group_share_min_heartbeat_interval_ms", int)
+    group_share_max_heartbeat_interval_ms: int = default_of("group_share_max_heartbeat_interval_ms", int)
     group_share_max_size: int = default_of("group_share_max_size", int)
     group_share_record_lock_duration_ms: int = default_of("group_share_record_lock_duration_ms", int)
     group_share_delivery_count_limit: int = default_of("group_share_delivery_count_limit", int)
@@ -282,8 +286,11 @@ class BrokerConfig:
         self.engine_config()
         if self.cluster is not None:
             self._validate_cluster()
+        from loglake.broker.share.limits import ShareLimits
+
         try:
             self.consumer_group_limits().check()
+            ShareLimits.of(self).check()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

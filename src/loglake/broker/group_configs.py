@@ -12,7 +12,11 @@ default, or "earliest") and `share.isolation.level` ("read_uncommitted", the def
 numbers `share.record.lock.duration.ms` (Kafka 4.0's group config), `share.delivery.count.limit`
 and `share.partition.max.record.locks` (KIP-1240's): a group without its own takes the broker's `group.share.*` setting, and a value must
 lie in that setting's range (BROKER_SETTINGS: loglake has no separate min/max settings for them);
-the share coordinator reads them with `share_limits`. The other share configs are unknown here.
+and `share.session.timeout.ms` / `share.heartbeat.interval.ms` (Kafka 4.0's), which default to the
+broker's `group.share.session.timeout.ms` / `group.share.heartbeat.interval.ms` and must lie in
+its `group.share.min/max.session.timeout.ms` / `group.share.min/max.heartbeat.interval.ms`, the
+session timeout above the heartbeat interval (`validate_share`, Kafka's messages). The share
+coordinator reads all five with `share_limits`. The other share configs are unknown here.
 
 Configs are independent of a group's offsets and membership: a group may carry them before it
 exists, and DeleteGroups leaves them (Kafka keeps them in the controller's metadata, which
@@ -70,6 +74,14 @@ SHARE_INT_CONFIGS: dict[str, str] = {
     SHARE_DELIVERY_COUNT_LIMIT: "group_share_delivery_count_limit",
     SHARE_PARTITION_MAX_RECORD_LOCKS: "group_share_partition_max_record_locks",
 }
+SHARE_SESSION_TIMEOUT = "share.session.timeout.ms"
+SHARE_HEARTBEAT_INTERVAL = "share.heartbeat.interval.ms"
+#: A share group's membership timings (Kafka 4.0's group configs) -> the broker setting giving
+#: their default; their range is the broker's group.share.min/max.* settings (`validate_share`).
+SHARE_TIMING_CONFIGS: dict[str, str] = {
+    SHARE_SESSION_TIMEOUT: "group_share_session_timeout_ms",
+    SHARE_HEARTBEAT_INTERVAL: "group_share_heartbeat_interval_ms",
+}
 
 _DOCS = {
     SESSION_TIMEOUT: "The timeout to detect client failures when using the consumer group protocol.",
@@ -79,6 +91,8 @@ _DOCS = {
     SHARE_RECORD_LOCK_DURATION: "How long a member of the share group holds the records it acquired.",
     SHARE_DELIVERY_COUNT_LIMIT: "Deliveries of a record before the share group archives it.",
     SHARE_PARTITION_MAX_RECORD_LOCKS: "Records of one partition the share group holds in flight at most.",
+    SHARE_SESSION_TIMEOUT: "The timeout to detect client failures when using the share group protocol.",
+    SHARE_HEARTBEAT_INTERVAL: "The heartbeat interval given to the members of a share group.",
 }
 
 
@@ -138,8 +152,29 @@ def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
             raise ConfigError(message)
 
 
+def validate_share(values: dict[str, int], limits: ShareLimits) -> None:
+    """ConfigError (INVALID_CONFIG) unless a share group's merged session timeout and heartbeat
+    interval fit the broker's group.share.min/max.* settings and each other (Kafka's messages)."""
+    session = values.get(SHARE_SESSION_TIMEOUT, limits.session_timeout_ms)
+    heartbeat = values.get(SHARE_HEARTBEAT_INTERVAL, limits.heartbeat_interval_ms)
+    checks = (
+        (heartbeat < limits.min_heartbeat_interval_ms,
+         f"{SHARE_HEARTBEAT_INTERVAL} must be greater than or equal to group.share.min.heartbeat.interval.ms"),
+        (heartbeat > limits.max_heartbeat_interval_ms,
+         f"{SHARE_HEARTBEAT_INTERVAL} must be less than or equal to group.share.max.heartbeat.interval.ms"),
+        (session < limits.min_session_timeout_ms,
+         f"{SHARE_SESSION_TIMEOUT} must be greater than or equal to group.share.min.session.timeout.ms"),
+        (session > limits.max_session_timeout_ms,
+         f"{SHARE_SESSION_TIMEOUT} must be less than or equal to group.share.max.session.timeout.ms"),
+        (session <= heartbeat, f"{SHARE_SESSION_TIMEOUT} must be greater than {SHARE_HEARTBEAT_INTERVAL}"),
+    )
+    for failed, message in checks:
+        if failed:
+            raise ConfigError(message)
+
+
 def parse_value(name: str, raw: str | None) -> int:
-    if name not in GROUP_CONFIG_NAMES:
+    if name not in GROUP_CONFIG_NAMES and name not in SHARE_TIMING_CONFIGS:
         raise ConfigError(f"Unknown group config name: {name}")
     if raw is None:
         raise ConfigError(f"Null value not supported for group configs: {name}")
@@ -156,6 +191,8 @@ def canonical_value(name: str, raw: str | None) -> str:
     """The value of any group config as stored (ConfigError if it is not one, or not valid)."""
     if name in SHARE_INT_CONFIGS:
         return str(parse_share_int(name, raw))
+    if name in SHARE_TIMING_CONFIGS:
+        return str(parse_value(name, raw))
     return parse_share_value(name, raw) if name in SHARE_CONFIGS else str(parse_value(name, raw))
 
 
@@ -202,7 +239,8 @@ class GroupConfigStore:
             if name in GROUP_CONFIG_NAMES and value.strip().lstrip("-").isdigit()
         }
         shares = {name: value for name, value in configs.items()
-                  if value in SHARE_CONFIGS.get(name, ()) or _valid_share_int(name, value)}
+                  if value in SHARE_CONFIGS.get(name, ()) or _valid_share_int(name, value)
+                  or _valid_share_timing(name, value)}
         if len(kept) + len(shares) != len(configs):
             log.warning("group %s: ignoring stored configs this release does not take: %s", group_id,
                         sorted(set(configs) - set(kept) - set(shares)))
@@ -234,11 +272,28 @@ class GroupConfigStore:
             return int(value)
         return _share_default(self.share_defaults(), name)
 
+    def share_timing(self, group_id: str, name: str) -> int:
+        """The group's share.session.timeout.ms / share.heartbeat.interval.ms (SHARE_TIMING_CONFIGS),
+        the broker's group.share.* setting unless set; a stored value outside today's
+        group.share.min/max.* range is brought into it (as the KIP-848 coordinator clamps)."""
+        limits = self.share_defaults()
+        if name == SHARE_SESSION_TIMEOUT:
+            default, lo, hi = limits.session_timeout_ms, limits.min_session_timeout_ms, limits.max_session_timeout_ms
+        else:
+            default, lo, hi = (limits.heartbeat_interval_ms, limits.min_heartbeat_interval_ms,
+                               limits.max_heartbeat_interval_ms)
+        value = self.records.group_config(group_id, name)
+        if value is None or not _valid_share_timing(name, value):
+            return default
+        return max(lo, min(hi, int(value)))
+
     def share_limits(self, group_id: str) -> GroupShareLimits:
-        """The group's three int-valued share configs, as the share coordinator applies them."""
+        """The group's int-valued share configs, as the share coordinator applies them."""
         return GroupShareLimits(self.share_limit(group_id, SHARE_RECORD_LOCK_DURATION),
                                 self.share_limit(group_id, SHARE_DELIVERY_COUNT_LIMIT),
-                                self.share_limit(group_id, SHARE_PARTITION_MAX_RECORD_LOCKS))
+                                self.share_limit(group_id, SHARE_PARTITION_MAX_RECORD_LOCKS),
+                                self.share_timing(group_id, SHARE_SESSION_TIMEOUT),
+                                self.share_timing(group_id, SHARE_HEARTBEAT_INTERVAL))
 
     def share_auto_offset_reset(self, group_id: str) -> str:
         return self.share_config(group_id, SHARE_AUTO_OFFSET_RESET)
@@ -283,6 +338,19 @@ class GroupConfigStore:
                 name, top_value, top_source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
                 synonyms=[{"name": n, "value": v, "source": s} for s, n, v in share_layers] if synonyms else [],
             ))
+        for name, setting_name in SHARE_TIMING_CONFIGS.items():
+            if wanted is not None and name not in wanted:
+                continue
+            setting = BROKER_SETTINGS[setting_name]
+            default = _timing_default(self.share_defaults(), name)
+            default_source = DEFAULT_CONFIG if default == setting.default else STATIC_BROKER_CONFIG
+            timing_layers = [(GROUP_CONFIG, name, shares[name])] if name in shares else []
+            timing_layers.append((default_source, setting.described_as, str(default)))
+            top_source, _, top_value = timing_layers[0]
+            out.append(config_entry(
+                name, top_value, top_source, ConfigType.INT, _DOCS[name] if docs else None, read_only=False,
+                synonyms=[{"name": n, "value": v, "source": s} for s, n, v in timing_layers] if synonyms else [],
+            ))
         for name, allowed in SHARE_CONFIGS.items():
             if wanted is not None and name not in wanted:
                 continue
@@ -301,9 +369,12 @@ class GroupConfigStore:
         check_group_id(group_id)
         shares = {name: parse_share_value(name, raw) for name, raw in new.items() if name in SHARE_CONFIGS}
         shares.update({name: str(parse_share_int(name, raw)) for name, raw in new.items() if name in SHARE_INT_CONFIGS})
+        timings = {name: parse_value(name, raw) for name, raw in new.items() if name in SHARE_TIMING_CONFIGS}
+        shares.update({name: str(value) for name, value in timings.items()})
         values = {name: parse_value(name, raw) for name, raw in new.items()
-                  if name not in SHARE_CONFIGS and name not in SHARE_INT_CONFIGS}
+                  if name not in SHARE_CONFIGS and name not in SHARE_INT_CONFIGS and name not in SHARE_TIMING_CONFIGS}
         validate(values, self.bounds())
+        validate_share(timings, self.share_defaults())
         known = set(self._configs) | set(self._shares)
         if (values or shares) and group_id not in known and len(known) >= self.max_groups:
             raise ConfigPolicyError(
@@ -329,6 +400,14 @@ def _valid_share_int(name: str, value: str) -> bool:
         return name in SHARE_INT_CONFIGS and share_setting(name).in_bounds(int(value))
     except ValueError:
         return False
+
+
+def _valid_share_timing(name: str, value: str) -> bool:
+    return name in SHARE_TIMING_CONFIGS and value.strip().isdigit() and 1 <= int(value) <= 2**31 - 1
+
+
+def _timing_default(limits: ShareLimits, name: str) -> int:
+    return limits.session_timeout_ms if name == SHARE_SESSION_TIMEOUT else limits.heartbeat_interval_ms
 
 
 def _share_default(limits: ShareLimits, name: str) -> int:

@@ -1,10 +1,11 @@
 """The share coordinator: share-group membership by heartbeat, share sessions, share-partitions.
 
 Membership (ShareGroupHeartbeat, KIP-848 style): a member joins with epoch 0 under the member id
-it generated, heartbeats with its epoch, leaves with -1, and is removed after
-`session_timeout_ms` of silence. Assignment is the server's and is not exclusive: every member
-gets every partition of the topics it subscribes to (a share group spreads records, not
-partitions). The group epoch moves with every join, leave and subscription change; a member's
+it generated, heartbeats with its epoch, leaves with -1, and is removed after its group's
+session timeout (`share.session.timeout.ms`, else the broker's) of silence; each heartbeat's
+answer carries the group's heartbeat interval (`share.heartbeat.interval.ms`, else the broker's).
+Assignment is the server's and is not exclusive: every member gets every partition of the topics
+it subscribes to (a share group spreads records, not partitions). The group epoch moves with every join, leave and subscription change; a member's
 epoch becomes the group's when its assignment changes.
 
 Share-partitions (`SharePartition`) live where ShareFetch is served, on the partition's leader:
@@ -120,8 +121,9 @@ class ShareCoordinator:
         """`topic_partitions(name)`: (topic id hex, partition count), None if no such topic;
         `initial_offset(topic id hex, partition, "latest"|"earliest")`: where a new share-partition
         starts; `auto_offset_reset(group)`: the group's `share.auto.offset.reset`;
-        `group_limits(group)`: its share.record.lock.duration.ms, share.delivery.count.limit and
-        share.partition.max.record.locks, by default `limits`' for every group."""
+        `group_limits(group)`: its share.record.lock.duration.ms, share.delivery.count.limit,
+        share.partition.max.record.locks, share.session.timeout.ms and share.heartbeat.interval.ms,
+        by default `limits`' for every group."""
         self.store = store
         self.limits = limits
         self._group_limits = group_limits or (lambda _g: limits.of_group())
@@ -145,7 +147,7 @@ class ShareCoordinator:
     def heartbeat(self, hb: Heartbeat) -> HeartbeatResult:
         now = self.clock()
         self.reap(now)
-        interval = self.limits.heartbeat_interval_ms
+        interval = self._group_limits(hb.group_id).heartbeat_interval_ms  # share.heartbeat.interval.ms
         group = self.groups.get(hb.group_id)
         if hb.member_epoch == -1:  # leave
             if group is not None and hb.member_id in group.members:
@@ -219,18 +221,29 @@ class ShareCoordinator:
                 out[tid] = list(range(count))
         return out
 
+    def session_timeout_ms(self, group_id: str) -> int:
+        """How long a member of the group may stay silent (share.session.timeout.ms)."""
+        return self._group_limits(group_id).session_timeout_ms
+
     def reap(self, now: int | None = None) -> None:
-        """Remove members silent for longer than the session timeout (at most once a second)."""
+        """Remove members silent for longer than their group's session timeout, and share
+        sessions unused for as long (at most once a second)."""
         now = self.clock() if now is None else now
         if now - self._reaped_ms < REAP_INTERVAL_MS:
             return
         self._reaped_ms = now
-        timeout = self.limits.session_timeout_ms
+        timeouts: dict[str, int] = {}
+
+        def timeout(group_id: str) -> int:
+            if group_id not in timeouts:
+                timeouts[group_id] = self.session_timeout_ms(group_id)
+            return timeouts[group_id]
+
         for group in list(self.groups.values()):
-            for m in [m for m in group.members.values() if now - m.last_seen_ms > timeout]:
+            for m in [m for m in group.members.values() if now - m.last_seen_ms > timeout(group.group_id)]:
                 self._remove(group, m.member_id, "session timed out")
                 self.close_session(group.group_id, m.member_id)
-        for group_id, member_id in [k for k, s in self.sessions.items() if now - s.used_ms > timeout]:
+        for group_id, member_id in [k for k, s in self.sessions.items() if now - s.used_ms > timeout(k[0])]:
             self.close_session(group_id, member_id)
 
     def _remove(self, group: ShareGroup, member_id: str, why: str) -> None:
@@ -289,7 +302,8 @@ class ShareCoordinator:
         moved the stored state on."""
         sp = self._partition(key, leader_epoch)
         if sp is not None:
-            sp.lock_ms, sp.delivery_limit, sp.max_locks = self._group_limits(key[0])
+            own = self._group_limits(key[0])
+            sp.lock_ms, sp.delivery_limit, sp.max_locks = own.lock_ms, own.delivery_limit, own.max_locks
         return sp
 
     def _partition(self, key: ShareKey, leader_epoch: int) -> SharePartition | None:
@@ -362,6 +376,7 @@ class ShareCoordinator:
         return group_id in self.groups or bool(self.store.keys(group_id))
 
     def is_empty(self, group_id: str) -> bool:
+        self.reap()  # a member whose session timed out is not one
         group = self.groups.get(group_id)
         return group is None or not group.members
 
@@ -388,9 +403,11 @@ class ShareCoordinator:
     # ---- describing --------------------------------------------------------------------------
 
     def group(self, group_id: str) -> ShareGroup | None:
+        self.reap()
         return self.groups.get(group_id)
 
     def listed(self) -> list[ShareGroup]:
+        self.reap()
         return sorted(self.groups.values(), key=lambda g: g.group_id)
 
 

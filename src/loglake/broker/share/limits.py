@@ -18,20 +18,29 @@ AUTO_OFFSET_RESETS = ("latest", "earliest")
 
 
 class GroupShareLimits(NamedTuple):
-    """One share group's share.record.lock.duration.ms, share.delivery.count.limit and
-    share.partition.max.record.locks (its group configs, else the broker's group.share.* settings)."""
+    """One share group's share.record.lock.duration.ms, share.delivery.count.limit,
+    share.partition.max.record.locks, share.session.timeout.ms and share.heartbeat.interval.ms
+    (its group configs, else the broker's group.share.* settings)."""
 
     lock_ms: int
     delivery_limit: int
     max_locks: int
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
 
 
 @dataclass(frozen=True, slots=True)
 class ShareLimits:
     #: group.share.session.timeout.ms: a member silent this long is removed (its records released).
     session_timeout_ms: int = 45_000
+    #: group.share.min/max.session.timeout.ms: the range of a group's share.session.timeout.ms
+    min_session_timeout_ms: int = 45_000
+    max_session_timeout_ms: int = 60_000
     #: group.share.heartbeat.interval.ms
     heartbeat_interval_ms: int = 5_000
+    #: group.share.min/max.heartbeat.interval.ms: the range of a group's share.heartbeat.interval.ms
+    min_heartbeat_interval_ms: int = 5_000
+    max_heartbeat_interval_ms: int = 15_000
     #: group.share.max.size: members per share group (GROUP_MAX_SIZE_REACHED past it).
     max_size: int = 200
     #: group.share.record.lock.duration.ms: how long an acquired record stays acquired.
@@ -53,13 +62,30 @@ class ShareLimits:
 
     def of_group(self) -> GroupShareLimits:
         """The bounds a group config may set for one group, as this broker sets them for all."""
-        return GroupShareLimits(self.record_lock_duration_ms, self.delivery_count_limit, self.partition_max_record_locks)
+        return GroupShareLimits(self.record_lock_duration_ms, self.delivery_count_limit, self.partition_max_record_locks,
+                                self.session_timeout_ms, self.heartbeat_interval_ms)
+
+    def check(self) -> None:
+        """ValueError unless the session and heartbeat settings fit their ranges and each other
+        (Kafka's GroupCoordinatorConfig checks)."""
+        if not self.min_session_timeout_ms <= self.session_timeout_ms <= self.max_session_timeout_ms:
+            raise ValueError("need group.share.min.session.timeout.ms <= group.share.session.timeout.ms "
+                             "<= group.share.max.session.timeout.ms")
+        if not self.min_heartbeat_interval_ms <= self.heartbeat_interval_ms <= self.max_heartbeat_interval_ms:
+            raise ValueError("need group.share.min.heartbeat.interval.ms <= group.share.heartbeat.interval.ms "
+                             "<= group.share.max.heartbeat.interval.ms")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ValueError("group.share.heartbeat.interval.ms must be below group.share.session.timeout.ms")
 
     @classmethod
     def of(cls, config: BrokerConfig) -> ShareLimits:
         return cls(
             session_timeout_ms=config.group_share_session_timeout_ms,
+            min_session_timeout_ms=config.group_share_min_session_timeout_ms,
+            max_session_timeout_ms=config.group_share_max_session_timeout_ms,
             heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
+            min_heartbeat_interval_ms=config.group_share_min_heartbeat_interval_ms,
+            max_heartbeat_interval_ms=config.group_share_max_heartbeat_interval_ms,
             max_size=config.group_share_max_size,
             record_lock_duration_ms=config.group_share_record_lock_duration_ms,
             delivery_count_limit=config.group_share_delivery_count_limit,
