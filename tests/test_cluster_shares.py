@@ -25,14 +25,14 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
-from loglake.broker.handlers.share_groups import _durable, _Part
+from loglake.broker.handlers.share_groups import _durable, _Part, _stored
 from loglake.broker.share.coordinator import ShareCoordinator
 from loglake.broker.share.limits import ShareLimits
 from loglake.broker.share.states import AckType, RecordState
 from loglake.broker.share.store import ShareKey
 from loglake.cluster.etcd import EtcdMetaStore, Guard
 from loglake.cluster.etcd_client import EtcdClient
-from loglake.cluster.shares import FencedShareStore, gen_key
+from loglake.cluster.shares import ADMIN_WRITE_ATTEMPTS_MAX, FencedShareStore, gen_key
 from loglake.errors import MetaFencedError
 from loglake.kafka_errors import ErrorCode
 from loglake.meta.cluster import epoch_key
@@ -242,3 +242,29 @@ def test_a_state_stored_with_a_gen_before_gen_keys_existed_gets_its_key(brokers:
     assert again.acknowledge("m1", 3, 4, ACCEPT) == ErrorCode.NONE
     b.share.persist(KEY).result(WAIT)
     assert a.stored()[0] == 5
+
+
+def test_an_admin_write_that_keeps_losing_its_compare_gives_up_after_the_bound(
+    brokers: tuple[Broker, Broker], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, _ = brokers
+    a.share.reset(KEY, 1).result(WAIT)
+    reads: list[str] = []
+    real = a.meta.get_key
+
+    def stale(key: str) -> tuple[bytes | None, int]:  # as if another admin moved the gen after each read
+        if key == gen_key(KEY):
+            reads.append(key)
+            return b"0", 0
+        return real(key)
+
+    monkeypatch.setattr(a.meta, "get_key", stale)
+    refused = a.share.reset(KEY, 7)
+    with pytest.raises(MetaFencedError, match="admin writes in a row"):
+        refused.result(WAIT)
+    assert len(reads) == ADMIN_WRITE_ATTEMPTS_MAX
+    assert a.stored() == (1, [])  # nothing of the refused write landed
+    # the handlers answer it COORDINATOR_NOT_AVAILABLE (retriable), not by closing the connection
+    row: dict[str, object] = {"partition_index": 0, "error_code": 0}
+    asyncio.run(_stored([(row, refused)]))
+    assert row["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE

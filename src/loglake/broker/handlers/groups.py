@@ -41,7 +41,7 @@ from loglake.broker.security.authorized import (
     group_operations,
 )
 from loglake.broker.security.authorizer import CLUSTER_NAME
-from loglake.errors import LoglakeError
+from loglake.errors import LoglakeError, MetaFencedError
 from loglake.logsafe import RateLimitedLog
 
 log = logging.getLogger("loglake.broker.groups")
@@ -379,8 +379,12 @@ async def delete_groups(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> 
             if not ctx.share.is_empty(g):
                 results.append((g, NON_EMPTY_GROUP))
                 continue
-            for f in ctx.share.delete_group(g):
-                await asyncio.wrap_future(f)
+            try:
+                for f in ctx.share.delete_group(g):
+                    await asyncio.wrap_future(f)
+            except MetaFencedError:  # other admin writes kept winning (cluster mode): retried
+                results.append((g, COORDINATOR_NOT_AVAILABLE))
+                continue
             results.append((g, NONE))
         results += await coordinator.delete_groups(names) if names else []
     return {"throttle_time_ms": 0, "results": [{"group_id": g, "error_code": code} for g, code in results]}

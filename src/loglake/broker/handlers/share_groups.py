@@ -218,9 +218,19 @@ async def _durable(saves: list[_Save]) -> None:
             part.ack_error = ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
-async def _stored(saves: list[Future[int]]) -> None:
-    for f in saves:
-        await asyncio.wrap_future(f)
+#: An admin's write of one share-partition, with the response row that answers it.
+_AdminSave = tuple[dict[str, object], Future[int]]
+
+
+async def _stored(saves: list[_AdminSave]) -> None:
+    """Wait until every admin write is stored. One that kept losing its compare-and-swap to other
+    admin writes (cluster mode, loglake.cluster.shares) is answered COORDINATOR_NOT_AVAILABLE,
+    which clients retry."""
+    for row, f in saves:
+        try:
+            await asyncio.wrap_future(f)
+        except MetaFencedError as exc:
+            row.update(error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, error_message=str(exc))
 
 
 def _batches(data: bytes) -> list[tuple[int, int, bool, int, int]]:
@@ -479,11 +489,11 @@ async def alter_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decoded
     code, message = _group_gate(ctx, conn, body.group_id, AclOperation.READ)
     if code == ErrorCode.NONE and not ctx.share.is_empty(body.group_id):
         code, message = ErrorCode.NON_EMPTY_GROUP, "The group has active members: stop them first."
-    saves: list[Future[int]] = []
+    saves: list[_AdminSave] = []
     topics = []
     for t in body.topics:
         tid = _topic_id(ctx, t.topic_name)
-        rows = []
+        rows: list[dict[str, object]] = []
         for p in t.partitions:
             err: int = code
             if err == ErrorCode.NONE and not check(ctx, conn, AclOperation.READ, TOPIC, t.topic_name):
@@ -492,10 +502,10 @@ async def alter_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decoded
                 err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             elif err == ErrorCode.NONE and p.start_offset < 0:
                 err = ErrorCode.INVALID_REQUEST
-            if err == ErrorCode.NONE and tid is not None:
-                saves.append(ctx.share.reset((body.group_id, tid.hex, p.partition_index), p.start_offset))
             rows.append({"partition_index": p.partition_index, "error_code": err,
                          "error_message": message if err == code else None})
+            if err == ErrorCode.NONE and tid is not None:
+                saves.append((rows[-1], ctx.share.reset((body.group_id, tid.hex, p.partition_index), p.start_offset)))
         topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": rows})
     await _stored(saves)
     return {"throttle_time_ms": 0, "responses": topics}
@@ -509,7 +519,7 @@ async def delete_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decode
     if code != ErrorCode.NONE:
         return {"throttle_time_ms": 0, "error_code": code, "error_message": message, "responses": []}
     stored = ctx.share.store.keys(body.group_id)
-    saves: list[Future[int]] = []
+    saves: list[_AdminSave] = []
     topics = []
     for t in body.topics:
         tid = _topic_id(ctx, t.topic_name)
@@ -517,11 +527,12 @@ async def delete_share_group_offsets(ctx: BrokerContext, conn: Conn, req: Decode
             err = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tid is None else TOPIC_AUTHORIZATION_FAILED
             topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": [{"partition_index": 0, "error_code": err}]})
             continue
-        parts = sorted(p for _, k, p in stored if k == tid.hex)
-        for p in parts:  # uninitialised: the next fetch starts it afresh from share.auto.offset.reset
-            saves.append(ctx.share.reset((body.group_id, tid.hex, p), -1))
-        topics.append({"topic_name": t.topic_name, "topic_id": tid,
-                       "partitions": [{"partition_index": p, "error_code": 0} for p in parts]})
+        rows: list[dict[str, object]] = []
+        for p in sorted(p for _, k, p in stored if k == tid.hex):
+            rows.append({"partition_index": p, "error_code": 0})
+            # uninitialised: the next fetch starts it afresh from share.auto.offset.reset
+            saves.append((rows[-1], ctx.share.reset((body.group_id, tid.hex, p), -1)))
+        topics.append({"topic_name": t.topic_name, "topic_id": tid, "partitions": rows})
     await _stored(saves)
     return {"throttle_time_ms": 0, "error_code": 0, "responses": topics}
 
