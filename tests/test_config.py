@@ -5,6 +5,7 @@ ranges checked at start-up, errors that name setting, value, source and the allo
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -90,3 +91,17 @@ def test_load_checks_types_from_every_source() -> None:
         BrokerConfig.load(env={"LOGLAKE_GROUP_MIN_SESSION_TIMEOUT_MS": "9000", "LOGLAKE_GROUP_MAX_SESSION_TIMEOUT_MS": "8000"})
     with pytest.raises(ConfigError, match=r"expected an integer, got bool"):
         BrokerConfig.load(env={}, default_partitions=True)
+
+
+def test_share_group_session_and_heartbeat_settings_are_checked_against_their_ranges() -> None:
+    # Kafka's GroupCoordinatorConfig checks: group.share.session.timeout.ms within its min/max, ...
+    with pytest.raises(ConfigError, match=re.escape("group.share.min.session.timeout.ms <= group.share.session.timeout.ms")):
+        BrokerConfig.load(env={"LOGLAKE_GROUP_SHARE_SESSION_TIMEOUT_MS": "10000"})
+    with pytest.raises(ConfigError, match=re.escape("group.share.min.heartbeat.interval.ms <= group.share.heartbeat")):
+        BrokerConfig.load(env={"LOGLAKE_GROUP_SHARE_HEARTBEAT_INTERVAL_MS": "1000"})
+    # ... and the interval below the timeout
+    with pytest.raises(ConfigError, match=re.escape("heartbeat.interval.ms must be below group.share.session.timeout.ms")):
+        BrokerConfig.load(env={"LOGLAKE_GROUP_SHARE_MIN_SESSION_TIMEOUT_MS": "2000", "LOGLAKE_GROUP_SHARE_SESSION_TIMEOUT_MS": "2000",
+                               "LOGLAKE_GROUP_SHARE_MIN_HEARTBEAT_INTERVAL_MS": "2000", "LOGLAKE_GROUP_SHARE_HEARTBEAT_INTERVAL_MS": "2000"})
+    lowered = BrokerConfig.load(env={"LOGLAKE_GROUP_SHARE_MIN_SESSION_TIMEOUT_MS": "10000", "LOGLAKE_GROUP_SHARE_SESSION_TIMEOUT_MS": "10000"})
+    assert lowered.group_share_session_timeout_ms == 10_000
