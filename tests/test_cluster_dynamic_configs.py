@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from clusterkit import Cluster, running_cluster
 from etcdkit import needs_etcd
 from loglake.broker.dynamic_config import DYNAMIC_DEFAULT_BROKER_CONFIG
+from loglake.broker.handlers.admin_common import RESOURCE_GROUP
 from loglake.broker.protocol.kip848 import ConsumerGroupHeartbeatRequest
 from loglake.broker.settings import BROKER_SETTINGS
 from loglake.cluster.coordinators import coordinator_of
@@ -96,7 +97,15 @@ def test_a_group_config_altered_on_one_broker_holds_at_the_groups_coordinator(cl
         return int(resp.heartbeat_interval_ms)
 
     def interval_described() -> str | None:
-        return described(at, ResourceType.GROUP, group, "consumer.heartbeat.interval.ms")[0]
+        # Asked of the coordinator itself: confluent-kafka's admin client may send a GROUP
+        # DescribeConfigs to any broker it learnt of, the one that took the change included.
+        resp = raw_call(cluster.by_node(coordinator), 32, 4, include_synonyms=False, include_documentation=False,
+                        resources=[{"resource_type": RESOURCE_GROUP, "resource_name": group,
+                                    "configuration_keys": ["consumer.heartbeat.interval.ms"]}])
+        [result] = resp.results
+        assert result.error_code == E.NONE, result
+        [entry] = result.configs
+        return str(entry.value)
 
     assert heartbeat_interval() == HEARTBEAT_MS
     key = "consumer.heartbeat.interval.ms"
