@@ -44,7 +44,7 @@ class LoopCompletions:
 
     def watch(self, fut: Future[T], callback: Callable[[Future[T]], None]) -> None:
         """Call `callback(fut)` on the loop once `fut` is done (at once on the next drain if it is)."""
-        fut.add_done_callback(lambda done: self._done(callback, done))  # type: ignore[arg-type]
+        fut.add_done_callback(lambda completed: self._done(callback, completed))  # type: ignore[arg-type]
 
     def _done(self, callback: Callable[[Future[object]], None], fut: Future[object]) -> None:
         # any thread: the one that completed `fut`, or the caller of watch() if it was done
@@ -77,32 +77,32 @@ class Countdown:
     for the whole request, however many partitions it wrote.
     """
 
-    __slots__ = ("_left", "done")
+    __slots__ = ("_left", "finished")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         self._left = count
-        self.done: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
         if count <= 0:
-            self.done.set_result(None)
+            self.finished.set_result(None)
 
     def one_done(self, _fut: Future[T]) -> None:
         self._left -= 1
-        if self._left <= 0 and not self.done.done():
-            self.done.set_result(None)
+        if self._left <= 0 and not self.finished.done():
+            self.finished.set_result(None)
 
     async def wait(self, timeout_s: float) -> None:
         """Until every watched future is done or `timeout_s` passed (no error either way)."""
-        if self.done.done():
+        if self.finished.done():
             return
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
         try:
-            await self.done
+            await self.finished
         finally:
             timer.cancel()
 
     def _expire(self) -> None:
-        if not self.done.done():
-            self.done.set_result(None)
+        if not self.finished.done():
+            self.finished.set_result(None)
 
 
 __all__ = ["Countdown", "LoopCompletions"]
