@@ -163,7 +163,7 @@ def test_bucket_outage(tmp_path: Path, outage_s: float) -> None:
             load.wait_acked(AFTER, CARRY_ON_S)
             rep = finish(c, h, load)
         # Everything produced resumed: librdkafka kept retrying through the outage, none gave up.
-        assert rep.stats.get("unknown", 0) == 0, str(rep)
+        assert rep.stats.get("unknown", 0) == 0, f"{rep}; producers' errors: {[p.errors[:5] for p in load.producers]}"
 
 
 def test_rolling_restart_under_load(tmp_path: Path) -> None:
