@@ -91,6 +91,7 @@ UNDECODED_COLUMNS = {"key": "undecoded_key", "value": "undecoded_value"}
 REGISTRY_TIMEOUT_S = 30.0
 #: Seconds a schema id the registry does not know reads as unknown before it is asked again.
 UNKNOWN_ID_RETRY_S = 30.0
+_now = time.monotonic  # the clock of UNKNOWN_ID_RETRY_S (tests move it)
 
 
 class TypedColumnsError(LoglakeError):
@@ -527,11 +528,11 @@ class Decoder:
 
     def _writer(self, schema_id: int) -> Callable[[bytes], Any]:
         entry = self._writers.get(schema_id)
-        if entry is not None and (entry[1] is None or entry[1] > time.monotonic()):
+        if entry is not None and (entry[1] is None or entry[1] > _now()):
             return entry[0]
         with self._lock:
             entry = self._writers.get(schema_id)
-            if entry is None or (entry[1] is not None and entry[1] <= time.monotonic()):
+            if entry is None or (entry[1] is not None and entry[1] <= _now()):
                 entry = self._make_writer(schema_id)
                 self._writers[schema_id] = entry
         return entry[0]
@@ -547,7 +548,7 @@ class Decoder:
 
             # the id may be registered later (a producer registers before it writes, but a
             # registry replica may lag): asked again once this has passed
-            return unknown, time.monotonic() + UNKNOWN_ID_RETRY_S
+            return unknown, _now() + UNKNOWN_ID_RETRY_S
         self._found[schema_id] = found
         return self._make_known(found), None
 
