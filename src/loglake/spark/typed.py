@@ -87,6 +87,8 @@ HEADER = 5
 SCHEMA_ID_COLUMNS = {"key": "key_schema_id", "value": "value_schema_id"}
 DECODE_ERROR = "decode_error"
 UNDECODED_COLUMNS = {"key": "undecoded_key", "value": "undecoded_value"}
+#: The file name a protobuf schema registered as .proto text gets in its descriptor pool.
+PROTO_FILE_NAME = "schema.proto"
 #: Seconds one registry request may take.
 REGISTRY_TIMEOUT_S = 30.0
 #: Seconds a schema id the registry does not know reads as unknown before it is asked again.
@@ -419,21 +421,25 @@ class ReaderSpec:
 
 def _protobuf_pool(text: str) -> tuple[Any, Any]:
     """(the file's descriptor, its pool) of a protobuf schema as the registry holds it: a base64
-    FileDescriptorProto (confluent-kafka's serializer registers that) or .proto text."""
+    FileDescriptorProto (confluent-kafka's serializer registers that) or .proto text (turned into
+    one by loglake.spark.proto_descriptor)."""
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     from loglake.registry.formats import _looks_base64
+    from loglake.spark.proto_descriptor import ProtoTextError, file_descriptor, imports_of
 
-    if not _looks_base64(text):
-        raise TypedColumnsError(
-            "protobuf schemas registered as .proto text cannot be decoded yet (no compiler here); "
-            "register the serialized FileDescriptorProto, as confluent-kafka's ProtobufSerializer does"
-        )
-    proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
     pool = descriptor_pool.DescriptorPool()
     from google.protobuf import descriptor_pb2 as builtins
 
-    for dep in proto.dependency:  # the well-known types the serializer names
+    if _looks_base64(text):
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+        dependencies = list(proto.dependency)
+    else:
+        try:
+            dependencies = imports_of(text)
+        except ProtoTextError as exc:
+            raise TypedColumnsError(str(exc)) from None
+    for dep in dependencies:  # the well-known types the schema imports
         if dep.startswith("google/protobuf/"):
             module = dep.removeprefix("google/protobuf/").removesuffix(".proto") + "_pb2"
             import importlib
@@ -447,7 +453,15 @@ def _protobuf_pool(text: str) -> tuple[Any, Any]:
             pool.Add(file_proto)
         else:
             raise TypedColumnsError(f"protobuf schema imports {dep}: schema references are not read yet")
-    return pool.Add(proto), pool
+    if not _looks_base64(text):
+        try:
+            proto = file_descriptor(text, PROTO_FILE_NAME, pool)
+        except ProtoTextError as exc:
+            raise TypedColumnsError(str(exc)) from None
+    try:
+        return pool.Add(proto), pool
+    except TypeError as exc:  # the pool refuses a descriptor that does not hold together
+        raise TypedColumnsError(f"protobuf schema: {exc}") from None
 
 
 def resolve_reader(registry: RegistryClient, topic: str, field: str, fmt: Format) -> ReaderSpec:
