@@ -308,6 +308,8 @@ def avro_spark_type(schema: Any, named: dict[str, Any] | None = None, namespace:
 
 
 def _json_ref(root: Mapping[str, Any], ref: str) -> Any:
+    if ref == "#":  # the schema itself
+        return root
     if not ref.startswith("#/"):
         raise TypedColumnsError(f"JSON Schema $ref {ref!r} is not local to the schema")
     node: Any = root
