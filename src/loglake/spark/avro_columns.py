@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from numpy.typing import NDArray
 
-__all__ = ["Plan", "Unsupported", "compile_plan"]
+__all__ = ["PAD", "Plan", "Unsupported", "compile_plan"]
 
 #: Avro timestamp logical types -> microseconds per unit (the Spark column holds microseconds).
 TIMESTAMP_UNITS = {
@@ -42,8 +42,9 @@ PROMOTIONS = {
     "bytes": {"bytes", "string"},
 }
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
-#: Padding after the data so a gather at a clamped position never leaves the array.
-_PAD = 16
+#: Zero bytes a buffer of datums carries after its last one, so that the 8-byte read of a double
+#: cut short at the end stays inside it (the record still fails: its read ends past its end).
+PAD = 16
 
 Schema = Any  # an Avro schema's JSON document
 
@@ -479,18 +480,15 @@ class Plan:
     target: pa.DataType
     wrapped: bool
 
-    def decode(self, column: pa.BinaryArray, rows: NDArray[np.int64], skip: int) -> tuple[pa.Array, NDArray[np.bool_]]:
-        """(the typed column of `rows` of the binary `column`, which of them did not parse);
-        each datum starts `skip` bytes into its value (after the wire format's header)."""
+    def decode(
+        self, buf: NDArray[np.uint8], starts: NDArray[np.int64], ends: NDArray[np.int64]
+    ) -> tuple[pa.Array, NDArray[np.bool_]]:
+        """(the typed column of the datums buf[starts[i]:ends[i]], which of them did not parse).
+        `buf` holds PAD zero bytes after the last datum (reads past a datum's end stay inside)."""
         import pyarrow as pa
 
-        offsets_width = np.int64 if pa.types.is_large_binary(column.type) else np.int32
-        bufs = column.buffers()
-        offsets = np.frombuffer(bufs[1], dtype=offsets_width)[column.offset : column.offset + len(column) + 1]
-        raw = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        buf = np.concatenate([raw, np.zeros(_PAD, dtype=np.uint8)])
-        st = _State(buf, offsets[rows].astype(np.int64) + skip, offsets[rows + 1].astype(np.int64))
-        sel = np.arange(rows.size, dtype=np.int64)
+        st = _State(buf, starts.copy(), ends)
+        sel = np.arange(starts.size, dtype=np.int64)
         out = self.read(st, sel)
         st.fail(sel, st.pos != st.end)  # bytes left after a datum: corrupt
         assert out is not None

@@ -704,6 +704,8 @@ class Decoder:
         import numpy as np
         import pyarrow as pa
 
+        from loglake.spark.avro_columns import PAD
+
         n = len(column)
         if self.spec.format != Format.AVRO or n == 0:
             values, found_ids, errs = self.decode_all(column.to_pylist())
@@ -714,7 +716,7 @@ class Decoder:
         bufs = column.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int32)[column.offset : column.offset + n + 1].astype(np.int64)
         data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        data = np.concatenate([data, np.zeros(HEADER, np.uint8)])
+        data = np.concatenate([data, np.zeros(PAD, np.uint8)])  # one copy: every plan reads it
         valid = column.is_valid().to_numpy(zero_copy_only=False)
         starts = offsets[:-1]
         framed = valid & (offsets[1:] - starts >= HEADER) & (data[starts] == MAGIC)
@@ -732,7 +734,7 @@ class Decoder:
             if plan is None:
                 slow.append(rows)
                 continue
-            typed, bad = plan.decode(column, rows, HEADER)
+            typed, bad = plan.decode(data, starts[rows] + HEADER, offsets[rows + 1])
             if bad.any():
                 slow.append(rows[bad])
                 typed, rows = typed.filter(pa.array(~bad)), rows[~bad]
