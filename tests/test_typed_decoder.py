@@ -117,6 +117,12 @@ def _event(i: int, version: int) -> dict[str, Any]:
     return doc
 
 
+def _decode(decoder: Decoder, column: Any, arrow_type: Any) -> tuple[Any, Any, list[str | None]]:
+    """decode_column's answer with its reasons as a list (None: decoded)."""
+    got, ids, failures = decoder.decode_column(column, arrow_type)
+    return got, ids, [failures.get(i) for i in range(len(column))]
+
+
 def _one_at_a_time(decoder: Decoder, column: Any, arrow_type: Any) -> tuple[Any, list[str | None]]:
     values, _, errors = decoder.decode_all(column.to_pylist())
     return typed._column(values, errors, arrow_type, "value", decoder.timestamp_units), errors
@@ -127,7 +133,7 @@ def test_columns_match_fastavro_record_at_a_time() -> None:
     raws: list[bytes | None] = [_wire(1 + i % 2, (V1, V2)[i % 2], _event(i, 1 + i % 2)) for i in range(300)]
     raws[5] = None  # a tombstone
     column = pa.array(raws, pa.binary())
-    got, ids, errors = decoder.decode_column(column, arrow_type)
+    got, ids, errors = _decode(decoder, column, arrow_type)
     want, want_errors = _one_at_a_time(decoder, column, arrow_type)
     assert errors == want_errors == [None] * 300
     assert got.to_pylist() == want.to_pylist()
@@ -154,7 +160,7 @@ def test_corrupt_records_get_fastavros_reasons() -> None:
         good,
     ]
     column = pa.array(raws, pa.binary())
-    got, ids, errors = decoder.decode_column(column, arrow_type)
+    got, ids, errors = _decode(decoder, column, arrow_type)
     want, want_errors = _one_at_a_time(decoder, column, arrow_type)
     assert errors == want_errors
     assert [e is None for e in errors] == [True, False, False, False, True, False, False, True]
@@ -170,7 +176,7 @@ def test_corrupt_records_get_fastavros_reasons() -> None:
 def test_unreadable_in_columns_falls_back_to_fastavro() -> None:
     decoder, arrow_type = _decoder({3: LISTS}, 3)
     column = pa.array([_wire(3, LISTS, {"id": i, "tags": [f"t{i}"] * i}) for i in range(4)], pa.binary())
-    got, _, errors = decoder.decode_column(column, arrow_type)
+    got, _, errors = _decode(decoder, column, arrow_type)
     assert errors == [None] * 4 and decoder._plans[3] is None
     assert got.to_pylist() == [{"id": i, "tags": [f"t{i}"] * i} for i in range(4)]
 
@@ -199,12 +205,12 @@ def test_unknown_schema_id_is_asked_again(registry: str, monkeypatch: pytest.Mon
     record = pa.array([_wire(late_id, V1, _event(1, 1))], pa.binary())
     clock = [1000.0]
     monkeypatch.setattr(typed, "_now", lambda: clock[0])
-    _, _, errors = decoder.decode_column(record, arrow_type)
+    _, _, errors = _decode(decoder, record, arrow_type)
     assert "HTTP 404" in str(errors[0])
     assert client.register_schema("late-other-value", Schema(json.dumps(V1), "AVRO")) == late_id
     clock[0] += typed.UNKNOWN_ID_RETRY_S - 1
-    assert "HTTP 404" in str(decoder.decode_column(record, arrow_type)[2][0])  # still cached
+    assert "HTTP 404" in str(_decode(decoder, record, arrow_type)[2][0])  # still cached
     clock[0] += 2
-    got, ids, errors = decoder.decode_column(record, arrow_type)
+    got, ids, errors = _decode(decoder, record, arrow_type)
     assert errors == [None] and ids.to_pylist() == [late_id]
     assert got[0].as_py()["name"] == "n1-é"

@@ -8,10 +8,15 @@ byte 0 is 0, bytes 1-4 the schema id (big-endian), then the Avro binary datum, t
 or (Protobuf) the message indexes (a zig-zag varint count and that many indexes; a single 0 byte
 for the file's first message) and the message.
 
-Avro records written with an older version are resolved to the reader schema by Avro's rules
-(fastavro): fields the writer lacks read as their default. JSON Schema values are validated
-against their writer schema and read by field name. Protobuf messages are parsed with the
-writer's descriptor and read by field name.
+Avro records written with an older version are resolved to the reader schema by Avro's rules:
+fields the writer lacks read as their default. The records of a batch with one schema id are
+decoded together into Arrow columns (loglake.spark.avro_columns); schemas that module does not
+read (arrays, maps, decimals) and records it cannot parse go through fastavro a record at a
+time, which gives a failing record its reason. JSON Schema values are validated against their
+writer schema and read by field name. Protobuf messages are parsed with the writer's descriptor
+(a serialized FileDescriptorProto, or .proto text turned into one by
+loglake.spark.proto_descriptor) and read by field name. An id the registry does not know is
+asked for again after UNKNOWN_ID_RETRY_S.
 
 A record that cannot be decoded (no magic byte, an id the registry does not know, a datum that
 does not parse or does not fit the reader's types) is kept, with null in the typed column,
@@ -696,9 +701,9 @@ class Decoder:
 
     def decode_column(
         self, column: pa.Array, arrow_type: pa.DataType
-    ) -> tuple[pa.Array, pa.Array, list[str | None]]:
-        """(the typed column of `column`'s bytes, their schema ids, why each record could not
-        be decoded or None). Avro records of a schema id with a columnar plan are decoded a
+    ) -> tuple[pa.Array, pa.Array, dict[int, str]]:
+        """(the typed column of `column`'s bytes, their schema ids, why the records that could
+        not be decoded could not, by row). Avro records of a schema id with a columnar plan are decoded a
         batch at a time (loglake.spark.avro_columns); the rest, and any that plan cannot
         read, a record at a time."""
         import numpy as np
@@ -709,8 +714,8 @@ class Decoder:
         n = len(column)
         if self.spec.format != Format.AVRO or n == 0:
             values, found_ids, errs = self.decode_all(column.to_pylist())
-            units = self.timestamp_units
-            return _column(values, errs, arrow_type, self.spec.field, units), pa.array(found_ids, pa.int32()), errs
+            typed = _column(values, errs, arrow_type, self.spec.field, self.timestamp_units)
+            return typed, pa.array(found_ids, pa.int32()), {i: e for i, e in enumerate(errs) if e is not None}
         if pa.types.is_large_binary(column.type):
             column = column.cast(pa.binary())
         bufs = column.buffers()
@@ -739,7 +744,7 @@ class Decoder:
                 slow.append(rows[bad])
                 typed, rows = typed.filter(pa.array(~bad)), rows[~bad]
             parts.append((rows, typed))
-        errors: list[str | None] = [None] * n
+        errors: dict[int, str] = {}
         slow_rows = np.concatenate(slow)
         if slow_rows.size:
             slow_rows.sort()
@@ -747,7 +752,8 @@ class Decoder:
             values, _, errs = self.decode_all(raws)
             parts.append((slow_rows, _column(values, errs, arrow_type, self.spec.field, self.timestamp_units)))
             for i, e in zip(slow_rows.tolist(), errs, strict=True):
-                errors[i] = e
+                if e is not None:
+                    errors[i] = e
         index = np.full(n, -1, dtype=np.int64)
         base = 0
         for rows, _ in parts:
@@ -878,16 +884,18 @@ def decode_batch(batch: pa.RecordBatch, specs: Sequence[ReaderSpec], schema: pa.
 
     n = batch.num_rows
     out: dict[str, pa.Array] = {name: batch.column(name) for name in batch.schema.names}
-    errors: list[str | None] = [None] * n
+    failures: dict[int, str] = {}  # by row: the first column's reason (key before value)
     for spec in specs:
         typed, ids, errs = decoder_for(spec).decode_column(batch.column(spec.field), schema.field(spec.field).type)
-        for i, e in enumerate(errs):
-            if e is not None and errors[i] is None:
-                errors[i] = e
+        for i, e in errs.items():
+            failures.setdefault(i, e)
         out[spec.field] = typed
         out[SCHEMA_ID_COLUMNS[spec.field]] = ids
-    if any(e is not None for e in errors):
+    if failures:
         # a record one column of which failed after the other decoded: null in both
+        errors: list[str | None] = [None] * n
+        for i, e in failures.items():
+            errors[i] = e
         failed = pa.array([e is not None for e in errors])
         for spec in specs:
             out[spec.field] = pc.if_else(failed, pa.scalar(None, out[spec.field].type), out[spec.field])
