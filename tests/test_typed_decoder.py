@@ -214,3 +214,14 @@ def test_unknown_schema_id_is_asked_again(registry: str, monkeypatch: pytest.Mon
     got, ids, errors = _decode(decoder, record, arrow_type)
     assert errors == [None] and ids.to_pylist() == [late_id]
     assert got[0].as_py()["name"] == "n1-é"
+
+
+def test_a_promotion_the_columns_cannot_cast_reads_record_at_a_time() -> None:
+    writer = {"type": "record", "name": "P", "fields": [{"name": "b", "type": "bytes"}, {"name": "i", "type": "int"}]}
+    reader = {"type": "record", "name": "P", "fields": [{"name": "b", "type": "string"}, {"name": "i", "type": "float"}]}
+    decoder, arrow_type = _decoder({1: writer, 2: reader}, 2)
+    column = pa.array([_wire(1, writer, {"b": b"ok", "i": (1 << 24) + 1}), _wire(1, writer, {"b": b"\xff", "i": 1})])
+    got, _, errors = _decode(decoder, column, arrow_type)
+    want, want_errors = _one_at_a_time(decoder, column, arrow_type)
+    assert errors == want_errors and errors[0] is None and "UnicodeDecodeError" in str(errors[1])
+    assert got[0].as_py() == want[0].as_py() == {"b": "ok", "i": float(1 << 24)}  # float32's nearest

@@ -739,7 +739,13 @@ class Decoder:
             if plan is None:
                 slow.append(rows)
                 continue
-            typed, bad = plan.decode(data, starts[rows] + HEADER, offsets[rows + 1])
+            try:
+                typed, bad = plan.decode(data, starts[rows] + HEADER, offsets[rows + 1])
+            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, OverflowError):
+                # a cast the plan's columns cannot make (bytes that are no UTF-8 read as a
+                # string, an int a float32 cannot hold exactly): fastavro's way, with its reasons
+                slow.append(rows)
+                continue
             if bad.any():
                 slow.append(rows[bad])
                 typed, rows = typed.filter(pa.array(~bad)), rows[~bad]
