@@ -1,7 +1,9 @@
 """Typed reads and typed Iceberg exports: keys and values in Confluent's wire format, decoded with
 the schema registry a broker serves (`loglake serve --schema-registry-listen`). Produced by
 confluent-kafka's own serializers; three Avro versions (each adds an optional field), records of
-older versions read with the latest; undecodable records in the dead-letter table."""
+older versions read with the latest; undecodable records in the dead-letter table; Protobuf
+values written with a serialized descriptor and read with a later version registered as .proto
+text."""
 
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ pytest.importorskip("fastavro")
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from brokerkit import Broker, free_port, serving_broker
@@ -234,3 +237,62 @@ def test_json_schema_values(spark: Any, served: Served) -> None:
         (i, i / 2, [f"l{i}"]) for i in range(4)
     ]
     assert "'id' is a required property" in rows[b"bad"]["decode_error"]
+
+
+#: The second version of the Protobuf values, registered as .proto text: `region` added.
+ORDER_V2 = """syntax = "proto3";
+package ex;
+message Order {
+  enum Kind { BUY = 0; SELL = 1; }
+  int64 id = 1;
+  string user = 2;
+  Kind kind = 3;
+  repeated string tags = 4;
+  string region = 5;
+}
+"""
+
+
+def _order_v1() -> Any:
+    """The first version's message class, built at runtime (no protoc here)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="order.proto", package="ex", syntax="proto3")
+    msg = file.message_type.add(name="Order")
+    kind = msg.enum_type.add(name="Kind")
+    kind.value.add(name="BUY", number=0)
+    kind.value.add(name="SELL", number=1)
+    msg.field.add(name="id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    msg.field.add(name="user", number=2, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    msg.field.add(name="kind", number=3, type=field.TYPE_ENUM, type_name=".ex.Order.Kind", label=field.LABEL_OPTIONAL)
+    msg.field.add(name="tags", number=4, type=field.TYPE_STRING, label=field.LABEL_REPEATED)
+    return message_factory.GetMessageClass(descriptor_pool.DescriptorPool().Add(file).message_types_by_name["Order"])
+
+
+def test_protobuf_values_with_a_proto_text_reader(spark: Any, served: Served) -> None:
+    topic = served.topic()
+    order = _order_v1()
+    client = SchemaRegistryClient({"url": served.registry})
+    ser = ProtobufSerializer(order, client, {"use.deprecated.format": False})
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    records = [(f"k{i}".encode(), ser(order(id=i, user=f"u{i}", kind=i % 2, tags=[f"t{i}"]), ctx)) for i in range(3)]
+    v1 = client.get_latest_version(f"{topic}-value")
+    assert "{" not in v1.schema.schema_str  # the serializer registers the serialized descriptor
+    v2 = client.register_schema(f"{topic}-value", Schema(ORDER_V2, "PROTOBUF"))
+    # a version-2 record: the first message (index 0), then field 5 (`region`, length-delimited)
+    body = order(id=3, user="u3", kind=1).SerializeToString() + b"\x2a\x02r3"
+    records.append((b"k3", b"\x00" + v2.to_bytes(4, "big") + b"\x00" + body))
+    served.produce(topic, records)
+    df = _read(spark, served.options(topic, valueFormat="protobuf", schemaRegistryUrl=served.registry))
+    assert [f.name for f in df.schema["value"].dataType.fields] == ["id", "user", "kind", "tags", "region"]
+    rows = {bytes(r["key"]): r for r in df.select("key", "value.*", "value_schema_id", "decode_error").collect()}
+    # each record is parsed with its writer's descriptor: version 1 has no `region` (null)
+    got = [tuple(rows[f"k{i}".encode()][c] for c in ("id", "user", "kind", "tags", "region", "value_schema_id")) for i in range(4)]
+    assert got == [
+        (0, "u0", "BUY", ["t0"], None, v1.schema_id),
+        (1, "u1", "SELL", ["t1"], None, v1.schema_id),
+        (2, "u2", "BUY", ["t2"], None, v1.schema_id),
+        (3, "u3", "SELL", [], "r3", v2),
+    ]
+    assert all(r["decode_error"] is None for r in rows.values())

@@ -33,11 +33,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loglake.errors import LoglakeError
 from loglake.spark.model import TopicPartition
-from loglake.spark.options import parse_bool, parse_read_options
+from loglake.spark.options import TYPED_OPTIONS, parse_bool, parse_read_options
 from loglake.spark.pipeline import spark_error
 from loglake.spark.plan import (
     from_offset_dict,
@@ -45,6 +45,9 @@ from loglake.spark.plan import (
     select_partitions,
     to_offset_dict,
 )
+
+if TYPE_CHECKING:
+    from loglake.spark.source import Typed
 
 log = logging.getLogger("loglake.spark.iceberg")
 
@@ -394,10 +397,13 @@ def _typed_file_writer(
     table_schema: Any,
     dlq_schema: Any,
     dlq_from: dict[TopicPartition, int],
+    typed: Typed,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The mapInArrow function of a typed export: a task's decoded rows become data files of the
-    table, its undecodable ones (at or past the dead-letter table's offsets `dlq_from`) files of
-    the dead-letter table; it yields (which table, pickled DataFile) rows."""
+    """The mapInArrow function of a typed export: a task's rows (the source's, undecoded) are
+    decoded with `typed` here, in the one pass that writes them, so Spark moves only the
+    source's columns; the decoded rows become data files of the table, the undecodable ones
+    (at or past the dead-letter table's offsets `dlq_from`) files of the dead-letter table; it
+    yields (which table, pickled DataFile) rows."""
 
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -408,15 +414,19 @@ def _typed_file_writer(
 
         from loglake.spark.typed import DECODE_ERROR
 
-        got = [b for b in batches if b.num_rows]
+        got = [typed.decode(b) for b in batches if b.num_rows]
         if not got:
             return
         data = pa.Table.from_batches(got)
         failed = pc.is_valid(data.column(DECODE_ERROR))
+        if data.column(DECODE_ERROR).null_count == data.num_rows:  # nothing failed: no copies
+            good, bad = data, data.slice(0, 0)
+        else:
+            good, bad = data.filter(pc.invert(failed)), data.filter(failed)
         out: list[tuple[str, bytes]] = []
         parts = [
-            ("table", table_json, data.filter(pc.invert(failed)), layout.table, table_schema),
-            ("dlq", dlq_json, data.filter(failed), layout.dlq, dlq_schema),
+            ("table", table_json, good, layout.table, table_schema),
+            ("dlq", dlq_json, bad, layout.dlq, dlq_schema),
         ]
         for which, meta_json, rows, cols, schema in parts:
             if which == "dlq" and rows.num_rows and dlq_from:
@@ -606,7 +616,7 @@ def export_iceberg(
 
     dlq = None
     if typed:
-        planned = _load(spark, path, topic, options).schema
+        _, planned = _typed_read(options, topic, include_headers)
         typed_table, typed_dlq = typed_layout(planned).spark_schemas(planned)
         table = load_or_create_table(catalog, table_name, iceberg_arrow_schema(typed_table))
         dlq = load_or_create_table(catalog, dlq_name(table_name), iceberg_arrow_schema(typed_dlq))
@@ -640,20 +650,22 @@ def export_iceberg(
                     break
                 time.sleep(continuous)
                 continue
+            # a typed export reads the records undecoded: its writer decodes them (one pass)
             df = _load(
                 spark,
                 path,
                 topic,
                 {
-                    **options,
+                    **(options if dlq is None else {k: v for k, v in options.items() if k.lower() not in TYPED_OPTIONS}),
                     "startingOffsets": json.dumps(to_offset_dict({tp: starts[tp] for tp in todo})),
                     "endingOffsets": json.dumps(to_offset_dict(todo)),
                 },
             )
             dlq_files: list[Any] = []
             if dlq is not None:
-                layout = typed_layout(df.schema)
-                typed_table, typed_dlq = layout.spark_schemas(df.schema)
+                typed_read, planned = _typed_read(options, topic, include_headers)  # the latest versions now
+                layout = typed_layout(planned)
+                typed_table, typed_dlq = layout.spark_schemas(planned)
                 table_arrow = iceberg_arrow_schema(typed_table)
                 table = load_or_create_table(catalog, table_name, table_arrow)
                 dlq = load_or_create_table(catalog, dlq_name(table_name), iceberg_arrow_schema(typed_dlq))
@@ -667,6 +679,7 @@ def export_iceberg(
                     table_arrow,
                     iceberg_arrow_schema(typed_dlq),
                     {tp: off for tp, off in dlq_before.items() if off > starts.get(tp, 0)},
+                    typed_read,
                 )
                 out = df.mapInArrow(typed_writer, "table string, file binary")
                 try:
@@ -713,6 +726,20 @@ def export_iceberg(
     except KeyboardInterrupt:
         pass
     return IcebergExportResult(batches, rows, time.monotonic() - started, snapshot_id, dead_letters)
+
+
+def _typed_read(options: Mapping[str, str], topic: str, include_headers: bool) -> tuple[Typed, Any]:
+    """(the typed columns the source would read with `options` (registry_options), each
+    subject's latest version now; the Spark schema of that read)."""
+    from loglake.spark.options import LoglakeOptionError, parse_typed_options
+    from loglake.spark.source import Typed, reader_specs, typed_schema
+
+    try:
+        specs = reader_specs(parse_typed_options({"subscribe": topic, **options}))
+    except LoglakeOptionError as exc:  # a reader schema Spark columns cannot take
+        raise IcebergExportError(str(exc)) from None
+    schema = typed_schema(include_headers, specs)
+    return Typed(specs, schema), schema
 
 
 def _load(spark: Any, path: str, topic: str, options: Mapping[str, str]) -> Any:

@@ -27,6 +27,11 @@ class LoglakeOptionError(ValueError):
     """An option of the loglake data source is unknown, malformed or contradicts another."""
 
 
+#: The options of a typed read (lower case, as options are compared): the formats of keys and
+#: values and the schema registry's URL (loglake.spark.typed).
+TYPED_OPTIONS = frozenset({"valueformat", "keyformat", "schemaregistryurl"})
+
+
 #: Options of the reader (lower-case). `path` is also what `.load(path)` sets.
 READ_OPTIONS = frozenset(
     {
@@ -47,9 +52,7 @@ READ_OPTIONS = frozenset(
         "includeheaders",
         "coldpath",
         "kafka.isolation.level",
-        "valueformat",
-        "keyformat",
-        "schemaregistryurl",
+        *TYPED_OPTIONS,
     }
 )
 #: Java client settings librdkafka (the client the source and sink use) does not have: refused,

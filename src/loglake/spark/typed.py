@@ -8,10 +8,15 @@ byte 0 is 0, bytes 1-4 the schema id (big-endian), then the Avro binary datum, t
 or (Protobuf) the message indexes (a zig-zag varint count and that many indexes; a single 0 byte
 for the file's first message) and the message.
 
-Avro records written with an older version are resolved to the reader schema by Avro's rules
-(fastavro): fields the writer lacks read as their default. JSON Schema values are validated
-against their writer schema and read by field name. Protobuf messages are parsed with the
-writer's descriptor and read by field name.
+Avro records written with an older version are resolved to the reader schema by Avro's rules:
+fields the writer lacks read as their default. The records of a batch with one schema id are
+decoded together into Arrow columns (loglake.spark.avro_columns); schemas that module does not
+read (arrays, maps, decimals) and records it cannot parse go through fastavro a record at a
+time, which gives a failing record its reason. JSON Schema values are validated against their
+writer schema and read by field name. Protobuf messages are parsed with the writer's descriptor
+(a serialized FileDescriptorProto, or .proto text turned into one by
+loglake.spark.proto_descriptor) and read by field name. An id the registry does not know is
+asked for again after UNKNOWN_ID_RETRY_S.
 
 A record that cannot be decoded (no magic byte, an id the registry does not know, a datum that
 does not parse or does not fit the reader's types) is kept, with null in the typed column,
@@ -30,6 +35,7 @@ import io
 import json
 import struct
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +48,8 @@ from loglake.registry.formats import SchemaType
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from loglake.spark.avro_columns import Plan
 
 __all__ = [
     "DECODE_ERROR",
@@ -84,8 +92,13 @@ HEADER = 5
 SCHEMA_ID_COLUMNS = {"key": "key_schema_id", "value": "value_schema_id"}
 DECODE_ERROR = "decode_error"
 UNDECODED_COLUMNS = {"key": "undecoded_key", "value": "undecoded_value"}
+#: The file name a protobuf schema registered as .proto text gets in its descriptor pool.
+PROTO_FILE_NAME = "schema.proto"
 #: Seconds one registry request may take.
 REGISTRY_TIMEOUT_S = 30.0
+#: Seconds a schema id the registry does not know reads as unknown before it is asked again.
+UNKNOWN_ID_RETRY_S = 30.0
+_now = time.monotonic  # the clock of UNKNOWN_ID_RETRY_S (tests move it)
 
 
 class TypedColumnsError(LoglakeError):
@@ -300,6 +313,8 @@ def avro_spark_type(schema: Any, named: dict[str, Any] | None = None, namespace:
 
 
 def _json_ref(root: Mapping[str, Any], ref: str) -> Any:
+    if ref == "#":  # the schema itself
+        return root
     if not ref.startswith("#/"):
         raise TypedColumnsError(f"JSON Schema $ref {ref!r} is not local to the schema")
     node: Any = root
@@ -413,21 +428,25 @@ class ReaderSpec:
 
 def _protobuf_pool(text: str) -> tuple[Any, Any]:
     """(the file's descriptor, its pool) of a protobuf schema as the registry holds it: a base64
-    FileDescriptorProto (confluent-kafka's serializer registers that) or .proto text."""
+    FileDescriptorProto (confluent-kafka's serializer registers that) or .proto text (turned into
+    one by loglake.spark.proto_descriptor)."""
     from google.protobuf import descriptor_pb2, descriptor_pool
 
     from loglake.registry.formats import _looks_base64
+    from loglake.spark.proto_descriptor import ProtoTextError, file_descriptor, imports_of
 
-    if not _looks_base64(text):
-        raise TypedColumnsError(
-            "protobuf schemas registered as .proto text cannot be decoded yet (no compiler here); "
-            "register the serialized FileDescriptorProto, as confluent-kafka's ProtobufSerializer does"
-        )
-    proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
     pool = descriptor_pool.DescriptorPool()
     from google.protobuf import descriptor_pb2 as builtins
 
-    for dep in proto.dependency:  # the well-known types the serializer names
+    if _looks_base64(text):
+        proto = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text))
+        dependencies = list(proto.dependency)
+    else:
+        try:
+            dependencies = imports_of(text)
+        except ProtoTextError as exc:
+            raise TypedColumnsError(str(exc)) from None
+    for dep in dependencies:  # the well-known types the schema imports
         if dep.startswith("google/protobuf/"):
             module = dep.removeprefix("google/protobuf/").removesuffix(".proto") + "_pb2"
             import importlib
@@ -441,7 +460,15 @@ def _protobuf_pool(text: str) -> tuple[Any, Any]:
             pool.Add(file_proto)
         else:
             raise TypedColumnsError(f"protobuf schema imports {dep}: schema references are not read yet")
-    return pool.Add(proto), pool
+    if not _looks_base64(text):
+        try:
+            proto = file_descriptor(text, PROTO_FILE_NAME, pool)
+        except ProtoTextError as exc:
+            raise TypedColumnsError(str(exc)) from None
+    try:
+        return pool.Add(proto), pool
+    except TypeError as exc:  # the pool refuses a descriptor that does not hold together
+        raise TypedColumnsError(f"protobuf schema: {exc}") from None
 
 
 def resolve_reader(registry: RegistryClient, topic: str, field: str, fmt: Format) -> ReaderSpec:
@@ -501,29 +528,37 @@ class Decoder:
     def __init__(self, spec: ReaderSpec) -> None:
         self.spec = spec
         self.registry = RegistryClient(spec.registry_url)
-        self._writers: dict[int, Callable[[bytes], Any]] = {}
+        #: writer schemas' decode functions by id; with the monotonic time an unknown id's entry
+        #: expires (None: kept for the worker's life)
+        self._writers: dict[int, tuple[Callable[[bytes], Any], float | None]] = {}
+        #: the registry's writer schemas by id (the ids it knows)
+        self._found: dict[int, RegisteredSchema] = {}
+        #: Avro: the columnar plan of each writer schema id (None: read a record at a time)
+        self._plans: dict[int, Plan | None] = {}
         self._lock = threading.Lock()
         self._reader: Any = None
+        self._reader_doc: Any = None
         #: top-level fields decoded as integers of this many microseconds (Avro timestamps)
         self.timestamp_units: dict[str, int] = {}
         if spec.format == Format.AVRO:
             import fastavro
 
-            reader_doc, self.timestamp_units = _raw_timestamps(_strip_logical(json.loads(spec.text)))
+            self._reader_doc = _strip_logical(json.loads(spec.text))
+            reader_doc, self.timestamp_units = _raw_timestamps(self._reader_doc)
             self._reader = fastavro.parse_schema(reader_doc)
 
     def _writer(self, schema_id: int) -> Callable[[bytes], Any]:
-        fn = self._writers.get(schema_id)
-        if fn is not None:
-            return fn
+        entry = self._writers.get(schema_id)
+        if entry is not None and (entry[1] is None or entry[1] > _now()):
+            return entry[0]
         with self._lock:
-            fn = self._writers.get(schema_id)
-            if fn is None:
-                fn = self._make_writer(schema_id)
-                self._writers[schema_id] = fn
-        return fn
+            entry = self._writers.get(schema_id)
+            if entry is None or (entry[1] is not None and entry[1] <= _now()):
+                entry = self._make_writer(schema_id)
+                self._writers[schema_id] = entry
+        return entry[0]
 
-    def _make_writer(self, schema_id: int) -> Callable[[bytes], Any]:
+    def _make_writer(self, schema_id: int) -> tuple[Callable[[bytes], Any], float | None]:
         try:
             found = self.registry.by_id(schema_id)
         except UndecodableError as exc:
@@ -532,7 +567,14 @@ class Decoder:
             def unknown(payload: bytes) -> Any:
                 raise UndecodableError(reason)
 
-            return unknown
+            # the id may be registered later (a producer registers before it writes, but a
+            # registry replica may lag): asked again once this has passed
+            return unknown, _now() + UNKNOWN_ID_RETRY_S
+        self._found[schema_id] = found
+        return self._make_known(found), None
+
+    def _make_known(self, found: RegisteredSchema) -> Callable[[bytes], Any]:
+        schema_id = found.schema_id
         if found.schema_type != SCHEMA_TYPES[self.spec.format]:
             reason = f"schema id {schema_id} is a {found.schema_type} schema, not {SCHEMA_TYPES[self.spec.format]}"
 
@@ -635,6 +677,97 @@ class Decoder:
         if self.spec.wrapped:
             value = {"value": value}
         return value, schema_id
+
+    def _plan(self, schema_id: int, arrow_type: pa.DataType) -> Plan | None:
+        """The columnar plan of an Avro writer schema id (None: its records are read one at a
+        time, which also says why an unknown or unreadable one fails)."""
+        if schema_id in self._plans:
+            return self._plans[schema_id]
+        self._writer(schema_id)  # fetched (or found unknown, for a while) once
+        found = self._found.get(schema_id)
+        if found is None:
+            return None  # not cached: an unknown id is asked again after UNKNOWN_ID_RETRY_S
+        from loglake.spark.avro_columns import Unsupported, compile_plan
+
+        plan: Plan | None = None
+        if found.schema_type == SchemaType.AVRO:
+            try:
+                writer_doc = _strip_logical(json.loads(found.text))
+                plan = compile_plan(writer_doc, self._reader_doc, arrow_type, self.spec.wrapped)
+            except (Unsupported, KeyError, TypeError, ValueError):
+                plan = None
+        self._plans[schema_id] = plan
+        return plan
+
+    def decode_column(
+        self, column: pa.Array, arrow_type: pa.DataType
+    ) -> tuple[pa.Array, pa.Array, dict[int, str]]:
+        """(the typed column of `column`'s bytes, their schema ids, why the records that could
+        not be decoded could not, by row). Avro records of a schema id with a columnar plan are decoded a
+        batch at a time (loglake.spark.avro_columns); the rest, and any that plan cannot
+        read, a record at a time."""
+        import numpy as np
+        import pyarrow as pa
+
+        from loglake.spark.avro_columns import PAD
+
+        n = len(column)
+        if self.spec.format != Format.AVRO or n == 0:
+            values, found_ids, errs = self.decode_all(column.to_pylist())
+            typed = _column(values, errs, arrow_type, self.spec.field, self.timestamp_units)
+            return typed, pa.array(found_ids, pa.int32()), {i: e for i, e in enumerate(errs) if e is not None}
+        if pa.types.is_large_binary(column.type):
+            column = column.cast(pa.binary())
+        bufs = column.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int32)[column.offset : column.offset + n + 1].astype(np.int64)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        data = np.concatenate([data, np.zeros(PAD, np.uint8)])  # one copy: every plan reads it
+        valid = column.is_valid().to_numpy(zero_copy_only=False)
+        starts = offsets[:-1]
+        framed = valid & (offsets[1:] - starts >= HEADER) & (data[starts] == MAGIC)
+        at = np.where(framed, starts, 0)
+        ids = (
+            (data[at + 1].astype(np.int64) << 24) | (data[at + 2].astype(np.int64) << 16)
+            | (data[at + 3].astype(np.int64) << 8) | data[at + 4].astype(np.int64)
+        )  # fmt: skip
+        ids = np.where(ids >= 1 << 31, ids - (1 << 32), ids)  # the id is a signed int (as _header reads it)
+        parts: list[tuple[Any, pa.Array]] = []
+        slow = [np.flatnonzero(valid & ~framed)]
+        for schema_id in np.unique(ids[framed]).tolist():
+            rows = np.flatnonzero(framed & (ids == schema_id))
+            plan = self._plan(int(schema_id), arrow_type)
+            if plan is None:
+                slow.append(rows)
+                continue
+            try:
+                typed, bad = plan.decode(data, starts[rows] + HEADER, offsets[rows + 1])
+            except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, OverflowError):
+                # a cast the plan's columns cannot make (bytes that are no UTF-8 read as a
+                # string, an int a float32 cannot hold exactly): fastavro's way, with its reasons
+                slow.append(rows)
+                continue
+            if bad.any():
+                slow.append(rows[bad])
+                typed, rows = typed.filter(pa.array(~bad)), rows[~bad]
+            parts.append((rows, typed))
+        errors: dict[int, str] = {}
+        slow_rows = np.concatenate(slow)
+        if slow_rows.size:
+            slow_rows.sort()
+            raws = column.take(pa.array(slow_rows)).to_pylist()
+            values, _, errs = self.decode_all(raws)
+            parts.append((slow_rows, _column(values, errs, arrow_type, self.spec.field, self.timestamp_units)))
+            for i, e in zip(slow_rows.tolist(), errs, strict=True):
+                if e is not None:
+                    errors[i] = e
+        index = np.full(n, -1, dtype=np.int64)
+        base = 0
+        for rows, _ in parts:
+            index[rows] = np.arange(base, base + rows.size, dtype=np.int64)
+            base += rows.size
+        joined = pa.concat_arrays([typed for _, typed in parts]) if parts else pa.nulls(0, arrow_type)
+        out = joined.take(pa.array(index, mask=index < 0))
+        return out, pa.array(ids.astype(np.int32), mask=~framed), errors
 
     def decode_all(self, raws: Sequence[bytes | None]) -> tuple[list[Any], list[int | None], list[str | None]]:
         values: list[Any] = []
@@ -757,33 +890,27 @@ def decode_batch(batch: pa.RecordBatch, specs: Sequence[ReaderSpec], schema: pa.
 
     n = batch.num_rows
     out: dict[str, pa.Array] = {name: batch.column(name) for name in batch.schema.names}
-    errors: list[str | None] = [None] * n
-    decoded: list[tuple[ReaderSpec, list[Any], list[int | None]]] = []
-    units: dict[str, dict[str, int]] = {}
+    failures: dict[int, str] = {}  # by row: the first column's reason (key before value)
     for spec in specs:
-        decoder = decoder_for(spec)
-        units[spec.field] = decoder.timestamp_units
-        values, ids, errs = decoder.decode_all(batch.column(spec.field).to_pylist())
-        for i, e in enumerate(errs):
-            if e is not None and errors[i] is None:
-                errors[i] = e
-        decoded.append((spec, values, ids))
-    for spec, values, ids in decoded:
-        for i, e in enumerate(errors):
-            if e is not None:
-                values[i] = None
-        out[spec.field] = _column(values, errors, schema.field(spec.field).type, spec.field, units[spec.field])
-        out[SCHEMA_ID_COLUMNS[spec.field]] = pa.array(ids, type=pa.int32())
-    if any(e is not None for e in errors):
+        typed, ids, errs = decoder_for(spec).decode_column(batch.column(spec.field), schema.field(spec.field).type)
+        for i, e in errs.items():
+            failures.setdefault(i, e)
+        out[spec.field] = typed
+        out[SCHEMA_ID_COLUMNS[spec.field]] = ids
+    if failures:
         # a record one column of which failed after the other decoded: null in both
+        errors: list[str | None] = [None] * n
+        for i, e in failures.items():
+            errors[i] = e
         failed = pa.array([e is not None for e in errors])
-        for spec, _, _ in decoded:
+        for spec in specs:
             out[spec.field] = pc.if_else(failed, pa.scalar(None, out[spec.field].type), out[spec.field])
         for field, name in UNDECODED_COLUMNS.items():
             raw = batch.column(field)
             out[name] = pc.if_else(failed, raw, pa.scalar(None, raw.type))
+        out[DECODE_ERROR] = pa.array(errors, type=pa.string())
     else:
         for name in UNDECODED_COLUMNS.values():
             out[name] = pa.nulls(n, pa.binary())
-    out[DECODE_ERROR] = pa.array(errors, type=pa.string())
+        out[DECODE_ERROR] = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_arrays([out[f.name] for f in schema], schema=schema)
