@@ -60,6 +60,7 @@ from loglake.engine.types import (
     RecoveryReport,
 )
 from loglake.engine.verify import CatalogSource, Progress, VerifyReport, verify_source
+from loglake.engine.wal_gate import WalRollGate
 from loglake.errors import (
     EngineClosedError,
     EngineFailedError,
@@ -156,6 +157,8 @@ class LocalPartitionLog:
         self.read_errors = ReadErrors()
         self._parts: _Parts | None = None
         self.recovery_report: RecoveryReport | None = None
+        #: the WAL writers' wait for the replay bound (set when the shards start)
+        self.roll_gate: WalRollGate | None = None
         space.count_owed(self._owed)
 
     # ==== lifecycle =================================================================================
@@ -280,11 +283,20 @@ class LocalPartitionLog:
         wal_root = wal_dir(self.data_dir)
         shards: list[WalShard] = []
         retired: list[WalShard] = []
-        for i in range(self.config.wal_shards):
+        config = self.config
+        # the replay bound held while writing (loglake.engine.wal_gate): what every WAL
+        # directory holds, counted as maintenance and a restart count it
+        self.roll_gate = WalRollGate(
+            lambda: sum(len(s.files()) * s.file_bytes for s in (*shards, *retired)),
+            config.wal_replay_bound,
+            config.wal_file_bytes,
+            config.wal_shards,
+        )
+        for i in range(config.wal_shards):
             name = shard_dir_name(i)
             directory = os.path.join(wal_root, name)
             self.fs.makedirs(directory)
-            shard = self._new_shard(directory)
+            shard = self._new_shard(directory, roll_gate=self.roll_gate)
             shard.start(next_seqs.get(name, 0), files.get(name, []))
             shards.append(shard)
         for name, existing in files.items():
@@ -295,7 +307,9 @@ class LocalPartitionLog:
             retired.append(self._new_shard(os.path.join(wal_root, name), existing))
         return shards, retired
 
-    def _new_shard(self, directory: str, files: list[WalFile] | None = None) -> WalShard:
+    def _new_shard(
+        self, directory: str, files: list[WalFile] | None = None, roll_gate: WalRollGate | None = None
+    ) -> WalShard:
         return WalShard(
             self.fs,
             directory,
@@ -308,6 +322,7 @@ class LocalPartitionLog:
             spare=self.config.wal_spare_file,
             spare_keep_free=self.space.keep_free,
             files=files,
+            roll_gate=roll_gate,
         )
 
     def _owed(self) -> Owed:

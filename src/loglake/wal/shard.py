@@ -99,10 +99,14 @@ class WalShard(StallMixin):
         spare: bool = False,
         spare_keep_free: Callable[[int], int] | None = None,
         files: list[WalFile] | None = None,
+        roll_gate: Callable[[Callable[[], bool]], None] | None = None,
     ) -> None:
         """`files`: a retired shard's files (a shard directory beyond the configured count), kept
-        for truncation only; such a shard is never started."""
+        for truncation only; such a shard is never started. `roll_gate(stopping)`: called on the
+        writer's thread before a new file is started (not the first); it may wait, until
+        `stopping()`, for older files to go (the engine's WAL replay bound)."""
         self.fs = fs
+        self._roll_gate = roll_gate
         self._spare = (
             SpareFile(fs, directory, file_bytes, spare_keep_free) if spare and fs.has_unwritten_extents else None
         )
@@ -433,6 +437,8 @@ class WalShard(StallMixin):
         if group:
             size = self._number(group)
             if self._active is None or self._active_pos + size > self._active_capacity:
+                if self._roll_gate is not None and self._active is not None:
+                    self._roll_gate(lambda: self._stopping)
                 self._roll(group[0].seq, size)
             assert self._active is not None
             parts = self._encode(group)  # after the roll: the file sets the frames' flags
