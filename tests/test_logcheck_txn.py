@@ -80,6 +80,7 @@ def test_a_good_history_passes() -> None:
     assert rep.stats["txn_unknown_committed"] == 1 and rep.stats["txn_unknown_absent"] == 1
     # read_uncommitted sees the aborted records: allowed, counted.
     assert rep.stats["aborted_records_read_uncommitted"] == 3 + 2  # a:4 and b:4
+    assert rep.stats["aborted_records_delivered"] == 3 + 2
 
 
 def test_lost_committed_record_is_caught() -> None:

@@ -228,6 +228,7 @@ def _check(h: TxnHistory) -> Report:
                         )
                     )
         elif op.outcome == ABORTED:
+            _bump(rep, "aborted_records_delivered", len(op.offsets))
             for v in present:
                 p, off = where[v][0]
                 rep.add(Anomaly("aborted_read", t, p, off, f"{v[:40]!r} of aborted {op.name()} ({op.note})"))
