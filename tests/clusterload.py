@@ -19,7 +19,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from logcheck import History, value_for
-from txncheck import ABORTED, COMMITTED, UNKNOWN, TxnHistory, TxnOp, txn_value
+from txncheck import ABORTED, COMMITTED, UNKNOWN, TxnHistory, TxnOp, processed_value, txn_value
 
 #: How long librdkafka keeps retrying one record before it gives up (a failover takes seconds;
 #: a 30 s bucket outage must not turn every record in flight into an unknown outcome).
@@ -476,19 +476,7 @@ class TxnProducer(threading.Thread):
         try:
             p.begin_transaction()
             for i, part in enumerate(parts):
-                value = txn_value(self.producer_name, op.txn, i, self.size)
-                self.history.produced(op, part, value)
-
-                def report(err: Any, msg: Any, value: bytes = value) -> None:
-                    if err is None:
-                        self.history.delivered(op, value, msg.offset())
-
-                while True:
-                    try:
-                        p.produce(self.topic, value, partition=part, on_delivery=report)
-                        break
-                    except BufferError:
-                        p.poll(0.1)
+                self._send(p, op, part, txn_value(self.producer_name, op.txn, i, self.size))
         except KafkaException as exc:
             err = exc.args[0]
             self._note(f"txn {op.txn} produce: {err}")
@@ -497,6 +485,25 @@ class TxnProducer(threading.Thread):
                 raise _Fatal from exc
             self._abort(p, op, f"produce failed: {err}")
             return
+        self._end(p, op, abort)
+
+    def _send(self, p: Producer, op: TxnOp, part: int, value: bytes) -> None:
+        """Produce `value` in `op` to partition `part`, recording it and its delivery."""
+        self.history.produced(op, part, value)
+
+        def report(err: Any, msg: Any) -> None:
+            if err is None:
+                self.history.delivered(op, value, msg.offset())
+
+        while True:
+            try:
+                p.produce(self.topic, value, partition=part, on_delivery=report)
+                return
+            except BufferError:
+                p.poll(0.1)
+
+    def _end(self, p: Producer, op: TxnOp, abort: bool) -> None:
+        """Commit `op`, or abort it once its records landed."""
         if abort:
             # abort_transaction purges records still queued: deliver them first, so that the
             # aborted records are in the log and read_committed readers have something to skip.
@@ -543,6 +550,112 @@ class TxnProducer(threading.Thread):
                 raise _Fatal from exc
             self.history.end(op, ABORTED, why)
             return
+
+
+#: Input records one read-process-write transaction takes at most.
+PROCESS_BATCH = 8
+#: The group whose offsets the read-process-write transactions commit.
+PROCESS_GROUP = "rpw"
+
+
+class TxnProcessor(TxnProducer):
+    """Consume-transform-produce, exactly once: reads `source` under read_committed (assigned,
+    at the committed offsets of `group`) and, per batch of up to PROCESS_BATCH records, runs one
+    transaction that writes one output per input to `topic` (the input's partition) and commits
+    the batch's offsets with it (send_offsets_to_transaction). One in TXN_ABORT_ONE_IN is aborted
+    on purpose; after any transaction that did not commit, and after a new producer, the
+    consumer goes back to the group's committed offsets, as a Kafka Streams task does."""
+
+    def __init__(
+        self, history: TxnHistory, bootstrap: str, source: str, topic: str, partitions: int,
+        group: str, name: str = "rpw", seed: int = 0,
+    ) -> None:  # fmt: skip
+        super().__init__(history, bootstrap, topic, name, partitions, seed=seed)
+        self.source = source
+        self.group = group
+        self.consumer_config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+        self.rewinds = 0
+
+    def _rewind(self, c: Consumer) -> None:
+        """Assign every source partition at the group's committed offset (stable: librdkafka asks
+        with require_stable under read_committed)."""
+        tps = [TopicPartition(self.source, q) for q in range(self.partitions)]
+        while not self._halt.is_set():
+            try:
+                got = c.committed(tps, timeout=TXN_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                self._note(f"committed: {exc.args[0]}")
+                time.sleep(0.5)
+                continue
+            c.assign(
+                [
+                    TopicPartition(
+                        self.source, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                    )
+                    for tp in got
+                ]
+            )
+            self.rewinds += 1
+            return
+
+    def _run(self) -> None:
+        c = Consumer(self.consumer_config)
+        try:
+            p = self._new_producer()
+            self._rewind(c)
+            txn = 0
+            while p is not None and not self._halt.is_set():
+                msgs = [m for m in c.consume(PROCESS_BATCH, 0.5) if m.error() is None]
+                if not msgs:
+                    continue
+                op = self.history.begin(self.producer_name, txn)
+                txn += 1
+                try:
+                    self._process(p, c, op, msgs, abort=self.rng.randrange(TXN_ABORT_ONE_IN) == 0)
+                except _Fatal:
+                    self.history.rebuilt += 1
+                    p = self._new_producer()
+                if op.outcome != COMMITTED:
+                    self._rewind(c)
+        finally:
+            c.close()
+
+    def _process(self, p: Producer, c: Consumer, op: TxnOp, msgs: list[Any], abort: bool) -> None:
+        positions: dict[int, int] = {}
+        try:
+            p.begin_transaction()
+            for i, m in enumerate(msgs):
+                value = processed_value(self.producer_name, op.txn, i, m.partition(), m.offset(), m.value())
+                self._send(p, op, m.partition(), value)
+                positions[m.partition()] = m.offset() + 1
+            offsets = [TopicPartition(self.source, q, o) for q, o in sorted(positions.items())]
+            p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), TXN_CALL_TIMEOUT_S)
+        except KafkaException as exc:
+            err = exc.args[0]
+            self._note(f"txn {op.txn} produce/offsets: {err}")
+            if err.fatal():
+                self.history.end(op, ABORTED, f"never committed: fatal {err}")
+                raise _Fatal from exc
+            self._abort(p, op, f"produce or offsets failed: {err}")
+            return
+        self._end(p, op, abort)
+
+
+def group_offsets(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
+    """The committed offsets of `group` (stable ones: asked under read_committed); -1 for none."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        got = c.committed([TopicPartition(topic, q) for q in range(partitions)], timeout=60)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        c.close()
 
 
 class CommittedReader(threading.Thread):
@@ -592,24 +705,38 @@ class CommittedReader(threading.Thread):
 
 
 class TxnLoad:
-    """Transactional producers and a read_committed reader on one topic (`with TxnLoad(...)`)."""
+    """Transactional producers and a read_committed reader on one topic and, given a `sink`
+    history, a read-process-write processor from that topic to the sink's (same partitions,
+    offsets of group PROCESS_GROUP); `with TxnLoad(...)`."""
 
     def __init__(
         self, history: TxnHistory, bootstrap: str, topic: str, partitions: int, producers: int = 2,
-        rate: float = 2.0, seed: int = 0,
+        rate: float = 2.0, seed: int = 0, sink: TxnHistory | None = None,
     ) -> None:  # fmt: skip
         self.producers = [
             TxnProducer(history, bootstrap, topic, f"tx{i}", partitions, rate, seed + i)
             for i in range(producers)
         ]
+        self.processors = (
+            []
+            if sink is None
+            else [
+                TxnProcessor(
+                    sink, bootstrap, topic, sink.topic, partitions, PROCESS_GROUP, seed=seed + producers
+                )
+            ]
+        )
         self.reader = CommittedReader(history, bootstrap, topic, partitions)
 
+    def threads(self) -> list[Any]:
+        return [*self.producers, *self.processors, self.reader]
+
     def __enter__(self) -> TxnLoad:
-        run_threads([*self.producers, self.reader])
+        run_threads(self.threads())
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for t in [*self.producers, self.reader]:
+        for t in self.threads():
             t.stop()
         self.stop()
 
@@ -629,8 +756,9 @@ class TxnLoad:
             time.sleep(0.1)
 
     def stop(self) -> None:
-        """Stop the producers (each ends the transaction it is in) and then the reader."""
+        """Stop the producers (each ends the transaction it is in), the processor, the reader."""
         stop_threads(self.producers, TXN_END_WAIT_S + 60)
+        stop_threads(self.processors, TXN_END_WAIT_S + 60)
         stop_threads([self.reader])
 
 

@@ -4,8 +4,10 @@ clients' history is held to the model of a log at the end (tests/logcheck.py).
 Three brokers over a 3-member etcd and moto behind the fault proxy; two idempotent producers
 and a consumer group of three run throughout, and beside them, on a topic of their own, two
 transactional producers (transactions of a few records over two partitions or more, one in five
-aborted on purpose) and a read_committed reader; their history is held to Kafka's transactional
-model (tests/txncheck.py) after a read_committed and a read_uncommitted read of the whole topic. For `LOGLAKE_CLUSTER_MINUTES` (default 10) the
+aborted on purpose), a read-process-write processor turning their committed records into a
+second topic exactly once (send_offsets_to_transaction), and a read_committed reader; their
+history is held to Kafka's transactional model (tests/txncheck.py) after a read_committed and a
+read_uncommitted read of both topics. For `LOGLAKE_CLUSTER_MINUTES` (default 10) the
 schedule draws one fault at a time — kill -9 of a broker (restarted after a while, its data dir
 sometimes wiped), SIGSTOP of a broker past its lease, the loss of one etcd member, a bucket
 outage of 5-30 s, a graceful restart, one broker's network path to etcd or to the bucket cut
@@ -31,7 +33,7 @@ import clusterload
 from logcheck import History
 from netkit import needs_netns
 from test_cluster_faults import BROKER_ARGS, CARRY_ON_S, PARTITIONS, RATE
-from txncheck import TxnHistory
+from txncheck import TxnHistory, check_processed
 
 pytestmark = [pytest.mark.long, needs_netns]
 
@@ -43,6 +45,8 @@ PROGRESS = 200
 TXN_PROGRESS = 3
 #: The transactional workload's topic, its partitions and each producer's transactions/s.
 TXN_TOPIC = "tx"
+#: Where the read-process-write processor writes what it read from TXN_TOPIC.
+TXN_SINK = "tx-out"
 TXN_PARTITIONS = 3
 TXN_RATE = 2.0
 #: The broker lease the schedule pauses past (the default; see docs/CLUSTER.md).
@@ -120,11 +124,14 @@ def test_random_fault_schedule(tmp_path: Path) -> None:
     ) as c:
         c.create_topic("t", PARTITIONS)
         c.create_topic(TXN_TOPIC, TXN_PARTITIONS)
+        c.create_topic(TXN_SINK, TXN_PARTITIONS)
         h = History()
-        th = TxnHistory(TXN_TOPIC)
+        th, sink = TxnHistory(TXN_TOPIC), TxnHistory(TXN_SINK)
         with (
             clusterload.Load(h, c.bootstrap, "t", producers=2, consumers=3, rate=RATE) as load,
-            clusterload.TxnLoad(th, c.bootstrap, TXN_TOPIC, TXN_PARTITIONS, rate=TXN_RATE, seed=seed) as txns,
+            clusterload.TxnLoad(
+                th, c.bootstrap, TXN_TOPIC, TXN_PARTITIONS, rate=TXN_RATE, seed=seed, sink=sink
+            ) as txns,
         ):
             load.wait_acked(PROGRESS, CARRY_ON_S)
             txns.wait_committed(TXN_PROGRESS, CARRY_ON_S)
@@ -142,15 +149,28 @@ def test_random_fault_schedule(tmp_path: Path) -> None:
                 time.sleep(rng.uniform(1.0, 5.0))
             load.stop_producers()
             txns.stop()
+            client_notes = {
+                t.name: (len(t.errors), t.errors[-3:]) for t in [*txns.producers, *txns.processors]
+            }
             load.drain_consumers(CARRY_ON_S)
         c.wait_leaders("t", PARTITIONS, CARRY_ON_S)
         c.wait_leaders(TXN_TOPIC, TXN_PARTITIONS, CARRY_ON_S)
+        c.wait_leaders(TXN_SINK, TXN_PARTITIONS, CARRY_ON_S)
         clusterload.final_read(h, c.bootstrap, "t", PARTITIONS)
         clusterload.final_txn_read(th, c.bootstrap, TXN_PARTITIONS)
+        clusterload.final_txn_read(sink, c.bootstrap, TXN_PARTITIONS)
+        offsets = clusterload.group_offsets(c.bootstrap, clusterload.PROCESS_GROUP, TXN_TOPIC, TXN_PARTITIONS)
     rep = h.check()
-    txn_rep = th.check()
-    print(f"{len(ran)} faults: {ran}\n{rep}\ntransactions: {txn_rep}", flush=True)
+    txn_rep, sink_rep, eo_rep = th.check(), sink.check(), check_processed(th, sink, offsets)
+    print(
+        f"{len(ran)} faults: {ran}\n{rep}\ntransactions: {txn_rep}\nread-process-write: {sink_rep}\n"
+        f"exactly once (group offsets {offsets}): {eo_rep}\ntransactional clients' errors (count, last): {client_notes}",
+        flush=True,
+    )
     assert rep.ok, f"{rep}\n{context()}"
     assert txn_rep.ok, f"transactions: {txn_rep}\n{context()}"
+    assert sink_rep.ok, f"read-process-write transactions: {sink_rep}\n{context()}"
+    assert eo_rep.ok, f"read-process-write exactly once: {eo_rep}\n{context()}"
+    assert sink_rep.stats.get("txn_committed", 0) > 0, context()
     assert rep.stats.get("acked", 0) >= PROGRESS * (len(ran) + 1), context()
     assert txn_rep.stats.get("txn_committed", 0) >= TXN_PROGRESS * (len(ran) + 1), context()

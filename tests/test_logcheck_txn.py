@@ -5,7 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from txncheck import ABORTED, COMMITTED, UNKNOWN, TxnHistory, TxnOp, parse_txn_value, txn_value
+from txncheck import (
+    ABORTED,
+    COMMITTED,
+    UNKNOWN,
+    TxnHistory,
+    TxnOp,
+    check_processed,
+    parse_source,
+    parse_txn_value,
+    processed_value,
+    txn_value,
+)
 
 T = "tx"
 
@@ -227,3 +238,76 @@ def test_values_must_be_unique() -> None:
     h.produced(op, 1, txn_value("a", 0, 0))
     with pytest.raises(ValueError, match="unique"):
         h.check()
+
+
+# ---- read-process-write: exactly once ------------------------------------------------------------
+
+
+def processed(source: TxnHistory, upto: dict[int, int]) -> TxnHistory:
+    """The outputs of a correct processor that committed offsets `upto`: each committed input
+    below them output once, in a transaction per input partition (plus an aborted one)."""
+    sink = TxnHistory("out")
+    for n, (p, records) in enumerate(sorted(source.committed_final.items())):
+        op = sink.begin("rpw", n)
+        out = []
+        for i, (off, v) in enumerate(sorted(r for r in records.items() if r[0] < upto[p])):
+            value = processed_value("rpw", n, i, p, off, v)
+            sink.produced(op, p, value)
+            sink.delivered(op, value, i)
+            out.append((i, value))
+        sink.commit_asked(op)
+        sink.end(op, COMMITTED)
+        sink.final_committed(p, out)
+        sink.final_uncommitted(p, out)
+    return sink
+
+
+def test_exactly_once_processing_passes() -> None:
+    source = good().read()
+    upto = {0: 8, 1: 6}
+    sink = processed(source, upto)
+    assert parse_source(sink.committed_final[0][0]) == (0, 0, source.committed_final[0][0])
+    assert sink.check().ok, str(sink.check())
+    rep = check_processed(source, sink, upto)
+    assert rep.ok, str(rep)
+    below = sum(1 for p, r in source.committed_final.items() for off in r if off < upto[p])
+    assert rep.stats["eo_outputs"] == rep.stats["eo_inputs_committed"] == below > 0
+
+
+def test_input_processed_twice_is_caught() -> None:
+    source = good().read()
+    upto = {0: 8, 1: 6}
+    sink = processed(source, upto)
+    off, v = sorted(source.committed_final[1].items())[0]
+    again = processed_value("rpw", 9, 0, 1, off, v)
+    op = sink.begin("rpw", 9)
+    sink.produced(op, 1, again)
+    sink.end(op, COMMITTED)
+    sink.committed_final[1][100] = again
+    assert check_processed(source, sink, upto).kinds() == {"eo_duplicate"}
+
+
+def test_offset_committed_without_its_output_is_caught() -> None:
+    source = good().read()
+    sink = processed(source, {0: 8, 1: 6})
+    rep = check_processed(source, sink, {0: 8, 1: 12})
+    assert rep.kinds() == {"eo_lost"}, str(rep)
+
+
+def test_output_committed_without_its_offset_is_caught() -> None:
+    source = good().read()
+    sink = processed(source, {0: 8, 1: 6})
+    rep = check_processed(source, sink, {0: 8, 1: 2})
+    assert rep.kinds() == {"eo_unatomic"}, str(rep)
+
+
+def test_output_of_an_aborted_input_is_caught() -> None:
+    source = good().read()
+    upto = {0: 100, 1: 100}
+    sink = processed(source, upto)
+    aborted = next(op for op in source.txns if op.outcome == ABORTED)
+    p, v = aborted.records[0]
+    off = next(o for o, w in source.uncommitted_final[p].items() if w == v)
+    bad = processed_value("rpw", 9, 0, p, off, v)
+    sink.committed_final[p][100] = bad
+    assert check_processed(source, sink, upto).kinds() == {"eo_wrong_input"}

@@ -34,6 +34,19 @@ A test records into a `TxnHistory` (thread-safe):
 - **phantom**: a record in the log that no transaction produced.
 
 Values must be built by `txn_value` (unique per producer, transaction and record).
+
+`check_processed(source, sink, offsets)` holds a read-process-write workload to exactly-once: its
+transactions (recorded in `sink` as above) turn each input record, read under read_committed from
+`source`'s topic, into one output naming it (`parse_source`), and commit the input offsets with
+them; `offsets` are the group's committed offsets at the end:
+
+- **eo_duplicate**: an input record is named by two committed outputs (processed twice);
+- **eo_lost**: an input record below the group's committed offset is named by no committed
+  output (its offset was committed without its output);
+- **eo_unatomic**: a committed output names an input at or past the committed offset (the output
+  was committed without its offset);
+- **eo_wrong_input**: a committed output names an input that is not the committed record at that
+  offset (the processor read an aborted or a phantom record).
 """
 
 from __future__ import annotations
@@ -67,6 +80,26 @@ def parse_txn_value(value: bytes) -> tuple[str, int, int] | None:
         return None
     try:
         return parts[0].decode(), int(parts[1]), int(parts[2])
+    except ValueError:
+        return None
+
+
+def processed_value(producer: str, txn: int, i: int, partition: int, offset: int, source: bytes) -> bytes:
+    """Record `i` of read-process-write transaction `txn`: the output of the input `source` read
+    at (partition, offset), a `txn_value` naming it (`parse_source`)."""
+    return txn_value(producer, txn, i) + f"{partition}@{offset}|".encode() + source
+
+
+def parse_source(value: bytes) -> tuple[int, int, bytes] | None:
+    """(partition, offset, value) of the input an output of a read-process-write transaction
+    names (clusterload.processed_value), or None."""
+    parts = value.split(b":", 3)
+    if len(parts) != 4 or b"|" not in parts[3]:
+        return None
+    where, source = parts[3].split(b"|", 1)
+    p, _, off = where.partition(b"@")
+    try:
+        return int(p), int(off), source
     except ValueError:
         return None
 
@@ -280,4 +313,39 @@ def _check(h: TxnHistory) -> Report:
             op = owner.get(v)
             if op is not None and op.outcome == ABORTED:
                 _bump(rep, "aborted_records_read_uncommitted")
+    return rep
+
+
+def check_processed(source: TxnHistory, sink: TxnHistory, offsets: dict[int, int]) -> Report:
+    """Exactly-once of a read-process-write workload (see the module doc); `offsets`: the group's
+    committed offset of each source partition (-1 for none)."""
+    rep = Report()
+    t = source.topic
+    named: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)  # input -> outputs
+    for q, records in sink.committed_final.items():
+        for out_off, v in records.items():
+            ref = parse_source(v)
+            if ref is None:
+                continue  # not an output: sink's own check reports it as a phantom
+            p, off, src = ref
+            named[(p, off)].append((q, out_off))
+            inputs = source.committed_final.get(p, {})
+            if inputs.get(off) != src:
+                detail = f"output {sink.topic}[{q}]@{out_off} names {src[:40]!r}, the committed record is {inputs.get(off, b'')[:40]!r}"
+                rep.add(Anomaly("eo_wrong_input", t, p, off, detail))
+            if off >= offsets.get(p, -1):
+                detail = f"output {sink.topic}[{q}]@{out_off} committed, the group's offset is {offsets.get(p, -1)}"
+                rep.add(Anomaly("eo_unatomic", t, p, off, detail))
+    for (p, off), outs in sorted(named.items()):
+        if len(outs) > 1:
+            rep.add(
+                Anomaly("eo_duplicate", t, p, off, f"processed into {len(outs)} committed outputs: {outs}")
+            )
+    for p, records in source.committed_final.items():
+        below = [off for off in records if off < offsets.get(p, -1)]
+        rep.stats["eo_inputs_committed"] = rep.stats.get("eo_inputs_committed", 0) + len(below)
+        for off in sorted(below):
+            if (p, off) not in named:
+                rep.add(Anomaly("eo_lost", t, p, off, f"below the group's offset {offsets[p]}, never output"))
+    rep.stats["eo_outputs"] = sum(len(outs) for outs in named.values())
     return rep
