@@ -556,6 +556,8 @@ class TxnProducer(threading.Thread):
 PROCESS_BATCH = 8
 #: The group whose offsets the read-process-write transactions commit.
 PROCESS_GROUP = "rpw"
+#: A send_offsets_to_transaction(timeout TXN_CALL_TIMEOUT_S) still blocked after this is hung.
+SEND_OFFSETS_HUNG_S = 2 * TXN_CALL_TIMEOUT_S + 15
 
 
 class TxnProcessor(TxnProducer):
@@ -582,6 +584,8 @@ class TxnProcessor(TxnProducer):
             "topic.metadata.refresh.interval.ms": 1000,
         }
         self.rewinds = 0
+        #: send_offsets_to_transaction calls that blocked past SEND_OFFSETS_HUNG_S.
+        self.hung = 0
 
     def _rewind(self, c: Consumer) -> None:
         """Assign every source partition at the group's committed offset (stable: librdkafka asks
@@ -627,6 +631,33 @@ class TxnProcessor(TxnProducer):
         finally:
             c.close()
 
+    def _send_offsets(self, p: Producer, c: Consumer, op: TxnOp, offsets: list[TopicPartition]) -> None:
+        """send_offsets_to_transaction, watched: librdkafka (2.16) can block in it for ever, past
+        its timeout, once the group's coordinator it cached is gone (its issues #5456 and #5511;
+        a killed broker leaves Metadata). Then the producer is given up: `op` was never asked to
+        commit, and the next producer's InitProducerId fences this one and aborts it."""
+        done = threading.Event()
+        failed: list[KafkaException] = []
+
+        def call() -> None:
+            try:
+                p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), TXN_CALL_TIMEOUT_S)
+            except KafkaException as exc:
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"{self.name}-send-offsets", daemon=True).start()
+        if not done.wait(SEND_OFFSETS_HUNG_S):
+            self.hung += 1
+            self._note(f"txn {op.txn}: send_offsets_to_transaction blocked past {SEND_OFFSETS_HUNG_S} s")
+            self.history.end(
+                op, ABORTED, "never committed: send_offsets_to_transaction hung; producer replaced"
+            )
+            raise _Fatal
+        if failed:
+            raise failed[0]
+
     def _process(self, p: Producer, c: Consumer, op: TxnOp, msgs: list[Any], abort: bool) -> None:
         positions: dict[int, int] = {}
         try:
@@ -636,7 +667,7 @@ class TxnProcessor(TxnProducer):
                 self._send(p, op, m.partition(), value)
                 positions[m.partition()] = m.offset() + 1
             offsets = [TopicPartition(self.source, q, o) for q, o in sorted(positions.items())]
-            p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), TXN_CALL_TIMEOUT_S)
+            self._send_offsets(p, c, op, offsets)
         except KafkaException as exc:
             err = exc.args[0]
             self._note(f"txn {op.txn} produce/offsets: {err}")

@@ -147,12 +147,15 @@ def test_random_fault_schedule(tmp_path: Path) -> None:
                 except AssertionError as exc:
                     raise AssertionError(f"{exc}; {context()}") from exc
                 time.sleep(rng.uniform(1.0, 5.0))
-            load.stop_producers()
-            txns.stop()
-            client_notes = {
-                t.name: (len(t.errors), t.errors[-3:]) for t in [*txns.producers, *txns.processors]
-            }
-            load.drain_consumers(CARRY_ON_S)
+            try:
+                load.stop_producers()
+                txns.stop()
+                load.drain_consumers(CARRY_ON_S)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {context()}") from exc
+            clients = [*txns.producers, *txns.processors]
+            client_notes = {t.name: (len(t.errors), t.errors[-3:]) for t in clients}
+            hung = sum(t.hung for t in txns.processors)
         c.wait_leaders("t", PARTITIONS, CARRY_ON_S)
         c.wait_leaders(TXN_TOPIC, TXN_PARTITIONS, CARRY_ON_S)
         c.wait_leaders(TXN_SINK, TXN_PARTITIONS, CARRY_ON_S)
@@ -164,7 +167,8 @@ def test_random_fault_schedule(tmp_path: Path) -> None:
     txn_rep, sink_rep, eo_rep = th.check(), sink.check(), check_processed(th, sink, offsets)
     print(
         f"{len(ran)} faults: {ran}\n{rep}\ntransactions: {txn_rep}\nread-process-write: {sink_rep}\n"
-        f"exactly once (group offsets {offsets}): {eo_rep}\ntransactional clients' errors (count, last): {client_notes}",
+        f"exactly once (group offsets {offsets}): {eo_rep}\ntransactional clients' errors (count, last): {client_notes}\n"
+        f"send_offsets_to_transaction hung (librdkafka #5456/#5511; producer replaced): {hung}",
         flush=True,
     )
     assert rep.ok, f"{rep}\n{context()}"
