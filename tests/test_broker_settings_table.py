@@ -216,7 +216,7 @@ def test_modules_acting_on_a_setting_hold_the_tables_default() -> None:
         limits.OFFSETS_RETENTION_MINUTES_DEFAULT,
     )
     assert BrokerConfig().consumer_group_limits() == limits.ConsumerLimits()  # KIP-848's, from the table and the coordinator alike
-    assert ShareLimits.of(BrokerConfig()) == ShareLimits()  # KIP-932's, from the table and the share coordinator alike
+    assert BrokerConfig().share_limits() == ShareLimits()  # KIP-932's, from the table and the share coordinator alike
     assert d["cluster_lease_ttl_s"] == membership.BROKER_LEASE_TTL_S_DEFAULT
     assert BROKER_SETTINGS["cluster_lease_ttl_s"].bounds == (membership.BROKER_LEASE_TTL_S_MIN, 3600)
     assert d["queued_max_request_bytes"] == overload.QUEUED_MAX_REQUEST_BYTES_DEFAULT  # unused since the table

@@ -31,6 +31,7 @@ from loglake.extras import MissingExtraError
 if TYPE_CHECKING:
     from loglake.broker.groups.limits import ConsumerLimits
     from loglake.broker.listeners import Listener
+    from loglake.broker.share.limits import ShareLimits
 
 def parse_host_port(value: str, what: str) -> tuple[str, int]:
     from loglake.broker.listeners import parse_host_port as parse
@@ -286,11 +287,9 @@ class BrokerConfig:
         self.engine_config()
         if self.cluster is not None:
             self._validate_cluster()
-        from loglake.broker.share.limits import ShareLimits
-
         try:
             self.consumer_group_limits().check()
-            ShareLimits.of(self).check()
+            self.share_limits().check()
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 
@@ -332,6 +331,24 @@ class BrokerConfig:
         """Whether some Kafka listener authenticates clients: SASL_*, or SSL with ssl_client_auth
         requested or required (the schema registry then asks for credentials too)."""
         return any(lst.sasl or (lst.tls and self.ssl_client_auth in ("requested", "required")) for lst in self.listeners())
+
+    def share_limits(self) -> ShareLimits:
+        """The `group.share.*` settings as the share coordinator's ShareLimits."""
+        from loglake.broker.share.limits import ShareLimits
+
+        return ShareLimits(
+            session_timeout_ms=self.group_share_session_timeout_ms,
+            min_session_timeout_ms=self.group_share_min_session_timeout_ms,
+            max_session_timeout_ms=self.group_share_max_session_timeout_ms,
+            heartbeat_interval_ms=self.group_share_heartbeat_interval_ms,
+            min_heartbeat_interval_ms=self.group_share_min_heartbeat_interval_ms,
+            max_heartbeat_interval_ms=self.group_share_max_heartbeat_interval_ms,
+            max_size=self.group_share_max_size,
+            record_lock_duration_ms=self.group_share_record_lock_duration_ms,
+            delivery_count_limit=self.group_share_delivery_count_limit,
+            partition_max_record_locks=self.group_share_partition_max_record_locks,
+            max_share_sessions=self.group_share_max_share_sessions,
+        )
 
     def consumer_group_limits(self) -> ConsumerLimits:
         """The `group.consumer.*` settings as the coordinator's ConsumerLimits."""

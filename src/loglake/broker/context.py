@@ -43,7 +43,7 @@ from loglake.broker.security.quota_store import QuotaStore
 from loglake.broker.security.quotas import QuotaManager
 from loglake.broker.security.sasl import SaslAuthenticator
 from loglake.broker.security.scram_store import ScramStore
-from loglake.broker.share import ShareCoordinator, ShareLimits
+from loglake.broker.share import ShareCoordinator
 from loglake.broker.share.store import MetaShareStore, ShareStore
 from loglake.broker.txn import TxnBackend, TxnCoordinator, TxnSettings
 from loglake.engine import Engine
@@ -183,7 +183,7 @@ async def build_context(
     metrics.registry.register(quotas)
     mutation_quotas = MutationQuotas(quotas, clock)
     group_configs = GroupConfigStore(config_store, lambda: group_config_bounds(config),
-                                     share_defaults=lambda: ShareLimits.of(config))
+                                     share_defaults=lambda: config.share_limits())
 
     def group_config_changed(group_id: str, configs: dict[str, str]) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed: the broker is stopping
@@ -270,7 +270,7 @@ def share_coordinator(
         return info.log_start_offset if reset == "earliest" else info.high_watermark
 
     return ShareCoordinator(
-        store if store is not None else MetaShareStore(engine.meta), ShareLimits.of(config), topic_partitions=topic_partitions,
+        store if store is not None else MetaShareStore(engine.meta), config.share_limits(), topic_partitions=topic_partitions,
         initial_offset=initial_offset, auto_offset_reset=group_configs.share_auto_offset_reset,
         group_limits=group_configs.share_limits,
     )

@@ -40,7 +40,7 @@ class MetaFacts:
     @classmethod
     def of(cls, engine: Engine) -> Self:
         """The store over `engine`'s metadata store, taking writes while the engine is open."""
-        return cls(engine.meta, engine._check_open)
+        return cls(engine.meta, engine.check_writable)
 
     def _append(self, record: MetaRecord) -> Future[int]:
         """Log one record; the future resolves with its seq once durable (committed in etcd)."""

@@ -59,7 +59,7 @@ async def serve_schema_registry(
 ) -> HttpServer:
     """Serve the open `engine`'s registry on host:port (HTTPS with `tls`) to callers `auth` admits."""
     check_extra()
-    api = RegistryApi(SchemaRegistry(engine.meta, engine._check_open))
+    api = RegistryApi(SchemaRegistry(engine.meta, engine.check_writable))
     loop = asyncio.get_running_loop()
 
     async def handle(request: HttpRequest) -> HttpResponse:

@@ -136,7 +136,7 @@ class SchemaValidator:
             if self._registry is None:
                 from loglake.registry import SchemaRegistry
 
-                self._registry = SchemaRegistry(self.engine.meta, self.engine._check_open)
+                self._registry = SchemaRegistry(self.engine.meta, self.engine.check_writable)
             return self._registry
 
     def _record_name(self, schema_id: int) -> str | None:

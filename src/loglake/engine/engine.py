@@ -257,6 +257,11 @@ class Engine:
         go on; produce answers KAFKA_STORAGE_ERROR until a restart."""
         return self.log.failure
 
+    def check_writable(self) -> None:
+        """What a store over this engine's metadata (the schema registry) asks before a change:
+        EngineClosedError when not open, EngineFailedError once the log stopped taking writes."""
+        self._check_open()
+
     def _check_open(self) -> None:
         """Before a change: EngineClosedError when not open, EngineFailedError once the log
         stopped taking writes (reads of what is durable go on)."""

@@ -1,6 +1,6 @@
 """Every bound of the share coordinator, by Kafka's setting name, with Kafka 4.1's defaults.
 
-`ShareLimits.of(config)` reads the broker's `group.share.*` settings (broker/settings.py is the one
+`BrokerConfig.share_limits()` reads the broker's `group.share.*` settings into one (broker/settings.py is the one
 table of their names, defaults and ranges); the other fields are loglake's own bounds on what a
 client can make the broker hold.
 """
@@ -8,10 +8,7 @@ client can make the broker hold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:
-    from loglake.broker.config import BrokerConfig
+from typing import NamedTuple
 
 #: `share.auto.offset.reset` values (a group config in Kafka; "latest" by default).
 AUTO_OFFSET_RESETS = ("latest", "earliest")
@@ -76,22 +73,6 @@ class ShareLimits:
                              "<= group.share.max.heartbeat.interval.ms")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
             raise ValueError("group.share.heartbeat.interval.ms must be below group.share.session.timeout.ms")
-
-    @classmethod
-    def of(cls, config: BrokerConfig) -> ShareLimits:
-        return cls(
-            session_timeout_ms=config.group_share_session_timeout_ms,
-            min_session_timeout_ms=config.group_share_min_session_timeout_ms,
-            max_session_timeout_ms=config.group_share_max_session_timeout_ms,
-            heartbeat_interval_ms=config.group_share_heartbeat_interval_ms,
-            min_heartbeat_interval_ms=config.group_share_min_heartbeat_interval_ms,
-            max_heartbeat_interval_ms=config.group_share_max_heartbeat_interval_ms,
-            max_size=config.group_share_max_size,
-            record_lock_duration_ms=config.group_share_record_lock_duration_ms,
-            delivery_count_limit=config.group_share_delivery_count_limit,
-            partition_max_record_locks=config.group_share_partition_max_record_locks,
-            max_share_sessions=config.group_share_max_share_sessions,
-        )
 
 
 __all__ = ["AUTO_OFFSET_RESETS", "GroupShareLimits", "ShareLimits"]
