@@ -155,3 +155,24 @@ def test_full_decodes_and_record_name_strategies_name_the_subject(served: Served
             P(name="bytopicname", partition_data=[P.PartitionProduceData(index=0, records=batch)])]))
     (part,) = resp.responses[0].partition_responses
     assert [(e.batch_index, e.batch_index_error_message.split(":")[0]) for e in part.record_errors] == [(1, "key")]
+
+
+def test_a_refused_record_is_named_by_its_index_across_the_batches_of_a_partition(served: Served) -> None:
+    # a batch whose records all pass is checked by its distinct headers (one here) and counted
+    # whole; the refused record of the next batch is still named by its index in the partition
+    s = served
+    topics(s, batched={"confluent.value.schema.validation": "true"})
+    user_id = s.registry.register_schema("batched-value", Schema(USER, "AVRO"))
+    good = framed(user_id, b"\x06ann")
+    records = build_batch([(1, None, good, []) for _ in range(3)]) + build_batch(
+        [(2, None, good, []), (3, None, framed(user_id + 1_000, b"\x06bob"), [])]
+    )
+    P = ProduceRequest.TopicProduceData
+    with RawClient(s.broker.bootstrap) as c:
+        resp = c.request(ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=10_000, topic_data=[
+            P(name="batched", partition_data=[P.PartitionProduceData(index=0, records=records)])]))  # fmt: skip
+    (part,) = resp.responses[0].partition_responses
+    assert part.error_code == ErrorCode.INVALID_RECORD
+    assert [e.batch_index for e in part.record_errors] == [4]
+    assert "1 of 5 record(s) of topic 'batched'" in part.error_message
+    assert ends(s, "batched") == [0, 0]

@@ -30,7 +30,7 @@ from loglake.engine.config import SUBJECT_NAME_STRATEGIES, TopicConfig
 from loglake.errors import CorruptRecordError, InvalidRecordError
 from loglake.meta.schemas import SchemaTable
 from loglake.records.batch import Buffer, peek_header
-from loglake.records.decode import decode_batch
+from loglake.records.decode import RecordColumns, decode_batch_columns
 
 if TYPE_CHECKING:  # the registry's formats need its extra: imported when a record needs them
     from loglake.registry import SchemaRegistry
@@ -66,6 +66,10 @@ class SchemaValidator:
         if config.key_schema_validation == "false" and config.value_schema_validation == "false":
             return
         table: SchemaTable = self.engine.meta.read(lambda s: s.schemas)
+        # a header's verdict, by part and header: a request's records mostly share one schema id,
+        # so its subject is looked up once, not once a record
+        verdicts: dict[tuple[str, bytes], str | None] = {}
+        headers_only = "full" not in (config.key_schema_validation, config.value_schema_validation)
         errors: list[tuple[int, str]] = []
         refused = 0
         index = 0
@@ -75,15 +79,18 @@ class SchemaValidator:
             if header.is_control:
                 pos += header.size
                 continue
-            _h, decoded = decode_batch(records, pos)
-            for rec in decoded:
-                problem = self._problem(topic, config, table, rec.key, rec.value)
+            _h, columns = decode_batch_columns(records, pos)
+            pos += header.size
+            if headers_only and self._all_good(topic, config, table, columns, verdicts):
+                index += len(columns.values)
+                continue
+            for key, value in zip(columns.keys, columns.values, strict=True):
+                problem = self._problem(topic, config, table, key, value, verdicts)
                 if problem is not None:
                     refused += 1
                     if len(errors) < RECORD_ERRORS_MAX:
                         errors.append((index, problem))
                 index += 1
-            pos += header.size
         if errors:
             first = errors[0][1]
             raise InvalidRecordError(
@@ -92,24 +99,50 @@ class SchemaValidator:
                 record_errors=errors,
             )
 
-    def _problem(self, topic: str, config: TopicConfig, table: SchemaTable,
-                 key: bytes | None, value: bytes | None) -> str | None:
+    def _all_good(self, topic: str, config: TopicConfig, table: SchemaTable, columns: RecordColumns,
+                  verdicts: dict[tuple[str, bytes], str | None]) -> bool:
+        """Whether every record of a batch passes a header-only (`true`) validation: each distinct
+        header checked once (a set built in one C-level pass, not a Python step a record)."""
+        for part, column, level, strategy in (
+            ("key", columns.keys, config.key_schema_validation, config.key_subject_name_strategy),
+            ("value", columns.values, config.value_schema_validation, config.value_subject_name_strategy),
+        ):
+            if level == "false":
+                continue
+            for head in {data[:WIRE_HEADER_BYTES] for data in column if data is not None}:
+                if self._header_problem(topic, part, head, strategy, table, verdicts) is not None:
+                    return False
+        return True
+
+    def _problem(self, topic: str, config: TopicConfig, table: SchemaTable, key: bytes | None,
+                 value: bytes | None, verdicts: dict[tuple[str, bytes], str | None]) -> str | None:
         for part, data, level, strategy in (
             ("key", key, config.key_schema_validation, config.key_subject_name_strategy),
             ("value", value, config.value_schema_validation, config.value_subject_name_strategy),
         ):
             if level == "false" or data is None:
                 continue
-            problem = self._check_one(topic, part, data, level, strategy, table)
+            problem = self._header_problem(topic, part, data[:WIRE_HEADER_BYTES], strategy, table, verdicts)
+            if problem is None and level == "full":
+                problem = self._decode_problem(data)
             if problem is not None:
                 return f"{part}: {problem}"
         return None
 
-    def _check_one(self, topic: str, part: str, data: bytes, level: str, strategy: str,
-                   table: SchemaTable) -> str | None:
-        if len(data) < WIRE_HEADER_BYTES or data[0] != 0:
+    def _header_problem(self, topic: str, part: str, head: bytes, strategy: str, table: SchemaTable,
+                        verdicts: dict[tuple[str, bytes], str | None]) -> str | None:
+        """What is wrong with a record's first WIRE_HEADER_BYTES (its whole data when shorter),
+        remembered in `verdicts`: the verdict depends on nothing else."""
+        if (part, head) in verdicts:
+            return verdicts[(part, head)]
+        verdict = self._check_header(topic, part, head, strategy, table)
+        verdicts[(part, head)] = verdict
+        return verdict
+
+    def _check_header(self, topic: str, part: str, head: bytes, strategy: str, table: SchemaTable) -> str | None:
+        if len(head) < WIRE_HEADER_BYTES or head[0] != 0:
             return "not in the schema registry's wire format (magic byte 0 and a 4-byte schema id)"
-        schema_id = int.from_bytes(data[1:WIRE_HEADER_BYTES], "big")
+        schema_id = int.from_bytes(head[1:WIRE_HEADER_BYTES], "big")
         if schema_id not in table.schemas:
             return f"schema id {schema_id} is unknown to the registry"
         if strategy == _TOPIC_NAME:
@@ -122,11 +155,15 @@ class SchemaValidator:
         versions = table.subjects.get(subject, {})
         if not any(rv.schema_id == schema_id and not rv.deleted for rv in versions.values()):
             return f"schema id {schema_id} is not registered under subject {subject!r}"
-        if level == "full":
-            try:
-                self._decoder(schema_id)(data[WIRE_HEADER_BYTES:])
-            except Exception as exc:  # any decoding failure refuses the record
-                return f"does not decode with schema id {schema_id}: {type(exc).__name__}: {str(exc)[:200]}"
+        return None
+
+    def _decode_problem(self, data: bytes) -> str | None:
+        """`full`: what keeps a payload whose header passed from decoding with its schema."""
+        schema_id = int.from_bytes(data[1:WIRE_HEADER_BYTES], "big")
+        try:
+            self._decoder(schema_id)(data[WIRE_HEADER_BYTES:])
+        except Exception as exc:  # any decoding failure refuses the record
+            return f"does not decode with schema id {schema_id}: {type(exc).__name__}: {str(exc)[:200]}"
         return None
 
     # ---- the registry (its extra): record names and decoders -------------------------------
