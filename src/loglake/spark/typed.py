@@ -40,6 +40,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -155,7 +156,7 @@ class RegistryClient:
             except (ValueError, AttributeError):
                 message = ""
             said = f"registry {self.url}{path}: HTTP {exc.code} {message}".rstrip()
-            if exc.code == 404:  # the registry has no such schema: the record cannot be read
+            if exc.code == HTTPStatus.NOT_FOUND:  # the registry has no such schema: the record cannot be read
                 raise UndecodableError(said) from None
             # anything else (refused, unavailable) fails the task rather than dead-lettering records
             raise TypedColumnsError(said) from None
