@@ -14,6 +14,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -282,6 +283,18 @@ def stop_threads(threads: list[Any], timeout: float = 150.0) -> None:
         assert t.exc is None, f"{t.name} raised {t.exc!r}"
 
 
+
+def wait_for_more(count: Callable[[], int], n: int, timeout_s: float, what: str, producers: Sequence[Any]) -> None:
+    """Wait until `count()` is `n` above what it is now; past `timeout_s`, fail naming the
+    producers' last errors."""
+    want = count() + n
+    deadline = time.monotonic() + timeout_s
+    while count() < want:
+        if time.monotonic() > deadline:
+            errs = [e for p in producers for e in p.errors[-3:]]
+            raise AssertionError(f"only {count()} of {want} {what} after {timeout_s} s; {errs}")
+        time.sleep(0.1)
+
 class Load:
     """Producers and a consumer group on one topic, stopped whatever happens (`with Load(...)`)."""
 
@@ -331,15 +344,7 @@ class Load:
 
     def wait_acked(self, n: int, timeout_s: float) -> None:
         """Wait until `n` more records than now are acked (clients carry on)."""
-        want = self.acked() + n
-        deadline = time.monotonic() + timeout_s
-        while self.acked() < want:
-            if time.monotonic() > deadline:
-                errs = [e for p in self.producers for e in p.errors[-3:]]
-                raise AssertionError(
-                    f"only {self.acked()} of {want} records acked after {timeout_s} s; {errs}"
-                )
-            time.sleep(0.1)
+        wait_for_more(self.acked, n, timeout_s, "records acked", self.producers)
 
     def stop_producers(self) -> None:
         stop_threads(self.producers)
@@ -776,15 +781,7 @@ class TxnLoad:
 
     def wait_committed(self, n: int, timeout_s: float) -> None:
         """Wait until `n` more transactions than now are committed (transactions carry on)."""
-        want = self.committed() + n
-        deadline = time.monotonic() + timeout_s
-        while self.committed() < want:
-            if time.monotonic() > deadline:
-                errs = [e for p in self.producers for e in p.errors[-3:]]
-                raise AssertionError(
-                    f"only {self.committed()} of {want} transactions committed after {timeout_s} s; {errs}"
-                )
-            time.sleep(0.1)
+        wait_for_more(self.committed, n, timeout_s, "transactions committed", self.producers)
 
     def stop(self) -> None:
         """Stop the producers (each ends the transaction it is in), the processor, the reader."""

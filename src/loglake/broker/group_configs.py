@@ -132,24 +132,33 @@ def group_config_bounds(config: BrokerConfig) -> ConsumerLimits:
     return config.consumer_group_limits()
 
 
-def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
-    """ConfigError (INVALID_CONFIG) unless the merged values fit the bounds (Kafka's messages)."""
-    session = values.get(SESSION_TIMEOUT, bounds.session_timeout_ms)
-    heartbeat = values.get(HEARTBEAT_INTERVAL, bounds.heartbeat_interval_ms)
+def _check_timing(
+    session: int, heartbeat: int, bounds: GroupConfigBounds | ShareLimits, names: tuple[str, str], kind: str
+) -> None:
+    """ConfigError unless a group's session timeout and heartbeat interval fit the broker's
+    group.<kind>.min/max.* settings and each other (Kafka's GroupConfig messages)."""
+    session_name, heartbeat_name = names
     checks = (
         (heartbeat < bounds.min_heartbeat_interval_ms,
-         f"{HEARTBEAT_INTERVAL} must be greater than or equal to group.consumer.min.heartbeat.interval.ms"),
+         f"{heartbeat_name} must be greater than or equal to group.{kind}.min.heartbeat.interval.ms"),
         (heartbeat > bounds.max_heartbeat_interval_ms,
-         f"{HEARTBEAT_INTERVAL} must be less than or equal to group.consumer.max.heartbeat.interval.ms"),
+         f"{heartbeat_name} must be less than or equal to group.{kind}.max.heartbeat.interval.ms"),
         (session < bounds.min_session_timeout_ms,
-         f"{SESSION_TIMEOUT} must be greater than or equal to group.consumer.min.session.timeout.ms"),
+         f"{session_name} must be greater than or equal to group.{kind}.min.session.timeout.ms"),
         (session > bounds.max_session_timeout_ms,
-         f"{SESSION_TIMEOUT} must be less than or equal to group.consumer.max.session.timeout.ms"),
-        (session <= heartbeat, f"{SESSION_TIMEOUT} must be greater than {HEARTBEAT_INTERVAL}"),
+         f"{session_name} must be less than or equal to group.{kind}.max.session.timeout.ms"),
+        (session <= heartbeat, f"{session_name} must be greater than {heartbeat_name}"),
     )
     for failed, message in checks:
         if failed:
             raise ConfigError(message)
+
+
+def validate(values: dict[str, int], bounds: GroupConfigBounds) -> None:
+    """ConfigError (INVALID_CONFIG) unless the merged values fit the bounds (Kafka's messages)."""
+    session = values.get(SESSION_TIMEOUT, bounds.session_timeout_ms)
+    heartbeat = values.get(HEARTBEAT_INTERVAL, bounds.heartbeat_interval_ms)
+    _check_timing(session, heartbeat, bounds, (SESSION_TIMEOUT, HEARTBEAT_INTERVAL), "consumer")
 
 
 def validate_share(values: dict[str, int], limits: ShareLimits) -> None:
@@ -157,20 +166,7 @@ def validate_share(values: dict[str, int], limits: ShareLimits) -> None:
     interval fit the broker's group.share.min/max.* settings and each other (Kafka's messages)."""
     session = values.get(SHARE_SESSION_TIMEOUT, limits.session_timeout_ms)
     heartbeat = values.get(SHARE_HEARTBEAT_INTERVAL, limits.heartbeat_interval_ms)
-    checks = (
-        (heartbeat < limits.min_heartbeat_interval_ms,
-         f"{SHARE_HEARTBEAT_INTERVAL} must be greater than or equal to group.share.min.heartbeat.interval.ms"),
-        (heartbeat > limits.max_heartbeat_interval_ms,
-         f"{SHARE_HEARTBEAT_INTERVAL} must be less than or equal to group.share.max.heartbeat.interval.ms"),
-        (session < limits.min_session_timeout_ms,
-         f"{SHARE_SESSION_TIMEOUT} must be greater than or equal to group.share.min.session.timeout.ms"),
-        (session > limits.max_session_timeout_ms,
-         f"{SHARE_SESSION_TIMEOUT} must be less than or equal to group.share.max.session.timeout.ms"),
-        (session <= heartbeat, f"{SHARE_SESSION_TIMEOUT} must be greater than {SHARE_HEARTBEAT_INTERVAL}"),
-    )
-    for failed, message in checks:
-        if failed:
-            raise ConfigError(message)
+    _check_timing(session, heartbeat, limits, (SHARE_SESSION_TIMEOUT, SHARE_HEARTBEAT_INTERVAL), "share")
 
 
 def parse_value(name: str, raw: str | None) -> int:
