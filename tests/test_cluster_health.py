@@ -285,8 +285,12 @@ def test_a_broker_whose_bucket_goes_away_hands_its_partitions_over_and_leads_aga
 def bucket_goes_away(c: clusterkit.Cluster, proxy: s3kit.FaultProxy) -> None:
     b3, m3 = add_broker(c, 3, s3kit.store_url(proxy.endpoint, c.bucket, "data"), c.broker_env)
     c.create_topic("t", PARTITIONS)
-    led = {p for p, n in c.leaders("t").items() if n == 3}
-    assert led, c.leaders("t")
+    # Leadership is taken after the topic is created, and node 3 (registered last) gets its share
+    # when the balancer next runs: wait for both, not one look right after the create.
+    deadline = time.monotonic() + CARRY_ON_S
+    while not (led := {p for p, n in c.wait_leaders("t", PARTITIONS, CARRY_ON_S).items() if n == 3}):
+        assert time.monotonic() < deadline, f"node 3 leads nothing after {CARRY_ON_S} s: {c.leaders('t')}"
+        time.sleep(0.2)
     assert http_get(m3, "/readyz")[0] == 200
     h = History()
     prober = Prober(h, c.bootstrap, "t")
