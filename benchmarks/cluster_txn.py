@@ -111,6 +111,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="10 s per mode instead of 30")
     ap.add_argument("--producers", type=int, default=4, help="transactional producers, one thread each")
     ap.add_argument("--seconds", type=float, default=None, help="seconds of load per mode")
+    ap.add_argument("--json-out", help="also write the JSON here")
     args = ap.parse_args()
     seconds = args.seconds if args.seconds is not None else (10.0 if args.quick else 30.0)
     load_before = os.getloadavg()
@@ -132,6 +133,8 @@ def main() -> int:
         "cluster_over_single": round(ratio, 3),
     }  # fmt: skip
     print(json.dumps(doc, indent=2))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(doc, indent=2))
     log("")
     log(f"{'mode':<8} {'brokers':>7} {'commits/s':>10} {'records/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for r in results.values():

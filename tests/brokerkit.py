@@ -15,7 +15,6 @@ import concurrent.futures
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from portkit import free_port as free_port  # the tests import it from here too
 
 if TYPE_CHECKING:
     from loglake.broker.config import BrokerConfig
@@ -390,13 +391,6 @@ def cluster_args(
         "--object-flush-ms",
         str(flush_ms),
     ]
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (for a broker that must come back on the same port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_on_port(broker: Broker | InProcessBroker, port: int, attempts: int = 50) -> None:

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from portkit import free_port as free_port  # the tests import it from here too
 
 ETCD_BINARY = shutil.which("etcd")
 #: How long a member may take to answer /health before the kit gives up (a 3-member cluster
@@ -39,12 +40,6 @@ STOP_GRACE_S = 5.0
 ETCD_MISSING = "etcd is not installed (Debian package etcd-server; .ci/run installs it)"
 
 needs_etcd = pytest.mark.skipif(ETCD_BINARY is None, reason=ETCD_MISSING)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class EtcdMember:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, KafkaProducer
 
-from brokerkit import Broker, running_broker
+from brokerkit import Broker, free_port, running_broker
 
 
 def test_serve_produce_consume_and_graceful_shutdown(tmp_path: Path) -> None:
@@ -38,11 +38,7 @@ def test_port_file_and_listening_line(tmp_path: Path) -> None:
 
 
 def test_health_endpoints(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with running_broker(tmp_path / "d", ["--metrics-listen", f"127.0.0.1:{port}"]):
         base = f"http://127.0.0.1:{port}"
         assert urllib.request.urlopen(f"{base}/healthz", timeout=5).read() == b"ok\n"

@@ -217,11 +217,9 @@ def test_retries_exhausted(fault_proxy: FaultProxy, bucket: str, caplog: pytest.
 
 
 def test_connection_refused_is_retriable(bucket: str) -> None:
-    import socket
+    from portkit import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # closed again: nothing listens there
+    port = free_port()  # nothing listens there
     store = make_store(
         f"http://127.0.0.1:{port}", bucket, retry=RetryPolicy(max_attempts=3, base_delay=0.001)
     )
