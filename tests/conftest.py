@@ -27,6 +27,11 @@ from etcdkit import ETCD_BINARY, ETCD_MISSING
 
 # Every ranked lock checks the lock order in tests (loglake.locks), brokers the tests start too.
 os.environ.setdefault("LOGLAKE_LOCK_ORDER", "check")
+# Brokers the tests start answer a new group's first JoinGroup at once, as Kafka's own shipped
+# server.properties does for development: the default 3 s initial rebalance delay (Kafka's too)
+# is a wait, per new classic group, in hundreds of tests (38 s of test_cli_remote's 135 s).
+# The delay itself is tested where it is the subject (test_groups, with its own setting).
+os.environ.setdefault("LOGLAKE_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
 
 #: Under CI (`CI=true`, as .ci/run sets and CI services do) a test skipped because a tool of the
 #: full suite is missing FAILS: a CI run that quietly left out the cluster or Spark tests would
