@@ -240,8 +240,12 @@ class GroupConfigStore:
         if len(kept) + len(shares) != len(configs):
             log.warning("group %s: ignoring stored configs this release does not take: %s", group_id,
                         sorted(set(configs) - set(kept) - set(shares)))
-        if kept:
-            self._configs[group_id] = kept
+        self._hold(group_id, kept, shares)
+
+    def _hold(self, group_id: str, values: dict[str, int], shares: dict[str, str]) -> None:
+        """Keep `group_id`'s configs as they now are; a group with none is forgotten."""
+        if values:
+            self._configs[group_id] = values
         else:
             self._configs.pop(group_id, None)
         if shares:
@@ -380,14 +384,7 @@ class GroupConfigStore:
         if validate_only:
             return
         self.records.save_group_configs(group_id, {**{k: str(v) for k, v in values.items()}, **shares})
-        if values:
-            self._configs[group_id] = values
-        else:
-            self._configs.pop(group_id, None)
-        if shares:
-            self._shares[group_id] = shares
-        else:
-            self._shares.pop(group_id, None)
+        self._hold(group_id, values, shares)
         log.info("dynamic configs of group %s now %s", group_id, {**values, **shares})
 
 
