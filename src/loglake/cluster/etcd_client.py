@@ -369,15 +369,25 @@ class EtcdClient:
 
     # ---- watch ---------------------------------------------------------------------------------
 
-    def watch(self, key: bytes, range_end: bytes | None, wake: Callable[[], None], *, name: str) -> Watch:
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes | None,
+        wake: Callable[[], None],
+        *,
+        name: str,
+        known: Callable[[int], bool] | None = None,
+    ) -> Watch:
         """Call `wake()` whenever a key in the range changes, from a thread of its own, until the
         returned watch is stopped.
 
         A wake-up only: the caller re-reads what it needs, so a lost event, a compaction or a
         reconnect never skips a change, it only delays noticing it (by at most WATCH_IDLE_S, or
-        the caller's own poll). Each (re)connect also wakes the caller.
+        the caller's own poll). Each (re)connect also wakes the caller. `known(revision)`, when
+        given, is asked about each message's newest mod revision: True (the caller has seen that
+        change already: its own write) skips the wake-up.
         """
-        return Watch(self, key, range_end, wake, name)
+        return Watch(self, key, range_end, wake, name, known)
 
     def close(self) -> None:
         self.closed = True
@@ -391,9 +401,16 @@ class Watch:
     """A watch stream used as a wake-up (see EtcdClient.watch); `stop()` closes it at once."""
 
     def __init__(
-        self, client: EtcdClient, key: bytes, range_end: bytes | None, wake: Callable[[], None], name: str
+        self,
+        client: EtcdClient,
+        key: bytes,
+        range_end: bytes | None,
+        wake: Callable[[], None],
+        name: str,
+        known: Callable[[int], bool] | None = None,
     ) -> None:
         self._client = client
+        self._known = known
         self._create: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             self._create["range_end"] = b64(range_end)
@@ -429,7 +446,7 @@ class Watch:
                     for line in resp.iter_lines():
                         if self._stop.is_set():
                             return
-                        if line and b'"events"' in line:
+                        if line and b'"events"' in line and not self._seen(line):
                             self._wake()
             except (requests.exceptions.RequestException, OSError, ValueError, AttributeError):
                 pass  # idle timeout, a member down, a stream closed by stop(): reconnect (to the next member)
@@ -439,6 +456,18 @@ class Watch:
             if self._stop.wait(RETRY_BACKOFF_S[0] if index % len(clients) else RETRY_BACKOFF_S[1]):
                 return
             self._wake()
+
+    def _seen(self, line: bytes) -> bool:
+        """Whether the caller already knows every change of this message (`known`); a message
+        that does not parse as expected is news."""
+        if self._known is None:
+            return False
+        try:
+            events = json.loads(line)["result"]["events"]
+            newest = max(int(ev["kv"]["mod_revision"]) for ev in events)
+        except (ValueError, KeyError, TypeError):
+            return False
+        return self._known(newest)
 
     def stop(self) -> None:
         self._stop.set()
