@@ -233,7 +233,9 @@ class EtcdMetaStore:
         self._writer_wants = 0
         self._batch_seq = int.from_bytes(os.urandom(_BATCH_ID_BYTES), "big")  # see _next_batch_id
         self._compares: dict[Guard, dict[str, Any]] = {}
-        self._woken = False
+        self._woken = False  # by the watch (re)connecting or close(): catch up
+        self._head_seen = 0  # the newest head mod revision the watch reported
+        self._caught_up_at = float("-inf")  # monotonic time of the last catch-up (the poll)
         self._watchers: list[Watcher] = []
         self._since_records = 0
         self._since_bytes = 0
@@ -289,7 +291,7 @@ class EtcdMetaStore:
         self._writer = threading.Thread(target=self._run, name="loglake-meta-etcd", daemon=True)
         self._writer.start()
         self._watch = self.client.watch(
-            self._k_head, None, self._wake, name="loglake-meta-etcd-watch", known=self._knows_head
+            self._k_head, None, self._wake, name="loglake-meta-etcd-watch", on_event=self._head_moved
         )
         return self._state
 
@@ -353,11 +355,21 @@ class EtcdMetaStore:
             self._cond.notify_all()
         marker.result()
 
-    def _knows_head(self, mod_revision: int) -> bool:
-        """Whether the head's change at `mod_revision` is applied here already (this store's own
-        commit, which the watch reports too): no catch-up read for it. `_head_mod` only grows
-        past a head change once every record before it is applied (`_commit`, `_catch_up`)."""
-        return mod_revision <= self._head_mod
+    def _head_moved(self, mod_revision: int) -> None:
+        """The watch saw the head change at `mod_revision`. The writer catches up only when that
+        is news (`_news`): the watch reports this store's own commits too, often before their
+        transaction's answer is read, and those need no read."""
+        with self._cond:
+            if mod_revision > self._head_seen:
+                self._head_seen = mod_revision
+                if self._writer_wants and self._news():
+                    self._cond.notify_all()
+
+    def _news(self) -> bool:
+        """Whether the watch saw a head change this store has not applied (under `_cond`).
+        `_head_mod` passes a head change only once every record before it is applied here
+        (`_commit`, `_catch_up`); a transaction of this store moving the head compared on it."""
+        return self._head_seen > self._head_mod
 
     def _wake(self) -> None:
         with self._cond:
@@ -369,10 +381,11 @@ class EtcdMetaStore:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._cond:
-                if not self._pending and not self._woken:
+                if not self._pending and not self._woken and not self._news():
                     self._writer_wants = 1
                     self._cond.wait(self.poll_interval_s)
                     self._writer_wants = 0
+                woken = self._woken or self._news()
                 self._woken = False
                 writes = bool(self._pending)
             if self._stop.is_set():
@@ -382,8 +395,11 @@ class EtcdMetaStore:
                 # it fails only when another broker appended, and then `_commit` catches up and
                 # goes again, so a read first would cost every commit a second round trip. While
                 # other brokers are appending too (the last compare lost), reading first is the
-                # cheaper way: a lost compare costs a transaction more.
-                if not writes or time.monotonic() - self._contended_at < CONTENDED_READ_FIRST_S:
+                # cheaper way: a lost compare costs a transaction more. Idle, it reads when the
+                # watch brought news (another broker's commit, not its own) or the poll is due.
+                now = time.monotonic()
+                idle_look = woken or now - self._caught_up_at >= self.poll_interval_s
+                if (not writes and idle_look) or now - self._contended_at < CONTENDED_READ_FIRST_S:
                     self._catch_up(replay=False)
                 self._write_pending()
                 if self._outage_logged:
@@ -563,6 +579,7 @@ class EtcdMetaStore:
 
     def _catch_up(self, *, replay: bool) -> None:
         """Apply every record after the state's seq, up to the head (read at one revision)."""
+        self._caught_up_at = time.monotonic()
         head, revision = self.client.get(self._k_head)
         if head is None:
             if self._state.seq >= 0:  # never deleted by loglake: someone removed the prefix

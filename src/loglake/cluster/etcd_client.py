@@ -376,18 +376,18 @@ class EtcdClient:
         wake: Callable[[], None],
         *,
         name: str,
-        known: Callable[[int], bool] | None = None,
+        on_event: Callable[[int], None] | None = None,
     ) -> Watch:
         """Call `wake()` whenever a key in the range changes, from a thread of its own, until the
         returned watch is stopped.
 
         A wake-up only: the caller re-reads what it needs, so a lost event, a compaction or a
         reconnect never skips a change, it only delays noticing it (by at most WATCH_IDLE_S, or
-        the caller's own poll). Each (re)connect also wakes the caller. `known(revision)`, when
-        given, is asked about each message's newest mod revision: True (the caller has seen that
-        change already: its own write) skips the wake-up.
+        the caller's own poll). Each (re)connect also wakes the caller. With `on_event`, a message
+        of events calls `on_event(newest mod revision among them)` instead (the caller tells its
+        own writes from news); one that does not parse so still calls `wake()`.
         """
-        return Watch(self, key, range_end, wake, name, known)
+        return Watch(self, key, range_end, wake, name, on_event)
 
     def close(self) -> None:
         self.closed = True
@@ -407,10 +407,10 @@ class Watch:
         range_end: bytes | None,
         wake: Callable[[], None],
         name: str,
-        known: Callable[[int], bool] | None = None,
+        on_event: Callable[[int], None] | None = None,
     ) -> None:
         self._client = client
-        self._known = known
+        self._on_event = on_event
         self._create: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             self._create["range_end"] = b64(range_end)
@@ -446,8 +446,12 @@ class Watch:
                     for line in resp.iter_lines():
                         if self._stop.is_set():
                             return
-                        if line and b'"events"' in line and not self._seen(line):
-                            self._wake()
+                        if line and b'"events"' in line:
+                            newest = self._newest(line) if self._on_event is not None else None
+                            if newest is None or self._on_event is None:
+                                self._wake()
+                            else:
+                                self._on_event(newest)
             except (requests.exceptions.RequestException, OSError, ValueError, AttributeError):
                 pass  # idle timeout, a member down, a stream closed by stop(): reconnect (to the next member)
             finally:
@@ -457,17 +461,14 @@ class Watch:
                 return
             self._wake()
 
-    def _seen(self, line: bytes) -> bool:
-        """Whether the caller already knows every change of this message (`known`); a message
-        that does not parse as expected is news."""
-        if self._known is None:
-            return False
+    @staticmethod
+    def _newest(line: bytes) -> int | None:
+        """The newest mod revision among a watch message's events (None: not such a message)."""
         try:
             events = json.loads(line)["result"]["events"]
-            newest = max(int(ev["kv"]["mod_revision"]) for ev in events)
+            return max(int(ev["kv"]["mod_revision"]) for ev in events)
         except (ValueError, KeyError, TypeError):
-            return False
-        return self._known(newest)
+            return None
 
     def stop(self) -> None:
         self._stop.set()
