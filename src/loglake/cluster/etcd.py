@@ -46,7 +46,7 @@ commit is queued. The cohorts merge into one transaction, and each transaction's
 (etcd's request, raft entry and WAL sync; this store's HTTP request) is shared by all of them.
 
 An uncertain answer (a timeout after the request was sent) may hide a commit: each batch carries
-a random id in front of every record, and a catch-up that finds the batch in flight resolves it
+an id unique among all stores' batches (`_next_batch_id`) in front of every record, and a catch-up that finds the batch in flight resolves it
 as committed instead of writing it again.
 
 Checkpoints (loglake.cluster.etcd_checkpoint): any store may take one when `checkpoint_records` /
