@@ -21,6 +21,7 @@ import pytest
 
 import etcdkit
 from etcdkit import EtcdCluster, needs_etcd
+from loglake.cluster import etcd as etcd_store
 from loglake.cluster import etcd_client as ec
 from loglake.cluster.etcd import (
     CHECKPOINT_CHUNK_BYTES,
@@ -271,6 +272,110 @@ def test_only_consistent_guards_without_sets_share_a_transaction() -> None:
     many = [pending(Guard(f"claims/{i}", value=b"me")) for i in range(TXN_RECORDS_MAX)]
     assert not _batchable(many, pending(Guard("claims/one-more", value=b"me")))
     assert _batchable(many, pending(Guard("claims/0", value=b"me")))
+
+
+def test_synchronous_committers_are_gathered_into_one_transaction(
+    etcd1: EtcdCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four clients each committing again as soon as they are answered (a consumer's
+    commit(asynchronous=False) loop). Taking what is queued when a transaction returns would split
+    them into two cohorts alternating for good (1, 3, 1, 3...); the writer gathers the ones it
+    answered, so from the second transaction on every one carries all four."""
+    monkeypatch.setattr(etcd_store, "GATHER_WAIT_MAX_S", 30.0)  # bounded by the transaction's time
+    store = _etcd_store(etcd1, "/c")
+    store.append(CLUSTER).result(timeout=30)
+    real_call = store.client.call
+    carried: list[int] = []  # the records each transaction put (its puts but the head)
+
+    def slow(path: str, payload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if path == "kv/txn":
+            carried.append(len(payload["success"]) - 1)
+            time.sleep(0.5)  # gathering waits as long: time enough for a loaded machine's clients
+        return real_call(path, payload, **kw)
+
+    store.client.call = slow  # type: ignore[method-assign]
+    rounds, clients = 4, 4
+
+    def client(i: int) -> None:
+        for n in range(rounds):
+            guard = Guard(f"claims/g{i}", mod_revision=0)
+            store.append_if(commit_record(f"g{i}", n), [guard]).result(timeout=60)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    store.client.call = real_call  # type: ignore[method-assign]
+    assert sum(carried) == rounds * clients
+    assert carried[1:] == [clients] * (len(carried) - 1), carried  # the first: whoever came first
+    assert {g: store.state.groups[f"g{g}"].offsets[("t0", 0)][0] for g in range(clients)} == dict.fromkeys(
+        range(clients), rounds - 1
+    )
+    store.close()
+
+
+def test_gathering_never_holds_other_records(etcd1: EtcdCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a transaction that answered three offset commits the writer waits for three more, but
+    a record of any other kind (a produce's flush, a topic) and a sync() go at once."""
+    monkeypatch.setattr(etcd_store, "GATHER_WAIT_MAX_S", 30.0)
+    store = _etcd_store(etcd1, "/c")
+    real_call = store.client.call
+    release = threading.Event()
+    slow = threading.Event()
+    slow.set()
+
+    def held(path: str, payload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if path == "kv/txn" and slow.is_set():
+            release.wait(30)  # the first transaction waits until the three commits are queued
+            time.sleep(3.0)  # and each takes 3 s, so the gather after them would wait as long
+        return real_call(path, payload, **kw)
+
+    store.client.call = held  # type: ignore[method-assign]
+    first = store.append(CLUSTER)
+    commits = [store.append(commit_record(f"g{i}", 1)) for i in range(3)]
+    release.set()
+    first.result(timeout=60)
+    for f in commits:
+        f.result(timeout=60)
+    slow.clear()
+    started = time.monotonic()
+    store.append(topic_record(1)).result(timeout=30)
+    store.sync()
+    assert time.monotonic() - started < 1.5  # not the 3 s the gather would wait for commits
+    store.client.call = real_call  # type: ignore[method-assign]
+    store.close()
+
+
+def test_the_store_does_not_read_back_its_own_commits(etcd1: EtcdCluster) -> None:
+    """The watch on the head reports this store's own commits too; those need no catch-up read
+    (it knows the head's revision from its transaction), while another store's commit still wakes
+    it at once (the poll is an hour away here)."""
+    store = _etcd_store(etcd1, "/c", poll_interval_s=3600.0)
+    store.append(CLUSTER).result(timeout=30)
+    time.sleep(0.5)  # the watch's own connect wake-up has been handled
+    real_call = store.client.call
+    reads: list[str] = []
+
+    def counted(path: str, payload: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        if path == "kv/range":
+            reads.append(path)
+        return real_call(path, payload, **kw)
+
+    store.client.call = counted  # type: ignore[method-assign]
+    for i in range(5):
+        store.append(commit_record("g", i)).result(timeout=30)
+        time.sleep(0.3)  # the watch reports the commit meanwhile
+    assert len(reads) <= 1, reads  # one for the watch reconnecting, at most; not one per commit
+    other = _etcd_store(etcd1, "/c")
+    other.append(commit_record("h", 9)).result(timeout=30)
+    deadline = time.monotonic() + 10
+    while "h" not in store.state.groups and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "h" in store.state.groups
+    store.client.call = real_call  # type: ignore[method-assign]
+    other.close()
+    store.close()
 
 
 def test_a_checkpoint_larger_than_an_etcd_request_is_chunked(etcd1: EtcdCluster) -> None:

@@ -35,8 +35,18 @@ while its own guards hold; when some guard fails, exactly the records guarded by
 others go again in the next transaction. A record that sets keys goes alone, and so does one
 whose guard on a key differs from a guard on that key already in the batch.
 
+Offset commits come from clients that commit again as soon as they are answered (a consumer
+committing synchronously in a loop). Taking whatever is queued the moment a transaction returns
+splits such clients into cohorts that alternate for good: those answered by one transaction come
+back while the next one is in flight, and each transaction carries about half of them. So after a
+transaction that answered offset commits, the writer gathers (`_gather`): it waits until as many
+records are queued as it just answered plus those that were already waiting, at most as long as
+that transaction took (GATHER_WAIT_MAX_S at most), and at once when anything but an offset
+commit is queued. The cohorts merge into one transaction, and each transaction's fixed cost
+(etcd's request, raft entry and WAL sync; this store's HTTP request) is shared by all of them.
+
 An uncertain answer (a timeout after the request was sent) may hide a commit: each batch carries
-a random id in front of every record, and a catch-up that finds the batch in flight resolves it
+an id unique among all stores' batches (`_next_batch_id`) in front of every record, and a catch-up that finds the batch in flight resolves it
 as committed instead of writing it again.
 
 Checkpoints (loglake.cluster.etcd_checkpoint): any store may take one when `checkpoint_records` /
@@ -110,9 +120,19 @@ POLL_INTERVAL_S = 1.0
 #: For this long after a commit lost its compare to another broker's append, the writer reads
 #: the log before each transaction instead of letting the transaction's compare find out.
 CONTENDED_READ_FIRST_S = 1.0
+#: Record kinds the writer gathers after answering (see `_gather`): offset commits, whose clients
+#: commit again as soon as they are answered. Others (a produce's flush, a leader epoch, a sync
+#: marker) never wait for company.
+GATHER_KINDS = frozenset({RecordKind.OFFSET_COMMIT})
+#: The longest the writer gathers offset commits after a transaction that answered some (it waits
+#: at most as long as that transaction took, and never longer than this).
+GATHER_WAIT_MAX_S = 0.005
 #: Attempts to open (a checkpoint swapped or compacted away while it was being read starts over).
 OPEN_ATTEMPTS_MAX = 5
 _BATCH_ID_BYTES = 8
+_BATCH_ID_MASK = (1 << (8 * _BATCH_ID_BYTES)) - 1
+#: Guards whose compares `_compare` keeps (cleared when full).
+_COMPARES_CACHED_MAX = 10_000
 #: Record kinds whose rejection is an expected race, not damage, logged at debug (see `_apply`):
 #: two brokers creating one topic name, or taking the same next producer id, at once; a topic
 #: deleted, altered or grown on one broker after another broker deleted it (its writer's client
@@ -138,16 +158,18 @@ class _Pending:
     sets: tuple[tuple[str, bytes], ...] = ()
 
 
-def _batchable(batch: list[_Pending], p: _Pending) -> bool:
+def _batchable(batch: list[_Pending], p: _Pending, held: dict[str, Guard] | None = None) -> bool:
     """Whether `p` may join `batch` in one transaction: neither sets keys (a set may be what
     another record's guard compares: a new leader epoch), `p`'s guards agree with the guards on
     the same keys already in the batch (one compare per key, which all of them expect), and the
-    batch still compares at most TXN_RECORDS_MAX keys."""
+    batch still compares at most TXN_RECORDS_MAX keys. `held`: the batch's guards by key, when
+    the caller keeps them (else they are collected here)."""
     if p.sets or batch[0].sets:
         return False
     if not p.guards:
         return True
-    held = {g.key: g for q in batch for g in q.guards}
+    if held is None:
+        held = {g.key: g for q in batch for g in q.guards}
     if len(held.keys() | {g.key for g in p.guards}) > TXN_RECORDS_MAX:
         return False  # one compare each: etcd refuses more than --max-txn-ops (128) of them
     return all(held.get(g.key, g) == g for g in p.guards)
@@ -201,7 +223,19 @@ class EtcdMetaStore:
         self._in_doubt: dict[bytes, _Batch] = {}
         #: when a commit last lost its compare to another broker's append (`_run` reads first then)
         self._contended_at = float("-inf")
-        self._woken = False
+        #: what `_gather` waits for next: this many records queued, until this monotonic time
+        #: (0: nothing to gather; set by a committed transaction that answered offset commits)
+        self._gather_count = 0
+        self._gather_until = 0.0
+        #: the queue length that wakes the writer (under `_cond`): 0 while it is busy (it looks at
+        #: the queue before it waits again), so `append` wakes it only when it waits for that
+        #: record: a thread switch per record cost the broker more than its transaction did
+        self._writer_wants = 0
+        self._batch_seq = int.from_bytes(os.urandom(_BATCH_ID_BYTES), "big")  # see _next_batch_id
+        self._compares: dict[Guard, dict[str, Any]] = {}
+        self._woken = False  # by the watch (re)connecting or close(): catch up
+        self._head_seen = 0  # the newest head mod revision the watch reported
+        self._caught_up_at = float("-inf")  # monotonic time of the last catch-up (the poll)
         self._watchers: list[Watcher] = []
         self._since_records = 0
         self._since_bytes = 0
@@ -256,7 +290,9 @@ class EtcdMetaStore:
         self.report.seconds = time.perf_counter() - started
         self._writer = threading.Thread(target=self._run, name="loglake-meta-etcd", daemon=True)
         self._writer.start()
-        self._watch = self.client.watch(self._k_head, None, self._wake, name="loglake-meta-etcd-watch")
+        self._watch = self.client.watch(
+            self._k_head, None, self._wake, name="loglake-meta-etcd-watch", on_event=self._head_moved
+        )
         return self._state
 
     def watch(self, watcher: Watcher) -> None:
@@ -301,7 +337,9 @@ class EtcdMetaStore:
                     raise EtcdUnavailableError(f"{PENDING_RECORDS_MAX} metadata records wait for etcd")
                 self._cond.wait(left)
             self._pending.append(pending)
-            self._cond.notify_all()
+            wants = self._writer_wants
+            if wants and (len(self._pending) >= wants or pending.kind not in GATHER_KINDS):
+                self._cond.notify_all()
         return pending.future
 
     def sync(self) -> None:
@@ -317,6 +355,22 @@ class EtcdMetaStore:
             self._cond.notify_all()
         marker.result()
 
+    def _head_moved(self, mod_revision: int) -> None:
+        """The watch saw the head change at `mod_revision`. The writer catches up only when that
+        is news (`_news`): the watch reports this store's own commits too, often before their
+        transaction's answer is read, and those need no read."""
+        with self._cond:
+            if mod_revision > self._head_seen:
+                self._head_seen = mod_revision
+                if self._writer_wants and self._news():
+                    self._cond.notify_all()
+
+    def _news(self) -> bool:
+        """Whether the watch saw a head change this store has not applied (under `_cond`).
+        `_head_mod` passes a head change only once every record before it is applied here
+        (`_commit`, `_catch_up`); a transaction of this store moving the head compared on it."""
+        return self._head_seen > self._head_mod
+
     def _wake(self) -> None:
         with self._cond:
             self._woken = True
@@ -327,8 +381,11 @@ class EtcdMetaStore:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._cond:
-                if not self._pending and not self._woken:
+                if not self._pending and not self._woken and not self._news():
+                    self._writer_wants = 1
                     self._cond.wait(self.poll_interval_s)
+                    self._writer_wants = 0
+                woken = self._woken or self._news()
                 self._woken = False
                 writes = bool(self._pending)
             if self._stop.is_set():
@@ -338,8 +395,11 @@ class EtcdMetaStore:
                 # it fails only when another broker appended, and then `_commit` catches up and
                 # goes again, so a read first would cost every commit a second round trip. While
                 # other brokers are appending too (the last compare lost), reading first is the
-                # cheaper way: a lost compare costs a transaction more.
-                if not writes or time.monotonic() - self._contended_at < CONTENDED_READ_FIRST_S:
+                # cheaper way: a lost compare costs a transaction more. Idle, it reads when the
+                # watch brought news (another broker's commit, not its own) or the poll is due.
+                now = time.monotonic()
+                idle_look = woken or now - self._caught_up_at >= self.poll_interval_s
+                if (not writes and idle_look) or now - self._contended_at < CONTENDED_READ_FIRST_S:
                     self._catch_up(replay=False)
                 self._write_pending()
                 if self._outage_logged:
@@ -375,6 +435,7 @@ class EtcdMetaStore:
         """The next records to commit together (a guarded append goes alone), or a sync marker
         when one is next in the queue."""
         out: list[_Pending] = []
+        held: dict[str, Guard] = {}  # the guards of `out` by key
         size = 0
         with self._cond:
             while self._pending:
@@ -385,17 +446,39 @@ class EtcdMetaStore:
                     self._pending.popleft()
                     self._cond.notify_all()
                     return [], p
-                if out and not _batchable(out, p):
+                if out and not _batchable(out, p, held):
                     break
                 if out and (len(out) >= TXN_RECORDS_MAX or size + len(p.raw) > TXN_BYTES_MAX):
                     break
                 out.append(self._pending.popleft())
+                held.update((g.key, g) for g in p.guards)
                 size += len(p.raw)
             self._cond.notify_all()
         return out, None
 
+    def _gather(self) -> None:
+        """Wait for the offset commits of the clients the last transaction answered (module doc):
+        until `_gather_count` records are queued, anything but an offset commit is, the store
+        stops, or `_gather_until` passes."""
+        count, self._gather_count = self._gather_count, 0
+        if count <= 0:
+            return
+        with self._cond:
+            self._writer_wants = count
+            try:
+                while len(self._pending) < count and not self._stop.is_set():
+                    if any(p.kind not in GATHER_KINDS for p in self._pending):
+                        return
+                    left = self._gather_until - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._cond.wait(left)
+            finally:
+                self._writer_wants = 0
+
     def _write_pending(self) -> None:
         while True:
+            self._gather()
             items, marker = self._take_batch()
             if marker is not None:
                 # What other brokers committed before sync() was called is applied first.
@@ -410,7 +493,7 @@ class EtcdMetaStore:
                 continue
             if not items:
                 return
-            batch = _Batch(os.urandom(_BATCH_ID_BYTES), items)
+            batch = _Batch(self._next_batch_id(), items)
             try:
                 self._commit(batch)
             except EtcdUnavailableError as exc:
@@ -421,6 +504,22 @@ class EtcdMetaStore:
                         )
                 raise
 
+    def _next_batch_id(self) -> bytes:
+        """Unique among every store's batches: a random start per store, counted up (os.urandom per
+        batch was a system call per transaction)."""
+        self._batch_seq = (self._batch_seq + 1) & _BATCH_ID_MASK
+        return self._batch_seq.to_bytes(_BATCH_ID_BYTES, "big")
+
+    def _compare(self, guard: Guard) -> dict[str, Any]:
+        """The transaction compare of a guard (the same few guards recur: a group's claim, a
+        partition's epoch, so they are built once)."""
+        out = self._compares.get(guard)
+        if out is None:
+            if len(self._compares) >= _COMPARES_CACHED_MAX:
+                self._compares.clear()
+            out = self._compares[guard] = guard.compare(self._key(guard.key))
+        return out
+
     def _commit(self, batch: _Batch) -> None:
         for _ in range(CONFLICTS_MAX):
             base = self._state.seq + 1
@@ -428,17 +527,25 @@ class EtcdMetaStore:
             # every record's guards (one compare per distinct guard: `_batchable` keeps them consistent)
             guards = list(dict.fromkeys(g for p in batch.items for g in p.guards))
             compare = [ec.cmp_mod(self._k_head, self._head_mod)]
-            compare += [g.compare(self._key(g.key)) for g in guards]
+            compare += [self._compare(g) for g in guards]
             success = [ec.op_put(self._k_head, str(last).encode())]
             success += [
                 ec.op_put(self._log_key(base + i), batch.id + p.raw) for i, p in enumerate(batch.items)
             ]
             success += [ec.op_put(self._key(k), v) for p in batch.items for k, v in p.sets]
             failure = [ec.op_get(self._k_head)] + [ec.op_get(self._key(g.key)) for g in guards]
+            sent = time.monotonic()
             ok, responses, revision = self.client.txn(compare, success, failure)
             if ok:
                 self._head_mod = revision
-                self._apply_batch(base, batch, own=True)
+                took = time.monotonic() - sent
+                answered = sum(p.kind in GATHER_KINDS for p in batch.items)
+                if answered:
+                    with self._cond:
+                        waiting = len(self._pending)
+                    self._gather_count = min(answered + waiting, TXN_RECORDS_MAX)
+                self._apply_batch(base, batch, own=True)  # answers them
+                self._gather_until = time.monotonic() + min(took, GATHER_WAIT_MAX_S)
                 return
             head = ec.response_kvs(responses[0])
             if (head[0].mod_revision if head else 0) != self._head_mod:
@@ -472,6 +579,7 @@ class EtcdMetaStore:
 
     def _catch_up(self, *, replay: bool) -> None:
         """Apply every record after the state's seq, up to the head (read at one revision)."""
+        self._caught_up_at = time.monotonic()
         head, revision = self.client.get(self._k_head)
         if head is None:
             if self._state.seq >= 0:  # never deleted by loglake: someone removed the prefix

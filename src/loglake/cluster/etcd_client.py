@@ -369,15 +369,25 @@ class EtcdClient:
 
     # ---- watch ---------------------------------------------------------------------------------
 
-    def watch(self, key: bytes, range_end: bytes | None, wake: Callable[[], None], *, name: str) -> Watch:
+    def watch(
+        self,
+        key: bytes,
+        range_end: bytes | None,
+        wake: Callable[[], None],
+        *,
+        name: str,
+        on_event: Callable[[int], None] | None = None,
+    ) -> Watch:
         """Call `wake()` whenever a key in the range changes, from a thread of its own, until the
         returned watch is stopped.
 
         A wake-up only: the caller re-reads what it needs, so a lost event, a compaction or a
         reconnect never skips a change, it only delays noticing it (by at most WATCH_IDLE_S, or
-        the caller's own poll). Each (re)connect also wakes the caller.
+        the caller's own poll). Each (re)connect also wakes the caller. With `on_event`, a message
+        of events calls `on_event(newest mod revision among them)` instead (the caller tells its
+        own writes from news); one that does not parse so still calls `wake()`.
         """
-        return Watch(self, key, range_end, wake, name)
+        return Watch(self, key, range_end, wake, name, on_event)
 
     def close(self) -> None:
         self.closed = True
@@ -391,9 +401,16 @@ class Watch:
     """A watch stream used as a wake-up (see EtcdClient.watch); `stop()` closes it at once."""
 
     def __init__(
-        self, client: EtcdClient, key: bytes, range_end: bytes | None, wake: Callable[[], None], name: str
+        self,
+        client: EtcdClient,
+        key: bytes,
+        range_end: bytes | None,
+        wake: Callable[[], None],
+        name: str,
+        on_event: Callable[[int], None] | None = None,
     ) -> None:
         self._client = client
+        self._on_event = on_event
         self._create: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             self._create["range_end"] = b64(range_end)
@@ -430,7 +447,11 @@ class Watch:
                         if self._stop.is_set():
                             return
                         if line and b'"events"' in line:
-                            self._wake()
+                            newest = self._newest(line) if self._on_event is not None else None
+                            if newest is None or self._on_event is None:
+                                self._wake()
+                            else:
+                                self._on_event(newest)
             except (requests.exceptions.RequestException, OSError, ValueError, AttributeError):
                 pass  # idle timeout, a member down, a stream closed by stop(): reconnect (to the next member)
             finally:
@@ -439,6 +460,15 @@ class Watch:
             if self._stop.wait(RETRY_BACKOFF_S[0] if index % len(clients) else RETRY_BACKOFF_S[1]):
                 return
             self._wake()
+
+    @staticmethod
+    def _newest(line: bytes) -> int | None:
+        """The newest mod revision among a watch message's events (None: not such a message)."""
+        try:
+            events = json.loads(line)["result"]["events"]
+            return max(int(ev["kv"]["mod_revision"]) for ev in events)
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def stop(self) -> None:
         self._stop.set()

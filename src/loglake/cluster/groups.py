@@ -88,6 +88,7 @@ class FencedGroupStore(MetaGroupStore):
         self._loaded: dict[str, StoredGroup] | None = None
         self._lock = threading.Lock()  # claimed / lost / _claiming: the loop and the writer thread
         self._claiming: dict[str, Future[None]] = {}
+        self._guards: dict[str, tuple[Guard, ...]] = {}  # the guard of each group's writes (built once)
         # One thread: claims and the writes queued behind them stay in order. Its queue is bounded
         # by the coordinator's own limit on changes in flight per group (PENDING_CHANGES_MAX).
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="loglake-group-claims")
@@ -171,7 +172,10 @@ class FencedGroupStore(MetaGroupStore):
     def _guarded(self, group_id: str, record: MetaRecord) -> Future[None]:
         out: Future[None] = Future()
         try:
-            inner = self.etcd.append_if(record, [Guard(self._claim_key(group_id), value=self.token)])
+            guards = self._guards.get(group_id)
+            if guards is None:
+                guards = self._guards[group_id] = (Guard(self._claim_key(group_id), value=self.token),)
+            inner = self.etcd.append_if(record, guards)
         except Exception as exc:  # the store closed or failed: the coordinator answers retriably
             out.set_exception(exc)
             return out
