@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Hashable, Mapping, Sequence, Set
 from typing import TypeVar
 
-__all__ = ["assign", "moves"]
+__all__ = ["assign", "moves", "taken_from_waiting"]
 
 P = TypeVar("P", bound=Hashable)
 
@@ -65,3 +65,12 @@ def assign(
 def moves(before: Mapping[P, int], after: Mapping[P, int]) -> int:
     """Partitions whose leader differs (a partition new in `after` counts as one)."""
     return sum(1 for p, b in after.items() if before.get(p) != b)
+
+
+def taken_from_waiting(
+    mine: Collection[P], previous: Mapping[P, int], live: Collection[int], standing: Collection[int], me: int
+) -> set[P]:
+    """Of the partitions `mine` (assigned to broker `me`), those whose previous leader is another
+    live broker that does not stand for leadership: the ones a broker that has just come back
+    would take from a broker that may be about to come back too (loglake.cluster.view)."""
+    return {p for p in mine if (b := previous.get(p)) is not None and b != me and b in live and b not in standing}

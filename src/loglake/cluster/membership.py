@@ -38,7 +38,7 @@ from loglake.cluster.etcd_client import EtcdClient, prefix_end
 from loglake.engine.view import BrokerInfo
 from loglake.errors import ConfigError, EtcdUnavailableError, NodeIdInUseError
 
-__all__ = ["BROKER_LEASE_TTL_S_DEFAULT", "BrokerInfo", "Membership"]
+__all__ = ["BROKER_LEASE_TTL_S_DEFAULT", "POLL_INTERVAL_S", "BrokerInfo", "Membership"]
 
 log = logging.getLogger(__name__)
 

@@ -41,12 +41,12 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from loglake.cluster.assign import assign
+from loglake.cluster.assign import assign, taken_from_waiting
 from loglake.cluster.coordinators import coordinator_of
 from loglake.cluster.etcd import EtcdMetaStore
 from loglake.cluster.etcd_client import EtcdClient
 from loglake.cluster.health import PROBE_OBJECT, ClusterHealth, probe_prefix
-from loglake.cluster.membership import Membership
+from loglake.cluster.membership import POLL_INTERVAL_S, Membership
 from loglake.cluster.plog import ClusterPartitionLog
 from loglake.cluster.plog_maint import merge, sweep
 from loglake.cluster.shared_log import ClusterSettings, SharedPartitionLog
@@ -102,6 +102,9 @@ class EtcdClusterView:
         self.health: ClusterHealth | None = None
         #: partitions whose acquire failed: (refused until, last backoff) — handed to other brokers
         self._refusing: dict[TP, tuple[float, float]] = {}
+        #: until when this broker, standing again after withdrawing, leaves the partitions of live
+        #: brokers not standing yet to them (`_stand`)
+        self._back_until = 0.0
         #: leadership changes of this broker, by kind (/metrics)
         self.changes = {"acquired": 0, "released": 0, "acquire_failed": 0}
         #: called with the live node ids whenever they change (the broker moves group coordinators)
@@ -241,8 +244,29 @@ class EtcdClusterView:
         if self.node_id not in leaders:
             self._release_all()
             return
-        target = assign(*self._inputs(leaders))
-        mine = {tp for tp, b in target.items() if b == self.node_id}
+        inputs = self._inputs(leaders)
+        mine = self._mine(inputs)
+        if any(inputs[2].get(tp, self.node_id) != self.node_id and inputs[2][tp] in live for tp in mine):
+            # Taking a partition from another live broker, on a live set read up to POLL_INTERVAL_S
+            # ago: read it again first. A broker that stood again meanwhile would otherwise lose its
+            # partitions to this one and take them back a round later, each move a leader change
+            # its producers follow (librdkafka can stay on the wrong broker after quick changes).
+            self.membership.refresh()
+            live = self.membership.known
+            leaders = self.membership.leaders & set(live)
+            if self.node_id not in leaders:
+                self._release_all()
+                return
+            inputs = self._inputs(leaders)
+            mine = self._mine(inputs)
+        if time.monotonic() < self._back_until:
+            waiting = taken_from_waiting(mine, inputs[2], live, leaders, self.node_id)
+            if waiting:
+                log.debug(
+                    "node %d stood again just now: leaves %d partition(s) of live brokers not standing yet to them for now",
+                    self.node_id, len(waiting),
+                )  # fmt: skip
+                mine -= waiting
         dropped = sorted(self.held - mine)
         for tp in dropped:
             self._release(tp)
@@ -251,9 +275,12 @@ class EtcdClusterView:
         if dropped or len(self.held) != before:
             log.info(
                 "node %d leads %d partition(s) (%d released) of %d over %d live broker(s)",
-                self.node_id, len(self.held), len(dropped), len(target), len(live),
+                self.node_id, len(self.held), len(dropped), len(inputs[0]), len(live),
             )  # fmt: skip
         self._last_error = ""
+
+    def _mine(self, inputs: tuple[list[TP], list[int], dict[TP, int], dict[TP, set[int]]]) -> set[TP]:
+        return {tp for tp, b in assign(*inputs).items() if b == self.node_id}
 
     def _stand(self, bucket_ok: bool) -> None:
         """Stand for leadership (or withdraw) as the bucket's health says, naming the partitions
@@ -266,6 +293,12 @@ class EtcdClusterView:
         refuses = sorted(f"{tid}:{p}" for (tid, p), (until, _) in self._refusing.items() if until > now)[:REFUSED_MAX]
         if bucket_ok == self.membership.leads and refuses == self.membership.refuses:
             return
+        if bucket_ok and not self.membership.leads:
+            # Back after withdrawing. An outage of the bucket itself withdrew every broker, and the
+            # others notice its end within one probe interval and are seen standing one membership
+            # poll later: until then their partitions are left to them, not taken
+            # and handed back — after a shared outage each partition returns to its own leader.
+            self._back_until = now + self.health.probe_interval_s + POLL_INTERVAL_S
         self.membership.set_leads(bucket_ok, refuses)
         self.health.standing = bucket_ok
         self.membership.refresh()
