@@ -9,6 +9,7 @@ there, with the feature's Kafka code; DeleteRecords and retention hold in both m
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 import uuid
@@ -206,7 +207,10 @@ def test_create_topics(admin: AdminClient, broker: Served) -> None:
     live = len(broker.node_ids)
     err = error_of(admin.create_topics([NewTopic("ct-rf-over", 1, replication_factor=live + 1)])["ct-rf-over"])
     assert err.code() == KafkaError.INVALID_REPLICATION_FACTOR
-    assert f"only {live} broker(s) are registered" in err.str()
+    # The live count when the broker answered: a lease that lapsed on a loaded machine (2 s in
+    # the tests' cluster) leaves fewer for a moment, never more.
+    registered = re.search(r"only (\d+) broker\(s\) are registered", err.str())
+    assert registered is not None and 1 <= int(registered.group(1)) <= live, err.str()
     err = error_of(admin.create_topics([NewTopic("bad name!", 1)])["bad name!"])
     assert err.code() == KafkaError.TOPIC_EXCEPTION
     here, nowhere = broker.node_ids[0], max(broker.node_ids) + 1  # the controller, no broker

@@ -60,6 +60,7 @@ from loglake.engine.types import (
 )
 from loglake.engine.verify import Progress, VerifyReport
 from loglake.errors import (
+    BackPressureTimeoutError,
     ConfigError,
     EngineClosedError,
     LoglakeError,
@@ -88,6 +89,7 @@ READ_THREADS = 8
 CLUSTER_ID_KEY = "cluster_id"
 #: Idempotent batches remembered while in flight, per partition (a retry of one waits for it);
 #: Kafka's clients keep at most 5 requests in flight per producer, so this covers 2,000 producers.
+#: Past it an idempotent append is refused (REQUEST_TIMED_OUT, retriable), never taken untracked.
 INFLIGHT_PER_PARTITION_MAX = 10_000
 #: How long a cluster-id bootstrap waits for etcd.
 COMMIT_WAIT_S = 60.0
@@ -353,21 +355,30 @@ class SharedPartitionLog:
             if states is None or not self.leads(tid, p.index):
                 raise NotLeaderError(f"node {self.settings.node_id} does not lead {p.topic}-{p.index}")
             dup = states.check_batches(heads)
+            keys = _idempotent_keys(heads)
             if dup is not None:
                 with self._ready_lock:
-                    original = next((inflight[k] for k in _idempotent_keys(heads) if k in inflight), None)
+                    original = next((inflight[k] for k in keys if k in inflight), None)
                 return self._answer_duplicate(original, p, tid, dup)
+            with self._ready_lock:
+                crowded = len(inflight) + len(keys) > INFLIGHT_PER_PARTITION_MAX
+            if keys and crowded:
+                # Untracked, a retry of this batch arriving while it is in flight would be
+                # answered as a duplicate at once, before the original is durable: refused
+                # instead, before any offset is assigned, so the producer's retry appends it.
+                raise BackPressureTimeoutError(
+                    f"{p.topic}-{p.index}: {INFLIGHT_PER_PARTITION_MAX} idempotent batches in flight "
+                    "(INFLIGHT_PER_PARTITION_MAX); retry"
+                )
             stamp = int(time.time() * 1000) if config.log_append_time else -1
             base, inner = plog.append_assigned(tid, p.index, buf, stamp)
             # Recorded at once (as the local log does), so that a retry arriving while this
-            # append is in flight is answered as a duplicate rather than appended again.
+            # append is in flight is answered as a duplicate rather than appended again. Only
+            # appends (under p.lock) add keys, so the room checked above is still there.
             states.record_batches(heads, base)
-            keys = []
             with self._ready_lock:
-                for key in _idempotent_keys(heads):
-                    if len(inflight) < INFLIGHT_PER_PARTITION_MAX:
-                        inflight[key] = inner
-                        keys.append(key)
+                for key in keys:
+                    inflight[key] = inner
         out: Future[AppendResult] = Future()
 
         def done(f: Future[AppendAck]) -> None:
