@@ -290,7 +290,11 @@ def test_read_committed_from_the_bucket_skips_aborted_and_stops_at_an_open_trans
     txn("d", None)  # produced and flushed, still open
 
     def read(isolation: str) -> list[str]:
-        watermarks = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": "wm"})
+        # read_uncommitted: the high watermark, past the open transaction (confluent-kafka's
+        # default, read_committed, gives the last stable offset, and the wait below would end
+        # before the open transaction's records were published)
+        watermarks = Consumer({"bootstrap.servers": c.bootstrap(), "group.id": "wm",
+                               "isolation.level": "read_uncommitted"})
         try:
             ends = {p: watermarks.get_watermark_offsets(TopicPartition("txns", p), timeout=WAIT_S)[1] for p in range(2)}
         finally:
