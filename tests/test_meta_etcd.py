@@ -531,6 +531,57 @@ def test_a_store_lagging_past_the_logs_compaction_reloads_from_the_checkpoint(
     laggard.close()
 
 
+def _overtake_once(store: EtcdMetaStore, writer: EtcdMetaStore, first: int) -> None:
+    """Make `store`'s next checkpoint load be overtaken: right after it reads the checkpoint,
+    `writer` appends and checkpoints twice, which deletes the log the loaded one needs."""
+    load = store._load_checkpoint
+
+    def overtaken() -> MetaState:
+        state = load()
+        store._load_checkpoint = load  # type: ignore[method-assign]
+        for round_ in range(2):
+            for i in range(3):
+                writer.append(commit_record("g", first + 3 * round_ + i)).result(timeout=30)
+            assert writer.checkpoint() is not None
+        return state
+
+    store._load_checkpoint = overtaken  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("when", ["open", "reload"])
+def test_a_checkpoint_overtaken_while_it_is_read_is_started_over_not_taken_for_damage(
+    etcd1: EtcdCluster, when: str
+) -> None:
+    """Another broker checkpoints twice between this store's checkpoint load and its read of the
+    log after it, so the records it needs are gone: that is not corruption (the store used to
+    fail for good with 'metadata record N is missing'); it starts over from the newer checkpoint."""
+    writer = _etcd_store(etcd1, "/c")
+    writer.append(CLUSTER).result(timeout=30)
+    for i in range(3):
+        writer.append(commit_record("g", i)).result(timeout=30)
+    assert writer.checkpoint() is not None
+    if when == "open":
+        store = EtcdMetaStore(EtcdClient(",".join(etcd1.endpoints)), "/c")
+        _overtake_once(store, writer, 3)
+        store.open()
+        assert store.report.attempts == 2
+    else:
+        store = _etcd_store(etcd1, "/c", poll_interval_s=3600)
+        assert store._watch is not None
+        store._watch.stop()  # deaf: it hears of nothing until it is asked to sync
+        for round_ in range(2):  # it falls behind the log's compaction: sync reloads
+            for i in range(3):
+                writer.append(commit_record("g", 3 + 3 * round_ + i)).result(timeout=30)
+            assert writer.checkpoint() is not None
+        _overtake_once(store, writer, 9)
+        store.sync()
+        assert store.failure is None
+    assert image(store.state) == image(writer.state)
+    assert store.state.groups["g"].offsets[("t0", 0)][0] == writer.state.seq - 1
+    writer.close()
+    store.close()
+
+
 def test_kept_alive_connections_survive_a_member_restart_quietly(
     etcd1: EtcdCluster, caplog: pytest.LogCaptureFixture
 ) -> None:

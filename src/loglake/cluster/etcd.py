@@ -78,6 +78,7 @@ from loglake.cluster.etcd_checkpoint import (
     CHECKPOINT_CHUNK_BYTES,
     MetaKeys,
     load_checkpoint,
+    newest_checkpoint_seq,
     write_checkpoint,
 )
 from loglake.cluster.etcd_client import EtcdClient, EtcdCompactedError, Guard
@@ -611,6 +612,10 @@ class EtcdMetaStore:
             end = min(target, nxt + ec.RANGE_PAGE_KEYS - 1)
             kvs, _, _ = self.client.range(self._log_key(nxt), self._log_key(end + 1), revision=revision)
             if not kvs or int(kvs[0].key[len(self._k_log) :]) != nxt:
+                if replay and self._checkpoint_passed(nxt):
+                    # Another store's newer checkpoint deleted the log after the one this store
+                    # is replaying from, while it read: not damage; the caller starts over.
+                    raise EtcdCompactedError(f"a newer checkpoint covers record {nxt}")
                 if replay:
                     raise CorruptionError(
                         self._log_key(nxt).decode(),
@@ -693,12 +698,27 @@ class EtcdMetaStore:
                 future.set_exception(error)
 
     def _reload(self) -> None:
-        """Adopt the newest checkpoint (this store lagged past the log's compaction)."""
-        state = self._load_checkpoint()
-        with self._lock:
-            state.replaying = False
-            self._state = state
-        self._catch_up(replay=True)
+        """Adopt the newest checkpoint (this store lagged past the log's compaction). Another
+        store may checkpoint again while this one reads (and delete the log it is reading): then
+        it starts over from that newer checkpoint, as `open` does."""
+        for attempt in range(1, OPEN_ATTEMPTS_MAX + 1):
+            try:
+                state = self._load_checkpoint()
+                with self._lock:
+                    state.replaying = False
+                    self._state = state
+                self._catch_up(replay=True)
+                return
+            except EtcdCompactedError:
+                if attempt == OPEN_ATTEMPTS_MAX:
+                    raise EngineFailedError(
+                        f"etcd {self.prefix}: the checkpoint kept changing while being read"
+                    ) from None
+
+    def _checkpoint_passed(self, seq: int) -> bool:
+        """Whether the newest checkpoint holds record `seq` (so the log before it may be gone)."""
+        newest = newest_checkpoint_seq(self.client, self.keys)
+        return newest is not None and newest >= seq
 
     # ---- checkpoints ----------------------------------------------------------------------------
 

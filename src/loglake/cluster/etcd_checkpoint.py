@@ -71,6 +71,14 @@ def _manifest(raw: bytes, where: str) -> tuple[str, int, int, int]:
         raise CorruptionError(where, 0, f"checkpoint manifest does not parse: {exc!r}") from None
 
 
+def newest_checkpoint_seq(client: EtcdClient, keys: MetaKeys) -> int | None:
+    """The seq the newest checkpoint holds (its manifest's); None when there is none."""
+    manifest, _ = client.get(keys.manifest)
+    if manifest is None:
+        return None
+    return _manifest(manifest.value, keys.manifest.decode())[1]
+
+
 def load_checkpoint(client: EtcdClient, keys: MetaKeys) -> tuple[MetaState, int | None]:
     """The newest checkpoint's state (marked replaying) and its seq; an empty state and None when
     there is none. Manifest and chunks are read at one etcd revision (EtcdCompactedError when that
