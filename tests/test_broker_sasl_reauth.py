@@ -29,13 +29,15 @@ from saslkit import (
 
 from brokerkit import InProcessBroker, serving_in_process
 
-LIFETIME_MS = 1500
+# librdkafka re-authenticates at 90 % of a session's lifetime, so a client thread late by more
+# than a tenth of it is cut off; 1,500 ms left 150 ms and a loaded CI run's was 177 ms late.
+LIFETIME_MS = 4000
 PASSWORD = USERS["alice"][0]
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:
-    """PLAINTEXT (for the admin client) and SASL_PLAINTEXT listeners; sessions of 1.5 s."""
+    """PLAINTEXT (for the admin client) and SASL_PLAINTEXT listeners; sessions of 4 s."""
     data = tmp_path_factory.mktemp("reauth") / "data"
     add_users(data)
     users("add", "carol", "--password-stdin", "--mechanism", "SCRAM-SHA-256", data_dir=data, password="carol-secret")
@@ -128,14 +130,14 @@ def test_librdkafka_reauthenticates_and_keeps_producing(broker: InProcessBroker)
     errors: list[str] = []
     p = Producer({**confluent_conf(broker.ports[1], "SASL_PLAINTEXT", "SCRAM-SHA-256"), "linger.ms": 0})
     sent = 0
-    end = time.monotonic() + 4 * LIFETIME_MS / 1000  # four session lifetimes
+    end = time.monotonic() + 3 * LIFETIME_MS / 1000  # three session lifetimes
     while time.monotonic() < end:
         p.produce(topic, value=b"%d" % sent, on_delivery=lambda err, _m: errors.append(str(err)) if err else None)
         sent += 1
         p.poll(0.1)
     assert p.flush(30) == 0 and errors == []
     log = broker.log_text()
-    assert log.count("re-authenticated as User:alice") - before >= 3, log[-3000:]
+    assert log.count("re-authenticated as User:alice") - before >= 2, log[-3000:]
     assert log.count("without re-authentication") == closed_before  # it was never cut off
     consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{broker.ports[0]}", "group.id": topic,
                          "auto.offset.reset": "earliest", "enable.auto.commit": False})

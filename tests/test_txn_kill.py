@@ -49,7 +49,10 @@ while done < total:
     p.commit_transaction(60)
     pos.update((tp.partition, tp.offset) for tp in positions)
     done = sum(pos.values())
-    print("progress", done, flush=True)
+    # One write per line: under PYTHONUNBUFFERED, print() writes "progress", " " and the number
+    # separately, and a kill -9 between them left a line with no number.
+    sys.stdout.write(f"progress {done}\n")
+    sys.stdout.flush()
 print("done", flush=True)
 # Everything is committed: leave without librdkafka's teardown (it may wait on the broker).
 os._exit(0)
@@ -82,7 +85,8 @@ def test_consume_transform_produce_survives_kill_9(tmp_path: Path) -> None:
                 app.send_signal(signal.SIGKILL)
             app.wait()
             assert app.stdout is not None
-            progress = [int(line.split()[1]) for line in app.stdout.read().splitlines() if line.startswith("progress")]
+            lines = app.stdout.read().split("\n")[:-1]  # the text after the last newline may be cut by the kill
+            progress = [int(line.split()[1]) for line in lines if line.startswith("progress ")]
             kills_mid_run += bool(progress) and progress[-1] < INPUTS
             if round_ % 3 == 2:  # the broker too, sometimes while the application runs
                 app = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
