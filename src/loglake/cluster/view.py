@@ -39,7 +39,7 @@ import logging
 import threading
 import time
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 from loglake.cluster.assign import assign, taken_from_waiting
 from loglake.cluster.coordinators import coordinator_of
@@ -78,6 +78,25 @@ ACQUIRE_BACKOFF_S = (5.0, 300.0)
 REFUSED_MAX = 100
 
 TP = tuple[str, int]
+
+
+_Inputs = tuple[list[TP], list[int], dict[TP, int], dict[TP, set[int]]]
+"""assign's arguments: partitions, the brokers standing, previous leaders, refusals."""
+
+
+class _Plan(NamedTuple):
+    """One rebalance round's reading: who is live, who stands, assign's inputs, and this
+    broker's share of the partitions."""
+
+    live: dict[int, BrokerInfo]
+    leaders: set[int]
+    inputs: _Inputs
+    mine: set[TP]
+
+    def takes_from_live(self, node_id: int) -> bool:
+        """Whether this broker's share takes a partition another live broker leads now."""
+        prev = self.inputs[2]
+        return any(prev.get(tp, node_id) != node_id and prev[tp] in self.live for tp in self.mine)
 
 
 class EtcdClusterView:
@@ -239,26 +258,18 @@ class EtcdClusterView:
         if not bucket_ok:
             self._abandon_all()
             return
-        live = self.membership.known
-        leaders = self.membership.leaders & set(live)
-        if self.node_id not in leaders:
-            self._release_all()
-            return
-        inputs = self._inputs(leaders)
-        mine = self._mine(inputs)
-        if any(inputs[2].get(tp, self.node_id) != self.node_id and inputs[2][tp] in live for tp in mine):
+        plan = self._plan(self.membership)
+        if plan is not None and plan.takes_from_live(self.node_id):
             # Taking a partition from another live broker, on a live set read up to POLL_INTERVAL_S
             # ago: read it again first. A broker that stood again meanwhile would otherwise lose its
             # partitions to this one and take them back a round later, each move a leader change
             # its producers follow (librdkafka can stay on the wrong broker after quick changes).
             self.membership.refresh()
-            live = self.membership.known
-            leaders = self.membership.leaders & set(live)
-            if self.node_id not in leaders:
-                self._release_all()
-                return
-            inputs = self._inputs(leaders)
-            mine = self._mine(inputs)
+            plan = self._plan(self.membership)
+        if plan is None:
+            self._release_all()
+            return
+        live, leaders, inputs, mine = plan
         if time.monotonic() < self._back_until:
             waiting = taken_from_waiting(mine, inputs[2], live, leaders, self.node_id)
             if waiting:
@@ -279,8 +290,16 @@ class EtcdClusterView:
             )  # fmt: skip
         self._last_error = ""
 
-    def _mine(self, inputs: tuple[list[TP], list[int], dict[TP, int], dict[TP, set[int]]]) -> set[TP]:
-        return {tp for tp, b in assign(*inputs).items() if b == self.node_id}
+    def _plan(self, membership: Membership) -> _Plan | None:
+        """This round's plan from the live set as last read; None when this broker does not
+        stand for leadership."""
+        live = membership.known
+        leaders = membership.leaders & set(live)
+        if self.node_id not in leaders:
+            return None
+        inputs = self._inputs(leaders)
+        mine = {tp for tp, b in assign(*inputs).items() if b == self.node_id}
+        return _Plan(live, leaders, inputs, mine)
 
     def _stand(self, bucket_ok: bool) -> None:
         """Stand for leadership (or withdraw) as the bucket's health says, naming the partitions
@@ -350,7 +369,7 @@ class EtcdClusterView:
         )  # fmt: skip
         self._wake.set()
 
-    def _inputs(self, live: Collection[int]) -> tuple[list[TP], list[int], dict[TP, int], dict[TP, set[int]]]:
+    def _inputs(self, live: Collection[int]) -> _Inputs:
         def read(s: MetaState) -> tuple[list[TP], dict[TP, int]]:
             parts = sorted((tm.topic_id.hex(), i) for tm in s.topics.values() for i in range(tm.partitions))
             prev = {(tid.hex(), p): pl.leader for (tid, p), pl in s.plogs.parts.items() if pl.leader >= 0}
