@@ -275,18 +275,7 @@ class EtcdMetaStore:
     def open(self) -> MetaState:
         """Load the checkpoint and the log after it; start the writer and the watch."""
         started = time.perf_counter()
-        for attempt in range(1, OPEN_ATTEMPTS_MAX + 1):
-            self.report.attempts = attempt
-            try:
-                state = self._load_checkpoint()
-                self._state = state
-                self._catch_up(replay=True)
-                break
-            except EtcdCompactedError:
-                if attempt == OPEN_ATTEMPTS_MAX:
-                    raise EngineFailedError(
-                        f"etcd {self.prefix}: the checkpoint kept changing while being read"
-                    ) from None
+        self.report.attempts = self._load_and_replay(opening=True)
         self._state.replaying = False
         self.report.seconds = time.perf_counter() - started
         self._writer = threading.Thread(target=self._run, name="loglake-meta-etcd", daemon=True)
@@ -698,22 +687,28 @@ class EtcdMetaStore:
                 future.set_exception(error)
 
     def _reload(self) -> None:
-        """Adopt the newest checkpoint (this store lagged past the log's compaction). Another
-        store may checkpoint again while this one reads (and delete the log it is reading): then
-        it starts over from that newer checkpoint, as `open` does."""
+        """Adopt the newest checkpoint (this store lagged past the log's compaction)."""
+        self._load_and_replay(opening=False)
+
+    def _load_and_replay(self, *, opening: bool) -> int:
+        """Load the newest checkpoint and apply the log after it (the state stays `replaying`
+        while `opening`; a running store's reload is not a recovery); the attempts it took.
+        Another store may checkpoint again meanwhile and delete the log being read: then it
+        starts over from that newer checkpoint."""
         for attempt in range(1, OPEN_ATTEMPTS_MAX + 1):
             try:
                 state = self._load_checkpoint()
                 with self._lock:
-                    state.replaying = False
+                    state.replaying = opening
                     self._state = state
                 self._catch_up(replay=True)
-                return
+                return attempt
             except EtcdCompactedError:
                 if attempt == OPEN_ATTEMPTS_MAX:
                     raise EngineFailedError(
                         f"etcd {self.prefix}: the checkpoint kept changing while being read"
                     ) from None
+        raise AssertionError("unreachable")
 
     def _checkpoint_passed(self, seq: int) -> bool:
         """Whether the newest checkpoint holds record `seq` (so the log before it may be gone)."""
