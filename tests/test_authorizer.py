@@ -43,6 +43,12 @@ def test_no_acl_found_follows_the_setting_and_any_binding_closes_the_resource() 
     open_.add([b(T, "t", LIT, "User:b", Op.READ)])
     assert not open_.authorize("User:a", "h", Op.READ, T, "t")
     assert open_.authorize("User:a", "h", Op.READ, T, "other")
+    # the last binding removed: "no ACL found" everywhere again (the answer without a lookup)
+    open_.remove([b(T, "t", LIT, "User:b", Op.READ)])
+    assert open_.authorize("User:a", "h", Op.READ, T, "t")
+    # with no bindings at all a super user is still one where "no ACL found" refuses
+    root = Authorizer(allow_if_no_acl=False, super_users={"User:root"})
+    assert root.authorize("User:root", "h", Op.WRITE, T, "t") and not root.authorize("User:a", "h", Op.WRITE, T, "t")
 
 
 def test_literal_wildcard_and_prefixed_patterns() -> None:

@@ -11,10 +11,11 @@ import asyncio
 import threading
 import time
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 
-from loglake.broker.completions import Countdown, LoopCompletions
+from loglake.broker.completions import DEADLINE_SLACK_S, LoopCompletions
 
 #: Futures completed per thread in the stress test.
 PER_THREAD = 2000
@@ -132,7 +133,7 @@ def test_countdown_finishes_when_all_are_done_or_at_its_timeout() -> None:
         loop = asyncio.get_running_loop()
         hub = LoopCompletions(loop)
         futures: list[Future[None]] = [Future() for _ in range(3)]
-        countdown = Countdown(loop, len(futures))
+        countdown = hub.countdown(len(futures))
         for f in futures:
             hub.watch(f, countdown.one_done)
         threading.Timer(0.05, lambda: [f.set_result(None) for f in futures]).start()
@@ -141,7 +142,7 @@ def test_countdown_finishes_when_all_are_done_or_at_its_timeout() -> None:
         all_done = time.monotonic() - started
         # one never completes: the wait ends at its timeout, without an error
         stuck: Future[None] = Future()
-        late = Countdown(loop, 1)
+        late = hub.countdown(1)
         hub.watch(stuck, late.one_done)
         started = time.monotonic()
         await late.wait(0.1)
@@ -163,3 +164,55 @@ def test_a_closed_loop_is_not_an_error_for_the_completing_thread(caplog: pytest.
     assert hub.delivered == 0
     # concurrent.futures logs a callback's exception ("exception calling callback for ...")
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+
+
+def test_deadlines_end_each_wait_at_its_timeout_on_one_timer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waits sharing a timeout arm the timer once; a wait with an earlier deadline re-arms it; a
+    wait that finishes first leaves nothing behind; each timed-out wait ends within the slack."""
+
+    async def run() -> tuple[int, list[float], int]:
+        loop = asyncio.get_running_loop()
+        armed = 0
+        call_at = loop.call_at
+
+        def counting(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+            nonlocal armed
+            armed += callback == hub.deadlines._fire  # asyncio's own timers (wait_for) go by too
+            return call_at(when, callback, *args, **kw)
+
+        monkeypatch.setattr(loop, "call_at", counting)
+        hub = LoopCompletions(loop)
+        # 50 requests with the same 0.3 s timeout that finish first: one timer, no entries left
+        finished = []
+        futures: list[Future[None]] = []
+        for _ in range(50):
+            c = hub.countdown(1)
+            futures.append(Future())
+            hub.watch(futures[-1], c.one_done)
+            finished.append(asyncio.ensure_future(c.wait(0.3)))
+        await asyncio.sleep(0)  # every wait has its deadline now
+        assert len(hub.deadlines) == 50
+        for f in futures:
+            f.set_result(None)
+        await asyncio.wait_for(asyncio.gather(*finished), 0.25)  # before the timeout
+        assert len(hub.deadlines) == 0 and armed == 1
+        # stuck waits: 0.4 s, then 0.1 s (earlier: re-arms), then 0.4 s again (does not)
+        ended: list[float] = []
+        started = loop.time()
+
+        async def stuck(timeout_s: float) -> None:
+            await hub.countdown(1).wait(timeout_s)
+            ended.append(loop.time() - started - timeout_s)
+
+        waits = [asyncio.ensure_future(stuck(t)) for t in (0.4, 0.1, 0.4)]
+        await asyncio.sleep(0)
+        await asyncio.wait_for(asyncio.gather(*waits), 5.0)  # never ended: fails, not hangs
+        return armed, ended, len(hub.deadlines)
+
+    armed, late_by, left = asyncio.run(run())
+    assert left == 0
+    assert all(-0.001 <= d < DEADLINE_SLACK_S + 0.5 for d in late_by), late_by  # 0.5: a loaded machine's loop
+    assert len(late_by) == 3
+    # the first 0.3 s timer (never fired in time to matter, fires once), the 0.4 s, the 0.1 s
+    # re-arm, then the re-arm for the 0.4 s ones after it fired: never one per wait
+    assert armed <= 5

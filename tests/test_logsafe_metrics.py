@@ -98,6 +98,23 @@ def test_response_error_takes_the_first_error_that_is_not_none() -> None:
     assert error_name(3) == "UNKNOWN_TOPIC_OR_PARTITION" and error_name(0) == "NONE" and error_name(9999) == "9999"
 
 
+@pytest.mark.parametrize("codes", [[], [[0]], [[0, 0], [0]], [[0, 3], [7]], [[0], [0, 45, 3]], [[6]]])
+def test_a_produce_response_finds_the_error_the_generic_walk_finds(codes: list[list[int]]) -> None:
+    """ProduceResponseData answers response_error without the walk; the walk over the same
+    response (as the mapping it encodes) is the reference."""
+    from loglake.broker.protocol.produce import (
+        ProducePartitionResponse,
+        ProduceResponseData,
+        ProduceTopicResponse,
+    )
+
+    typed = ProduceResponseData(
+        [ProduceTopicResponse(f"t{t}", [ProducePartitionResponse(i, c) for i, c in enumerate(cs)]) for t, cs in enumerate(codes)]
+    )
+    walked = {"responses": [{"partition_responses": [{"error_code": c} for c in cs]} for cs in codes]}
+    assert response_error(typed) == response_error(walked) == next((c for cs in codes for c in cs if c), 0)
+
+
 def test_each_metrics_has_its_own_registry() -> None:
     from prometheus_client import REGISTRY, generate_latest
     from prometheus_client.parser import text_string_to_metric_families

@@ -39,6 +39,7 @@ from loglake.broker.gcstats import GcStats
 from loglake.broker.groups import GroupCoordinator
 from loglake.broker.http import HttpLimits, HttpRequest, HttpResponse, HttpServer, serve_http
 from loglake.broker.overload import RequestBytes
+from loglake.broker.protocol.produce import ProduceResponseData
 from loglake.broker.security.sasl import SaslStats
 from loglake.engine import Engine
 from loglake.engine.cleaner import Cleaner
@@ -80,6 +81,8 @@ def _children(obj: object) -> Iterator[object]:
 def response_error(response: object) -> int:
     """The error code a response answers with: its own `error_code` if not NONE, else the first
     nested (topic, partition, ...) error code that is not NONE, else NONE."""
+    if isinstance(response, ProduceResponseData):  # the one answered per record batch: no walk
+        return response.first_error()
     level = [response]
     for depth in range(1, RESPONSE_ERROR_DEPTH + 1):
         nested: list[object] = []

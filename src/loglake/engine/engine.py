@@ -377,6 +377,13 @@ class Engine:
         buf, batches = checked_batches(topic, partition, config, data)
         return self.log.append(p, config, buf, batches)
 
+    def appends_at_once(self, nbytes: int) -> bool:
+        """Whether an append of `nbytes` finds memory plentiful (below the pool's pressure ratio),
+        so that `append_batch` takes no memory wait and the event loop may call it itself; else
+        `submit_batch` runs it on the engine's append thread."""
+        pool = self.memory_pool
+        return pool.used_bytes + nbytes < pool.pressure_bytes
+
     def submit_batch(self, topic: str, partition: int, data: bytes | bytearray | memoryview) -> Future[Future[AppendResult]]:
         """`append_batch` that never blocks its caller (the broker's event loop). The outer
         future resolves once the batches have offsets, with the future of their durability. While
@@ -392,8 +399,7 @@ class Engine:
             except BaseException as exc:
                 assigned.set_exception(exc)
 
-        pool = self.memory_pool
-        if pool.used_bytes + len(data) < pool.pressure_bytes:
+        if self.appends_at_once(len(data)):
             run()
         else:
             try:

@@ -23,7 +23,6 @@ import asyncio
 import time
 from concurrent.futures import Future
 
-from loglake.broker.completions import Countdown
 from loglake.broker.conn import Conn
 from loglake.broker.context import BrokerContext
 from loglake.broker.handlers.errors import (
@@ -131,12 +130,11 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> Produce
                     # The records as received: a view of the frame's own buffer (loglake.broker.receive
                     # gives Produce frames one), which the engine takes over uncopied; a read-only
                     # view (a frame in bytes) it copies once.
-                    assigned = engine.submit_batch(name, part.index, part.records)
-                    if assigned.done():
-                        fut = assigned.result()
+                    if engine.appends_at_once(len(part.records)):
+                        fut = engine.append_batch(name, part.index, part.records)
                     else:
                         started = time.monotonic()
-                        fut = await asyncio.wrap_future(assigned)
+                        fut = await asyncio.wrap_future(engine.submit_batch(name, part.index, part.records))
                         waited_s += time.monotonic() - started
                     pending.append((name, part.index, fut, NONE, None, ()))
                 except LoglakeError as exc:
@@ -152,9 +150,9 @@ async def handle(ctx: BrokerContext, conn: Conn, req: DecodedRequest) -> Produce
         return None
     appends = [entry[2] for entry in pending if entry[2] is not None]
     if appends:
-        # One asyncio future and one timer for the request; the WAL thread's completions reach
+        # One asyncio future for the request and one deadline entry; the WAL thread's completions reach
         # the loop batched (loglake.broker.completions), not one wakeup per partition.
-        countdown = Countdown(asyncio.get_running_loop(), len(appends))
+        countdown = ctx.completions.countdown(len(appends))
         for durable in appends:
             ctx.completions.watch(durable, countdown.one_done)
         await countdown.wait(max(body.timeout_ms, 1) / 1000.0)

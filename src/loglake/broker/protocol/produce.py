@@ -168,6 +168,15 @@ class ProduceResponseData:
     responses: list[ProduceTopicResponse] = field(default_factory=list)
     throttle_time_ms: int = 0
 
+    def first_error(self) -> int:
+        """The first partition's error code that is not NONE, in response order; 0 when none is
+        (what `loglake.broker.metrics.response_error` finds, without its generic walk)."""
+        for topic in self.responses:
+            for part in topic.partition_responses:
+                if part.error_code:
+                    return part.error_code
+        return 0
+
 
 # index, error_code, base_offset, log_append_time_ms[, log_start_offset (v5+)]
 _P4 = Struct(">ihqq")
