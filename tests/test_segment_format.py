@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import pickle
 import random
 import struct
@@ -523,3 +524,51 @@ def test_describe_segment(small_segment: bytes) -> None:
     store.put(SMALL_KEY, [small_segment])
     d2 = describe_segment(store, SMALL_KEY, max_batches=1)
     assert d2["trailer"] == d["trailer"] and len(d2["batches"]) == 1 and d2["batches_omitted"] == 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 40), cuts=st.lists(st.integers(1, 39), max_size=8))
+def test_runs_of_batches_make_the_object_one_batch_at_a_time_makes(seed: int, n: int, cuts: list[int]) -> None:
+    """add_batches over contiguous runs (a seal's appends) writes the same bytes, trailer and
+    index as add_batch per batch, and returns each batch's header fields."""
+    batches = make_batches(500, n, seed=seed, shuffle_ts=True)
+    one = SegmentWriter(500, ZERO_HASH, 7)
+    for b in batches:
+        one.add_batch(b)
+    runs = SegmentWriter(500, ZERO_HASH, 7)
+    bounds = [0, *sorted({c for c in cuts if c < n}), n]
+    headers = []
+    for lo, hi in itertools.pairwise(bounds):
+        lead = b"\xff" * (lo % 3)  # a run need not start at its buffer's first byte
+        data = lead + b"".join(batches[lo:hi])
+        positions, at = [], len(lead)
+        for b in batches[lo:hi]:
+            positions.append(at)
+            at += len(b)
+        headers += runs.add_batches(memoryview(data), positions)
+    assert headers == [KAFKA_HEADER.unpack(b[: KAFKA_HEADER.size]) for b in batches]
+    assert runs.batch_count == one.batch_count == n
+    parts_one, trailer_one, index_one = one.finish()
+    parts_runs, trailer_runs, index_runs = runs.finish()
+    assert b"".join(parts_runs) == b"".join(parts_one)
+    assert trailer_runs == trailer_one and index_runs.raw == index_one.raw
+
+
+def test_a_run_with_a_bad_batch_adds_nothing() -> None:
+    """All or nothing: a damaged batch anywhere in a run leaves the writer as it was."""
+    batches = make_batches(0, 5, seed=3)
+    w = SegmentWriter(0, ZERO_HASH, 7)
+    w.add_batch(batches[0])
+    damaged = bytearray(b"".join(batches[1:]))
+    damaged[-1] ^= 1  # the last batch's records: its CRC no longer holds
+    positions, at = [], 0
+    for b in batches[1:]:
+        positions.append(at)
+        at += len(b)
+    with pytest.raises(CorruptRecordError):
+        w.add_batches(memoryview(damaged), positions)
+    first = KAFKA_HEADER.unpack(batches[0][: KAFKA_HEADER.size])
+    assert w.batch_count == 1 and w.next_offset == first[0] + first[6] + 1
+    w.add_batches(memoryview(b"".join(batches[1:])), positions)
+    parts, trailer, _ = w.finish()
+    assert trailer.entry_count == 5 and b"".join(parts[1:-1]) == b"".join(batches)

@@ -22,7 +22,7 @@ from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.txn import segment_aborted
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.lifecycle import Tier
-from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, peek_header
+from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, ATTRIBUTES_LOW_BYTE
 from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
 from loglake.store.base import segment_key
@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 #: After a failed seal a partition's next seal waits this long, doubling up to the max.
 SEAL_RETRY_MS = 100
 SEAL_RETRY_MS_MAX = 30_000
+
+
+def _transactional(item: BufferedAppend) -> bool:
+    """Whether any batch of the append is transactional (its attributes' low byte, read in place)."""
+    data = item.data
+    return any(data[pos + ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL for pos in item.batch_positions)
 
 
 class Sealer:
@@ -159,27 +165,23 @@ class Sealer:
             if not items:
                 return None
             base = items[0].base_offset
-            views: list[memoryview] = []
             batches: list[tuple[int, int, int, int, int]] = []
             aborts: list[tuple[int, int]] = []  # (producer id, offset) of ABORT markers
-            transactional = False
-            for item in items:
-                view = memoryview(item.data)
-                ends = [*item.batch_positions[1:], len(view)]
-                for start, end in zip(item.batch_positions, ends, strict=True):
-                    views.append(view[start:end])
-                    h = peek_header(view, start)
-                    if h.producer_id >= 0 and h.base_sequence >= 0:
-                        batches.append((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset))
-                    if h.attributes & ATTR_TRANSACTIONAL:
-                        transactional = True
-                        marker = marker_of(view, start) if h.attributes & ATTR_CONTROL else None
-                        if marker is not None and marker[1] == ABORT_MARKER:
-                            aborts.append((h.producer_id, h.base_offset))
-            # a segment with transactional batches carries its transaction index (format version 3)
+            # a segment with transactional batches carries its transaction index (format version
+            # 3, in the header the data CRC starts with): one look at each batch's attributes first
+            transactional = any(_transactional(item) for item in items)
             writer = SegmentWriter(base, p.chain_hash, int(self._clock() * 1000), txn_index=transactional)
-            for v in views:
-                writer.add_batch(v)
+            for item in items:
+                # each append's batches as one run: header fields unpacked once, hashed at once
+                headers = writer.add_batches(item.data, item.batch_positions)
+                for start, h in zip(item.batch_positions, headers, strict=True):
+                    offset, _n, _e, _m, _c, attributes, _d, _f, _t, producer_id, producer_epoch, base_sequence, record_count = h
+                    if producer_id >= 0 and base_sequence >= 0:
+                        batches.append((producer_id, producer_epoch, base_sequence, record_count, offset))
+                    if attributes & ATTR_CONTROL and attributes & ATTR_TRANSACTIONAL:
+                        marker = marker_of(memoryview(item.data), start)
+                        if marker is not None and marker[1] == ABORT_MARKER:
+                            aborts.append((producer_id, offset))
             if aborts:
                 writer.aborted_txns = segment_aborted(p, aborts, base)
             parts, trailer, index = writer.finish()

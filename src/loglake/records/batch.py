@@ -137,7 +137,7 @@ _BATCH_LENGTH_UNSIGNED = struct.Struct(">I")
 _LAST_OFFSET_DELTA = _fields(6, 6)
 _PRODUCER = _fields(9, 10)  # producer_id, producer_epoch
 # Attributes are a big-endian int16 and every bit Kafka defines is in its low byte.
-_ATTRIBUTES_LOW_BYTE = ATTRIBUTES_OFFSET + _ATTRIBUTES.size - 1
+ATTRIBUTES_LOW_BYTE = ATTRIBUTES_OFFSET + _ATTRIBUTES.size - 1
 
 
 class BatchHeader(NamedTuple):
@@ -247,7 +247,7 @@ def peek_txn_producer(buf: Buffer, pos: int = 0) -> tuple[int, int] | None:
     One byte test for a non-transactional batch, one small unpack for a transactional one: cheap
     enough to run on every produced batch before it is validated.
     """
-    if len(buf) - pos < BATCH_HEADER_SIZE or not buf[pos + _ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
+    if len(buf) - pos < BATCH_HEADER_SIZE or not buf[pos + ATTRIBUTES_LOW_BYTE] & ATTR_TRANSACTIONAL:
         return None
     producer_id, producer_epoch = _PRODUCER.unpack_from(buf, pos + PRODUCER_ID_OFFSET)
     return producer_id, producer_epoch
