@@ -22,7 +22,7 @@ from loglake.engine.stores import IndexCache, Stores
 from loglake.engine.txn import segment_aborted
 from loglake.logsafe import RateLimitedLog
 from loglake.meta.lifecycle import Tier
-from loglake.records.batch import ATTR_CONTROL, ATTR_TRANSACTIONAL, ATTRIBUTES_LOW_BYTE
+from loglake.records.batch import ATTR_TRANSACTIONAL, ATTRIBUTES_LOW_BYTE
 from loglake.records.committed import ABORT_MARKER, marker_of
 from loglake.segment.format import SegmentWriter
 from loglake.store.base import segment_key
@@ -175,13 +175,12 @@ class Sealer:
                 # each append's batches as one run: header fields unpacked once, hashed at once
                 headers = writer.add_batches(item.data, item.batch_positions)
                 for start, h in zip(item.batch_positions, headers, strict=True):
-                    offset, _n, _e, _m, _c, attributes, _d, _f, _t, producer_id, producer_epoch, base_sequence, record_count = h
-                    if producer_id >= 0 and base_sequence >= 0:
-                        batches.append((producer_id, producer_epoch, base_sequence, record_count, offset))
-                    if attributes & ATTR_CONTROL and attributes & ATTR_TRANSACTIONAL:
+                    if h.producer_id >= 0 and h.base_sequence >= 0:
+                        batches.append((h.producer_id, h.producer_epoch, h.base_sequence, h.record_count, h.base_offset))
+                    if h.is_control and h.is_transactional:
                         marker = marker_of(memoryview(item.data), start)
                         if marker is not None and marker[1] == ABORT_MARKER:
-                            aborts.append((producer_id, offset))
+                            aborts.append((h.producer_id, h.base_offset))
             if aborts:
                 writer.aborted_txns = segment_aborted(p, aborts, base)
             parts, trailer, index = writer.finish()

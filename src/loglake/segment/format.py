@@ -280,13 +280,13 @@ class SegmentWriter:
         mismatch: CorruptRecordError."""
         self.add_batches(batch, (0,))
 
-    def add_batches(self, data: BytesLike, positions: Sequence[int]) -> list[tuple[int, ...]]:
+    def add_batches(self, data: BytesLike, positions: Sequence[int]) -> list[_records.BatchHeader]:
         """Append the Kafka v2 batches of `data` that start at `positions` (ascending and back to
         back: each ends where the next starts, the last at the end of `data`) as one part of the
         object, kept by reference: the CRC-32C and SHA-256 run over all of them at once and the
         index entries are packed in one pass — a seal of small batches costs a header unpack and a
-        batch CRC per batch, not a method call and three hash updates. Returns each batch's header
-        fields (`KAFKA_HEADER`'s order). Wrong offsets or a malformed batch: ValueError; a batch
+        batch CRC per batch, not a method call and three hash updates. Returns each batch's header.
+        Wrong offsets or a malformed batch: ValueError; a batch
         CRC mismatch: CorruptRecordError; nothing of `data` is added then."""
         if self._finished:
             raise ValueError("segment already finished")
@@ -297,9 +297,10 @@ class SegmentWriter:
         if k == 0:
             return []
         unpack = KAFKA_HEADER.unpack_from
+        make = _records.BatchHeader._make
         pack_into = INDEX_ENTRY.pack_into
         index = bytearray(INDEX_ENTRY_SIZE * k)
-        headers: list[tuple[int, ...]] = []
+        headers: list[_records.BatchHeader] = []
         rewrite = self.rewrite
         next_offset, position, max_all, records = self._next_offset, self._position, self._max_timestamp, 0
         ends = (*positions[1:], len(view))
@@ -308,7 +309,7 @@ class SegmentWriter:
             n = end - start
             if n < KAFKA_HEADER_SIZE:
                 raise ValueError(f"batch of {n} bytes is shorter than a batch header")
-            h = unpack(view, start)
+            h = make(unpack(view, start))
             base, batch_length, _epoch, magic, stored_crc, _attrs, lod, _first_ts, max_ts, _pid, _pepoch, _seq, count = h
             if batch_length + KAFKA_LENGTH_OVERHEAD != n:
                 raise ValueError(
